@@ -1,0 +1,317 @@
+"""The event log format, version 1: one schema, declared once.
+
+`shared/EVENTS.md` (and the README's copy) is the public contract; this module is
+its executable form. The writer, the validator used by ingest, the DuckDB DDL in
+`store.py` and the docs test all follow from `KINDS` below.
+
+An event on disk is one JSON object per line::
+
+    {"v":1,"run":"ladder-d64","kind":"metrics","step":120,"t":1764400000.125,
+     "host":0,"seq":57,"data":{"train/loss":3.12}}
+
+Non-finite floats are written as the strings "nan", "inf", "-inf" (JSON has no
+such literals) and read back as IEEE values.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "VERSION",
+    "SUPPORTED_VERSIONS",
+    "RUN_ID_RE",
+    "KINDS",
+    "KIND_NAMES",
+    "STATUSES",
+    "ValidationError",
+    "Kind",
+    "Field",
+    "validate_event",
+    "encode_value",
+    "decode_number",
+    "encode_nonfinite",
+]
+
+VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf}
+STATUSES = ("completed", "failed", "preempted", "killed")
+SEVERITIES = ("info", "warn", "critical")
+
+
+class ValidationError(ValueError):
+    """An event that breaks the contract. `field` names the offending field."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: str  # "str", "int", "number", "object", "list", "int_list", "str_list", "any"
+    required: bool = False
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    doc: str
+    fields: tuple[Field, ...] = ()
+    table: str = "events"  # the store table its rows land in
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind(
+            "run_start",
+            "A run begins: its resolved config and where it came from.",
+            (
+                Field("config", "object", doc="full resolved config, nested; secrets redacted"),
+                Field("name", "str", doc="human-readable name"),
+                Field("parent", "object", doc="{run, step} when forked or resumed from a checkpoint"),
+                Field("ladder", "object", doc="{name, rung, ...} when part of a scaling ladder"),
+                Field("code", "object", doc="{commit, dirty}"),
+                Field("data", "object", doc="{name, fingerprint, tokens}"),
+                Field("mesh", "object", doc="{data, expert, processes, devices}"),
+                Field("model", "object", doc="{params_total, params_active, flops_per_token}"),
+                Field("tags", "str_list", doc="free-form labels"),
+            ),
+            table="runs",
+        ),
+        Kind(
+            "metrics",
+            "Flat map of `/`-namespaced scalar name to number.",
+            (),
+            table="metrics",
+        ),
+        Kind(
+            "expert_load",
+            "Per-expert routed and dropped assignment counts for one layer at one step.",
+            (
+                Field("layer", "int", True, "layer index"),
+                Field("routed", "int_list", True, "assignments the router made, per expert"),
+                Field("dropped", "int_list", True, "assignments cut by capacity, per expert"),
+            ),
+            table="expert_load",
+        ),
+        Kind(
+            "eval",
+            "Held-out evaluation.",
+            (
+                Field("dataset", "str", True, "name of the eval set"),
+                Field("loss", "number", True, "mean loss"),
+                Field("bpb", "number", doc="bits per byte"),
+            ),
+        ),
+        Kind(
+            "checkpoint",
+            "A checkpoint was written.",
+            (Field("path", "str", True, "where it lives"), Field("bytes", "int", doc="size on disk")),
+        ),
+        Kind(
+            "config_diff",
+            "What changed against another run's config.",
+            (
+                Field("against", "object", True, "{run, step}"),
+                Field("changes", "object", True, '{"dotted.key": [old, new]}'),
+            ),
+        ),
+        Kind(
+            "decision",
+            "A decision record or an update to one; later events with the same id update it.",
+            (Field("id", "str", True, "decision id"),),
+        ),
+        Kind(
+            "forecast",
+            "A pre-registered prediction.",
+            (
+                Field("metric", "str", True, "the predicted metric"),
+                Field("target_step", "int", doc="step the value is for"),
+                Field("points", "list", doc="curve points [{step, value, low, high}, ...]"),
+                Field("value", "number", doc="predicted value"),
+                Field("low", "number", doc="band low"),
+                Field("high", "number", doc="band high"),
+                Field("method", "str", doc="how it was made"),
+                Field("source", "object", doc="ladder name and fit version"),
+            ),
+        ),
+        Kind(
+            "anomaly",
+            "A detector's finding.",
+            (
+                Field("detector", "str", True, "detector name"),
+                Field("metric", "str", doc="metric it looked at"),
+                Field("severity", "str", True, "info, warn or critical"),
+                Field("message", "str", True, "what was seen"),
+                Field("window", "int_list", doc="[first_step, last_step]"),
+            ),
+        ),
+        Kind(
+            "failure",
+            "Something went wrong, and what was done about it.",
+            (
+                Field("type", "str", True, "nan_loss, exception, signal, hardware, data, ..."),
+                Field("message", "str", True, "what happened"),
+                Field("traceback", "str", doc="Python traceback"),
+                Field("action", "str", doc="halt, skip_batch, rollback, ..."),
+            ),
+        ),
+        Kind("note", "Free text.", (Field("text", "str", True, "Markdown"), Field("author", "str"))),
+        Kind(
+            "run_end",
+            "A run ended.",
+            (
+                Field("status", "str", True, "completed, failed, preempted or killed"),
+                Field("final_step", "int", doc="last optimizer step"),
+            ),
+        ),
+    )
+}
+KIND_NAMES = tuple(KINDS)
+
+
+# --------------------------------------------------------------------- numbers
+
+
+def decode_number(x: Any) -> float | None:
+    """A JSON number, or one of the non-finite strings, as a float; None if neither."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, str):
+        return NONFINITE.get(x.strip().lower())
+    return None
+
+
+def encode_nonfinite(x: float) -> float | str:
+    """A float as JSON can hold it: NaN and infinities become strings."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def encode_value(obj: Any) -> Any:
+    """Recursively replace non-finite floats by their string form (for json.dumps)."""
+    if isinstance(obj, float):
+        return encode_nonfinite(obj)
+    if isinstance(obj, dict):
+        return {k: encode_value(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [encode_value(v) for v in obj]
+    return obj
+
+
+# ------------------------------------------------------------------ validation
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_field(kind: str, f: Field, value: Any) -> None:
+    where = f"data.{f.name}"
+    ok = True
+    if f.type == "str":
+        ok = isinstance(value, str)
+    elif f.type == "int":
+        ok = _is_int(value)
+    elif f.type == "number":
+        ok = decode_number(value) is not None
+    elif f.type == "object":
+        ok = isinstance(value, dict)
+    elif f.type == "list":
+        ok = isinstance(value, list)
+    elif f.type == "int_list":
+        ok = isinstance(value, list) and all(_is_int(v) for v in value)
+    elif f.type == "str_list":
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if not ok:
+        raise ValidationError(where, f"{kind} expects {f.type}, got {type(value).__name__}")
+
+
+def validate_data(kind: str, data: dict) -> None:
+    """Check a kind's payload; unknown kinds are not checked (they are kept raw)."""
+    spec = KINDS.get(kind)
+    if spec is None:
+        return
+    if kind == "metrics":
+        for name, value in data.items():
+            if not name:
+                raise ValidationError("data", "metrics has an empty metric name")
+            if decode_number(value) is None:
+                raise ValidationError(
+                    f"data.{name}", f"metric value must be a number or nan/inf string, got {value!r:.60}"
+                )
+        return
+    for f in spec.fields:
+        if f.name not in data or data[f.name] is None:
+            if f.required:
+                raise ValidationError(f"data.{f.name}", f"{kind} requires {f.name}")
+            continue
+        _check_field(kind, f, data[f.name])
+    if kind == "expert_load":
+        if data["layer"] < 0:
+            raise ValidationError("data.layer", "must be >= 0")
+        if len(data["routed"]) != len(data["dropped"]):
+            raise ValidationError("data.dropped", "routed and dropped must have one entry per expert each")
+        if any(v < 0 for v in data["routed"]) or any(v < 0 for v in data["dropped"]):
+            raise ValidationError("data.routed", "counts must be >= 0")
+    elif kind == "run_end" and data["status"] not in STATUSES:
+        raise ValidationError("data.status", f"must be one of {', '.join(STATUSES)}")
+    elif kind == "anomaly" and data["severity"] not in SEVERITIES:
+        raise ValidationError("data.severity", f"must be one of {', '.join(SEVERITIES)}")
+
+
+def validate_event(ev: Any, *, run_folder: str | None = None, host: int | None = None) -> dict:
+    """Validate one decoded JSON line against the envelope and its kind's payload.
+
+    Raises `ValidationError` naming the field. Returns the event (unchanged).
+    `run_folder` and `host`, when given, are what the file's location says.
+    """
+    if not isinstance(ev, dict):
+        raise ValidationError("(line)", f"an event is a JSON object, got {type(ev).__name__}")
+    v = ev.get("v")
+    if not _is_int(v):
+        raise ValidationError("v", "missing or not an integer")
+    if v not in SUPPORTED_VERSIONS:
+        raise ValidationError("v", f"unknown format version {v} (this reader knows {SUPPORTED_VERSIONS})")
+    run = ev.get("run")
+    if not isinstance(run, str) or not RUN_ID_RE.match(run):
+        raise ValidationError("run", "missing or not a run id matching [A-Za-z0-9._-]{1,128}")
+    if run_folder is not None and run != run_folder:
+        raise ValidationError("run", f"run id {run!r} does not match its folder {run_folder!r}")
+    kind = ev.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise ValidationError("kind", "missing or not a string")
+    step = ev.get("step")
+    if step is not None and (not _is_int(step) or step < 0):
+        raise ValidationError("step", "must be an integer >= 0 or null")
+    t = ev.get("t")
+    if decode_number(t) is None or isinstance(t, str):
+        raise ValidationError("t", "missing or not a number (Unix seconds)")
+    h = ev.get("host")
+    if not _is_int(h) or h < 0:
+        raise ValidationError("host", "missing or not an integer >= 0")
+    if host is not None and h != host:
+        raise ValidationError("host", f"host {h} does not match its file name (events.{host}.jsonl)")
+    seq = ev.get("seq")
+    if not _is_int(seq) or seq < 0:
+        raise ValidationError("seq", "missing or not an integer >= 0")
+    data = ev.get("data")
+    if not isinstance(data, dict):
+        raise ValidationError("data", "missing or not an object")
+    validate_data(kind, data)
+    return ev

@@ -1,0 +1,421 @@
+"""The event writer: `observatory.init(...)` → `Run` with `log`, `event`, `finish`.
+
+The call site never waits on the disk: `log` validates its arguments (programmer
+errors raise here, with a clear message), stamps the envelope and puts a small
+tuple on a bounded queue. A background thread serialises, writes, flushes and
+fsyncs at least every `flush_interval` seconds. A full queue drops the event,
+counts it, and the count is reported as `writer/dropped_events` in the next
+`metrics` event that makes it through.
+
+    run = observatory.init(config={"lr": 3e-4})
+    for step in range(100):
+        run.log({"train/loss": loss}, step=step)
+    run.finish()
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+
+import os
+import queue
+import re
+import secrets
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from observatory import settings
+from observatory.events import KINDS, RUN_ID_RE, STATUSES, VERSION, encode_value
+
+__all__ = ["init", "Run", "Sink", "redact", "new_run_id"]
+
+SECRET_KEY_RE = re.compile(
+    r"(api[_-]?key|apikey|token|secret|password|passwd|credential|private[_-]?key|auth)", re.IGNORECASE
+)
+REDACTED = "<redacted>"
+
+
+class Sink(Protocol):
+    """Somewhere else events go too (e.g. a W&B mirror). Called on the writer thread."""
+
+    def write(self, events: list[dict]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def redact(config: Any) -> Any:
+    """Copy of a nested config with the values of secret-looking keys replaced."""
+    if isinstance(config, Mapping):
+        return {
+            k: (REDACTED if isinstance(k, str) and SECRET_KEY_RE.search(k) else redact(v))
+            for k, v in config.items()
+        }
+    if isinstance(config, (list, tuple)):
+        return [redact(v) for v in config]
+    return config
+
+
+def new_run_id(name: str | None = None) -> str:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:96] if name else "run"
+    return f"{stem or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def _check_step(step: Any, where: str) -> int | None:
+    if step is None:
+        return None
+    if isinstance(step, bool) or not isinstance(step, int):
+        try:
+            import numpy as np  # numpy ints from training loops are fine
+
+            if isinstance(step, np.integer):
+                step = int(step)
+            else:
+                raise TypeError
+        except (ImportError, TypeError):
+            raise TypeError(f"{where}: step must be an int, got {type(step).__name__} {step!r:.40}") from None
+    if step < 0:
+        raise ValueError(f"{where}: step must be >= 0, got {step}")
+    return step
+
+
+def _to_float(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise TypeError(f"log: metric {name!r} is a bool; log it as 0 or 1")
+    try:
+        f = float(value)  # ints, floats, numpy and jax scalars
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"log: metric {name!r} must be a number, got {type(value).__name__} {value!r:.40}"
+        ) from None
+    return f
+
+
+class Run:
+    """A live run's event writer. Create with `observatory.init`."""
+
+    def __init__(
+        self,
+        run_id: str,
+        runs_dir: Path,
+        host: int = 0,
+        *,
+        queue_size: int = 100_000,
+        flush_interval: float = 0.2,
+        sinks: Iterable[Sink] = (),
+        install_signal_handlers: bool = True,
+    ):
+        if not RUN_ID_RE.match(run_id):
+            raise ValueError(f"run id {run_id!r} must match [A-Za-z0-9._-]{{1,128}}")
+        if isinstance(host, bool) or not isinstance(host, int) or host < 0:
+            raise ValueError(f"host must be an int >= 0, got {host!r}")
+        self.id = run_id
+        self.host = host
+        self.dir = Path(runs_dir) / run_id
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / f"events.{host}.jsonl"
+        self._seq = self._next_seq()
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._dropped = 0
+        self._dropped_reported = 0
+        self._logged = 0
+        self._lock = threading.Lock()
+        self._flush_interval = flush_interval
+        self._sinks = list(sinks)
+        self._finished = False
+        self._last_step: int | None = None
+        self._file = open(self.path, "ab", buffering=0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"observatory-writer-{run_id}", daemon=True)
+        self._thread.start()
+        self._old_handlers: dict[int, Any] = {}
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        atexit.register(self._atexit)
+
+    # ------------------------------------------------------------- public API
+
+    @property
+    def dropped_events(self) -> int:
+        """Events the full queue forced us to drop so far."""
+        return self._dropped
+
+    @property
+    def logged_events(self) -> int:
+        """Events accepted onto the queue so far."""
+        return self._logged
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Log scalar metrics at an optimizer step. Values: numbers, NaN and inf included."""
+        step = _check_step(step, "log")
+        if step is None:
+            raise TypeError("log: step is required")
+        if not isinstance(metrics, Mapping):
+            raise TypeError(f"log: metrics must be a dict of name to number, got {type(metrics).__name__}")
+        data = {}
+        for name, value in metrics.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"log: metric names must be non-empty strings, got {name!r}")
+            data[name] = _to_float(name, value)
+        if self._dropped > self._dropped_reported:
+            data["writer/dropped_events"] = float(self._dropped)
+            self._dropped_reported = self._dropped
+        self._put("metrics", data, step)
+
+    def log_expert_load(self, step: int, layer: int, routed: Iterable[int], dropped: Iterable[int]) -> None:
+        """Per-expert routed and dropped assignment counts for one layer."""
+        step = _check_step(step, "log_expert_load")
+        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+            raise ValueError(f"log_expert_load: layer must be an int >= 0, got {layer!r}")
+        r = [int(x) for x in routed]
+        d = [int(x) for x in dropped]
+        if len(r) != len(d):
+            raise ValueError(f"log_expert_load: {len(r)} routed counts but {len(d)} dropped counts")
+        self._put("expert_load", {"layer": layer, "routed": r, "dropped": d}, step)
+
+    def event(self, kind: str, data: Mapping[str, Any], step: int | None = None) -> None:
+        """Any other event kind (eval, checkpoint, note, failure, decision, ...)."""
+        if not isinstance(kind, str) or not kind:
+            raise TypeError(f"event: kind must be a non-empty string, got {kind!r}")
+        if not isinstance(data, Mapping):
+            raise TypeError(f"event: data must be a dict, got {type(data).__name__}")
+        step = _check_step(step, "event")
+        from observatory.events import ValidationError, validate_data
+
+        try:
+            validate_data(kind, encode_value(dict(data)))
+        except ValidationError as e:
+            raise ValueError(f"event({kind!r}): {e}") from None
+        self._put(kind, dict(data), step)
+
+    def note(self, text: str, author: str | None = None, step: int | None = None) -> None:
+        self.event("note", {"text": text, **({"author": author} if author else {})}, step)
+
+    def finish(self, status: str = "completed", final_step: int | None = None) -> None:
+        """Write `run_end`, flush everything to disk and stop the writer thread."""
+        if status not in STATUSES:
+            raise ValueError(f"finish: status must be one of {', '.join(STATUSES)}, got {status!r}")
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+        fs = self._last_step if final_step is None else final_step
+        self._put("run_end", {"status": status, "final_step": fs}, None, force=True)
+        self.close()
+
+    def close(self) -> None:
+        """Flush and stop without writing run_end (used by finish and by a dying process)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+        for sig, old in self._old_handlers.items():
+            try:
+                signal.signal(sig, old)
+            except (ValueError, TypeError):
+                pass
+        self._old_handlers.clear()
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Block until everything queued so far is on disk."""
+        self._queue.join() if timeout is None else self._wait_empty(timeout)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.finish("completed")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.finish("killed")
+        else:
+            self.event(
+                "failure",
+                {
+                    "type": "exception",
+                    "message": f"{exc_type.__name__}: {exc}",
+                    "traceback": "".join(traceback.format_exception(exc_type, exc, tb))[-20000:],
+                    "action": "halt",
+                },
+                step=self._last_step,
+            )
+            self.finish("failed")
+        return False
+
+    # -------------------------------------------------------------- internals
+
+    def _next_seq(self) -> int:
+        """Continue numbering after what an earlier writer of this file wrote (resume)."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return 0
+        with open(self.path, "rb") as f:
+            f.seek(max(0, self.path.stat().st_size - 1_000_000))
+            lines = f.read().split(b"\n")
+        for raw in reversed(lines):
+            try:
+                return int(json.loads(raw)["seq"]) + 1
+            except (ValueError, KeyError, TypeError):
+                continue
+        return 0
+
+    def _put(self, kind: str, data: dict, step: int | None, force: bool = False) -> None:
+        if self._finished and not force:
+            raise RuntimeError(f"run {self.id} is finished; start a new one with observatory.init")
+        if step is not None:
+            self._last_step = step if self._last_step is None else max(self._last_step, step)
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+        item = (seq, kind, step, time.time(), data)
+        try:
+            if force:
+                self._queue.put(item, timeout=30)
+            else:
+                self._queue.put_nowait(item)
+            self._logged += 1
+        except queue.Full:
+            self._dropped += 1
+
+    def _wait_empty(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def _encode(self, item) -> bytes:
+        seq, kind, step, t, data = item
+        ev = {"v": VERSION, "run": self.id, "kind": kind, "step": step, "t": t, "host": self.host, "seq": seq}
+        ev["data"] = encode_value(data)
+        return (json.dumps(ev, separators=(",", ":"), allow_nan=False, default=_json_default) + "\n").encode()
+
+    def _loop(self) -> None:
+        last_sync = time.monotonic()
+        while True:
+            batch = []
+            try:
+                batch.append(self._queue.get(timeout=self._flush_interval))
+                while len(batch) < 10_000:
+                    batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                pass
+            if batch:
+                # seq order is the contract; items can reach the queue slightly out of order
+                batch.sort(key=lambda it: it[0])
+                self._write(batch)
+            now = time.monotonic()
+            if batch or now - last_sync > self._flush_interval:
+                try:
+                    os.fsync(self._file.fileno())
+                except OSError:
+                    pass
+                last_sync = now
+            for _ in batch:
+                self._queue.task_done()
+            if self._stop.is_set() and self._queue.empty():
+                break
+        for sink in self._sinks:
+            try:
+                sink.close()
+            except Exception as e:  # a mirror must never take the run down
+                _warn(f"sink {sink!r} failed to close: {e}")
+        try:
+            self._file.close()
+        except OSError:
+            pass
+
+    def _write(self, batch: list) -> None:
+        payload = b"".join(self._encode(it) for it in batch)
+        try:
+            self._file.write(payload)
+        except OSError as e:
+            self._dropped += len(batch)
+            _warn(f"cannot write {self.path}: {e}; {len(batch)} events lost")
+            return
+        if self._sinks:
+            events = [json.loads(line) for line in payload.splitlines()]
+            for sink in self._sinks:
+                try:
+                    sink.write(events)
+                except Exception as e:
+                    _warn(f"sink {sink!r} failed: {e}")
+
+    def _on_signal(self, signum, frame) -> None:
+        if not self._finished:
+            self.finish("killed", None)
+        old = self._old_handlers.get(signum) if self._old_handlers else None
+        if callable(old):
+            old(signum, frame)
+        raise SystemExit(128 + signum)
+
+    def _atexit(self) -> None:
+        if not self._stop.is_set():
+            self.close()
+
+
+def _json_default(o: Any) -> Any:
+    # numpy / jax scalars and arrays, Paths, sets
+    if hasattr(o, "tolist"):
+        return encode_value(o.tolist())
+    if isinstance(o, (Path, set, frozenset)):
+        return str(o) if isinstance(o, Path) else sorted(o)
+    return str(o)
+
+
+def _warn(msg: str) -> None:
+    import sys
+
+    print(f"observatory writer: {msg}", file=sys.stderr)
+
+
+def init(
+    run_id: str | None = None,
+    name: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    runs_dir: str | os.PathLike | None = None,
+    host: int = 0,
+    parent: Mapping[str, Any] | None = None,
+    ladder: Mapping[str, Any] | None = None,
+    tags: Iterable[str] | None = None,
+    *,
+    code: Mapping[str, Any] | None = None,
+    data: Mapping[str, Any] | None = None,
+    mesh: Mapping[str, Any] | None = None,
+    model: Mapping[str, Any] | None = None,
+    sinks: Iterable[Sink] = (),
+    write_start: bool = True,
+    **writer_options: Any,
+) -> Run:
+    """Start a run: create its folder, write `run_start`, return the `Run`.
+
+    `write_start=False` is for processes other than host 0 of a multi-host run,
+    which only write host-local events.
+    """
+    if run_id is None:
+        run_id = new_run_id(name)
+    runs_dir = Path(runs_dir) if runs_dir is not None else Path(settings.get("runs"))
+    if tags is not None and (isinstance(tags, str) or not all(isinstance(t, str) for t in tags)):
+        raise TypeError("init: tags must be a list of strings")
+    run = Run(run_id, runs_dir, host, sinks=sinks, **writer_options)
+    if write_start:
+        start: dict[str, Any] = {"config": redact(dict(config or {}))}
+        for key, value in (
+            ("name", name),
+            ("parent", parent),
+            ("ladder", ladder),
+            ("code", code),
+            ("data", data),
+            ("mesh", mesh),
+            ("model", model),
+        ):
+            if value is not None:
+                start[key] = dict(value) if isinstance(value, Mapping) else value
+        if tags is not None:
+            start["tags"] = list(tags)
+        run._put("run_start", start, None)
+    return run
+
+
