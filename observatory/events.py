@@ -27,6 +27,7 @@ __all__ = [
     "KINDS",
     "KIND_NAMES",
     "STATUSES",
+    "OBSERVATORY_HOST",
     "ValidationError",
     "Kind",
     "Field",
@@ -40,6 +41,7 @@ VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf}
+OBSERVATORY_HOST = 1000  # host id of events the observatory itself writes (forecasts, anomalies, decisions)
 STATUSES = ("completed", "failed", "preempted", "killed")
 SEVERITIES = ("info", "warn", "critical")
 
