@@ -1,0 +1,188 @@
+"""Interop: import Weights & Biases and TensorBoard runs, mirror to W&B, export our runs.
+
+Importers turn another tool's run into OUR event log (one `events.0.jsonl` per run, see
+`shared/EVENTS.md`) and then ingest it like any other run, so everything downstream (runs
+list, dashboard, reports) sees imported runs exactly as it sees our own.
+
+Why importers do not go through `observatory.init`: the live writer stamps `t` with the
+current time, appends to an existing file on resume (a second import would duplicate every
+event) and drops events when its queue is full (a bulk import outruns the writer thread).
+An import instead builds the whole log in memory with the source's own timestamps and a
+deterministic `seq`, validates every event with `events.validate_event`, and puts the file
+in place atomically. Re-importing the same source writes the same bytes, so it is a no-op;
+a source that has grown since (a live W&B run) gives a file that extends the old one, which
+ingest picks up incrementally.
+
+Modules (each imports its heavy dependency lazily):
+
+- `wandb_reader`: the `.wandb` transaction-log reader with per-record error recovery.
+- `wandb_import`: W&B offline runs -> event logs.
+- `tensorboard_import`: tfevents scalars -> event logs.
+- `wandb_mirror`: `WandbMirror`, a writer `Sink` that mirrors a live run to W&B.
+- `export`: a stored run as jsonl (re-ingestable), parquet or csv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from observatory.events import RUN_ID_RE, VERSION, encode_value, validate_event
+from observatory.writer import redact
+
+__all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "ingest_runs"]
+
+
+def safe_run_id(prefix: str, source_id: str) -> str:
+    """`<prefix>-<source id>` made to match the run id rule `[A-Za-z0-9._-]{1,128}`."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", source_id).strip("-.") or "run"
+    run_id = f"{prefix}-{stem}"[:128]
+    assert RUN_ID_RE.match(run_id), run_id
+    return run_id
+
+
+def flatten(obj: Any, prefix: str = "", out: dict | None = None, skipped: Counter | None = None) -> dict:
+    """Nested mapping -> `{"a/b/c": number}`; non-numbers are counted in `skipped` by type.
+
+    A mapping with a `_type` key is a W&B rich value (histogram, image, table, ...): it is
+    skipped whole and counted under its `_type`. Booleans become 0/1 (a scalar the user logged).
+    """
+    out = {} if out is None else out
+    if isinstance(obj, dict):
+        if "_type" in obj and prefix:
+            if skipped is not None:
+                skipped[str(obj["_type"])] += 1
+            return out
+        for k, v in obj.items():
+            flatten(v, f"{prefix}/{k}" if prefix else str(k), out, skipped)
+        return out
+    if isinstance(obj, bool):
+        out[prefix] = float(obj)
+    elif isinstance(obj, (int, float)):
+        out[prefix] = float(obj)
+    elif skipped is not None:
+        skipped[
+            "none"
+            if obj is None
+            else "string"
+            if isinstance(obj, str)
+            else "list"
+            if isinstance(obj, list)
+            else type(obj).__name__
+        ] += 1
+    return out
+
+
+@dataclass
+class ImportResult:
+    """What importing one source run did; `problems` are human-readable, with byte offsets."""
+
+    source: Path
+    run: str | None = None
+    status: str = "crashed"  # completed | failed | crashed (no end record)
+    records: int = 0  # source records read (W&B records, TensorBoard events)
+    metric_events: int = 0  # metrics events written (one per source step row)
+    values: int = 0  # scalar values written
+    skipped: Counter = field(default_factory=Counter)  # histograms, media, text ... by type
+    problems: list[str] = field(default_factory=list)
+    truncated: bool = False
+    written: str = ""  # new | unchanged | extended | replaced | "" (nothing written)
+    error: str | None = None  # set when nothing could be imported from this source
+
+    def summary_line(self) -> str:
+        if self.error:
+            return f"FAILED {self.source}: {self.error}"
+        skipped = ", ".join(f"{n} {k}" for k, n in sorted(self.skipped.items()))
+        bits = [
+            f"{self.run} <- {self.source}",
+            f"status {self.status}",
+            f"{self.records} records, {self.metric_events} steps, {self.values} values",
+            f"file {self.written}",
+        ]
+        if skipped:
+            bits.append(f"skipped {skipped}")
+        if self.truncated:
+            bits.append("truncated (crashed run: read up to its last whole record)")
+        if self.problems:
+            bits.append(f"{len(self.problems)} unreadable region(s)")
+        return "; ".join(bits)
+
+
+class RunLogBuilder:
+    """Builds one run's event log in memory: deterministic seq, the source's own times.
+
+    Every event is validated as it is added, so a bad value is reported against the source
+    record instead of being rejected later by ingest.
+    """
+
+    def __init__(self, run_id: str, host: int = 0):
+        if not RUN_ID_RE.match(run_id):
+            raise ValueError(f"run id {run_id!r} must match [A-Za-z0-9._-]{{1,128}}")
+        self.run = run_id
+        self.host = host
+        self.events: list[dict] = []
+
+    def add(self, kind: str, data: dict, step: int | None, t: float) -> dict:
+        ev = {
+            "v": VERSION,
+            "run": self.run,
+            "kind": kind,
+            "step": step,
+            "t": float(t),
+            "host": self.host,
+            "seq": len(self.events),
+            "data": encode_value(data),
+        }
+        validate_event(ev)
+        self.events.append(ev)
+        return ev
+
+    def start(self, t: float, config: dict, **fields: Any) -> dict:
+        data = {"config": redact(config)}
+        data.update({k: v for k, v in fields.items() if v not in (None, "", [], {})})
+        return self.add("run_start", data, None, t)
+
+    def to_bytes(self) -> bytes:
+        return b"".join(
+            (json.dumps(ev, separators=(",", ":"), allow_nan=False) + "\n").encode() for ev in self.events
+        )
+
+    def write(self, runs_dir: str | os.PathLike) -> str:
+        """Put the log at `<runs_dir>/<run>/events.<host>.jsonl`; say what happened.
+
+        `unchanged`: identical bytes already there (re-import is a no-op). `extended`: the
+        old file is a prefix of the new one (the source grew). `replaced`: different content
+        (for example an earlier import of a damaged copy); rows already ingested from the old
+        file stay in the store until `observatory rebuild`.
+        """
+        payload = self.to_bytes()
+        folder = Path(runs_dir) / self.run
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"events.{self.host}.jsonl"
+        state = "new"
+        if path.exists():
+            old = path.read_bytes()
+            if old == payload:
+                return "unchanged"
+            state = "extended" if payload.startswith(old) else "replaced"
+        # atomic: a concurrent ingest sees the old file or the new one, never half of it.
+        # The temporary name does not match events.*.jsonl, so ingest never picks it up.
+        tmp = folder / f".import-{os.getpid()}-{self.host}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return state
+
+
+def ingest_runs(runs_dir: str | os.PathLike, db: str | os.PathLike | None) -> Any:
+    """Run the project's ingester over the runs dir (imported runs are ordinary runs)."""
+    from observatory.ingest import ingest
+
+    return ingest(Path(runs_dir), Path(db) if db is not None else None)

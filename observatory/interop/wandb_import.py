@@ -1,0 +1,271 @@
+"""Import W&B offline runs (`wandb/offline-run-*/run-*.wandb`) into our event logs.
+
+Mapping (one W&B run -> one run `wandb-<W&B run id>`, host 0):
+
+- `run` record -> `run_start`: config (values are JSON in `value_json`, W&B's own `_wandb`
+  key dropped, secrets redacted), display name, tags, and `wandb` = {id, project, entity,
+  group, job_type}. Later `config` records are merged in (the run_start holds the final config).
+- `history` record -> one `metrics` event at its `_step` (else the record's step number),
+  `t` = its `_timestamp`; nested keys flattened with `/`; `_runtime`, `_timestamp`, `_step`
+  and other `_`-prefixed keys are not metrics. Histograms and media (values with a `_type`)
+  and non-numbers are skipped and counted.
+- `summary` records are merged; `exit` -> `run_end` with status `completed` (exit code 0)
+  or `failed`, `final_step`, the scalar `summary` and the `exit_code`.
+- No `exit` record (the run crashed, or the file is truncated) -> no `run_end`: the store
+  shows the run as crashed.
+
+Damaged files import what is valid; every unreadable region is reported with its byte
+offset (see `wandb_reader`). One bad file never stops the import of the others.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from observatory.interop import ImportResult, RunLogBuilder, flatten, safe_run_id
+from observatory.interop.wandb_reader import Problem, WandbLogReader
+
+__all__ = ["find_wandb_files", "convert_wandb_file", "import_wandb"]
+
+_FILE_ID_RE = re.compile(r"^run-(.+)\.wandb$")
+_NOT_METRICS = {"_step", "_runtime", "_timestamp", "_wandb"}
+
+
+def find_wandb_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Every `.wandb` file under the given files or folders (a `wandb/` dir, a run dir, a file)."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            found.append(p)
+        elif p.is_dir():
+            found.extend(sorted(q for q in p.rglob("*.wandb") if q.is_file()))
+        else:
+            raise FileNotFoundError(f"{p}: no such file or folder")
+    seen: set[Path] = set()
+    return [f for f in found if not (f.resolve() in seen or seen.add(f.resolve()))]
+
+
+def _json(value_json: str) -> Any:
+    # W&B writes NaN/Infinity as bare tokens, which Python's json accepts
+    return json.loads(value_json) if value_json else None
+
+
+def _item_value(item) -> Any:
+    """A HistoryItem's value: the typed oneof (newer writers) or `value_json` (all writers)."""
+    which = item.WhichOneof("value")
+    if which is None:
+        return _json(item.value_json)
+    if which == "none":
+        return None
+    if which == "json":
+        return _json(item.json)
+    return getattr(item, which)
+
+
+def _item_path(item) -> list[str]:
+    return list(item.nested_key) if len(item.nested_key) else [item.key]
+
+
+def _set_path(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for k in path[:-1]:
+        nxt = node.get(k)
+        if not isinstance(nxt, dict):
+            nxt = node[k] = {}
+        node = nxt
+    node[path[-1]] = value
+
+
+def _del_path(tree: dict, path: list[str]) -> None:
+    node = tree
+    for k in path[:-1]:
+        node = node.get(k)
+        if not isinstance(node, dict):
+            return
+    node.pop(path[-1], None)
+
+
+def _scalars(tree: dict, skipped: Counter | None) -> dict[str, float]:
+    return flatten(
+        {k: v for k, v in tree.items() if k not in _NOT_METRICS and not k.startswith("_")}, "", None, skipped
+    )
+
+
+def convert_wandb_file(
+    path: str | os.PathLike, run_prefix: str = "wandb"
+) -> tuple[RunLogBuilder, ImportResult]:
+    """Read one `.wandb` file into an in-memory event log. Never raises for damaged input."""
+    from google.protobuf.message import DecodeError
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    path = Path(path)
+    res = ImportResult(source=path)
+    reader = WandbLogReader(path)
+    run_rec = None
+    config: dict = {}
+    summary: dict = {}
+    exit_rec = None
+    rows: list[tuple[int, float | None, dict[str, float]]] = []  # (step, t, values)
+    first_t: float | None = None
+    bad: list[Problem] = []
+    for offset, payload in reader:
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(payload)
+        except DecodeError as e:
+            bad.append(Problem(offset, len(payload), f"record does not parse as a W&B Record ({e})"))
+            continue
+        res.records += 1
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            row: dict = {}
+            for item in rec.history.item:
+                try:
+                    _set_path(row, _item_path(item), _item_value(item))
+                except ValueError as e:  # bad JSON inside a record whose CRC passed
+                    bad.append(
+                        Problem(
+                            offset, len(payload), f"history value {item.key or list(item.nested_key)}: {e}"
+                        )
+                    )
+            step = row.get("_step")
+            if isinstance(step, float) and step.is_integer():
+                step = int(step)
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                step = rec.history.step.num
+            t = row.get("_timestamp")
+            t = float(t) if isinstance(t, (int, float)) and math.isfinite(t) else None
+            if t is not None and first_t is None:
+                first_t = t
+            rows.append((step, t, _scalars(row, res.skipped)))
+        elif kind == "run":
+            run_rec = rec.run
+            for item in rec.run.config.update:
+                _set_config(config, item, bad, offset, len(payload))
+        elif kind == "config":
+            for item in rec.config.update:
+                _set_config(config, item, bad, offset, len(payload))
+            for item in rec.config.remove:
+                _del_path(config, _item_path(item))
+        elif kind == "summary":
+            for item in rec.summary.update:
+                try:
+                    _set_path(summary, _item_path(item), _json(item.value_json))
+                except ValueError as e:
+                    bad.append(Problem(offset, len(payload), f"summary value {_item_path(item)}: {e}"))
+            for item in rec.summary.remove:
+                _del_path(summary, _item_path(item))
+        elif kind == "exit":
+            exit_rec = rec.exit
+        # other records (system stats, console output, files, telemetry) are not run data
+    problems = reader.problems + bad
+    res.problems = [f"{path}: {p}" for p in sorted(problems, key=lambda p: p.offset)]
+    res.truncated = reader.truncated
+
+    if run_rec is None and not rows and exit_rec is None:
+        res.error = (
+            "no readable W&B records"
+            + (f" ({res.problems[0]})" if res.problems else "")
+            + (" (empty file)" if not path.stat().st_size else "")
+        )
+        return RunLogBuilder(safe_run_id(run_prefix, "invalid")), res
+
+    source_id = run_rec.run_id if run_rec is not None and run_rec.run_id else None
+    if source_id is None:
+        m = _FILE_ID_RE.match(path.name)
+        source_id = m.group(1) if m else path.stem
+    res.run = safe_run_id(run_prefix, source_id)
+    log = RunLogBuilder(res.run)
+
+    start_t = None
+    if run_rec is not None and run_rec.HasField("start_time"):
+        start_t = run_rec.start_time.seconds + run_rec.start_time.nanos / 1e9
+    if start_t is None or start_t <= 0:
+        start_t = first_t if first_t is not None else path.stat().st_mtime
+    config.pop("_wandb", None)
+    wandb_info = {}
+    if run_rec is not None:
+        wandb_info = {
+            k: v
+            for k, v in (
+                ("id", run_rec.run_id),
+                ("project", run_rec.project),
+                ("entity", run_rec.entity),
+                ("group", run_rec.run_group),
+                ("job_type", run_rec.job_type),
+                ("host", run_rec.host),
+            )
+            if v
+        }
+    log.start(
+        start_t,
+        config,
+        name=run_rec.display_name if run_rec is not None else None,
+        tags=list(run_rec.tags) if run_rec is not None else None,
+        wandb=wandb_info,
+        imported_from="wandb",
+    )
+
+    last_t = start_t
+    final_step = None
+    for step, t, values in rows:
+        t = last_t if t is None else t
+        last_t = max(last_t, t)
+        final_step = step if final_step is None else max(final_step, step)
+        if not values:
+            continue
+        log.add("metrics", values, step, t)
+        res.metric_events += 1
+        res.values += len(values)
+
+    if exit_rec is not None:
+        res.status = "completed" if exit_rec.exit_code == 0 else "failed"
+        end_t = max(last_t, start_t + exit_rec.runtime) if exit_rec.runtime else last_t
+        end = {"status": res.status, "final_step": final_step, "exit_code": exit_rec.exit_code}
+        scalars = _scalars(summary, None)
+        if scalars:
+            end["summary"] = scalars
+        log.add("run_end", end, None, end_t)
+    return log, res
+
+
+def _set_config(config: dict, item, bad: list, offset: int, length: int) -> None:
+    try:
+        _set_path(config, _item_path(item), _json(item.value_json))
+    except ValueError as e:
+        bad.append(Problem(offset, length, f"config value {_item_path(item)}: {e}"))
+
+
+def import_wandb(
+    paths: Iterable[str | os.PathLike],
+    runs_dir: str | os.PathLike,
+    db: str | os.PathLike | None = None,
+    *,
+    ingest: bool = True,
+) -> list[ImportResult]:
+    """Import every `.wandb` file under `paths` into `runs_dir`, then ingest into `db`.
+
+    Returns one `ImportResult` per file, in order. A file that cannot be read at all gets
+    `error` set; the others are imported regardless.
+    """
+    results = []
+    for f in find_wandb_files(paths):
+        try:
+            log, res = convert_wandb_file(f)
+            if res.error is None:
+                res.written = log.write(runs_dir)
+        except Exception as e:  # one bad file never stops the others
+            res = ImportResult(source=f, error=f"{type(e).__name__}: {e}")
+        results.append(res)
+    if ingest and any(r.written for r in results):
+        from observatory.interop import ingest_runs
+
+        ingest_runs(runs_dir, db)
+    return results
