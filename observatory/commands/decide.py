@@ -1,0 +1,296 @@
+"""`observatory decide new|update|show|list|export|import` and `observatory lineage RUN`.
+
+    observatory decide new --title "Enable z-loss" --kind intervention --run d512@1200 \\
+        --trigger-metric grad/norm/total --trigger-rule "> 4 for 50 steps" --action "z_loss=1e-4"
+    observatory decide new plan.md              # front matter + '## Hypothesis' sections
+    observatory decide update enable-z-loss --status running
+    observatory decide list --status running --json
+    observatory decide export decisions/ && observatory decide import decisions/
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from observatory import decisions as dec
+from observatory.commands import common_options, db_option
+
+__all__ = ["decide", "lineage"]
+
+
+def _fail(e: Exception) -> click.ClickException:
+    return click.ClickException(str(e))
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(t, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _record_options(f):
+    """Flags shared by `new` and `update`; each maps onto one Decision field."""
+    opts = [
+        click.option("--title"),
+        click.option("--kind", type=click.Choice(dec.KINDS)),
+        click.option("--status", type=click.Choice(dec.STATUSES)),
+        click.option("--hypothesis"),
+        click.option("--goal"),
+        click.option("--forecast-metric", help="pre-registered forecast: metric, e.g. eval/loss"),
+        click.option("--forecast-value", type=float, help="pre-registered forecast: predicted value"),
+        click.option("--forecast-assumptions"),
+        click.option("--trigger-metric", help="interventions: the metric or signal that set it off"),
+        click.option("--trigger-rule", help="e.g. '> mean + 6 sigma over 128 steps'"),
+        click.option("--trigger-step", type=click.IntRange(min=0)),
+        click.option("--action", help="what is done: skip batches, roll back to step X, lower LR, z-loss..."),
+        click.option(
+            "--alternative", "alternatives", multiple=True, help="an alternative considered (repeat)"
+        ),
+        click.option("--run", "runs", multiple=True, metavar="RUN[@STEP]", help="a linked run (repeat)"),
+        click.option(
+            "--config-change",
+            "config_changes",
+            multiple=True,
+            metavar="KEY=[OLD, NEW]",
+            help="a config diff entry, value in YAML (repeat)",
+        ),
+        click.option("--evidence", multiple=True, help="a link or note backing the decision (repeat)"),
+        click.option("--cost-steps", type=click.IntRange(min=0)),
+        click.option("--cost-tokens", type=click.IntRange(min=0)),
+        click.option("--cost-hours", type=click.FloatRange(min=0)),
+        click.option("--outcome"),
+        click.option("--follow-up", "follow_up"),
+        click.option("--author"),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _parse_change(text: str) -> tuple[str, list]:
+    key, eq, raw = text.partition("=")
+    if not eq or not key.strip():
+        raise click.BadParameter(f"{text!r}: expected KEY=[OLD, NEW]", param_hint="--config-change")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise click.BadParameter(f"{text!r}: {e}", param_hint="--config-change") from None
+    if not isinstance(value, list) or len(value) != 2:
+        raise click.BadParameter(f"{text!r}: the value must be [old, new]", param_hint="--config-change")
+    return key.strip(), value
+
+
+def _fields_from_flags(opts: dict[str, Any], base: dec.Decision | None) -> dict[str, Any]:
+    """Decision fields set on the command line. On update, list flags add to what is there."""
+    out: dict[str, Any] = {}
+    for name in ("title", "kind", "status", "hypothesis", "goal", "action", "outcome", "follow_up", "author"):
+        if opts.get(name) is not None:
+            out[name] = opts[name]
+    fc = {k: opts.get(f"forecast_{k}") for k in ("metric", "value", "assumptions")}
+    if any(v is not None for v in fc.values()):
+        prev = base.forecast.to_dict() if base and base.forecast else {}
+        out["forecast"] = {**prev, **{k: v for k, v in fc.items() if v is not None}}
+    tr = {k: opts.get(f"trigger_{k}") for k in ("metric", "rule", "step")}
+    if any(v is not None for v in tr.values()):
+        prev = base.trigger.to_dict() if base and base.trigger else {}
+        out["trigger"] = {**prev, **{k: v for k, v in tr.items() if v is not None}}
+    cost = {k: opts.get(f"cost_{k}") for k in ("steps", "tokens", "hours")}
+    if any(v is not None for v in cost.values()):
+        prev = base.cost.to_dict() if base and base.cost else {}
+        out["cost"] = {**prev, **{k: v for k, v in cost.items() if v is not None}}
+    try:
+        if opts.get("runs"):
+            links = [dec.parse_run_link(r) for r in opts["runs"]]
+            prev = list(base.runs) if base else []
+            out["runs"] = prev + [link for link in links if link not in prev]
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--run") from None
+    if opts.get("alternatives"):
+        out["alternatives"] = (list(base.alternatives) if base else []) + list(opts["alternatives"])
+    if opts.get("evidence"):
+        out["evidence"] = (list(base.evidence) if base else []) + list(opts["evidence"])
+    if opts.get("config_changes"):
+        diff = dict(base.config_diff) if base else {}
+        diff.update(_parse_change(c) for c in opts["config_changes"])
+        out["config_diff"] = diff
+    return out
+
+
+def _print_decision(d: dec.Decision, events: list[dict] | None = None) -> None:
+    click.echo(f"{d.id}  [{d.kind}, {d.status}]  {d.title}")
+    click.echo(f"  author {d.author or '-'}   created {_when(d.created)}   updated {_when(d.updated)}")
+    for name in ("hypothesis", "goal", "action", "outcome", "follow_up"):
+        if getattr(d, name):
+            click.echo(f"  {name.replace('_', '-')}: {getattr(d, name)}")
+    if d.forecast:
+        f = d.forecast
+        click.echo(
+            f"  forecast: {f.metric} = {f.value:g}" + (f"  ({f.assumptions})" if f.assumptions else "")
+        )
+    if d.trigger:
+        t = d.trigger
+        click.echo(f"  trigger: {t.metric} {t.rule}" + (f" at step {t.step}" if t.step is not None else ""))
+    if d.runs:
+        click.echo(
+            "  runs: " + ", ".join(r.run + (f"@{r.step}" if r.step is not None else "") for r in d.runs)
+        )
+    for k, (old, new) in d.config_diff.items():
+        click.echo(f"  config {k}: {old!r} -> {new!r}")
+    for a in d.alternatives:
+        click.echo(f"  alternative: {a}")
+    for e in d.evidence:
+        click.echo(f"  evidence: {e if isinstance(e, str) else json.dumps(e, sort_keys=True)}")
+    if d.cost and d.cost.to_dict():
+        click.echo("  cost: " + ", ".join(f"{k} {v:g}" for k, v in d.cost.to_dict().items()))
+    if events:
+        click.echo(f"  history ({len(events)} events):")
+        for e in events:
+            changed = ", ".join(k for k in e["data"] if k not in ("id", "updated", "created"))
+            click.echo(f"    {_when(e['t'])}  {e['run']}#{e['seq']}  {changed or '(no field changes)'}")
+
+
+@click.group()
+def decide():
+    """Decision history: experiments, interventions and policies, as events."""
+
+
+@decide.command("new")
+@click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--id", "decision_id", help="defaults to a slug of the title")
+@_record_options
+@common_options
+@click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
+def new_cmd(file, decision_id, runs_dir, db, as_json, **opts):
+    """Record a new decision from flags, or from a Markdown FILE with YAML front matter (flags win)."""
+    from observatory import decisions_md
+
+    fields: dict[str, Any] = {}
+    try:
+        if file is not None:
+            fields, _ = decisions_md.read_file(file)
+        fields.update(_fields_from_flags(opts, None))
+        if decision_id:
+            fields["id"] = decision_id
+        if not fields.get("title"):
+            raise ValueError("a decision needs a title (--title, or `title:` in the front matter)")
+        fields.setdefault("author", os.environ.get("USER", ""))
+        d = dec.new(runs_dir, db, **fields)
+    except ValueError as e:
+        raise _fail(e) from None
+    if as_json:
+        click.echo(json.dumps(d.to_dict(), indent=2, sort_keys=True))
+    else:
+        click.echo(f"recorded decision {d.id}")
+
+
+@decide.command("update")
+@click.argument("decision_id")
+@_record_options
+@common_options
+@click.option("--json", "as_json", is_flag=True)
+def update_cmd(decision_id, runs_dir, db, as_json, **opts):
+    """Change a decision's fields; --run, --alternative, --evidence and --config-change add to the lists."""
+    try:
+        cur = dec.get(db, decision_id)
+        if cur is None:
+            raise ValueError(f"no decision {decision_id!r} (see `observatory decide list`)")
+        changes = _fields_from_flags(opts, cur)
+        if not changes:
+            raise ValueError("nothing to update: give at least one field flag, e.g. --status running")
+        d = dec.update(runs_dir, db, decision_id, **changes)
+    except ValueError as e:
+        raise _fail(e) from None
+    if as_json:
+        click.echo(json.dumps(d.to_dict(), indent=2, sort_keys=True))
+    else:
+        click.echo(f"updated decision {d.id}: {d.status}")
+
+
+@decide.command("show")
+@click.argument("decision_id")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="the record plus its event history")
+def show_cmd(decision_id, db, as_json):
+    """Show a decision's current state and its history."""
+    d = dec.get(db, decision_id)
+    if d is None:
+        raise click.ClickException(f"no decision {decision_id!r} (see `observatory decide list`)")
+    events = dec.history(db, decision_id)
+    if as_json:
+        click.echo(json.dumps({**d.to_dict(), "history": events}, indent=2, sort_keys=True))
+    else:
+        _print_decision(d, events)
+
+
+@decide.command("list")
+@click.option("--status", type=click.Choice(dec.STATUSES))
+@click.option("--kind", type=click.Choice(dec.KINDS))
+@click.option("--run", help="only decisions linked to this run")
+@db_option
+@click.option("--json", "as_json", is_flag=True)
+def list_cmd(status, kind, run, db, as_json):
+    """List decisions (oldest first) with their current status."""
+    ds = dec.list_decisions(db, status=status, kind=kind, run=run)
+    if as_json:
+        click.echo(json.dumps([d.to_dict() for d in ds], indent=2, sort_keys=True))
+        return
+    if not ds:
+        click.echo("no decisions")
+        return
+    w = max(len(d.id) for d in ds)
+    for d in ds:
+        runs = ",".join(r.run for r in d.runs) or "-"
+        click.echo(f"{d.id:<{w}}  {d.kind:<12} {d.status:<10} {_when(d.updated)}  {runs}  {d.title}")
+
+
+@decide.command("export")
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@db_option
+def export_cmd(out_dir, db):
+    """Write one Markdown file per decision (front matter + sections + history) into OUT_DIR."""
+    from observatory import decisions_md
+
+    paths = decisions_md.export_dir(db, out_dir)
+    click.echo(f"exported {len(paths)} decisions to {out_dir}")
+
+
+@decide.command("import")
+@click.argument("in_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@common_options
+def import_cmd(in_dir, runs_dir, db):
+    """Load the Markdown files of IN_DIR: new decisions are created, changed ones updated."""
+    from observatory import decisions_md
+
+    try:
+        r = decisions_md.import_dir(runs_dir, db, in_dir)
+    except ValueError as e:
+        raise _fail(e) from None
+    click.echo(
+        f"imported {len(r['created'])} new, {len(r['updated'])} updated, {len(r['unchanged'])} unchanged"
+    )
+
+
+@click.command("lineage")
+@click.argument("run")
+@click.option("--metric", default="train/loss", show_default=True, help="metric for the stitched curve")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="the chain, children and stitched curve as JSON")
+def lineage(run, metric, db, as_json):
+    """Show RUN's ancestors (through forks and resumes), its children and the stitched curve's extent."""
+    from observatory import lineage as lin
+
+    try:
+        li = lin.lineage(db, run, metric=metric)
+    except ValueError as e:
+        raise _fail(e) from None
+    if as_json:
+        click.echo(json.dumps(li.to_dict(), indent=2, sort_keys=True))
+        return
+    click.echo(lin.format_text(li))
