@@ -1,0 +1,508 @@
+"""What every dashboard page shares: cached store queries, the run picker, deep links, charts.
+
+Queries: `query(fn, *args)` runs an `observatory.queries` function on a fresh
+read-only connection (`observatory.store.connect`, which retries a busy lock)
+and caches the result for `cache_ttl_s` seconds across ALL sessions, so a
+hundred viewers of a live run cost one query every couple of seconds. If the
+store stays busy past the retry budget, the page shows the last good result
+(or a calm "store busy" note); a lock error never reaches the page.
+
+Deep links: the chosen run lives in the URL (`?run=ID`, `?runs=a,b` on Compare),
+so a link pastes into an issue and opens the same view.
+
+Charts: `series_figure` draws a downsampled series as a min-max band with the
+last value per bucket as the line (a spike stays visible at any zoom), with
+event markers carrying their text on hover.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+from observatory import settings
+
+__all__ = [
+    "StoreBusy",
+    "db_path",
+    "query",
+    "lineage_module",
+    "runs_table",
+    "pick_run",
+    "step_window",
+    "smooth",
+    "series_figure",
+    "add_markers",
+    "marker_text",
+    "show_chart",
+    "ago",
+    "STATUS_ICON",
+]
+
+STATUS_ICON = {
+    "running": "🟢",
+    "completed": "✅",
+    "failed": "❌",
+    "crashed": "💥",
+    "preempted": "⏸️",
+    "killed": "🛑",
+}
+MARKER_STYLE = {  # kind -> (symbol, colour)
+    "failure": ("x", "#d62728"),
+    "anomaly": ("triangle-up", "#ff7f0e"),
+    "checkpoint": ("diamond", "#7f7f7f"),
+    "config_diff": ("square", "#9467bd"),
+    "decision": ("star", "#2ca02c"),
+    "note": ("circle-open", "#17becf"),
+    "run_end": ("line-ns", "#000000"),
+}
+
+
+class StoreBusy(RuntimeError):
+    """The store stayed locked past the retry budget and no earlier result exists."""
+
+
+def db_path() -> str:
+    return str(settings.get("db"))
+
+
+# last good result per cache key: shown when the store is busy for longer than the lock budget
+_LAST_GOOD: dict[str, Any] = {}
+
+
+def _resolve(name: str) -> Callable:
+    module, attr = name.rsplit(":", 1)
+    return getattr(importlib.import_module(module), attr)
+
+
+@st.cache_data(ttl=settings.get("cache_ttl_s"), show_spinner=False, max_entries=2048)
+def _cached(db: str, fn: str, args_json: str) -> Any:
+    from observatory.store import connect
+
+    args, kwargs = json.loads(args_json)
+    with connect(db) as con:
+        return _resolve(fn)(con, *args, **kwargs)
+
+
+def query(fn: Callable, *args, **kwargs) -> Any:
+    """`fn(con, *args, **kwargs)` on a read-only connection, cached for cache_ttl_s across sessions.
+
+    fn must be a module-level function (it is cached by its dotted name); args must
+    be JSON-serialisable (they form the cache key).
+    """
+    import duckdb
+
+    name = f"{fn.__module__}:{fn.__qualname__}"
+    key_args = json.dumps([list(args), kwargs], sort_keys=True, default=_jsonable)
+    key = f"{db_path()}|{name}|{key_args}"
+    try:
+        out = _cached(db_path(), name, key_args)
+    except duckdb.IOException as e:  # lock held past the retry budget: never show it raw
+        if "lock" not in str(e).lower():
+            raise
+        if key in _LAST_GOOD:
+            return _LAST_GOOD[key]
+        raise StoreBusy("the store is being written right now; this view refreshes by itself") from None
+    if len(_LAST_GOOD) > 4096:
+        _LAST_GOOD.clear()
+    _LAST_GOOD[key] = out
+    return out
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, (set, frozenset, tuple)):
+        return sorted(o) if isinstance(o, (set, frozenset)) else list(o)
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    raise TypeError(f"query argument {o!r} is not JSON-serialisable")
+
+
+def lineage_module():
+    """The decisions engineer's `observatory.lineage` when present, else None."""
+    try:
+        return importlib.import_module("observatory.lineage")
+    except ImportError:
+        return None
+
+
+# ------------------------------------------------------------------- runs
+
+
+def _config_steps(config: Any) -> int | None:
+    """Planned optimizer steps from a resolved config (top level `steps` or `train.steps`)."""
+    if not isinstance(config, dict):
+        return None
+    for c in (config, config.get("train"), config.get("trainer"), config.get("optim")):
+        if isinstance(c, dict) and isinstance(c.get("steps"), int) and c["steps"] > 0:
+            return c["steps"]
+    return None
+
+
+def runs_table() -> list[dict[str, Any]]:
+    """Every run as a dict: run, name, status (crashed when stale), last_step, steps, progress,
+    last_loss, tokens, ladder, tags, start_time, last_event_t, parent; newest first."""
+    from observatory.queries import dashboard as qd
+
+    rows = query(_runs_with_status)
+    extras = {r["run"]: r for r in query(qd.runs_extras).to_dicts()}
+    out = []
+    for r in rows:
+        x = extras.get(r["run"], {})
+        config = r.get("config")
+        if isinstance(config, str):
+            try:
+                config = json.loads(config)
+            except ValueError:
+                config = None
+        steps = _config_steps(config) or r.get("final_step")
+        last = r.get("last_step") if r.get("last_step") is not None else x.get("last_metric_step")
+        done = r.get("status") == "completed"
+        progress = 1.0 if done else (min(1.0, (last + 1) / steps) if steps and last is not None else None)
+        ladder = " / ".join(str(v) for v in (r.get("ladder_name"), r.get("ladder_rung")) if v)
+        out.append(
+            {
+                "run": r["run"],
+                "name": r.get("name") or r["run"],
+                "status": r.get("status") or "unknown",
+                "last_step": last,
+                "steps": steps,
+                "progress": progress,
+                "last_loss": x.get("last_loss"),
+                "tokens": x.get("tokens"),
+                "ladder": ladder or None,
+                "tags": list(r.get("tags") or []),
+                "start_time": r.get("start_time"),
+                "last_event_t": r.get("last_event_t") or x.get("last_metric_t"),
+                "parent": r.get("parent_run"),
+            }
+        )
+    out.sort(key=lambda r: -(r["start_time"] or r["last_event_t"] or 0))
+    return out
+
+
+def _runs_with_status(con) -> list[dict[str, Any]]:
+    """The runs rows with the status the public should see: a silent run without run_end is crashed.
+
+    Uses the core queries' `list_runs` when present (one definition of `crashed`);
+    this module-level wrapper exists so that `query` can cache it by name.
+    """
+    try:
+        from observatory.queries import core
+    except ImportError:
+        core = None
+    if core is not None and hasattr(core, "list_runs"):
+        rows = core.list_runs(con)
+        rows = [r if isinstance(r, dict) else r._asdict() if hasattr(r, "_asdict") else dict(r) for r in rows]
+        if rows and "run" in rows[0]:
+            return rows
+    cur = con.execute("SELECT * FROM runs")
+    cols = [d[0] for d in cur.description]
+    rows = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+    stale = settings.get("stale_after_s")
+    now = time.time()
+    for r in rows:
+        if r.get("status") in (None, "running") and (now - (r.get("last_event_t") or 0)) > stale:
+            r["status"] = "crashed"
+    return rows
+
+
+def pick_run(
+    runs: list[dict[str, Any]], label: str = "Run", key: str = "run", prefer_running: bool = True
+) -> str | None:
+    """A run selectbox bound to the `?run=` query parameter (deep link in, deep link out)."""
+    if not runs:
+        st.info("No runs in the store yet. Start one with `trainer train` and `observatory ingest --follow`.")
+        return None
+    ids = [r["run"] for r in runs]
+    wanted = st.query_params.get(key)
+    if wanted not in ids:
+        running = [r["run"] for r in runs if r["status"] == "running"] if prefer_running else []
+        wanted = (running or ids)[0]
+    status = {r["run"]: r["status"] for r in runs}
+    choice = st.selectbox(
+        label,
+        ids,
+        index=ids.index(wanted),
+        key=f"pick_{key}",
+        format_func=lambda r: f"{STATUS_ICON.get(status[r], '•')} {r}",
+    )
+    if st.query_params.get(key) != choice:
+        st.query_params[key] = choice
+    return choice
+
+
+def step_window(lo: int, hi: int, key: str) -> tuple[int, int]:
+    """A step range chooser over [lo, hi]: slider plus a box selection on the chart zooms in.
+
+    A plotly box selection (drag on the chart) stores its x range under
+    `st.session_state[key + "_box"]`; the range is then re-queried at full
+    resolution whenever it holds fewer steps than the chart has buckets.
+    """
+    if hi <= lo:
+        return lo, hi
+    box = st.session_state.pop(f"{key}_box", None)
+    prev_hi = st.session_state.get(f"{key}_hi")
+    st.session_state[f"{key}_hi"] = hi
+    cur = st.session_state.get(key)
+    if box is not None:
+        a, b = max(lo, int(box[0])), min(hi, int(math.ceil(box[1])))
+        st.session_state[key] = (a, max(a, b))
+    elif cur is None or not (lo <= cur[0] <= cur[1] <= hi):
+        st.session_state[key] = (lo, hi)
+    elif prev_hi is not None and cur[1] == prev_hi and hi != prev_hi:
+        # the window reached the newest step: keep following it as a live run grows
+        st.session_state[key] = (max(lo, cur[0]), hi)
+    c1, c2 = st.columns([6, 1])
+    with c1:
+        window = st.slider("Steps", lo, hi, key=key, help="Drag here, or box-select on a chart, to zoom")
+    with c2:
+        st.button("Reset zoom", key=f"{key}_reset", on_click=lambda: st.session_state.update({key: (lo, hi)}))
+    return int(window[0]), int(window[1])
+
+
+# ----------------------------------------------------------------- charts
+
+
+def smooth(values: Iterable[float], weight: float) -> np.ndarray:
+    """TensorBoard's debiased exponential moving average; NaN/inf points are kept as they are."""
+    v = np.asarray(list(values), dtype=float)
+    if weight <= 0 or v.size == 0:
+        return v
+    out = np.empty_like(v)
+    acc, n = 0.0, 0
+    for i, x in enumerate(v):
+        if not math.isfinite(x):
+            out[i] = x
+            continue
+        acc = acc * weight + (1 - weight) * x
+        n += 1
+        out[i] = acc / (1 - weight**n)
+    return out
+
+
+def series_figure(
+    df,
+    title: str,
+    smoothing: float = 0.0,
+    x: str = "step",
+    group: str | None = None,
+    height: int = 300,
+    log_y: bool = False,
+) -> go.Figure:
+    """Downsampled series (columns x, min, max, last[, group]) as band + line per group.
+
+    The band spans each bucket's min..max, so a spike survives downsampling; the
+    line is the (optionally smoothed) last value per bucket; NaN/inf buckets get a
+    red x at the top of the band.
+    """
+    fig = go.Figure()
+    groups = (
+        [(None, df)]
+        if group is None
+        else [(g, df.filter(df[group] == g)) for g in df[group].unique(maintain_order=True)]
+    )
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+    for i, (g, d) in enumerate(groups):
+        if d.height == 0:
+            continue
+        color = palette[i % len(palette)]
+        xs = d[x].to_list()
+        label = str(g) if g is not None else title
+        wide = "n" in d.columns and d["n"].max() > 1
+        if wide:
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=d["max"].to_list(),
+                    mode="lines",
+                    line={"width": 0},
+                    showlegend=False,
+                    hoverinfo="skip",
+                    legendgroup=label,
+                )
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=d["min"].to_list(),
+                    mode="lines",
+                    line={"width": 0},
+                    fill="tonexty",
+                    fillcolor=_rgba(color, 0.18),
+                    name=f"{label} min-max",
+                    showlegend=False,
+                    hoverinfo="skip",
+                    legendgroup=label,
+                )
+            )
+        last = d["last"].to_numpy().astype(float)
+        y = smooth(last, smoothing) if smoothing > 0 else last
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=np.where(np.isfinite(y), y, None),
+                mode="lines",
+                name=label,
+                line={"color": color, "width": 1.6},
+                legendgroup=label,
+                customdata=np.stack([d["min"].to_numpy(), d["max"].to_numpy()], axis=-1) if wide else None,
+                hovertemplate=(
+                    "%{x}: %{y:.5g} (min %{customdata[0]:.5g}, max %{customdata[1]:.5g})"
+                    if wide
+                    else "%{x}: %{y:.5g}"
+                )
+                + f"<extra>{label}</extra>",
+            )
+        )
+        if smoothing > 0:  # the raw line faintly behind the smoothed one, like TensorBoard
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=np.where(np.isfinite(last), last, None),
+                    mode="lines",
+                    line={"color": _rgba(color, 0.3), "width": 1},
+                    showlegend=False,
+                    hoverinfo="skip",
+                    legendgroup=label,
+                )
+            )
+        if "n_nonfinite" in d.columns:
+            bad = d.filter(d["n_nonfinite"] > 0)
+            if bad.height:
+                top = np.nanmax(np.where(np.isfinite(last), last, np.nan)) if np.isfinite(last).any() else 0
+                fig.add_trace(
+                    go.Scatter(
+                        x=bad[x].to_list(),
+                        y=[top] * bad.height,
+                        mode="markers",
+                        name="NaN/inf",
+                        marker={"symbol": "x", "color": "#d62728", "size": 10},
+                        hovertemplate="%{x}: NaN or inf logged<extra></extra>",
+                    )
+                )
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        height=height,
+        margin={"l": 40, "r": 10, "t": 36, "b": 30},
+        hovermode="x unified" if group is None else "closest",
+        dragmode="select",
+        legend={"orientation": "h", "y": -0.2},
+    )
+    fig.update_xaxes(title=None)
+    if log_y:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def marker_text(kind: str, data: Any) -> str:
+    """One line of hover text for an event marker (plain text; plotly hover is not Markdown)."""
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            data = {"text": data}
+    d = data if isinstance(data, dict) else {}
+    if kind == "failure":
+        s = f"failure {d.get('type', '?')}: {d.get('message', '')}" + (
+            f" → {d['action']}" if d.get("action") else ""
+        )
+    elif kind == "anomaly":
+        s = f"anomaly [{d.get('severity', '?')}] {d.get('detector', '')} on {d.get('metric', '')}: {d.get('message', '')}"
+    elif kind == "checkpoint":
+        s = f"checkpoint {d.get('path', '')}"
+    elif kind == "config_diff":
+        ch = d.get("changes") or {}
+        s = "config: " + ", ".join(
+            f"{k}: {v[0]!r} → {v[1]!r}" if isinstance(v, list) and len(v) == 2 else f"{k}: {v!r}"
+            for k, v in list(ch.items())[:6]
+        )
+    elif kind == "decision":
+        s = f"decision {d.get('id', '')}: {d.get('title') or d.get('hypothesis') or ''} [{d.get('status', '')}]"
+    elif kind == "note":
+        s = "note: " + str(d.get("text", ""))
+    elif kind == "run_end":
+        s = f"run ended: {d.get('status', '')}"
+    else:
+        s = f"{kind}: {json.dumps(d)[:200]}"
+    s = s if len(s) <= 300 else s[:297] + "..."
+    return s.replace("<", "&lt;").replace(">", "&gt;")  # plotly hover renders a subset of HTML
+
+
+def add_markers(fig: go.Figure, markers, y_at: float | None = None) -> None:
+    """Event markers at their steps: one trace per kind (toggle in the legend), text on hover.
+
+    markers: frame with kind, step, data. They sit on the top edge of the plot
+    (y in paper coordinates would not hover), at `y_at` in data units.
+    """
+    if markers is None or markers.height == 0:
+        return
+    m = markers.filter(markers["step"].is_not_null())
+    for kind in m["kind"].unique(maintain_order=True).to_list():
+        d = m.filter(m["kind"] == kind)
+        symbol, color = MARKER_STYLE.get(kind, ("circle", "#333333"))
+        texts = [marker_text(kind, x) for x in d["data"].to_list()]
+        steps = d["step"].to_list()
+        fig.add_trace(
+            go.Scatter(
+                x=steps,
+                y=[y_at] * len(steps),
+                mode="markers",
+                name=kind.replace("_", " "),
+                marker={"symbol": symbol, "color": color, "size": 11, "line": {"width": 1}},
+                text=texts,
+                hovertemplate="step %{x}<br>%{text}<extra></extra>",
+            )
+        )
+        if kind in ("failure", "config_diff", "decision"):
+            for s in steps:
+                fig.add_vline(x=s, line={"color": color, "width": 1, "dash": "dot"})
+
+
+def show_chart(fig: go.Figure, key: str, window_key: str | None = None) -> None:
+    """Render a figure; a box selection on it zooms `window_key`'s step window (full-resolution re-query)."""
+    if window_key is None:
+        st.plotly_chart(fig, key=key, config={"displaylogo": False})
+        return
+    ev = st.plotly_chart(fig, key=key, on_select="rerun", selection_mode="box", config={"displaylogo": False})
+    try:
+        boxes = ev["selection"]["box"] if ev else []
+    except (KeyError, TypeError):
+        boxes = []
+    if boxes:
+        xs = boxes[0].get("x") or []
+        box = (min(xs), max(xs)) if len(xs) == 2 and all(isinstance(v, (int, float)) for v in xs) else None
+        # the selection persists across reruns: zoom once per new box
+        if box is not None and st.session_state.get(f"{key}_applied") != box:
+            st.session_state[f"{key}_applied"] = box
+            st.session_state[f"{window_key}_box"] = box
+            st.rerun()
+
+
+def ago(t: float | None, now: float | None = None) -> str:
+    """'12 s ago', '3 min ago', '2.1 h ago', '4 d ago' (or 'never')."""
+    if t is None:
+        return "never"
+    dt = max(0.0, (now or time.time()) - t)
+    if dt < 90:
+        return f"{dt:.0f} s ago"
+    if dt < 5400:
+        return f"{dt / 60:.0f} min ago"
+    if dt < 172800:
+        return f"{dt / 3600:.1f} h ago"
+    return f"{dt / 86400:.0f} d ago"

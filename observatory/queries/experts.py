@@ -1,0 +1,195 @@
+"""Expert-load queries for the dashboard: heatmaps, hot experts, drop fraction per layer.
+
+They read the ingest-time rollups of `observatory/rollups.py`, never a full scan
+of `expert_load` (10^8 rows for a 10^5-step run of 16 layers x 64 experts):
+
+- a heatmap over a step window reads the coarsest table whose buckets are still
+  no wider than the requested bucket width (raw rows for short windows, then
+  `expert_load_r16` / `_r128` / `_r1024`), so it aggregates at most ~8 x 64 rows
+  per output bucket;
+- per-layer series read `expert_layer_step` (one row per run, layer, step).
+
+Every function takes an open DuckDB connection (callers own its lifetime) and
+returns polars frames or plain dicts. A window that is not aligned to the
+source resolution is widened to whole source buckets (at most res-1 steps).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from observatory.rollups import RESOLUTIONS
+
+__all__ = [
+    "expert_extent",
+    "bucket_width",
+    "heatmap",
+    "hot_experts",
+    "layer_series",
+    "run_drop_series",
+]
+
+
+def _frame(con, sql: str, params) -> pl.DataFrame:
+    return con.sql(sql, params=params).pl()
+
+
+def expert_extent(con, run: str) -> dict[str, Any] | None:
+    """First and last step with expert loads, the layers and the expert count; None if none."""
+    row = con.execute(
+        """
+        SELECT min(step), max(step), list(DISTINCT layer ORDER BY layer), max(n_experts)
+        FROM expert_layer_step WHERE run = ?
+        """,
+        [run],
+    ).fetchone()
+    if row is None or row[0] is None:
+        return None
+    return {
+        "first_step": int(row[0]),
+        "last_step": int(row[1]),
+        "layers": list(row[2]),
+        "experts": int(row[3]),
+    }
+
+
+def bucket_width(lo: int, hi: int, max_buckets: int) -> int:
+    """Steps per bucket so that [lo, hi] fits in at most max_buckets buckets (>= 1)."""
+    return max(1, math.ceil((hi - lo + 1) / max(1, max_buckets)))
+
+
+def _source(width: int) -> tuple[str, str, int]:
+    """(table, bucket expression, res) of the coarsest source no wider than `width` steps."""
+    table, col, res = "expert_load", "step", 1
+    for r in RESOLUTIONS:
+        if r <= width:
+            table, col, res = f"expert_load_r{r}", "bucket", r
+    return table, col, res
+
+
+def heatmap(con, run: str, layer: int, lo: int, hi: int, max_buckets: int = 400) -> dict[str, Any]:
+    """Expert x step-bucket matrices for one layer over steps [lo, hi].
+
+    Returns {steps: (B,) first step of each bucket, width, res (source resolution),
+    experts: (E,), routed, dropped: (E, B) int sums, share: (E, B) routed / layer
+    total, drop_frac: (E, B) dropped / routed}. Empty buckets are NaN.
+    """
+    width = bucket_width(lo, hi, max_buckets)
+    table, col, res = _source(width)
+    width = math.ceil(width / res) * res  # whole source buckets per output bucket
+    lo_al = (lo // res) * res
+    df = _frame(
+        con,
+        f"""
+        SELECT ({col} * {res} - ?) // ? AS i, expert, sum(routed)::DOUBLE AS routed, sum(dropped)::DOUBLE AS dropped
+        FROM {table}
+        WHERE run = ? AND layer = ? AND {col} BETWEEN ? AND ?
+        GROUP BY i, expert
+        """,
+        [lo_al, width, run, layer, lo // res, hi // res],
+    )
+    n_b = (hi - lo_al) // width + 1
+    n_e = int(df["expert"].max()) + 1 if df.height else 0
+    routed = np.full((n_e, n_b), np.nan)
+    dropped = np.full((n_e, n_b), np.nan)
+    if df.height:
+        e, i = df["expert"].to_numpy(), df["i"].to_numpy()
+        routed[e, i] = df["routed"].to_numpy()
+        dropped[e, i] = df["dropped"].to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = routed / np.nansum(routed, axis=0, keepdims=True)
+        drop_frac = dropped / routed
+    return {
+        "steps": lo_al + np.arange(n_b) * width,
+        "width": width,
+        "res": res,
+        "experts": np.arange(n_e),
+        "routed": routed,
+        "dropped": dropped,
+        "share": share,
+        "drop_frac": drop_frac,
+    }
+
+
+def hot_experts(hm: dict[str, Any], top: int = 10) -> pl.DataFrame:
+    """The busiest experts of a heatmap window: load share, max/mean ratio, peak share, drop fraction.
+
+    max/mean = the expert's routed total over the mean expert's total (1.0 is
+    perfectly balanced); peak is its largest share in any bucket times E.
+    """
+    routed = np.nan_to_num(hm["routed"])  # (E, B)
+    dropped = np.nan_to_num(hm["dropped"])
+    if routed.size == 0:
+        return pl.DataFrame(
+            schema={
+                "expert": pl.Int64,
+                "share": pl.Float64,
+                "max_over_mean": pl.Float64,
+                "peak_over_mean": pl.Float64,
+                "drop_fraction": pl.Float64,
+            }
+        )
+    tot = routed.sum(axis=1)  # (E,)
+    n_e = len(tot)
+    mean = tot.mean() if tot.mean() > 0 else 1.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        peak = np.nanmax(np.nan_to_num(hm["share"]), axis=1) * n_e
+        drop = np.where(tot > 0, dropped.sum(axis=1) / tot, np.nan)
+    df = pl.DataFrame(
+        {
+            "expert": hm["experts"].astype(np.int64),
+            "share": tot / max(tot.sum(), 1.0),
+            "max_over_mean": tot / mean,
+            "peak_over_mean": peak,
+            "drop_fraction": drop,
+        }
+    )
+    return df.sort("max_over_mean", descending=True).head(top)
+
+
+def layer_series(con, run: str, lo: int, hi: int, max_buckets: int = 1000) -> pl.DataFrame:
+    """Per layer and step bucket: drop fraction, its per-step peak, and hot-expert ratio (max/mean).
+
+    Columns: layer, step (bucket's last step), step_lo, drop_fraction (sum dropped /
+    sum routed over the bucket), drop_max (worst single step), hot_ratio (mean over
+    steps of busiest expert / mean expert), hot_max (worst step).
+    """
+    width = bucket_width(lo, hi, max_buckets)
+    return _frame(
+        con,
+        """
+        SELECT layer, max(step) AS step, min(step) AS step_lo,
+               sum(dropped) / nullif(sum(routed), 0) AS drop_fraction,
+               max(dropped / nullif(routed, 0)) AS drop_max,
+               avg(routed_max * n_experts / nullif(routed, 0)) AS hot_ratio,
+               max(routed_max * n_experts / nullif(routed, 0)) AS hot_max
+        FROM expert_layer_step
+        WHERE run = ? AND step BETWEEN ? AND ?
+        GROUP BY layer, (step - ?) // ?
+        ORDER BY layer, step
+        """,
+        [run, lo, hi, lo, width],
+    )
+
+
+def run_drop_series(con, run: str, lo: int, hi: int, max_buckets: int = 1000) -> pl.DataFrame:
+    """The run's drop fraction over all layers: step, min, max, last per bucket (from expert_layer_step)."""
+    width = bucket_width(lo, hi, max_buckets)
+    return _frame(
+        con,
+        """
+        WITH per_step AS (
+            SELECT step, sum(dropped) / nullif(sum(routed), 0) AS v
+            FROM expert_layer_step WHERE run = ? AND step BETWEEN ? AND ?
+            GROUP BY step
+        )
+        SELECT max(step) AS step, min(step) AS step_lo, min(v) AS min, max(v) AS max,
+               arg_max(v, step) AS last, count(*) AS n
+        FROM per_step GROUP BY (step - ?) // ? ORDER BY step
+        """,
+        [run, lo, hi, lo, width],
+    )
