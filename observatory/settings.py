@@ -45,6 +45,22 @@ SETTINGS: dict[str, Setting] = {
         Setting("lock_timeout_s", 30.0, "how long a reader or writer retries a busy store before giving up"),
         Setting("follow_interval_s", 0.5, "how often `ingest --follow` polls the runs dir"),
         Setting("cache_ttl_s", 2.0, "dashboard query cache lifetime"),
+        Setting("anomaly_window", 128, "anomaly detectors: trailing window (logged steps) for rolling baselines"),
+        Setting("anomaly_min_history", 16, "anomaly detectors: logged steps of history needed before flagging"),
+        Setting("anomaly_loss_z", 6.0, "loss spike: robust z-score (median/IQR of the trailing window) to flag"),
+        Setting("anomaly_loss_min_rise", 0.05, "loss spike: also needs loss above the trailing median by this fraction"),
+        Setting("anomaly_grad_z", 6.0, "grad-norm spike: robust z-score of log grad norm to flag"),
+        Setting("anomaly_grad_min_ratio", 2.0, "grad-norm spike: also needs grad norm / trailing median above this"),
+        Setting("anomaly_grad_growth", 3.0, "grad-norm growth: rolling median / lowest earlier rolling median to flag"),
+        Setting("anomaly_growth_steps", 32, "grad-norm growth: logged steps the growth must last"),
+        Setting("anomaly_recovery_steps", 64, "incomplete recovery: steps after a loss spike to be back near baseline"),
+        Setting("anomaly_recovery_tol", 0.05, "incomplete recovery: allowed fraction above the pre-spike loss"),
+        Setting("anomaly_drop_jump", 0.1, "drop-fraction jump: absolute rise over the trailing median to flag"),
+        Setting("anomaly_hot_ratio", 4.0, "hot expert: max/mean routed load in a layer to flag"),
+        Setting("anomaly_expert_steps", 20, "hot/dead expert: consecutive logged steps the condition must last"),
+        Setting("anomaly_throughput_drop", 0.5, "throughput drop: flag below this fraction of the trailing median"),
+        Setting("anomaly_throughput_steps", 5, "throughput drop: consecutive logged steps it must last"),
+        Setting("anomaly_stall_s", 300.0, "stalled run: seconds without events (and no run_end) to flag"),
     )
 }
 

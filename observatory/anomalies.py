@@ -1,0 +1,789 @@
+"""Instability early warning: detectors over a run's metric stream.
+
+Each finding becomes an `anomaly` event (EVENTS.md) written by the observatory
+itself as host 1000 into the run's folder; the next ingest pass stores it. So
+what the observatory said, and when, is as replayable as the run itself.
+
+Detectors (all thresholds are settings, `anomaly_*`):
+
+- `loss_spike`: train/loss above the trailing median by `anomaly_loss_z` robust
+  sigmas (IQR / 1.349 of the previous `anomaly_window` logged steps; OLMo-core
+  flags mean + 6 sigma of the previous 128) and by `anomaly_loss_min_rise`.
+- `grad_spike`: the same on log grad/norm/total, plus a minimum ratio. In BLOOM
+  176B's logs the grad norm led the loss spike by ~3 steps: this is the early warning.
+- `grad_growth`: the rolling median grad norm climbs `anomaly_grad_growth` times
+  above its lowest level in the window before (the 535B run's grad norm grew past 4).
+- `incomplete_recovery`: loss still above its pre-spike level `anomaly_recovery_steps`
+  after a spike.
+- `drop_jump`: moe/drop_fraction (or dropped/routed from expert_load) jumps.
+- `hot_expert` / `dead_expert`: max/mean routed load over a ratio, or zero load,
+  for `anomaly_expert_steps` consecutive logged steps.
+- `nonfinite`: NaN or inf in any metric.
+- `throughput_drop`: tokens/s below a fraction of its trailing median for a while.
+- `stalled_run`: no events for `anomaly_stall_s` and no run_end.
+
+Detectors are pure functions of numpy arrays (steps, values) → `Finding`s, so
+they are tested on synthetic series and on real runs alike. A flag at a step
+depends only on a bounded trailing window, which is what makes the incremental
+scan exact: `scan_run` re-reads `Thresholds.lookback` logged steps before the
+last step it scanned, ignores episodes that began before its windows were
+whole (an earlier scan saw their start) and dedupes by (detector, metric,
+window start) against findings in the store and in events.1000.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from observatory import settings
+from observatory.events import OBSERVATORY_HOST
+
+__all__ = [
+    "Thresholds",
+    "Finding",
+    "loss_spikes",
+    "grad_spikes",
+    "grad_growth",
+    "incomplete_recovery",
+    "drop_jumps",
+    "hot_experts",
+    "dead_experts",
+    "nonfinite",
+    "throughput_drops",
+    "stalled",
+    "detect_frame",
+    "scan_run",
+    "write_findings",
+    "detect",
+    "after_ingest",
+    "LOSS",
+    "GRAD",
+    "DROP",
+    "THROUGHPUT",
+]
+
+LOSS = "train/loss"
+GRAD = "grad/norm/total"
+DROP = "moe/drop_fraction"
+THROUGHPUT = "throughput/tokens_per_s"
+SPIKE_GAP = 2  # flagged steps this close (in logged steps) belong to one episode
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Detector thresholds; `from_settings()` reads the `anomaly_*` settings."""
+
+    window: int = 128  # trailing window (logged steps) for rolling baselines
+    min_history: int = 16  # logged steps of history before anything is flagged
+    loss_z: float = 6.0
+    loss_min_rise: float = 0.05  # fraction above the trailing median
+    grad_z: float = 6.0
+    grad_min_ratio: float = 2.0
+    grad_growth: float = 3.0
+    growth_steps: int = 32
+    recovery_steps: int = 64
+    recovery_tol: float = 0.05
+    drop_jump: float = 0.1
+    hot_ratio: float = 4.0
+    expert_steps: int = 20
+    throughput_drop: float = 0.5
+    throughput_steps: int = 5
+    stall_s: float = 300.0
+
+    def __post_init__(self):
+        for name in (
+            "window",
+            "min_history",
+            "growth_steps",
+            "recovery_steps",
+            "expert_steps",
+            "throughput_steps",
+        ):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Thresholds.{name} must be an int >= 1, got {v!r} (setting anomaly_{name})")
+        if self.min_history > self.window:
+            raise ValueError(
+                f"Thresholds.min_history ({self.min_history}) must be <= window ({self.window}); "
+                "lower anomaly_min_history or raise anomaly_window"
+            )
+        for name in ("loss_z", "grad_z", "loss_min_rise", "recovery_tol", "drop_jump", "stall_s"):
+            v = getattr(self, name)
+            if not v > 0:
+                raise ValueError(f"Thresholds.{name} must be > 0, got {v!r} (setting anomaly_{name})")
+        for name in ("grad_min_ratio", "grad_growth", "hot_ratio"):
+            if not getattr(self, name) > 1:
+                raise ValueError(
+                    f"Thresholds.{name} must be > 1, got {getattr(self, name)!r} (setting anomaly_{name})"
+                )
+        if not 0 < self.throughput_drop < 1:
+            raise ValueError(f"Thresholds.throughput_drop must be in (0, 1), got {self.throughput_drop!r}")
+
+    @classmethod
+    def from_settings(cls) -> Thresholds:
+        return cls(**{f: settings.get(f"anomaly_{f}") for f in cls.__dataclass_fields__})
+
+    @property
+    def lookback(self) -> int:
+        """Logged steps an incremental scan re-reads before the last step it scanned.
+
+        Enough for every trailing window, a spike's recovery check and the longest
+        episode a detector needs before it reports.
+        """
+        return 2 * self.window + self.growth_steps + self.recovery_steps + 2 * self.expert_steps + 16
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One detector finding; `data()` is the `anomaly` event's payload."""
+
+    detector: str
+    metric: str
+    severity: str  # info | warn | critical
+    message: str
+    window: tuple[int, int]  # [first_step, last_step] seen when it was found
+    step: int  # the step at which the detector could first raise it (live)
+    value: float | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+    run: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.detector, self.metric, int(self.window[0]))
+
+    def data(self, scanned_through: int | None = None) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "detector": self.detector,
+            "metric": self.metric,
+            "severity": self.severity,
+            "message": self.message,
+            "window": [int(self.window[0]), int(self.window[1])],
+        }
+        if self.value is not None and math.isfinite(self.value):
+            d["value"] = float(self.value)
+        d.update(self.extra)
+        if scanned_through is not None:
+            d["scanned_through"] = int(scanned_through)
+        return d
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _episodes(flags: np.ndarray, gap: int = 0) -> list[tuple[int, int]]:
+    """Index ranges [i0, i1] of True runs, merging runs separated by <= gap False rows."""
+    idx = np.flatnonzero(flags)
+    if idx.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(idx) > gap + 1)
+    starts = np.concatenate(([idx[0]], idx[breaks + 1]))
+    ends = np.concatenate((idx[breaks], [idx[-1]]))
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
+def _trailing(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarray, np.ndarray]:
+    """Median and robust sigma (IQR / 1.349) of the previous `window` finite values; NaN before min_history."""
+    s = pl.Series(np.where(np.isfinite(x), x, np.nan)).fill_nan(None).shift(1)
+    kw = {"window_size": window, "min_samples": min_history}
+    med = s.rolling_median(**kw).fill_null(np.nan).to_numpy()
+    q25 = s.rolling_quantile(0.25, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
+    q75 = s.rolling_quantile(0.75, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
+    return med, (q75 - q25) / 1.349
+
+
+def _level_noise(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarray, np.ndarray]:
+    """Recent level and noise, both from previous values only; NaN before `min_history`.
+
+    level: median of the previous `min_history` finite values (follows a trend
+    closely); noise: robust sigma of step-to-step differences over the previous
+    `window` (IQR / 1.349 / sqrt 2), which a falling loss does not inflate the way
+    the spread of the values themselves would.
+    """
+    s = pl.Series(np.where(np.isfinite(x), x, np.nan)).fill_nan(None)
+    prev = s.shift(1)
+    level = prev.rolling_median(window_size=min_history, min_samples=min_history).fill_null(np.nan).to_numpy()
+    d = prev.diff()
+    kw = {"window_size": window, "min_samples": min_history}
+    q25 = d.rolling_quantile(0.25, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
+    q75 = d.rolling_quantile(0.75, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
+    return level, (q75 - q25) / (1.349 * math.sqrt(2))
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _gt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return np.nan_to_num(a, nan=-np.inf) > np.nan_to_num(b, nan=np.inf)
+
+
+# --------------------------------------------------------------- detectors
+#
+# Every detector takes `steps` (N,) int and its series (N,) float, returns
+# Findings plus, through `first_valid`, which row its flags become exact: an
+# episode starting at or before that row in a truncated frame began before the
+# frame and is skipped (see scan_run).
+
+
+def _spikes(
+    detector: str, metric: str, steps, x, z_thr: float, min_rise: float, th: Thresholds, log: bool
+) -> list[Finding]:
+    x = np.asarray(x, dtype=float)
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = np.where(x > 0, np.log(x), np.nan)
+    else:
+        y = x
+    med, sig = _level_noise(y, th.window, th.min_history)
+    # a floor on sigma: a perfectly smooth series must not turn 0.1% into 6 sigma
+    floor = 0.01 if log else 0.002 * np.abs(med) + 1e-12
+    sig = np.maximum(np.nan_to_num(sig, nan=0.0), floor)
+    with np.errstate(invalid="ignore"):
+        z = (y - med) / sig
+        rise = (y - med) if log else (y - med) / np.abs(med)
+    need = math.log(min_rise) if log else min_rise
+    flags = _gt(z, np.full_like(z, z_thr)) & _gt(rise, np.full_like(z, need)) & np.isfinite(y)
+    out = []
+    for i0, i1 in _episodes(flags, SPIKE_GAP):
+        seg = x[i0 : i1 + 1]
+        ip = i0 + int(np.nanargmax(seg))
+        base = math.exp(med[i0]) if log else med[i0]
+        ratio = x[ip] / base if base else math.inf
+        zp = float(np.nanmax(z[i0 : i1 + 1]))
+        critical = zp > 2 * z_thr or ratio > (10 if log else 1.5)
+        what = "grad norm" if log else metric
+        out.append(
+            Finding(
+                detector,
+                metric,
+                "critical" if critical else "warn",
+                f"{what} spiked to {_fmt(x[ip])} at step {steps[ip]} ({ratio:.2f}x the trailing median "
+                f"{_fmt(base)}, {zp:.1f} robust sigma)",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0]),
+                float(x[ip]),
+                {"peak_step": int(steps[ip]), "baseline": float(base), "z": round(zp, 2)},
+            )
+        )
+    return out
+
+
+def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
+    """Loss above the trailing median by `loss_z` robust sigmas and by `loss_min_rise`."""
+    return _spikes("loss_spike", metric, np.asarray(steps), loss, th.loss_z, th.loss_min_rise, th, log=False)
+
+
+def grad_spikes(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
+    """Log grad norm above its trailing median by `grad_z` robust sigmas and `grad_min_ratio` times."""
+    return _spikes("grad_spike", metric, np.asarray(steps), grad, th.grad_z, th.grad_min_ratio, th, log=True)
+
+
+def grad_growth(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
+    """Rolling median grad norm (`growth_steps`) over its lowest level in the `window` before."""
+    steps = np.asarray(steps)
+    g = pl.Series(np.where(np.isfinite(grad) & (np.asarray(grad) > 0), grad, np.nan)).fill_nan(None)
+    k = th.growth_steps
+    level = g.rolling_median(window_size=k, min_samples=max(1, k // 2))
+    base = level.shift(k).rolling_min(window_size=th.window, min_samples=th.min_history)
+    level_np = level.fill_null(np.nan).to_numpy()
+    base_np = base.fill_null(np.nan).to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = level_np / base_np
+    flags = _gt(ratio, np.full_like(ratio, th.grad_growth))
+    out = []
+    # one growth episode, however it wobbles around the threshold within a window
+    for i0, i1 in _episodes(flags, th.window):
+        ip = i0 + int(np.nanargmax(ratio[i0 : i1 + 1]))
+        out.append(
+            Finding(
+                "grad_growth",
+                metric,
+                "warn",
+                f"grad norm has been growing: median {_fmt(level_np[ip])} over the last {k} steps at step "
+                f"{steps[ip]}, {ratio[ip]:.2f}x its lowest level {_fmt(base_np[ip])} before",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0]),
+                float(level_np[ip]),
+                {"ratio": round(float(ratio[ip]), 3), "baseline": float(base_np[ip])},
+            )
+        )
+    return out
+
+
+def incomplete_recovery(
+    steps, loss, spikes: list[Finding], th: Thresholds, metric: str = LOSS
+) -> list[Finding]:
+    """Loss still above its pre-spike level by `recovery_tol` `recovery_steps` after a spike's peak.
+
+    A spike whose check step has not been logged yet is left for a later scan.
+    """
+    steps = np.asarray(steps)
+    x = np.asarray(loss, dtype=float)
+    out = []
+    for sp in spikes:
+        if sp.detector != "loss_spike":
+            continue
+        due = sp.extra["peak_step"] + th.recovery_steps
+        j = int(np.searchsorted(steps, due))
+        if j >= len(steps):
+            continue
+        pre = sp.extra["baseline"]
+        lo = int(np.searchsorted(steps, due - max(1, th.recovery_steps // 8)))
+        post = x[lo : j + 1]
+        post = post[np.isfinite(post)]
+        if post.size == 0:
+            continue
+        level = float(np.median(post))
+        if level > pre * (1 + th.recovery_tol):
+            out.append(
+                Finding(
+                    "incomplete_recovery",
+                    metric,
+                    "critical" if level > pre * (1 + 5 * th.recovery_tol) else "warn",
+                    f"{metric} is {_fmt(level)} {steps[j] - sp.extra['peak_step']} steps after the spike at step "
+                    f"{sp.extra['peak_step']}, still {100 * (level / pre - 1):.1f}% above its pre-spike level "
+                    f"{_fmt(pre)}",
+                    (sp.window[0], int(steps[j])),
+                    int(steps[j]),
+                    level,
+                    {"spike_step": sp.extra["peak_step"], "baseline": pre},
+                )
+            )
+    return out
+
+
+def drop_jumps(steps, drop, th: Thresholds, metric: str = DROP) -> list[Finding]:
+    """Drop fraction above its trailing median by `drop_jump` (absolute)."""
+    steps = np.asarray(steps)
+    x = np.asarray(drop, dtype=float)
+    med, _ = _trailing(x, th.window, th.min_history)
+    flags = _gt(x - med, np.full_like(x, th.drop_jump))
+    out = []
+    for i0, i1 in _episodes(flags, SPIKE_GAP):
+        ip = i0 + int(np.nanargmax(x[i0 : i1 + 1]))
+        out.append(
+            Finding(
+                "drop_jump",
+                metric,
+                "critical" if x[ip] - med[i0] > 3 * th.drop_jump else "warn",
+                f"drop fraction jumped to {x[ip]:.3f} at step {steps[ip]} from a trailing median of {med[i0]:.3f}",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0]),
+                float(x[ip]),
+                {"peak_step": int(steps[ip]), "baseline": float(med[i0])},
+            )
+        )
+    return out
+
+
+def _streaks(steps, flags: np.ndarray, n: int) -> list[tuple[int, int]]:
+    return [(i0, i1) for i0, i1 in _episodes(flags, 0) if i1 - i0 + 1 >= n]
+
+
+def hot_experts(steps, layer: int, routed: np.ndarray, th: Thresholds) -> list[Finding]:
+    """Max/mean routed load of one layer over `hot_ratio` for `expert_steps` logged steps. routed: (T, E)."""
+    steps = np.asarray(steps)
+    routed = np.asarray(routed, dtype=float)
+    mean = routed.mean(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(mean > 0, routed.max(axis=1) / mean, np.nan)
+    flags = _gt(ratio, np.full_like(ratio, th.hot_ratio))
+    out = []
+    for i0, i1 in _streaks(steps, flags, th.expert_steps):
+        hottest = int(np.bincount(routed[i0 : i1 + 1].argmax(axis=1)).argmax())
+        out.append(
+            Finding(
+                "hot_expert",
+                f"expert_load/layer_{layer}",
+                "warn",
+                f"layer {layer}: expert {hottest} takes {float(np.nanmax(ratio[i0 : i1 + 1])):.1f}x the mean load "
+                f"(max/mean above {th.hot_ratio}) for {i1 - i0 + 1} logged steps from step {steps[i0]}",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0 + th.expert_steps - 1]),
+                float(np.nanmax(ratio[i0 : i1 + 1])),
+                {"layer": int(layer), "expert": hottest},
+            )
+        )
+    return out
+
+
+def dead_experts(steps, layer: int, routed: np.ndarray, th: Thresholds) -> list[Finding]:
+    """Experts of one layer routed nothing for `expert_steps` logged steps. routed: (T, E)."""
+    steps = np.asarray(steps)
+    routed = np.asarray(routed)
+    out = []
+    if routed.size == 0 or routed.sum() == 0:
+        return out  # nothing routed at all in this layer: no expert is singled out
+    for e in range(routed.shape[1]):
+        for i0, i1 in _streaks(steps, routed[:, e] == 0, th.expert_steps):
+            out.append(
+                Finding(
+                    "dead_expert",
+                    f"expert_load/layer_{layer}/expert_{e}",
+                    "warn",
+                    f"layer {layer}: expert {e} received no tokens for {i1 - i0 + 1} logged steps from step "
+                    f"{steps[i0]}",
+                    (int(steps[i0]), int(steps[i1])),
+                    int(steps[i0 + th.expert_steps - 1]),
+                    0.0,
+                    {"layer": int(layer), "expert": e},
+                )
+            )
+    return out
+
+
+def nonfinite(steps, columns: dict[str, np.ndarray]) -> list[Finding]:
+    """NaN or inf in any metric. One finding per episode, named after the loss if it is among them.
+
+    columns: name -> (N,) values; the caller fills steps where a metric was not logged with 0.
+    """
+    steps = np.asarray(steps)
+    if not columns:
+        return []
+    names = sorted(columns)
+    bad = np.stack([~np.isfinite(np.asarray(columns[n], dtype=float)) for n in names])  # (M, N)
+    flags = bad.any(axis=0)
+    out = []
+    for i0, i1 in _episodes(flags, 0):
+        which = [n for k, n in enumerate(names) if bad[k, i0]]
+        metric = next((m for m in (LOSS, GRAD) if m in which), which[0])
+        vals = ", ".join(f"{n}={columns[n][i0]}" for n in which[:4]) + (
+            f" (+{len(which) - 4} more)" if len(which) > 4 else ""
+        )
+        out.append(
+            Finding(
+                "nonfinite",
+                metric,
+                "critical",
+                f"non-finite values from step {steps[i0]}: {vals}",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0]),
+                None,
+                {"metrics": which},
+            )
+        )
+    return out
+
+
+def throughput_drops(steps, tps, th: Thresholds, metric: str = THROUGHPUT) -> list[Finding]:
+    """tokens/s below `throughput_drop` x its trailing median for `throughput_steps` logged steps."""
+    steps = np.asarray(steps)
+    x = np.asarray(tps, dtype=float)
+    med, _ = _trailing(x, th.window, th.min_history)
+    with np.errstate(invalid="ignore"):
+        flags = _gt(th.throughput_drop * med, x) & np.isfinite(x)
+    out = []
+    for i0, i1 in _streaks(steps, flags, th.throughput_steps):
+        lvl = float(np.median(x[i0 : i1 + 1]))
+        out.append(
+            Finding(
+                "throughput_drop",
+                metric,
+                "warn",
+                f"throughput fell to {_fmt(lvl)} tokens/s ({100 * lvl / med[i0]:.0f}% of the trailing median "
+                f"{_fmt(med[i0])}) for {i1 - i0 + 1} logged steps from step {steps[i0]}",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0 + th.throughput_steps - 1]),
+                lvl,
+                {"baseline": float(med[i0])},
+            )
+        )
+    return out
+
+
+def stalled(
+    last_step: int | None, last_t: float | None, ended: bool, th: Thresholds, now: float | None = None
+):
+    """A run with no run_end whose writers have been silent for `stall_s`."""
+    now = time.time() if now is None else now
+    if ended or last_t is None or now - last_t < th.stall_s:
+        return []
+    s = int(last_step or 0)
+    return [
+        Finding(
+            "stalled_run",
+            "events",
+            "warn",
+            f"no events for {(now - last_t) / 60:.1f} min after step {s} and no run_end: the run is stalled or crashed",
+            (s, s),
+            s,
+            float(now - last_t),
+            {"silent_s": round(now - last_t, 1)},
+        )
+    ]
+
+
+# -------------------------------------------------------------- one run, all
+
+
+def _keep(findings: list[Finding], sub_steps: np.ndarray, dep: int, truncated: bool) -> list[Finding]:
+    """Drop episodes that began before this frame's trailing windows were whole (an earlier scan had them)."""
+    if not truncated:
+        return findings
+    if len(sub_steps) <= dep:
+        return []
+    limit = int(sub_steps[dep])
+    return [f for f in findings if f.window[0] > limit]
+
+
+def _series(frame: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps, values) of one metric at the steps where it was logged; None if never."""
+    if name not in frame.columns:
+        return None
+    sub = frame.select("step", pl.col(name).cast(pl.Float64)).filter(pl.col(name).is_not_null())
+    if sub.height == 0:
+        return None
+    return sub["step"].to_numpy(), sub[name].to_numpy()
+
+
+def detect_frame(
+    frame: pl.DataFrame, load: pl.DataFrame | None, th: Thresholds, truncated: bool = False
+) -> list[Finding]:
+    """Every series detector over one run's frames.
+
+    frame: wide metrics (`step` + one column per metric, null where not logged);
+    load: long expert load (step, layer, expert, routed, dropped) or None.
+    truncated: the frame starts after the run's first step (incremental scan).
+    """
+    out: list[Finding] = []
+    spike_dep = th.window + SPIKE_GAP
+    if (s := _series(frame, LOSS)) is not None:
+        steps, x = s
+        spikes = loss_spikes(steps, x, th)
+        out += _keep(spikes, steps, spike_dep, truncated)
+        out += _keep(incomplete_recovery(steps, x, spikes, th), steps, spike_dep, truncated)
+    if (s := _series(frame, GRAD)) is not None:
+        steps, g = s
+        out += _keep(grad_spikes(steps, g, th), steps, spike_dep, truncated)
+        out += _keep(grad_growth(steps, g, th), steps, 2 * th.window + th.growth_steps + 1, truncated)
+    drop = _series(frame, DROP)
+    if drop is None and load is not None and load.height:
+        per = load.group_by("step").agg(pl.col("dropped").sum(), pl.col("routed").sum()).sort("step")
+        per = per.filter(pl.col("routed") > 0)
+        if per.height:
+            drop = per["step"].to_numpy(), (per["dropped"] / per["routed"]).to_numpy()
+    if drop is not None:
+        out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, truncated)
+    if (s := _series(frame, THROUGHPUT)) is not None:
+        out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window, truncated)
+    metric_cols = [c for c in frame.columns if c != "step"]
+    if metric_cols and frame.height:
+        steps = frame["step"].to_numpy()
+        cols = {c: frame[c].cast(pl.Float64).fill_null(0.0).to_numpy() for c in metric_cols}
+        out += _keep(nonfinite(steps, cols), steps, 0, truncated)
+    if load is not None and load.height:
+        for (layer,), part in load.sort("step", "expert").group_by("layer", maintain_order=True):
+            wide = part.pivot(on="expert", index="step", values="routed").sort("step").fill_null(0)
+            steps = wide["step"].to_numpy()
+            routed = wide.drop("step").to_numpy()  # (T, E)
+            out += _keep(hot_experts(steps, int(layer), routed, th), steps, 0, truncated)
+            out += _keep(dead_experts(steps, int(layer), routed, th), steps, 0, truncated)
+    return sorted(out, key=lambda f: (f.step, f.detector, f.metric))
+
+
+def _host_file_findings(runs_dir: Path, run: str) -> list[dict]:
+    """Anomaly payloads already in the run's events.1000.jsonl (written, maybe not yet ingested)."""
+    path = Path(runs_dir) / run / f"events.{OBSERVATORY_HOST}.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break  # a torn write: the writer is mid-line
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("kind") == "anomaly" and isinstance(ev.get("data"), dict):
+                out.append({**ev["data"], "host": ev.get("host")})
+    return out
+
+
+def _key_of(d: dict) -> tuple[str, str, int] | None:
+    w = d.get("window")
+    if not isinstance(w, list) or not w or not isinstance(d.get("detector"), str):
+        return None
+    try:
+        return (d["detector"], d.get("metric") or "", int(w[0]))
+    except (TypeError, ValueError):
+        return None
+
+
+def existing_findings(con, runs_dir: Path, run: str) -> tuple[set[tuple[str, str, int]], int | None]:
+    """Keys of findings already made for a run (store and host-1000 file) and the furthest step scanned."""
+    from observatory.queries.anomalies import anomaly_events
+
+    seen = anomaly_events(con, run) + _host_file_findings(runs_dir, run)
+    keys = {k for d in seen if (k := _key_of(d)) is not None}
+    scanned = [
+        int(d["scanned_through"])
+        for d in seen
+        if d.get("host") == OBSERVATORY_HOST and isinstance(d.get("scanned_through"), int)
+    ]
+    return keys, (max(scanned) if scanned else None)
+
+
+# (runs dir, run) -> last step scanned by this process; the store-derived value is the fallback
+_STATE: dict[tuple[str, str], int] = {}
+
+
+def scan_run(
+    con,
+    runs_dir: Path,
+    run: str,
+    th: Thresholds,
+    *,
+    full: bool = False,
+    activity: dict | None = None,
+    now: float | None = None,
+) -> tuple[list[Finding], int | None]:
+    """New findings for one run (deduped) and the last step scanned. Writes nothing."""
+    from observatory.queries.anomalies import cut_step, expert_load_series, metric_series
+
+    keys, stored_through = existing_findings(con, runs_dir, run)
+    state_key = (str(Path(runs_dir).resolve()), run)
+    through = None if full else _STATE.get(state_key, stored_through)
+    since = cut_step(con, run, through, th.lookback) if through is not None else None
+    frame = metric_series(con, run, since)
+    load = expert_load_series(con, run, since)
+    found = detect_frame(frame, load, th, truncated=since is not None)
+    if activity is not None:
+        found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now)
+    new, fresh = [], set()
+    for f in found:
+        if f.key not in keys and f.key not in fresh:
+            fresh.add(f.key)
+            new.append(replace(f, run=run))
+    last = int(frame["step"].max()) if frame.height else through
+    if last is not None:
+        _STATE[state_key] = max(last, through or last)
+    return new, last
+
+
+def write_findings(runs_dir: Path, run: str, findings: list[Finding], scanned_through: int | None) -> None:
+    """Append findings as `anomaly` events to <runs_dir>/<run>/events.1000.jsonl (never a run_end)."""
+    if not findings:
+        return
+    from observatory.writer import init
+
+    w = init(
+        run_id=run, runs_dir=runs_dir, host=OBSERVATORY_HOST, write_start=False, install_signal_handlers=False
+    )
+    try:
+        for f in findings:
+            w.event("anomaly", f.data(scanned_through), step=f.step)
+    finally:
+        w.close()  # close, not finish: the observatory must not end someone's run
+
+
+def _open(db):
+    """A connection for one unit of work: the caller's if it passed one, else read-only on the path."""
+    from contextlib import nullcontext
+
+    from observatory.store import connect
+
+    return nullcontext(db) if hasattr(db, "execute") else connect(db)
+
+
+def detect(
+    db,
+    runs_dir,
+    runs: Iterable[str] | None = None,
+    *,
+    thresholds: Thresholds | None = None,
+    full: bool = False,
+    stall: bool = True,
+    write: bool = True,
+    now: float | None = None,
+) -> list[Finding]:
+    """Run every detector over stored runs (all when `runs` is None); write and return the new findings.
+
+    `full` rescans each run from its first step instead of continuing from the
+    last scanned step (the result is the same; it is slower). `stall` also checks
+    whether the runs have gone silent without a run_end.
+    """
+    from observatory.queries.anomalies import run_activity, run_ids
+
+    th = thresholds or Thresholds.from_settings()
+    runs_dir = Path(runs_dir)
+    results: list[tuple[str, list[Finding], int | None]] = []
+    with _open(db) as con:
+        wanted = run_ids(con) if runs is None else list(dict.fromkeys(runs))
+        act = {a["run"]: a for a in run_activity(con, wanted)} if stall and wanted else {}
+        for run in wanted:
+            try:
+                new, last = scan_run(con, runs_dir, run, th, full=full, activity=act.get(run), now=now)
+            except Exception as e:  # one bad run must not stop the others
+                print(
+                    f"observatory anomalies: run {run}: detectors failed: {type(e).__name__}: {e}",
+                    file=sys.stderr,
+                )
+                continue
+            results.append((run, new, last))
+    out = []
+    for run, new, last in results:
+        if write and new:
+            if not (runs_dir / run).is_dir():
+                print(
+                    f"observatory anomalies: run {run} has no folder in {runs_dir}; findings not written",
+                    file=sys.stderr,
+                )
+                continue
+            write_findings(runs_dir, run, new, last)
+        out += new
+    return out
+
+
+_last_stall_check = 0.0
+
+
+def after_ingest(
+    db, runs_dir, touched_runs: Iterable[str], *, thresholds: Thresholds | None = None
+) -> list[Finding]:
+    """Ingest's hook, called after each committed batch: detect over the runs it touched.
+
+    Cheap on every pass: each run continues from the last step this process
+    scanned (re-reading only `Thresholds.lookback` logged steps). Runs that went
+    silent without run_end are checked at most every few seconds. Never raises:
+    a detector failure is reported on stderr and ingest goes on.
+    """
+    global _last_stall_check
+    runs = list(dict.fromkeys(touched_runs))
+    try:
+        th = thresholds or Thresholds.from_settings()
+        stall_due = time.monotonic() - _last_stall_check > min(10.0, th.stall_s / 4)
+        if stall_due:
+            _last_stall_check = time.monotonic()
+            from observatory.queries.anomalies import silent_runs
+
+            with _open(db) as con:
+                runs += [r for r in silent_runs(con, time.time() - th.stall_s) if r not in runs]
+        if not runs:
+            return []
+        return detect(db, runs_dir, runs, thresholds=th, stall=stall_due)
+    except Exception as e:
+        print(f"observatory anomalies: after_ingest failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return []
+
+
+def finding_rows(findings: Iterable[Finding]) -> list[dict[str, Any]]:
+    """Findings as flat dicts (for --json and tables)."""
+    rows = []
+    for f in findings:
+        d = asdict(f)
+        d["window"] = list(f.window)
+        d.update(d.pop("extra"))
+        rows.append(d)
+    return rows

@@ -1,0 +1,65 @@
+"""`observatory detect [RUN...]`: run the instability detectors over stored runs.
+
+New findings are written as `anomaly` events into each run's events.1000.jsonl;
+`--ingest` stores them right away (otherwise the next `observatory ingest` does).
+Running it twice writes nothing new the second time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from observatory.commands import common_options
+
+__all__ = ["detect"]
+
+
+@click.command("detect")
+@click.argument("runs", nargs=-1)
+@common_options
+@click.option("--full", is_flag=True, help="Rescan every step instead of continuing from the last scanned step.")
+@click.option("--ingest", "do_ingest", is_flag=True, help="Ingest the runs dir first and store the findings after.")
+@click.option("--dry-run", is_flag=True, help="Print findings without writing them.")
+@click.option("--json", "as_json", is_flag=True, help="Print the new findings as JSON lines.")
+def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json):
+    """Run the instability detectors over RUNS (default: every stored run).
+
+    Thresholds are the `anomaly_*` settings (see `observatory settings`), each
+    overridable by its environment variable, e.g. OBSERVATORY_ANOMALY_LOSS_Z=8.
+    """
+    from observatory import anomalies
+
+    try:
+        th = anomalies.Thresholds.from_settings()
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if do_ingest:
+        _ingest(runs_dir, db)
+    if not db.exists():
+        raise click.UsageError(f"no store at {db}; run `observatory ingest --runs-dir {runs_dir}` first")
+    found = anomalies.detect(db, runs_dir, runs or None, thresholds=th, full=full, write=not dry_run)
+    if as_json:
+        for row in anomalies.finding_rows(found):
+            click.echo(json.dumps(row, default=str))
+    else:
+        for f in found:
+            click.echo(f"{f.run}  step {f.step:>7}  {f.severity:<8} {f.detector:<20} {f.message}")
+        verb = "found (not written)" if dry_run else "written"
+        click.echo(f"{len(found)} new finding(s) {verb}", err=as_json)
+    if found and not dry_run:
+        if do_ingest:
+            _ingest(runs_dir, db)
+        elif not as_json:
+            click.echo("run `observatory ingest` to store them", err=True)
+
+
+def _ingest(runs_dir, db) -> None:
+    try:
+        from observatory.ingest import ingest
+    except ImportError as e:
+        click.echo(f"cannot ingest: {e}", err=True)
+        sys.exit(1)
+    ingest(runs_dir, db)

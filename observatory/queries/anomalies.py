@@ -1,0 +1,156 @@
+"""Queries behind the instability detectors and the anomaly listings.
+
+The detectors fetch one run's metric stream with one query (long form, one row
+per (step, name)), its expert load with one more, and the findings already made
+for it. Everything here takes an open DuckDB connection and returns plain
+Python / polars objects; callers own the connection's lifetime.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import polars as pl
+
+from observatory.events import OBSERVATORY_HOST
+
+__all__ = [
+    "metric_series",
+    "expert_load_series",
+    "cut_step",
+    "anomaly_events",
+    "run_activity",
+    "run_ids",
+    "silent_runs",
+]
+
+
+def cut_step(con, run: str, through: int, lookback: int) -> int | None:
+    """The step `lookback` logged steps before `through`; None when the run has fewer.
+
+    Incremental scans start here so that every rolling window they need is whole.
+    The scan is bounded to `lookback * 64` steps back (a run logging more sparsely
+    than every 64th step gets None, i.e. a full scan: slower, never wrong).
+    """
+    rows = con.execute(
+        """
+        SELECT DISTINCT step FROM metrics
+        WHERE run = ? AND host <> ? AND step <= ? AND step >= ?
+        ORDER BY step DESC LIMIT ?
+        """,
+        [run, OBSERVATORY_HOST, through, through - lookback * 64, lookback + 1],
+    ).fetchall()
+    if len(rows) <= lookback:
+        return None
+    return int(rows[-1][0])
+
+
+def metric_series(con, run: str, since_step: int | None = None) -> pl.DataFrame:
+    """One run's metrics as a wide frame: `step` then one Float64 column per metric name.
+
+    Several hosts logging the same name at one step are averaged (a NaN stays NaN).
+    Rows are sorted by step; a metric missing at a step is null.
+    """
+    tbl = con.execute(
+        """
+        SELECT step, name, avg(value) AS value FROM metrics
+        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ?
+        GROUP BY step, name
+        """,
+        [run, OBSERVATORY_HOST, -1 if since_step is None else since_step],
+    ).arrow()
+    long = pl.from_arrow(tbl)
+    if long.height == 0:
+        return pl.DataFrame({"step": pl.Series([], dtype=pl.Int64)})
+    wide = long.pivot(on="name", index="step", values="value").sort("step")
+    return wide.with_columns(pl.col("step").cast(pl.Int64))
+
+
+def expert_load_series(con, run: str, since_step: int | None = None) -> pl.DataFrame:
+    """Routed load per (step, layer, expert), sorted; columns step, layer, expert, routed, dropped."""
+    tbl = con.execute(
+        """
+        SELECT step, layer, expert, sum(routed) AS routed, sum(dropped) AS dropped
+        FROM expert_load WHERE run = ? AND step >= ?
+        GROUP BY step, layer, expert ORDER BY step, layer, expert
+        """,
+        [run, -1 if since_step is None else since_step],
+    ).arrow()
+    return pl.from_arrow(tbl)
+
+
+def anomaly_events(con, run: str | None = None, detector: str | None = None) -> list[dict[str, Any]]:
+    """Stored `anomaly` events, oldest first: run, step, t, host, seq and the data fields."""
+    where, params = ["kind = 'anomaly'"], []
+    if run is not None:
+        where.append("run = ?")
+        params.append(run)
+    if detector is not None:
+        where.append("json_extract_string(data, '$.detector') = ?")
+        params.append(detector)
+    rows = con.execute(
+        f"SELECT run, step, t, host, seq, data FROM events WHERE {' AND '.join(where)} ORDER BY t, run, seq",
+        params,
+    ).fetchall()
+    out = []
+    for run_id, step, t, host, seq, data in rows:
+        d = json.loads(data) if isinstance(data, str) else dict(data or {})
+        out.append({"run": run_id, "step": step, "t": t, "host": host, "seq": seq, **d})
+    return out
+
+
+def run_activity(con, runs: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per run: whether it wrote run_end, its last step and the time of its newest event.
+
+    The observatory's own events (host 1000) do not count as the run being alive.
+    """
+    filt = "" if runs is None else "AND run IN (SELECT unnest(?::VARCHAR[]))"
+    params: list[Any] = [OBSERVATORY_HOST] if runs is None else [OBSERVATORY_HOST, runs]
+    rows = con.execute(
+        f"""
+        WITH ev AS (
+            SELECT run, max(t) AS t, max(step) AS step, bool_or(kind = 'run_end') AS ended
+            FROM events WHERE host <> ? {filt} GROUP BY run
+        ), m AS (
+            SELECT run, max(t) AS t, max(step) AS step FROM metrics
+            WHERE host <> ? {filt} GROUP BY run
+        )
+        SELECT coalesce(ev.run, m.run) AS run,
+               coalesce(ev.ended, false) AS ended,
+               greatest(coalesce(ev.t, m.t), coalesce(m.t, ev.t)) AS last_t,
+               greatest(coalesce(ev.step, m.step), coalesce(m.step, ev.step)) AS last_step
+        FROM ev FULL OUTER JOIN m ON ev.run = m.run
+        ORDER BY run
+        """,
+        params + params,
+    ).fetchall()
+    return [{"run": r, "ended": bool(e), "last_t": t, "last_step": s} for r, e, t, s in rows]
+
+
+def run_ids(con) -> list[str]:
+    """Every run the store knows (from any table), sorted."""
+    rows = con.execute(
+        """
+        SELECT run FROM runs UNION SELECT DISTINCT run FROM metrics
+        UNION SELECT DISTINCT run FROM events ORDER BY run
+        """
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def silent_runs(con, before_t: float) -> list[str]:
+    """Runs without run_end whose newest event (host 1000 aside) is older than `before_t`."""
+    rows = con.execute(
+        """
+        WITH open_runs AS (
+            SELECT run FROM events WHERE host <> ? GROUP BY run HAVING NOT bool_or(kind = 'run_end')
+        )
+        SELECT o.run FROM open_runs o
+        WHERE coalesce((SELECT max(t) FROM events e WHERE e.run = o.run AND e.host <> ?), 0) < ?
+          AND coalesce((SELECT max(t) FROM metrics m WHERE m.run = o.run AND m.host <> ?), 0) < ?
+        ORDER BY o.run
+        """,
+        [OBSERVATORY_HOST, OBSERVATORY_HOST, before_t, OBSERVATORY_HOST, before_t],
+    ).fetchall()
+    return [r[0] for r in rows]
