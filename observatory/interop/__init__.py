@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from typing import Any
 from observatory.events import RUN_ID_RE, VERSION, encode_value, validate_event
 from observatory.writer import redact
 
-__all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "ingest_runs"]
+__all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "put_file", "ingest_runs"]
 
 
 def safe_run_id(prefix: str, source_id: str) -> str:
@@ -160,25 +161,28 @@ class RunLogBuilder:
         (for example an earlier import of a damaged copy); rows already ingested from the old
         file stay in the store until `observatory rebuild`.
         """
-        payload = self.to_bytes()
-        folder = Path(runs_dir) / self.run
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"events.{self.host}.jsonl"
-        state = "new"
-        if path.exists():
-            old = path.read_bytes()
-            if old == payload:
-                return "unchanged"
-            state = "extended" if payload.startswith(old) else "replaced"
-        # atomic: a concurrent ingest sees the old file or the new one, never half of it.
-        # The temporary name does not match events.*.jsonl, so ingest never picks it up.
-        tmp = folder / f".import-{os.getpid()}-{self.host}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return state
+        path = Path(runs_dir) / self.run / f"events.{self.host}.jsonl"
+        return put_file(path, self.to_bytes())
+
+
+def put_file(path: Path, payload: bytes) -> str:
+    """Write `payload` to `path` atomically unless it is already there; say what happened."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = "new"
+    if path.exists():
+        old = path.read_bytes()
+        if old == payload:
+            return "unchanged"
+        state = "extended" if payload.startswith(old) else "replaced"
+    # atomic: a concurrent ingest sees the old file or the new one, never half of it.
+    # The temporary name holds no "events"/"jsonl", so no ingest glob picks it up.
+    tmp = path.parent / f".import-{os.getpid()}-{threading.get_ident()}.partial"
+    with open(tmp, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return state
 
 
 def ingest_runs(runs_dir: str | os.PathLike, db: str | os.PathLike | None) -> Any:

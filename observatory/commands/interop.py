@@ -1,0 +1,140 @@
+"""`observatory import wandb|tensorboard|jsonl PATH...` and `observatory export RUN`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from observatory.commands import common_options
+
+__all__ = ["import_group", "export"]
+
+
+@click.group("import")
+def import_group():
+    """Import runs from Weights & Biases or TensorBoard (or our own exported jsonl).
+
+    Each source run becomes a run in the runs dir (its own event log, like any run we
+    train), then the store is updated. Importing the same run again changes nothing.
+    """
+
+
+def _report(results, verbose: bool) -> None:
+    failed = 0
+    for r in results:
+        line = r.summary_line()
+        if r.error:
+            failed += 1
+            click.secho(line, fg="red", err=True)
+        else:
+            click.echo(line)
+        shown = r.problems if verbose else r.problems[:10]
+        for p in shown:
+            click.secho(f"  unreadable: {p}", fg="yellow", err=True)
+        if len(r.problems) > len(shown):
+            click.secho(f"  ... {len(r.problems) - len(shown)} more (use --verbose)", fg="yellow", err=True)
+    ok = len(results) - failed
+    click.echo(f"{ok} run(s) imported, {failed} failed")
+    if failed:
+        sys.exit(1)
+
+
+@import_group.command("wandb")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@common_options
+@click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
+@click.option("-v", "--verbose", is_flag=True, help="List every unreadable region.")
+def wandb_cmd(paths, runs_dir, db, no_ingest, verbose):
+    """Import W&B offline runs: `wandb/` folders, `offline-run-*` folders or `run-*.wandb` files.
+
+    Each W&B run becomes run `wandb-<W&B id>`: history -> metrics at their steps, config ->
+    run config (secrets redacted), summary and exit code -> run end. Histograms and media are
+    skipped and counted. A damaged file imports what is valid and reports the byte offset of
+    what is not; a truncated file (a crashed run) imports up to its last whole record.
+    """
+    from observatory.interop.wandb_import import find_wandb_files, import_wandb
+
+    if not find_wandb_files(paths):
+        raise click.UsageError(f"no .wandb files under {', '.join(map(str, paths))}")
+    _report(import_wandb(paths, runs_dir, db, ingest=not no_ingest), verbose)
+
+
+@import_group.command("tensorboard")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@common_options
+@click.option(
+    "--status",
+    type=click.Choice(["completed", "failed", "killed", "none"]),
+    default="completed",
+    show_default=True,
+    help="Status for the run end (TensorBoard records none); 'none' leaves the runs without an end (shown as crashed).",
+)
+@click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
+@click.option("-v", "--verbose", is_flag=True, help="List every problem.")
+def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, verbose):
+    """Import TensorBoard logs: one run per folder holding events.out.tfevents.* files.
+
+    Scalars become metrics at their steps (run id `tb-<folder>`); histograms, images and
+    text are skipped and counted.
+    """
+    from observatory.interop.tensorboard_import import find_tfevents_dirs, import_tensorboard
+
+    if not find_tfevents_dirs(paths):
+        raise click.UsageError(f"no tfevents files under {', '.join(map(str, paths))}")
+    st = None if status == "none" else status
+    _report(import_tensorboard(paths, runs_dir, db, status=st, ingest=not no_ingest), verbose)
+
+
+@import_group.command("jsonl")
+@click.argument(
+    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@common_options
+@click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
+def jsonl_cmd(files, runs_dir, db, no_ingest):
+    """Import event logs exported with `observatory export RUN --format jsonl` (any runs, any hosts)."""
+    from observatory.interop import ingest_runs
+    from observatory.interop.export import import_events_jsonl
+
+    written = False
+    for f in files:
+        try:
+            states = import_events_jsonl(f, runs_dir)
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
+        for (run, host), state in sorted(states.items()):
+            click.echo(f"{run} host {host} <- {f}: file {state}")
+            written = True
+    if written and not no_ingest:
+        ingest_runs(runs_dir, db)
+
+
+@click.command("export")
+@click.argument("run")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "csv", "jsonl"]),
+    default="jsonl",
+    show_default=True,
+    help="jsonl: the run's events, all hosts merged, re-importable; parquet/csv: metrics (run, step, name, value, t, host).",
+)
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="Output file (default RUN.FORMAT; '-' for stdout)."
+)
+@common_options
+def export(run, fmt, out, runs_dir, db):
+    """Export a run's events (jsonl) or its metrics table (parquet, csv)."""
+    from observatory.interop.export import ExportError, export_run
+
+    try:
+        res = export_run(run, fmt, out, runs_dir=runs_dir, db=db)
+    except ExportError as e:
+        raise click.ClickException(str(e)) from None
+    what = "events" if fmt == "jsonl" else "metric values"
+    msg = f"{res.rows} {what} of {run} -> {res.out}"
+    if res.skipped:
+        msg += f" ({res.skipped} invalid or torn lines left out)"
+    click.echo(msg, err=str(res.out) == "-")
