@@ -43,13 +43,13 @@ def find_wandb_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_file():
-            found.append(p)
+            found.append(p.resolve())
         elif p.is_dir():
-            found.extend(sorted(q for q in p.rglob("*.wandb") if q.is_file()))
+            # resolved, so W&B's `latest-run` symlink does not import its run twice
+            found.extend(sorted(q.resolve() for q in p.rglob("*.wandb") if q.is_file()))
         else:
             raise FileNotFoundError(f"{p}: no such file or folder")
-    seen: set[Path] = set()
-    return [f for f in found if not (f.resolve() in seen or seen.add(f.resolve()))]
+    return sorted(set(found), key=found.index)
 
 
 def _json(value_json: str) -> Any:
