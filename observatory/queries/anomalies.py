@@ -52,14 +52,14 @@ def metric_series(con, run: str, since_step: int | None = None) -> pl.DataFrame:
     Several hosts logging the same name at one step are averaged (a NaN stays NaN).
     Rows are sorted by step; a metric missing at a step is null.
     """
-    tbl = con.execute(
+    tbl = con.sql(
         """
         SELECT step, name, avg(value) AS value FROM metrics
         WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ?
         GROUP BY step, name
         """,
-        [run, OBSERVATORY_HOST, -1 if since_step is None else since_step],
-    ).arrow()
+        params=[run, OBSERVATORY_HOST, -1 if since_step is None else since_step],
+    ).to_arrow_table()
     long = pl.from_arrow(tbl)
     if long.height == 0:
         return pl.DataFrame({"step": pl.Series([], dtype=pl.Int64)})
@@ -69,14 +69,14 @@ def metric_series(con, run: str, since_step: int | None = None) -> pl.DataFrame:
 
 def expert_load_series(con, run: str, since_step: int | None = None) -> pl.DataFrame:
     """Routed load per (step, layer, expert), sorted; columns step, layer, expert, routed, dropped."""
-    tbl = con.execute(
+    tbl = con.sql(
         """
         SELECT step, layer, expert, sum(routed) AS routed, sum(dropped) AS dropped
         FROM expert_load WHERE run = ? AND step >= ?
         GROUP BY step, layer, expert ORDER BY step, layer, expert
         """,
-        [run, -1 if since_step is None else since_step],
-    ).arrow()
+        params=[run, -1 if since_step is None else since_step],
+    ).to_arrow_table()
     return pl.from_arrow(tbl)
 
 
