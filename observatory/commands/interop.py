@@ -11,6 +11,8 @@ from observatory.commands import common_options
 
 __all__ = ["import_group", "export"]
 
+REPLACE_HELP = "Overwrite runs imported earlier from different data, then rebuild the store."
+
 
 @click.group("import")
 def import_group():
@@ -45,8 +47,9 @@ def _report(results, verbose: bool) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @common_options
 @click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
+@click.option("--replace", is_flag=True, help=REPLACE_HELP)
 @click.option("-v", "--verbose", is_flag=True, help="List every unreadable region.")
-def wandb_cmd(paths, runs_dir, db, no_ingest, verbose):
+def wandb_cmd(paths, runs_dir, db, no_ingest, replace, verbose):
     """Import W&B offline runs: `wandb/` folders, `offline-run-*` folders or `run-*.wandb` files.
 
     Each W&B run becomes run `wandb-<W&B id>`: history -> metrics at their steps, config ->
@@ -58,7 +61,7 @@ def wandb_cmd(paths, runs_dir, db, no_ingest, verbose):
 
     if not find_wandb_files(paths):
         raise click.UsageError(f"no .wandb files under {', '.join(map(str, paths))}")
-    _report(import_wandb(paths, runs_dir, db, ingest=not no_ingest), verbose)
+    _report(import_wandb(paths, runs_dir, db, ingest=not no_ingest, replace=replace), verbose)
 
 
 @import_group.command("tensorboard")
@@ -72,8 +75,9 @@ def wandb_cmd(paths, runs_dir, db, no_ingest, verbose):
     help="Status for the run end (TensorBoard records none); 'none' leaves the runs without an end (shown as crashed).",
 )
 @click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
+@click.option("--replace", is_flag=True, help=REPLACE_HELP)
 @click.option("-v", "--verbose", is_flag=True, help="List every problem.")
-def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, verbose):
+def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, replace, verbose):
     """Import TensorBoard logs: one run per folder holding events.out.tfevents.* files.
 
     Scalars become metrics at their steps (run id `tb-<folder>`); histograms, images and
@@ -84,7 +88,9 @@ def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, verbose):
     if not find_tfevents_dirs(paths):
         raise click.UsageError(f"no tfevents files under {', '.join(map(str, paths))}")
     st = None if status == "none" else status
-    _report(import_tensorboard(paths, runs_dir, db, status=st, ingest=not no_ingest), verbose)
+    _report(
+        import_tensorboard(paths, runs_dir, db, status=st, ingest=not no_ingest, replace=replace), verbose
+    )
 
 
 @import_group.command("jsonl")
@@ -93,22 +99,28 @@ def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, verbose):
 )
 @common_options
 @click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
-def jsonl_cmd(files, runs_dir, db, no_ingest):
+@click.option("--replace", is_flag=True, help=REPLACE_HELP)
+def jsonl_cmd(files, runs_dir, db, no_ingest, replace):
     """Import event logs exported with `observatory export RUN --format jsonl` (any runs, any hosts)."""
-    from observatory.interop import ingest_runs
+    from observatory.interop import CONFLICT, ingest_runs
     from observatory.interop.export import import_events_jsonl
 
-    written = False
+    states: dict = {}
     for f in files:
         try:
-            states = import_events_jsonl(f, runs_dir)
+            got = import_events_jsonl(f, runs_dir, replace=replace)
         except ValueError as e:
             raise click.ClickException(str(e)) from None
-        for (run, host), state in sorted(states.items()):
-            click.echo(f"{run} host {host} <- {f}: file {state}")
-            written = True
-    if written and not no_ingest:
-        ingest_runs(runs_dir, db)
+        for (run, host), state in sorted(got.items()):
+            if state == "conflict":
+                click.secho(f"FAILED {f}: " + CONFLICT.format(run=f"{run} (host {host})"), fg="red", err=True)
+            else:
+                click.echo(f"{run} host {host} <- {f}: file {state}")
+            states[(run, host)] = state
+    if not no_ingest and set(states.values()) - {"conflict"}:
+        ingest_runs(runs_dir, db, rebuild="replaced" in states.values())
+    if "conflict" in states.values():
+        sys.exit(1)
 
 
 @click.command("export")

@@ -36,7 +36,7 @@ from typing import Any
 from observatory.events import RUN_ID_RE, VERSION, encode_value, validate_event
 from observatory.writer import redact
 
-__all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "put_file", "ingest_runs"]
+__all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "put_file", "settle", "ingest_runs"]
 
 
 def safe_run_id(prefix: str, source_id: str) -> str:
@@ -153,20 +153,21 @@ class RunLogBuilder:
             (json.dumps(ev, separators=(",", ":"), allow_nan=False) + "\n").encode() for ev in self.events
         )
 
-    def write(self, runs_dir: str | os.PathLike) -> str:
-        """Put the log at `<runs_dir>/<run>/events.<host>.jsonl`; say what happened.
-
-        `unchanged`: identical bytes already there (re-import is a no-op). `extended`: the
-        old file is a prefix of the new one (the source grew). `replaced`: different content
-        (for example an earlier import of a damaged copy); rows already ingested from the old
-        file stay in the store until `observatory rebuild`.
-        """
+    def write(self, runs_dir: str | os.PathLike, replace: bool = False) -> str:
+        """Put the log at `<runs_dir>/<run>/events.<host>.jsonl`; say what happened (`put_file`)."""
         path = Path(runs_dir) / self.run / f"events.{self.host}.jsonl"
-        return put_file(path, self.to_bytes())
+        return put_file(path, self.to_bytes(), replace)
 
 
-def put_file(path: Path, payload: bytes) -> str:
-    """Write `payload` to `path` atomically unless it is already there; say what happened."""
+def put_file(path: Path, payload: bytes, replace: bool = False) -> str:
+    """Write `payload` to `path` atomically unless it is already there; say what happened.
+
+    `new`; `unchanged`: identical bytes already there (re-import is a no-op); `extended`:
+    the old file is a prefix of the new one (the source grew; ingest reads just the rest);
+    `conflict`: different content is there (e.g. an earlier import of a damaged copy) and
+    nothing was written; `replaced`: the same, overwritten because `replace` was asked --
+    ingest only appends, so the caller must then rebuild the store.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     state = "new"
     if path.exists():
@@ -174,6 +175,8 @@ def put_file(path: Path, payload: bytes) -> str:
         if old == payload:
             return "unchanged"
         state = "extended" if payload.startswith(old) else "replaced"
+        if state == "replaced" and not replace:
+            return "conflict"
     # atomic: a concurrent ingest sees the old file or the new one, never half of it.
     # The temporary name holds no "events"/"jsonl", so no ingest glob picks it up.
     tmp = path.parent / f".import-{os.getpid()}-{threading.get_ident()}.partial"
@@ -185,8 +188,30 @@ def put_file(path: Path, payload: bytes) -> str:
     return state
 
 
-def ingest_runs(runs_dir: str | os.PathLike, db: str | os.PathLike | None) -> Any:
-    """Run the project's ingester over the runs dir (imported runs are ordinary runs)."""
-    from observatory.ingest import ingest
+CONFLICT = (
+    "run {run} is already in the runs dir with different events (imported earlier from other "
+    "data?); nothing written. Pass --replace to overwrite it (the store is then rebuilt)."
+)
 
-    return ingest(Path(runs_dir), Path(db) if db is not None else None)
+
+def settle(res: ImportResult, state: str) -> None:
+    """Record what writing the run's log did; a conflict is an error for this source."""
+    if state == "conflict":
+        res.error = CONFLICT.format(run=res.run)
+    else:
+        res.written = state
+
+
+def ingest_runs(runs_dir: str | os.PathLike, db: str | os.PathLike | None, rebuild: bool = False) -> Any:
+    """Bring the store up to date with the runs dir (imported runs are ordinary runs).
+
+    Ingest only appends; if an import replaced a run's file (`rebuild`), the store is
+    rebuilt from the logs instead.
+    """
+    from observatory import ingest as ing
+    from observatory.store import default_db
+
+    db = Path(db) if db is not None else default_db()
+    if rebuild:
+        return ing.rebuild(Path(runs_dir), db)
+    return ing.ingest(Path(runs_dir), db)

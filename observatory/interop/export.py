@@ -150,11 +150,13 @@ def export_run(
     return _export_table(db, run, fmt, out)
 
 
-def import_events_jsonl(path: str | os.PathLike, runs_dir: str | os.PathLike) -> dict[tuple[str, int], str]:
+def import_events_jsonl(
+    path: str | os.PathLike, runs_dir: str | os.PathLike, replace: bool = False
+) -> dict[tuple[str, int], str]:
     """Split an exported (or any) event JSON Lines file into the runs dir, one file per (run, host).
 
     Lines are copied byte for byte; each keeps its place in its host's file, so seq order
-    holds. Returns `{(run, host): "new" | "unchanged" | "extended" | "replaced"}`.
+    holds. Returns `{(run, host): state}`, states as in `interop.put_file`.
     Raises `ValueError` naming the file and line of anything that is not a valid event.
     """
     from observatory.interop import put_file
@@ -174,6 +176,6 @@ def import_events_jsonl(path: str | os.PathLike, runs_dir: str | os.PathLike) ->
                 raise ValueError(f"{path}:{n}: not JSON: {e}") from None
             parts.setdefault((ev["run"], ev["host"]), []).append(raw if raw.endswith(b"\n") else raw + b"\n")
     return {
-        key: put_file(Path(runs_dir) / key[0] / f"events.{key[1]}.jsonl", b"".join(lines))
+        key: put_file(Path(runs_dir) / key[0] / f"events.{key[1]}.jsonl", b"".join(lines), replace)
         for key, lines in parts.items()
     }

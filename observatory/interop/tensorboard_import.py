@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from observatory.interop import ImportResult, RunLogBuilder, safe_run_id
+from observatory.interop import ImportResult, RunLogBuilder, safe_run_id, settle
 
 __all__ = ["find_tfevents_dirs", "convert_tensorboard_dir", "import_tensorboard"]
 
@@ -127,6 +127,7 @@ def import_tensorboard(
     *,
     status: str | None = "completed",
     ingest: bool = True,
+    replace: bool = False,
 ) -> list[ImportResult]:
     """Import every tfevents directory under `paths` into `runs_dir`, then ingest into `db`."""
     results = []
@@ -134,12 +135,12 @@ def import_tensorboard(
         try:
             log, res = convert_tensorboard_dir(directory, run_id, status)
             if res.error is None:
-                res.written = log.write(runs_dir)
+                settle(res, log.write(runs_dir, replace))
         except Exception as e:
             res = ImportResult(source=directory, run=run_id, error=f"{type(e).__name__}: {e}")
         results.append(res)
     if ingest and any(r.written for r in results):
         from observatory.interop import ingest_runs
 
-        ingest_runs(runs_dir, db)
+        ingest_runs(runs_dir, db, rebuild=any(r.written == "replaced" for r in results))
     return results

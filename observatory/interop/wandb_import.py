@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from observatory.interop import ImportResult, RunLogBuilder, flatten, safe_run_id
+from observatory.interop import ImportResult, RunLogBuilder, flatten, safe_run_id, settle
 from observatory.interop.wandb_reader import Problem, WandbLogReader
 
 __all__ = ["find_wandb_files", "convert_wandb_file", "import_wandb"]
@@ -249,6 +249,7 @@ def import_wandb(
     db: str | os.PathLike | None = None,
     *,
     ingest: bool = True,
+    replace: bool = False,
 ) -> list[ImportResult]:
     """Import every `.wandb` file under `paths` into `runs_dir`, then ingest into `db`.
 
@@ -260,12 +261,12 @@ def import_wandb(
         try:
             log, res = convert_wandb_file(f)
             if res.error is None:
-                res.written = log.write(runs_dir)
+                settle(res, log.write(runs_dir, replace))
         except Exception as e:  # one bad file never stops the others
             res = ImportResult(source=f, error=f"{type(e).__name__}: {e}")
         results.append(res)
     if ingest and any(r.written for r in results):
         from observatory.interop import ingest_runs
 
-        ingest_runs(runs_dir, db)
+        ingest_runs(runs_dir, db, rebuild=any(r.written == "replaced" for r in results))
     return results
