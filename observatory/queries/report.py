@@ -1,0 +1,211 @@
+"""SQL for post-mortem reports: one run's summary, timeline, metric windows, expert load, ladder.
+
+Every query orders its rows fully, so the same store gives the same report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+__all__ = [
+    "TIMELINE_KINDS",
+    "run_info",
+    "run_events",
+    "metric_names",
+    "metric_series",
+    "nonfinite_steps",
+    "expert_load_by_layer",
+    "expert_load_matrix",
+    "drop_series",
+    "ladder_runs",
+    "last_value",
+]
+
+TIMELINE_KINDS = (
+    "run_start",
+    "run_end",
+    "failure",
+    "anomaly",
+    "decision",
+    "config_diff",
+    "checkpoint",
+    "eval",
+    "forecast",
+    "note",
+)
+
+_RUN_COLS = (
+    "run",
+    "name",
+    "status",
+    "start_time",
+    "end_time",
+    "last_event_t",
+    "last_step",
+    "final_step",
+    "parent_run",
+    "parent_step",
+    "ladder_name",
+    "ladder_rung",
+    "ladder",
+    "config",
+    "tags",
+    "code",
+    "data",
+    "mesh",
+    "model",
+)
+_JSON_COLS = ("ladder", "config", "code", "data", "mesh", "model")
+
+
+def _num(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+def run_info(con, run: str) -> dict[str, Any] | None:
+    row = con.execute(f"SELECT {', '.join(_RUN_COLS)} FROM runs WHERE run = ?", [run]).fetchone()
+    if row is None:
+        return None
+    out = dict(zip(_RUN_COLS, row, strict=True))
+    for c in _JSON_COLS:
+        if isinstance(out[c], str):
+            out[c] = json.loads(out[c])
+    out["tags"] = list(out["tags"] or [])
+    return out
+
+
+def run_events(con, run: str, kinds: tuple[str, ...] = TIMELINE_KINDS) -> list[dict[str, Any]]:
+    """The run's non-metric events of `kinds`, by step (unstepped first), then time, host, seq."""
+    rows = con.execute(
+        """
+        SELECT kind, step, t, host, seq, data FROM events
+        WHERE run = ? AND kind IN (SELECT unnest(?::VARCHAR[]))
+        ORDER BY step NULLS FIRST, t, host, seq
+        """,
+        [run, list(kinds)],
+    ).fetchall()
+    return [
+        {"kind": r[0], "step": r[1], "t": r[2], "host": r[3], "seq": r[4], "data": json.loads(r[5] or "{}")}
+        for r in rows
+    ]
+
+
+def metric_names(con, run: str) -> list[str]:
+    return [
+        r[0]
+        for r in con.execute(
+            "SELECT DISTINCT name FROM metrics WHERE run = ? ORDER BY name", [run]
+        ).fetchall()
+    ]
+
+
+def metric_series(
+    con, run: str, names: list[str], lo: int | None = None, hi: int | None = None
+) -> dict[str, list[tuple[int, float]]]:
+    """{name: [(step, value), ...]} over steps [lo, hi]; a step logged twice keeps its newest value."""
+    if not names:
+        return {}
+    rows = con.execute(
+        """
+        SELECT name, step, arg_max(value, t) FROM metrics
+        WHERE run = ? AND name IN (SELECT unnest(?::VARCHAR[])) AND step IS NOT NULL
+          AND (?::BIGINT IS NULL OR step >= ?::BIGINT) AND (?::BIGINT IS NULL OR step <= ?::BIGINT)
+        GROUP BY name, step ORDER BY name, step
+        """,
+        [run, list(names), lo, lo, hi, hi],
+    ).fetchall()
+    out: dict[str, list[tuple[int, float]]] = {n: [] for n in names}
+    for name, step, value in rows:
+        out[name].append((int(step), math.nan if value is None else float(value)))
+    return out
+
+
+def nonfinite_steps(con, run: str, name: str) -> list[int]:
+    rows = con.execute(
+        "SELECT DISTINCT step FROM metrics WHERE run = ? AND name = ? AND step IS NOT NULL"
+        " AND (value IS NULL OR NOT isfinite(value)) ORDER BY step",
+        [run, name],
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def last_value(con, run: str, name: str, finite: bool = False) -> tuple[int, float] | None:
+    """(step, value) of the newest step of a metric (the newest finite one if `finite`)."""
+    row = con.execute(
+        f"""
+        SELECT step, arg_max(value, t) AS v FROM metrics
+        WHERE run = ? AND name = ? AND step IS NOT NULL {"AND isfinite(value)" if finite else ""}
+        GROUP BY step ORDER BY step DESC LIMIT 1
+        """,
+        [run, name],
+    ).fetchone()
+    return None if row is None else (int(row[0]), math.nan if row[1] is None else float(row[1]))
+
+
+def expert_load_by_layer(con, run: str) -> list[dict[str, Any]]:
+    """Per layer over the whole run: routed, dropped, drop fraction, hottest expert's share vs the mean,
+    experts that never got a token."""
+    rows = con.execute(
+        """
+        WITH per_expert AS (
+            SELECT layer, expert, sum(routed) AS routed, sum(dropped) AS dropped
+            FROM expert_load WHERE run = ? GROUP BY layer, expert
+        )
+        SELECT layer, count(*) AS experts, sum(routed) AS routed, sum(dropped) AS dropped,
+               sum(dropped)::DOUBLE / nullif(sum(routed), 0) AS drop_fraction,
+               max(routed)::DOUBLE / nullif(avg(routed), 0) AS max_over_mean,
+               arg_max(expert, routed) AS hottest,
+               count(*) FILTER (WHERE routed = 0) AS dead
+        FROM per_expert GROUP BY layer ORDER BY layer
+        """,
+        [run],
+    ).fetchall()
+    cols = ("layer", "experts", "routed", "dropped", "drop_fraction", "max_over_mean", "hottest", "dead")
+    return [dict(zip(cols, r, strict=True)) for r in rows]
+
+
+def expert_load_matrix(con, run: str) -> tuple[list[int], list[int], list[list[float]]]:
+    """(layers, experts, share[layer][expert]): each expert's share of its layer's routed assignments."""
+    rows = con.execute(
+        """
+        SELECT layer, expert, sum(routed)::DOUBLE / nullif(sum(sum(routed)) OVER (PARTITION BY layer), 0)
+        FROM expert_load WHERE run = ? GROUP BY layer, expert ORDER BY layer, expert
+        """,
+        [run],
+    ).fetchall()
+    layers = sorted({int(r[0]) for r in rows})
+    experts = sorted({int(r[1]) for r in rows})
+    li = {v: i for i, v in enumerate(layers)}
+    ei = {v: i for i, v in enumerate(experts)}
+    z = [[0.0] * len(experts) for _ in layers]
+    for layer, expert, share in rows:
+        z[li[int(layer)]][ei[int(expert)]] = float(share or 0.0)
+    return layers, experts, z
+
+
+def drop_series(con, run: str) -> list[tuple[int, float]]:
+    """(step, dropped / routed over all layers) from expert_load."""
+    rows = con.execute(
+        """
+        SELECT step, sum(dropped)::DOUBLE / nullif(sum(routed), 0) FROM expert_load
+        WHERE run = ? GROUP BY step ORDER BY step
+        """,
+        [run],
+    ).fetchall()
+    return [(int(s), float(v) if v is not None else math.nan) for s, v in rows]
+
+
+def ladder_runs(con, ladder_name: str, metric: str = "train/loss") -> list[dict[str, Any]]:
+    """Runs of one ladder with their last step and last finite value of `metric`."""
+    rows = con.execute(
+        """
+        SELECT r.run, r.ladder_rung, r.status, coalesce(r.final_step, r.last_step) AS steps,
+               (SELECT arg_max(m.value, m.step) FROM metrics m
+                 WHERE m.run = r.run AND m.name = ? AND isfinite(m.value)) AS final
+        FROM runs r WHERE r.ladder_name = ? ORDER BY r.ladder_rung NULLS LAST, r.run
+        """,
+        [metric, ladder_name],
+    ).fetchall()
+    return [{"run": r[0], "rung": r[1], "status": r[2], "steps": r[3], "final": _num(r[4])} for r in rows]

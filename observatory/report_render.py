@@ -1,0 +1,355 @@
+"""Renderers for a `Report`: one self-contained HTML file, or Markdown with PNG figures.
+
+Both walk the same sections in the same order. HTML inlines plotly.js once in
+<head> and gives every figure a fixed div id, so the file works offline and two
+renders of one store are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from html import escape
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from observatory.report import Report
+
+__all__ = ["render_html", "render_markdown", "SECTIONS"]
+
+SECTIONS = (
+    ("summary", "Summary"),
+    ("timeline", "Timeline"),
+    ("windows", "Around each failure and anomaly"),
+    ("experts", "Expert load and token drops"),
+    ("decisions", "Decisions"),
+    ("lineage", "Lineage"),
+    ("config", "Config and its diffs"),
+    ("ladder", "Forecasts and ladder"),
+)
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;
+padding:0 1rem;color:#222;line-height:1.45}
+h1{font-size:1.7rem;margin-bottom:.2rem} h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2.2rem}
+table{border-collapse:collapse;margin:.6rem 0;font-size:.9rem;width:100%}
+th,td{border:1px solid #e2e2e2;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th{background:#f6f6f6} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.status{display:inline-block;padding:.1rem .6rem;border-radius:1rem;color:#fff;font-weight:600}
+.status-completed{background:#2ca02c}.status-failed{background:#d62728}.status-crashed{background:#8c564b}
+.status-running{background:#1f77b4}.status-killed,.status-preempted,.status-unknown{background:#7f7f7f}
+.story li{margin:.2rem 0} nav a{margin-right:.8rem} pre{background:#f6f6f6;padding:.6rem;overflow-x:auto}
+.k-failure{color:#d62728;font-weight:600}.k-anomaly{color:#c65d00}.k-decision{color:#1f77b4}
+.k-config_diff{color:#9467bd}.figure{margin:1rem 0}
+@media print{nav{display:none} .figure{break-inside:avoid}}
+"""
+
+
+def _r():
+    from observatory import report
+
+    return report
+
+
+def _cell(x: Any) -> str:
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, (dict, list)):
+        return json.dumps(x, sort_keys=True)
+    return _r()._fmt(x)
+
+
+def _rows_timeline(rep: Report) -> list[list[str]]:
+    when = _r()._when
+    return [
+        ["-" if e["step"] is None else str(e["step"]), when(e["t"]), e["kind"], e["text"]]
+        for e in rep.timeline
+    ]
+
+
+def _expert_rows(rep: Report) -> list[list[str]]:
+    return [
+        [
+            str(x["layer"]),
+            str(x["experts"]),
+            str(x["routed"]),
+            str(x["dropped"]),
+            "-" if x["drop_fraction"] is None else f"{x['drop_fraction']:.2%}",
+            "-" if x["max_over_mean"] is None else f"{x['max_over_mean']:.2f} (e{x['hottest']})",
+            str(x["dead"]),
+        ]
+        for x in rep.expert_layers
+    ]
+
+
+EXPERT_HEAD = ["layer", "experts", "routed", "dropped", "drop fraction", "hottest max/mean", "dead experts"]
+TIMELINE_HEAD = ["step", "time", "kind", "what"]
+FORECAST_HEAD = ["metric", "step", "forecast", "band", "actual", "verdict", "source"]
+LADDER_HEAD = ["run", "rung", "status", "steps", "final train/loss"]
+
+
+def _forecast_rows(rep: Report) -> list[list[str]]:
+    fmt = _r()._fmt
+    out = []
+    for f in rep.forecasts:
+        band = f"[{fmt(f['low'])}, {fmt(f['high'])}]" if f["low"] is not None else "-"
+        actual = f"{fmt(f['actual'])} @ {f['actual_step']}" if f["actual"] is not None else "-"
+        out.append(
+            [
+                f["metric"],
+                fmt(f["step"]),
+                fmt(f["value"]),
+                band,
+                actual,
+                f["verdict"],
+                f["source_text"] or "-",
+            ]
+        )
+    return out
+
+
+def _ladder_rows(rep: Report) -> list[list[str]]:
+    fmt = _r()._fmt
+    return [
+        [
+            ("▶ " if x["run"] == rep.run else "") + x["run"],
+            fmt(x["rung"]),
+            fmt(x["status"]),
+            fmt(x["steps"]),
+            fmt(x["final"]),
+        ]
+        for x in rep.ladder
+    ]
+
+
+def _diff_rows(rep: Report) -> list[list[str]]:
+    out = []
+    for e in rep.config_diffs:
+        a = e["data"].get("against") or {}
+        for key, v in sorted((e["data"].get("changes") or {}).items()):
+            old, new = (v[0], v[1]) if isinstance(v, list) and len(v) == 2 else (None, v)
+            out.append([_cell(e["step"]), f"{a.get('run')}@{a.get('step')}", key, _cell(old), _cell(new)])
+    for d in rep.decisions:
+        for key, (old, new) in sorted(d.config_diff.items()):
+            out.append(["-", f"decision {d.id}", key, _cell(old), _cell(new)])
+    return out
+
+
+def _decision_fields(d) -> list[tuple[str, str]]:
+    when = _r()._when
+    rows = [("kind / status", f"{d.kind} / {d.status}"), ("author", d.author or "-")]
+    rows += [("created", when(d.created)), ("updated", when(d.updated))]
+    for name in ("hypothesis", "goal", "action", "outcome", "follow_up"):
+        if getattr(d, name):
+            rows.append((name.replace("_", "-"), getattr(d, name)))
+    if d.forecast:
+        rows.append(
+            ("forecast", f"{d.forecast.metric} = {d.forecast.value:g} {d.forecast.assumptions}".strip())
+        )
+    if d.trigger:
+        t = d.trigger
+        rows.append(
+            ("trigger", f"{t.metric} {t.rule}" + (f" at step {t.step}" if t.step is not None else ""))
+        )
+    if d.runs:
+        rows.append(("runs", ", ".join(r.run + (f"@{r.step}" if r.step is not None else "") for r in d.runs)))
+    if d.alternatives:
+        rows.append(("alternatives", "; ".join(d.alternatives)))
+    if d.evidence:
+        rows.append(
+            (
+                "evidence",
+                "; ".join(e if isinstance(e, str) else json.dumps(e, sort_keys=True) for e in d.evidence),
+            )
+        )
+    if d.cost and d.cost.to_dict():
+        rows.append(("cost", ", ".join(f"{k} {v:g}" for k, v in d.cost.to_dict().items())))
+    return rows
+
+
+def _lineage_text(rep: Report) -> str:
+    if rep.lineage is None:
+        return "no lineage (this folder has no run_start)"
+    from observatory.lineage import format_text
+
+    return format_text(rep.lineage)
+
+
+# ------------------------------------------------------------------ HTML
+
+
+def _table(head: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
+    if not rows:
+        return "<p><em>none</em></p>"
+    th = "".join(f"<th>{escape(h)}</th>" for h in head)
+    body = []
+    for i, r in enumerate(rows):
+        cls = f' class="{escape(classes[i])}"' if classes else ""
+        body.append(f"<tr{cls}>" + "".join(f"<td>{escape(str(c))}</td>" for c in r) + "</tr>")
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def render_html(rep: Report) -> str:
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    from observatory.report_figures import figures
+
+    figs = figures(rep)
+
+    def fig(name: str) -> str:
+        if name not in figs:
+            return ""
+        div = pio.to_html(
+            figs[name], include_plotlyjs=False, full_html=False, div_id=f"fig-{name}", config=PLOTLY_CONFIG
+        )
+        return f'<div class="figure" data-figure="{escape(name)}">{div}</div>'
+
+    s = []
+    s.append('<section id="summary"><h2>Summary</h2>')
+    s.append('<ul class="story">' + "".join(f"<li>{escape(x)}</li>" for x in rep.story) + "</ul>")
+    s.append(_table(["", ""], [[k, v] for k, v in rep.summary]))
+    s.append("</section>")
+    s.append('<section id="timeline"><h2>Timeline</h2>')
+    s.append(fig("overview"))
+    s.append(_table(TIMELINE_HEAD, _rows_timeline(rep), [f"k-{e['kind']}" for e in rep.timeline]))
+    s.append("</section>")
+    s.append('<section id="windows"><h2>Around each failure and anomaly</h2>')
+    if rep.windows:
+        s += [fig(f"window-{i + 1}") for i in range(len(rep.windows))]
+    else:
+        s.append("<p><em>no failures or anomalies recorded</em></p>")
+    s.append("</section>")
+    s.append('<section id="experts"><h2>Expert load and token drops</h2>')
+    s.append(_table(EXPERT_HEAD, _expert_rows(rep)))
+    s += [fig("experts"), fig("drops")]
+    s.append("</section>")
+    s.append('<section id="decisions"><h2>Decisions</h2>')
+    if not rep.decisions:
+        s.append("<p><em>no decisions linked to this run</em></p>")
+    for d in rep.decisions:
+        s.append(f'<h3 id="decision-{escape(d.id)}">{escape(d.id)}: {escape(d.title)}</h3>')
+        s.append(_table(["field", "value"], [list(x) for x in _decision_fields(d)]))
+    s.append("</section>")
+    s.append('<section id="lineage"><h2>Lineage</h2>')
+    s.append(f"<pre>{escape(_lineage_text(rep))}</pre>")
+    s.append(fig("lineage"))
+    s.append("</section>")
+    s.append('<section id="config"><h2>Config and its diffs</h2>')
+    s.append(_table(["step", "against", "key", "old", "new"], _diff_rows(rep)))
+    s.append("<details open><summary>Resolved config</summary>")
+    s.append(_table(["key", "value"], [[k, _cell(v)] for k, v in _r()._flatten(rep.config)]))
+    s.append("</details></section>")
+    s.append('<section id="ladder"><h2>Forecasts and ladder</h2>')
+    if rep.forecasts:
+        s.append(_table(FORECAST_HEAD, _forecast_rows(rep)))
+        s.append(fig("forecast"))
+    else:
+        s.append("<p><em>no forecast recorded for this run</em></p>")
+    if rep.ladder:
+        s.append(f"<h3>Ladder {escape(str(rep.info.get('ladder_name')))}</h3>")
+        s.append(_table(LADDER_HEAD, _ladder_rows(rep)))
+    s.append("</section>")
+    nav = " ".join(f'<a href="#{k}">{escape(v)}</a>' for k, v in SECTIONS)
+    status = escape(rep.status)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>Post-mortem: {escape(rep.run)}</title><style>{CSS}</style>"
+        f'<script type="text/javascript">{get_plotlyjs()}</script></head>\n<body>'
+        f'<h1>Post-mortem: {escape(rep.run)} <span class="status status-{status}">{status}</span></h1>'
+        f"<nav>{nav}</nav>\n" + "\n".join(x for x in s if x) + "\n</body></html>\n"
+    )
+
+
+# ------------------------------------------------------------------ Markdown
+
+
+def _md_cell(x: str) -> str:
+    return str(x).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    if not rows:
+        return "_none_\n"
+    out = ["| " + " | ".join(_md_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def write_pngs(figs: dict, folder: Path) -> dict[str, Path]:
+    """Export figures as PNG with kaleido (one chromium session for all of them)."""
+    import os
+    import shutil
+
+    import plotly.io as pio
+
+    if (
+        not os.environ.get("BROWSER_PATH")
+        and not shutil.which("chromium")
+        and Path("/usr/bin/chromium").exists()
+    ):
+        os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {name: folder / f"{name}.png" for name in figs}
+    if figs:
+        pio.write_images(
+            list(figs.values()),
+            [str(p) for p in paths.values()],
+            format="png",
+            width=1000,
+            height=[int(f.layout.height or 400) for f in figs.values()],
+        )
+    return paths
+
+
+def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
+    """Markdown text; its PNG figures are written to <out_dir>/<fig_folder>/."""
+    from observatory.report_figures import figures
+
+    figs = figures(rep)
+    write_pngs(figs, Path(out_dir) / fig_folder)
+
+    def fig(name: str) -> str:
+        return f"![{name}]({fig_folder}/{name}.png)\n" if name in figs else ""
+
+    s = [f"# Post-mortem: {rep.run} ({rep.status})\n"]
+    s.append("## Summary\n")
+    s += [f"- {x}" for x in rep.story]
+    s.append("")
+    s.append(_md_table(["", ""], [[k, v] for k, v in rep.summary]))
+    s.append("## Timeline\n")
+    s.append(fig("overview"))
+    s.append(_md_table(TIMELINE_HEAD, _rows_timeline(rep)))
+    s.append("## Around each failure and anomaly\n")
+    if not rep.windows:
+        s.append("_no failures or anomalies recorded_\n")
+    for i, w in enumerate(rep.windows):
+        s.append(f"**{w['title']}** (steps {w['lo']}-{w['hi']})\n")
+        s.append(fig(f"window-{i + 1}"))
+    s.append("## Expert load and token drops\n")
+    s.append(_md_table(EXPERT_HEAD, _expert_rows(rep)))
+    s += [fig("experts"), fig("drops")]
+    s.append("## Decisions\n")
+    if not rep.decisions:
+        s.append("_no decisions linked to this run_\n")
+    for d in rep.decisions:
+        s.append(f"### {d.id}: {d.title}\n")
+        s.append(_md_table(["field", "value"], [list(x) for x in _decision_fields(d)]))
+    s.append("## Lineage\n")
+    s.append("```\n" + _lineage_text(rep) + "\n```\n")
+    s.append(fig("lineage"))
+    s.append("## Config and its diffs\n")
+    s.append(_md_table(["step", "against", "key", "old", "new"], _diff_rows(rep)))
+    s.append(_md_table(["key", "value"], [[k, _cell(v)] for k, v in _r()._flatten(rep.config)]))
+    s.append("## Forecasts and ladder\n")
+    if rep.forecasts:
+        s.append(_md_table(FORECAST_HEAD, _forecast_rows(rep)))
+        s.append(fig("forecast"))
+    else:
+        s.append("_no forecast recorded for this run_\n")
+    if rep.ladder:
+        s.append(f"### Ladder {rep.info.get('ladder_name')}\n")
+        s.append(_md_table(LADDER_HEAD, _ladder_rows(rep)))
+    return "\n".join(x for x in s if x is not None).rstrip("\n") + "\n"
