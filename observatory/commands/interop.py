@@ -23,7 +23,8 @@ def import_group():
     """
 
 
-def _report(results, verbose: bool) -> None:
+def _report(results, verbose: bool, runs_dir, db, ingest: bool) -> None:
+    """Print one line per source run and its problems, update the store, set the exit code."""
     failed = 0
     for r in results:
         line = r.summary_line()
@@ -39,6 +40,11 @@ def _report(results, verbose: bool) -> None:
             click.secho(f"  ... {len(r.problems) - len(shown)} more (use --verbose)", fg="yellow", err=True)
     ok = len(results) - failed
     click.echo(f"{ok} run(s) imported, {failed} failed")
+    if ingest and any(r.written for r in results):
+        from observatory.interop import ingest_runs
+
+        report = ingest_runs(runs_dir, db, rebuild=any(r.written == "replaced" for r in results))
+        click.echo(f"store {db}: {report.summary()}")
     if failed:
         sys.exit(1)
 
@@ -61,7 +67,9 @@ def wandb_cmd(paths, runs_dir, db, no_ingest, replace, verbose):
 
     if not find_wandb_files(paths):
         raise click.UsageError(f"no .wandb files under {', '.join(map(str, paths))}")
-    _report(import_wandb(paths, runs_dir, db, ingest=not no_ingest, replace=replace), verbose)
+    _report(
+        import_wandb(paths, runs_dir, db, ingest=False, replace=replace), verbose, runs_dir, db, not no_ingest
+    )
 
 
 @import_group.command("tensorboard")
@@ -118,7 +126,8 @@ def jsonl_cmd(files, runs_dir, db, no_ingest, replace):
                 click.echo(f"{run} host {host} <- {f}: file {state}")
             states[(run, host)] = state
     if not no_ingest and set(states.values()) - {"conflict"}:
-        ingest_runs(runs_dir, db, rebuild="replaced" in states.values())
+        report = ingest_runs(runs_dir, db, rebuild="replaced" in states.values())
+        click.echo(f"store {db}: {report.summary()}")
     if "conflict" in states.values():
         sys.exit(1)
 
