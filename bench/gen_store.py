@@ -206,8 +206,8 @@ def generate(db: Path, steps: int, layers: int, experts: int, n_metrics: int) ->
     con.execute("COMMIT")
     con.execute("CHECKPOINT")
     times["rollups"] = time.time() - t0
-    n_el = con.execute("SELECT count(*) FROM expert_load").fetchone()[0]
-    n_m = con.execute("SELECT count(*) FROM metrics").fetchone()[0]
+    n_el = con.execute("SELECT count(*) FROM expert_load").fetchall()[0][0]
+    n_m = con.execute("SELECT count(*) FROM metrics").fetchall()[0][0]
     con.close()
     times["expert_load_rows"] = n_el
     times["metric_rows"] = n_m

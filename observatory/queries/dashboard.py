@@ -18,6 +18,8 @@ from typing import Any
 
 import polars as pl
 
+from observatory.rollups import METRIC_RESOLUTIONS
+
 __all__ = [
     "MARKER_KINDS",
     "metric_names",
@@ -31,6 +33,7 @@ __all__ = [
     "runs_extras",
     "run_configs",
     "schema",
+    "SQL_EXAMPLES",
 ]
 
 MARKER_KINDS = ("failure", "anomaly", "checkpoint", "config_diff", "decision", "note", "run_end")
@@ -44,15 +47,6 @@ def _in(values) -> tuple[str, list[Any]]:
     """`IN (?, ?, ...)` placeholders for a list (literal lists let DuckDB push the filter down)."""
     values = list(values)
     return "(" + ", ".join("?" * len(values)) + ")" if values else "(NULL)", values
-
-
-def _in_named(values) -> tuple[str, dict[str, Any]]:
-    """`IN ($r0, $r1, ...)` named placeholders, for statements that also use named parameters."""
-    values = list(values)
-    names = [f"r{i}" for i in range(len(values))]
-    return "(" + ", ".join("$" + n for n in names) + ")" if values else "(NULL)", dict(
-        zip(names, values, strict=True)
-    )
 
 
 def metric_names(con, run: str) -> pl.DataFrame:
@@ -71,12 +65,65 @@ def metric_extent(con, runs, names) -> tuple[int, int] | None:
     row = con.execute(
         f"SELECT min(first_step), max(last_step) FROM metric_series WHERE run IN {rin} AND name IN {nin}",
         rp + np_,
-    ).fetchone()
+    ).fetchall()[0]
     return None if row is None or row[0] is None else (int(row[0]), int(row[1]))
 
 
 def _width(lo: int, hi: int, max_points: int) -> int:
     return max(1, math.ceil((hi - lo + 1) / max(1, max_points)))
+
+
+def _source(width: int) -> int:
+    """Resolution of the coarsest metrics rollup no wider than `width` steps (1 = raw rows)."""
+    return max([1, *(r for r in METRIC_RESOLUTIONS if r <= width)])
+
+
+def _bucketed(con, runs, names, lo: int, hi: int, max_points: int) -> pl.DataFrame:
+    """Per (run, name, bucket i): step, step_lo, min, max, last, mean, n, n_nonfinite.
+
+    Reads `metrics` when buckets are narrower than the finest rollup, else the
+    coarsest `metrics_r<res>` rollup whose buckets fit (so 10^5 steps x 30 names
+    cost ~10^4 rollup rows, not 3x10^6 metric rows). Rollup buckets that straddle
+    lo or hi are counted whole (at most res - 1 steps past the window).
+    """
+    rin, rp = _in(runs)
+    nin, np_ = _in(names)
+    width = _width(lo, hi, max_points)
+    res = _source(width)
+    if res == 1:
+        return _frame(
+            con,
+            f"""
+            SELECT run, name, (step - ?) // ? AS i, max(step) AS step, min(step) AS step_lo,
+                   min(value) FILTER (WHERE isfinite(value)) AS min,
+                   max(value) FILTER (WHERE isfinite(value)) AS max,
+                   arg_max(value, step) AS last,
+                   avg(value) FILTER (WHERE isfinite(value)) AS mean,
+                   count(*) AS n,
+                   count(*) FILTER (WHERE NOT isfinite(value)) AS n_nonfinite
+            FROM metrics
+            WHERE run IN {rin} AND name IN {nin} AND step BETWEEN ? AND ?
+            GROUP BY run, name, i
+            ORDER BY run, name, i
+            """,
+            [lo, width, *rp, *np_, lo, hi],
+        )
+    width = math.ceil(width / res) * res  # whole rollup buckets per output bucket
+    lo_al = (lo // res) * res
+    return _frame(
+        con,
+        f"""
+        SELECT run, name, (bucket * {res} - ?) // ? AS i, max(last_step) AS step, min(first_step) AS step_lo,
+               min(min) AS min, max(max) AS max, arg_max(last, last_step) AS last,
+               sum(sum) / nullif(sum(n - n_nonfinite), 0) AS mean,
+               sum(n) AS n, sum(n_nonfinite) AS n_nonfinite
+        FROM metrics_r{res}
+        WHERE run IN {rin} AND name IN {nin} AND bucket BETWEEN ? AND ?
+        GROUP BY run, name, i
+        ORDER BY run, name, i
+        """,
+        [lo_al, width, *rp, *np_, lo // res, hi // res],
+    )
 
 
 def downsample(con, run: str, names, lo: int, hi: int, max_points: int = 1000) -> pl.DataFrame:
@@ -86,60 +133,34 @@ def downsample(con, run: str, names, lo: int, hi: int, max_points: int = 1000) -
     only), last (value at the last step, NaN included), mean, n, n_nonfinite.
     Sorted by name, step. Width 1 (full resolution) when the window is short.
     """
-    nin, np_ = _in(names)
-    width = _width(lo, hi, max_points)
-    return _frame(
-        con,
-        f"""
-        SELECT name, max(step) AS step, min(step) AS step_lo,
-               min(value) FILTER (WHERE isfinite(value)) AS min,
-               max(value) FILTER (WHERE isfinite(value)) AS max,
-               arg_max(value, step) AS last,
-               avg(value) FILTER (WHERE isfinite(value)) AS mean,
-               count(*) AS n,
-               count(*) FILTER (WHERE NOT isfinite(value)) AS n_nonfinite
-        FROM metrics
-        WHERE run = ? AND name IN {nin} AND step BETWEEN ? AND ?
-        GROUP BY name, (step - ?) // ?
-        ORDER BY name, step
-        """,
-        [run, *np_, lo, hi, lo, width],
-    )
+    return _bucketed(con, [run], names, lo, hi, max_points).drop("run", "i")
 
 
 def downsample_runs(con, runs, name: str, lo: int, hi: int, max_points: int = 1000) -> pl.DataFrame:
     """One metric for several runs, downsampled like `downsample`, with tokens and FLOPs per bucket.
 
-    tokens is the run's `data/tokens` at (or before) the bucket's last step; flops
-    is tokens x the run's model.flops_per_token (null when either is unknown).
-    Columns: run, step, step_lo, min, max, last, n, tokens, flops.
+    tokens is the run's last `data/tokens` in the same bucket; flops is tokens x
+    the run's model.flops_per_token from run_start (null when either is unknown).
+    Columns: run, step, step_lo, min, max, last, n, n_nonfinite, tokens, flops.
     """
-    rin, rp = _in_named(runs)
-    width = _width(lo, hi, max_points)
-    # one scan over both names; the buckets are those of the plotted metric's steps
-    return _frame(
+    runs = list(runs)
+    both = _bucketed(con, runs, [name, "data/tokens"], lo, hi, max_points)
+    rin, rp = _in(runs)
+    fpt = _frame(
         con,
-        f"""
-        WITH b AS (
-            SELECT run,
-                   max(step) FILTER (WHERE name = $name) AS step,
-                   min(step) FILTER (WHERE name = $name) AS step_lo,
-                   min(value) FILTER (WHERE name = $name AND isfinite(value)) AS min,
-                   max(value) FILTER (WHERE name = $name AND isfinite(value)) AS max,
-                   arg_max(value, step) FILTER (WHERE name = $name) AS last,
-                   count(*) FILTER (WHERE name = $name) AS n,
-                   arg_max(value, step) FILTER (WHERE name = 'data/tokens') AS tokens
-            FROM metrics
-            WHERE run IN {rin} AND name IN ($name, 'data/tokens') AND step BETWEEN $lo AND $hi
-            GROUP BY run, (step - $lo) // $width
-        )
-        SELECT b.*, b.tokens * TRY_CAST(r.model->>'$.flops_per_token' AS DOUBLE) AS flops
-        FROM b LEFT JOIN runs r ON r.run = b.run
-        WHERE b.n > 0
-        ORDER BY b.run, b.step
-        """,
-        {**rp, "name": name, "lo": lo, "hi": hi, "width": width},
+        f"SELECT run, TRY_CAST(model->>'$.flops_per_token' AS DOUBLE) AS fpt FROM runs WHERE run IN {rin}",
+        rp,
     )
+    tok = both.filter(pl.col("name") == "data/tokens").select("run", "i", pl.col("last").alias("tokens"))
+    out = (
+        both.filter(pl.col("name") == name)
+        .join(tok, on=["run", "i"], how="left")
+        .join(fpt, on="run", how="left")
+        .with_columns(flops=pl.col("tokens") * pl.col("fpt"))
+    )
+    return out.select(
+        "run", "step", "step_lo", "min", "max", "last", "n", "n_nonfinite", "tokens", "flops"
+    ).sort("run", "step")
 
 
 def markers(con, run: str, lo: int | None = None, hi: int | None = None, kinds=MARKER_KINDS) -> pl.DataFrame:
@@ -181,10 +202,11 @@ def forecasts(con, run: str) -> list[dict[str, Any]]:
 def run_row(con, run: str) -> dict[str, Any] | None:
     """The `runs` row of one run as a dict (JSON columns parsed), None when unknown."""
     cur = con.execute("SELECT * FROM runs WHERE run = ?", [run])
-    row = cur.fetchone()
-    if row is None:
+    cols = [d[0] for d in cur.description]
+    rows = cur.fetchall()
+    if not rows:
         return None
-    out = dict(zip([d[0] for d in cur.description], row, strict=True))
+    out = dict(zip(cols, rows[0], strict=True))
     for k in ("ladder", "config", "code", "data", "mesh", "model"):
         if isinstance(out.get(k), str):
             out[k] = json.loads(out[k])
@@ -227,3 +249,14 @@ def schema(con) -> pl.DataFrame:
         """,
         [],
     )
+
+
+# Example queries for the SQL console (read-only; run through queries.core.run_user_sql).
+SQL_EXAMPLES = {
+    "Runs and their status": "SELECT run, status, last_step, ladder_name, ladder_rung, tags\nFROM runs\nORDER BY start_time DESC",
+    "Last value of every metric of a run": "SELECT name, step, value\nFROM latest_metrics\nWHERE run = (SELECT run FROM runs ORDER BY start_time DESC LIMIT 1)\nORDER BY name",
+    "Loss every 100 steps (min, max, last)": "SELECT step // 100 * 100 AS step, min(value) AS min, max(value) AS max,\n       arg_max(value, step) AS last\nFROM metrics\nWHERE name = 'train/loss'\n  AND run = (SELECT run FROM runs ORDER BY start_time DESC LIMIT 1)\nGROUP BY ALL ORDER BY step",
+    "Drop fraction per layer (rollup)": "SELECT run, layer, sum(dropped) / sum(routed) AS drop_fraction\nFROM expert_layer_step\nGROUP BY run, layer ORDER BY run, layer",
+    "Failures and anomalies": "SELECT run, kind, step, data->>'$.message' AS message\nFROM events\nWHERE kind IN ('failure', 'anomaly')\nORDER BY t DESC",
+    "Rejected lines": "SELECT file, line, field, reason\nFROM rejected_events\nORDER BY ingested_at DESC\nLIMIT 100",
+}

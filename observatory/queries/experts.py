@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from observatory.rollups import RESOLUTIONS
+from observatory.rollups import LAYER_RESOLUTION, RESOLUTIONS
 
 __all__ = [
     "expert_extent",
@@ -46,8 +46,8 @@ def expert_extent(con, run: str) -> dict[str, Any] | None:
         FROM expert_layer_step WHERE run = ?
         """,
         [run],
-    ).fetchone()
-    if row is None or row[0] is None:
+    ).fetchall()[0]
+    if row[0] is None:
         return None
     return {
         "first_step": int(row[0]),
@@ -63,10 +63,10 @@ def bucket_width(lo: int, hi: int, max_buckets: int) -> int:
 
 
 def _source(width: int) -> tuple[str, str, int]:
-    """(table, bucket expression, res) of the coarsest source no wider than `width` steps."""
+    """(table, bucket column, res) of the coarsest source at most 2x wider than `width` steps."""
     table, col, res = "expert_load", "step", 1
     for r in RESOLUTIONS:
-        if r <= width:
+        if r <= 2 * width:  # columns up to 2x coarser than asked: 8x fewer raw rows for mid zooms
             table, col, res = f"expert_load_r{r}", "bucket", r
     return table, col, res
 
@@ -152,44 +152,59 @@ def hot_experts(hm: dict[str, Any], top: int = 10) -> pl.DataFrame:
 
 
 def layer_series(con, run: str, lo: int, hi: int, max_buckets: int = 1000) -> pl.DataFrame:
-    """Per layer and step bucket: drop fraction, its per-step peak, and hot-expert ratio (max/mean).
+    """Per layer and step bucket: drop fraction, its worst step, and the hot-expert ratio (max/mean).
 
     Columns: layer, step (bucket's last step), step_lo, drop_fraction (sum dropped /
     sum routed over the bucket), drop_max (worst single step), hot_ratio (mean over
-    steps of busiest expert / mean expert), hot_max (worst step).
+    steps of busiest expert / mean expert), hot_max (worst step). Reads
+    `expert_layer_r64` when buckets are at least 64 steps wide, else per-step rows.
     """
     width = bucket_width(lo, hi, max_buckets)
+    res = LAYER_RESOLUTION
+    if width < res:
+        return _frame(
+            con,
+            """
+            SELECT layer, max(step) AS step, min(step) AS step_lo,
+                   sum(dropped) / nullif(sum(routed), 0) AS drop_fraction,
+                   max(dropped / nullif(routed, 0)) AS drop_max,
+                   avg(routed_max * n_experts / nullif(routed, 0)) AS hot_ratio,
+                   max(routed_max * n_experts / nullif(routed, 0)) AS hot_max
+            FROM expert_layer_step
+            WHERE run = ? AND step BETWEEN ? AND ?
+            GROUP BY layer, (step - ?) // ?
+            ORDER BY layer, step
+            """,
+            [run, lo, hi, lo, width],
+        )
+    width = math.ceil(width / res) * res
+    lo_al = (lo // res) * res
     return _frame(
         con,
-        """
-        SELECT layer, max(step) AS step, min(step) AS step_lo,
+        f"""
+        SELECT layer, max(last_step) AS step, min(first_step) AS step_lo,
                sum(dropped) / nullif(sum(routed), 0) AS drop_fraction,
-               max(dropped / nullif(routed, 0)) AS drop_max,
-               avg(routed_max * n_experts / nullif(routed, 0)) AS hot_ratio,
-               max(routed_max * n_experts / nullif(routed, 0)) AS hot_max
-        FROM expert_layer_step
-        WHERE run = ? AND step BETWEEN ? AND ?
-        GROUP BY layer, (step - ?) // ?
+               max(drop_max) AS drop_max, sum(hot_sum) / sum(steps) AS hot_ratio, max(hot_max) AS hot_max
+        FROM expert_layer_r{res}
+        WHERE run = ? AND bucket BETWEEN ? AND ?
+        GROUP BY layer, (bucket * {res} - ?) // ?
         ORDER BY layer, step
         """,
-        [run, lo, hi, lo, width],
+        [run, lo // res, hi // res, lo_al, width],
     )
 
 
 def run_drop_series(con, run: str, lo: int, hi: int, max_buckets: int = 1000) -> pl.DataFrame:
-    """The run's drop fraction over all layers: step, min, max, last per bucket (from expert_layer_step)."""
+    """The run's drop fraction over all layers: step, step_lo, min, max, last, n per bucket."""
     width = bucket_width(lo, hi, max_buckets)
     return _frame(
         con,
         """
-        WITH per_step AS (
-            SELECT step, sum(dropped) / nullif(sum(routed), 0) AS v
-            FROM expert_layer_step WHERE run = ? AND step BETWEEN ? AND ?
-            GROUP BY step
-        )
-        SELECT max(step) AS step, min(step) AS step_lo, min(v) AS min, max(v) AS max,
-               arg_max(v, step) AS last, count(*) AS n
-        FROM per_step GROUP BY (step - ?) // ? ORDER BY step
+        SELECT max(step) AS step, min(step) AS step_lo,
+               min(dropped / nullif(routed, 0)) AS min, max(dropped / nullif(routed, 0)) AS max,
+               arg_max(dropped / nullif(routed, 0), step) AS last, count(*) AS n
+        FROM expert_run_step WHERE run = ? AND step BETWEEN ? AND ?
+        GROUP BY (step - ?) // ? ORDER BY step
         """,
         [run, lo, hi, lo, width],
     )

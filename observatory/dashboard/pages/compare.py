@@ -1,0 +1,237 @@
+"""Compare: runs overlaid on one metric (x = step, tokens or FLOPs), a config diff, and lineage.
+
+The chosen runs live in the URL (`?runs=a,b&metric=train/loss&x=tokens`).
+Lineage comes from `observatory.lineage` (forks and resumes from run_start's
+`parent`); the stitched curve is downsampled per segment in SQL like any other.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import plotly.graph_objects as go
+import polars as pl
+import streamlit as st
+
+from observatory.dashboard import common
+from observatory.queries import dashboard as qd
+
+X_AXES = {"step": "step", "tokens": "tokens", "FLOPs": "flops"}
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as {dotted.key: leaf value} (lists are leaves)."""
+    if isinstance(config, dict):
+        out: dict[str, Any] = {}
+        for k, v in config.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): config}
+
+
+def config_diff(a: dict, b: dict) -> list[dict[str, str]]:
+    """Rows {key, a, b} for every dotted key whose value differs (a missing key shows as '—')."""
+    fa, fb = flatten(a or {}), flatten(b or {})
+    rows = []
+    for k in sorted(set(fa) | set(fb)):
+        va, vb = fa.get(k, _MISSING), fb.get(k, _MISSING)
+        if va != vb:
+            rows.append({"key": k, "a": _show(va), "b": _show(vb)})
+    return rows
+
+
+_MISSING = object()
+
+
+def _show(v: Any) -> str:
+    return "—" if v is _MISSING else json.dumps(v) if not isinstance(v, str) else v
+
+
+def _overlay(runs: list[str], metric: str, x: str, smoothing: float) -> None:
+    ext = common.query(qd.metric_extent, runs, [metric])
+    if ext is None:
+        st.info(f"None of these runs logged `{metric}`.")
+        return
+    lo, hi = common.step_window(ext[0], ext[1], key="compare_window")
+    df = common.query(qd.downsample_runs, runs, metric, lo, hi, 1000)
+    col = X_AXES[x]
+    if col != "step":
+        missing = df.filter(df[col].is_null())["run"].unique().to_list()
+        if missing:
+            st.warning(
+                f"No {x} for {', '.join(missing)} (needs `data/tokens`"
+                + (" and model.flops_per_token in run_start" if col == "flops" else "")
+                + "); those points are left out."
+            )
+        df = df.filter(df[col].is_not_null())
+    fig = common.series_figure(df, metric, smoothing, x=col, group="run", height=420)
+    fig.update_xaxes(title=x)
+    common.show_chart(fig, key="compare_overlay", window_key="compare_window" if col == "step" else None)
+
+
+def _lineage(run: str, metric: str) -> None:
+    lin = common.lineage_module()
+    if lin is None:
+        st.info("Lineage needs `observatory.lineage`, which is not installed here.")
+        return
+    info = common.query(_lineage_info, run)
+    if info is None:
+        st.info(f"Run {run!r} is not in the store.")
+        return
+    tree, segments = info["tree"], info["segments"]
+    st.plotly_chart(lineage_graph(tree, run), key="compare_lineage_graph", config={"displaylogo": False})
+    fig = go.Figure()
+    start = None
+    for i, (r, cut) in enumerate(segments):
+        ext = common.query(qd.metric_extent, [r], [metric])
+        if ext is None:
+            continue
+        lo = ext[0] if start is None else max(ext[0], start + 1)
+        hi = ext[1] if cut is None else min(ext[1], cut)
+        if hi >= lo:
+            d = common.query(qd.downsample, r, [metric], lo, hi, 1000)
+            fig.add_trace(
+                go.Scatter(
+                    x=d["step"].to_list(),
+                    y=d["last"].to_list(),
+                    mode="lines",
+                    name=r,
+                    hovertemplate="%{x}: %{y:.4g}<extra>" + r + "</extra>",
+                )
+            )
+            if i + 1 < len(segments):
+                fig.add_vline(x=hi, line={"dash": "dot", "color": "#999"})
+        start = hi if cut is None else cut
+    fig.update_layout(
+        title={"text": f"Stitched {metric}: root → {run}", "font": {"size": 14}},
+        height=320,
+        margin={"l": 40, "r": 10, "t": 36, "b": 30},
+    )
+    st.plotly_chart(fig, key="compare_lineage_curve", config={"displaylogo": False})
+
+
+def _lineage_info(con, run: str) -> dict[str, Any] | None:
+    """Chain segments and tree of `run` via observatory.lineage (curve left out: we downsample it)."""
+    from observatory.lineage import Lineage
+    from observatory.queries import lineage as ql
+
+    if ql.run_row(con, run) is None:
+        return None
+    chain = ql.ancestors(con, run)
+    if not chain or chain[-1]["run"] != run:
+        chain = [ql.run_row(con, run)]
+    tree = ql.subtree(con, chain[0]["run"])
+    li = Lineage(run, "", tuple(chain), tuple(tree))
+    return {"tree": [dict(t) for t in tree], "segments": [list(s) for s in li.segments]}
+
+
+def lineage_graph(tree: list[dict], current: str) -> go.Figure:
+    """The fork/resume tree as a left-to-right graph: x = depth, one row per run, edges labelled by step."""
+    rows = sorted(tree, key=lambda r: (r.get("depth", 0), r["run"]))
+    y = {r["run"]: i for i, r in enumerate(rows)}
+    fig = go.Figure()
+    for r in rows:
+        p = r.get("parent_run")
+        if p in y:
+            fig.add_trace(
+                go.Scatter(
+                    x=[r.get("depth", 0) - 1, r.get("depth", 0)],
+                    y=[y[p], y[r["run"]]],
+                    mode="lines+text",
+                    line={"color": "#aaa"},
+                    text=["", f"@{r.get('parent_step')}"],
+                    textposition="top left",
+                    hoverinfo="skip",
+                    showlegend=False,
+                )
+            )
+    fig.add_trace(
+        go.Scatter(
+            x=[r.get("depth", 0) for r in rows],
+            y=[y[r["run"]] for r in rows],
+            mode="markers+text",
+            text=[r["run"] for r in rows],
+            textposition="middle right",
+            marker={
+                "size": [16 if r["run"] == current else 11 for r in rows],
+                "color": ["#d62728" if r["run"] == current else "#1f77b4" for r in rows],
+            },
+            hovertext=[f"{r['run']} ({r.get('status') or '?'})" for r in rows],
+            hoverinfo="text",
+            showlegend=False,
+        )
+    )
+    depth = max((r.get("depth", 0) for r in rows), default=0)
+    fig.update_layout(
+        title={"text": "Lineage (forks and resumes)", "font": {"size": 14}},
+        height=max(160, 60 + 40 * len(rows)),
+        margin={"l": 10, "r": 10, "t": 36, "b": 10},
+        xaxis={"visible": False, "range": [-0.3, depth + 1.5]},
+        yaxis={"visible": False, "autorange": "reversed"},
+    )
+    return fig
+
+
+def render() -> None:
+    st.title("Compare")
+    runs = common.runs_table()
+    if not runs:
+        st.info("No runs in the store yet.")
+        return
+    ids = [r["run"] for r in runs]
+    qp = st.query_params
+    wanted = [r for r in (qp.get("runs") or "").split(",") if r in ids] or ids[:2]
+    chosen = st.multiselect("Runs", ids, default=wanted, key="compare_runs")
+    if ",".join(chosen) != qp.get("runs", ""):
+        qp["runs"] = ",".join(chosen)
+    if not chosen:
+        st.info("Pick one or more runs.")
+        return
+
+    tab_overlay, tab_diff, tab_lineage = st.tabs(["Overlay", "Config diff", "Lineage"])
+    with tab_overlay:
+        names = sorted(
+            set().union(*(set(common.query(qd.metric_names, r)["name"].to_list()) for r in chosen))
+        )
+        if not names:
+            st.info("These runs logged no metrics yet.")
+        else:
+            default = (
+                qp.get("metric")
+                if qp.get("metric") in names
+                else ("train/loss" if "train/loss" in names else names[0])
+            )
+            c1, c2, c3 = st.columns([3, 2, 2])
+            metric = c1.selectbox("Metric", names, index=names.index(default), key="compare_metric")
+            x = c2.radio(
+                "x axis",
+                list(X_AXES),
+                horizontal=True,
+                key="compare_x",
+                index=list(X_AXES).index(qp.get("x")) if qp.get("x") in X_AXES else 0,
+            )
+            smoothing = c3.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key="compare_smoothing")
+            if qp.get("metric") != metric:
+                qp["metric"] = metric
+            if qp.get("x", "step") != x:
+                qp["x"] = x
+            _overlay(chosen, metric, x, smoothing)
+    with tab_diff:
+        c1, c2 = st.columns(2)
+        a = c1.selectbox("Run A", ids, index=ids.index(chosen[0]), key="compare_a")
+        b = c2.selectbox(
+            "Run B", ids, index=ids.index(chosen[1] if len(chosen) > 1 else chosen[0]), key="compare_b"
+        )
+        configs = common.query(qd.run_configs, [a, b])
+        rows = config_diff(configs.get(a, {}), configs.get(b, {}))
+        if a == b:
+            st.info("Pick two different runs.")
+        elif not rows:
+            st.success("Same config (every key equal).")
+        else:
+            st.caption(f"{len(rows)} keys differ (secrets were redacted by the writer before logging).")
+            st.dataframe(pl.DataFrame(rows).rename({"a": a, "b": b}), hide_index=True, key="compare_diff")
+    with tab_lineage:
+        target = st.selectbox("Run", chosen, key="compare_lineage_run")
+        _lineage(target, "train/loss")

@@ -1,0 +1,138 @@
+"""Experts: where the router sends tokens, per layer, and where capacity cuts them.
+
+For one layer and step window: heatmaps of expert x step of load share and of
+the fraction of each expert's assignments that were dropped; the hot experts
+(max/mean load); and, for every layer, drop fraction and hot-expert ratio over
+time. All read ingest-time rollups, so a 10^8-row store answers in milliseconds.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import polars as pl
+import streamlit as st
+
+from observatory.dashboard import common
+from observatory.queries import experts as qe
+
+
+def heatmap_figure(hm: dict, which: str, title: str) -> go.Figure:
+    """A plotly heatmap of an (E, B) matrix from `queries.experts.heatmap` (x = bucket first step)."""
+    z = hm[which]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=hm["steps"],
+            y=hm["experts"],
+            colorscale="Viridis" if which == "share" else "Reds",
+            zmin=0,
+            colorbar={"title": {"text": "share" if which == "share" else "dropped"}, "tickformat": ".1%"},
+            hovertemplate="step %{x}<br>expert %{y}<br>%{z:.2%}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        height=360,
+        margin={"l": 40, "r": 10, "t": 36, "b": 30},
+        dragmode="select",
+    )
+    fig.update_yaxes(title="expert")
+    return fig
+
+
+def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) -> go.Figure:
+    """One line per layer of `column` over step buckets (the chosen layers bold, others faint)."""
+    fig = go.Figure()
+    for layer in df["layer"].unique(maintain_order=True).to_list():
+        d = df.filter(df["layer"] == layer)
+        bold = layer in layers
+        fig.add_trace(
+            go.Scatter(
+                x=d["step"].to_list(),
+                y=d[column].to_list(),
+                mode="lines",
+                name=f"layer {layer}",
+                line={"width": 2 if bold else 0.8},
+                opacity=1.0 if bold else 0.35,
+                hovertemplate="step %{x}: %{y:.4g}<extra>layer " + str(layer) + "</extra>",
+            )
+        )
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        height=300,
+        margin={"l": 40, "r": 10, "t": 36, "b": 30},
+        dragmode="select",
+    )
+    return fig
+
+
+def render() -> None:
+    st.title("Experts")
+    runs = common.runs_table()
+    run = common.pick_run(runs)
+    if run is None:
+        return
+    ext = common.query(qe.expert_extent, run)
+    if ext is None:
+        st.info("This run logged no `expert_load` events.")
+        return
+    layers = ext["layers"]
+    c1, c2 = st.columns([1, 4])
+    with c1:
+        qp_layer = st.query_params.get("layer")
+        default = int(qp_layer) if qp_layer and qp_layer.isdigit() and int(qp_layer) in layers else layers[0]
+        layer = st.selectbox("Layer", layers, index=layers.index(default), key="experts_layer")
+        if st.query_params.get("layer") != str(layer):
+            st.query_params["layer"] = str(layer)
+    with c2:
+        lo, hi = common.step_window(ext["first_step"], ext["last_step"], key=f"experts_window_{run}")
+    st.caption(
+        f"{len(layers)} layers × {ext['experts']} experts, steps {ext['first_step']:,}–{ext['last_step']:,}"
+    )
+
+    hm = common.query(qe.heatmap, run, int(layer), lo, hi, 400)
+    res = "every step" if hm["width"] == 1 else f"{hm['width']} steps per column"
+    left, right = st.columns(2)
+    with left:
+        common.show_chart(
+            heatmap_figure(hm, "share", f"Layer {layer}: load share ({res})"),
+            key=f"experts_share_{run}",
+            window_key=f"experts_window_{run}",
+        )
+    with right:
+        common.show_chart(
+            heatmap_figure(hm, "drop_frac", f"Layer {layer}: dropped / routed ({res})"),
+            key=f"experts_drop_{run}",
+            window_key=f"experts_window_{run}",
+        )
+
+    st.subheader("Hot experts")
+    hot = qe.hot_experts(hm, top=10)
+    st.dataframe(
+        hot,
+        hide_index=True,
+        column_config={
+            "share": st.column_config.NumberColumn("load share", format="percent"),
+            "max_over_mean": st.column_config.NumberColumn("load / mean", format="%.2f×"),
+            "peak_over_mean": st.column_config.NumberColumn("peak / mean", format="%.2f×"),
+            "drop_fraction": st.column_config.NumberColumn("dropped", format="percent"),
+        },
+        key="experts_hot",
+    )
+
+    series = common.query(qe.layer_series, run, lo, hi, 500)
+    a, b = st.columns(2)
+    with a:
+        common.show_chart(
+            layer_lines(series, "drop_fraction", "Drop fraction per layer", [int(layer)]),
+            key=f"experts_layers_drop_{run}",
+            window_key=f"experts_window_{run}",
+        )
+    with b:
+        common.show_chart(
+            layer_lines(
+                series, "hot_max", "Hot expert: max / mean load per layer (worst step)", [int(layer)]
+            ),
+            key=f"experts_layers_hot_{run}",
+            window_key=f"experts_window_{run}",
+        )

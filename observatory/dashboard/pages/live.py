@@ -1,0 +1,251 @@
+"""Live run: the curves of one run, refreshed by themselves every 2 s while it runs.
+
+Only the live panel is a fragment (`st.fragment(run_every=2)`), so a refresh
+re-runs a handful of cached queries, not the page. Loss comes first (with eval
+points, the ladder forecast band and event markers), then the MoE and optimiser
+health charts. A run that has gone silent without `run_end` gets a banner.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+from observatory import settings
+from observatory.dashboard import common
+from observatory.queries import dashboard as qd
+from observatory.queries import experts as qe
+
+REFRESH_S = 2
+LOSS = ("train/loss", "train/ce_loss")
+# (title, metric names drawn together, log y)
+HEALTH = (
+    ("Z-losses", ("train/z_loss", "router/z_loss"), True),
+    ("Load-balancing loss", ("router/lb_loss",), False),
+    ("Grad norm", ("grad/norm/total",), True),
+    ("Learning rate", ("opt/lr",), False),
+    ("Throughput (tokens/s)", ("throughput/tokens_per_s",), False),
+    ("Drop fraction", ("moe/drop_fraction",), False),
+)
+ALL_NAMES = tuple(dict.fromkeys(LOSS + tuple(n for _, names, _ in HEALTH for n in names)))
+# a running run silent for this long gets a warning (it is `crashed` after settings.stale_after_s)
+QUIET_S = 30.0
+
+
+def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[go.Scatter]:
+    """The ladder forecast band (low..high) and centre line from forecast events' points.
+
+    Uses points [{step, value, low, high}] when present, else one error-bar point at
+    target_step. Only forecasts of a drawn metric (or of eval loss) are returned.
+    """
+    out = []
+    for i, f in enumerate(forecasts):
+        metric = str(f.get("metric", ""))
+        if metric and metric not in metric_names and "loss" not in metric:
+            continue
+        src = f.get("source") or {}
+        label = f"forecast {metric}" + (
+            f" ({src.get('ladder') or src.get('name')})"
+            if isinstance(src, dict) and (src.get("ladder") or src.get("name"))
+            else ""
+        )
+        pts = [p for p in (f.get("points") or []) if isinstance(p, dict) and p.get("step") is not None]
+        if pts:
+            pts.sort(key=lambda p: p["step"])
+            xs = [p["step"] for p in pts]
+            hi = [p.get("high", p.get("value")) for p in pts]
+            lo = [p.get("low", p.get("value")) for p in pts]
+            out.append(
+                go.Scatter(
+                    x=xs,
+                    y=hi,
+                    mode="lines",
+                    line={"width": 0},
+                    showlegend=False,
+                    hoverinfo="skip",
+                    legendgroup=f"fc{i}",
+                )
+            )
+            out.append(
+                go.Scatter(
+                    x=xs,
+                    y=lo,
+                    mode="lines",
+                    line={"width": 0},
+                    fill="tonexty",
+                    fillcolor="rgba(148,103,189,0.18)",
+                    name=label,
+                    legendgroup=f"fc{i}",
+                    hoverinfo="skip",
+                )
+            )
+            out.append(
+                go.Scatter(
+                    x=xs,
+                    y=[p.get("value") for p in pts],
+                    mode="lines",
+                    name=label,
+                    line={"color": "#9467bd", "dash": "dash", "width": 1.2},
+                    legendgroup=f"fc{i}",
+                    showlegend=False,
+                    hovertemplate="%{x}: forecast %{y:.4g}<extra></extra>",
+                )
+            )
+        elif f.get("target_step") is not None and f.get("value") is not None:
+            v = float(f["value"])
+            err_hi = float(f.get("high", v)) - v
+            err_lo = v - float(f.get("low", v))
+            out.append(
+                go.Scatter(
+                    x=[f["target_step"]],
+                    y=[v],
+                    mode="markers",
+                    name=label,
+                    marker={"symbol": "diamond-open", "size": 12, "color": "#9467bd"},
+                    error_y={"type": "data", "symmetric": False, "array": [err_hi], "arrayminus": [err_lo]},
+                    hovertemplate="forecast at step %{x}: %{y:.4g}<extra></extra>",
+                )
+            )
+    return out
+
+
+def _ladder_band(forecasts: list[dict]):
+    """The ladder page's own band drawing when it exposes one (`forecast_band(forecasts) -> traces`)."""
+    try:
+        from observatory.dashboard.pages import ladder
+    except Exception:  # the ladder page is someone else's and optional here
+        return None
+    fn = getattr(ladder, "forecast_band", None)
+    if fn is None:
+        return None
+    try:
+        traces = fn(forecasts)
+        return list(traces) if traces is not None else None
+    except Exception:
+        return None
+
+
+def _banner(row: dict, now: float) -> None:
+    status = row["status"]
+    last = row["last_event_t"]
+    silent = now - last if last else None
+    if status == "crashed":
+        st.error(
+            f"💥 **Crashed**: no `run_end` and no event for {common.ago(last, now).replace(' ago', '')} "
+            f"(a run silent for more than {settings.get('stale_after_s'):.0f} s is shown as crashed)."
+        )
+    elif status in ("failed", "killed"):
+        st.error(f"❌ **{status.capitalize()}** at step {row['last_step']}.")
+    elif status == "preempted":
+        st.warning(f"⏸️ **Preempted** at step {row['last_step']}; it may be resumed.")
+    elif status == "running" and silent is not None and silent > QUIET_S:
+        st.warning(f"⚠️ **Stale**: running, but no event for {common.ago(last, now).replace(' ago', '')}.")
+
+
+def _panel(run: str, smoothing: float) -> None:
+    now = time.time()
+    rows = {r["run"]: r for r in common.runs_table()}
+    row = rows.get(run)
+    if row is None:
+        st.warning(f"Run {run!r} is not in the store.")
+        return
+    _banner(row, now)
+    extent = common.query(qd.metric_extent, [run], list(ALL_NAMES))
+    c = st.columns(4)
+    c[0].metric("Status", f"{common.STATUS_ICON.get(row['status'], '')} {row['status']}")
+    c[1].metric("Last step", "—" if row["last_step"] is None else f"{row['last_step']:,}")
+    c[2].metric("Last loss", "—" if row["last_loss"] is None else f"{row['last_loss']:.4f}")
+    c[3].metric("Since last event", common.ago(row["last_event_t"], now))
+    if extent is None:
+        st.info("No metrics logged yet for this run.")
+        return
+    lo, hi = common.step_window(extent[0], extent[1], key=f"live_window_{run}")
+    data = common.query(qd.downsample, run, list(ALL_NAMES), lo, hi, 1000)
+    marks = common.query(qd.markers, run, lo, hi)
+    evals = common.query(qd.evals, run)
+    fcs = common.query(qd.forecasts, run)
+
+    loss_name = next((n for n in LOSS if data.filter(data["name"] == n).height), None)
+    if loss_name is not None:
+        d = data.filter(data["name"] == loss_name)
+        fig = common.series_figure(d, loss_name, smoothing, height=420)
+        if evals.height:
+            ev = evals.filter((evals["step"] >= lo) & (evals["step"] <= hi))
+            for ds in ev["dataset"].unique(maintain_order=True).to_list():
+                e = ev.filter(ev["dataset"] == ds)
+                fig.add_trace(
+                    go.Scatter(
+                        x=e["step"].to_list(),
+                        y=e["loss"].to_list(),
+                        mode="lines+markers",
+                        name=f"eval {ds}",
+                        line={"dash": "dot"},
+                        hovertemplate="%{x}: eval %{y:.4g}<extra>" + str(ds) + "</extra>",
+                    )
+                )
+        for tr in _ladder_band(fcs) or forecast_traces(fcs):
+            fig.add_trace(tr)
+        finite = d["max"].drop_nulls()
+        common.add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None)
+        fig.update_xaxes(range=[lo, hi])
+        common.show_chart(fig, key=f"live_loss_{run}", window_key=f"live_window_{run}")
+    else:
+        st.info("No `train/loss` logged in this window.")
+
+    cols = st.columns(2)
+    for i, (title, names, log_y) in enumerate(HEALTH):
+        d = data.filter(data["name"].is_in(list(names)))
+        if d.height == 0 and "moe/drop_fraction" in names:
+            # no drop fraction metric: compute it from the expert loads (rollup)
+            dd = common.query(qe.run_drop_series, run, lo, hi, 1000)
+            if dd.height:
+                d = dd
+        with cols[i % 2]:
+            if d.height == 0:
+                st.caption(f"{title}: not logged")
+                continue
+            group = "name" if "name" in d.columns and d["name"].n_unique() > 1 else None
+            positive = d["min"].drop_nulls()
+            fig = common.series_figure(
+                d,
+                title,
+                smoothing,
+                group=group,
+                height=260,
+                log_y=log_y and positive.len() > 0 and float(positive.min()) > 0,
+            )
+            common.add_markers(
+                fig,
+                marks.filter(marks["kind"].is_in(["failure", "config_diff", "anomaly"])),
+                y_at=float(np.nanmax(d["max"].to_numpy())) if d["max"].drop_nulls().len() else None,
+            )
+            fig.update_xaxes(range=[lo, hi])
+            common.show_chart(fig, key=f"live_{i}_{run}", window_key=f"live_window_{run}")
+
+
+def render() -> None:
+    st.title("Live run")
+    runs = common.runs_table()
+    c1, c2 = st.columns([3, 1])
+    with c1:
+        run = common.pick_run(runs)
+    if run is None:
+        return
+    with c2:
+        smoothing = st.slider(
+            "Smoothing",
+            0.0,
+            0.99,
+            0.0,
+            0.01,
+            key="live_smoothing",
+            help="exponential moving average of the plotted line (the band stays raw)",
+        )
+    status = next((r["status"] for r in runs if r["run"] == run), None)
+    live = status == "running"
+    st.caption(f"Refreshing every {REFRESH_S} s." if live else "Not running: shown as of its last event.")
+    # only the panel refreshes; a finished run does not poll
+    st.fragment(run_every=REFRESH_S if live else None)(_panel)(run, smoothing)

@@ -1,0 +1,143 @@
+"""SQL: a read-only console over the store, with a schema browser, examples and CSV download.
+
+Every statement goes through `observatory.queries.core.run_user_sql`, the one
+safe entry point (read-only connection, external access off, no ATTACH /
+INSTALL / LOAD / COPY / SET, a time limit and a row cap). Its typed errors are
+shown as they are: each names what was refused, or the setting that stopped it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import polars as pl
+import streamlit as st
+
+from observatory import settings
+from observatory.dashboard import common
+from observatory.queries import dashboard as qd
+
+
+def _core():
+    try:
+        from observatory.queries import core
+    except ImportError:
+        return None
+    return core if hasattr(core, "run_user_sql") else None
+
+
+def to_frame(result: Any) -> tuple[pl.DataFrame, bool]:
+    """(rows as a frame, truncated) from whatever run_user_sql returns (object, dict or frame)."""
+    if isinstance(result, pl.DataFrame):
+        return result, False
+    get = result.get if isinstance(result, dict) else lambda k, d=None: getattr(result, k, d)
+    truncated = bool(get("truncated", False))
+    for key in ("frame", "df"):
+        if isinstance(get(key), pl.DataFrame):
+            return get(key), truncated
+    cols = list(get("columns") or [])
+    rows = list(get("rows") or [])
+    if not cols:
+        return pl.DataFrame(), truncated
+    data = {c: [r[i] for r in rows] for i, c in enumerate(cols)}
+    try:
+        return pl.DataFrame(data, strict=False), truncated
+    except Exception:  # mixed types in a column: show them as text
+        return pl.DataFrame({c: [None if v is None else str(v) for v in vs] for c, vs in data.items()}), truncated
+
+
+def _schema_browser() -> None:
+    sch = common.query(qd.schema)
+    st.subheader("Schema")
+    for kind in ("table", "view"):
+        part = sch.filter(pl.col("kind") == kind)
+        for table in part["table"].unique(maintain_order=True).to_list():
+            cols = part.filter(pl.col("table") == table)
+            with st.expander(f"{'📄' if kind == 'table' else '👁️'} {table}"):
+                st.dataframe(cols.select("column", "type"), hide_index=True, key=f"sql_schema_{table}")
+
+
+def _set_example() -> None:
+    name = st.session_state.get("sql_example")
+    if name in qd.SQL_EXAMPLES:
+        st.session_state["sql_text"] = qd.SQL_EXAMPLES[name]
+
+
+def render() -> None:
+    st.title("SQL")
+    limit_ms = settings.get("sql_time_limit_ms")
+    max_rows = settings.get("sql_max_rows")
+    st.caption(
+        f"Read-only. Each statement runs for at most {limit_ms} ms (setting `sql_time_limit_ms`) and returns "
+        f"at most {max_rows:,} rows (setting `sql_max_rows`). No files, no ATTACH, INSTALL, LOAD, COPY or SET."
+    )
+    left, right = st.columns([1, 3])
+    with left:
+        _schema_browser()
+    with right:
+        if "sql_text" not in st.session_state:
+            st.session_state["sql_text"] = next(iter(qd.SQL_EXAMPLES.values()))
+        st.selectbox(
+            "Examples",
+            list(qd.SQL_EXAMPLES),
+            index=None,
+            placeholder="Pick an example query…",
+            key="sql_example",
+            on_change=_set_example,
+        )
+        with st.form("sql_form"):
+            sql = st.text_area("Query", key="sql_text", height=180)
+            submitted = st.form_submit_button("Run", type="primary")
+        core = _core()
+        if core is None:
+            st.warning("The SQL console needs `observatory.queries.core.run_user_sql`, which is not installed here.")
+            return
+        if submitted:
+            t0 = time.perf_counter()
+            try:
+                result = core.run_user_sql(common.db_path(), sql, max_rows, limit_ms)
+            except Exception as e:  # the typed errors carry the user-facing message
+                st.session_state["sql_result"] = {"sql": sql, "error": _describe(core, e)}
+            else:
+                frame, truncated = to_frame(result)
+                st.session_state["sql_result"] = {
+                    "sql": sql,
+                    "frame": frame,
+                    "truncated": truncated,
+                    "ms": (time.perf_counter() - t0) * 1000,
+                }
+        res = st.session_state.get("sql_result")
+        if not res:
+            return
+        if "error" in res:
+            kind, msg = res["error"]
+            (st.warning if kind == "interrupted" else st.error)(msg)
+            return
+        frame = res["frame"]
+        note = f"{frame.height:,} rows in {res['ms']:.0f} ms"
+        if res["truncated"]:
+            note += f" — truncated at the row cap of {max_rows:,} (setting `sql_max_rows`)"
+        st.caption(note)
+        st.dataframe(frame, hide_index=True, key="sql_result_table")
+        st.download_button(
+            "Download CSV",
+            frame.write_csv(),
+            file_name="observatory-query.csv",
+            mime="text/csv",
+            key="sql_download",
+            disabled=frame.width == 0,
+        )
+
+
+def _describe(core, e: Exception) -> tuple[str, str]:
+    """('interrupted' | 'refused' | 'error', message) for an exception from run_user_sql."""
+    interrupted = getattr(core, "QueryInterrupted", None)
+    refused = getattr(core, "QueryError", None)
+    if interrupted is not None and isinstance(e, interrupted):
+        return "interrupted", f"Interrupted: {e}"
+    if refused is not None and isinstance(e, refused):
+        return "refused", f"Refused: {e}"
+    if type(e).__name__ == "StoreBusy":
+        return "interrupted", "The store is busy being written; run the query again in a moment."
+    return "error", f"{type(e).__name__}: {e}"
