@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import json
-
 import os
 import queue
 import re
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from observatory import settings
-from observatory.events import KINDS, RUN_ID_RE, STATUSES, VERSION, encode_value
+from observatory.events import RUN_ID_RE, STATUSES, VERSION, encode_value
 
 __all__ = ["init", "Run", "Sink", "redact", "new_run_id"]
 

@@ -1,0 +1,50 @@
+"""`observatory ingest` and `observatory rebuild`: event logs into the DuckDB store."""
+
+from __future__ import annotations
+
+import click
+
+from observatory.commands import common_options
+
+__all__ = ["ingest", "rebuild"]
+
+
+@click.command("ingest")
+@common_options
+@click.option("--follow", "-f", is_flag=True, help="Keep tailing live runs (every follow_interval_s) until Ctrl-C.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the summary, not each rejected line.")
+def ingest(runs_dir, db, follow, quiet):
+    """Load every event log under the runs dir into the store (incremental, exactly-once).
+
+    Lines that break the event format are stored in `rejected_events` and printed
+    as `file:line: reason`; the rest of each file is ingested.
+    """
+    from observatory.ingest import ingest as run_ingest
+    from observatory.store import StoreBusy
+
+    if follow:
+        click.echo(f"following {runs_dir} into {db} (Ctrl-C to stop)", err=True)
+    try:
+        report = run_ingest(runs_dir, db, follow=follow, emit=None if quiet else _err)
+    except StoreBusy as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(report.summary(), err=True)
+
+
+@click.command("rebuild")
+@common_options
+@click.option("--quiet", "-q", is_flag=True, help="Print only the summary.")
+def rebuild(runs_dir, db, quiet):
+    """Recreate the store from the event logs (built aside, then swapped in atomically)."""
+    from observatory.ingest import rebuild as run_rebuild
+    from observatory.store import StoreBusy
+
+    try:
+        report = run_rebuild(runs_dir, db, emit=None if quiet else _err)
+    except StoreBusy as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"rebuilt {db}: {report.summary()}", err=True)
+
+
+def _err(msg: str) -> None:
+    click.echo(msg, err=True)
