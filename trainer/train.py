@@ -1,0 +1,555 @@
+"""The training loop: `train(cfg, runs_dir) -> run_id`.
+
+One jitted step (`_train_step`) computes the loss, gradients, AdamW update and every
+telemetry scalar on the device (MoE statistics arrive already reduced over the mesh
+from `loss_fn`). The host never waits for a step to finish before dispatching the next:
+step N's outputs are fetched with `jax.device_get` only after step N+1 is queued, so
+logging, the progress bar and the event writer overlap with compute.
+
+A step whose loss or gradient norm is not finite never changes the weights or the
+optimizer state (the update is selected away on the device), so by the time the host
+sees the NaN one step later, the next step has already run on clean weights; the
+configured action (`failure.on_nan`) then halts, just records the skipped batch, or
+rolls back to the last checkpoint with a smaller learning rate.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import observatory
+from trainer.checkpoint import Checkpointer, checkpoint_dir, parse_ref
+from trainer.config import TrainConfig, diff_configs
+from trainer.data import Corpus, bits_per_byte, load_corpus
+from trainer.faults import FaultPlan, InjectedCrash
+from trainer.mesh import batch_sharding, make_mesh
+from trainer.model import TRAINABLE, Transformer, loss_fn, moe_layers, update_router_bias
+
+__all__ = ["train", "make_optimizer", "lr_schedule", "measure_peak_flops", "Preempted"]
+
+
+class Preempted(Exception):
+    """SIGTERM arrived: checkpoint, write run_end(preempted), stop."""
+
+
+class Halted(Exception):
+    """failure.on_nan=halt (or rollbacks exhausted): checkpoint and stop, status failed."""
+
+
+# ---------------------------------------------------------------- optimizer
+
+
+def lr_schedule(cfg: TrainConfig) -> np.ndarray:
+    """Learning rate of every step 0..steps as float32 [steps + 1]; step s (1-based) uses lrs[s]."""
+    o, s, n = cfg.optimizer, cfg.schedule, cfg.steps
+    w = min(s.warmup_steps, n)
+    end = o.lr * s.min_lr_ratio
+    if s.kind == "cosine":
+        sched = optax.warmup_cosine_decay_schedule(0.0, o.lr, max(w, 1) if w else 0, max(n, w + 1), end)
+    elif s.kind == "wsd":
+        d = max(1, int(round(n * s.decay_fraction)))
+        stable_end = max(w, n - d)
+        sched = optax.join_schedules(
+            [
+                optax.linear_schedule(0.0, o.lr, max(w, 1)),
+                optax.constant_schedule(o.lr),
+                optax.linear_schedule(o.lr, end, max(n - stable_end, 1)),
+            ],
+            [w, stable_end],
+        )
+    else:
+        sched = optax.join_schedules([optax.linear_schedule(0.0, o.lr, max(w, 1)), optax.constant_schedule(o.lr)], [w])
+    return np.asarray(jax.vmap(sched)(jnp.arange(n + 1)), dtype=np.float32)
+
+
+def _scale_by_lr_arg() -> optax.GradientTransformationExtraArgs:
+    """The last link of AdamW with the LR as a step argument (so rollbacks and LR spikes change it
+    without recompiling): updates * -lr."""
+
+    def init(params):
+        return optax.EmptyState()
+
+    def update(updates, state, params=None, *, lr, **extra):
+        return jax.tree.map(lambda u: (-lr * u).astype(u.dtype), updates), state
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:
+    """AdamW (optax's adamw chain, LR passed per step) after global-norm clipping.
+
+    Weight decay skips vectors (norm scales); the router bias is not a Param, so it is never touched.
+    """
+    o = cfg.optimizer
+    return optax.chain(
+        optax.clip_by_global_norm(o.grad_clip) if o.grad_clip > 0 else optax.identity(),
+        optax.scale_by_adam(o.b1, o.b2, o.eps),
+        optax.add_decayed_weights(o.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
+        _scale_by_lr_arg(),
+    )
+
+
+# ------------------------------------------------------------------- steps
+
+
+def _snapshot(tree):
+    # a new pytree holding the current arrays (Variables are mutated in place by the update)
+    return jax.tree.map(lambda x: x, tree)
+
+
+@nnx.jit(static_argnames=("telemetry",))
+def _train_step(model, optimizer, batch, lr, poison, telemetry: bool = True):
+    """One AdamW step. batch int32 [B, T+1] (sharded over the mesh), lr and poison f32 scalars
+    (poison is NaN only for inject=nan). Returns a dict of device scalars (+ per-layer counts)."""
+
+    def objective(m):
+        loss, aux = loss_fn(m, batch)
+        return loss * (1.0 + poison), aux  # poison=NaN makes the loss and every gradient NaN
+
+    old = _snapshot(nnx.state((model, optimizer)))
+    (loss, aux), grads = nnx.value_and_grad(objective, argnums=nnx.DiffState(0, TRAINABLE), has_aux=True)(model)
+    gnorm = optax.global_norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+    optimizer.update(model, grads, lr=lr)
+    update_router_bias(model, aux["stats"]["routed"])
+    new = nnx.state((model, optimizer))
+    # A non-finite step leaves weights, optimizer moments and the router bias as they were.
+    nnx.update((model, optimizer), jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old))
+
+    out = {"train/loss": loss, "ok": ok}
+    if not telemetry:
+        return out
+    for k, v in aux.items():
+        if k != "stats" and k != "train/loss":
+            out[k] = v
+    out["grad/norm/total"] = gnorm
+    for name, sub in grads.items():  # top-level modules: embed, layers, final_norm, lm_head
+        out[f"grad/norm/{name}"] = optax.global_norm(sub)
+    old_params, new_params = nnx.state(old[0], TRAINABLE), nnx.state(model, TRAINABLE)
+    out["opt/update_norm"] = optax.global_norm(jax.tree.map(lambda a, b: a - b, new_params, old_params))
+    out["opt/param_norm"] = optax.global_norm(new_params)
+    out["routed"] = aux["stats"]["routed"]  # int32 (L_moe, E)
+    out["dropped"] = aux["stats"]["dropped"]  # int32 (L_moe, E)
+    return out
+
+
+@nnx.jit
+def _eval_step(model, batch):
+    """Held-out cross-entropy (nats per byte) of one batch [B, T+1]."""
+    _, aux = loss_fn(model, batch)
+    return aux["train/ce_loss"]
+
+
+# --------------------------------------------------------------- telemetry
+
+
+def measure_peak_flops(seconds: float = 0.5, n: int = 1024) -> float:
+    """float32 matmul FLOP/s this process's devices reach: the MFU denominator.
+
+    On CPU every simulated device shares the same cores, so one device's matmul is the process's
+    peak; on accelerators it is one device's peak times the local device count.
+    """
+    dev = jax.local_devices()[0]
+    a = jax.device_put(jnp.ones((n, n), jnp.float32), dev)
+    f = jax.jit(lambda x: x @ x * (1.0 / n))
+    f(a).block_until_ready()
+    best, t_end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best if dev.platform == "cpu" else best * jax.local_device_count()
+
+
+def _model_counts(cfg: TrainConfig) -> dict[str, Any]:
+    from trainer.flops import flops_per_token, param_counts
+
+    total, active = param_counts(cfg.model)
+    fpt = flops_per_token(cfg.model, seq_len=cfg.data.seq_len)  # at the sequence length we train on
+    return {"params_total": int(total), "params_active": int(active), "flops_per_token": float(fpt)}
+
+
+def _git_info() -> dict[str, Any]:
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return {"commit": commit or None, "dirty": bool(dirty)}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def _broadcast_run_id(run_id: str) -> str:
+    """Process 0's run id on every process (ids are generated from time and randomness)."""
+    if jax.process_count() == 1:
+        return run_id
+    from jax.experimental import multihost_utils
+
+    buf = np.zeros(128, np.uint8)
+    raw = run_id.encode()[:128]
+    buf[: len(raw)] = np.frombuffer(raw, np.uint8)
+    got = np.asarray(multihost_utils.broadcast_one_to_all(buf))
+    return bytes(got[got != 0].astype(np.uint8)).decode()
+
+
+class _Signals:
+    """SIGTERM -> a flag the loop checks between steps (so a checkpoint can be written safely)."""
+
+    def __init__(self):
+        self.preempted = False
+        self._old = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._on_term)
+        return self
+
+    def _on_term(self, signum, frame):
+        self.preempted = True
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+        return False
+
+
+# -------------------------------------------------------------------- train
+
+
+def train(
+    cfg: TrainConfig,
+    runs_dir: str | Path | None = None,
+    run_id: str | None = None,
+    resume: str | None = None,
+    fork: str | None = None,
+    ladder: dict[str, Any] | None = None,
+    tags: list[str] | None = None,
+) -> str:
+    """Train `cfg`, writing events to `<runs_dir>/<run_id>/`; return the run id.
+
+    resume: "RUN" or "RUN@STEP" -- continue that run (same id, events appended) from its latest or
+    the given checkpoint. fork: "RUN@STEP" -- a new run starting from that checkpoint, with
+    `parent` set and a `config_diff` event. `cfg` is the config to run with in both cases (the CLI
+    builds it from the checkpoint's config plus overrides). ladder: `{name, rung, ...}` for run_start.
+    Raises on failure after writing `failure` and `run_end(failed)`; returns normally after a halt
+    or a preemption (the run_end status says which).
+    """
+    from observatory import settings
+
+    if resume and fork:
+        raise ValueError("give either resume or fork, not both")
+    runs_dir = Path(runs_dir if runs_dir is not None else settings.get("runs"))
+    pid, nproc = jax.process_index(), jax.process_count()
+
+    src_run, src_step, src_meta = None, None, None
+    if resume or fork:
+        src_run, src_step = parse_ref(resume or fork, need_step=bool(fork))
+        src = Checkpointer(checkpoint_dir(runs_dir, src_run), read_only=True)
+        src_step = src.resolve(src_step)
+        src_meta = src.meta(src_step)
+        src.mgr.close()
+    if resume:
+        if run_id is not None and run_id != src_run:
+            raise ValueError(f"resume continues run {src_run}; do not also give run_id={run_id}")
+        run_id = src_run
+    elif run_id is None:
+        run_id = _broadcast_run_id(observatory.writer.new_run_id(cfg.name))
+
+    corpus = load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction, name=cfg.data.name)
+    mesh = make_mesh(cfg.mesh.data, cfg.mesh.expert)
+    model = Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed), mesh=mesh)
+    optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=TRAINABLE)
+
+    sinks = []
+    if cfg.wandb.mode != "disabled" and pid == 0:
+        from observatory.interop.wandb_mirror import WandbMirror
+
+        sinks.append(WandbMirror(cfg.wandb.project, cfg.wandb.mode, run_id, cfg.to_dict()))
+    model_info = _model_counts(cfg)
+    run = observatory.init(
+        run_id=run_id,
+        name=cfg.name,
+        config=cfg.to_dict(),
+        runs_dir=runs_dir,
+        host=pid,
+        parent={"run": src_run, "step": src_step} if fork else None,
+        ladder=ladder,
+        code=_git_info(),
+        data={"name": corpus.name, "fingerprint": corpus.fingerprint, "tokens": corpus.tokens},
+        mesh={"data": cfg.mesh.data, "expert": cfg.mesh.expert, "processes": nproc, "devices": jax.device_count()},
+        model=model_info,
+        tags=list(tags if tags is not None else cfg.tags),
+        sinks=sinks,
+        write_start=(pid == 0 and not resume),
+        install_signal_handlers=False,
+    )
+    status, loop = "failed", None
+    try:
+        loop = _Loop(cfg, run, corpus, mesh, model, optimizer, runs_dir, model_info)
+        with _Signals() as sig:
+            loop.signals = sig
+            if src_meta is not None:
+                loop.start_from(src_run, src_step, src_meta, fork=bool(fork))
+            loop.fit()
+            status = "preempted" if loop.preempted else ("failed" if loop.halted else "completed")
+    except BaseException as e:
+        status = "killed" if isinstance(e, KeyboardInterrupt) else "failed"
+        run.event(
+            "failure",
+            {
+                "type": "exception",
+                "message": f"{type(e).__name__}: {e}"[:2000],
+                "traceback": "".join(traceback.format_exception(e))[-20000:],
+                "action": "halt",
+            },
+            step=loop.step if loop else None,
+        )
+        raise
+    finally:
+        try:
+            if loop is not None:
+                loop.close(save=status in ("completed", "preempted") or loop.halted)
+        finally:
+            run.finish(status, final_step=loop.step if loop else None)
+    return run_id
+
+
+class _Loop:
+    """State of one training process: step counter, LR scale, fault plan, pending device outputs."""
+
+    def __init__(self, cfg, run, corpus: Corpus, mesh, model, optimizer, runs_dir: Path, model_info):
+        self.cfg, self.run, self.corpus, self.mesh = cfg, run, corpus, mesh
+        self.model, self.optimizer = model, optimizer
+        self.pid, self.nproc = jax.process_index(), jax.process_count()
+        self.step = 0  # optimizer steps taken (and the step label of the last one)
+        self.lr_scale = 1.0
+        self.rollbacks = 0
+        self.plan = FaultPlan(cfg.inject)
+        self.lrs = lr_schedule(cfg)
+        self.flops_per_token = model_info["flops_per_token"]
+        self.preempted = self.halted = False
+        self.signals: _Signals | None = None
+        self.ckpt = Checkpointer(checkpoint_dir(runs_dir, run.id), keep=cfg.checkpoint.keep,
+                                 async_save=cfg.checkpoint.async_save)
+        self.sharding = batch_sharding(mesh)
+        self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
+        self.moe_layer_ids = moe_layers(cfg.model)
+        self.bar = None
+        self.peak = None
+
+    # ------------------------------------------------------------ plumbing
+
+    def _global(self, local: np.ndarray) -> jax.Array:
+        b = self.cfg.data.batch_size
+        return jax.make_array_from_process_local_data(self.sharding, local, (b, local.shape[1]))
+
+    def _batch(self, step: int, bad: bool) -> jax.Array:
+        d = self.cfg.data
+        local = self.corpus.batch(step, d.batch_size, d.seq_len, d.seed, process_index=self.pid,
+                                  process_count=self.nproc)
+        if bad:  # inject=bad_batch: one repeated byte, the degenerate batch real pipelines sometimes emit
+            local = np.full_like(local, ord(" "))
+        return self._global(local)
+
+    def _meta(self) -> dict[str, Any]:
+        return {"config": self.cfg.to_dict(), "lr_scale": self.lr_scale, "fired": sorted(self.plan.fired),
+                "rollbacks": self.rollbacks, "tokens": self.step * self.tokens_per_step, "run": self.run.id}
+
+    def _emit_checkpoints(self, wait: bool = False) -> None:
+        for step, path, nbytes in self.ckpt.completed(wait=wait):
+            if self.pid == 0:
+                self.run.event("checkpoint", {"path": str(path), "bytes": nbytes}, step=step)
+
+    def save(self, wait: bool = False) -> None:
+        self.ckpt.save(self.step, self.model, self.optimizer, self._meta())
+        self._emit_checkpoints(wait=wait)
+
+    def start_from(self, src_run: str, src_step: int, meta: dict[str, Any], *, fork: bool) -> None:
+        """Load a checkpoint (resume or fork) and record what changed against its config."""
+        src = Checkpointer(checkpoint_dir(self.ckpt.directory.parent.parent, src_run), read_only=True)
+        src.restore(src_step, self.model, self.optimizer)
+        src.mgr.close()
+        self.step = src_step
+        self.lr_scale = float(meta.get("lr_scale", 1.0))
+        self.rollbacks = int(meta.get("rollbacks", 0))
+        self.plan.fired = set(meta.get("fired", []))
+        changes = diff_configs(meta.get("config", {}), self.cfg.to_dict())
+        if self.pid == 0 and (fork or changes):
+            self.run.event("config_diff", {"against": {"run": src_run, "step": src_step}, "changes": changes},
+                           step=src_step)
+        if self.pid == 0 and not fork:
+            self.run.note(f"resumed from checkpoint at step {src_step}", author="trainer", step=src_step)
+
+    # ----------------------------------------------------------------- loop
+
+    def fit(self) -> None:
+        cfg = self.cfg
+        tel = cfg.telemetry
+        if tel.enabled:
+            self.peak = tel.peak_flops or measure_peak_flops()
+        if self.pid == 0 and tel.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=cfg.steps, initial=self.step, desc=self.run.id[:40], unit="step",
+                            dynamic_ncols=True)
+        if cfg.failure.on_nan == "rollback" and not self.ckpt.steps():
+            self.save(wait=True)  # something to roll back to before the first periodic checkpoint
+        pending = None  # (step, device outputs) of the dispatched step not yet read back
+        self.t_last = None  # when the previous step's values reached the host
+        self.t_skip_next = False
+        step = self.step
+        while step < cfg.steps or pending is not None:
+            out = None
+            if step < cfg.steps and not (self.signals and self.signals.preempted):
+                step += 1
+                due = self.plan.at(step)
+                if any(f.kind == "crash" for f in due):
+                    raise InjectedCrash(f"inject=crash@{step}")
+                batch = self._batch(step, bad=any(f.kind == "bad_batch" for f in due))
+                lr = self.lrs[min(step, cfg.steps)] * self.lr_scale * self.plan.lr_factor(due)
+                poison = np.float32(np.nan if any(f.kind == "nan" for f in due) else 0.0)
+                out = (step, _train_step(self.model, self.optimizer, batch, np.float32(lr), poison,
+                                         telemetry=tel.enabled), float(lr), due)
+            if pending is not None:
+                action = self._finish_step(*pending)  # step N's values, while step N+1 runs
+                if action == "rollback":
+                    if out is not None:
+                        jax.block_until_ready(out[1])  # let the in-flight step land, then discard it
+                    step = self._rollback()
+                    pending = None
+                    continue
+                if action == "halt":
+                    if out is not None:
+                        self._finish_step(*out)
+                    self.halted = True
+                    return
+            pending = out
+            if pending is None and self.signals and self.signals.preempted:
+                self.preempted = True
+                return
+            if pending is not None:
+                self._periodic(pending[0])
+
+    def _periodic(self, step: int) -> None:
+        """Eval and checkpoint work due after dispatching `step` (uses the weights after it)."""
+        cfg = self.cfg
+        busy = False
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+            self.evaluate(step)
+            busy = True
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps:
+            self.step = step
+            self.save()
+            busy = True
+        else:
+            self._emit_checkpoints()
+        if busy:  # the next step's wall time includes this host work: do not report it as throughput
+            self.t_skip_next = True
+
+    def _finish_step(self, step: int, out: dict, lr: float, due) -> str | None:
+        """Bring step `step`'s values to the host, log them, and decide what a NaN means."""
+        vals = jax.device_get(out)
+        now = time.perf_counter()
+        self.step = step
+        cfg, run = self.cfg, self.run
+        loss = float(vals["train/loss"])
+        for f in due:
+            if f.kind != "crash" and self.pid == 0:
+                run.note(f"fault injected: {f}", author="trainer", step=step)
+        metrics: dict[str, float] = {}
+        if self.t_last is not None and not self.t_skip_next:
+            dt = max(now - self.t_last, 1e-9)
+            tps = self.tokens_per_step / dt
+            metrics["throughput/tokens_per_s"] = tps
+            metrics["throughput/step_time_s"] = dt
+            if self.peak:
+                metrics["throughput/mfu"] = self.flops_per_token * tps / (self.peak * self.nproc)
+        self.t_last, self.t_skip_next = now, False
+        if self.pid == 0:
+            if cfg.telemetry.enabled:
+                for k, v in vals.items():
+                    if k not in ("ok", "routed", "dropped"):
+                        metrics[k] = float(v)
+                every = cfg.telemetry.expert_load_every
+                if every and step % every == 0:
+                    for j, layer in enumerate(self.moe_layer_ids):
+                        run.log_expert_load(step, layer, vals["routed"][j].tolist(), vals["dropped"][j].tolist())
+            metrics["train/loss"] = loss
+            metrics["opt/lr"] = lr
+            metrics["data/tokens"] = float(step * self.tokens_per_step)
+            run.log(metrics, step=step)
+        elif metrics:  # host-local: this process's throughput
+            local = {k: v for k, v in metrics.items() if k.startswith("throughput/")}
+            local["throughput/tokens_per_s"] = local.get("throughput/tokens_per_s", 0.0) / self.nproc
+            run.log(local, step=step)
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            post = {"loss": f"{loss:.3f}"}
+            if "throughput/tokens_per_s" in metrics:
+                post["tok/s"] = f"{metrics['throughput/tokens_per_s']:.0f}"
+            self.bar.set_postfix(post, refresh=False)
+        if bool(vals["ok"]) and math.isfinite(loss):
+            return None
+        return self._on_nan(step, loss)
+
+    def _on_nan(self, step: int, loss: float) -> str:
+        policy = self.cfg.failure.on_nan
+        if policy == "rollback" and self.rollbacks >= self.cfg.failure.max_rollbacks:
+            policy = "halt"
+        msg = f"non-finite loss {loss} at step {step}; the update was not applied"
+        if policy == "rollback":
+            msg += f"; rolling back to the last checkpoint with LR x{self.cfg.failure.rollback_lr_scale:g}"
+        self.run.event("failure", {"type": "nan_loss", "message": msg, "action": policy}, step=step)
+        return None if policy == "skip_batch" else policy
+
+    def _rollback(self) -> int:
+        self.ckpt.mgr.wait_until_finished()
+        self._emit_checkpoints(wait=True)
+        target = self.ckpt.latest()
+        meta = self.ckpt.restore(target, self.model, self.optimizer)
+        self.rollbacks += 1
+        self.lr_scale = float(meta.get("lr_scale", 1.0)) * self.cfg.failure.rollback_lr_scale
+        self.step = target
+        if self.pid == 0:
+            self.run.note(f"rolled back to step {target}; LR scale now {self.lr_scale:g}", author="trainer",
+                          step=target)
+        self.t_last = None
+        if self.bar is not None:
+            self.bar.reset(total=self.cfg.steps)
+            self.bar.update(target)
+        return target
+
+    def evaluate(self, step: int) -> None:
+        d = self.cfg.data
+        batches = self.corpus.eval_batches(self.cfg.eval.batches, d.batch_size, d.seq_len,
+                                           process_index=self.pid, process_count=self.nproc)
+        losses = [_eval_step(self.model, self._global(b)) for b in batches]
+        loss = float(np.mean(jax.device_get(losses)))
+        if self.pid == 0:
+            self.run.event("eval", {"dataset": f"{self.corpus.name}/heldout", "loss": loss,
+                                    "bpb": bits_per_byte(loss)}, step=step)
+
+    def close(self, save: bool) -> None:
+        try:
+            if save and self.cfg.checkpoint.at_exit and self.step > 0:
+                self.save()
+            self._emit_checkpoints(wait=True)
+        finally:
+            self.ckpt.close()
+            if self.bar is not None:
+                self.bar.close()
