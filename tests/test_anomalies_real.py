@@ -1,0 +1,86 @@
+"""The detectors on real runs of our trainer: induced faults are caught, a clean run raises nothing.
+
+Three tiny runs are trained once for the module (real JAX on CPU), ingested into a
+tmp DuckDB by the real ingester, whose hook runs the detectors; a second ingest
+stores the findings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 120
+LR_SPIKE, BAD_BATCH, NAN = 60, 50, 95
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    pytest.importorskip("jax")
+    from observatory import anomalies as A
+    from observatory.ingest import ingest
+    from trainer.config import load_config
+    from trainer.train import train
+
+    tmp = tmp_path_factory.mktemp("anomalies-real")
+    runs, db = tmp / "runs", tmp / "obs.duckdb"
+    tiny = str(ROOT / "trainer" / "configs" / "tiny.yaml")
+    cases = {
+        "clean": [],
+        "lr-spike": [f"inject=lr_spike@{LR_SPIKE}:x30"],
+        "bad-batch-nan": [f"inject=bad_batch@{BAD_BATCH}", f"inject=nan@{NAN}", "failure.on_nan=skip_batch"],
+    }
+    for run, ov in cases.items():
+        cfg = load_config(tiny, [f"steps={STEPS}", "telemetry.progress=false", "checkpoint.every=0", *ov])
+        train(cfg, runs, run_id=run)
+    A._STATE.clear()
+    ingest(runs, db, emit=None)  # the hook writes findings as host-1000 events
+    ingest(runs, db, emit=None)  # ... which this pass stores
+    return runs, db
+
+
+def findings(db, run):
+    from observatory.queries.anomalies import anomaly_events
+    from observatory.store import connect
+
+    with connect(db) as con:
+        return [a for a in anomaly_events(con, run) if a["host"] == 1000]
+
+
+def near(fs, step, after=40):
+    return [f for f in fs if f["window"][1] >= step and f["window"][0] <= step + after]
+
+
+def test_clean_run_raises_nothing(suite):
+    _, db = suite
+    assert findings(db, "clean") == []
+
+
+def test_lr_spike_is_caught(suite):
+    _, db = suite
+    fs = findings(db, "lr-spike")
+    hit = near(fs, LR_SPIKE)
+    assert hit, fs
+    assert {f["detector"] for f in hit} & {"loss_spike", "grad_spike"}
+    assert not [f for f in fs if f["window"][1] < LR_SPIKE]  # nothing before the fault
+
+
+def test_bad_batch_and_nan_are_caught(suite):
+    _, db = suite
+    fs = findings(db, "bad-batch-nan")
+    assert near(fs, BAD_BATCH, after=10), fs
+    nf = [f for f in fs if f["detector"] == "nonfinite"]
+    assert [f["window"][0] for f in nf] == [NAN] and nf[0]["severity"] == "critical"
+    assert not [f for f in fs if f["window"][1] < BAD_BATCH]
+
+
+def test_rerunning_detect_adds_nothing(suite):
+    from observatory import anomalies as A
+
+    runs, db = suite
+    A._STATE.clear()
+    assert A.detect(db, runs, full=True) == []
