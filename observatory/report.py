@@ -80,7 +80,9 @@ def effective_status(info: dict[str, Any], now: float | None = None) -> str:
     """The stored status, except a run with no run_end whose writers went silent is `crashed`."""
     from observatory import settings
 
-    status = info.get("status") or ("running" if info.get("start_time") is not None else "unknown")
+    if info.get("start_time") is None:
+        return "records"  # a folder without run_start (e.g. `decisions/`): findings, not a training run
+    status = info.get("status") or "running"
     if status == "running" and info.get("end_time") is None and info.get("last_event_t") is not None:
         now = time.time() if now is None else now
         if now - info["last_event_t"] > float(settings.get("stale_after_s")):

@@ -39,7 +39,7 @@ th,td{border:1px solid #e2e2e2;padding:.25rem .5rem;text-align:left;vertical-ali
 th{background:#f6f6f6} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .status{display:inline-block;padding:.1rem .6rem;border-radius:1rem;color:#fff;font-weight:600}
 .status-completed{background:#2ca02c}.status-failed{background:#d62728}.status-crashed{background:#8c564b}
-.status-running{background:#1f77b4}.status-killed,.status-preempted,.status-unknown{background:#7f7f7f}
+.status-running{background:#1f77b4}.status-killed,.status-preempted,.status-records,.status-unknown{background:#7f7f7f}
 .story li{margin:.2rem 0} nav a{margin-right:.8rem} pre{background:#f6f6f6;padding:.6rem;overflow-x:auto}
 .k-failure{color:#d62728;font-weight:600}.k-anomaly{color:#c65d00}.k-decision{color:#1f77b4}
 .k-config_diff{color:#9467bd}.figure{margin:1rem 0}

@@ -1,0 +1,55 @@
+"""Reports: the post-mortem of one run, as `observatory report RUN` writes it, rendered in place.
+
+The report is the same self-contained HTML file the CLI writes (interactive plotly
+figures, plotly.js inline), shown in a frame, with a download button. The chosen
+run lives in the URL (`?run=ID`).
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from observatory.dashboard import common
+
+
+def _report(con, run: str) -> dict:
+    """The report's story and HTML (cacheable): built once per run per cache period."""
+    from observatory import report
+    from observatory.report_render import render_html
+
+    rep = report.build(con, run)
+    return {"status": rep.status, "story": rep.story, "html": render_html(rep)}
+
+
+def render() -> None:
+    st.title("Reports")
+    st.caption(
+        "A post-mortem of one run: what happened and when, with figures. "
+        "The same report from the command line: `observatory report RUN --format html|md|pdf`."
+    )
+    try:
+        runs = common.runs_table()
+    except common.StoreBusy as e:
+        st.info(str(e))
+        return
+    run = common.pick_run(runs, prefer_running=False)
+    if run is None:
+        return
+    try:
+        with st.spinner("Building the report…"):
+            rep = common.query(_report, run)
+    except common.StoreBusy as e:
+        st.info(str(e))
+        return
+    except ValueError as e:
+        st.warning(str(e))
+        return
+    st.markdown("\n".join(f"- {line}" for line in rep["story"]))
+    st.download_button(
+        "Download the report (HTML, works offline)",
+        rep["html"],
+        file_name=f"{run}.html",
+        mime="text/html",
+        key="report_download",
+    )
+    st.iframe(rep["html"], height=1400)
