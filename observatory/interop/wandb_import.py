@@ -73,6 +73,64 @@ def _item_path(item) -> list[str]:
     return list(item.nested_key) if len(item.nested_key) else [item.key]
 
 
+def _item_key(item) -> tuple[str, ...]:
+    nk = item.nested_key
+    return tuple(nk) if len(nk) else (item.key,)
+
+
+def _history_row(hist, skipped: Counter) -> tuple[int, float | None, dict[str, float]]:
+    """One history record -> (step, t, {flat name: value}). Raises ValueError on bad JSON.
+
+    The hot path of an import: all of a row's `value_json` strings are parsed with one
+    `json.loads` call, and only keys with a nested path build a nested dict.
+    """
+    keys: list[tuple[str, ...]] = []
+    raws: list[str] = []
+    typed: dict[int, Any] = {}
+    for i, item in enumerate(hist.item):
+        keys.append(_item_key(item))
+        if item.WhichOneof("value") is None:
+            raws.append(item.value_json or "null")
+        else:
+            typed[i] = _item_value(item)
+            raws.append("null")
+    try:
+        values = json.loads("[" + ",".join(raws) + "]")
+    except ValueError:
+        for key, raw in zip(keys, raws, strict=True):  # find the culprit, for the message
+            try:
+                json.loads(raw)
+            except ValueError as e:
+                raise ValueError(f"value of {'/'.join(key)!r} is not JSON ({e}): {raw[:60]!r}") from None
+        raise
+    for i, v in typed.items():
+        values[i] = v
+    flat: dict[str, float] = {}
+    nested: dict = {}
+    special: dict[str, Any] = {}
+    for key, v in zip(keys, values, strict=True):
+        name = key[0]
+        if name.startswith("_"):
+            if len(key) == 1:
+                special[name] = v
+        elif len(key) > 1:
+            _set_path(nested, list(key), v)
+        elif type(v) is float or type(v) is int:
+            flat[name] = float(v)
+        else:
+            flatten(v, name, flat, skipped)
+    if nested:
+        flatten(nested, "", flat, skipped)
+    step = special.get("_step")
+    if isinstance(step, float) and step.is_integer():
+        step = int(step)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        step = hist.step.num
+    t = special.get("_timestamp")
+    t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) else None
+    return step, t, flat
+
+
 def _set_path(tree: dict, path: list[str], value: Any) -> None:
     node = tree
     for k in path[:-1]:
@@ -110,7 +168,7 @@ def convert_wandb_file(
     reader = WandbLogReader(path)
     run_rec = None
     config: dict = {}
-    summary: dict = {}
+    summary_raw: dict[tuple[str, ...], str] = {}
     exit_rec = None
     rows: list[tuple[int, float | None, dict[str, float]]] = []  # (step, t, values)
     first_t: float | None = None
@@ -125,26 +183,14 @@ def convert_wandb_file(
         res.records += 1
         kind = rec.WhichOneof("record_type")
         if kind == "history":
-            row: dict = {}
-            for item in rec.history.item:
-                try:
-                    _set_path(row, _item_path(item), _item_value(item))
-                except ValueError as e:  # bad JSON inside a record whose CRC passed
-                    bad.append(
-                        Problem(
-                            offset, len(payload), f"history value {item.key or list(item.nested_key)}: {e}"
-                        )
-                    )
-            step = row.get("_step")
-            if isinstance(step, float) and step.is_integer():
-                step = int(step)
-            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-                step = rec.history.step.num
-            t = row.get("_timestamp")
-            t = float(t) if isinstance(t, (int, float)) and math.isfinite(t) else None
+            try:
+                step, t, values = _history_row(rec.history, res.skipped)
+            except ValueError as e:  # bad JSON inside a record whose CRC passed
+                bad.append(Problem(offset, len(payload), f"history row: {e}"))
+                continue
             if t is not None and first_t is None:
                 first_t = t
-            rows.append((step, t, _scalars(row, res.skipped)))
+            rows.append((step, t, values))
         elif kind == "run":
             run_rec = rec.run
             for item in rec.run.config.update:
@@ -155,13 +201,14 @@ def convert_wandb_file(
             for item in rec.config.remove:
                 _del_path(config, _item_path(item))
         elif kind == "summary":
+            # keep the raw JSON of the latest value per key; parse once at the end (W&B
+            # writes a summary update beside every history row)
             for item in rec.summary.update:
-                try:
-                    _set_path(summary, _item_path(item), _json(item.value_json))
-                except ValueError as e:
-                    bad.append(Problem(offset, len(payload), f"summary value {_item_path(item)}: {e}"))
+                summary_raw[_item_key(item)] = item.value_json
             for item in rec.summary.remove:
-                _del_path(summary, _item_path(item))
+                gone = _item_key(item)
+                for key in [k for k in summary_raw if k[: len(gone)] == gone]:
+                    del summary_raw[key]
         elif kind == "exit":
             exit_rec = rec.exit
         # other records (system stats, console output, files, telemetry) are not run data
@@ -229,6 +276,12 @@ def convert_wandb_file(
         res.status = "completed" if exit_rec.exit_code == 0 else "failed"
         end_t = max(last_t, start_t + exit_rec.runtime) if exit_rec.runtime else last_t
         end = {"status": res.status, "final_step": final_step, "exit_code": exit_rec.exit_code}
+        summary: dict = {}
+        for key, raw in summary_raw.items():
+            try:
+                _set_path(summary, list(key), _json(raw))
+            except ValueError:
+                res.skipped["bad summary value"] += 1
         scalars = _scalars(summary, None)
         if scalars:
             end["summary"] = scalars
