@@ -1,0 +1,51 @@
+"""Shared fixtures: a temp runs dir and store, and a helper to write raw event lines.
+
+Keep this file small and additive; area-specific fixtures live in their test modules.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def runs_dir(tmp_path) -> Path:
+    d = tmp_path / "runs"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def db_path(tmp_path) -> Path:
+    return tmp_path / "store.duckdb"
+
+
+def event(run: str, kind: str, data: dict, seq: int, step: int | None = None, t: float | None = None, host: int = 0) -> dict:
+    """One event envelope (version 1) as a dict; `t` defaults to now (so the run is not stale)."""
+    t = time.time() if t is None else t
+    return {"v": 1, "run": run, "kind": kind, "step": step, "t": t + seq * 0.01, "host": host, "seq": seq, "data": data}
+
+
+def write_lines(path: Path, lines, mode: str = "a") -> Path:
+    """Append raw lines (dicts are JSON-encoded; str/bytes are written as given, plus a newline)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, mode + "b") as f:
+        for line in lines:
+            if isinstance(line, dict):
+                line = json.dumps(line, separators=(",", ":"))
+            f.write((line.encode() if isinstance(line, str) else line) + b"\n")
+    return path
+
+
+@pytest.fixture
+def make_event():
+    return event
+
+
+@pytest.fixture
+def append_lines():
+    return write_lines

@@ -1,0 +1,234 @@
+"""Ingest: incremental, idempotent, exactly-once; runs table; fast path agrees with validate_event."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import shutil
+import time
+
+import pytest
+from conftest import event, write_lines
+
+from observatory import store
+from observatory.events import ValidationError, validate_event
+from observatory.ingest import ingest as _ingest
+from observatory.ingest import rebuild
+from observatory.queries.core import list_runs
+
+
+def ingest(runs_dir, db, **kw):
+    """Ingest without the anomaly hook (its stall detector would add findings to these synthetic runs)."""
+    return _ingest(runs_dir, db, hooks=False, **kw)
+
+
+def q(db, sql, params=None):
+    with store.connect(db) as con:
+        return con.execute(sql, params or []).fetchall()
+
+
+def _run_lines(run: str, steps: int, start_seq: int = 0, experts: int = 4, layers: int = 2) -> list[dict]:
+    out, seq = [], start_seq
+    for step in range(steps):
+        out.append(event(run, "metrics", {"train/loss": 3.0 - step * 0.01, "opt/lr": 1e-3}, seq, step))
+        seq += 1
+        for layer in range(layers):
+            routed = [step + layer + e for e in range(experts)]
+            out.append(event(run, "expert_load", {"layer": layer, "routed": routed, "dropped": [1] * experts}, seq, step))
+            seq += 1
+    return out
+
+
+def test_ingest_counts_and_idempotent(runs_dir, db_path):
+    lines = [event("a", "run_start", {"config": {"lr": 1e-3}, "name": "first"}, 0)] + _run_lines("a", 10, 1)
+    write_lines(runs_dir / "a" / "events.0.jsonl", lines)
+    rep = ingest(runs_dir, db_path, emit=None)
+    assert rep.events == len(lines) and rep.rejected == 0
+    assert q(db_path, "SELECT count(*), count(DISTINCT name) FROM metrics") == [(20, 2)]
+    assert q(db_path, "SELECT count(*), sum(routed), sum(dropped) FROM expert_load") == [(80, sum(
+        s + layer + e for s in range(10) for layer in range(2) for e in range(4)), 80)]
+    assert q(db_path, "SELECT max(expert), max(layer) FROM expert_load") == [(3, 1)]
+    again = ingest(runs_dir, db_path, emit=None)
+    assert again.events == 0 and again.files == 0
+    assert q(db_path, "SELECT count(*) FROM metrics") == [(20,)]
+    assert q(db_path, "SELECT name, status, last_step FROM runs") == [("first", "running", 9)]
+
+
+def test_incremental_append_and_offsets(runs_dir, db_path):
+    path = runs_dir / "a" / "events.0.jsonl"
+    lines = _run_lines("a", 6)
+    write_lines(path, lines[:7])
+    ingest(runs_dir, db_path, emit=None)
+    write_lines(path, lines[7:])
+    rep = ingest(runs_dir, db_path, emit=None)
+    assert rep.events == len(lines) - 7
+    assert q(db_path, "SELECT count(*) FROM metrics") == [(12,)]
+    assert q(db_path, "SELECT byte_offset, line, first_seq, last_seq FROM ingest_files") == [
+        (path.stat().st_size, len(lines), 0, len(lines) - 1)
+    ]
+
+
+def test_gz_copy_is_read_and_deduplicated(runs_dir, db_path):
+    lines = _run_lines("a", 5)
+    plain = write_lines(runs_dir / "a" / "events.0.jsonl", lines)
+    with gzip.open(runs_dir / "a" / "events.0.jsonl.gz", "wb") as f:
+        f.write(plain.read_bytes())
+    rep = ingest(runs_dir, db_path, emit=None)
+    assert rep.events == len(lines) and rep.duplicates == len(lines)
+    assert q(db_path, "SELECT count(*) FROM metrics") == [(10,)]
+    # a gz alone (an imported run) is enough
+    shutil.copytree(runs_dir / "a", runs_dir / "b")
+    (runs_dir / "b" / "events.0.jsonl").unlink()
+    (runs_dir / "b" / "events.0.jsonl.gz").write_bytes(
+        gzip.compress(json.dumps(event("b", "metrics", {"x": 1.0}, 0, 0)).encode() + b"\n")
+    )
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, "SELECT count(*) FROM metrics WHERE run = 'b'") == [(1,)]
+
+
+def test_nan_inf_strings_stored_as_ieee(runs_dir, db_path):
+    write_lines(runs_dir / "a" / "events.0.jsonl", [
+        event("a", "metrics", {"train/loss": "nan", "g": "inf", "h": "-inf", "ok": 1.5}, 0, 3),
+    ])  # fmt: skip
+    ingest(runs_dir, db_path, emit=None)
+    vals = dict(q(db_path, "SELECT name, value FROM metrics"))
+    assert math.isnan(vals["train/loss"]) and vals["g"] == math.inf and vals["h"] == -math.inf and vals["ok"] == 1.5
+
+
+def test_run_status_lifecycle(runs_dir, db_path, monkeypatch):
+    now = time.time()
+    write_lines(runs_dir / "done" / "events.0.jsonl", [
+        event("done", "run_start", {"config": {}, "parent": {"run": "p", "step": 7},
+                                    "ladder": {"name": "lad", "rung": "d64"}, "tags": ["x"]}, 0, t=now),
+        event("done", "metrics", {"loss": 1.0}, 1, 5, t=now),
+        event("done", "run_end", {"status": "preempted", "final_step": 5}, 2, t=now),
+    ])  # fmt: skip
+    write_lines(runs_dir / "live" / "events.0.jsonl", [event("live", "run_start", {"config": {}}, 0, t=now)])
+    write_lines(runs_dir / "dead" / "events.0.jsonl", [event("dead", "run_start", {"config": {}}, 0, t=now - 1000)])
+    ingest(runs_dir, db_path, emit=None)
+    with store.connect(db_path) as con:
+        runs = {r["run"]: r for r in list_runs(con)}
+    assert runs["done"]["status"] == "preempted" and runs["done"]["final_step"] == 5
+    assert (runs["done"]["parent_run"], runs["done"]["parent_step"]) == ("p", 7)
+    assert (runs["done"]["ladder_name"], runs["done"]["ladder_rung"], runs["done"]["tags"]) == ("lad", "d64", ["x"])
+    assert runs["live"]["status"] == "running"
+    assert runs["dead"]["status"] == "crashed"  # silent longer than stale_after_s, no run_end
+    # a resume writes a new run_start after the run_end: running again
+    write_lines(runs_dir / "done" / "events.0.jsonl", [event("done", "run_start", {"config": {}}, 3, t=now + 10)])
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, "SELECT status, end_time FROM runs WHERE run = 'done'") == [("running", None)]
+    # a crashed run that speaks again is running
+    write_lines(runs_dir / "dead" / "events.0.jsonl", [event("dead", "metrics", {"x": 1.0}, 1, 1, t=now)])
+    ingest(runs_dir, db_path, emit=None)
+    with store.connect(db_path) as con:
+        assert {r["run"]: r["status"] for r in list_runs(con)}["dead"] == "running"
+
+
+def test_unknown_kind_kept_and_flagged(runs_dir, db_path):
+    write_lines(runs_dir / "a" / "events.0.jsonl", [
+        event("a", "gpu_temps", {"gpu0": 71}, 0),
+        event("a", "note", {"text": "hello **world**"}, 1),
+    ])  # fmt: skip
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, "SELECT kind, known, data->>'$.gpu0' FROM events ORDER BY seq") == [
+        ("gpu_temps", False, "71"), ("note", True, None)
+    ]
+
+
+def test_rebuild_gives_same_answers(runs_dir, db_path):
+    write_lines(runs_dir / "a" / "events.0.jsonl", [event("a", "run_start", {"config": {}}, 0)] + _run_lines("a", 8, 1))
+    write_lines(runs_dir / "a" / "events.0.jsonl", ["{not json"])
+    write_lines(runs_dir / "b" / "events.0.jsonl", _run_lines("b", 3))
+    ingest(runs_dir, db_path, emit=None)
+    write_lines(runs_dir / "b" / "events.0.jsonl", _run_lines("b", 5, 9)[9:])
+    ingest(runs_dir, db_path, emit=None)
+    queries = [
+        "SELECT run, step, name, value, host FROM metrics ORDER BY ALL",
+        "SELECT * FROM expert_load ORDER BY ALL",
+        "SELECT run, host, seq, kind, step, data FROM events ORDER BY ALL",
+        "SELECT file, line, field, reason FROM rejected_events ORDER BY ALL",
+        "SELECT run, status, last_step, start_time FROM runs ORDER BY ALL",
+        "SELECT * FROM run_drop_fraction ORDER BY ALL",
+    ]
+    before = [q(db_path, s) for s in queries]
+    rebuild(runs_dir, db_path, emit=None)
+    assert [q(db_path, s) for s in queries] == before
+    os.remove(db_path)  # decision 1: the store is a rebuildable index
+    ingest(runs_dir, db_path, emit=None)
+    assert [q(db_path, s) for s in queries] == before
+
+
+def test_fast_path_agrees_with_validate_event(runs_dir, db_path):
+    """Every mutated line is accepted iff validate_event accepts it (fast and slow path alike)."""
+    base_m = event("a", "metrics", {"train/loss": 2.5, "x": 1}, 0, 1)
+    base_x = event("a", "expert_load", {"layer": 1, "routed": [3, 4], "dropped": [0, 1]}, 0, 1)
+    variants = []
+    for base in (base_m, base_x):
+        variants.append(dict(base))
+        for key, bad in [("v", 2), ("v", "1"), ("v", 1.0), ("run", "b"), ("run", 7), ("kind", ""), ("step", -1),
+                         ("step", 1.5), ("step", "3"), ("step", True), ("t", "1"), ("t", None), ("t", True),
+                         ("host", 1), ("host", -1), ("host", 0.0), ("seq", -2), ("seq", 1.5), ("data", [1]),
+                         ("data", None), ("step", None)]:  # fmt: skip
+            variants.append({**base, key: bad})
+        variants.append({k: v for k, v in base.items() if k != "step"})
+        variants.append({k: v for k, v in base.items() if k != "seq"})
+    for data in [{"a": True}, {"a": "3"}, {"a": None}, {"a": [1]}, {"a": {"b": 1}}, {"": 1.0}, {"a": "nan"},
+                 {"a": 1e308}, {"a": -0.0}, {"a:b": 1}, {}]:  # fmt: skip
+        variants.append({**base_m, "data": data})
+    for data in [{"layer": 1.5, "routed": [1], "dropped": [0]}, {"layer": 1, "routed": [1.5], "dropped": [0]},
+                 {"layer": 1, "routed": [1.0], "dropped": [0]}, {"layer": 1, "routed": [-1], "dropped": [0]},
+                 {"layer": 1, "routed": [1, 2], "dropped": [0]}, {"layer": 1, "routed": [True], "dropped": [0]},
+                 {"layer": 1, "routed": ["1"], "dropped": [0]}, {"layer": -1, "routed": [1], "dropped": [0]},
+                 {"routed": [1], "dropped": [0]}, {"layer": 1, "routed": [], "dropped": []},
+                 {"layer": 1, "routed": [1], "dropped": [0], "extra": 1}, {"layer": 1, "routed": [5000000000], "dropped": [0]},
+                 {"layer": 70000, "routed": [1], "dropped": [0]}]:  # fmt: skip
+        variants.append({**base_x, "data": data})
+    lines, expected = [], 0
+    for i, ev in enumerate(variants):
+        ev = {**ev, "seq": i} if isinstance(ev.get("seq"), int) and ev.get("seq", 0) >= 0 else ev
+        lines.append(ev)
+        try:
+            validate_event(ev, run_folder="a", host=0)
+            ok = ev["kind"] != "expert_load" or (
+                ev.get("step") is not None and ev["data"]["layer"] <= 65535 and max(ev["data"]["routed"], default=0) < 2**32
+            )
+        except ValidationError:
+            ok = False
+        expected += ok
+    write_lines(runs_dir / "a" / "events.0.jsonl", lines)
+    rep = ingest(runs_dir, db_path, emit=None)
+    assert rep.events == expected
+    assert 0 < rep.fast_events < expected  # both paths were exercised
+    assert rep.rejected == len(lines) - expected
+    assert q(db_path, "SELECT count(*) FROM rejected_events") == [(len(lines) - expected,)]
+    assert q(db_path, "SELECT count(*) FROM rejected_events WHERE reason = '' OR field IS NULL") == [(0,)]
+
+
+def test_seq_must_increase_and_duplicates_skip(runs_dir, db_path):
+    write_lines(runs_dir / "a" / "events.0.jsonl", [
+        event("a", "metrics", {"x": 1.0}, 0, 0), event("a", "metrics", {"x": 2.0}, 1, 1),
+        event("a", "metrics", {"x": 3.0}, 1, 2), event("a", "metrics", {"x": 4.0}, 5, 3),
+    ])  # fmt: skip
+    rep = ingest(runs_dir, db_path, emit=None)
+    assert rep.events == 3 and rep.rejected == 1
+    assert q(db_path, "SELECT line, field, reason FROM rejected_events") == [
+        (3, "seq", "seq 1 is not above the previous seq 1 in this file")
+    ]
+
+
+@pytest.mark.parametrize("kind", ["metrics", "expert_load"])
+def test_many_lines_bulk(runs_dir, db_path, kind):
+    lines = [event("a", "metrics", {f"m{i}": i * 0.5 for i in range(50)}, s, s) if kind == "metrics" else
+             event("a", "expert_load", {"layer": s % 8, "routed": list(range(64)), "dropped": [0] * 64}, s, s // 8)
+             for s in range(2000)]  # fmt: skip
+    write_lines(runs_dir / "a" / "events.0.jsonl", lines)
+    rep = ingest(runs_dir, db_path, emit=None)
+    assert rep.events == rep.fast_events == 2000
+    if kind == "metrics":
+        assert q(db_path, "SELECT count(*), sum(value) FROM metrics") == [(100_000, 2000 * sum(i * 0.5 for i in range(50)))]
+    else:
+        assert q(db_path, "SELECT count(*), sum(routed), count(DISTINCT (step, layer)) FROM expert_load") == [
+            (128_000, 2000 * sum(range(64)), 2000)
+        ]
