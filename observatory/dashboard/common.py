@@ -100,13 +100,15 @@ def query(fn: Callable, *args, **kwargs) -> Any:
     """
     import duckdb
 
+    from observatory import store
+
     name = f"{fn.__module__}:{fn.__qualname__}"
     key_args = json.dumps([list(args), kwargs], sort_keys=True, default=_jsonable)
     key = f"{db_path()}|{name}|{key_args}"
     try:
         out = _cached(db_path(), name, key_args)
-    except duckdb.IOException as e:  # lock held past the retry budget: never show it raw
-        if "lock" not in str(e).lower():
+    except (duckdb.IOException, store.StoreBusy) as e:  # busy past the retry budget: never show it raw
+        if isinstance(e, duckdb.IOException) and "lock" not in str(e).lower():
             raise
         if key in _LAST_GOOD:
             return _LAST_GOOD[key]
@@ -138,16 +140,6 @@ def lineage_module():
 # ------------------------------------------------------------------- runs
 
 
-def _config_steps(config: Any) -> int | None:
-    """Planned optimizer steps from a resolved config (top level `steps` or `train.steps`)."""
-    if not isinstance(config, dict):
-        return None
-    for c in (config, config.get("train"), config.get("trainer"), config.get("optim")):
-        if isinstance(c, dict) and isinstance(c.get("steps"), int) and c["steps"] > 0:
-            return c["steps"]
-    return None
-
-
 def runs_table() -> list[dict[str, Any]]:
     """Every run as a dict: run, name, status (crashed when stale), last_step, steps, progress,
     last_loss, tokens, ladder, tags, start_time, last_event_t, parent; newest first."""
@@ -158,13 +150,7 @@ def runs_table() -> list[dict[str, Any]]:
     out = []
     for r in rows:
         x = extras.get(r["run"], {})
-        config = r.get("config")
-        if isinstance(config, str):
-            try:
-                config = json.loads(config)
-            except ValueError:
-                config = None
-        steps = _config_steps(config) or r.get("final_step")
+        steps = x.get("planned_steps") or r.get("final_step")
         last = r.get("last_step") if r.get("last_step") is not None else x.get("last_metric_step")
         done = r.get("status") == "completed"
         progress = 1.0 if done else (min(1.0, (last + 1) / steps) if steps and last is not None else None)

@@ -214,15 +214,22 @@ def run_row(con, run: str) -> dict[str, Any] | None:
 
 
 def runs_extras(con) -> pl.DataFrame:
-    """Per run: last loss, last logged step, tokens seen and the newest event time (from the rollup)."""
+    """Per run: planned steps (config `steps` or `train.steps`), last loss, tokens seen, last metric step/time."""
     return _frame(
         con,
         """
-        SELECT run,
-               max(last_value) FILTER (WHERE name = 'train/loss') AS last_loss,
-               max(last_value) FILTER (WHERE name = 'data/tokens') AS tokens,
-               max(last_step) AS last_metric_step, max(last_t) AS last_metric_t
-        FROM metric_series GROUP BY run
+        WITH m AS (
+            SELECT run,
+                   max(last_value) FILTER (WHERE name = 'train/loss') AS last_loss,
+                   max(last_value) FILTER (WHERE name = 'data/tokens') AS tokens,
+                   max(last_step) AS last_metric_step, max(last_t) AS last_metric_t
+            FROM metric_series GROUP BY run
+        )
+        SELECT r.run,
+               coalesce(TRY_CAST(r.config->>'$.steps' AS BIGINT), TRY_CAST(r.config->>'$.train.steps' AS BIGINT),
+                        TRY_CAST(r.config->>'$.trainer.steps' AS BIGINT)) AS planned_steps,
+               m.last_loss, m.tokens, m.last_metric_step, m.last_metric_t
+        FROM runs r LEFT JOIN m USING (run)
         """,
         [],
     )

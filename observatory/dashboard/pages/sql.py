@@ -8,6 +8,7 @@ shown as they are: each names what was refused, or the setting that stopped it.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -45,6 +46,21 @@ def to_frame(result: Any) -> tuple[pl.DataFrame, bool]:
         return pl.DataFrame(data, strict=False), truncated
     except Exception:  # mixed types in a column: show them as text
         return pl.DataFrame({c: [None if v is None else str(v) for v in vs] for c, vs in data.items()}), truncated
+
+
+def csv_text(frame: pl.DataFrame) -> str:
+    """The frame as CSV; nested values (lists, structs) are written as JSON text."""
+    nested = [c for c, t in frame.schema.items() if t.is_nested()]
+    if nested:
+        frame = frame.with_columns(
+            pl.col(c).map_elements(lambda v: json.dumps(_plain(v), default=str), return_dtype=pl.String)
+            for c in nested
+        )
+    return frame.write_csv()
+
+
+def _plain(v: Any) -> Any:
+    return v.to_list() if isinstance(v, pl.Series) else v
 
 
 def _schema_browser() -> None:
@@ -122,7 +138,7 @@ def render() -> None:
         st.dataframe(frame, hide_index=True, key="sql_result_table")
         st.download_button(
             "Download CSV",
-            frame.write_csv(),
+            csv_text(frame),
             file_name="observatory-query.csv",
             mime="text/csv",
             key="sql_download",

@@ -1,0 +1,64 @@
+"""`observatory dashboard`: start the Streamlit dashboard (`streamlit run app.py`) on a port.
+
+Runs from the directory that holds `app.py`, so `.streamlit/config.toml` (the
+public-deployment settings) applies. --db and --runs-dir reach the app as
+OBSERVATORY_DB / OBSERVATORY_RUNS, the settings every page reads.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from observatory.commands import common_options
+
+__all__ = ["dashboard", "app_path", "streamlit_argv"]
+
+
+def app_path() -> Path:
+    """app.py of this checkout (the package is installed editable next to it)."""
+    return Path(__file__).resolve().parents[2] / "app.py"
+
+
+def streamlit_argv(app: Path, port: int, address: str, base_url_path: str = "") -> list[str]:
+    """The `python -m streamlit run` command line for a headless, telemetry-free server."""
+    argv = [
+        sys.executable, "-m", "streamlit", "run", str(app),
+        "--server.port", str(port),
+        "--server.address", address,
+        "--server.headless", "true",
+        "--browser.gatherUsageStats", "false",
+    ]  # fmt: skip
+    if base_url_path:
+        argv += ["--server.baseUrlPath", base_url_path.strip("/")]
+    return argv
+
+
+@click.command("dashboard")
+@common_options
+@click.option("--port", type=int, default=8501, show_default=True, help="Port to serve on.")
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface to bind; 0.0.0.0 to serve other machines (better: a reverse proxy in front).",
+)
+@click.option("--base-url-path", default="", help="Serve under a sub-path, e.g. 'observatory' behind a proxy.")
+@click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
+def dashboard(runs_dir, db, port, address, base_url_path, dry_run):
+    """Start the Streamlit dashboard over the store (read-only; run `observatory ingest --follow` beside it)."""
+    app = app_path()
+    if not app.is_file():
+        raise click.ClickException(f"cannot find the dashboard entry {app}; run from a checkout of the project")
+    argv = streamlit_argv(app, port, address, base_url_path)
+    env = dict(os.environ, OBSERVATORY_DB=str(Path(db).resolve()), OBSERVATORY_RUNS=str(Path(runs_dir).resolve()))
+    url = f"http://{'localhost' if address in ('127.0.0.1', '0.0.0.0') else address}:{port}/{base_url_path.strip('/')}"
+    if dry_run:
+        click.echo(f"cd {app.parent} && OBSERVATORY_DB={env['OBSERVATORY_DB']} " + " ".join(argv))
+        return
+    click.echo(f"Observatory dashboard on {url} (store {env['OBSERVATORY_DB']}); Ctrl-C to stop", err=True)
+    os.chdir(app.parent)  # .streamlit/config.toml next to app.py applies
+    os.execve(sys.executable, argv, env)
