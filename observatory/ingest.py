@@ -42,6 +42,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +147,17 @@ class _Chunk:
     tail_len: int
     eof: bool
     error: str | None = None  # e.g. a corrupt gzip stream
+    transient: bool = False  # an error that may go away (permissions): report, do not record
+
+
+def _is_transient(e: BaseException) -> bool:
+    return isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile)
+
+
+def _read_error(lf: LogFile, e: BaseException) -> str:
+    if lf.gz and not _is_transient(e):
+        return f"corrupt or truncated gzip stream ({type(e).__name__}: {e}); lines before it were read"
+    return f"cannot read: {e}"
 
 
 def _open(lf: LogFile):
@@ -159,12 +171,16 @@ def _read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> _Chunk:
     for the rejection), so a 100 MB line costs a scan, not 100 MB of memory.
     """
     oversized: list[tuple[int, int, bytes]] = []
-    with _open(lf) as f:
+    try:
+        f = _open(lf)
+    except OSError as e:
+        return _Chunk(b"", offset, [], b"", 0, True, f"cannot open: {e.strerror or e}", transient=True)
+    with f:
         try:
             f.seek(offset)
             buf = f.read(budget)
-        except (OSError, EOFError) as e:
-            return _Chunk(b"", offset, [], b"", 0, True, f"cannot read: {e}")
+        except (OSError, EOFError, zlib.error) as e:
+            return _Chunk(b"", offset, [], b"", 0, True, _read_error(lf, e), transient=_is_transient(e))
         last = buf.rfind(b"\n")
         if last >= 0:
             data = buf[: last + 1]
@@ -176,8 +192,8 @@ def _read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> _Chunk:
         while True:
             try:
                 block = f.read(1 << 20)
-            except (OSError, EOFError) as e:
-                return _Chunk(b"", offset, [], head, n, True, f"cannot read: {e}")
+            except (OSError, EOFError, zlib.error) as e:
+                return _Chunk(b"", offset, [], head, n, True, _read_error(lf, e), transient=_is_transient(e))
             if not block:
                 return _Chunk(b"", offset, [], head, n, True)  # still torn at EOF
             i = block.find(b"\n")
@@ -430,7 +446,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
             elif verdict == "dup":
                 b.n_duplicates += 1
             else:
-                b.reject(lf, lineno, "seq", verdict, ch.data[offs[i] : min(offs[i + 1], offs[i] + RAW_CAP)])
+                b.reject(lf, lineno, "seq", verdict, ch.data[offs[i] : min(offs[i + 1] - 1, offs[i] + RAW_CAP)])
         elif big[i] and lengths[i] > max_line + 1:
             raw = ch.data[offs[i] : offs[i] + RAW_CAP]
             b.reject(lf, lineno, "(line)", f"line is {lengths[i] - 1} bytes, over max_line_bytes={max_line}", raw)
@@ -633,15 +649,17 @@ def _process_file(con, b: _Batch, lf: LogFile, st: _FileState, budget: int, ende
     while used < budget:
         start = st.offset
         ch = _read_chunk(lf, start, read_size, max_line)
+        if ch.error and ch.transient:
+            b.messages.append(f"{lf.path}: {ch.error}; will retry")
+            return used, False
         if ch.error:
             b.reject(lf, st.line + 1, "(file)", ch.error, b"")
-            st.offset = lf.size if not lf.gz else st.offset
             return used, True
         if ch.data or ch.oversized:
             _ingest_chunk(con, b, lf, st, ch, max_line)
         used += ch.end - start
         if ch.eof:
-            if ch.tail_len and ended:
+            if ch.tail_len and (ended or _ended_in_batch(b, lf.run)):
                 what = f"a {ch.tail_len}-byte final line" if ch.tail_len <= max_line else "an oversized final line"
                 b.reject(lf, st.line + 1, "(line)", f"truncated: {what} has no newline (the writer died mid-line)", ch.tail)
                 b.n_truncated += 1
@@ -651,6 +669,11 @@ def _process_file(con, b: _Batch, lf: LogFile, st: _FileState, budget: int, ende
         if ch.end == start:
             break
     return used, False
+
+
+def _ended_in_batch(b: _Batch, run: str) -> bool:
+    last = [e["kind"] for e in b.lifecycle if e["run"] == run]
+    return bool(last) and last[-1] == "run_end"
 
 
 def _save_file(con, lf: LogFile, st: _FileState, done: bool) -> None:
