@@ -256,3 +256,48 @@ def test_reader_rejects_nothing_in_an_empty_or_missing_file(tmp_path):
     assert list(reader) == [] and reader.truncated and not reader.problems
     with pytest.raises(FileNotFoundError, match="no-such"):
         WandbLogReader(tmp_path / "no-such.wandb")
+
+
+# ------------------------------------------------------------------ the store
+
+
+def _store(db):
+    from observatory.store import connect
+
+    with connect(db) as con:
+        runs = dict(con.execute("SELECT run, status FROM runs").fetchall())
+        rows = con.execute("SELECT run, step, name, value FROM metrics ORDER BY ALL").fetchall()
+    metrics: dict = {}
+    for run, step, name, value in rows:
+        metrics.setdefault(run, {}).setdefault(step, {})[name] = value
+    return runs, metrics
+
+
+def test_imported_runs_land_in_the_store_and_reimport_adds_nothing(wandb_runs, tmp_path, monkeypatch):
+    # the detectors write findings about the NaN (host 1000, t = now), which ingest counts as
+    # signs of life; with no grace period a run without run_end shows as crashed at once
+    monkeypatch.setenv("OBSERVATORY_STALE_AFTER_S", "0")
+    runs, db = tmp_path / "runs", tmp_path / "o.duckdb"
+    args = ["--runs-dir", str(runs), "--db", str(db)]
+    r = CliRunner().invoke(cli, ["import", "wandb", str(wandb_runs["dir"]), *args])
+    assert r.exit_code == 0, r.output
+    status, metrics = _store(db)
+    assert status == {"wandb-good1": "completed", "wandb-bad1": "failed"}
+    assert _same(metrics["wandb-good1"], wandb_runs["logged"])  # exact, NaN and inf included
+    r = CliRunner().invoke(cli, ["import", "wandb", str(wandb_runs["dir"]), *args])
+    assert r.exit_code == 0 and r.output.count("file unchanged") == 2
+    assert _store(db)[0] == status and _same(_store(db)[1]["wandb-good1"], metrics["wandb-good1"])
+
+    # a truncated copy of the same run: a conflict, refused; with --replace the store is rebuilt
+    spans = _spans(wandb_runs["good"])
+    cut = tmp_path / "cut" / "run-good1.wandb"
+    cut.parent.mkdir()
+    cut.write_bytes(wandb_runs["good"].read_bytes()[: spans[len(spans) // 2][0] + 5])
+    r = CliRunner().invoke(cli, ["import", "wandb", str(cut), *args])
+    assert r.exit_code == 1 and "already in the runs dir with different events" in r.output
+    r = CliRunner().invoke(cli, ["import", "wandb", str(cut), "--replace", *args])
+    assert r.exit_code == 0 and "file replaced" in r.output, r.output
+    status, metrics = _store(db)
+    assert status["wandb-good1"] == "crashed"  # no exit record: the run died
+    kept = {s for start, end, p in spans if end <= cut.stat().st_size and (s := _history_step(p)) is not None}
+    assert _same(metrics["wandb-good1"], {s: v for s, v in wandb_runs["logged"].items() if s in kept})

@@ -10,12 +10,13 @@ METRIC_COLUMNS = ("run", "step", "name", "value", "t", "host")
 
 def run_exists(con, run: str) -> bool:
     """Is `run` in the store (as a run, or at least with metrics)?"""
-    row = con.execute(
+    # fetchall, not fetchone: DuckDB 2 keeps a half-read result open and refuses the next query
+    rows = con.execute(
         "SELECT (SELECT count(*) FROM runs WHERE run = $run) + (SELECT count(*) FROM "
         "(SELECT 1 FROM metrics WHERE run = $run LIMIT 1))",
         {"run": run},
-    ).fetchone()
-    return bool(row and row[0])
+    ).fetchall()
+    return bool(rows and rows[0][0])
 
 
 def similar_runs(con, run: str, limit: int = 5) -> list[str]:
@@ -28,7 +29,7 @@ def similar_runs(con, run: str, limit: int = 5) -> list[str]:
 
 
 def metrics_count(con, run: str) -> int:
-    return con.execute("SELECT count(*) FROM metrics WHERE run = $run", {"run": run}).fetchone()[0]
+    return con.execute("SELECT count(*) FROM metrics WHERE run = $run", {"run": run}).fetchall()[0][0]
 
 
 def metrics_reader(con, run: str, batch_rows: int = 100_000):
@@ -37,7 +38,7 @@ def metrics_reader(con, run: str, batch_rows: int = 100_000):
     Columns: run VARCHAR, step BIGINT, name VARCHAR, value DOUBLE (NaN/inf kept), t DOUBLE,
     host USMALLINT. Streamed in batches so a run with 10^8 values never sits in memory.
     """
-    return con.execute(
+    return con.sql(
         "SELECT run, step, name, value, t, host FROM metrics WHERE run = $run ORDER BY step, name, host, t",
-        {"run": run},
-    ).fetch_record_batch(batch_rows)
+        params={"run": run},
+    ).to_arrow_reader(batch_rows)
