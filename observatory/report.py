@@ -83,9 +83,10 @@ def effective_status(info: dict[str, Any], now: float | None = None) -> str:
     if info.get("start_time") is None:
         return "records"  # a folder without run_start (e.g. `decisions/`): findings, not a training run
     status = info.get("status") or "running"
-    if status == "running" and info.get("end_time") is None and info.get("last_event_t") is not None:
+    last = info.get("writer_t") or info.get("last_event_t")
+    if status == "running" and info.get("end_time") is None and last is not None:
         now = time.time() if now is None else now
-        if now - info["last_event_t"] > float(settings.get("stale_after_s")):
+        if now - last > float(settings.get("stale_after_s")):
             return "crashed"
     return status
 
@@ -243,7 +244,7 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
     elif status == "crashed":
         lines.append(
             f"{run} crashed: no run_end was written and its writers went silent after step {steps} "
-            f"(last event {_when(info.get('last_event_t'))})."
+            f"(last event {_when(info.get('writer_t') or info.get('last_event_t'))})."
         )
     else:
         lines.append(f"{run} {status} at step {steps}.")
@@ -297,6 +298,9 @@ def build(db, run: str, *, now: float | None = None) -> Report:
         info = q.run_info(con, run)
         if info is None:
             raise ValueError(f"no run {run!r} in the store (see `observatory runs`; ingest first?)")
+        from observatory.events import OBSERVATORY_HOST
+
+        info["writer_t"] = q.last_writer_t(con, run, OBSERVATORY_HOST)
         status = effective_status(info, now)
         events = q.run_events(con, run)
         timeline = [
@@ -336,7 +340,7 @@ def build(db, run: str, *, now: float | None = None) -> Report:
             ("first non-finite loss", f"step {nonfinite[0]}" if nonfinite else "none"),
             ("started", _when(info.get("start_time"))),
             ("ended", _when(info.get("end_time"))),
-            ("last event", _when(info.get("last_event_t"))),
+            ("last event from the run", _when(info.get("writer_t"))),
             ("parent", f"{info['parent_run']}@{info['parent_step']}" if info.get("parent_run") else "-"),
             (
                 "ladder",

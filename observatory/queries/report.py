@@ -21,6 +21,8 @@ __all__ = [
     "drop_series",
     "ladder_runs",
     "last_value",
+    "last_writer_t",
+    "report_runs",
 ]
 
 TIMELINE_KINDS = (
@@ -74,6 +76,29 @@ def run_info(con, run: str) -> dict[str, Any] | None:
             out[c] = json.loads(out[c])
     out["tags"] = list(out["tags"] or [])
     return out
+
+
+def report_runs(con) -> list[dict[str, Any]]:
+    """Every run a report can be written for: [{run, status, start_time, last_event_t}], newest first."""
+    rows = con.execute(
+        "SELECT run, status, start_time, last_event_t FROM runs"
+        " ORDER BY start_time DESC NULLS LAST, last_event_t DESC NULLS LAST, run"
+    ).fetchall()
+    return [{"run": r[0], "status": r[1], "start_time": r[2], "last_event_t": r[3]} for r in rows]
+
+
+def last_writer_t(con, run: str, below_host: int) -> float | None:
+    """Newest event time from the run's own writers (hosts below `below_host`): the observatory's
+    findings, written later as host 1000, must not make a dead run look alive."""
+    row = con.execute(
+        """
+        SELECT greatest(
+            (SELECT max(t) FROM events WHERE run = $run AND host < $h),
+            (SELECT max(t) FROM metrics WHERE run = $run AND host < $h))
+        """,
+        {"run": run, "h": below_host},
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 def run_events(con, run: str, kinds: tuple[str, ...] = TIMELINE_KINDS) -> list[dict[str, Any]]:

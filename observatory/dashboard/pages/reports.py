@@ -21,6 +21,19 @@ def _report(con, run: str) -> dict:
     return {"status": rep.status, "story": rep.story, "html": render_html(rep)}
 
 
+def _runs(con) -> list[dict]:
+    """Runs with the status a report would give them (crashed when their writers went silent)."""
+    from observatory import report
+    from observatory.events import OBSERVATORY_HOST
+    from observatory.queries import report as q
+
+    out = []
+    for r in q.report_runs(con):
+        info = {**r, "end_time": None, "writer_t": q.last_writer_t(con, r["run"], OBSERVATORY_HOST)}
+        out.append({"run": r["run"], "status": report.effective_status(info)})
+    return out
+
+
 def render() -> None:
     st.title("Reports")
     st.caption(
@@ -28,7 +41,7 @@ def render() -> None:
         "The same report from the command line: `observatory report RUN --format html|md|pdf`."
     )
     try:
-        runs = common.runs_table()
+        runs = common.query(_runs)
     except common.StoreBusy as e:
         st.info(str(e))
         return
