@@ -89,11 +89,13 @@ class Thresholds:
     loss_min_rise: float = 0.05  # fraction above the trailing median
     grad_z: float = 6.0
     grad_min_ratio: float = 2.0
+    grad_single_ratio: float = 10.0
     grad_growth: float = 3.0
     growth_steps: int = 32
     recovery_steps: int = 64
     recovery_tol: float = 0.05
     drop_jump: float = 0.1
+    drop_z: float = 6.0
     hot_ratio: float = 4.0
     expert_steps: int = 20
     throughput_drop: float = 0.5
@@ -117,11 +119,11 @@ class Thresholds:
                 f"Thresholds.min_history ({self.min_history}) must be <= window ({self.window}); "
                 "lower anomaly_min_history or raise anomaly_window"
             )
-        for name in ("loss_z", "grad_z", "loss_min_rise", "recovery_tol", "drop_jump", "stall_s"):
+        for name in ("loss_z", "grad_z", "drop_z", "loss_min_rise", "recovery_tol", "drop_jump", "stall_s"):
             v = getattr(self, name)
             if not v > 0:
                 raise ValueError(f"Thresholds.{name} must be > 0, got {v!r} (setting anomaly_{name})")
-        for name in ("grad_min_ratio", "grad_growth", "hot_ratio"):
+        for name in ("grad_min_ratio", "grad_single_ratio", "grad_growth", "hot_ratio"):
             if not getattr(self, name) > 1:
                 raise ValueError(
                     f"Thresholds.{name} must be > 1, got {getattr(self, name)!r} (setting anomaly_{name})"
@@ -237,8 +239,23 @@ def _gt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _spikes(
-    detector: str, metric: str, steps, x, z_thr: float, min_rise: float, th: Thresholds, log: bool
+    detector: str,
+    metric: str,
+    steps,
+    x,
+    z_thr: float,
+    min_rise: float,
+    th: Thresholds,
+    log: bool,
+    single: float | None = None,
 ) -> list[Finding]:
+    """Episodes of values above their recent level by `z_thr` robust sigmas and by `min_rise`.
+
+    log: work on log(x) (grad norms are multiplicative), `min_rise` is then a ratio.
+    single: an episode is confirmed by one step this far above (a ratio, or a
+    fraction), else by two flagged steps in a row; None: one flagged step is enough.
+    The finding's `step` is the step that confirmed it.
+    """
     x = np.asarray(x, dtype=float)
     if log:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -254,8 +271,17 @@ def _spikes(
         rise = (y - med) if log else (y - med) / np.abs(med)
     need = math.log(min_rise) if log else min_rise
     flags = _gt(z, np.full_like(z, z_thr)) & _gt(rise, np.full_like(z, need)) & np.isfinite(y)
+    if single is None:
+        strong = flags
+    else:
+        strong = flags & _gt(rise, np.full_like(z, math.log(single) if log else single))
     out = []
     for i0, i1 in _episodes(flags, SPIKE_GAP):
+        conf = next(
+            (j for j in range(i0, i1 + 1) if strong[j] or (j > i0 and flags[j] and flags[j - 1])), None
+        )
+        if conf is None:
+            continue  # one moderate step on its own: tiny noisy runs do that
         seg = x[i0 : i1 + 1]
         ip = i0 + int(np.nanargmax(seg))
         base = math.exp(med[i0]) if log else med[i0]
@@ -271,7 +297,7 @@ def _spikes(
                 f"{what} spiked to {_fmt(x[ip])} at step {steps[ip]} ({ratio:.2f}x the trailing median "
                 f"{_fmt(base)}, {zp:.1f} robust sigma)",
                 (int(steps[i0]), int(steps[i1])),
-                int(steps[i0]),
+                int(steps[conf]),
                 float(x[ip]),
                 {"peak_step": int(steps[ip]), "baseline": float(base), "z": round(zp, 2)},
             )
@@ -285,8 +311,19 @@ def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding
 
 
 def grad_spikes(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
-    """Log grad norm above its trailing median by `grad_z` robust sigmas and `grad_min_ratio` times."""
-    return _spikes("grad_spike", metric, np.asarray(steps), grad, th.grad_z, th.grad_min_ratio, th, log=True)
+    """Log grad norm above its recent level by `grad_z` robust sigmas and `grad_min_ratio` times,
+    confirmed by a second such step in a row or by one step `grad_single_ratio` times the level."""
+    return _spikes(
+        "grad_spike",
+        metric,
+        np.asarray(steps),
+        grad,
+        th.grad_z,
+        th.grad_min_ratio,
+        th,
+        log=True,
+        single=th.grad_single_ratio,
+    )
 
 
 def grad_growth(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
@@ -364,11 +401,18 @@ def incomplete_recovery(
 
 
 def drop_jumps(steps, drop, th: Thresholds, metric: str = DROP) -> list[Finding]:
-    """Drop fraction above its trailing median by `drop_jump` (absolute)."""
+    """Drop fraction above its recent level by `drop_jump` (absolute) and `drop_z` robust sigmas.
+
+    Both: early in training the drop fraction swings by 0.1 and more from step to
+    step as the router settles, so a fixed jump alone would cry wolf.
+    """
     steps = np.asarray(steps)
     x = np.asarray(drop, dtype=float)
-    med, _ = _trailing(x, th.window, th.min_history)
-    flags = _gt(x - med, np.full_like(x, th.drop_jump))
+    med, sig = _level_noise(x, th.window, th.min_history)
+    sig = np.maximum(np.nan_to_num(sig, nan=0.0), 1e-3)
+    with np.errstate(invalid="ignore"):
+        z = (x - med) / sig
+    flags = _gt(x - med, np.full_like(x, th.drop_jump)) & _gt(z, np.full_like(x, th.drop_z))
     out = []
     for i0, i1 in _episodes(flags, SPIKE_GAP):
         ip = i0 + int(np.nanargmax(x[i0 : i1 + 1]))
@@ -377,7 +421,8 @@ def drop_jumps(steps, drop, th: Thresholds, metric: str = DROP) -> list[Finding]
                 "drop_jump",
                 metric,
                 "critical" if x[ip] - med[i0] > 3 * th.drop_jump else "warn",
-                f"drop fraction jumped to {x[ip]:.3f} at step {steps[ip]} from a trailing median of {med[i0]:.3f}",
+                f"drop fraction jumped to {x[ip]:.3f} at step {steps[ip]} from a recent level of {med[i0]:.3f} "
+                f"({float(np.nanmax(z[i0 : i1 + 1])):.1f} robust sigma)",
                 (int(steps[i0]), int(steps[i1])),
                 int(steps[i0]),
                 float(x[ip]),

@@ -67,12 +67,22 @@ def test_bloom_grad_norm_warns_before_the_loss_peak():
     assert len(gs) == 1 and len(ls) == 1
     peak = ls[0].extra["peak_step"]
     assert peak == 506
-    assert gs[0].step == 501  # 0.95 is already 3.x the trailing median and far outside its spread
+    # 0.95 (~3.5x the recent level) opens the episode; 2.39 right after confirms it
+    assert gs[0].window[0] == 501 and gs[0].step == 502
     assert peak - gs[0].step >= 3  # BLOOM's ~3-step lead at least
     assert gs[0].severity == "critical" and ls[0].severity == "critical"
     assert gs[0].window[1] == 505 and gs[0].value == 960.0
     # recovered within the recovery window: no incomplete-recovery finding
     assert A.incomplete_recovery(steps, loss, ls, TH) == []
+
+
+def test_one_moderate_grad_norm_step_is_noise_one_huge_step_is_not():
+    steps, _, grad, _, _ = clean(600, seed=7)
+    grad[300] *= 5  # a clean tiny run does this now and then
+    assert A.grad_spikes(steps, grad, TH) == []
+    grad[400] *= 30  # a bad batch
+    (f,) = A.grad_spikes(steps, grad, TH)
+    assert f.window == (400, 400) and f.step == 400 and f.severity == "critical"
 
 
 def test_loss_spike_without_recovery_is_reported_once_due():
