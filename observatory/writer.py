@@ -32,12 +32,23 @@ from typing import Any, Protocol
 from observatory import settings
 from observatory.events import RUN_ID_RE, STATUSES, VERSION, encode_value
 
-__all__ = ["init", "Run", "Sink", "redact", "new_run_id"]
+__all__ = ["init", "Run", "Sink", "redact", "is_secret_key", "new_run_id"]
 
-SECRET_KEY_RE = re.compile(
-    r"(api[_-]?key|apikey|token|secret|password|passwd|credential|private[_-]?key|auth)", re.IGNORECASE
+# A key is secret when one of its words is one of these (hf_token, db_password, wandb.api_key,
+# accessToken), not when a word merely starts like one (tokenizer, max_tokens, author).
+SECRET_WORDS = frozenset(
+    "token secret secrets password passwd pwd credential credentials apikey auth authorization".split()
 )
+SECRET_PAIRS = ("api_key", "private_key", "access_key", "secret_key", "client_secret")
 REDACTED = "<redacted>"
+
+
+def is_secret_key(key: str) -> bool:
+    """True for config keys whose values must not be written (see SECRET_WORDS)."""
+    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).lower()
+    words = [w for w in re.split(r"[^a-z0-9]+", snake) if w]
+    joined = "_".join(words)
+    return any(w in SECRET_WORDS for w in words) or any(p in joined for p in SECRET_PAIRS)
 
 
 class Sink(Protocol):
@@ -52,7 +63,7 @@ def redact(config: Any) -> Any:
     """Copy of a nested config with the values of secret-looking keys replaced."""
     if isinstance(config, Mapping):
         return {
-            k: (REDACTED if isinstance(k, str) and SECRET_KEY_RE.search(k) else redact(v))
+            k: (REDACTED if isinstance(k, str) and is_secret_key(k) else redact(v))
             for k, v in config.items()
         }
     if isinstance(config, (list, tuple)):
@@ -118,17 +129,19 @@ class Run:
         self.dir = Path(runs_dir) / run_id
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"events.{host}.jsonl"
-        self._seq = self._next_seq()
+        self._seq = self._next_seq()  # assigned on the writer thread, so file order is seq order
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._dropped = 0
         self._dropped_reported = 0
         self._logged = 0
-        self._lock = threading.Lock()
+        self._signal: int | None = None
+        self._lock = threading.RLock()  # re-entrant: a signal handler may run while the main thread holds it
         self._flush_interval = flush_interval
         self._sinks = list(sinks)
         self._finished = False
         self._last_step: int | None = None
         self._file = open(self.path, "ab", buffering=0)
+        self._terminate_torn_line()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"observatory-writer-{run_id}", daemon=True)
         self._thread.start()
@@ -162,18 +175,21 @@ class Run:
             if not isinstance(name, str) or not name:
                 raise TypeError(f"log: metric names must be non-empty strings, got {name!r}")
             data[name] = _to_float(name, value)
-        if self._dropped > self._dropped_reported:
-            data["writer/dropped_events"] = float(self._dropped)
-            self._dropped_reported = self._dropped
-        self._put("metrics", data, step)
+        dropped = self._dropped
+        if dropped > self._dropped_reported:
+            data["writer/dropped_events"] = float(dropped)  # cumulative count of events the full queue dropped
+        if self._put("metrics", data, step) and dropped > self._dropped_reported:
+            self._dropped_reported = dropped
 
     def log_expert_load(self, step: int, layer: int, routed: Iterable[int], dropped: Iterable[int]) -> None:
         """Per-expert routed and dropped assignment counts for one layer."""
         step = _check_step(step, "log_expert_load")
+        if step is None:
+            raise TypeError("log_expert_load: step is required")
         if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
             raise ValueError(f"log_expert_load: layer must be an int >= 0, got {layer!r}")
-        r = [int(x) for x in routed]
-        d = [int(x) for x in dropped]
+        r = _counts("routed", routed)
+        d = _counts("dropped", dropped)
         if len(r) != len(d):
             raise ValueError(f"log_expert_load: {len(r)} routed counts but {len(d)} dropped counts")
         self._put("expert_load", {"layer": layer, "routed": r, "dropped": d}, step)
@@ -228,10 +244,12 @@ class Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._finished:
+            return False
         if exc_type is None:
             self.finish("completed")
-        elif issubclass(exc_type, KeyboardInterrupt):
-            self.finish("killed")
+        elif issubclass(exc_type, (KeyboardInterrupt, SystemExit)) or self._signal is not None:
+            self._finish_killed()
         else:
             self.event(
                 "failure",
@@ -262,23 +280,35 @@ class Run:
                 continue
         return 0
 
-    def _put(self, kind: str, data: dict, step: int | None, force: bool = False) -> None:
+    def _put(self, kind: str, data: dict, step: int | None, force: bool = False) -> bool:
+        """Queue an event without waiting (unless `force`); False when the full queue dropped it."""
         if self._finished and not force:
             raise RuntimeError(f"run {self.id} is finished; start a new one with observatory.init")
         if step is not None:
             self._last_step = step if self._last_step is None else max(self._last_step, step)
-        with self._lock:
-            seq = self._seq
-            self._seq += 1
-        item = (seq, kind, step, time.time(), data)
+        item = (kind, step, time.time(), data)
         try:
             if force:
                 self._queue.put(item, timeout=30)
             else:
                 self._queue.put_nowait(item)
             self._logged += 1
+            return True
         except queue.Full:
             self._dropped += 1
+            return False
+
+    def _terminate_torn_line(self) -> None:
+        """A resumed writer must not glue its first event onto a line a dead writer left torn."""
+        try:
+            size = self.path.stat().st_size
+            if size:
+                with open(self.path, "rb") as f:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        self._file.write(b"\n")
+        except OSError:
+            pass
 
     def _wait_empty(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -286,7 +316,9 @@ class Run:
             time.sleep(0.005)
 
     def _encode(self, item) -> bytes:
-        seq, kind, step, t, data = item
+        kind, step, t, data = item
+        seq = self._seq
+        self._seq += 1
         ev = {"v": VERSION, "run": self.id, "kind": kind, "step": step, "t": t, "host": self.host, "seq": seq}
         ev["data"] = encode_value(data)
         return (json.dumps(ev, separators=(",", ":"), allow_nan=False, default=_json_default) + "\n").encode()
@@ -302,8 +334,6 @@ class Run:
             except queue.Empty:
                 pass
             if batch:
-                # seq order is the contract; items can reach the queue slightly out of order
-                batch.sort(key=lambda it: it[0])
                 self._write(batch)
             now = time.monotonic()
             if batch or now - last_sync > self._flush_interval:
@@ -343,16 +373,46 @@ class Run:
                     _warn(f"sink {sink!r} failed: {e}")
 
     def _on_signal(self, signum, frame) -> None:
-        if not self._finished:
-            self.finish("killed", None)
-        old = self._old_handlers.get(signum) if self._old_handlers else None
-        if callable(old):
+        # Do not write from inside the handler: the main thread may be interrupted while it holds
+        # the queue's lock. Unwind it with an exception instead; __exit__ or atexit then writes
+        # failure(signal) and run_end(killed) and flushes.
+        self._signal = signum
+        old = self._old_handlers.get(signum)
+        if callable(old) and old is not signal.default_int_handler:
             old(signum, frame)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise SystemExit(128 + signum)
 
+    def _finish_killed(self) -> None:
+        name = signal.Signals(self._signal).name if self._signal else "interrupt"
+        self._put(
+            "failure",
+            {"type": "signal", "message": f"{name} received", "action": "halt"},
+            self._last_step,
+            force=True,
+        )
+        self.finish("killed")
+
     def _atexit(self) -> None:
-        if not self._stop.is_set():
+        if not self._finished and self._signal is not None:
+            self._finish_killed()
+        elif not self._stop.is_set():
             self.close()
+
+
+def _counts(what: str, values: Iterable[int]) -> list[int]:
+    """Per-expert counts as Python ints >= 0 (numpy/jax arrays welcome); raise on anything else."""
+    vals = values.tolist() if hasattr(values, "tolist") else list(values)
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                continue
+            raise TypeError(f"log_expert_load: {what} counts must be integers, got {type(v).__name__} {v!r:.40}")
+    out = [int(v) for v in vals]
+    if out and min(out) < 0:
+        raise ValueError(f"log_expert_load: {what} counts must be >= 0, got {min(out)}")
+    return out
 
 
 def _json_default(o: Any) -> Any:
