@@ -1,0 +1,104 @@
+"""The store: schema and its docs, read-only connections, and the lock turnstile."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import duckdb
+import pytest
+
+from observatory import store
+from observatory.events import KINDS
+
+
+def test_schema_creates_every_table_and_view(db_path):
+    with store.connect(db_path) as con:  # a missing store is created empty
+        names = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    assert set(store.TABLE_DOCS) <= names
+    for kind in KINDS.values():
+        assert kind.table in names, f"kind {kind.name} has no table"
+
+
+def test_schema_doc_matches_ddl(db_path):
+    with store.connect(db_path) as con:
+        actual = {
+            (t, c) for t, c in con.execute("SELECT table_name, column_name FROM duckdb_columns() WHERE NOT internal").fetchall()
+        }
+    doc = store.SCHEMA_DOC
+    for table, cols in store.schema_columns().items():
+        assert f"### `{table}`" in doc
+        for col, typ, comment in cols:
+            assert (table, col) in actual
+            assert comment, f"{table}.{col} has no comment in the DDL (the README documents it from there)"
+            assert f"| `{col}` | {typ} |" in doc
+    assert {c for t, c in actual if t == "ingest_files"} == {c for c, _, _ in store.schema_columns()["ingest_files"]}
+
+
+def test_connect_is_read_only(db_path):
+    with store.connect(db_path) as con:
+        with pytest.raises(duckdb.Error, match="read-only"):
+            con.execute("CREATE TABLE x (a INT)")
+
+
+def test_old_store_gets_new_columns(db_path):
+    con = duckdb.connect(str(db_path))
+    con.execute("CREATE TABLE ingest_files (path VARCHAR PRIMARY KEY, run VARCHAR, host USMALLINT, "
+                "byte_offset BIGINT NOT NULL, line BIGINT NOT NULL, last_seq BIGINT, size BIGINT, mtime DOUBLE)")  # fmt: skip
+    con.close()
+    with store.write_connection(db_path) as con:
+        store.ensure_schema(con)
+        cols = {r[0] for r in con.execute("DESCRIBE ingest_files").fetchall()}
+    assert {"first_seq", "cursor_seq"} <= cols
+
+
+def test_reader_waits_for_writer_and_writer_is_not_starved(db_path):
+    with store.write_connection(db_path) as con:
+        store.ensure_schema(con)
+    w = store.write_connection(db_path)
+    got: list[float] = []
+
+    def reader():
+        t0 = time.monotonic()
+        with store.connect(db_path) as con:
+            con.execute("SELECT count(*) FROM runs").fetchall()
+        got.append(time.monotonic() - t0)
+
+    th = threading.Thread(target=reader)
+    th.start()
+    time.sleep(0.3)
+    assert not got, "a reader must wait while the writer holds the store"
+    w.execute("INSERT INTO runs (run, status) VALUES ('x', 'running')")
+    w.close()
+    th.join(10)
+    assert got and got[0] >= 0.25
+
+    # readers keep arriving; a writer still gets in (the gate stops new readers while it waits)
+    stop = threading.Event()
+
+    def busy_reader():
+        while not stop.is_set():
+            with store.connect(db_path) as con:
+                con.execute("SELECT count(*) FROM runs").fetchall()
+                time.sleep(0.02)
+
+    readers = [threading.Thread(target=busy_reader) for _ in range(3)]
+    for r in readers:
+        r.start()
+    try:
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        with store.write_connection(db_path, timeout_s=10) as con:
+            con.execute("INSERT INTO runs (run, status) VALUES ('y', 'running')")
+        assert time.monotonic() - t0 < 5
+    finally:
+        stop.set()
+        for r in readers:
+            r.join(10)
+
+
+def test_busy_store_raises_store_busy_naming_the_setting(db_path):
+    with store.write_connection(db_path) as con:
+        store.ensure_schema(con)
+        with pytest.raises(store.StoreBusy, match="lock_timeout_s"):
+            store.connect(db_path, timeout_s=0.2)
