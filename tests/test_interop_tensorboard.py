@@ -133,3 +133,23 @@ def test_cli_import_is_idempotent_and_rejects_empty_paths(tb_root, tmp_path):
     r3 = CliRunner().invoke(cli, ["import", "tensorboard", str(empty), "--runs-dir", str(runs)])
     assert r3.exit_code == 2 and "no tfevents files" in r3.output
     assert import_tensorboard([empty], runs, ingest=False) == []
+
+
+def test_cli_import_lands_in_the_store(tb_root, tmp_path):
+    from observatory.store import connect
+
+    root, logged = tb_root
+    runs, db = tmp_path / "runs", tmp_path / "o.duckdb"
+    r = CliRunner().invoke(
+        cli, ["import", "tensorboard", str(root), "--runs-dir", str(runs), "--db", str(db)]
+    )
+    assert r.exit_code == 0, r.output
+    assert "2 run(s) imported, 0 failed" in r.output and "store" in r.output
+    with connect(db) as con:
+        status = dict(con.execute("SELECT run, status FROM runs").fetchall())
+        rows = con.execute("SELECT step, name, value FROM metrics WHERE run = 'tb-exp-a'").fetchall()
+    assert status == {"tb-exp-a": "completed", "tb-exp-b": "completed"}
+    got: dict = {}
+    for step, name, value in rows:
+        got.setdefault(step, {})[name] = value
+    assert _same(got, logged["tb-exp-a"])

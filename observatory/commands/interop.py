@@ -96,9 +96,8 @@ def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, replace, verbose):
     if not find_tfevents_dirs(paths):
         raise click.UsageError(f"no tfevents files under {', '.join(map(str, paths))}")
     st = None if status == "none" else status
-    _report(
-        import_tensorboard(paths, runs_dir, db, status=st, ingest=not no_ingest, replace=replace), verbose
-    )
+    results = import_tensorboard(paths, runs_dir, db, status=st, ingest=False, replace=replace)
+    _report(results, verbose, runs_dir, db, not no_ingest)
 
 
 @import_group.command("jsonl")
