@@ -144,7 +144,7 @@ def test_cli_import_lands_in_the_store(tb_root, tmp_path):
         cli, ["import", "tensorboard", str(root), "--runs-dir", str(runs), "--db", str(db)]
     )
     assert r.exit_code == 0, r.output
-    assert "2 run(s) imported, 0 failed" in r.output and "store" in r.output
+    assert "2 run(s) imported from 2 source(s), 0 failed" in r.output and "store" in r.output
     with connect(db) as con:
         status = dict(con.execute("SELECT run, status FROM runs").fetchall())
         rows = con.execute("SELECT step, name, value FROM metrics WHERE run = 'tb-exp-a'").fetchall()

@@ -52,6 +52,14 @@ bad = wandb.init(mode="offline", dir=out, project="obs-test", id="bad1", config=
 for s in range(10):
     bad.log({"train/loss": 1.0 + s}, step=s)
 bad.finish(exit_code=3)
+
+# a resumed run: two sessions (two offline-run folders, two files) with one run id
+for session, steps in enumerate((range(0, 10), range(10, 20))):
+    r = wandb.init(mode="offline", dir=out, project="obs-test", id="res1", resume="allow",
+                   config={"session": session}, reinit="create_new")
+    for s in steps:
+        r.log({"train/loss": 10.0 - s}, step=s)
+    r.finish(exit_code=1 if session == 0 else 0)
 json.dump({"logged": logged, "media": media}, open(out + "/logged.json", "w"))
 """
 
@@ -63,7 +71,7 @@ def wandb_runs(tmp_path_factory):
     env.pop("WANDB_API_KEY", None)
     subprocess.run([sys.executable, "-c", MAKE_RUNS, str(out)], check=True, env=env, timeout=300)
     info = json.loads((out / "logged.json").read_text())
-    files = {f.name: f for f in find_wandb_files([out])}
+    files = {f.name: f for f in find_wandb_files([out]) if f.name != "run-res1.wandb"}
     logged = {int(s): {k: float(v) for k, v in row.items()} for s, row in info["logged"].items()}
     return {
         "dir": out,
@@ -151,8 +159,16 @@ def test_nonzero_exit_code_is_a_failed_run(wandb_runs):
 def test_import_folder_writes_runs_and_reimport_is_idempotent(wandb_runs, tmp_path):
     runs = tmp_path / "runs"
     first = import_wandb([wandb_runs["dir"]], runs, ingest=False)
-    assert sorted(r.run for r in first) == ["wandb-bad1", "wandb-good1"]  # latest-run symlink not doubled
+    # latest-run symlink not doubled; the resumed run's two session files make one run
+    assert sorted(r.run for r in first) == ["wandb-bad1", "wandb-good1", "wandb-res1", "wandb-res1"]
     assert {r.written for r in first} == {"new"}
+    resumed = [json.loads(x) for x in (runs / "wandb-res1" / "events.0.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in resumed] == ["run_start"] + ["metrics"] * 20 + ["run_end"]
+    assert [e["step"] for e in resumed[1:-1]] == list(range(20))
+    assert [e["data"]["train/loss"] for e in resumed[1:-1]] == [10.0 - s for s in range(20)]
+    assert resumed[0]["data"]["config"] == {"session": 1} and resumed[0]["data"]["resumed_sessions"] == 2
+    assert resumed[-1]["data"]["status"] == "completed" and resumed[-1]["data"]["final_step"] == 19
+    assert [r.status for r in first if r.run == "wandb-res1"] == ["completed", "completed"]
     before = (runs / "wandb-good1" / "events.0.jsonl").read_bytes()
     again = import_wandb([wandb_runs["good"]], runs, ingest=False)
     assert again[0].written == "unchanged"
@@ -243,7 +259,7 @@ def test_cli_imports_every_run_even_with_a_broken_file_among_them(wandb_runs, tm
     )
     assert result.exit_code == 1, result.output  # one source gave nothing: say so in the exit code
     assert "FAILED" in result.output and "run-junk.wandb" in result.output and "byte 0" in result.output
-    assert "2 run(s) imported, 1 failed" in result.output
+    assert "3 run(s) imported from 4 source(s), 1 failed" in result.output
     assert (runs / "wandb-good1" / "events.0.jsonl").exists() and (
         runs / "wandb-bad1" / "events.0.jsonl"
     ).exists()
@@ -282,10 +298,10 @@ def test_imported_runs_land_in_the_store_and_reimport_adds_nothing(wandb_runs, t
     r = CliRunner().invoke(cli, ["import", "wandb", str(wandb_runs["dir"]), *args])
     assert r.exit_code == 0, r.output
     status, metrics = _store(db)
-    assert status == {"wandb-good1": "completed", "wandb-bad1": "failed"}
+    assert status == {"wandb-good1": "completed", "wandb-bad1": "failed", "wandb-res1": "completed"}
     assert _same(metrics["wandb-good1"], wandb_runs["logged"])  # exact, NaN and inf included
     r = CliRunner().invoke(cli, ["import", "wandb", str(wandb_runs["dir"]), *args])
-    assert r.exit_code == 0 and r.output.count("file unchanged") == 2
+    assert r.exit_code == 0 and r.output.count("file unchanged") == 4
     assert _store(db)[0] == status and _same(_store(db)[1]["wandb-good1"], metrics["wandb-good1"])
 
     # a truncated copy of the same run: a conflict, refused; with --replace the store is rebuilt

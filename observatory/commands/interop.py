@@ -38,8 +38,8 @@ def _report(results, verbose: bool, runs_dir, db, ingest: bool) -> None:
             click.secho(f"  unreadable: {p}", fg="yellow", err=True)
         if len(r.problems) > len(shown):
             click.secho(f"  ... {len(r.problems) - len(shown)} more (use --verbose)", fg="yellow", err=True)
-    ok = len(results) - failed
-    click.echo(f"{ok} run(s) imported, {failed} failed")
+    runs = {r.run for r in results if not r.error}
+    click.echo(f"{len(runs)} run(s) imported from {len(results) - failed} source(s), {failed} failed")
     if ingest and any(r.written for r in results):
         from observatory.interop import ingest_runs
 

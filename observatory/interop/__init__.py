@@ -94,6 +94,7 @@ class ImportResult:
     truncated: bool = False
     written: str = ""  # new | unchanged | extended | replaced | "" (nothing written)
     error: str | None = None  # set when nothing could be imported from this source
+    note: str = ""  # anything else worth a line (e.g. one session of a resumed run)
 
     def summary_line(self) -> str:
         if self.error:
@@ -111,6 +112,8 @@ class ImportResult:
             bits.append("truncated (crashed run: read up to its last whole record)")
         if self.problems:
             bits.append(f"{len(self.problems)} unreadable region(s)")
+        if self.note:
+            bits.append(self.note)
         return "; ".join(bits)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from observatory.interop import ImportResult, RunLogBuilder, flatten, safe_run_id, settle
 from observatory.interop.wandb_reader import Problem, WandbLogReader
 
-__all__ = ["find_wandb_files", "convert_wandb_file", "import_wandb"]
+__all__ = ["find_wandb_files", "convert_wandb_file", "merge_sessions", "import_wandb"]
 
 _FILE_ID_RE = re.compile(r"^run-(.+)\.wandb$")
 _NOT_METRICS = {"_step", "_runtime", "_timestamp", "_wandb"}
@@ -289,6 +289,29 @@ def convert_wandb_file(
     return log, res
 
 
+def merge_sessions(logs: list[RunLogBuilder]) -> RunLogBuilder:
+    """The sessions of a resumed W&B run (in time order) as one event log.
+
+    One `run_start` (the first session's, with the config as the last session left it),
+    every session's metrics, and the `run_end` of the last session only (an earlier
+    session's exit was not the end of the run).
+    """
+    merged = RunLogBuilder(logs[0].run)
+    start = dict(logs[0].events[0]["data"])
+    config = dict(start.get("config") or {})
+    for log in logs[1:]:
+        config.update(log.events[0]["data"].get("config") or {})
+    start["config"] = config
+    start["resumed_sessions"] = len(logs)
+    merged.add("run_start", start, None, logs[0].events[0]["t"])
+    for i, log in enumerate(logs):
+        for ev in log.events[1:]:
+            if ev["kind"] == "run_end" and i < len(logs) - 1:
+                continue
+            merged.add(ev["kind"], ev["data"], ev["step"], ev["t"])
+    return merged
+
+
 def _set_config(config: dict, item, bad: list, offset: int, length: int) -> None:
     try:
         _set_path(config, _item_path(item), _json(item.value_json))
@@ -309,15 +332,32 @@ def import_wandb(
     Returns one `ImportResult` per file, in order. A file that cannot be read at all gets
     `error` set; the others are imported regardless.
     """
-    results = []
+    converted: list[tuple[RunLogBuilder | None, ImportResult]] = []
     for f in find_wandb_files(paths):
         try:
-            log, res = convert_wandb_file(f)
-            if res.error is None:
-                settle(res, log.write(runs_dir, replace))
+            converted.append(convert_wandb_file(f))
         except Exception as e:  # one bad file never stops the others
-            res = ImportResult(source=f, error=f"{type(e).__name__}: {e}")
-        results.append(res)
+            converted.append((None, ImportResult(source=f, error=f"{type(e).__name__}: {e}")))
+    # a resumed W&B run is several files (one per session) with one run id: one run here
+    sessions: dict[str, list[tuple[RunLogBuilder, ImportResult]]] = {}
+    for log, res in converted:
+        if log is not None and res.error is None:
+            sessions.setdefault(res.run, []).append((log, res))
+    for parts in sessions.values():
+        parts.sort(key=lambda p: (p[0].events[0]["t"], str(p[1].source)))
+        log = merge_sessions([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+        try:
+            state = log.write(runs_dir, replace)
+        except OSError as e:
+            for _, res in parts:
+                res.error = f"cannot write the run's event log: {e}"
+            continue
+        for i, (_, res) in enumerate(parts):
+            settle(res, state)
+            if len(parts) > 1:
+                res.status = parts[-1][1].status
+                res.note = f"session {i + 1} of {len(parts)} of a resumed W&B run, imported as one run"
+    results = [res for _, res in converted]
     if ingest and any(r.written for r in results):
         from observatory.interop import ingest_runs
 
