@@ -111,6 +111,7 @@ def test_truncated_file_imports_what_is_whole(tmp_path):
     f = next((tmp_path / "t").glob("*tfevents*"))
     f.write_bytes(f.read_bytes()[: f.stat().st_size * 2 // 3 + 5])
     log, res = convert_tensorboard_dir(tmp_path / "t", "tb-t")
+    assert res.truncated and not res.problems
     got = _metrics(log)
     assert 0 < len(got) < 100
     assert _same(got, {s: v for s, v in logged.items() if s in got})
@@ -153,3 +154,26 @@ def test_cli_import_lands_in_the_store(tb_root, tmp_path):
     for step, name, value in rows:
         got.setdefault(step, {})[name] = value
     assert _same(got, logged["tb-exp-a"])
+
+
+def test_corrupt_record_is_reported_with_its_offset(tmp_path):
+    from observatory.interop.tensorboard_import import _record_offsets
+
+    logged = _write_run(tmp_path / "c", range(100))
+    f = next((tmp_path / "c").glob("*tfevents*"))
+    offsets, torn = _record_offsets(f)
+    assert not torn and len(offsets) > 150  # file_version + 2 scalars per step + histograms, text
+    bad = offsets[len(offsets) // 2]
+    data = bytearray(f.read_bytes())
+    data[bad + 14] ^= 0xFF  # a byte of the record's data: its CRC no longer matches
+    f.write_bytes(bytes(data))
+    log, res = convert_tensorboard_dir(tmp_path / "c", "tb-c")
+    assert (
+        len(res.problems) == 1
+        and f"byte {bad}: record {len(offsets) // 2 + 1} of {len(offsets)}" in res.problems[0]
+    )
+    got = _metrics(log)
+    last = max(got)  # the step the bad record belonged to may be partly read
+    assert 0 < len(got) < 100 and sorted(got) == list(range(last + 1))
+    assert _same({s: v for s, v in got.items() if s < last}, {s: v for s, v in logged.items() if s < last})
+    assert all(logged[last][k] == v for k, v in got[last].items())

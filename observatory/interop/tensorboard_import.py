@@ -52,6 +52,30 @@ def find_tfevents_dirs(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, s
     return out
 
 
+def _record_offsets(path: Path) -> tuple[list[int], bool]:
+    """Start offsets of the TFRecord frames in a file, and whether it ends mid-frame.
+
+    Frame: length u64 LE | masked CRC32C of length u32 | data | masked CRC32C of data u32.
+    Only lengths are followed here (TensorBoard's reader checks the CRCs), to say where a
+    reader that stopped early stopped.
+    """
+    import struct
+
+    offsets: list[int] = []
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        pos = 0
+        while pos + 12 <= size:
+            f.seek(pos)
+            (length,) = struct.unpack("<Q", f.read(8))
+            end = pos + 12 + length + 4
+            if end > size:
+                return offsets, True
+            offsets.append(pos)
+            pos = end
+    return offsets, pos != size
+
+
 def _scalar(value, skipped) -> float | None:
     """A summary value as a float if it is a scalar, else None (counted in `skipped`)."""
     from tensorboard.util import tensor_util
@@ -72,18 +96,23 @@ def _scalar(value, skipped) -> float | None:
 
 def convert_tensorboard_dir(directory: Path, run_id: str, status: str | None = "completed"):
     """Read one directory's tfevents files into an in-memory event log."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.data_compat import migrate_event
 
     res = ImportResult(source=directory, run=run_id)
     files = sorted(f for f in directory.glob(_PATTERN) if f.is_file())
     by_step: dict[int, tuple[float, dict[str, float]]] = {}  # step -> (last wall time, values)
     first_t: float | None = None
-    # the loader logs and stops on a torn final record; we report what we got instead
+    # the loader stops quietly at a bad or torn record; `_record_offsets` tells us where
     logging.getLogger("tensorboard").setLevel(logging.ERROR)
     for f in files:
+        n = 0
         try:
-            for ev in EventFileLoader(str(f)).Load():
+            for raw in RawEventFileLoader(str(f)).Load():
+                n += 1
                 res.records += 1
+                ev = migrate_event(event_pb2.Event.FromString(raw))  # legacy simple_value -> scalars
                 if first_t is None and ev.wall_time > 0:
                     first_t = ev.wall_time
                 if ev.WhichOneof("what") != "summary":
@@ -97,7 +126,16 @@ def convert_tensorboard_dir(directory: Path, run_id: str, status: str | None = "
                     vals[value.tag] = x
                     by_step[step] = (max(t, ev.wall_time), vals)
         except Exception as e:  # one damaged file never stops the others
-            res.problems.append(f"{f}: stopped after {res.records} events: {type(e).__name__}: {e}")
+            res.problems.append(f"{f}: stopped after {n} records: {type(e).__name__}: {e}")
+            continue
+        offsets, torn = _record_offsets(f)
+        if n < len(offsets):
+            res.problems.append(
+                f"{f}: byte {offsets[n]}: record {n + 1} of {len(offsets)} is corrupt (CRC); "
+                f"it and the {len(offsets) - n - 1} after it were not read"
+            )
+        elif torn:
+            res.truncated = True
     if first_t is None:
         res.error = "no readable TensorBoard events" + (f" ({res.problems[0]})" if res.problems else "")
         return RunLogBuilder(run_id), res
