@@ -6,10 +6,15 @@ Keep this file small and additive; area-specific fixtures live in their test mod
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
+
+# Simulated CPU devices for the MoE expert-parallel tests (8-device meshes); it must be set before
+# jax is first imported in this pytest process. setdefault keeps a value the user already exported.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 
 @pytest.fixture
