@@ -42,7 +42,8 @@ def _emit(columns: list[str], rows: list[tuple], fmt: str, out: Path | None, tit
             with open(out, "w") as f:
                 Console(file=f, width=200).print(table)
         else:
-            Console().print(table)
+            # piped output (a file, `less`, a test) gets a wide table instead of wrapped cells
+            Console(width=None if sys.stdout.isatty() else 240).print(table)
         return
     frame = _frame(columns, rows)
     if fmt == "parquet":
