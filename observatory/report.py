@@ -263,9 +263,8 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
             lead = (
                 f", {ref - first['step']} steps before the {'failure' if fails else 'first non-finite loss'}"
             )
-        lines.append(
-            f"{len(anoms)} anomalies; the first warning came at step {first['step']}{lead}: {first['text']}."
-        )
+        n = f"{len(anoms)} anomal{'y' if len(anoms) == 1 else 'ies'}"
+        lines.append(f"{n}; the first warning came at step {first['step']}{lead}: {first['text']}.")
     for e in fails[:5]:
         at = f"step {e['step']}" if e["step"] is not None else "an unknown step"
         lines.append(f"Failure at {at}: {e['text']}.")
@@ -274,7 +273,7 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
     if rep_parts["decisions"]:
         ds = rep_parts["decisions"]
         lines.append(
-            f"{len(ds)} decisions are linked to this run: "
+            f"{len(ds)} decision{'' if len(ds) == 1 else 's'} linked to this run: "
             + "; ".join(f"{d.id} ({d.status})" for d in ds[:5])
             + ("…" if len(ds) > 5 else "")
             + "."

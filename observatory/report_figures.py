@@ -102,15 +102,38 @@ def overview(rep: Report) -> go.Figure | None:
 
 
 def window(rep: Report, w: dict) -> go.Figure:
+    """Loss (left axis) and grad norm (right axis, log when it spans decades) around one finding."""
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    for j, (name, pts) in enumerate(sorted(w["series"].items())):
+    names = sorted(w["series"], key=lambda n: (n != "train/loss", n))
+    for j, name in enumerate(names):
+        pts = w["series"][name]
         xs, ys = _xy(pts)
         fig.add_trace(
             go.Scatter(x=xs, y=ys, mode="lines+markers", name=name, marker=dict(size=4)), secondary_y=j > 0
         )
-    fig.add_vrect(x0=w["first"], x1=w["last"], fillcolor="#ff7f0e", opacity=0.15, line_width=0)
+        bad = [s for s, v in pts if v is None or not math.isfinite(v)]
+        if bad:
+            fin = _finite(pts)
+            fig.add_trace(
+                go.Scatter(
+                    x=bad,
+                    y=[max(fin) if fin else 0.0] * len(bad),
+                    mode="markers",
+                    name=f"{name} NaN/inf",
+                    marker=dict(color="#d62728", symbol="x", size=10),
+                ),
+                secondary_y=j > 0,
+            )
+        fin = [v for v in _finite(pts) if v > 0]
+        if j > 0 and fin and max(fin) / min(fin) > 100:
+            fig.update_yaxes(type="log", tickformat=".3g", secondary_y=True)
+        fig.update_yaxes(title_text=name, secondary_y=j > 0)
+    fig.add_vrect(x0=w["first"] - 0.5, x1=w["last"] + 0.5, fillcolor="#ff7f0e", opacity=0.15, line_width=0)
+    fig.add_vline(
+        x=w["step"], line=dict(color="#d62728" if w["kind"] == "failure" else "#ff7f0e", dash="dot")
+    )
     fig.update_layout(height=300, title=w["title"][:120], **LAYOUT)
-    fig.update_xaxes(title_text="step")
+    fig.update_xaxes(title_text="step", range=[w["lo"] - 0.5, w["hi"] + 0.5])
     return fig
 
 
@@ -145,7 +168,7 @@ def drops(rep: Report) -> go.Figure | None:
     fig = go.Figure(go.Scatter(x=xs, y=ys, mode="lines", name="drop fraction"))
     fig.update_layout(height=280, title="Token drop fraction (dropped / routed, all layers)", **LAYOUT)
     fig.update_xaxes(title_text="step")
-    fig.update_yaxes(tickformat=".1%")
+    fig.update_yaxes(tickformat=".1%", rangemode="tozero")
     return fig
 
 

@@ -183,12 +183,13 @@ def _lineage_text(rep: Report) -> str:
 def _table(head: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
     if not rows:
         return "<p><em>none</em></p>"
-    th = "".join(f"<th>{escape(h)}</th>" for h in head)
+    th = "".join(f"<th>{escape(h)}</th>" for h in head) if any(head) else ""
     body = []
     for i, r in enumerate(rows):
         cls = f' class="{escape(classes[i])}"' if classes else ""
         body.append(f"<tr{cls}>" + "".join(f"<td>{escape(str(c))}</td>" for c in r) + "</tr>")
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    thead = f"<thead><tr>{th}</tr></thead>" if th else ""
+    return f"<table>{thead}<tbody>{''.join(body)}</tbody></table>"
 
 
 def render_html(rep: Report) -> str:

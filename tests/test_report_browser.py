@@ -54,6 +54,7 @@ def browser():
 def test_report_opens_offline_with_all_figures(reports, browser, run):
     path, status, n_figs = reports[run]
     page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(120_000)  # two shared cores: a 5 MB page can take a while to load
     errors, external = [], []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
