@@ -31,6 +31,7 @@ from typing import Any
 __all__ = ["Report", "build", "render_html", "render_markdown", "render_pdf", "write", "FORMATS"]
 
 FORMATS = ("html", "md", "pdf")
+MAX_POINTS = 4000  # per overview curve: min and max of each bucket, so spikes survive
 MAX_WINDOWS = 12  # metric windows around failures/anomalies; more would bury the first ones
 WINDOW_METRICS = ("train/loss", "grad/norm/total")
 SEVERITY_RANK = {"critical": 0, "warn": 1, "info": 2}
@@ -57,6 +58,7 @@ class Report:
     ladder: list[dict[str, Any]]
     decisions: list[Any]  # observatory.decisions.Decision
     metric_names: list[str] = field(default_factory=list)
+    nonfinite: list[int] = field(default_factory=list)  # steps where train/loss is NaN or inf
 
 
 # ------------------------------------------------------------------ building
@@ -316,7 +318,7 @@ def build(db, run: str, *, now: float | None = None) -> Report:
         names = q.metric_names(con, run)
         from observatory.report_figures import OVERVIEW_METRICS
 
-        series = q.metric_series(con, run, [n for n in OVERVIEW_METRICS if n in names])
+        series = q.metric_series(con, run, [n for n in OVERVIEW_METRICS if n in names], max_points=MAX_POINTS)
         nonfinite = q.nonfinite_steps(con, run, "train/loss")
         last_step = info.get("final_step") if info.get("final_step") is not None else info.get("last_step")
         decisions = dec.list_decisions(con, run=run)
@@ -381,6 +383,7 @@ def build(db, run: str, *, now: float | None = None) -> Report:
             ladder=ladder,
             decisions=decisions,
             metric_names=names,
+            nonfinite=nonfinite,
         )
 
     if hasattr(db, "execute"):

@@ -33,6 +33,8 @@ OVERVIEW_METRICS = (
     "moe/drop_fraction",
     "throughput/tokens_per_s",
 )
+MAX_MARKERS = 2000
+MAX_CURVE = 4000
 LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=40), font=dict(size=12))
 
 
@@ -41,6 +43,20 @@ def _xy(points):
     xs = [s for s, _ in points]
     ys = [v if v is not None and math.isfinite(v) else None for _, v in points]
     return xs, ys
+
+
+def _thin(points, n: int = MAX_CURVE):
+    """At most ~n points: each bucket keeps its lowest and highest finite point (spikes survive)."""
+    if len(points) <= n:
+        return points
+    width = math.ceil(len(points) / (n // 2))
+    out = []
+    for i in range(0, len(points), width):
+        fin = [p for p in points[i : i + width] if p[1] is not None and math.isfinite(p[1])]
+        if fin:
+            lo, hi = min(fin, key=lambda p: p[1]), max(fin, key=lambda p: p[1])
+            out += sorted({lo, hi})
+    return out
 
 
 def _finite(points):
@@ -58,6 +74,8 @@ def overview(rep: Report) -> go.Figure | None:
         xs, ys = _xy(rep.series[name])
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, line=dict(width=1.5)), row=i, col=1)
         bad = [s for s, v in rep.series[name] if v is None or not math.isfinite(v)]
+        if name == "train/loss":  # a downsampled series leaves NaNs out; the report lists them all
+            bad = sorted(set(bad) | set(rep.nonfinite[:MAX_MARKERS]))
         if bad:
             fin = _finite(rep.series[name])
             y0 = max(fin) if fin else 0.0
@@ -178,7 +196,7 @@ def lineage(rep: Report) -> go.Figure | None:
         return None
     fig = go.Figure()
     for run, _cut in li.segments:
-        pts = [(s, v) for r, s, v in li.curve if r == run]
+        pts = _thin([(s, v) for r, s, v in li.curve if r == run])
         if pts:
             xs, ys = _xy(pts)
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=run))
@@ -199,7 +217,7 @@ def forecast(rep: Report) -> go.Figure | None:
     for metric in sorted({f["metric"] for f in rep.forecasts}):
         pts = rep.forecast_actuals.get(metric) or []
         if pts:
-            xs, ys = _xy(pts)
+            xs, ys = _xy(_thin(pts))
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{metric} (actual)"))
         fs = [f for f in rep.forecasts if f["metric"] == metric and f.get("step") is not None]
         if fs:

@@ -61,12 +61,38 @@ def _cell(x: Any) -> str:
     return _r()._fmt(x)
 
 
-def _rows_timeline(rep: Report) -> list[list[str]]:
+CAPPED_KINDS = ("checkpoint", "eval", "note", "anomaly")
+KEEP_PER_KIND = 100  # first and last 50 of a capped kind: a long run's 10k checkpoints would bury the rest
+
+
+def _timeline_view(rep: Report) -> tuple[list[dict], dict[str, int]]:
+    """Timeline events to list, and per capped kind how many were left out of the table."""
+    idx: dict[str, list[int]] = {}
+    for i, e in enumerate(rep.timeline):
+        idx.setdefault(e["kind"], []).append(i)
+    drop: set[int] = set()
+    left_out: dict[str, int] = {}
+    for kind in CAPPED_KINDS:
+        ii = idx.get(kind, [])
+        if len(ii) > KEEP_PER_KIND:
+            cut = ii[KEEP_PER_KIND // 2 : len(ii) - KEEP_PER_KIND // 2]
+            drop.update(cut)
+            left_out[kind] = len(cut)
+    return [e for i, e in enumerate(rep.timeline) if i not in drop], left_out
+
+
+def _rows_timeline(events: list[dict]) -> list[list[str]]:
     when = _r()._when
     return [
-        ["-" if e["step"] is None else str(e["step"]), when(e["t"]), e["kind"], e["text"]]
-        for e in rep.timeline
+        ["-" if e["step"] is None else str(e["step"]), when(e["t"]), e["kind"], e["text"]] for e in events
     ]
+
+
+def _left_out_note(left_out: dict[str, int]) -> str:
+    if not left_out:
+        return ""
+    parts = ", ".join(f"{n} {k} events" for k, n in left_out.items())
+    return f"{parts} from the middle of the run are left out of this table (all are in the store)."
 
 
 def _expert_rows(rep: Report) -> list[list[str]]:
@@ -215,7 +241,10 @@ def render_html(rep: Report) -> str:
     s.append("</section>")
     s.append('<section id="timeline"><h2>Timeline</h2>')
     s.append(fig("overview"))
-    s.append(_table(TIMELINE_HEAD, _rows_timeline(rep), [f"k-{e['kind']}" for e in rep.timeline]))
+    events, left_out = _timeline_view(rep)
+    s.append(_table(TIMELINE_HEAD, _rows_timeline(events), [f"k-{e['kind']}" for e in events]))
+    if left_out:
+        s.append(f"<p><em>{escape(_left_out_note(left_out))}</em></p>")
     s.append("</section>")
     s.append('<section id="windows"><h2>Around each failure and anomaly</h2>')
     if rep.windows:
@@ -322,7 +351,10 @@ def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
     s.append(_md_table(["", ""], [[k, v] for k, v in rep.summary]))
     s.append("## Timeline\n")
     s.append(fig("overview"))
-    s.append(_md_table(TIMELINE_HEAD, _rows_timeline(rep)))
+    events, left_out = _timeline_view(rep)
+    s.append(_md_table(TIMELINE_HEAD, _rows_timeline(events)))
+    if left_out:
+        s.append(f"_{_left_out_note(left_out)}_\n")
     s.append("## Around each failure and anomaly\n")
     if not rep.windows:
         s.append("_no failures or anomalies recorded_\n")

@@ -133,7 +133,7 @@ def env(store, monkeypatch):
 
 def test_completed_run_report(env, tmp_path):
     _, db = env
-    res = CliRunner().invoke(main, ["report", "done", "--out", str(tmp_path), "--db", str(db)])
+    res = CliRunner().invoke(main, ["report", "done", "--out", str(tmp_path), "--db", str(db), "--no-ingest"])
     assert res.exit_code == 0, res.output
     path = Path(res.output.strip())
     assert path == tmp_path / "done.html"
@@ -208,7 +208,9 @@ def test_pseudo_run_and_unknown_run(env, tmp_path):
     dec.new(runs, db, id="policy-1", title="Always pre-register a forecast", kind="policy")
     rep = report.build(db, "decisions")
     assert rep.status == "records" and "policy-1" in {d.id for d in rep.decisions}
-    res = CliRunner().invoke(main, ["report", "ghost", "--out", str(tmp_path), "--db", str(db)])
+    res = CliRunner().invoke(
+        main, ["report", "ghost", "--out", str(tmp_path), "--db", str(db), "--no-ingest"]
+    )
     assert res.exit_code != 0 and "no run 'ghost'" in res.output
 
 
@@ -234,6 +236,28 @@ def test_pdf_report(env, tmp_path):
     assert res.exit_code == 0, res.output
     data = (tmp_path / "crash.pdf").read_bytes()
     assert data.startswith(b"%PDF-") and len(data) > 20_000
+
+
+def test_one_command_after_a_run_that_went_wrong(tmp_path):
+    """A new user's path: the trainer died on a NaN; nothing ingested yet; one command explains it."""
+    runs, db, out = tmp_path / "runs", tmp_path / "obs.duckdb", tmp_path / "out"
+    with pytest.raises(FloatingPointError):
+        with observatory.init(
+            run_id="oops", runs_dir=runs, config={"lr": 1.0}, install_signal_handlers=False
+        ) as r:
+            for s in range(40):
+                loss = 3.0 - 0.01 * s if s < 33 else math.nan
+                r.log({"train/loss": loss, "grad/norm/total": 1.0 if s < 30 else 10.0 ** (s - 29)}, step=s)
+                if math.isnan(loss):
+                    raise FloatingPointError(f"loss is nan at step {s}")
+    res = CliRunner().invoke(
+        main, ["report", "oops", "--runs-dir", str(runs), "--db", str(db), "--out", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    html = (out / "oops.html").read_text(encoding="utf-8")
+    assert "status-failed" in html
+    assert "train/loss first became non-finite at step 33" in html
+    assert "Failure at step 33: exception: FloatingPointError: loss is nan at step 33; action: halt." in html
 
 
 def test_reports_page_renders(env):

@@ -6,9 +6,25 @@ from pathlib import Path
 
 import click
 
-from observatory.commands import db_option
+from observatory.commands import common_options
 
 __all__ = ["report"]
+
+
+def _refresh(runs_dir: Path, db: Path) -> None:
+    """Bring the store up to date first, so a report right after a run has all of it.
+
+    Two passes: the first one's hooks (detectors, automatic decisions) write their
+    findings as events, and the second pass ingests those.
+    """
+    from observatory import decisions
+    from observatory.ingest import ingest
+
+    if not Path(runs_dir).is_dir():
+        return
+    first = ingest(runs_dir, db)
+    decisions.after_ingest(db, runs_dir, first.runs or None)
+    ingest(runs_dir, db)
 
 
 @click.command("report")
@@ -22,8 +38,9 @@ __all__ = ["report"]
     help="folder for <run>.html|md|pdf (Markdown figures go in <run>_figures/)",
 )
 @click.option("--format", "fmt", type=click.Choice(("html", "md", "pdf")), default="html", show_default=True)
-@db_option
-def report(run, out_dir, fmt, db):
+@click.option("--ingest/--no-ingest", "do_ingest", default=True, show_default=True, help="ingest new events first")
+@common_options
+def report(run, out_dir, fmt, do_ingest, runs_dir, db):
     """Write a post-mortem report for RUN: what happened and when, with figures.
 
     HTML is one self-contained file that works offline; Markdown comes with PNG
@@ -31,6 +48,8 @@ def report(run, out_dir, fmt, db):
     """
     from observatory import report as rep
 
+    if do_ingest:
+        _refresh(runs_dir, db)
     try:
         path = rep.write(db, run, out_dir, fmt)
     except (ValueError, RuntimeError) as e:

@@ -127,20 +127,51 @@ def metric_names(con, run: str) -> list[str]:
 
 
 def metric_series(
-    con, run: str, names: list[str], lo: int | None = None, hi: int | None = None
+    con,
+    run: str,
+    names: list[str],
+    lo: int | None = None,
+    hi: int | None = None,
+    max_points: int | None = None,
 ) -> dict[str, list[tuple[int, float]]]:
-    """{name: [(step, value), ...]} over steps [lo, hi]; a step logged twice keeps its newest value."""
+    """{name: [(step, value), ...]} over steps [lo, hi]; a step logged twice keeps its newest value.
+
+    With `max_points`, a long series is cut into max_points/2 step buckets and each bucket
+    keeps its lowest and its highest point, so a one-step spike survives at any length.
+    Non-finite values are left out then (`nonfinite_steps` lists them).
+    """
     if not names:
         return {}
-    rows = con.execute(
-        """
-        SELECT name, step, arg_max(value, t) FROM metrics
+    params = [run, list(names), lo, lo, hi, hi]
+    base = """
+        SELECT name, step, arg_max(value, t) AS value FROM metrics
         WHERE run = ? AND name IN (SELECT unnest(?::VARCHAR[])) AND step IS NOT NULL
           AND (?::BIGINT IS NULL OR step >= ?::BIGINT) AND (?::BIGINT IS NULL OR step <= ?::BIGINT)
-        GROUP BY name, step ORDER BY name, step
-        """,
-        [run, list(names), lo, lo, hi, hi],
-    ).fetchall()
+        GROUP BY name, step
+    """
+    if max_points is None:
+        rows = con.execute(base + " ORDER BY name, step", params).fetchall()
+    else:
+        rows = con.execute(
+            f"""
+            WITH s AS ({base}),
+            w AS (SELECT name, greatest(1, ceil((max(step) - min(step) + 1) / ?)::BIGINT) AS width,
+                         min(step) AS s0, count(*) AS n FROM s GROUP BY name),
+            b AS (
+                SELECT s.name, (s.step - w.s0) // w.width AS bucket, w.n,
+                       arg_min(s.step, s.value) AS lo_step, min(s.value) AS lo_v,
+                       arg_max(s.step, s.value) AS hi_step, max(s.value) AS hi_v
+                FROM s JOIN w USING (name) WHERE isfinite(s.value) GROUP BY ALL
+            )
+            SELECT name, step, value FROM s JOIN w USING (name) WHERE w.n <= ?
+            UNION
+            SELECT name, lo_step, lo_v FROM b WHERE n > ?
+            UNION
+            SELECT name, hi_step, hi_v FROM b WHERE n > ?
+            ORDER BY 1, 2
+            """,
+            [*params, max(1, max_points // 2), max_points, max_points, max_points],
+        ).fetchall()
     out: dict[str, list[tuple[int, float]]] = {n: [] for n in names}
     for name, step, value in rows:
         out[name].append((int(step), math.nan if value is None else float(value)))
