@@ -42,8 +42,14 @@ REAL_CASES = {
     "bad-batch": ("induced", ["seed=4", "data.seed=4", "inject=bad_batch@{s}"], 0.5),
     "high-lr": (
         "induced",
-        ["seed=5", "data.seed=5", "optimizer.lr={lr10}", "model.logit_z_coef=0", "model.router_z_coef=0",
-         "optimizer.grad_clip=0"],
+        [
+            "seed=5",
+            "data.seed=5",
+            "optimizer.lr={lr10}",
+            "model.logit_z_coef=0",
+            "model.router_z_coef=0",
+            "optimizer.grad_clip=0",
+        ],
         None,
     ),
 }
@@ -64,9 +70,8 @@ def _save_truth(out: Path, truth: dict) -> None:
 
 def build_real(out: Path = DEFAULT_OUT, steps: int = 300, cases=None, log=print) -> dict[str, dict]:
     """Train the suite with the trainer (only the runs not already cached). Returns the truth table."""
-    from trainer.train import train
-
     from trainer.config import load_config
+    from trainer.train import train
 
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +91,9 @@ def build_real(out: Path = DEFAULT_OUT, steps: int = 300, cases=None, log=print)
         log(f"trained {run} ({' '.join(ov)}) in {time.monotonic() - t0:.0f}s")
         truth[run] = {"kind": kind, "inject_step": s, "case": case, "overrides": ov, "steps": steps}
         _save_truth(out, truth)
-    return {r: t for r, t in truth.items() if t.get("steps") == steps and (cases is None or t["case"] in cases)}
+    return {
+        r: t for r, t in truth.items() if t.get("steps") == steps and (cases is None or t["case"] in cases)
+    }
 
 
 # ---------------------------------------------------------------- synthetic
@@ -109,7 +116,11 @@ def synthetic_cases(n: int, seed: int = 0) -> dict[str, tuple[str, int | None, d
     out = {}
     for i in range(3):
         loss, grad, tps = _clean_series(n, rng)
-        out[f"syn-clean-{i}"] = ("clean", None, {"train/loss": loss, "grad/norm/total": grad, "throughput/tokens_per_s": tps})
+        out[f"syn-clean-{i}"] = (
+            "clean",
+            None,
+            {"train/loss": loss, "grad/norm/total": grad, "throughput/tokens_per_s": tps},
+        )
     # BLOOM 176B: grad norm explodes over 5 steps; loss 2.2 -> 5.1 about 3 steps later; back in ~30
     loss, grad, tps = _clean_series(n, rng)
     s = n // 2
@@ -117,20 +128,32 @@ def synthetic_cases(n: int, seed: int = 0) -> dict[str, tuple[str, int | None, d
     grad[s + 6 : s + 30] = np.geomspace(200, 0.3, 24)
     bump = np.array([0.02, 0.2, 0.9, 2.9, 2.5, 1.9, 1.4, 1.0, 0.7, 0.5, 0.35, 0.25, 0.15, 0.1, 0.05])
     loss[s + 3 : s + 3 + bump.size] += bump
-    out["syn-bloom"] = ("induced", s, {"train/loss": loss, "grad/norm/total": grad, "throughput/tokens_per_s": tps})
+    out["syn-bloom"] = (
+        "induced",
+        s,
+        {"train/loss": loss, "grad/norm/total": grad, "throughput/tokens_per_s": tps},
+    )
     # a one-step bad batch: grad norm and loss jump at the same step
     loss, grad, tps = _clean_series(n, rng)
     grad[s] *= 30
     loss[s] += 2.5
     loss[s + 1 : s + 6] += np.array([0.4, 0.2, 0.1, 0.05, 0.02])
-    out["syn-bad-batch"] = ("induced", s, {"train/loss": loss, "grad/norm/total": grad, "throughput/tokens_per_s": tps})
+    out["syn-bad-batch"] = (
+        "induced",
+        s,
+        {"train/loss": loss, "grad/norm/total": grad, "throughput/tokens_per_s": tps},
+    )
     # slow grad-norm growth (the 535B run before z-loss), then divergence
     loss, grad, tps = _clean_series(n, rng)
     g = np.clip((np.arange(n) - s) / (n // 4), 0, None)
     grad *= 1 + 15 * g**2
-    d = np.clip(np.arange(n) - (s + n // 4), 0, None)
+    d = np.clip(np.arange(n) - (s + n // 8), 0, None)
     loss += 0.02 * d
-    out["syn-growth"] = ("induced", s, {"train/loss": loss, "grad/norm/total": grad, "throughput/tokens_per_s": tps})
+    out["syn-growth"] = (
+        "induced",
+        s,
+        {"train/loss": loss, "grad/norm/total": grad, "throughput/tokens_per_s": tps},
+    )
     return out
 
 
@@ -144,7 +167,9 @@ def build_synthetic(out: Path, steps: int = 600, seed: int = 0) -> dict[str, dic
         truth[run] = {"kind": kind, "inject_step": s, "case": case, "steps": steps, "synthetic": True}
         if (runs_dir / run).is_dir():
             continue
-        r = observatory.init(run_id=run, runs_dir=runs_dir, config={"synthetic": case}, install_signal_handlers=False)
+        r = observatory.init(
+            run_id=run, runs_dir=runs_dir, config={"synthetic": case}, install_signal_handlers=False
+        )
         names = list(series)
         for i in range(steps):
             r.log({k: float(series[k][i]) for k in names}, step=i)

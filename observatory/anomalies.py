@@ -339,8 +339,13 @@ def grad_growth(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding
         ratio = level_np / base_np
     flags = _gt(ratio, np.full_like(ratio, th.grad_growth))
     out = []
-    # one growth episode, however it wobbles around the threshold within a window
+    # sustained: the level itself must stay up `growth_steps` (a spike's decay does not);
+    # one episode however it wobbles around the threshold within a window
     for i0, i1 in _episodes(flags, th.window):
+        run = next((j for j in range(i0, i1 - k + 2) if flags[j : j + k].all()), None)
+        if run is None:
+            continue
+        i0 = run
         ip = i0 + int(np.nanargmax(ratio[i0 : i1 + 1]))
         out.append(
             Finding(
@@ -350,7 +355,7 @@ def grad_growth(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding
                 f"grad norm has been growing: median {_fmt(level_np[ip])} over the last {k} steps at step "
                 f"{steps[ip]}, {ratio[ip]:.2f}x its lowest level {_fmt(base_np[ip])} before",
                 (int(steps[i0]), int(steps[i1])),
-                int(steps[i0]),
+                int(steps[i0 + k - 1]),
                 float(level_np[ip]),
                 {"ratio": round(float(ratio[ip]), 3), "baseline": float(base_np[ip])},
             )

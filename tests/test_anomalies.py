@@ -243,8 +243,9 @@ def test_after_ingest_end_to_end_and_idempotent(tmp_path, ingest):
     write_run(runs, "bloomish", steps, loss, grad)
     write_run(runs, "clean", *clean(700, seed=9)[:3])
     A._STATE.clear()
-    ingest(runs, db)  # ingest calls after_ingest itself when the hook exists; call it too, to be explicit
-    A.after_ingest(db, runs, ["bloomish", "clean"])
+    ingest(runs, db)  # ingest's hook calls after_ingest after its commit ...
+    assert {a["data"]["detector"] for a in anomaly_lines(runs, "bloomish")} == {"grad_spike", "loss_spike"}
+    A.after_ingest(db, runs, ["bloomish", "clean"])  # ... and calling it again adds nothing
     ingest(runs, db)
     stored = stored_anomalies(db, "bloomish")
     kinds = sorted((a["detector"], a["window"][0]) for a in stored)
