@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import queue
 import re
@@ -175,10 +176,12 @@ class Run:
             if not isinstance(name, str) or not name:
                 raise TypeError(f"log: metric names must be non-empty strings, got {name!r}")
             data[name] = _to_float(name, value)
+        # NaN/inf need their string form on disk; finite values can be dumped as they are
+        clean = math.isfinite(math.fsum(data.values())) if data else True
         dropped = self._dropped
         if dropped > self._dropped_reported:
             data["writer/dropped_events"] = float(dropped)  # cumulative count of events the full queue dropped
-        if self._put("metrics", data, step) and dropped > self._dropped_reported:
+        if self._put("metrics", data, step, clean=clean) and dropped > self._dropped_reported:
             self._dropped_reported = dropped
 
     def log_expert_load(self, step: int, layer: int, routed: Iterable[int], dropped: Iterable[int]) -> None:
@@ -192,7 +195,7 @@ class Run:
         d = _counts("dropped", dropped)
         if len(r) != len(d):
             raise ValueError(f"log_expert_load: {len(r)} routed counts but {len(d)} dropped counts")
-        self._put("expert_load", {"layer": layer, "routed": r, "dropped": d}, step)
+        self._put("expert_load", {"layer": layer, "routed": r, "dropped": d}, step, clean=True)
 
     def event(self, kind: str, data: Mapping[str, Any], step: int | None = None) -> None:
         """Any other event kind (eval, checkpoint, note, failure, decision, ...)."""
@@ -280,13 +283,13 @@ class Run:
                 continue
         return 0
 
-    def _put(self, kind: str, data: dict, step: int | None, force: bool = False) -> bool:
+    def _put(self, kind: str, data: dict, step: int | None, force: bool = False, clean: bool = False) -> bool:
         """Queue an event without waiting (unless `force`); False when the full queue dropped it."""
         if self._finished and not force:
             raise RuntimeError(f"run {self.id} is finished; start a new one with observatory.init")
         if step is not None:
             self._last_step = step if self._last_step is None else max(self._last_step, step)
-        item = (kind, step, time.time(), data)
+        item = (kind, step, time.time(), data, clean)
         try:
             if force:
                 self._queue.put(item, timeout=30)
@@ -316,11 +319,11 @@ class Run:
             time.sleep(0.005)
 
     def _encode(self, item) -> bytes:
-        kind, step, t, data = item
+        kind, step, t, data, clean = item
         seq = self._seq
         self._seq += 1
         ev = {"v": VERSION, "run": self.id, "kind": kind, "step": step, "t": t, "host": self.host, "seq": seq}
-        ev["data"] = encode_value(data)
+        ev["data"] = data if clean else encode_value(data)
         return (json.dumps(ev, separators=(",", ":"), allow_nan=False, default=_json_default) + "\n").encode()
 
     def _loop(self) -> None:
@@ -357,7 +360,12 @@ class Run:
             pass
 
     def _write(self, batch: list) -> None:
-        payload = b"".join(self._encode(it) for it in batch)
+        parts = []
+        for i, it in enumerate(batch):
+            parts.append(self._encode(it))
+            if i % 64 == 63:
+                time.sleep(0)  # hand the GIL back now and then: the training loop must not wait on us
+        payload = b"".join(parts)
         try:
             self._file.write(payload)
         except OSError as e:
@@ -403,6 +411,11 @@ class Run:
 
 def _counts(what: str, values: Iterable[int]) -> list[int]:
     """Per-expert counts as Python ints >= 0 (numpy/jax arrays welcome); raise on anything else."""
+    kind = getattr(getattr(values, "dtype", None), "kind", None)
+    if kind in ("i", "u"):  # integer arrays (numpy, jax): checked without a Python loop
+        if values.size and values.min() < 0:
+            raise ValueError(f"log_expert_load: {what} counts must be >= 0, got {values.min()}")
+        return values.tolist()
     vals = values.tolist() if hasattr(values, "tolist") else list(values)
     for v in vals:
         if isinstance(v, bool) or not isinstance(v, int):
