@@ -1,11 +1,12 @@
 """What every dashboard page shares: cached store queries, the run picker, deep links, charts.
 
-Queries: `query(fn, *args)` runs an `observatory.queries` function on a fresh
-read-only connection (`observatory.store.connect`, which retries a busy lock)
-and caches the result for `cache_ttl_s` seconds across ALL sessions, so a
-hundred viewers of a live run cost one query every couple of seconds. If the
-store stays busy past the retry budget, the page shows the last good result
-(or a calm "store busy" note); a lock error never reaches the page.
+Queries: `query(fn, *args)` / `query_all((fn, *args), ...)` run `observatory.queries`
+functions on ONE fresh read-only connection per batch (`observatory.store.connect`,
+which waits out a busy store) and cache each result for `cache_ttl_s` seconds
+across ALL sessions, one fill at a time, so a hundred viewers of a live run cost
+one round of queries every couple of seconds. If the store stays busy past the
+retry budget, the page shows the last good result (or a calm "store busy" note);
+a lock error never reaches the page.
 
 Deep links: the chosen run lives in the URL (`?run=ID`, `?runs=a,b` on Compare),
 so a link pastes into an issue and opens the same view.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -34,6 +36,7 @@ __all__ = [
     "StoreBusy",
     "db_path",
     "query",
+    "query_all",
     "lineage_module",
     "runs_table",
     "pick_run",
@@ -74,49 +77,76 @@ def db_path() -> str:
     return str(settings.get("db"))
 
 
-# last good result per cache key: shown when the store is busy for longer than the lock budget
-_LAST_GOOD: dict[str, Any] = {}
+# key -> (monotonic time it goes stale, value). Shared by every session of this server process;
+# stale entries stay as the last good answer for when the store is busy.
+_CACHE: dict[str, tuple[float, Any]] = {}
+_CACHE_LOCK = threading.Lock()
+# One fill at a time per process: concurrent viewers that miss together wait for the first
+# one's connection and then find its results cached (N viewers, one query).
+_FILL_LOCK = threading.Lock()
+_KEEP_S = 600.0  # how long a stale entry may serve as the "last good" answer
 
 
-def _resolve(name: str) -> Callable:
-    module, attr = name.rsplit(":", 1)
-    return getattr(importlib.import_module(module), attr)
+def _key(fn: Callable, args: tuple, kwargs: dict) -> str:
+    name = f"{fn.__module__}:{fn.__qualname__}"
+    return f"{db_path()}|{name}|{json.dumps([list(args), kwargs], sort_keys=True, default=_jsonable)}"
 
 
-@st.cache_data(ttl=settings.get("cache_ttl_s"), show_spinner=False, max_entries=2048)
-def _cached(db: str, fn: str, args_json: str) -> Any:
-    from observatory.store import connect
-
-    args, kwargs = json.loads(args_json)
-    with connect(db) as con:
-        return _resolve(fn)(con, *args, **kwargs)
+def _lookup(keys: list[str], now: float) -> dict[int, Any]:
+    with _CACHE_LOCK:
+        return {i: _CACHE[k][1] for i, k in enumerate(keys) if k in _CACHE and _CACHE[k][0] > now}
 
 
-def query(fn: Callable, *args, **kwargs) -> Any:
-    """`fn(con, *args, **kwargs)` on a read-only connection, cached for cache_ttl_s across sessions.
+def query_all(*calls) -> list[Any]:
+    """Several queries as one unit of work: cache hits are free, all misses share ONE connection.
 
-    fn must be a module-level function (it is cached by its dotted name); args must
-    be JSON-serialisable (they form the cache key).
+    Each call is a tuple `(fn, arg1, arg2, ...)`; fn(con, *args) must be a module-level
+    function and the args JSON-serialisable (they form the cache key). Results are cached for `cache_ttl_s` across all sessions. Opening the store
+    costs more than most of these queries, hence the batching.
     """
     import duckdb
 
     from observatory import store
 
-    name = f"{fn.__module__}:{fn.__qualname__}"
-    key_args = json.dumps([list(args), kwargs], sort_keys=True, default=_jsonable)
-    key = f"{db_path()}|{name}|{key_args}"
-    try:
-        out = _cached(db_path(), name, key_args)
-    except (duckdb.IOException, store.StoreBusy) as e:  # busy past the retry budget: never show it raw
-        if isinstance(e, duckdb.IOException) and "lock" not in str(e).lower():
-            raise
-        if key in _LAST_GOOD:
-            return _LAST_GOOD[key]
-        raise StoreBusy("the store is being written right now; this view refreshes by itself") from None
-    if len(_LAST_GOOD) > 4096:
-        _LAST_GOOD.clear()
-    _LAST_GOOD[key] = out
-    return out
+    parsed = [(c[0], tuple(c[1:])) for c in calls]
+    keys = [_key(fn, args, {}) for fn, args in parsed]
+    out = _lookup(keys, time.monotonic())
+    if len(out) < len(keys):
+        with _FILL_LOCK:
+            out.update(_lookup(keys, time.monotonic()))  # filled while we waited?
+            missing = [i for i in range(len(keys)) if i not in out]
+            if missing:
+                try:
+                    with store.connect(db_path()) as con:
+                        for i in missing:
+                            fn, args = parsed[i]
+                            out[i] = fn(con, *args)
+                            _put(keys[i], out[i])
+                except (duckdb.IOException, store.StoreBusy) as e:  # busy past the retry budget
+                    if isinstance(e, duckdb.IOException) and "lock" not in str(e).lower():
+                        raise
+                    with _CACHE_LOCK:
+                        stale = {i: _CACHE[keys[i]][1] for i in missing if keys[i] in _CACHE}
+                    if len(stale) < len(missing):
+                        raise StoreBusy(
+                            "the store is being written right now; this view refreshes by itself"
+                        ) from None
+                    out.update(stale)
+    return [out[i] for i in range(len(keys))]
+
+
+def _put(key: str, value: Any) -> None:
+    now = time.monotonic()
+    with _CACHE_LOCK:
+        _CACHE[key] = (now + float(settings.get("cache_ttl_s")), value)
+        if len(_CACHE) > 4096:
+            for k in [k for k, (t, _) in _CACHE.items() if t < now - _KEEP_S]:
+                del _CACHE[k]
+
+
+def query(fn: Callable, *args) -> Any:
+    """`fn(con, *args)` on a read-only connection, cached for cache_ttl_s across sessions."""
+    return query_all((fn, *args))[0]
 
 
 def _jsonable(o: Any) -> Any:
@@ -145,8 +175,8 @@ def runs_table() -> list[dict[str, Any]]:
     last_loss, tokens, ladder, tags, start_time, last_event_t, parent; newest first."""
     from observatory.queries import dashboard as qd
 
-    rows = query(_runs_with_status)
-    extras = {r["run"]: r for r in query(qd.runs_extras).to_dicts()}
+    rows, extras = query_all((_runs_with_status,), (qd.runs_extras,))
+    extras = {r["run"]: r for r in extras.to_dicts()}
     out = []
     for r in rows:
         x = extras.get(r["run"], {})
@@ -220,7 +250,7 @@ def pick_run(
         ids,
         index=ids.index(wanted),
         key=f"pick_{key}",
-        format_func=lambda r: f"{STATUS_ICON.get(status[r], '•')} {r}",
+        format_func=lambda r: f"{r}  ·  {status[r]}",
     )
     if st.query_params.get(key) != choice:
         st.query_params[key] = choice

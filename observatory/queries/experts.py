@@ -157,11 +157,11 @@ def layer_series(con, run: str, lo: int, hi: int, max_buckets: int = 1000) -> pl
     Columns: layer, step (bucket's last step), step_lo, drop_fraction (sum dropped /
     sum routed over the bucket), drop_max (worst single step), hot_ratio (mean over
     steps of busiest expert / mean expert), hot_max (worst step). Reads
-    `expert_layer_r64` when buckets are at least 64 steps wide, else per-step rows.
+    `expert_layer_r64` when buckets are at least 32 steps wide, else per-step rows.
     """
     width = bucket_width(lo, hi, max_buckets)
     res = LAYER_RESOLUTION
-    if width < res:
+    if 2 * width < res:  # buckets up to 2x wider than asked come from the rollup
         return _frame(
             con,
             """

@@ -8,6 +8,7 @@ time. All read ingest-time rollups, so a 10^8-row store answers in milliseconds.
 
 from __future__ import annotations
 
+import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
@@ -19,6 +20,7 @@ from observatory.queries import experts as qe
 def heatmap_figure(hm: dict, which: str, title: str) -> go.Figure:
     """A plotly heatmap of an (E, B) matrix from `queries.experts.heatmap` (x = bucket first step)."""
     z = hm[which]
+    peak = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -26,6 +28,7 @@ def heatmap_figure(hm: dict, which: str, title: str) -> go.Figure:
             y=hm["experts"],
             colorscale="Viridis" if which == "share" else "Reds",
             zmin=0,
+            zmax=max(peak, 0.01),  # an all-zero matrix (no drops) reads as zero, not as mid-scale
             colorbar={"title": {"text": "share" if which == "share" else "dropped"}, "tickformat": ".1%"},
             hovertemplate="step %{x}<br>expert %{y}<br>%{z:.2%}<extra></extra>",
         )
@@ -90,7 +93,9 @@ def render() -> None:
         f"{len(layers)} layers × {ext['experts']} experts, steps {ext['first_step']:,}–{ext['last_step']:,}"
     )
 
-    hm = common.query(qe.heatmap, run, int(layer), lo, hi, 400)
+    hm, series = common.query_all(
+        (qe.heatmap, run, int(layer), lo, hi, 400), (qe.layer_series, run, lo, hi, 500)
+    )
     res = "every step" if hm["width"] == 1 else f"{hm['width']} steps per column"
     left, right = st.columns(2)
     with left:
@@ -120,7 +125,6 @@ def render() -> None:
         key="experts_hot",
     )
 
-    series = common.query(qe.layer_series, run, lo, hi, 500)
     a, b = st.columns(2)
     with a:
         common.show_chart(

@@ -134,15 +134,15 @@ def _banner(row: dict, now: float) -> None:
     silent = now - last if last else None
     if status == "crashed":
         st.error(
-            f"💥 **Crashed**: no `run_end` and no event for {common.ago(last, now).replace(' ago', '')} "
+            f"**Crashed**: no `run_end` and no event for {common.ago(last, now).replace(' ago', '')} "
             f"(a run silent for more than {settings.get('stale_after_s'):.0f} s is shown as crashed)."
         )
     elif status in ("failed", "killed"):
-        st.error(f"❌ **{status.capitalize()}** at step {row['last_step']}.")
+        st.error(f"**{status.capitalize()}** at step {row['last_step']}.")
     elif status == "preempted":
-        st.warning(f"⏸️ **Preempted** at step {row['last_step']}; it may be resumed.")
+        st.warning(f"**Preempted** at step {row['last_step']}; it may be resumed.")
     elif status == "running" and silent is not None and silent > QUIET_S:
-        st.warning(f"⚠️ **Stale**: running, but no event for {common.ago(last, now).replace(' ago', '')}.")
+        st.warning(f"**Stale**: running, but no event for {common.ago(last, now).replace(' ago', '')}.")
 
 
 def _panel(run: str, smoothing: float) -> None:
@@ -153,9 +153,12 @@ def _panel(run: str, smoothing: float) -> None:
         st.warning(f"Run {run!r} is not in the store.")
         return
     _banner(row, now)
-    extent = common.query(qd.metric_extent, [run], list(ALL_NAMES))
+    # one connection for everything that does not depend on the step window
+    extent, all_marks, evals, fcs = common.query_all(
+        (qd.metric_extent, [run], list(ALL_NAMES)), (qd.markers, run), (qd.evals, run), (qd.forecasts, run)
+    )
     c = st.columns(4)
-    c[0].metric("Status", f"{common.STATUS_ICON.get(row['status'], '')} {row['status']}")
+    c[0].metric("Status", row["status"])
     c[1].metric("Last step", "—" if row["last_step"] is None else f"{row['last_step']:,}")
     c[2].metric("Last loss", "—" if row["last_loss"] is None else f"{row['last_loss']:.4f}")
     c[3].metric("Since last event", common.ago(row["last_event_t"], now))
@@ -164,9 +167,7 @@ def _panel(run: str, smoothing: float) -> None:
         return
     lo, hi = common.step_window(extent[0], extent[1], key=f"live_window_{run}")
     data = common.query(qd.downsample, run, list(ALL_NAMES), lo, hi, 1000)
-    marks = common.query(qd.markers, run, lo, hi)
-    evals = common.query(qd.evals, run)
-    fcs = common.query(qd.forecasts, run)
+    marks = all_marks.filter(all_marks["step"].is_null() | all_marks["step"].is_between(lo, hi))
 
     loss_name = next((n for n in LOSS if data.filter(data["name"] == n).height), None)
     if loss_name is not None:

@@ -41,7 +41,7 @@ def render() -> None:
         st.info("No runs in the store yet. Start one with `trainer train` and `observatory ingest --follow`.")
         return
     counts = {s: sum(r["status"] == s for r in runs) for s in STATUSES}
-    st.caption(" · ".join(f"{common.STATUS_ICON[s]} {n} {s}" for s, n in counts.items() if n))
+    st.caption(" · ".join(f"{n} {s}" for s, n in counts.items() if n))
 
     qp = st.query_params
     c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
@@ -75,7 +75,7 @@ def render() -> None:
     df = pl.DataFrame(
         {
             "run": [f"live?run={r['run']}" for r in shown],
-            "status": [f"{common.STATUS_ICON.get(r['status'], '•')} {r['status']}" for r in shown],
+            "status": [r["status"] for r in shown],
             "progress": [r["progress"] for r in shown],
             "step": [r["last_step"] for r in shown],
             "last loss": [r["last_loss"] for r in shown],

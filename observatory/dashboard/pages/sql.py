@@ -45,7 +45,9 @@ def to_frame(result: Any) -> tuple[pl.DataFrame, bool]:
     try:
         return pl.DataFrame(data, strict=False), truncated
     except Exception:  # mixed types in a column: show them as text
-        return pl.DataFrame({c: [None if v is None else str(v) for v in vs] for c, vs in data.items()}), truncated
+        return pl.DataFrame(
+            {c: [None if v is None else str(v) for v in vs] for c, vs in data.items()}
+        ), truncated
 
 
 def csv_text(frame: pl.DataFrame) -> str:
@@ -107,7 +109,9 @@ def render() -> None:
             submitted = st.form_submit_button("Run", type="primary")
         core = _core()
         if core is None:
-            st.warning("The SQL console needs `observatory.queries.core.run_user_sql`, which is not installed here.")
+            st.warning(
+                "The SQL console needs `observatory.queries.core.run_user_sql`, which is not installed here."
+            )
             return
         if submitted:
             t0 = time.perf_counter()

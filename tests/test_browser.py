@@ -1,0 +1,243 @@
+"""The dashboard in a real browser: Debian chromium driven by Playwright against `streamlit run app.py`.
+
+Opens every page and sees its charts (screenshots kept under artifacts/browser/,
+gitignored), then follows a live run while a writer appends and the ingester
+follows: the Live page's "Last step" must advance by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from dashboard_fixtures import make_store, metrics_at
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts" / "browser"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+LOAD_MS = 90_000  # two shared CPU cores: a cold page can take a while
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(app: Path, db: Path, port: int, log: Path) -> subprocess.Popen:
+    """`streamlit run` on localhost:port (headless, the repo's .streamlit/config.toml), ready when healthy."""
+    env = dict(os.environ, OBSERVATORY_DB=str(db), OBSERVATORY_CACHE_TTL_S="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        cwd=app.parent, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("streamlit did not become healthy in 90 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def live_store(tmp_path_factory):
+    """The fixture store plus `live-run`, which a writer thread keeps appending to while ingest follows."""
+    import observatory
+    from observatory.ingest import ingest
+
+    tmp = tmp_path_factory.mktemp("browser")
+    runs_dir, db = make_store(tmp)
+    stop_ev = threading.Event()
+    run = observatory.init(
+        run_id="live-run", config={"steps": 100_000}, runs_dir=runs_dir, install_signal_handlers=False
+    )
+
+    def write():
+        step = 0
+        while not stop_ev.is_set():
+            run.log(metrics_at(step % 200), step=step)
+            run.log_expert_load(step, 0, [10, 20, 30, 40], [0, 0, 1, 5])
+            step += 1
+            stop_ev.wait(0.25)
+        run.finish("completed", final_step=step - 1)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    time.sleep(1.0)
+    ingest(runs_dir, db, emit=None)  # the run exists before the server starts
+    follower = threading.Thread(
+        target=ingest,
+        args=(runs_dir, db),
+        kwargs={"follow": True, "stop_event": stop_ev, "emit": None},
+        daemon=True,
+    )
+    follower.start()
+    yield runs_dir, db
+    stop_ev.set()
+    writer.join(10)
+    follower.join(30)
+
+
+@pytest.fixture(scope="module")
+def server(live_store, tmp_path_factory):
+    _, db = live_store
+    port = free_port()
+    proc = start_server(ROOT / "app.py", db, port, tmp_path_factory.mktemp("log") / "streamlit.log")
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def open_page(browser, url: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(LOAD_MS)
+    page.goto(url)
+    page.wait_for_selector('[data-testid="stApp"]')
+    return page
+
+
+def wait_idle(page) -> None:
+    """Until Streamlit reports the script finished (the status widget goes away)."""
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=LOAD_MS
+    )
+
+
+def assert_no_exception(page, name: str) -> None:
+    assert page.locator('[data-testid="stException"]').count() == 0, f"{name}: exception on the page"
+    assert "Traceback" not in page.inner_text("body"), name
+
+
+@pytest.mark.parametrize(
+    "path, title, min_charts",
+    [
+        ("runs", "Runs", 0),
+        ("live?run=base-run", "Live run", 7),
+        ("experts?run=base-run", "Experts", 4),
+        ("compare?runs=base-run,fork-run", "Compare", 1),
+        ("decisions", None, 0),
+        ("ladder", None, 0),
+        ("reports", None, 0),
+        ("sql", "SQL", 0),
+    ],
+)
+def test_every_page_opens(server, browser, path, title, min_charts):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = open_page(browser, f"{server}/{path}")
+    try:
+        if title:
+            page.get_by_role("heading", name=title).first.wait_for()
+        if min_charts:
+            page.wait_for_function(
+                f"() => document.querySelectorAll('.js-plotly-plot').length >= {min_charts}", timeout=LOAD_MS
+            )
+        wait_idle(page)
+        if path == "runs":
+            page.locator('[data-testid="stDataFrame"]').first.wait_for()
+        page.screenshot(path=str(ARTIFACTS / f"{path.split('?')[0]}.png"), full_page=True)
+        assert_no_exception(page, path)
+        assert "sk-secret-value" not in page.content()  # secrets never shown (redacted at the writer)
+        # the plotly charts really drew (SVG traces, not empty frames)
+        if min_charts:
+            assert (
+                page.locator(".js-plotly-plot .scatterlayer .trace, .js-plotly-plot .heatmaplayer").count()
+                > 0
+            )
+    finally:
+        page.close()
+
+
+def test_sql_console_in_browser(server, browser):
+    page = open_page(browser, f"{server}/sql")
+    try:
+        page.get_by_role("heading", name="SQL").first.wait_for()
+        editor = page.locator("textarea").first
+        editor.fill("ATTACH '/tmp/x.duckdb' AS x")
+        page.get_by_role("button", name="Run").click()
+        page.get_by_text(re.compile("Refused")).first.wait_for()
+        editor.fill("SELECT run, status FROM runs ORDER BY run")
+        page.get_by_role("button", name="Run").click()
+        page.get_by_text(re.compile(r"\d+ rows in")).first.wait_for()
+        page.screenshot(path=str(ARTIFACTS / "sql-result.png"), full_page=True)
+        assert_no_exception(page, "sql")
+    finally:
+        page.close()
+
+
+def last_step(page) -> int | None:
+    """The 'Last step' metric on the Live page."""
+    box = page.locator('[data-testid="stMetric"]', has_text="Last step")
+    if box.count() == 0:
+        return None
+    txt = box.first.locator('[data-testid="stMetricValue"]').inner_text().replace(",", "")
+    return int(txt) if txt.strip().isdigit() else None
+
+
+def test_live_page_follows_a_running_run(server, browser):
+    page = open_page(browser, f"{server}/live?run=live-run")
+    try:
+        page.wait_for_function(
+            "() => document.querySelectorAll('.js-plotly-plot').length >= 1", timeout=LOAD_MS
+        )
+        page.get_by_text("Refreshing every").first.wait_for()
+        first = None
+        deadline = time.time() + 60
+        while first is None and time.time() < deadline:
+            first = last_step(page)
+            time.sleep(0.5)
+        assert first is not None
+        seen = first
+        deadline = time.time() + 45
+        while seen <= first + 3 and time.time() < deadline:  # no reload, no click: the fragment refreshes
+            time.sleep(1.0)
+            seen = last_step(page) or seen
+        page.screenshot(path=str(ARTIFACTS / "live-follow.png"), full_page=True)
+        assert seen > first + 3, f"last step stayed at {first} -> {seen}"
+        assert_no_exception(page, "live follow")
+        assert "lock" not in page.inner_text("body").lower()  # no lock error ever reaches the page
+    finally:
+        page.close()
