@@ -88,7 +88,7 @@ class Thresholds:
     loss_z: float = 6.0
     loss_min_rise: float = 0.05  # fraction above the trailing median
     grad_z: float = 6.0
-    grad_min_ratio: float = 2.0
+    grad_min_ratio: float = 5.0
     grad_single_ratio: float = 10.0
     grad_growth: float = 3.0
     growth_steps: int = 32

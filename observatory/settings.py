@@ -51,7 +51,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("anomaly_loss_z", 6.0, "loss spike: robust z-score (median/IQR of the trailing window) to flag"),
         Setting("anomaly_loss_min_rise", 0.05, "loss spike: also needs loss above the trailing median by this fraction"),
         Setting("anomaly_grad_z", 6.0, "grad-norm spike: robust z-score of log grad norm to flag"),
-        Setting("anomaly_grad_min_ratio", 2.0, "grad-norm spike: also needs grad norm / trailing median above this"),
+        Setting("anomaly_grad_min_ratio", 5.0, "grad-norm spike: also needs grad norm / its recent level above this"),
         Setting("anomaly_grad_single_ratio", 10.0, "grad-norm spike: one step this many times the level is enough (else two in a row)"),
         Setting("anomaly_grad_growth", 3.0, "grad-norm growth: rolling median / lowest earlier rolling median to flag"),
         Setting("anomaly_growth_steps", 32, "grad-norm growth: logged steps the growth must last"),
@@ -64,6 +64,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("anomaly_throughput_drop", 0.5, "throughput drop: flag below this fraction of the trailing median"),
         Setting("anomaly_throughput_steps", 5, "throughput drop: consecutive logged steps it must last"),
         Setting("anomaly_stall_s", 300.0, "stalled run: seconds without events (and no run_end) to flag"),
+        Setting("ladder_deviation_evals", 3, "ladder: consecutive evals outside a target's forecast band to flag"),
     )
 }
 
