@@ -315,6 +315,7 @@ def test_dumps_loads_is_lossless_for_awkward_text():
 # ---------------------------------------------------------------- dashboard page
 
 
+@pytest.mark.slow
 def test_decisions_page_renders(store):
     from streamlit.testing.v1 import AppTest
 

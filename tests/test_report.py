@@ -116,9 +116,20 @@ def make_store(root: Path) -> tuple[Path, Path]:
     return runs, db
 
 
+def shared_store(tmp_path_factory) -> tuple[Path, Path]:
+    """`make_store` once per test session (the browser test uses the same runs)."""
+    root = tmp_path_factory.getbasetemp() / "report-store"
+    if not (root / "obs.duckdb").exists():
+        root.mkdir(exist_ok=True)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("OBSERVATORY_STALE_AFTER_S", "0.5")
+            make_store(root)
+    return root / "runs", root / "obs.duckdb"
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    return make_store(tmp_path_factory.mktemp("report"))
+    return shared_store(tmp_path_factory)
 
 
 @pytest.fixture
@@ -238,6 +249,7 @@ def test_pdf_report(env, tmp_path):
     assert data.startswith(b"%PDF-") and len(data) > 20_000
 
 
+@pytest.mark.slow
 def test_one_command_after_a_run_that_went_wrong(tmp_path):
     """A new user's path: the trainer died on a NaN; nothing ingested yet; one command explains it."""
     runs, db, out = tmp_path / "runs", tmp_path / "obs.duckdb", tmp_path / "out"
@@ -260,6 +272,7 @@ def test_one_command_after_a_run_that_went_wrong(tmp_path):
     assert "Failure at step 33: exception: FloatingPointError: loss is nan at step 33; action: halt." in html
 
 
+@pytest.mark.slow
 def test_reports_page_renders(env):
     from streamlit.testing.v1 import AppTest
 

@@ -27,13 +27,13 @@ CHROMIUM_ARGS = [
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    from test_report import make_store  # the same three runs as tests/test_report.py
+    from test_report import shared_store  # the same three runs as tests/test_report.py
 
+    _, db = shared_store(tmp_path_factory)
     root = tmp_path_factory.mktemp("report_browser")
+    out = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OBSERVATORY_STALE_AFTER_S", "0.5")
-        _, db = make_store(root)
-        out = {}
         for run in ("done", "nan", "crash"):
             rep = report.build(db, run)
             out[run] = (report.write(db, run, root / "out", "html"), rep.status, len(figures(rep)))
