@@ -6,11 +6,15 @@ what the observatory said, and when, is as replayable as the run itself.
 
 Detectors (all thresholds are settings, `anomaly_*`):
 
-- `loss_spike`: train/loss above the trailing median by `anomaly_loss_z` robust
-  sigmas (IQR / 1.349 of the previous `anomaly_window` logged steps; OLMo-core
-  flags mean + 6 sigma of the previous 128) and by `anomaly_loss_min_rise`.
-- `grad_spike`: the same on log grad/norm/total, plus a minimum ratio. In BLOOM
-  176B's logs the grad norm led the loss spike by ~3 steps: this is the early warning.
+- `loss_spike`: train/loss above its recent level (median of the previous
+  `anomaly_min_history` steps) by `anomaly_loss_z` robust sigmas of its noise
+  (IQR of step-to-step changes over the previous `anomaly_window` steps, which a
+  falling loss does not inflate; OLMo-core flags mean + 6 sigma of the previous
+  128) and by `anomaly_loss_min_rise`.
+- `grad_spike`: the same on log grad/norm/total, plus a minimum ratio and a
+  confirmation (two such steps in a row, or one `anomaly_grad_single_ratio` times
+  the level). In BLOOM 176B's logs the grad norm led the loss spike by ~3 steps:
+  this is the early warning.
 - `grad_growth`: the rolling median grad norm climbs `anomaly_grad_growth` times
   above its lowest level in the window before (the 535B run's grad norm grew past 4).
 - `incomplete_recovery`: loss still above its pre-spike level `anomaly_recovery_steps`
@@ -86,7 +90,7 @@ class Thresholds:
     window: int = 128  # trailing window (logged steps) for rolling baselines
     min_history: int = 16  # logged steps of history before anything is flagged
     loss_z: float = 6.0
-    loss_min_rise: float = 0.05  # fraction above the trailing median
+    loss_min_rise: float = 0.05  # fraction above the recent level
     grad_z: float = 6.0
     grad_min_ratio: float = 5.0
     grad_single_ratio: float = 10.0
@@ -294,7 +298,7 @@ def _spikes(
                 detector,
                 metric,
                 "critical" if critical else "warn",
-                f"{what} spiked to {_fmt(x[ip])} at step {steps[ip]} ({ratio:.2f}x the trailing median "
+                f"{what} spiked to {_fmt(x[ip])} at step {steps[ip]} ({ratio:.2f}x its recent level "
                 f"{_fmt(base)}, {zp:.1f} robust sigma)",
                 (int(steps[i0]), int(steps[i1])),
                 int(steps[conf]),
@@ -306,7 +310,7 @@ def _spikes(
 
 
 def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
-    """Loss above the trailing median by `loss_z` robust sigmas and by `loss_min_rise`."""
+    """Loss above its recent level by `loss_z` robust sigmas and by `loss_min_rise`."""
     return _spikes("loss_spike", metric, np.asarray(steps), loss, th.loss_z, th.loss_min_rise, th, log=False)
 
 
