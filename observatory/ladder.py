@@ -1,0 +1,942 @@
+"""Scaling-ladder fits: predict a big run's loss curve from a ladder of small runs.
+
+The law is `L(C) = E + A * C^(-alpha)`, C the training compute in FLOPs
+(`6 * N_active * D`, see trainer/ladder.py for what else is counted). It is fit
+
+- to each rung's final eval loss, and
+- at every schedule fraction f (5%, 10%, ..., 100%) to the rungs' eval loss at
+  that fraction, so a target's whole curve is forecast, not only its end.
+
+Fitting (`fit_power_law`): Huber loss (delta = 1e-3) on log residuals
+`log L_pred - log L_obs`, minimised with scipy's L-BFGS-B from the best points of
+a grid of starts; E may be fixed. C is divided by a reference compute (the
+geometric mean of the rungs' C) so that log A stays near O(1).
+
+Uncertainty (`fit_ladder`): a bootstrap over whole rungs (a rung's whole curve
+is one unit: its points are not independent), refit at every fraction with the
+same resampled rungs so the band is coherent along the curve; the band's
+quantiles (default 5%..95%, a 90% band) are then widened, in log space and in
+quadrature, by the largest leave-one-rung-out prediction error at that fraction
+(scaled up by how far beyond the largest rung the forecast extrapolates, in units
+of the leave-largest-out extrapolation), because four rungs cannot show in a
+bootstrap how wrong an extrapolation can be; and by the target's own run-to-run
+noise (`FitConfig.noise`), which no fit to other runs can predict.
+
+Backtest (`backtest`): leave the largest rung out, fit the others, forecast its
+curve; report the final-loss error in % and the share of its curve points
+inside the band.
+
+Pre-registration and watching (`write_forecast`, `check_target`): the forecast
+is written as a `forecast` event by host 1000 into the target's run folder before
+the target's `run_start`; while the target runs, each eval is compared with the
+band and K consecutive evals outside it write an `anomaly` (detector
+`ladder_deviation`). Both are events, so what the observatory said and when is
+part of the record.
+
+This module holds no SQL; the store is read through `observatory.queries.ladder`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.special import huber
+from scipy.stats import norm
+
+__all__ = [
+    "FRACTIONS",
+    "METHOD",
+    "FIT_VERSION",
+    "DETECTOR",
+    "FitConfig",
+    "Rung",
+    "PowerLaw",
+    "LadderFit",
+    "ForecastPoint",
+    "Forecast",
+    "Backtest",
+    "fit_power_law",
+    "fit_ladder",
+    "backtest",
+    "forecast_event_data",
+    "write_forecast",
+    "band_at_steps",
+    "deviations",
+    "check_target",
+    "check_targets",
+    "forecast_band",
+    "load_ladder",
+]
+
+FRACTIONS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 5% .. 100%
+METHOD = "powerlaw-huber-log(delta=1e-3)/L-BFGS-B; band: rung bootstrap + leave-one-rung-out"
+FIT_VERSION = "1"
+DETECTOR = "ladder_deviation"
+EVAL_METRIC = "eval/loss"
+
+
+# ------------------------------------------------------------------ data types
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """How a ladder is fit. Defaults are what `observatory ladder fit` uses."""
+
+    delta: float = 1e-3  # Huber threshold on log residuals (0.1% of the loss)
+    fix_e: float | None = None  # irreducible loss E held fixed instead of fitted
+    n_boot: int = 200  # bootstrap resamples of whole rungs
+    level: float = 0.9  # central coverage of the band
+    n_starts: int = 3  # L-BFGS-B runs, started from the best grid points
+    seed: int = 0
+    loo: str = "max"  # widen by the "max" or "rms" leave-one-rung-out log error (or "none")
+    # Run-to-run noise of one run's eval loss (relative, 1 sigma): a target's own seed noise is
+    # something no fit to other runs can predict, and a 3-parameter law through 3-4 rungs leaves
+    # too few residual degrees of freedom to estimate it. 0.3% is about what retraining a tiny rung
+    # with another seed moves its final eval loss; the band always includes +-z*noise.
+    noise: float = 0.003
+    fractions: tuple[float, ...] = FRACTIONS
+
+    def __post_init__(self):
+        if not (self.delta > 0):
+            raise ValueError(f"FitConfig.delta must be > 0, got {self.delta}")
+        if self.fix_e is not None and not (self.fix_e >= 0 and math.isfinite(self.fix_e)):
+            raise ValueError(f"FitConfig.fix_e must be a finite loss >= 0, got {self.fix_e}")
+        if self.n_boot < 0:
+            raise ValueError(f"FitConfig.n_boot must be >= 0, got {self.n_boot}")
+        if not (0 < self.level < 1):
+            raise ValueError(f"FitConfig.level must be in (0, 1), e.g. 0.9, got {self.level}")
+        if self.n_starts < 1:
+            raise ValueError(f"FitConfig.n_starts must be >= 1, got {self.n_starts}")
+        if not (0 <= self.noise < 0.5):
+            raise ValueError(f"FitConfig.noise must be a relative 1-sigma noise in [0, 0.5), got {self.noise}")
+        if self.loo not in ("max", "rms", "none"):
+            raise ValueError(f"FitConfig.loo must be 'max', 'rms' or 'none', got {self.loo!r}")
+        if not self.fractions or any(not (0 < f <= 1) for f in self.fractions):
+            raise ValueError(f"FitConfig.fractions must be in (0, 1], got {self.fractions}")
+
+    @property
+    def n_free(self) -> int:
+        return 3 if self.fix_e is None else 2
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung: its compute and its eval loss at schedule fractions (1.0 = the final eval)."""
+
+    run: str
+    rung: str
+    flops: float
+    curve: dict[float, float]  # fraction of the schedule -> eval loss
+    params_active: int | None = None
+    params_total: int | None = None
+    tokens: int | None = None
+    steps: int | None = None
+
+    def __post_init__(self):
+        if not (self.flops > 0 and math.isfinite(self.flops)):
+            raise ValueError(f"rung {self.rung!r} (run {self.run}): flops must be > 0, got {self.flops}")
+
+    @property
+    def final_loss(self) -> float | None:
+        return self.curve.get(1.0)
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """L(C) = E + A * (C / c_ref)^(-alpha); `a_abs` is A for C in FLOPs."""
+
+    E: float
+    log_a: float  # log A, A relative to c_ref
+    alpha: float
+    c_ref: float
+    objective: float = 0.0
+
+    def __call__(self, flops):
+        x = np.log(np.asarray(flops, dtype=float) / self.c_ref)
+        return self.E + np.exp(self.log_a - self.alpha * x)
+
+    @property
+    def a_abs(self) -> float:
+        return float(np.exp(self.log_a + self.alpha * np.log(self.c_ref)))
+
+    def as_dict(self) -> dict:
+        return {"E": self.E, "A": self.a_abs, "alpha": self.alpha, "objective": self.objective}
+
+
+# -------------------------------------------------------------------- the fit
+#
+# One objective serves both the single-curve fit and the ladder fit: F curves (schedule
+# fractions) share E, each has its own (log A_j, alpha_j). theta = [E, log A_0, alpha_0,
+# log A_1, alpha_1, ...]. E is shared because it is the loss an infinitely large model
+# reaches at *any* fixed fraction of a fixed tokens-per-parameter schedule: as C grows
+# both N and the tokens seen by fraction f grow without bound. Sharing it lets a
+# three-rung ladder (the backtest) still determine E from the curvature of all 20
+# fractions instead of interpolating three points exactly.
+
+
+def _objective(theta, pts, delta):
+    """Weighted Huber on log residuals, scaled by 1/delta^2 so L-BFGS-B's tolerances bite; with gradient.
+
+    pts[j] lists (x_i, log L_ij, w_i) for curve j, x = log(C / c_ref), w = bootstrap count.
+    Plain Python on purpose: a ladder is a few dozen points and numpy's per-call
+    overhead made this 4x slower than the loop.
+    """
+    e = theta[0]
+    f = g_e = 0.0
+    grad = [0.0] * len(theta)
+    for j, curve in enumerate(pts):
+        log_a, alpha = theta[1 + 2 * j], theta[2 + 2 * j]
+        g_a = g_alpha = 0.0
+        for xi, li, wi in curve:
+            p = math.exp(log_a - alpha * xi)  # the power-law term
+            pred = e + p
+            r = math.log(pred) - li  # log residual
+            if abs(r) <= delta:
+                f += wi * 0.5 * r * r
+                d = r
+            else:
+                f += wi * delta * (abs(r) - 0.5 * delta)
+                d = delta if r > 0 else -delta
+            d *= wi / pred  # d huber / d pred
+            g_e += d
+            g_a += d * p
+            g_alpha -= d * xi * p
+        grad[1 + 2 * j], grad[2 + 2 * j] = g_a, g_alpha
+    grad[0] = g_e
+    s = 1.0 / (delta * delta)
+    return f * s, np.array(grad) * s
+
+
+_ALPHAS = np.array([0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.2])
+_E_FRACS = np.array([0.0, 0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97])
+
+
+def _grid_starts(x, Y, W, delta, fix_e, k):
+    """The k best (E, [log A_j, alpha_j]...) starts of a grid over E (shared) and alpha (per curve).
+
+    x (n,), Y (F, n) losses with NaN where missing, W (F, n) weights. For each E and
+    alpha, log A is the least-squares value of log(L - E) + alpha x; each curve keeps
+    its best alpha, and E candidates are ranked by the total Huber objective.
+    """
+    ymin = np.nanmin(Y)
+    es = np.array([fix_e]) if fix_e is not None else _E_FRACS * ymin
+    starts = []
+    for e in es:
+        theta, total = [e], 0.0
+        for yj, wj in zip(Y, W, strict=True):
+            m = np.isfinite(yj) & (wj > 0)
+            lx, ly, lw = x[m], yj[m], wj[m]
+            if not m.any():
+                theta += [0.0, 0.3]
+                continue
+            # (len(_ALPHAS),) candidate log A per alpha, weighted least squares
+            la = ((np.log(ly - e)[None, :] + _ALPHAS[:, None] * lx[None, :]) * lw).sum(1) / lw.sum()
+            pred = e + np.exp(la[:, None] - _ALPHAS[:, None] * lx[None, :])
+            obj = (lw * huber(delta, np.log(pred) - np.log(ly)[None, :])).sum(1)
+            b = int(np.argmin(obj))
+            theta += [la[b], _ALPHAS[b]]
+            total += obj[b]
+        starts.append((total, np.array(theta)))
+    starts.sort(key=lambda t: t[0])
+    return [t for _, t in starts[:k]]
+
+
+def _fit_curves(x, Y, W, delta, fix_e, n_starts, extra_starts=()):
+    """Minimise the shared-E objective. Returns (theta, objective, fitted (F,) bool).
+
+    A curve with fewer than two distinct points carrying weight is not fitted (its
+    parameters stay at the start and `fitted` says so).
+    """
+    F = Y.shape[0]
+    fitted = np.array([len(set(x[np.isfinite(Y[j]) & (W[j] > 0)].tolist())) >= 2 for j in range(F)])
+    pts = [
+        [(float(x[i]), float(np.log(Y[j, i])), float(W[j, i])) for i in range(len(x))
+         if np.isfinite(Y[j, i]) and W[j, i] > 0] if fitted[j] else []
+        for j in range(F)
+    ]
+    ymin = float(np.nanmin(np.where(W > 0, Y, np.nan)))
+    e_hi = ymin * (1 - 1e-6)
+    bounds = [(fix_e, fix_e) if fix_e is not None else (0.0, e_hi)] + [(-40.0, 40.0), (1e-4, 3.0)] * F
+    starts = _grid_starts(x, Y, W, delta, fix_e, n_starts) if n_starts else []
+    for s in extra_starts:
+        s = np.array(s, dtype=float)
+        s[0] = fix_e if fix_e is not None else min(max(s[0], 0.0), e_hi * (1 - 1e-6))
+        starts.append(s)
+    if not starts:
+        starts = _grid_starts(x, Y, W, delta, fix_e, 1)
+    best = None
+    for s in starts:
+        res = minimize(
+            _objective, s, args=(pts, delta), jac=True, method="L-BFGS-B", bounds=bounds,
+            options={"maxiter": 2000, "maxfun": 5000, "ftol": 1e-12, "gtol": 1e-9},
+        )
+        if best is None or res.fun < best.fun:
+            best = res
+    return best.x, float(best.fun) * delta**2, fitted
+
+
+def fit_power_law(
+    flops: Sequence[float],
+    loss: Sequence[float],
+    *,
+    delta: float = 1e-3,
+    fix_e: float | None = None,
+    n_starts: int = 3,
+    weights: Sequence[float] | None = None,
+) -> PowerLaw:
+    """Fit L(C) = E + A C^-alpha to points (C, L) by Huber on log residuals.
+
+    L-BFGS-B runs from the `n_starts` best points of a grid over (E, alpha); `fix_e`
+    holds E fixed; `weights` (e.g. bootstrap counts) weight the points.
+    """
+    c = np.asarray(flops, dtype=float)
+    y = np.asarray(loss, dtype=float)
+    w = np.ones_like(c) if weights is None else np.asarray(weights, dtype=float)
+    if c.shape != y.shape or c.ndim != 1 or w.shape != c.shape:
+        raise ValueError(f"flops, loss and weights must be 1-D and the same length, got {c.shape}, {y.shape}")
+    ok = np.isfinite(c) & np.isfinite(y) & (c > 0) & (y > 0) & (w > 0)
+    c, y, w = c[ok], y[ok], w[ok]
+    need = 3 if fix_e is None else 2
+    if len(np.unique(c)) < need:
+        raise ValueError(
+            f"a power law with {'free' if fix_e is None else 'fixed'} E needs >= {need} distinct compute "
+            f"values, got {len(np.unique(c))}"
+        )
+    if fix_e is not None and fix_e >= y.min():
+        raise ValueError(f"fix_e={fix_e} must be below the smallest observed loss {y.min():.4f}")
+    c_ref = float(np.exp(np.log(c).mean()))
+    with _one_blas_thread():
+        theta, obj, _ = _fit_curves(np.log(c / c_ref), y[None, :], w[None, :], delta, fix_e, n_starts)
+    return PowerLaw(E=float(theta[0]), log_a=float(theta[1]), alpha=float(theta[2]), c_ref=c_ref, objective=obj)
+
+
+_CONTROLLER = None
+
+
+def _one_blas_thread():
+    """Limit BLAS to one thread while fitting: each L-BFGS-B step is tiny, and OpenBLAS's thread
+    pool made it 7x slower on a busy 2-core machine."""
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        from threadpoolctl import ThreadpoolController
+
+        _CONTROLLER = ThreadpoolController()
+    return _CONTROLLER.limit(limits=1, user_api="blas")
+
+
+# ------------------------------------------------------------- ladder fitting
+
+
+@dataclass
+class LadderFit:
+    """Laws at every schedule fraction, the bootstrap's parameter draws and the LOO errors."""
+
+    name: str
+    rungs: list[Rung]
+    config: FitConfig
+    laws: dict[float, PowerLaw]  # fraction -> fit on all rungs
+    boot: dict[float, np.ndarray]  # fraction -> (B, 3) bootstrap (E, log A, alpha), c_ref as laws[f]
+    boot_w: dict[float, np.ndarray]  # fraction -> (B,) probability of each bootstrap resample
+    loo_err: dict[float, dict[str, float]]  # fraction -> rung -> log(pred / obs) with that rung left out
+
+    @property
+    def final(self) -> PowerLaw:
+        return self.laws[max(self.laws)]
+
+    def loo_halfwidth(self, fraction: float) -> float:
+        """Log half-width the leave-one-rung-out errors add to the band at `fraction`."""
+        errs = np.abs(np.array(list(self.loo_err.get(fraction, {}).values()), dtype=float))
+        errs = errs[np.isfinite(errs)]
+        if self.config.loo == "none" or errs.size == 0:
+            return 0.0
+        return float(errs.max() if self.config.loo == "max" else np.sqrt((errs**2).mean()))
+
+    def extrapolation_scale(self, flops) -> np.ndarray:
+        """How many leave-largest-out extrapolations `flops` lies beyond the largest rung (>= 1).
+
+        Leaving the largest rung out extrapolates by log(C_max / C_prev); a target
+        further out than that gets the leave-one-out error scaled up in proportion,
+        because extrapolation error grows with distance.
+        """
+        cs = sorted({r.flops for r in self.rungs})
+        c = np.atleast_1d(np.asarray(flops, dtype=float))
+        if len(cs) < 2:
+            return np.ones_like(c)
+        step = math.log(cs[-1] / cs[-2])
+        return np.maximum(1.0, np.log(c / cs[-1]) / step)
+
+    def predict(self, fraction: float, flops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(value, low, high), each (m,), at compute `flops` (array-like) for one schedule fraction."""
+        law = self.laws[fraction]
+        c = np.atleast_1d(np.asarray(flops, dtype=float))
+        value = law(c)  # (m,)
+        q = (1 - self.config.level) / 2
+        draws = self.boot.get(fraction)
+        lo_b = hi_b = np.zeros_like(value)
+        if draws is not None and len(draws) >= 2:
+            x = np.log(c / law.c_ref)
+            preds = draws[:, 0:1] + np.exp(draws[:, 1:2] - draws[:, 2:3] * x[None, :])  # (B, m)
+            w = self.boot_w[fraction]
+            qs = [np.quantile(preds, qq, axis=0, weights=w, method="inverted_cdf") for qq in (q, 1 - q)]
+            lo_b = np.minimum(np.log(qs[0] / value), 0.0)
+            hi_b = np.maximum(np.log(qs[1] / value), 0.0)
+        h = self.loo_halfwidth(fraction) * self.extrapolation_scale(c)  # (m,)
+        z = float(norm.ppf(0.5 + self.config.level / 2)) * self.config.noise  # the target's own noise
+        low = value * np.exp(-np.sqrt(lo_b**2 + h**2 + z**2))
+        high = value * np.exp(np.sqrt(hi_b**2 + h**2 + z**2))
+        return value, low, high
+
+    def forecast(self, flops: float, steps: int | None = None) -> Forecast:
+        """The forecast curve for a run of compute `flops` and `steps` optimizer steps."""
+        pts = []
+        for f in sorted(self.laws):
+            v, lo, hi = self.predict(f, flops)
+            step = None if steps is None else int(round(f * steps))
+            pts.append(ForecastPoint(f, step, float(v[0]), float(lo[0]), float(hi[0])))
+        return Forecast(flops=float(flops), steps=steps, points=pts)
+
+    def summary(self) -> dict:
+        """JSON-ready: the final-loss law, the per-fraction laws, LOO errors, rung list."""
+        return {
+            "ladder": self.name,
+            "method": METHOD,
+            "fit_version": fit_version(self.rungs),
+            "config": {k: v for k, v in asdict(self.config).items() if k != "fractions"},
+            "rungs": [
+                {"run": r.run, "rung": r.rung, "flops": r.flops, "params_active": r.params_active,
+                 "params_total": r.params_total, "tokens": r.tokens, "final_loss": r.final_loss}
+                for r in self.rungs
+            ],
+            "final": self.final.as_dict(),
+            "fractions": {
+                f"{f:.2f}": {**law.as_dict(), "loo_halfwidth": self.loo_halfwidth(f)}
+                for f, law in sorted(self.laws.items())
+            },
+            "loo_final": self.loo_err.get(max(self.laws), {}),
+            "bootstrap_resamples": int(len(self.boot.get(max(self.laws), ()))),
+        }
+
+
+@dataclass(frozen=True)
+class ForecastPoint:
+    fraction: float
+    step: int | None
+    value: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Forecast:
+    flops: float
+    steps: int | None
+    points: list[ForecastPoint]
+
+    @property
+    def final(self) -> ForecastPoint:
+        return max(self.points, key=lambda p: p.fraction)
+
+    def as_rows(self) -> list[dict]:
+        return [asdict(p) for p in self.points]
+
+
+def fit_version(rungs: Sequence[Rung]) -> str:
+    """FIT_VERSION plus a short hash of the data a fit saw, so a forecast names exactly what it used."""
+    payload = [(r.run, r.flops, sorted(r.curve.items())) for r in sorted(rungs, key=lambda r: r.run)]
+    return f"{FIT_VERSION}:{hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:12]}"
+
+
+def _matrix(rungs, fractions):
+    """x (n,) log compute over c_ref, Y (F, n) loss with NaN where a rung has no eval, c_ref."""
+    c = np.array([r.flops for r in rungs], dtype=float)
+    c_ref = float(np.exp(np.log(c).mean()))
+    Y = np.array([[r.curve.get(f, np.nan) for r in rungs] for f in fractions], dtype=float)
+    Y[~(Y > 0)] = np.nan  # non-finite or non-positive losses cannot be fit in log space
+    return np.log(c / c_ref), Y, c_ref
+
+
+def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder") -> LadderFit:
+    """Fit every schedule fraction (E shared), bootstrap over whole rungs, leave-one-rung-out errors.
+
+    A fraction is fit when at least two rungs have an eval there. Resamples and
+    leave-one-out subsets with fewer than three distinct rungs cannot determine E:
+    they keep the full fit's E.
+    """
+    cfg = config or FitConfig()
+    rungs = sorted(rungs, key=lambda r: r.flops)
+    n_distinct = len({r.flops for r in rungs})
+    if n_distinct < cfg.n_free:
+        raise ValueError(
+            f"ladder {name!r} has {n_distinct} rungs with distinct compute; fitting needs >= {cfg.n_free}"
+            + ("" if cfg.fix_e is not None else " (or fix E with --fix-e to fit two)")
+        )
+    fractions = [f for f in cfg.fractions if sum(1 for r in rungs if f in r.curve) >= 2]
+    if 1.0 not in fractions:
+        raise ValueError(f"ladder {name!r}: fewer than 2 rungs have a final (100%) eval")
+    x, Y, c_ref = _matrix(rungs, fractions)
+    if cfg.fix_e is not None and cfg.fix_e >= np.nanmin(Y):
+        raise ValueError(f"--fix-e {cfg.fix_e} must be below the smallest observed loss {np.nanmin(Y):.4f}")
+    n = len(rungs)
+    ones = np.ones_like(Y)
+    with _one_blas_thread():
+        theta, obj, _ = _fit_curves(x, Y, ones, cfg.delta, cfg.fix_e, cfg.n_starts)
+        e_full = float(theta[0])
+
+        def sub_fit(w):  # w (n,) counts; a refit started from the full fit
+            distinct = len({rungs[i].flops for i in range(n) if w[i] > 0})
+            fe = cfg.fix_e if cfg.fix_e is not None else (None if distinct >= 3 else e_full)
+            th, _, ok = _fit_curves(x, Y, ones * w[None, :], cfg.delta, fe, 0, [theta])
+            return th, ok
+
+        # bootstrap over whole rungs: one resample (rung counts) is shared by every fraction
+        counts, prob = _resamples([r.flops for r in rungs], 2, cfg.n_boot, cfg.seed)
+        boot = {f: [] for f in fractions}
+        boot_w = {f: [] for f in fractions}
+        for w, pr in zip(counts, prob, strict=True):
+            th, ok = sub_fit(w)
+            for j, f in enumerate(fractions):
+                if ok[j]:
+                    boot[f].append((th[0], th[1 + 2 * j], th[2 + 2 * j]))
+                    boot_w[f].append(pr)
+
+        # leave-one-rung-out: predict each rung's curve from the others
+        loo: dict[float, dict[str, float]] = {f: {} for f in fractions}
+        if n >= 3:
+            for i, held in enumerate(rungs):
+                w = np.ones(n)
+                w[i] = 0
+                th, ok = sub_fit(w)
+                for j, f in enumerate(fractions):
+                    if ok[j] and np.isfinite(Y[j, i]):
+                        pred = th[0] + math.exp(th[1 + 2 * j] - th[2 + 2 * j] * x[i])
+                        loo[f][held.rung] = float(math.log(pred / Y[j, i]))
+
+    laws = {f: PowerLaw(e_full, float(theta[1 + 2 * j]), float(theta[2 + 2 * j]), c_ref, obj)
+            for j, f in enumerate(fractions)}
+    return LadderFit(
+        name=name, rungs=list(rungs), config=cfg, laws=laws,
+        boot={f: np.array(v, dtype=float).reshape(-1, 3) for f, v in boot.items()},
+        boot_w={f: np.array(v, dtype=float) for f, v in boot_w.items()},
+        loo_err=loo,
+    )
+
+
+def _resamples(flops: Sequence[float], min_distinct: int, n_boot: int, seed: int):
+    """Bootstrap resamples of whole rungs as (m, n) counts with their probabilities (m,).
+
+    With few rungs the distinct resamples (multisets of size n) are few, C(2n-1, n):
+    35 for 4 rungs, so when they number at most `n_boot` they are enumerated with
+    their exact multinomial probabilities (no Monte Carlo noise); otherwise `n_boot`
+    are drawn at random. Resamples with fewer than `min_distinct` distinct rungs say
+    nothing about a slope and are dropped (the rest renormalised).
+    """
+    n = len(flops)
+    distinct = lambda w: len({flops[i] for i in range(n) if w[i] > 0})  # noqa: E731
+    if math.comb(2 * n - 1, n) <= max(n_boot, 1):
+        rows, probs = [], []
+        for combo in itertools.combinations_with_replacement(range(n), n):
+            w = np.bincount(combo, minlength=n)
+            if distinct(w) >= min_distinct:
+                rows.append(w)
+                probs.append(math.factorial(n) / math.prod(math.factorial(int(k)) for k in w) / n**n)
+        counts, prob = np.array(rows, dtype=float).reshape(-1, n), np.array(probs)
+    else:
+        rng = np.random.default_rng(seed)
+        counts = np.array([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(n_boot)], float)
+        counts = counts[[distinct(w) >= min_distinct for w in counts]].reshape(-1, n)
+        prob = np.ones(len(counts))
+    return counts, (prob / prob.sum() if prob.size else prob)
+
+
+# ------------------------------------------------------------------- backtest
+
+
+@dataclass(frozen=True)
+class Backtest:
+    held_out: str
+    run: str
+    flops: float
+    final_pred: float
+    final_low: float
+    final_high: float
+    final_obs: float
+    final_error_pct: float  # 100 * (pred - obs) / obs
+    coverage: float  # share of the held-out curve's points inside the band
+    points: list[dict]  # fraction, step, value, low, high, observed, inside
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare(forecast: Forecast, curve: dict[float, float]) -> list[dict]:
+    """Forecast points joined with an observed curve (fraction -> loss)."""
+    rows = []
+    for p in forecast.points:
+        obs = curve.get(p.fraction)
+        inside = None if obs is None else bool(p.low <= obs <= p.high)
+        rows.append({**asdict(p), "observed": obs, "inside": inside})
+    return rows
+
+
+def backtest(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder") -> Backtest:
+    """Leave the largest rung out, fit the rest, forecast its curve and score the forecast."""
+    rungs = sorted(rungs, key=lambda r: r.flops)
+    held, rest = rungs[-1], rungs[:-1]
+    fit = fit_ladder(rest, config, name=name)
+    fc = fit.forecast(held.flops, held.steps)
+    rows = compare(fc, held.curve)
+    scored = [r for r in rows if r["inside"] is not None]
+    fin = fc.final
+    obs = held.final_loss
+    if obs is None:
+        raise ValueError(f"held-out rung {held.rung!r} has no final eval")
+    return Backtest(
+        held_out=held.rung, run=held.run, flops=held.flops,
+        final_pred=fin.value, final_low=fin.low, final_high=fin.high, final_obs=obs,
+        final_error_pct=100.0 * (fin.value - obs) / obs,
+        coverage=sum(r["inside"] for r in scored) / len(scored) if scored else float("nan"),
+        points=rows,
+    )
+
+
+# --------------------------------------------------------- reading the store
+
+
+def _snap(step: int, steps: int) -> float | None:
+    """The schedule fraction (a multiple of 5%) an eval at `step` of `steps` stands for, if any."""
+    if not steps or step is None or step <= 0:
+        return None
+    fr = step / steps
+    g = round(round(fr / 0.05) * 0.05, 2)
+    return g if 0 < g <= 1 and abs(fr - g) <= max(0.01, 1.0 / steps) else None
+
+
+def curve_by_fraction(points: Iterable[dict], steps: int) -> dict[float, float]:
+    """Eval points ({step, loss}) as fraction -> loss, keeping the eval nearest each 5% mark."""
+    best: dict[float, tuple[float, float]] = {}
+    for p in points:
+        g = _snap(p["step"], steps)
+        if g is None or p["loss"] is None:
+            continue
+        dist = abs(p["step"] / steps - g)
+        if g not in best or dist <= best[g][0]:
+            best[g] = (dist, float(p["loss"]))
+    return {g: v for g, (_, v) in sorted(best.items())}
+
+
+def _pick_dataset(points: list[dict], dataset: str | None) -> str | None:
+    if dataset is not None:
+        return dataset
+    names = [p["dataset"] for p in points if p.get("dataset")]
+    return max(set(names), key=lambda n: (names.count(n), n)) if names else None
+
+
+def _steps_of(info: dict, points: list[dict]) -> int | None:
+    lad = info.get("ladder") or {}
+    for v in (lad.get("steps"), info.get("final_step")):
+        if isinstance(v, int) and v > 0:
+            return v
+    steps = [p["step"] for p in points if p.get("step")]
+    return max(steps) if steps else None
+
+
+def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung], list[dict], str | None]:
+    """A ladder's rungs (as `Rung`s), its targets (run info + observed curve) and the eval dataset used.
+
+    Raises ValueError naming the ladder when it has no runs or a rung lacks `flops`.
+    """
+    from observatory.queries import ladder as q
+
+    runs = q.ladder_runs(con, name)
+    if not runs:
+        known = ", ".join(d["name"] for d in q.ladders(con)) or "none"
+        raise ValueError(f"no ladder named {name!r} in the store (ladders: {known}); did you run ingest?")
+    evals = q.eval_points(con, [r["run"] for r in runs])
+    ds = _pick_dataset(evals, dataset)
+    by_run: dict[str, list[dict]] = {}
+    for p in evals:
+        if ds is None or p["dataset"] == ds:
+            by_run.setdefault(p["run"], []).append(p)
+    rungs, targets = [], []
+    for r in runs:
+        lad = r["ladder"]
+        pts = by_run.get(r["run"], [])
+        steps = _steps_of(r, pts)
+        curve = curve_by_fraction(pts, steps) if steps else {}
+        if r["target"]:
+            targets.append({**r, "steps": steps, "curve": curve, "evals": pts})
+            continue
+        flops = lad.get("flops")
+        if not isinstance(flops, (int, float)) or not flops > 0:
+            raise ValueError(f"ladder {name!r}: run {r['run']} (rung {r['rung']!r}) has no ladder.flops in run_start")
+        rungs.append(Rung(
+            run=r["run"], rung=str(lad.get("rung", r["rung"])), flops=float(flops), curve=curve,
+            params_active=lad.get("params_active"), params_total=lad.get("params_total"),
+            tokens=lad.get("tokens"), steps=steps,
+        ))  # fmt: skip
+    return rungs, targets, ds
+
+
+def target_spec(con, target: str) -> dict:
+    """What a forecast needs about a target: {run, flops, steps, curve}, from a stored run or a file.
+
+    A file (YAML or JSON) gives `flops` and `steps` at its top level or under `target`
+    or `ladder` (what `trainer ladder --plan` prints for a target).
+    """
+    from observatory.queries import ladder as q
+
+    p = Path(target)
+    if p.is_file():
+        import yaml
+
+        try:
+            doc = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{p}: not valid YAML/JSON: {e}") from None
+        for d in (doc, doc.get("target") if isinstance(doc, dict) else None,
+                  doc.get("ladder") if isinstance(doc, dict) else None):
+            if isinstance(d, dict) and isinstance(d.get("flops"), (int, float)):
+                steps = d.get("steps")
+                return {"run": d.get("run"), "flops": float(d["flops"]),
+                        "steps": int(steps) if isinstance(steps, (int, float)) else None, "curve": {}}
+        raise ValueError(f"{p}: no `flops` (and `steps`) at the top level or under `target:`; "
+                         "`trainer ladder --config CONFIG --plan` prints them")
+    info = q.run_ladder(con, target)
+    if info is None:
+        raise ValueError(f"--target {target!r} is neither a file nor a run in the store")
+    lad = info["ladder"]
+    if not isinstance(lad.get("flops"), (int, float)):
+        raise ValueError(f"run {target} has no ladder.flops in its run_start; cannot place it on the ladder")
+    evals = q.eval_points(con, [target])
+    steps = _steps_of(info, evals)
+    return {"run": target, "flops": float(lad["flops"]), "steps": steps, "start_time": info["start_time"],
+            "curve": curve_by_fraction(evals, steps) if steps else {}, "evals": evals}
+
+
+# ------------------------------------------------------- forecasts as events
+
+
+def forecast_event_data(fit: LadderFit, forecast: Forecast, dataset: str | None, *,
+                        pre_registered: bool = True) -> dict:
+    """The `forecast` event payload (EVENTS.md): final value and band, every curve point, the source."""
+    fin = forecast.final
+    return {
+        "metric": EVAL_METRIC,
+        "dataset": dataset,
+        "target_step": fin.step,
+        "value": fin.value,
+        "low": fin.low,
+        "high": fin.high,
+        "level": fit.config.level,
+        "points": [{"step": p.step, "fraction": p.fraction, "value": p.value, "low": p.low, "high": p.high}
+                   for p in forecast.points],
+        "flops": forecast.flops,
+        "method": METHOD,
+        "fit": fit.final.as_dict(),
+        "pre_registered": pre_registered,
+        "source": {"ladder": fit.name, "fit_version": fit_version(fit.rungs),
+                   "rungs": [r.run for r in fit.rungs], "fix_e": fit.config.fix_e},
+    }
+
+
+def _writer(runs_dir, run: str):
+    from observatory.events import OBSERVATORY_HOST
+    from observatory.writer import init
+
+    return init(run_id=run, runs_dir=runs_dir, host=OBSERVATORY_HOST, write_start=False,
+                install_signal_handlers=False)
+
+
+def run_started(runs_dir, run: str) -> bool:
+    """Whether the run's own logs (any host but the observatory's) already hold events."""
+    d = Path(runs_dir) / run
+    return any(f.stat().st_size > 0 for f in d.glob("events.*.jsonl*") if not f.name.startswith("events.1000."))
+
+
+def write_forecast(runs_dir, run: str, data: dict) -> Path:
+    """Append the `forecast` event to <runs_dir>/<run>/events.1000.jsonl; return that path.
+
+    Written before the target's run_start it is pre-registered: its `t` precedes the
+    run's. `data["pre_registered"]` is set from whether the run had started.
+    """
+    data = {**data, "pre_registered": not run_started(runs_dir, run)}
+    w = _writer(runs_dir, run)
+    try:
+        w.event("forecast", data)
+    finally:
+        w.close()  # close, not finish: host 1000 never ends a run
+    return w.path
+
+
+# ---------------------------------------------------- watching a target run
+
+
+def band_at_steps(points: Sequence[dict], steps: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(value, low, high) linearly interpolated in step from forecast points; NaN outside their span."""
+    pts = sorted((p for p in points if p.get("step") is not None), key=lambda p: p["step"])
+    s = np.asarray(steps, dtype=float)
+    if not pts:
+        nan = np.full(s.shape, np.nan)
+        return nan, nan, nan
+    xp = np.array([p["step"] for p in pts], dtype=float)
+    inside = (s >= xp[0]) & (s <= xp[-1])
+    out = []
+    for key in ("value", "low", "high"):
+        v = np.interp(s, xp, np.array([p[key] for p in pts], dtype=float))
+        out.append(np.where(inside, v, np.nan))
+    return tuple(out)
+
+
+def deviations(points: Sequence[dict], evals: Sequence[dict], k: int) -> list[dict]:
+    """Excursions of an eval curve out of the band lasting >= k consecutive evals.
+
+    Returns one dict per excursion: window [first_step, last_step], the evals in it
+    and how far outside the band the worst one was (relative to the band edge).
+    """
+    evals = sorted((e for e in evals if e.get("loss") is not None), key=lambda e: e["step"])
+    val, low, high = band_at_steps(points, [e["step"] for e in evals])
+    out, cur = [], []
+    for e, lo, hi in zip(evals, low, high, strict=True):
+        if np.isnan(lo):
+            continue  # no band here (before the first forecast point)
+        loss = e["loss"]
+        if not (lo <= loss <= hi):  # NaN loss counts as outside
+            cur.append({"step": e["step"], "loss": loss, "low": float(lo), "high": float(hi)})
+            continue
+        if len(cur) >= k:
+            out.append(cur)
+        cur = []
+    if len(cur) >= k:
+        out.append(cur)
+    result = []
+    for ex in out:
+        worst = max((abs(x["loss"] - (x["high"] if x["loss"] > x["high"] else x["low"])) / x["high"]
+                     if math.isfinite(x["loss"]) else math.inf) for x in ex)
+        result.append({"window": [ex[0]["step"], ex[-1]["step"]], "evals": ex, "worst_rel": worst,
+                       "above": all(not math.isfinite(x["loss"]) or x["loss"] > x["high"] for x in ex)})
+    return result
+
+
+def _latest_forecast(forecasts: list[dict], start_time: float | None) -> dict | None:
+    """The forecast a run is judged against: the newest one made before it started, else the newest."""
+    if not forecasts:
+        return None
+    before = [f for f in forecasts if start_time is not None and f["t"] < start_time]
+    return (before or forecasts)[-1]
+
+
+def _open(db):
+    """A connection for one unit of work: the caller's if it passed one, else read-only on the path."""
+    from contextlib import nullcontext
+
+    from observatory.store import connect
+
+    return nullcontext(db) if hasattr(db, "execute") else connect(db)
+
+
+def _file_anomaly_windows(runs_dir, run: str) -> set[int]:
+    """First steps of ladder_deviation anomalies already in the run's host-1000 file (maybe not ingested)."""
+    path = Path(runs_dir) / run / "events.1000.jsonl"
+    seen: set[int] = set()
+    if not path.exists():
+        return seen
+    with open(path, "rb") as f:
+        for raw in f:
+            if DETECTOR.encode() not in raw or not raw.endswith(b"\n"):
+                continue
+            try:
+                d = json.loads(raw).get("data", {})
+                if d.get("detector") == DETECTOR:
+                    seen.add(int(d["window"][0]))
+            except (ValueError, KeyError, TypeError, IndexError):
+                continue
+    return seen
+
+
+def check_target(db, runs_dir, run: str, *, k: int | None = None, write: bool = True) -> list[dict]:
+    """Compare a target run's evals with its pre-registered band; write an anomaly per new excursion.
+
+    An excursion is >= k consecutive evals outside the band (k: setting
+    `ladder_deviation_evals`, default 3). Idempotent: an excursion already reported
+    (same first step, in the store or in events.1000.jsonl) is not written again.
+    `db` is a store path or an open connection. Returns the anomaly payloads written.
+    """
+    from observatory import settings
+    from observatory.queries import ladder as q
+
+    k = int(k if k is not None else settings.get("ladder_deviation_evals"))
+    with _open(db) as con:
+        fc = _latest_forecast(q.forecast_events(con, run), (q.run_ladder(con, run) or {}).get("start_time"))
+        if fc is None or not fc.get("points"):
+            return []
+        evals = [e for e in q.eval_points(con, [run]) if fc.get("dataset") in (None, e["dataset"])]
+        seen = {int(a["window"][0]) for a in q.deviation_anomalies(con, run, DETECTOR)
+                if isinstance(a.get("window"), list) and a["window"]}
+    seen |= _file_anomaly_windows(runs_dir, run)
+    new = []
+    for ex in deviations(fc["points"], evals, k):
+        if ex["window"][0] in seen:
+            continue
+        first, last = ex["evals"][0], ex["evals"][-1]
+        side = "above" if ex["above"] else "outside"
+        new.append({
+            "detector": DETECTOR,
+            "metric": EVAL_METRIC,
+            "severity": "critical" if ex["worst_rel"] > 0.05 else "warn",
+            "message": (
+                f"eval loss {side} the ladder forecast band for {len(ex['evals'])} consecutive evals "
+                f"(steps {first['step']}-{last['step']}): {last['loss']:.4f} vs band "
+                f"[{last['low']:.4f}, {last['high']:.4f}] at step {last['step']}"
+            ),
+            "window": ex["window"],
+            "evals": ex["evals"],
+            "forecast": {"t": fc["t"], "ladder": (fc.get("source") or {}).get("ladder"),
+                         "fit_version": (fc.get("source") or {}).get("fit_version")},
+        })  # fmt: skip
+    if write and new:
+        w = _writer(runs_dir, run)
+        try:
+            for a in new:
+                w.event("anomaly", a, step=a["window"][1])
+        finally:
+            w.close()
+    return new
+
+
+def check_targets(db, runs_dir, runs: Iterable[str] | None = None, **kw) -> list[dict]:
+    """`check_target` for every run (of `runs`, or all) that has a forecast event. Never raises per run."""
+    from observatory.queries import ladder as q
+
+    with _open(db) as con:
+        have = {f["run"] for f in q.forecast_events(con)}
+    wanted = have if runs is None else have & set(runs)
+    out = []
+    for run in sorted(wanted):
+        try:
+            out += [{"run": run, **a} for a in check_target(db, runs_dir, run, **kw)]
+        except Exception as e:  # one bad run must not stop the others (or ingest)
+            import sys
+
+            print(f"observatory ladder: check_target({run}) failed: {type(e).__name__}: {e}", file=sys.stderr)
+    return out
+
+
+def forecast_band(db, run: str):
+    """The band a run is judged against, as a pandas DataFrame (step, fraction, value, low, high), or None."""
+    import pandas as pd
+
+    from observatory.queries import ladder as q
+
+    with _open(db) as con:
+        fc = _latest_forecast(q.forecast_events(con, run), (q.run_ladder(con, run) or {}).get("start_time"))
+    if fc is None or not fc.get("points"):
+        return None
+    return pd.DataFrame(fc["points"], columns=["step", "fraction", "value", "low", "high"])

@@ -1,0 +1,136 @@
+"""Scaling-ladder queries: ladders, their rungs and targets, eval curves, forecasts, deviations.
+
+A ladder is the set of runs whose `run_start` carried `ladder.name`; a run whose
+ladder info says `target: true` (or `rung: "target"`) is a target the ladder
+forecasts, every other run is a rung. Every function takes an open connection
+(`with observatory.store.connect(db) as con:`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = [
+    "ladders",
+    "ladder_runs",
+    "run_ladder",
+    "eval_points",
+    "forecast_events",
+    "deviation_anomalies",
+    "train_loss",
+]
+
+
+def _json(x: Any) -> Any:
+    if isinstance(x, str):
+        try:
+            return json.loads(x)
+        except ValueError:
+            return None
+    return x
+
+
+def is_target(ladder: dict | None) -> bool:
+    """Whether a run's ladder info marks it as a target rather than a rung."""
+    return bool(ladder) and (ladder.get("target") is True or ladder.get("rung") == "target")
+
+
+def ladders(con) -> list[dict[str, Any]]:
+    """Every ladder: name, rungs (count), targets (run ids), newest start time."""
+    rows = con.execute(
+        """SELECT ladder_name, run, ladder, start_time FROM runs
+           WHERE ladder_name IS NOT NULL ORDER BY ladder_name, start_time NULLS LAST, run"""
+    ).fetchall()
+    out: dict[str, dict[str, Any]] = {}
+    for name, run, ladder, start in rows:
+        d = out.setdefault(name, {"name": name, "rungs": 0, "targets": [], "last_start": None})
+        if is_target(_json(ladder)):
+            d["targets"].append(run)
+        else:
+            d["rungs"] += 1
+        if start is not None:
+            d["last_start"] = max(d["last_start"] or start, start)
+    return list(out.values())
+
+
+def ladder_runs(con, name: str) -> list[dict[str, Any]]:
+    """The runs of one ladder (rungs and targets): run, rung, ladder info, status, steps, start time."""
+    rows = con.execute(
+        """SELECT run, ladder_rung, ladder, status, final_step, last_step, start_time, model
+           FROM runs WHERE ladder_name = ? ORDER BY start_time NULLS LAST, run""",
+        [name],
+    ).fetchall()
+    out = []
+    for run, rung, ladder, status, final_step, last_step, start, model in rows:
+        info = _json(ladder) or {}
+        out.append({
+            "run": run, "rung": rung, "ladder": info, "target": is_target(info), "status": status,
+            "final_step": final_step, "last_step": last_step, "start_time": start, "model": _json(model) or {},
+        })  # fmt: skip
+    return out
+
+
+def run_ladder(con, run: str) -> dict[str, Any] | None:
+    """One run's ladder info, status, steps and start time; None if the run is not in the store."""
+    row = con.execute(
+        "SELECT ladder_name, ladder, status, final_step, last_step, start_time FROM runs WHERE run = ?", [run]
+    ).fetchone()
+    if row is None:
+        return None
+    name, ladder, status, final_step, last_step, start = row
+    return {"ladder_name": name, "ladder": _json(ladder) or {}, "status": status, "final_step": final_step,
+            "last_step": last_step, "start_time": start}
+
+
+def eval_points(con, runs: list[str]) -> list[dict[str, Any]]:
+    """Every `eval` event of these runs: run, step, dataset, loss (NaN kept), t; by run then step."""
+    if not runs:
+        return []
+    rows = con.execute(
+        """SELECT run, step, json_extract_string(data, '$.dataset') AS dataset,
+                  TRY_CAST(json_extract_string(data, '$.loss') AS DOUBLE) AS loss, t
+           FROM events WHERE kind = 'eval' AND step IS NOT NULL AND run IN (SELECT unnest(?::VARCHAR[]))
+           ORDER BY run, step, t, host, seq""",
+        [list(runs)],
+    ).fetchall()
+    return [{"run": r[0], "step": r[1], "dataset": r[2], "loss": r[3], "t": r[4]} for r in rows]
+
+
+def forecast_events(con, run: str | None = None, ladder: str | None = None) -> list[dict[str, Any]]:
+    """Stored `forecast` events, oldest first: run, t, host, seq, step and the data fields."""
+    rows = con.execute(
+        """SELECT run, t, host, seq, step, data FROM events
+           WHERE kind = 'forecast' AND ($run IS NULL OR run = $run)
+             AND ($ladder IS NULL OR json_extract_string(data, '$.source.ladder') = $ladder)
+           ORDER BY t, run, seq""",
+        {"run": run, "ladder": ladder},
+    ).fetchall()
+    out = []
+    for run_id, t, host, seq, step, data in rows:
+        d = _json(data) or {}
+        out.append({"run": run_id, "t": t, "host": host, "seq": seq, "step": step, **d})
+    return out
+
+
+def deviation_anomalies(con, run: str, detector: str = "ladder_deviation") -> list[dict[str, Any]]:
+    """Stored anomalies of one detector for a run, oldest first."""
+    rows = con.execute(
+        """SELECT step, t, data FROM events WHERE kind = 'anomaly' AND run = ?
+             AND json_extract_string(data, '$.detector') = ? ORDER BY t, seq""",
+        [run, detector],
+    ).fetchall()
+    return [{"step": s, "t": t, **(_json(d) or {})} for s, t, d in rows]
+
+
+def train_loss(con, runs: list[str], every: int = 1) -> list[dict[str, Any]]:
+    """`train/loss` of these runs (every `every`-th logged step): run, step, value."""
+    if not runs:
+        return []
+    rows = con.execute(
+        """SELECT run, step, value FROM metrics
+           WHERE name = 'train/loss' AND run IN (SELECT unnest(?::VARCHAR[])) AND step % ? = 0
+           ORDER BY run, step""",
+        [list(runs), max(1, int(every))],
+    ).fetchall()
+    return [{"run": r[0], "step": r[1], "value": r[2]} for r in rows]

@@ -1,0 +1,146 @@
+"""The ladder fit: parameter recovery, bootstrap, band behaviour, backtest, deviation logic."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from observatory.ladder import (
+    FRACTIONS,
+    FitConfig,
+    Rung,
+    _resamples,
+    backtest,
+    band_at_steps,
+    curve_by_fraction,
+    deviations,
+    fit_ladder,
+    fit_power_law,
+)
+
+E, A, ALPHA = 2.0, 800.0, 0.25
+
+
+def law(c, f=1.0):
+    """The synthetic truth: loss at fraction f of a run of compute c (a power law in compute spent)."""
+    return E + A * (f * c) ** -ALPHA
+
+
+def synth_rungs(flops, noise=0.002, seed=0):
+    """Rungs whose whole curve shares one noise draw (rungs, not points, are the noisy unit)
+    plus a little independent per-point noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, c in enumerate(flops):
+        common = rng.normal(0, noise)
+        curve = {f: law(c, f) * math.exp(common + rng.normal(0, noise / 4)) for f in FRACTIONS}
+        out.append(Rung(run=f"r{i}", rung=f"r{i}", flops=c, curve=curve, steps=100))
+    return out
+
+
+def test_fit_power_law_recovers_known_parameters():
+    rng = np.random.default_rng(1)
+    c = np.geomspace(1e10, 1e14, 8)
+    y = law(c) * np.exp(rng.normal(0, 0.002, c.size))
+    p = fit_power_law(c, y)
+    assert p.E == pytest.approx(E, rel=0.03)
+    assert p.alpha == pytest.approx(ALPHA, rel=0.1)
+    assert p.a_abs == pytest.approx(A, rel=0.5)  # A trades off against alpha; the curve is what matters
+    assert np.max(np.abs(p(c) / law(c) - 1)) < 0.005
+
+
+def test_fit_power_law_fix_e_and_errors():
+    c = np.geomspace(1e10, 1e13, 5)
+    p = fit_power_law(c, law(c), fix_e=E)
+    assert p.E == E
+    assert p.alpha == pytest.approx(ALPHA, rel=1e-3)
+    with pytest.raises(ValueError, match="below the smallest observed loss"):
+        fit_power_law(c, law(c), fix_e=10.0)
+    with pytest.raises(ValueError, match="needs >= 3 distinct"):
+        fit_power_law(c[:2], law(c[:2]))
+
+
+def test_huber_resists_an_outlier():
+    c = np.geomspace(1e10, 1e14, 9)
+    y = law(c)
+    y[4] *= 1.05  # one broken rung
+    p = fit_power_law(c, y)
+    clean = np.delete(np.arange(9), 4)
+    assert np.max(np.abs(p(c[clean]) / law(c[clean]) - 1)) < 0.003
+
+
+def test_resamples_enumerate_the_exact_bootstrap():
+    counts, prob = _resamples([1, 2, 3, 4], 2, 200, 0)
+    assert len(counts) == 35 - 4  # multisets of 4 from 4, minus the 4 single-rung ones
+    assert (counts.sum(1) == 4).all()
+    assert prob.sum() == pytest.approx(1.0)
+    # all-distinct resample: 4!/4^4 before renormalising by the dropped single-rung mass 4/256
+    i = next(k for k, w in enumerate(counts) if (w == 1).all())
+    assert prob[i] == pytest.approx((24 / 256) / (1 - 4 / 256))
+    # many rungs: random draws instead
+    counts, prob = _resamples(list(range(10)), 2, 50, 0)
+    assert counts.shape == (50, 10)
+
+
+def test_ladder_forecasts_the_target_curve():
+    rungs = synth_rungs([1e10, 2.2e10, 5e10, 1.1e11])
+    fit = fit_ladder(rungs)
+    target = 4.4e11
+    fc = fit.forecast(target, steps=1000)
+    assert [p.step for p in fc.points] == [round(f * 1000) for f in FRACTIONS]
+    truth = [law(target, p.fraction) for p in fc.points]
+    inside = [p.low <= t <= p.high for p, t in zip(fc.points, truth, strict=True)]
+    assert sum(inside) >= 0.9 * len(inside)
+    assert abs(fc.final.value / law(target) - 1) < 0.01
+    assert all(p.low < p.value < p.high for p in fc.points)
+
+
+def test_band_narrows_as_rungs_are_added():
+    flops = np.geomspace(1e10, 3e11, 7)
+    rungs = synth_rungs(flops, noise=0.003, seed=3)
+    target = 1.2e12
+    widths = []
+    for n in (3, 5, 7):
+        fc = fit_ladder(rungs[:n]).forecast(target)
+        widths.append(math.log(fc.final.high / fc.final.low))
+    assert widths[0] > widths[1] > widths[2], widths
+
+
+def test_backtest_on_synthetic_ladder():
+    rungs = synth_rungs([1e10, 2.2e10, 5e10, 1.1e11], noise=0.001)
+    bt = backtest(rungs)
+    assert bt.held_out == "r3"
+    assert abs(bt.final_error_pct) < 1.0
+    assert bt.coverage >= 0.9
+    assert bt.final_low <= bt.final_obs <= bt.final_high
+
+
+def test_fit_config_validates():
+    with pytest.raises(ValueError, match="level"):
+        FitConfig(level=1.5)
+    with pytest.raises(ValueError, match="loo"):
+        FitConfig(loo="median")
+    with pytest.raises(ValueError, match="needs >= 3"):
+        fit_ladder(synth_rungs([1e10, 2e10]))
+    fit_ladder(synth_rungs([1e10, 2e10]), FitConfig(fix_e=E))  # two rungs are enough with E fixed
+
+
+def test_curve_by_fraction_snaps_evals_to_five_percent_marks():
+    pts = [{"step": s, "loss": 10.0 - s / 100} for s in (0, 5, 10, 15, 33, 100)]
+    c = curve_by_fraction(pts, 100)
+    assert c == {0.05: 9.95, 0.1: 9.9, 0.15: 9.85, 1.0: 9.0}  # 0 and 33 are no 5% mark
+
+
+def test_deviations_need_k_consecutive_evals_outside():
+    points = [{"step": s, "value": 3.0, "low": 2.9, "high": 3.1} for s in (10, 100)]
+    evals = [{"step": s, "loss": v} for s, v in
+             [(5, 9.0), (10, 3.0), (20, 3.3), (30, 3.4), (40, 3.0), (50, 3.2), (60, 3.3), (70, 3.5), (80, 3.0)]]
+    assert deviations(points, evals, k=4) == []
+    ex = deviations(points, evals, k=3)
+    assert [e["window"] for e in ex] == [[50, 70]]  # step 5 has no band; 20-30 is only two
+    assert ex[0]["above"]
+    assert [e["window"] for e in deviations(points, evals, k=2)] == [[20, 30], [50, 70]]
+    v, lo, hi = band_at_steps(points, [5, 55, 100, 101])
+    assert np.isnan(lo[0]) and np.isnan(lo[3]) and lo[1] == pytest.approx(2.9)
