@@ -89,8 +89,9 @@ def _history_row(hist, skipped: Counter) -> tuple[int, float | None, dict[str, f
     typed: dict[int, Any] = {}
     for i, item in enumerate(hist.item):
         keys.append(_item_key(item))
-        if item.WhichOneof("value") is None:
-            raws.append(item.value_json or "null")
+        raw = item.value_json
+        if raw:  # what every W&B writer fills in
+            raws.append(raw)
         else:
             typed[i] = _item_value(item)
             raws.append("null")

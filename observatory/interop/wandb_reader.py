@@ -119,7 +119,22 @@ class WandbLogReader:
         pos = HEADER
         frag: list[bytes] = []  # pieces of a FIRST..LAST record being assembled
         frag_start = -1
+        unpack, crc32, full_seed = _HDR.unpack_from, zlib.crc32, _SEED[FULL]
         while pos < size:
+            # fast path, nearly every record: a whole FULL record inside this block, CRC good
+            block_end = pos - pos % BLOCK + BLOCK
+            if not frag and pos + HEADER <= block_end and pos + HEADER <= size:
+                crc, length, rtype = unpack(buf, pos)
+                end = pos + HEADER + length
+                if rtype == FULL and end <= block_end and end <= size:
+                    data = buf[pos + HEADER : end]
+                    if crc32(data, full_seed) == crc:
+                        self.records += 1
+                        self.bytes_read = end
+                        yield pos, data
+                        pos = end
+                        continue
+            # everything else: block trailers, fragments, damage, the end of the file
             left_in_block = BLOCK - pos % BLOCK
             if left_in_block < HEADER:  # block trailer: padding up to the next block
                 pos += left_in_block
