@@ -41,6 +41,7 @@ __all__ = [
     "runs_table",
     "pick_run",
     "step_window",
+    "requested_window",
     "smooth",
     "series_figure",
     "add_markers",
@@ -257,32 +258,48 @@ def pick_run(
     return choice
 
 
-def step_window(lo: int, hi: int, key: str) -> tuple[int, int]:
-    """A step range chooser over [lo, hi]: slider plus a box selection on the chart zooms in.
+def requested_window(key: str) -> tuple[int | None, int | None]:
+    """The step window to query for a chart group, from the widget state, BEFORE querying.
 
-    A plotly box selection (drag on the chart) stores its x range under
-    `st.session_state[key + "_box"]`; the range is then re-queried at full
-    resolution whenever it holds fewer steps than the chart has buckets.
+    (None, None) is "everything"; hi None is "to the newest step" (a window that
+    reached the end keeps following a live run). A box selection on a chart
+    (see `show_chart`) wins. The query returns the window it used, and
+    `step_window` then shows exactly that.
     """
-    if hi <= lo:
-        return lo, hi
-    box = st.session_state.pop(f"{key}_box", None)
-    prev_hi = st.session_state.get(f"{key}_hi")
-    st.session_state[f"{key}_hi"] = hi
-    cur = st.session_state.get(key)
+    box = st.session_state.get(f"{key}_box")
     if box is not None:
-        a, b = max(lo, int(box[0])), min(hi, int(math.ceil(box[1])))
-        st.session_state[key] = (a, max(a, b))
-    elif cur is None or not (lo <= cur[0] <= cur[1] <= hi):
-        st.session_state[key] = (lo, hi)
-    elif prev_hi is not None and cur[1] == prev_hi and hi != prev_hi:
-        # the window reached the newest step: keep following it as a live run grows
-        st.session_state[key] = (max(lo, cur[0]), hi)
+        return int(box[0]), int(math.ceil(box[1]))
+    cur = st.session_state.get(key)
+    if cur is None:
+        return None, None
+    prev_hi = st.session_state.get(f"{key}_hi")
+    if prev_hi is not None and cur[1] >= prev_hi:
+        return int(cur[0]), None
+    return int(cur[0]), int(cur[1])
+
+
+def step_window(first: int, last: int, key: str, used: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The step slider over [first, last], showing the window `used` by the query (default: all).
+
+    Dragging it, or box-selecting on a chart, re-queries that window; a window
+    narrower than the chart's bucket count comes back at full resolution.
+    """
+    st.session_state.pop(f"{key}_box", None)
+    lo, hi = used if used is not None else (first, last)
+    lo, hi = max(first, lo), min(last, hi)
+    if hi < lo:
+        lo, hi = first, last
+    st.session_state[f"{key}_hi"] = last
+    if last <= first:
+        return first, last
+    st.session_state[key] = (lo, hi)
     c1, c2 = st.columns([6, 1])
     with c1:
-        window = st.slider("Steps", lo, hi, key=key, help="Drag here, or box-select on a chart, to zoom")
+        window = st.slider("Steps", first, last, key=key, help="Drag here, or box-select on a chart, to zoom")
     with c2:
-        st.button("Reset zoom", key=f"{key}_reset", on_click=lambda: st.session_state.update({key: (lo, hi)}))
+        st.button(
+            "Reset zoom", key=f"{key}_reset", on_click=lambda: st.session_state.update({key: (first, last)})
+        )
     return int(window[0]), int(window[1])
 
 

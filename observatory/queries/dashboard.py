@@ -26,6 +26,9 @@ __all__ = [
     "metric_extent",
     "downsample",
     "downsample_runs",
+    "series_view",
+    "runs_view",
+    "metric_names_for",
     "markers",
     "evals",
     "forecasts",
@@ -134,6 +137,48 @@ def downsample(con, run: str, names, lo: int, hi: int, max_points: int = 1000) -
     Sorted by name, step. Width 1 (full resolution) when the window is short.
     """
     return _bucketed(con, [run], names, lo, hi, max_points).drop("run", "i")
+
+
+def _window(extent: tuple[int, int] | None, lo: int | None, hi: int | None) -> tuple[int, int] | None:
+    """[lo, hi] clamped to the extent; None ends mean the extent's ends; a window outside it is all of it."""
+    if extent is None:
+        return None
+    a = extent[0] if lo is None else max(extent[0], int(lo))
+    b = extent[1] if hi is None else min(extent[1], int(hi))
+    return (a, b) if a <= b else extent
+
+
+def series_view(
+    con, run: str, names, lo: int | None, hi: int | None, max_points: int = 1000
+) -> dict[str, Any]:
+    """A chart group's data in one call: {extent, window, data} for `downsample` over the window.
+
+    lo/hi None mean the first/last logged step of these names, so a page can ask for
+    "everything" or "up to the newest step" without a round trip for the extent.
+    """
+    extent = metric_extent(con, [run], names)
+    window = _window(extent, lo, hi)
+    data = downsample(con, run, names, *window, max_points) if window else None
+    return {"extent": extent, "window": window, "data": data}
+
+
+def runs_view(con, runs, name: str, lo: int | None, hi: int | None, max_points: int = 1000) -> dict[str, Any]:
+    """Like `series_view` for one metric of several runs (`downsample_runs`)."""
+    extent = metric_extent(con, runs, [name])
+    window = _window(extent, lo, hi)
+    data = downsample_runs(con, runs, name, *window, max_points) if window else None
+    return {"extent": extent, "window": window, "data": data}
+
+
+def metric_names_for(con, runs) -> list[str]:
+    """Every metric name logged by any of `runs`, sorted."""
+    rin, rp = _in(runs)
+    return [
+        r[0]
+        for r in con.execute(
+            f"SELECT DISTINCT name FROM metric_series WHERE run IN {rin} ORDER BY name", rp
+        ).fetchall()
+    ]
 
 
 def downsample_runs(con, runs, name: str, lo: int, hi: int, max_points: int = 1000) -> pl.DataFrame:

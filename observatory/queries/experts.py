@@ -26,11 +26,13 @@ from observatory.rollups import LAYER_RESOLUTION, RESOLUTIONS
 
 __all__ = [
     "expert_extent",
+    "experts_view",
     "bucket_width",
     "heatmap",
     "hot_experts",
     "layer_series",
     "run_drop_series",
+    "plain_drop_per_step",
 ]
 
 
@@ -39,13 +41,18 @@ def _frame(con, sql: str, params) -> pl.DataFrame:
 
 
 def expert_extent(con, run: str) -> dict[str, Any] | None:
-    """First and last step with expert loads, the layers and the expert count; None if none."""
+    """First and last step with expert loads, the layers and the expert count; None if none.
+
+    Read from the 64-step layer rollup and the 1024-step expert rollup (10^4 rows,
+    not 10^6): the extent is exact because each rollup row keeps its first/last step.
+    """
     row = con.execute(
-        """
-        SELECT min(step), max(step), list(DISTINCT layer ORDER BY layer), max(n_experts)
-        FROM expert_layer_step WHERE run = ?
+        f"""
+        SELECT min(first_step), max(last_step), list(DISTINCT layer ORDER BY layer),
+               (SELECT max(expert) + 1 FROM expert_load_r{RESOLUTIONS[-1]} WHERE run = $run)
+        FROM expert_layer_r{LAYER_RESOLUTION} WHERE run = $run
         """,
-        [run],
+        {"run": run},
     ).fetchall()[0]
     if row[0] is None:
         return None
@@ -54,6 +61,36 @@ def expert_extent(con, run: str) -> dict[str, Any] | None:
         "last_step": int(row[1]),
         "layers": list(row[2]),
         "experts": int(row[3]),
+    }
+
+
+def experts_view(
+    con,
+    run: str,
+    layer: int | None,
+    lo: int | None,
+    hi: int | None,
+    max_buckets: int = 400,
+    series_buckets: int = 500,
+) -> dict[str, Any] | None:
+    """The Experts page's data in one call: extent, the layer used, window, heatmap, per-layer series.
+
+    layer None (or a layer the run lacks) is its first layer; lo/hi None are the ends.
+    """
+    ext = expert_extent(con, run)
+    if ext is None:
+        return None
+    layer = layer if layer in ext["layers"] else ext["layers"][0]
+    a = ext["first_step"] if lo is None else max(ext["first_step"], int(lo))
+    b = ext["last_step"] if hi is None else min(ext["last_step"], int(hi))
+    if a > b:
+        a, b = ext["first_step"], ext["last_step"]
+    return {
+        "extent": ext,
+        "layer": layer,
+        "window": (a, b),
+        "heatmap": heatmap(con, run, layer, a, b, max_buckets),
+        "series": layer_series(con, run, a, b, series_buckets),
     }
 
 
@@ -71,15 +108,19 @@ def _source(width: int) -> tuple[str, str, int]:
     return table, col, res
 
 
-def heatmap(con, run: str, layer: int, lo: int, hi: int, max_buckets: int = 400) -> dict[str, Any]:
+def heatmap(
+    con, run: str, layer: int, lo: int, hi: int, max_buckets: int = 400, plain: bool = False
+) -> dict[str, Any]:
     """Expert x step-bucket matrices for one layer over steps [lo, hi].
 
     Returns {steps: (B,) first step of each bucket, width, res (source resolution),
     experts: (E,), routed, dropped: (E, B) int sums, share: (E, B) routed / layer
     total, drop_frac: (E, B) dropped / routed}. Empty buckets are NaN.
+    plain=True reads the raw `expert_load` rows: the reference the rollups are
+    tested and benchmarked against (seconds at 10^8 rows).
     """
     width = bucket_width(lo, hi, max_buckets)
-    table, col, res = _source(width)
+    table, col, res = _source(width) if not plain else ("expert_load", "step", 1)
     width = math.ceil(width / res) * res  # whole source buckets per output bucket
     lo_al = (lo // res) * res
     df = _frame(
@@ -207,4 +248,16 @@ def run_drop_series(con, run: str, lo: int, hi: int, max_buckets: int = 1000) ->
         GROUP BY (step - ?) // ? ORDER BY step
         """,
         [run, lo, hi, lo, width],
+    )
+
+
+def plain_drop_per_step(con, run: str) -> pl.DataFrame:
+    """Reference: the run's drop fraction per step straight from raw `expert_load` (no rollup)."""
+    return _frame(
+        con,
+        """
+        SELECT step, sum(dropped) / nullif(sum(routed), 0) AS drop_fraction
+        FROM expert_load WHERE run = ? GROUP BY step ORDER BY step
+        """,
+        [run],
     )

@@ -49,12 +49,12 @@ def _show(v: Any) -> str:
 
 
 def _overlay(runs: list[str], metric: str, x: str, smoothing: float) -> None:
-    ext = common.query(qd.metric_extent, runs, [metric])
-    if ext is None:
+    view = common.query(qd.runs_view, runs, metric, *common.requested_window("compare_window"), 1000)
+    if view["extent"] is None:
         st.info(f"None of these runs logged `{metric}`.")
         return
-    lo, hi = common.step_window(ext[0], ext[1], key="compare_window")
-    df = common.query(qd.downsample_runs, runs, metric, lo, hi, 1000)
+    common.step_window(*view["extent"], key="compare_window", used=view["window"])
+    df = view["data"]
     col = X_AXES[x]
     if col != "step":
         missing = df.filter(df[col].is_null())["run"].unique().to_list()
@@ -71,38 +71,30 @@ def _overlay(runs: list[str], metric: str, x: str, smoothing: float) -> None:
 
 
 def _lineage(run: str, metric: str) -> None:
-    lin = common.lineage_module()
-    if lin is None:
+    if common.lineage_module() is None:
         st.info("Lineage needs `observatory.lineage`, which is not installed here.")
         return
-    info = common.query(_lineage_info, run)
+    info = common.query(lineage_view, run, metric)
     if info is None:
         st.info(f"Run {run!r} is not in the store.")
         return
-    tree, segments = info["tree"], info["segments"]
-    st.plotly_chart(lineage_graph(tree, run), key="compare_lineage_graph", config={"displaylogo": False})
+    st.plotly_chart(
+        lineage_graph(info["tree"], run), key="compare_lineage_graph", config={"displaylogo": False}
+    )
     fig = go.Figure()
-    start = None
-    for i, (r, cut) in enumerate(segments):
-        ext = common.query(qd.metric_extent, [r], [metric])
-        if ext is None:
-            continue
-        lo = ext[0] if start is None else max(ext[0], start + 1)
-        hi = ext[1] if cut is None else min(ext[1], cut)
-        if hi >= lo:
-            d = common.query(qd.downsample, r, [metric], lo, hi, 1000)
-            fig.add_trace(
-                go.Scatter(
-                    x=d["step"].to_list(),
-                    y=d["last"].to_list(),
-                    mode="lines",
-                    name=r,
-                    hovertemplate="%{x}: %{y:.4g}<extra>" + r + "</extra>",
-                )
+    pieces = info["pieces"]
+    for i, (r, d) in enumerate(pieces):
+        fig.add_trace(
+            go.Scatter(
+                x=d["step"].to_list(),
+                y=d["last"].to_list(),
+                mode="lines",
+                name=r,
+                hovertemplate="%{x}: %{y:.4g}<extra>" + r + "</extra>",
             )
-            if i + 1 < len(segments):
-                fig.add_vline(x=hi, line={"dash": "dot", "color": "#999"})
-        start = hi if cut is None else cut
+        )
+        if i + 1 < len(pieces) and d.height:
+            fig.add_vline(x=d["step"].max(), line={"dash": "dot", "color": "#999"})
     fig.update_layout(
         title={"text": f"Stitched {metric}: root → {run}", "font": {"size": 14}},
         height=320,
@@ -111,8 +103,12 @@ def _lineage(run: str, metric: str) -> None:
     st.plotly_chart(fig, key="compare_lineage_curve", config={"displaylogo": False})
 
 
-def _lineage_info(con, run: str) -> dict[str, Any] | None:
-    """Chain segments and tree of `run` via observatory.lineage (curve left out: we downsample it)."""
+def lineage_view(con, run: str, metric: str) -> dict[str, Any] | None:
+    """Tree and stitched curve of `run` in one unit of work (chain from observatory.lineage).
+
+    The curve is each chain member's `metric` from just after its parent's cut to
+    its own cut (the step its child forked at), downsampled in SQL per segment.
+    """
     from observatory.lineage import Lineage
     from observatory.queries import lineage as ql
 
@@ -122,8 +118,17 @@ def _lineage_info(con, run: str) -> dict[str, Any] | None:
     if not chain or chain[-1]["run"] != run:
         chain = [ql.run_row(con, run)]
     tree = ql.subtree(con, chain[0]["run"])
-    li = Lineage(run, "", tuple(chain), tuple(tree))
-    return {"tree": [dict(t) for t in tree], "segments": [list(s) for s in li.segments]}
+    segments = Lineage(run, metric, tuple(chain), tuple(tree)).segments
+    pieces, start = [], None
+    for r, cut in segments:
+        ext = qd.metric_extent(con, [r], [metric])
+        if ext is not None:
+            lo = ext[0] if start is None else max(ext[0], start + 1)
+            hi = ext[1] if cut is None else min(ext[1], cut)
+            if hi >= lo:
+                pieces.append((r, qd.downsample(con, r, [metric], lo, hi, 1000)))
+        start = cut
+    return {"tree": [dict(t) for t in tree], "pieces": pieces}
 
 
 def lineage_graph(tree: list[dict], current: str) -> go.Figure:

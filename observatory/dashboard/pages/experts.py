@@ -75,40 +75,41 @@ def render() -> None:
     run = common.pick_run(runs)
     if run is None:
         return
-    ext = common.query(qe.expert_extent, run)
-    if ext is None:
+    wkey = f"experts_window_{run}"
+    qp_layer = st.query_params.get("layer")
+    wanted = st.session_state.get("experts_layer")
+    if wanted is None and qp_layer and qp_layer.isdigit():
+        wanted = int(qp_layer)
+    view = common.query(qe.experts_view, run, wanted, *common.requested_window(wkey), 400, 500)
+    if view is None:
         st.info("This run logged no `expert_load` events.")
         return
-    layers = ext["layers"]
+    ext, layers = view["extent"], view["extent"]["layers"]
     c1, c2 = st.columns([1, 4])
     with c1:
-        qp_layer = st.query_params.get("layer")
-        default = int(qp_layer) if qp_layer and qp_layer.isdigit() and int(qp_layer) in layers else layers[0]
-        layer = st.selectbox("Layer", layers, index=layers.index(default), key="experts_layer")
+        st.session_state["experts_layer"] = view["layer"]
+        layer = st.selectbox("Layer", layers, key="experts_layer")
         if st.query_params.get("layer") != str(layer):
             st.query_params["layer"] = str(layer)
     with c2:
-        lo, hi = common.step_window(ext["first_step"], ext["last_step"], key=f"experts_window_{run}")
+        common.step_window(ext["first_step"], ext["last_step"], key=wkey, used=view["window"])
     st.caption(
         f"{len(layers)} layers × {ext['experts']} experts, steps {ext['first_step']:,}–{ext['last_step']:,}"
     )
-
-    hm, series = common.query_all(
-        (qe.heatmap, run, int(layer), lo, hi, 400), (qe.layer_series, run, lo, hi, 500)
-    )
+    hm, series = view["heatmap"], view["series"]
     res = "every step" if hm["width"] == 1 else f"{hm['width']} steps per column"
     left, right = st.columns(2)
     with left:
         common.show_chart(
             heatmap_figure(hm, "share", f"Layer {layer}: load share ({res})"),
             key=f"experts_share_{run}",
-            window_key=f"experts_window_{run}",
+            window_key=wkey,
         )
     with right:
         common.show_chart(
             heatmap_figure(hm, "drop_frac", f"Layer {layer}: dropped / routed ({res})"),
             key=f"experts_drop_{run}",
-            window_key=f"experts_window_{run}",
+            window_key=wkey,
         )
 
     st.subheader("Hot experts")
@@ -130,7 +131,7 @@ def render() -> None:
         common.show_chart(
             layer_lines(series, "drop_fraction", "Drop fraction per layer", [int(layer)]),
             key=f"experts_layers_drop_{run}",
-            window_key=f"experts_window_{run}",
+            window_key=wkey,
         )
     with b:
         common.show_chart(
@@ -138,5 +139,5 @@ def render() -> None:
                 series, "hot_max", "Hot expert: max / mean load per layer (worst step)", [int(layer)]
             ),
             key=f"experts_layers_hot_{run}",
-            window_key=f"experts_window_{run}",
+            window_key=wkey,
         )

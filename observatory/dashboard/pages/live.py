@@ -153,20 +153,25 @@ def _panel(run: str, smoothing: float) -> None:
         st.warning(f"Run {run!r} is not in the store.")
         return
     _banner(row, now)
-    # one connection for everything that does not depend on the step window
-    extent, all_marks, evals, fcs = common.query_all(
-        (qd.metric_extent, [run], list(ALL_NAMES)), (qd.markers, run), (qd.evals, run), (qd.forecasts, run)
+    # one connection for the whole panel: the window's series, markers, evals and forecasts
+    wkey = f"live_window_{run}"
+    view, all_marks, evals, fcs = common.query_all(
+        (qd.series_view, run, list(ALL_NAMES), *common.requested_window(wkey), 1000),
+        (qd.markers, run),
+        (qd.evals, run),
+        (qd.forecasts, run),
     )
     c = st.columns(4)
     c[0].metric("Status", row["status"])
     c[1].metric("Last step", "—" if row["last_step"] is None else f"{row['last_step']:,}")
     c[2].metric("Last loss", "—" if row["last_loss"] is None else f"{row['last_loss']:.4f}")
     c[3].metric("Since last event", common.ago(row["last_event_t"], now))
-    if extent is None:
+    if view["extent"] is None:
         st.info("No metrics logged yet for this run.")
         return
-    lo, hi = common.step_window(extent[0], extent[1], key=f"live_window_{run}")
-    data = common.query(qd.downsample, run, list(ALL_NAMES), lo, hi, 1000)
+    common.step_window(*view["extent"], key=wkey, used=view["window"])
+    lo, hi = view["window"]
+    data = view["data"]
     marks = all_marks.filter(all_marks["step"].is_null() | all_marks["step"].is_between(lo, hi))
 
     loss_name = next((n for n in LOSS if data.filter(data["name"] == n).height), None)
@@ -192,7 +197,7 @@ def _panel(run: str, smoothing: float) -> None:
         finite = d["max"].drop_nulls()
         common.add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None)
         fig.update_xaxes(range=[lo, hi])
-        common.show_chart(fig, key=f"live_loss_{run}", window_key=f"live_window_{run}")
+        common.show_chart(fig, key=f"live_loss_{run}", window_key=wkey)
     else:
         st.info("No `train/loss` logged in this window.")
 
@@ -224,7 +229,7 @@ def _panel(run: str, smoothing: float) -> None:
                 y_at=float(np.nanmax(d["max"].to_numpy())) if d["max"].drop_nulls().len() else None,
             )
             fig.update_xaxes(range=[lo, hi])
-            common.show_chart(fig, key=f"live_{i}_{run}", window_key=f"live_window_{run}")
+            common.show_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
 
 
 def render() -> None:

@@ -1,0 +1,259 @@
+"""Dashboard bench: every page's queries on a 10^8-row store, and the Live page's first chart in a browser.
+
+1. Queries. On the store of `bench/gen_store.py` (100k steps x 30 metrics, 100k
+   steps x 16 layers x 64 experts = 1.0e8 expert_load rows), run each page's
+   queries the way the page does (one read-only connection per batch, cold
+   cache) and print each query's time, the page's total (connections included)
+   and the ratio to the 500 ms goal. Side by side, the plain scans the rollups
+   replace (a one-layer heatmap and the per-step drop fraction from raw rows).
+2. Browser. Two `streamlit run` servers over the same store: the app, and a bare
+   page holding one plotly chart of the same run's loss. Debian chromium opens
+   each in turn (fresh context, no cache, query cache off) and times until the
+   first plotly trace is drawn; the ratio Live / bare is the figure (goal <= 1.3).
+
+    nice .venv/bin/python bench/bench_dashboard.py                 # generates, measures, deletes the store
+    nice .venv/bin/python bench/bench_dashboard.py --db /tmp/b.duckdb --keep
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+GOAL_MS = 500.0
+RUN = "bench-moe"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------- 1. queries
+
+
+def page_batches(run: str, fork: str) -> dict[str, list[list[tuple]]]:
+    """Per page view, its batches of (label, fn, args), as the page issues them."""
+    from observatory.dashboard import common
+    from observatory.dashboard.pages import compare
+    from observatory.dashboard.pages.live import ALL_NAMES
+    from observatory.queries import dashboard as qd
+    from observatory.queries import experts as qe
+
+    names = list(ALL_NAMES)
+    runs = [("list_runs", common._runs_with_status, ()), ("runs_extras", qd.runs_extras, ())]
+    panel = [
+        ("markers", qd.markers, (run,)),
+        ("evals", qd.evals, (run,)),
+        ("forecasts", qd.forecasts, (run,)),
+    ]
+
+    def live(lo, hi):
+        return [("series_view: 9 series", qd.series_view, (run, names, lo, hi, 1000)), *panel]
+
+    def experts(lo, hi):
+        return [("experts_view: heatmap + layer series", qe.experts_view, (run, 3, lo, hi, 400, 500))]
+
+    return {
+        "Runs": [runs],
+        "Live, all 100k steps": [runs, live(None, None)],
+        "Live refresh, zoom 5k steps": [runs, live(40_000, 44_999)],
+        "Live refresh, zoom 800 steps (every step)": [runs, live(40_000, 40_799)],
+        "Experts, all steps": [runs, experts(None, None)],
+        "Experts, zoom 5k steps": [runs, experts(40_000, 44_999)],
+        "Experts, zoom 500 steps (every step)": [runs, experts(40_000, 40_499)],
+        "Live drop fraction from loads (no metric)": [
+            [("run_drop_series", qe.run_drop_series, (run, 0, 99_999, 1000))]
+        ],
+        "Compare (overlay, diff, lineage)": [
+            runs,
+            [("metric_names_for", qd.metric_names_for, ([run, fork],))],
+            [("runs_view", qd.runs_view, ([run, fork], "train/loss", None, None, 1000))],
+            [("run_configs", qd.run_configs, ([run, fork],))],
+            [("lineage_view", compare.lineage_view, (fork, "train/loss"))],
+        ],
+        "SQL (schema browser)": [[("schema", qd.schema, ())]],
+    }
+
+
+def plain_scans(con, run: str) -> list[tuple[str, float]]:
+    """The scans the rollups replace, timed on the same store (reference, not a page)."""
+    from observatory.queries import experts as qe
+
+    out = []
+    for label, fn in (
+        (
+            "plain scan: heatmap of 1 layer, all steps",
+            lambda: qe.heatmap(con, run, 3, 0, 99_999, 400, plain=True),
+        ),
+        ("plain scan: drop fraction per step", lambda: qe.plain_drop_per_step(con, run)),
+    ):
+        t = time.perf_counter()
+        fn()
+        out.append((label, (time.perf_counter() - t) * 1000))
+    return out
+
+
+def bench_queries(db: Path) -> float:
+    from observatory import store
+
+    worst = 0.0
+    print(f"\n## Page queries on {db} (goal: each page within {GOAL_MS:.0f} ms)\n")
+    print("| page | query | ms | ratio to 500 ms |")
+    print("|---|---|---|---|")
+    for page, batches in page_batches(RUN, RUN + "-fork").items():
+        t_page = time.perf_counter()
+        for batch in batches:
+            with store.connect(db) as con:
+                for label, fn, args in batch:
+                    t = time.perf_counter()
+                    fn(con, *args)
+                    ms = (time.perf_counter() - t) * 1000
+                    print(f"| {page} | {label} | {ms:.1f} | {ms / GOAL_MS:.2f} |")
+        total = (time.perf_counter() - t_page) * 1000
+        worst = max(worst, total)
+        print(
+            f"| **{page}** | **total, {len(batches)} connection(s)** | **{total:.1f}** | **{total / GOAL_MS:.2f}** |"
+        )
+    with store.connect(db) as con:
+        for label, ms in plain_scans(con, RUN):
+            print(f"| (reference) | {label} | {ms:.1f} | {ms / GOAL_MS:.2f} |")
+    return worst
+
+
+# ---------------------------------------------------------------- 2. browser
+
+BARE_PAGE = textwrap.dedent(
+    """
+    import plotly.graph_objects as go
+    import streamlit as st
+    from observatory.queries import dashboard as qd
+    from observatory.store import connect
+    import os
+
+    run = st.query_params.get("run", "bench-moe")
+    with connect(os.environ["OBSERVATORY_DB"]) as con:
+        lo, hi = qd.metric_extent(con, [run], ["train/loss"])
+        d = qd.downsample(con, run, ["train/loss"], lo, hi, 1000)
+    st.plotly_chart(go.Figure(go.Scatter(x=d["step"].to_list(), y=d["last"].to_list(), mode="lines")))
+    """
+)
+
+
+def _serve(script: Path, db: Path, port: int, log) -> subprocess.Popen:
+    env = dict(os.environ, OBSERVATORY_DB=str(db), OBSERVATORY_CACHE_TTL_S="0")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(script), "--server.port", str(port), "--server.address",
+         "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError(f"streamlit on {script} did not start")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_browser(db: Path, repeats: int) -> tuple[float, float]:
+    from playwright.sync_api import sync_playwright
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-dash-"))
+    bare = tmp / "bare.py"
+    bare.write_text(BARE_PAGE)
+    p_app, p_bare = _free_port(), _free_port()
+    with open(tmp / "app.log", "wb") as la, open(tmp / "bare.log", "wb") as lb:
+        servers = [_serve(ROOT / "app.py", db, p_app, la), _serve(bare, db, p_bare, lb)]
+        try:
+            urls = {
+                "live": f"http://127.0.0.1:{p_app}/live?run={RUN}",
+                "bare": f"http://127.0.0.1:{p_bare}/?run={RUN}",
+            }
+            times: dict[str, list[float]] = {"live": [], "bare": []}
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(
+                    executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True
+                )
+                for i in range(repeats + 1):  # the first round warms both servers (imports), not counted
+                    for name in ("bare", "live") if i % 2 else ("live", "bare"):
+                        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+                        page = ctx.new_page()
+                        t = time.perf_counter()
+                        page.goto(urls[name])
+                        page.wait_for_selector(".js-plotly-plot .scatterlayer .trace", timeout=120_000)
+                        dt = time.perf_counter() - t
+                        ctx.close()
+                        if i:
+                            times[name].append(dt)
+                browser.close()
+        finally:
+            for s in servers:
+                s.terminate()
+                s.wait(10)
+    live, bare_t = statistics.median(times["live"]), statistics.median(times["bare"])
+    print(f"\n## First chart in chromium (median of {repeats}, query cache off)\n")
+    print(f"- bare page, one plotly chart: {bare_t:.2f} s  {', '.join(f'{x:.2f}' for x in times['bare'])}")
+    print(f"- Live run page:               {live:.2f} s  {', '.join(f'{x:.2f}' for x in times['live'])}")
+    print(f"- ratio Live / bare: {live / bare_t:.2f} (goal <= 1.3)")
+    return live, bare_t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", type=Path, default=None, help="an existing bench store (else one is generated)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated store")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-browser", action="store_true")
+    a = ap.parse_args()
+    made = None
+    db = a.db
+    if db is None or not db.exists():
+        from bench.gen_store import generate
+
+        db = db or Path(tempfile.gettempdir()) / "observatory-bench-dashboard.duckdb"
+        t = time.time()
+        info = generate(db, 100_000, 16, 64, 30)
+        print(f"generated {db}: {info['expert_load_rows']:,} expert_load rows, {info['metric_rows']:,} metric rows "
+              f"in {time.time() - t:.0f} s (rollups {info['rollups']:.0f} s)")  # fmt: skip
+        made = db
+    try:
+        worst = bench_queries(db)
+        browser = None if a.no_browser else bench_browser(db, a.repeats)
+    finally:
+        if made is not None and not a.keep:
+            for p in (made, made.with_name(made.name + ".wal"), made.with_name(made.name + ".gate"),
+                      made.with_name(made.name + ".lock")):  # fmt: skip
+                p.unlink(missing_ok=True)
+    print()
+    print("| target | measured | goal | command |")
+    print("|---|---|---|---|")
+    print(f"| dashboard: slowest page's queries on 1e8 expert_load rows | {worst:.0f} ms ({worst / GOAL_MS:.2f}x of 500 ms) "
+          f"| <= 500 ms | `python bench/bench_dashboard.py` |")  # fmt: skip
+    if browser:
+        live, bare = browser
+        print(f"| dashboard: Live page first chart vs bare plotly page | {live:.2f} s vs {bare:.2f} s ({live / bare:.2f}x) "
+              f"| <= 1.3x | `python bench/bench_dashboard.py` |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
