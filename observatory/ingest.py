@@ -12,7 +12,7 @@ How one pass works (one short write transaction per batch, see `store.py`):
 2. Take the write lock, open the store, read `ingest_files` (offsets, seq ranges).
 3. For each file, read up to a byte budget of complete lines from its offset.
    Bytes go to DuckDB zero-copy as an Arrow string column; DuckDB's JSON reader
-   parses them and a conservative vectorised check (`_STAGE_SQL`) marks the lines
+   parses them and a conservative vectorised check (`ingest_lines._STAGE_SQL`) marks the lines
    that are certainly valid `metrics` / `expert_load` events (the hot, bulky
    kinds). Every other line -- other kinds, NaN strings, anything odd -- is
    decoded in Python and checked by `observatory.events.validate_event`, which
@@ -32,44 +32,37 @@ recorded as `truncated` once it ended or went quiet for `stale_after_s`.
 
 from __future__ import annotations
 
-import gzip
 import importlib
 import json
-import math
 import os
 import re
 import signal
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
 from observatory import settings, store
-from observatory.events import (
-    KINDS,
-    STATUSES,
-    ValidationError,
-    decode_number,
-    encode_value,
-    validate_event,
+from observatory.events import STATUSES, encode_value
+from observatory.ingest_lines import (
+    I64,
+    MESSAGE_LIMIT,
+    LogFile,
+    _Batch,
+    _FileState,
+    _flush,
+    _ingest_chunk,
+    _read_chunk,
 )
 
 __all__ = ["ingest", "rebuild", "IngestReport", "LogFile", "scan"]
 
 FILE_RE = re.compile(r"^events\.(\d+)\.jsonl(\.gz)?$")
-RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
 BATCH_BYTES = 32 << 20  # input bytes per write transaction: keeps each lock hold well under a second or two
 GZ_BATCH_BYTES = 256 << 20  # .gz has no cheap seek, so take bigger bites
-MESSAGE_LIMIT = 200  # rejection messages kept in a report (all of them are in rejected_events)
-
-U16, U32, I32, I64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 31) - 1, (1 << 63) - 1
 
 
 @dataclass
@@ -98,17 +91,6 @@ class IngestReport:
         )
 
 
-@dataclass(frozen=True)
-class LogFile:
-    path: Path  # where it is
-    rel: str  # "<run>/events.<host>.jsonl[.gz]": its key in the store, independent of where the runs dir is
-    run: str  # run folder
-    host: int  # from the file name
-    gz: bool
-    size: int
-    mtime: float
-
-
 def scan(runs_dir: Path) -> list[LogFile]:
     """Every event log under the runs dir; a run's `.gz` copies come before its live files."""
     out = []
@@ -133,449 +115,6 @@ def scan(runs_dir: Path) -> list[LogFile]:
             out.append(LogFile(p, f"{d.name}/{name}", d.name, int(m.group(1)), bool(m.group(2)), st.st_size, st.st_mtime))
     out.sort(key=lambda f: (f.run, f.host, not f.gz, f.rel))
     return out
-
-
-# ----------------------------------------------------------------- reading
-
-
-@dataclass
-class _Chunk:
-    data: bytes  # complete lines, each ending in b"\n"
-    end: int  # offset after `data` (and after any skipped oversized line)
-    oversized: list[tuple[int, int, bytes]]  # (index among lines of this chunk, length, head) of skipped lines
-    tail: bytes  # bytes after the last newline when EOF was reached (a torn line), capped
-    tail_len: int
-    eof: bool
-    error: str | None = None  # e.g. a corrupt gzip stream
-    transient: bool = False  # an error that may go away (permissions): report, do not record
-
-
-def _is_transient(e: BaseException) -> bool:
-    return isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile)
-
-
-def _read_error(lf: LogFile, e: BaseException) -> str:
-    if lf.gz and not _is_transient(e):
-        return f"corrupt or truncated gzip stream ({type(e).__name__}: {e}); lines before it were read"
-    return f"cannot read: {e}"
-
-
-def _open(lf: LogFile):
-    return gzip.open(lf.path, "rb") if lf.gz else open(lf.path, "rb")
-
-
-def _read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> _Chunk:
-    """Up to `budget` bytes of complete lines from `offset`; never holds more than ~budget in memory.
-
-    A line longer than the budget is skipped while streaming (its first bytes kept
-    for the rejection), so a 100 MB line costs a scan, not 100 MB of memory.
-    """
-    oversized: list[tuple[int, int, bytes]] = []
-    try:
-        f = _open(lf)
-    except OSError as e:
-        return _Chunk(b"", offset, [], b"", 0, True, f"cannot open: {e.strerror or e}", transient=True)
-    with f:
-        try:
-            f.seek(offset)
-            buf = f.read(budget)
-        except (OSError, EOFError, zlib.error) as e:
-            return _Chunk(b"", offset, [], b"", 0, True, _read_error(lf, e), transient=_is_transient(e))
-        last = buf.rfind(b"\n")
-        if last >= 0:
-            data = buf[: last + 1]
-            return _Chunk(data, offset + len(data), oversized, b"", 0, False)
-        if len(buf) < budget:  # EOF and no newline: a torn final line (or nothing)
-            return _Chunk(b"", offset, [], buf[:RAW_CAP], len(buf), True)
-        # one line longer than the whole budget: stream past it
-        head, n = buf[:RAW_CAP], len(buf)
-        while True:
-            try:
-                block = f.read(1 << 20)
-            except (OSError, EOFError, zlib.error) as e:
-                return _Chunk(b"", offset, [], head, n, True, _read_error(lf, e), transient=_is_transient(e))
-            if not block:
-                return _Chunk(b"", offset, [], head, n, True)  # still torn at EOF
-            i = block.find(b"\n")
-            if i >= 0:
-                n += i
-                return _Chunk(b"", offset + n + 1, [(0, n, head)], b"", 0, False)
-            n += len(block)
-
-
-# ------------------------------------------------------------ fast path SQL
-
-# One row per staged line. `ok` is true only for lines that are certainly valid
-# metrics / expert_load events: DuckDB's JSON transform coerces types (1.5 -> 2,
-# true -> 1.0), so the raw JSON text of each field is checked by pattern. Anything
-# this does not accept is decided by validate_event in Python.
-_STAGE_SQL = r"""
-CREATE OR REPLACE TEMP TABLE _stage AS
-WITH e AS (
-    SELECT lineno, try(json_transform_strict(line,
-        '{"v":"JSON","run":"JSON","kind":"JSON","step":"JSON","t":"JSON","host":"JSON","seq":"JSON","data":"JSON"}')) AS e
-    FROM _lines
-), f AS (
-    SELECT lineno,
-        e.data AS data,
-        coalesce(e.v = '1' AND e.run = $run AND e.host = $host
-            AND regexp_full_match(e.step, '\d{1,9}') AND regexp_full_match(e.seq, '\d{1,18}')
-            AND regexp_full_match(e.t, '-?\d{1,17}(\.\d+)?([eE][-+]?\d{1,3})?'), false) AS env_ok,
-        try_cast(e.seq AS BIGINT) AS seq, try_cast(e.step AS BIGINT) AS step, try_cast(e.t AS DOUBLE) AS t,
-        -- every metric value is a bare JSON number (no strings, bools, nulls, objects)
-        e.kind = '"metrics"' AND NOT regexp_matches(e.data, ':\s*[^-0-9\s]') AS m_ok,
-        CASE WHEN e.kind = '"expert_load"' AND regexp_full_match(e.data,
-                 '\{(?:"(?:layer|routed|dropped)":(?:\d{1,4}|\[(?:\d{1,9}(?:,\d{1,9})*)?\]),?){3}\}')
-             THEN try(json_transform_strict(e.data, '{"layer":"USMALLINT","routed":["UINTEGER"],"dropped":["UINTEGER"]}')) END AS x
-    FROM e
-), g AS (
-    SELECT *,
-        -- the chunk's common metric names as a STRUCT (4x cheaper than a MAP); exactly those keys:
-        -- all present (strict) and as many ':' as keys (names here have no ':', values are numbers)
-        CASE WHEN m_ok AND length(data) - length(replace(data, ':', '')) = {n_keys}
-             THEN try(json_transform_strict(data, '{struct}')) END AS ms
-    FROM f
-), h AS (
-    SELECT *, CASE WHEN m_ok AND ms IS NULL THEN try(json_transform_strict(data, '"MAP(VARCHAR, DOUBLE)"')) END AS m
-    FROM g
-)
-SELECT lineno, seq, step, t, ms, m, x,
-    env_ok AND (
-        ms IS NOT NULL
-        OR (m IS NOT NULL AND NOT list_contains(map_keys(m), '') AND NOT list_has_any(map_values(m), [NULL::DOUBLE]))
-        OR (x IS NOT NULL AND x.layer IS NOT NULL AND x.routed IS NOT NULL AND x.dropped IS NOT NULL
-            AND len(x.routed) = len(x.dropped) AND len(x.routed) <= 65536
-            AND NOT list_has_any(x.routed, [NULL::UINTEGER]) AND NOT list_has_any(x.dropped, [NULL::UINTEGER]))
-    ) AS ok
-FROM h
-"""
-
-_INSERT_FAST_METRICS_MAP = """
-INSERT INTO metrics
-SELECT $run, step, unnest(map_keys(m)), unnest(map_values(m)), t, $host
-FROM _stage SEMI JOIN _acc USING (lineno) WHERE m IS NOT NULL
-"""
-_INSERT_FAST_METRICS_STRUCT = """
-INSERT INTO metrics
-SELECT $run, step, unnest({names}), unnest({values}), t, $host
-FROM _stage SEMI JOIN _acc USING (lineno) WHERE ms IS NOT NULL
-"""
-_INSERT_FAST_EXPERTS = """
-INSERT INTO expert_load
-SELECT $run, step, x.layer, unnest(range(len(x.routed))), unnest(x.routed), unnest(x.dropped)
-FROM _stage SEMI JOIN _acc USING (lineno) WHERE x IS NOT NULL
-"""
-
-_STRUCT_KEY_RE = re.compile(r"^[A-Za-z0-9_./+@=-]{1,128}$")  # safe inside SQL and JSON literals, no ':'
-_PLACEHOLDER_KEYS = ["__observatory_no_struct__"]  # a struct no real line matches: everything takes the MAP
-
-
-def _metric_keys(data: bytes) -> list[str]:
-    """Metric names of the chunk's first metrics line, when they are plain enough for the STRUCT path."""
-    i = data.find(b'"kind":"metrics"')
-    if i < 0:
-        return _PLACEHOLDER_KEYS
-    start = data.rfind(b"\n", 0, i) + 1
-    end = data.find(b"\n", i)
-    try:
-        keys = list(json.loads(data[start:end])["data"])
-    except (ValueError, KeyError, TypeError):
-        return _PLACEHOLDER_KEYS
-    if not keys or len(keys) > 2000 or not all(_STRUCT_KEY_RE.match(k) for k in keys):
-        return _PLACEHOLDER_KEYS
-    return keys
-
-
-def _stage_sql(keys: list[str]) -> tuple[str, str]:
-    struct = json.dumps(dict.fromkeys(keys, "DOUBLE"), separators=(",", ":"))
-    stage = _STAGE_SQL.replace("{n_keys}", str(len(keys))).replace("{struct}", struct)
-    names = "[" + ", ".join(f"'{k}'" for k in keys) + "]"
-    values = "[" + ", ".join(f'ms."{k}"' for k in keys) + "]"
-    return stage, _INSERT_FAST_METRICS_STRUCT.replace("{names}", names).replace("{values}", values)
-
-
-def _lines_table(data: bytes, base_line: int) -> tuple[pa.Table, np.ndarray]:
-    """(lineno, line) with the lines of `data` as a zero-copy Arrow column; also the line offsets."""
-    nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
-    offs = np.empty(len(nl) + 1, np.int64)
-    offs[0] = 0
-    offs[1:] = nl + 1
-    lines = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(nl), [None, pa.py_buffer(offs), pa.py_buffer(data)])
-    lineno = pa.array(np.arange(base_line + 1, base_line + 1 + len(nl), dtype=np.int64))
-    return pa.table({"lineno": lineno, "line": lines}), offs
-
-
-# --------------------------------------------------------------- a batch
-
-
-class _Batch:
-    """Everything one transaction adds, gathered in Python lists and staged Arrow tables."""
-
-    def __init__(self, now: float):
-        self.now = now
-        self.rejected: list[tuple] = []  # (file, run, line, field, reason, raw, ingested_at)
-        self.events: list[tuple] = []  # (run, host, seq, kind, step, t, v, known, data_json)
-        self.metrics: dict[str, list] = {k: [] for k in ("run", "step", "name", "value", "t", "host")}
-        self.experts: dict[str, list] = {k: [] for k in ("run", "step", "layer", "expert", "routed", "dropped")}
-        self.lifecycle: list[dict] = []  # run_start / run_end events, applied to `runs`
-        self.activity: dict[str, list] = {}  # run -> [max t, max step]
-        self.touched: dict[str, set[str]] = {"metrics": set(), "expert_load": set()}
-        self.messages: list[str] = []
-        self.n_events = self.n_metric_values = self.n_expert_rows = 0
-        self.n_duplicates = self.n_truncated = 0
-        self.n_bytes = self.n_files = 0
-        self.n_fast = 0  # events accepted by the vectorised fast path
-
-    def reject(self, lf: LogFile, line: int, fld: str | None, reason: str, raw: bytes | str) -> None:
-        if isinstance(raw, bytes):
-            raw = raw[:RAW_CAP].decode("utf-8", "replace")
-        self.rejected.append((lf.rel, lf.run, line, fld, reason, raw[:RAW_CAP], self.now))
-        if len(self.messages) < MESSAGE_LIMIT:
-            self.messages.append(f"{lf.path}:{line}: {reason}")
-
-    def saw(self, run: str, t: float | None, step: int | None) -> None:
-        a = self.activity.setdefault(run, [None, None])
-        if t is not None and not math.isnan(t) and (a[0] is None or t > a[0]):
-            a[0] = t
-        if step is not None and (a[1] is None or step > a[1]):
-            a[1] = step
-
-
-class _FileState:
-    """A file's row of `ingest_files`, plus the seq ranges of its (run, host) siblings."""
-
-    def __init__(self, row: dict | None, lf: LogFile, sibling_ranges: list[tuple[int, int]]):
-        row = row or {}
-        self.offset = row.get("byte_offset") or 0
-        self.line = row.get("line") or 0
-        self.first_seq = row.get("first_seq")
-        self.last_seq = row.get("last_seq")
-        self.cursor = row.get("cursor_seq")
-        self.siblings = sibling_ranges
-        if self.offset > (lf.size if not lf.gz else math.inf) or (lf.gz and row and row.get("size") != lf.size):
-            # the file shrank or was replaced: read it again; seqs already stored count as duplicates
-            if self.first_seq is not None:
-                self.siblings = [*self.siblings, (self.first_seq, self.last_seq)]
-            self.offset = self.line = 0
-            self.cursor = None
-
-    def check_seq(self, seq: int) -> str | None:
-        """None to accept; "dup" for an already stored event; else the rejection reason."""
-        if self.cursor is not None and seq <= self.cursor:
-            return f"seq {seq} is not above the previous seq {self.cursor} in this file"
-        self.cursor = seq
-        for lo, hi in self.siblings:
-            if lo <= seq <= hi:
-                return "dup"
-        self.first_seq = seq if self.first_seq is None else min(self.first_seq, seq)
-        self.last_seq = seq if self.last_seq is None else max(self.last_seq, seq)
-        return None
-
-
-def _slow_line(b: _Batch, lf: LogFile, st: _FileState, lineno: int, raw: bytes) -> None:
-    """Decode and validate one line in Python; route it to its table or to rejected_events."""
-    if not raw.strip():
-        return  # a blank line (e.g. the newline a resumed writer puts after a torn line)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        b.reject(lf, lineno, "(line)", f"not UTF-8 text (byte {e.start}); is this file an event log?", raw)
-        return
-    try:
-        ev = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        b.reject(lf, lineno, "(line)", f"bad JSON: {e}", raw)
-        return
-    try:
-        validate_event(ev, run_folder=lf.run, host=lf.host)
-        _check_store_ranges(ev)
-    except ValidationError as e:
-        b.reject(lf, lineno, e.field, f"{e.field}: {e.reason}", raw)
-        return
-    verdict = st.check_seq(ev["seq"])
-    if verdict == "dup":
-        b.n_duplicates += 1
-        return
-    if verdict is not None:
-        b.reject(lf, lineno, "seq", verdict, raw)
-        return
-    run, kind, step, data = ev["run"], ev["kind"], ev.get("step"), ev["data"]
-    t = float(decode_number(ev["t"]))
-    b.n_events += 1
-    b.saw(run, t, step)
-    if kind == "metrics":
-        m = b.metrics
-        for name, value in data.items():
-            m["name"].append(name)
-            m["value"].append(decode_number(value))
-        n = len(data)
-        m["run"].extend([run] * n)
-        m["step"].extend([step] * n)
-        m["t"].extend([t] * n)
-        m["host"].extend([lf.host] * n)
-        b.n_metric_values += n
-        b.touched["metrics"].add(run)
-    elif kind == "expert_load":
-        x, n = b.experts, len(data["routed"])
-        x["run"].extend([run] * n)
-        x["step"].extend([step] * n)
-        x["layer"].extend([data["layer"]] * n)
-        x["expert"].extend(range(n))
-        x["routed"].extend(data["routed"])
-        x["dropped"].extend(data["dropped"])
-        b.n_expert_rows += n
-        b.touched["expert_load"].add(run)
-    else:
-        dj = json.dumps(encode_value(data), separators=(",", ":"))
-        b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
-        if kind in ("run_start", "run_end"):
-            b.lifecycle.append({"run": run, "kind": kind, "t": t, "step": step, "data": data})
-
-
-def _check_store_ranges(ev: dict) -> None:
-    """Values valid JSON and valid events can still overflow a store column; say which."""
-    if ev["seq"] > I64:
-        raise ValidationError("seq", f"seq {ev['seq']} does not fit a 64-bit integer")
-    step = ev.get("step")
-    if step is not None and step > (I32 if ev["kind"] == "expert_load" else I64):
-        raise ValidationError("step", f"step {step} is too large for the store")
-    if ev["host"] > U16:
-        raise ValidationError("host", f"host {ev['host']} is above {U16}")
-    if ev["kind"] == "expert_load":
-        d = ev["data"]
-        if step is None:
-            raise ValidationError("step", "expert_load needs a step")
-        if d["layer"] > U16 or len(d["routed"]) > U16 + 1:
-            raise ValidationError("data.layer", f"at most {U16 + 1} layers and experts")
-        if any(v > U32 for v in d["routed"]) or any(v > U32 for v in d["dropped"]):
-            raise ValidationError("data.routed", f"counts must be below {U32 + 1}")
-
-
-def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_line: int) -> None:
-    """Validate and stage one chunk of complete lines from one file."""
-    base = st.line
-    if not ch.data:
-        for _, n, head in ch.oversized:
-            b.reject(lf, base + 1, "(line)", f"line is {n} bytes, over max_line_bytes={max_line}", head)
-        st.line += len(ch.oversized)
-        st.offset = ch.end
-        return
-    tbl, offs = _lines_table(ch.data, base)
-    n = tbl.num_rows
-    lengths = np.diff(offs)
-    big = lengths > max_line + 1
-    try:
-        tbl = tbl.set_column(1, "line", tbl.column("line").cast(pa.large_string()))  # validates UTF-8
-    except pa.ArrowInvalid:
-        big |= np.array([not _is_utf8(ch.data[offs[i] : offs[i + 1]]) for i in range(n)])
-    if big.any():
-        # oversized and non-UTF-8 lines take the slow path (which rejects them); the rest is staged
-        keep = pa.array(~big)
-        tbl = tbl.filter(keep)
-        tbl = tbl.set_column(1, "line", tbl.column("line").cast(pa.large_string()))
-    con.register("_lines", tbl)
-    stage_sql, insert_struct = _stage_sql(_metric_keys(ch.data))
-    con.execute(stage_sql, {"run": json.dumps(lf.run), "host": str(lf.host)})
-    con.unregister("_lines")
-    staged = con.execute("SELECT lineno, seq, ok FROM _stage ORDER BY lineno").fetchnumpy()
-    ok_of = dict.fromkeys(staged["lineno"][staged["ok"]].tolist())
-    seq_of = dict(zip(staged["lineno"].tolist(), staged["seq"].tolist(), strict=True)) if ok_of else {}
-    accepted: list[int] = []
-    for i in range(n):
-        lineno = base + 1 + i
-        if lineno in ok_of:
-            verdict = st.check_seq(seq_of[lineno])
-            if verdict is None:
-                accepted.append(lineno)
-            elif verdict == "dup":
-                b.n_duplicates += 1
-            else:
-                b.reject(lf, lineno, "seq", verdict, ch.data[offs[i] : min(offs[i + 1] - 1, offs[i] + RAW_CAP)])
-        elif big[i] and lengths[i] > max_line + 1:
-            raw = ch.data[offs[i] : offs[i] + RAW_CAP]
-            b.reject(lf, lineno, "(line)", f"line is {lengths[i] - 1} bytes, over max_line_bytes={max_line}", raw)
-        else:
-            _slow_line(b, lf, st, lineno, ch.data[offs[i] : offs[i + 1] - 1])
-    if accepted:
-        con.register("_acc", pa.table({"lineno": pa.array(accepted, pa.int64())}))
-        params = {"run": lf.run, "host": lf.host}
-        n_metric = con.execute(insert_struct, params).fetchall()[0][0]
-        n_metric += con.execute(_INSERT_FAST_METRICS_MAP, params).fetchall()[0][0]
-        n_expert = con.execute(_INSERT_FAST_EXPERTS, {"run": lf.run}).fetchall()[0][0]
-        t_max, step_max = con.execute("SELECT max(t), max(step) FROM _stage SEMI JOIN _acc USING (lineno)").fetchall()[0]
-        con.unregister("_acc")
-        b.n_events += len(accepted)
-        b.n_fast += len(accepted)
-        b.n_metric_values += n_metric
-        b.n_expert_rows += n_expert
-        b.saw(lf.run, t_max, step_max)
-        if n_metric:
-            b.touched["metrics"].add(lf.run)
-        if n_expert:
-            b.touched["expert_load"].add(lf.run)
-    st.line += n
-    st.offset = ch.end
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False
-
-
-# ------------------------------------------------------------------ writing
-
-
-def _flush(con, b: _Batch) -> None:
-    """Bulk-append everything slow-path lines produced."""
-    m = b.metrics
-    if m["run"]:
-        con.register(
-            "_m",
-            pa.table(
-                {
-                    "run": pa.array(m["run"], pa.string()),
-                    "step": pa.array(m["step"], pa.int64()),
-                    "name": pa.array(m["name"], pa.string()),
-                    "value": pa.array(m["value"], pa.float64()),
-                    "t": pa.array(m["t"], pa.float64()),
-                    "host": pa.array(m["host"], pa.uint16()),
-                }
-            ),
-        )
-        con.execute("INSERT INTO metrics SELECT * FROM _m")
-        con.unregister("_m")
-    x = b.experts
-    if x["run"]:
-        con.register(
-            "_x",
-            pa.table(
-                {
-                    "run": pa.array(x["run"], pa.string()),
-                    "step": pa.array(x["step"], pa.int32()),
-                    "layer": pa.array(x["layer"], pa.uint16()),
-                    "expert": pa.array(x["expert"], pa.uint16()),
-                    "routed": pa.array(x["routed"], pa.uint32()),
-                    "dropped": pa.array(x["dropped"], pa.uint32()),
-                }
-            ),
-        )
-        con.execute("INSERT INTO expert_load SELECT * FROM _x")
-        con.unregister("_x")
-    if b.events:
-        cols = list(zip(*b.events, strict=True))
-        names = ("run", "host", "seq", "kind", "step", "t", "v", "known", "data")
-        types = (pa.string(), pa.uint16(), pa.int64(), pa.string(), pa.int64(), pa.float64(), pa.uint16(), pa.bool_(), pa.string())
-        con.register("_e", pa.table({k: pa.array(c, t) for k, c, t in zip(names, cols, types, strict=True)}))
-        con.execute("INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _e")
-        con.unregister("_e")
-    if b.rejected:
-        con.executemany(
-            "INSERT INTO rejected_events (file, run, line, field, reason, raw, ingested_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            b.rejected,
-        )
 
 
 _RUN_COLS = (
@@ -763,7 +302,9 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, use_rollups: bo
                 if used >= BATCH_BYTES:
                     more = True
             if not did:
-                con.execute("ROLLBACK")
+                # nothing new, but time passes: runs that went silent are now crashed
+                _mark_crashed(con, now)
+                con.execute("COMMIT")
                 return None, False
             _flush(con, b)
             _update_runs(con, b)
