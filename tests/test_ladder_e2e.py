@@ -195,3 +195,20 @@ def test_real_trainer_lr_spike_leaves_the_band(tmp_path):
             [DETECTOR]).fetchall()}
     assert "re-spike" in found | stored
     assert "re-clean" not in found | stored
+
+
+def test_ladder_page_renders(ladder_store):
+    from streamlit.testing.v1 import AppTest
+
+    runs, db = ladder_store
+    _forecast_then_run(runs, db, "syn-pushed", push=1.08)
+    check_targets(db, runs, ["syn-pushed"])
+    ingest(runs, db, emit=None)
+    at = AppTest.from_string(
+        "from observatory.dashboard.pages import ladder\nladder.render()\n", default_timeout=120
+    ).run()
+    assert not at.exception, at.exception
+    assert [m.label for m in at.metric][:2] == ["Rungs", "α (final loss)"]
+    assert at.metric[0].value == "4"
+    text = " ".join(m.value for m in at.markdown)
+    assert "outside" in text and "deviation" in text
