@@ -15,6 +15,7 @@ rolls back to the last checkpoint with a smaller learning rate.
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import subprocess
@@ -29,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import observatory
 from trainer.checkpoint import Checkpointer, checkpoint_dir, parse_ref
@@ -38,7 +41,7 @@ from trainer.faults import FaultPlan, InjectedCrash
 from trainer.mesh import batch_sharding, make_mesh
 from trainer.model import TRAINABLE, Transformer, loss_fn, moe_layers, update_router_bias
 
-__all__ = ["train", "make_optimizer", "lr_schedule", "measure_peak_flops", "Preempted"]
+__all__ = ["train", "train_with_status", "make_optimizer", "lr_schedule", "measure_peak_flops", "Preempted"]
 
 
 class Preempted(Exception):
@@ -94,15 +97,35 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:
     Weight decay skips vectors (norm scales); the router bias is not a Param, so it is never touched.
     """
     o = cfg.optimizer
+    return _adamw(o.grad_clip, o.b1, o.b2, o.eps, o.weight_decay)
+
+
+@functools.lru_cache(maxsize=16)
+def _adamw(grad_clip: float, b1: float, b2: float, eps: float, weight_decay: float):
+    # One transformation object per setting (the LR is a step argument, not part of it): tx is static
+    # in the optimizer's graphdef, so a fresh object per run would make every later run in the same
+    # process (ladder rungs, LR sweeps, tests) retrace and recompile the step.
     return optax.chain(
-        optax.clip_by_global_norm(o.grad_clip) if o.grad_clip > 0 else optax.identity(),
-        optax.scale_by_adam(o.b1, o.b2, o.eps),
-        optax.add_decayed_weights(o.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
+        optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
+        optax.scale_by_adam(b1, b2, eps),
+        optax.add_decayed_weights(weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
         _scale_by_lr_arg(),
     )
 
 
 # ------------------------------------------------------------------- steps
+
+
+def _place_on_mesh(tree, mesh) -> None:
+    """Give every array not yet on the mesh (step counters, Adam's count, RNG counters) a replicated
+    mesh sharding, as the step's outputs will have: otherwise step 2 sees new input shardings and
+    compiles the step a second time."""
+    rep = NamedSharding(mesh, P())
+    for _, var in nnx.iter_graph(tree):
+        if isinstance(var, nnx.Variable):
+            v = var.get_value()
+            if isinstance(v, jax.Array) and not (isinstance(v.sharding, NamedSharding) and v.sharding.mesh == mesh):
+                var.set_value(jax.device_put(v, rep))
 
 
 def _snapshot(tree):
@@ -247,8 +270,21 @@ def train(
     `parent` set and a `config_diff` event. `cfg` is the config to run with in both cases (the CLI
     builds it from the checkpoint's config plus overrides). ladder: `{name, rung, ...}` for run_start.
     Raises on failure after writing `failure` and `run_end(failed)`; returns normally after a halt
-    or a preemption (the run_end status says which).
+    or a preemption (the run_end status says which; `train_with_status` returns it too).
     """
+    return train_with_status(cfg, runs_dir, run_id, resume, fork, ladder, tags)[0]
+
+
+def train_with_status(
+    cfg: TrainConfig,
+    runs_dir: str | Path | None = None,
+    run_id: str | None = None,
+    resume: str | None = None,
+    fork: str | None = None,
+    ladder: dict[str, Any] | None = None,
+    tags: list[str] | None = None,
+) -> tuple[str, str]:
+    """`train`, returning (run id, run_end status)."""
     from observatory import settings
 
     if resume and fork:
@@ -274,12 +310,16 @@ def train(
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.expert)
     model = Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed), mesh=mesh)
     optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=TRAINABLE)
+    _place_on_mesh((model, optimizer), mesh)
 
     sinks = []
     if cfg.wandb.mode != "disabled" and pid == 0:
         from observatory.interop.wandb_mirror import WandbMirror
 
-        sinks.append(WandbMirror(cfg.wandb.project, cfg.wandb.mode, run_id, cfg.to_dict()))
+        wandb_dir = runs_dir / run_id  # W&B's own files next to our event log
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+        sinks.append(WandbMirror(project=cfg.wandb.project, mode=cfg.wandb.mode, run_id=run_id,
+                                 config=cfg.to_dict(), dir=str(wandb_dir)))
     model_info = _model_counts(cfg)
     run = observatory.init(
         run_id=run_id,
@@ -326,7 +366,7 @@ def train(
                 loop.close(save=status in ("completed", "preempted") or loop.halted)
         finally:
             run.finish(status, final_step=loop.step if loop else None)
-    return run_id
+    return run_id, status
 
 
 class _Loop:
@@ -351,6 +391,7 @@ class _Loop:
         self.moe_layer_ids = moe_layers(cfg.model)
         self.bar = None
         self.peak = None
+        self._pending = None
 
     # ------------------------------------------------------------ plumbing
 
@@ -398,6 +439,18 @@ class _Loop:
     # ----------------------------------------------------------------- loop
 
     def fit(self) -> None:
+        try:
+            self._fit()
+        except BaseException:
+            # An exception between dispatching and reading a step: log what already ran, if we can.
+            if self._pending is not None:
+                try:
+                    self._finish_step(*self._pending)
+                except Exception:
+                    pass
+            raise
+
+    def _fit(self) -> None:
         cfg = self.cfg
         tel = cfg.telemetry
         if tel.enabled:
@@ -409,7 +462,7 @@ class _Loop:
                             dynamic_ncols=True)
         if cfg.failure.on_nan == "rollback" and not self.ckpt.steps():
             self.save(wait=True)  # something to roll back to before the first periodic checkpoint
-        pending = None  # (step, device outputs) of the dispatched step not yet read back
+        self._pending = pending = None  # (step, outputs, lr, faults) of the dispatched step not yet read
         self.t_last = None  # when the previous step's values reached the host
         self.t_skip_next = False
         step = self.step
@@ -431,14 +484,15 @@ class _Loop:
                     if out is not None:
                         jax.block_until_ready(out[1])  # let the in-flight step land, then discard it
                     step = self._rollback()
-                    pending = None
+                    self._pending = pending = None
                     continue
                 if action == "halt":
+                    self._pending = None
                     if out is not None:
                         self._finish_step(*out)
                     self.halted = True
                     return
-            pending = out
+            self._pending = pending = out
             if pending is None and self.signals and self.signals.preempted:
                 self.preempted = True
                 return
