@@ -310,7 +310,10 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, use_rollups: bo
             _update_runs(con, b)
             _mark_crashed(con, now)
             if rollups is not None and (b.touched["metrics"] or b.touched["expert_load"]):
-                rollups.after_ingest(con, b.touched)
+                try:
+                    rollups.after_ingest(con, b.touched)
+                except Exception as e:
+                    raise _HookFailed(e) from e
             con.execute("COMMIT")
         except BaseException:
             try:
@@ -367,12 +370,14 @@ def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, ho
         except store.StoreBusy as e:
             emit(f"{db}: {e}; will retry")
             return
+        except _HookFailed as h:
+            # the batch was rolled back; do it again without the hook rather than lose it
+            e = h.error
+            emit(f"observatory ingest: rollups.after_ingest failed ({type(e).__name__}: {e}); "
+                 "ingesting without rollups from now on (`observatory rebuild` rebuilds them)")  # fmt: skip
+            fol.use_rollups = False
+            continue
         except Exception as e:
-            if fol.use_rollups and hooks and _from_module(e, "observatory.rollups"):
-                emit(f"observatory ingest: rollups.after_ingest failed ({type(e).__name__}: {e}); "
-                     "ingesting without rollups from now on")  # fmt: skip
-                fol.use_rollups = False
-                continue
             if only is not None:
                 emit(f"{runs_dir / only}: cannot ingest ({type(e).__name__}: {e}); skipped until the next ingest")
                 fol.skip.add(only)
@@ -411,13 +416,10 @@ def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, ho
     fol.sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in scan(runs_dir) if lf.rel not in fol.skip), _db_sig(db))
 
 
-def _from_module(e: BaseException, module: str) -> bool:
-    tb = e.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_globals.get("__name__") == module:
-            return True
-        tb = tb.tb_next
-    return False
+class _HookFailed(Exception):
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _anomaly_hook(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[str], None]) -> None:
@@ -464,7 +466,13 @@ def ingest(
         emit(f"{runs_dir}: runs dir does not exist{' (yet); waiting for it' if follow else ''}")
     try:
         while True:
-            _one_pass(runs_dir, db, report, fol, hooks, emit)
+            try:
+                _one_pass(runs_dir, db, report, fol, hooks, emit)
+            except Exception as e:
+                if not follow:
+                    raise
+                emit(f"observatory ingest: pass failed ({type(e).__name__}: {e}); retrying")
+                fol.sig = None
             report.passes += 1
             if not follow or stop.wait(settings.get("follow_interval_s")):
                 break

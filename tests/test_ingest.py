@@ -232,3 +232,27 @@ def test_many_lines_bulk(runs_dir, db_path, kind):
         assert q(db_path, "SELECT count(*), sum(routed), count(DISTINCT (step, layer)) FROM expert_load") == [
             (128_000, 2000 * sum(range(64)), 2000)
         ]
+
+
+def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monkeypatch):
+    """Rollups run inside the batch's transaction, anomalies after it; a failing hook loses nothing."""
+    import importlib.util
+
+    if importlib.util.find_spec("observatory.rollups") is None or importlib.util.find_spec("observatory.anomalies") is None:
+        pytest.skip("the dashboard's rollups / anomaly modules are not in this checkout")
+    from observatory import anomalies, rollups
+
+    write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 5))
+    _ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, "SELECT count(*) FROM metric_series WHERE run = 'a'") == [(2,)]  # rollups ran in the batch
+
+    seen = []
+    monkeypatch.setattr(rollups, "after_ingest", lambda con, touched: (_ for _ in ()).throw(RuntimeError("rollup bug")))
+    monkeypatch.setattr(anomalies, "after_ingest", lambda db, runs, touched: seen.append(set(touched)) or 1 / 0)
+    write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 8, 15)[15:])
+    msgs: list[str] = []
+    rep = _ingest(runs_dir, db_path, emit=msgs.append)
+    assert rep.events == 9 and q(db_path, "SELECT count(*) FROM metrics") == [(16,)]
+    assert any("rollups.after_ingest failed (RuntimeError: rollup bug)" in m for m in msgs)
+    assert any("anomalies.after_ingest failed: ZeroDivisionError" in m for m in msgs)
+    assert seen == [{"a"}]
