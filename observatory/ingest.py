@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from observatory import settings, store
-from observatory.events import STATUSES, encode_value
+from observatory.events import OBSERVATORY_HOST, STATUSES, encode_value
 from observatory.ingest_lines import (
     I64,
     MESSAGE_LIMIT,
@@ -126,7 +126,7 @@ _JSON_COLS = ("ladder", "config", "code", "data", "mesh", "model")
 
 def _update_runs(con, b: _Batch) -> None:
     """Fold this batch's lifecycle events and activity into `runs` (one row per touched run)."""
-    touched = sorted(set(b.activity) | {e["run"] for e in b.lifecycle})
+    touched = sorted(set(b.activity) | {e["run"] for e in b.lifecycle if e["host"] != OBSERVATORY_HOST})
     if not touched:
         return
     rows = con.execute(f"SELECT {', '.join(_RUN_COLS)} FROM runs WHERE run IN (SELECT unnest($r))", {"r": touched}).fetchall()
@@ -140,7 +140,7 @@ def _update_runs(con, b: _Batch) -> None:
                 r[c] = json.loads(r[c])
         if r["status"] in (None, "crashed"):
             r["status"] = "running"  # new events from a run shown as crashed: it is alive after all
-        for e in sorted((e for e in b.lifecycle if e["run"] == run), key=lambda e: e["t"]):
+        for e in sorted((e for e in b.lifecycle if e["run"] == run and e["host"] != OBSERVATORY_HOST), key=lambda e: e["t"]):
             d = e["data"]
             if e["kind"] == "run_start":
                 if r["end_time"] is not None and e["t"] >= r["end_time"]:
@@ -400,7 +400,7 @@ def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, ho
         report.rejected += len(b.rejected)
         report.duplicates += b.n_duplicates
         report.truncated += b.n_truncated
-        report.runs |= set(b.activity)
+        report.runs |= set(b.activity) | b.observed
         report.files += b.n_files
         report.fast_events += b.n_fast
         report.bytes += b.n_bytes

@@ -25,7 +25,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from observatory.events import KINDS, ValidationError, decode_number, encode_value, validate_event
+from observatory.events import (
+    KINDS,
+    OBSERVATORY_HOST,
+    ValidationError,
+    decode_number,
+    encode_value,
+    validate_event,
+)
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
 MESSAGE_LIMIT = 200  # rejection messages kept per batch and report (all of them are in rejected_events)
@@ -225,7 +232,8 @@ class _Batch:
         self.metrics: dict[str, list] = {k: [] for k in ("run", "step", "name", "value", "t", "host")}
         self.experts: dict[str, list] = {k: [] for k in ("run", "step", "layer", "expert", "routed", "dropped")}
         self.lifecycle: list[dict] = []  # run_start / run_end events, applied to `runs`
-        self.activity: dict[str, list] = {}  # run -> [max t, max step]
+        self.activity: dict[str, list] = {}  # run -> [max t, max step], from the run's own processes
+        self.observed: set[str] = set()  # runs that got events written by the observatory itself (host 1000)
         self.touched: dict[str, set[str]] = {"metrics": set(), "expert_load": set()}
         self.messages: list[str] = []
         self.n_events = self.n_metric_values = self.n_expert_rows = 0
@@ -240,7 +248,11 @@ class _Batch:
         if len(self.messages) < MESSAGE_LIMIT:
             self.messages.append(f"{lf.path}:{line}: {reason}")
 
-    def saw(self, run: str, t: float | None, step: int | None) -> None:
+    def saw(self, run: str, t: float | None, step: int | None, host: int = 0) -> None:
+        if host == OBSERVATORY_HOST:
+            # findings about a run are not signs of life: they must not revive a crashed run
+            self.observed.add(run)
+            return
         a = self.activity.setdefault(run, [None, None])
         if t is not None and not math.isnan(t) and (a[0] is None or t > a[0]):
             a[0] = t
@@ -309,7 +321,7 @@ def _slow_line(b: _Batch, lf: LogFile, st: _FileState, lineno: int, raw: bytes) 
     run, kind, step, data = ev["run"], ev["kind"], ev.get("step"), ev["data"]
     t = float(decode_number(ev["t"]))
     b.n_events += 1
-    b.saw(run, t, step)
+    b.saw(run, t, step, lf.host)
     if kind == "metrics":
         m = b.metrics
         for name, value in data.items():
@@ -336,7 +348,7 @@ def _slow_line(b: _Batch, lf: LogFile, st: _FileState, lineno: int, raw: bytes) 
         dj = json.dumps(encode_value(data), separators=(",", ":"))
         b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
         if kind in ("run_start", "run_end"):
-            b.lifecycle.append({"run": run, "kind": kind, "t": t, "step": step, "data": data})
+            b.lifecycle.append({"run": run, "kind": kind, "t": t, "step": step, "data": data, "host": lf.host})
 
 
 def _check_store_ranges(ev: dict) -> None:
@@ -415,7 +427,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
         b.n_fast += len(accepted)
         b.n_metric_values += n_metric
         b.n_expert_rows += n_expert
-        b.saw(lf.run, t_max, step_max)
+        b.saw(lf.run, t_max, step_max, lf.host)
         if n_metric:
             b.touched["metrics"].add(lf.run)
         if n_expert:

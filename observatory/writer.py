@@ -232,6 +232,7 @@ class Run:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
+        atexit.unregister(self._atexit)  # closed runs need no exit hook (and can be freed)
         for sig, old in self._old_handlers.items():
             try:
                 signal.signal(sig, old)

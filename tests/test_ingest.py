@@ -256,3 +256,18 @@ def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monk
     assert any("rollups.after_ingest failed (RuntimeError: rollup bug)" in m for m in msgs)
     assert any("anomalies.after_ingest failed: ZeroDivisionError" in m for m in msgs)
     assert seen == [{"a"}]
+
+
+def test_observatory_findings_do_not_revive_a_crashed_run(runs_dir, db_path):
+    from observatory.events import OBSERVATORY_HOST
+
+    old = time.time() - 3600
+    write_lines(runs_dir / "a" / "events.0.jsonl", [event("a", "run_start", {"config": {}}, 0, t=old),
+                                                    event("a", "metrics", {"x": 1.0}, 1, 7, t=old)])  # fmt: skip
+    write_lines(runs_dir / "a" / f"events.{OBSERVATORY_HOST}.jsonl", [
+        event("a", "anomaly", {"detector": "stall", "severity": "warn", "message": "silent"}, 0, 7, host=OBSERVATORY_HOST)
+    ])  # fmt: skip
+    rep = ingest(runs_dir, db_path, emit=None)
+    assert rep.events == 3
+    assert q(db_path, "SELECT status, last_step, last_event_t < epoch(now()) - 3000 FROM runs") == [("crashed", 7, True)]
+    assert q(db_path, "SELECT kind, host FROM events WHERE kind = 'anomaly'") == [("anomaly", OBSERVATORY_HOST)]
