@@ -136,6 +136,7 @@ class Run:
         self._dropped_reported = 0
         self._logged = 0
         self._signal: int | None = None
+        self._exiting = False
         self._lock = threading.RLock()  # re-entrant: a signal handler may run while the main thread holds it
         self._flush_interval = flush_interval
         self._sinks = list(sinks)
@@ -232,7 +233,8 @@ class Run:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
-        atexit.unregister(self._atexit)  # closed runs need no exit hook (and can be freed)
+        if not self._exiting:
+            atexit.unregister(self._atexit)  # closed runs need no exit hook (and can be freed)
         for sig, old in self._old_handlers.items():
             try:
                 signal.signal(sig, old)
@@ -404,6 +406,7 @@ class Run:
         self.finish("killed")
 
     def _atexit(self) -> None:
+        self._exiting = True  # do not unregister from inside the atexit machinery
         if not self._finished and self._signal is not None:
             self._finish_killed()
         elif not self._stop.is_set():
