@@ -85,9 +85,10 @@ def test_resamples_enumerate_the_exact_bootstrap():
 
 
 def test_ladder_forecasts_the_target_curve():
-    rungs = synth_rungs([1e10, 2.2e10, 5e10, 1.1e11])
+    # five rungs over 16x compute, 0.1% run-to-run noise, a target 4x past the largest
+    rungs = synth_rungs(list(np.geomspace(1e10, 1.6e11, 5)), noise=0.001)
     fit = fit_ladder(rungs)
-    target = 4.4e11
+    target = 6.4e11
     fc = fit.forecast(target, steps=1000)
     assert [p.step for p in fc.points] == [round(f * 1000) for f in FRACTIONS]
     truth = [law(target, p.fraction) for p in fc.points]
@@ -98,14 +99,15 @@ def test_ladder_forecasts_the_target_curve():
 
 
 def test_band_narrows_as_rungs_are_added():
-    flops = np.geomspace(1e10, 3e11, 7)
-    rungs = synth_rungs(flops, noise=0.003, seed=3)
+    """More rungs over the same compute range: a tighter bootstrap and smaller leave-one-out errors."""
     target = 1.2e12
     widths = []
-    for n in (3, 5, 7):
-        fc = fit_ladder(rungs[:n]).forecast(target)
+    for n in (4, 6, 8):
+        rungs = synth_rungs(np.geomspace(1e10, 3e11, n), noise=0.002, seed=3)
+        fc = fit_ladder(rungs, FitConfig(n_boot=40)).forecast(target)
         widths.append(math.log(fc.final.high / fc.final.low))
     assert widths[0] > widths[1] > widths[2], widths
+    assert widths[2] > 2 * 1.645 * 0.003 * 0.99  # never below the run-to-run noise floor
 
 
 def test_backtest_on_synthetic_ladder():
