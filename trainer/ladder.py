@@ -239,6 +239,9 @@ def run_ladder(spec: LadderSpec, runs_dir: Path, db: Path, *, target: bool = Fal
               f"{tgt.cfg.steps} steps, C={tgt.ladder['flops']:.3g}", file=sys.stderr, flush=True)
         train(tgt.cfg, runs_dir, run_id=run_id, ladder=tgt.ladder, tags=["ladder-target", spec.name])
         _observatory("ingest", "--quiet", "--runs-dir", str(runs_dir), "--db", str(db))
+        # compare the finished target with its band (ingest's hook does this live); idempotent
+        _observatory("ladder", "check", run_id, "--runs-dir", str(runs_dir), "--db", str(db))
+        _observatory("ingest", "--quiet", "--runs-dir", str(runs_dir), "--db", str(db))
         done.append(run_id)
     return done
 
