@@ -15,6 +15,8 @@ Detectors (all thresholds are settings, `anomaly_*`):
   confirmation (two such steps in a row, or one `anomaly_grad_single_ratio` times
   the level). In BLOOM 176B's logs the grad norm led the loss spike by ~3 steps:
   this is the early warning.
+- `update_spike`: the same rule on opt/update_norm: the update that wrecks the
+  weights is logged one step before the loss it wrecks.
 - `grad_growth`: the rolling median grad norm climbs `anomaly_grad_growth` times
   above its lowest level in the window before (the 535B run's grad norm grew past 4).
 - `incomplete_recovery`: loss still above its pre-spike level `anomaly_recovery_steps`
@@ -72,12 +74,15 @@ __all__ = [
     "after_ingest",
     "LOSS",
     "GRAD",
+    "UPDATE",
+    "update_spikes",
     "DROP",
     "THROUGHPUT",
 ]
 
 LOSS = "train/loss"
 GRAD = "grad/norm/total"
+UPDATE = "opt/update_norm"
 DROP = "moe/drop_fraction"
 THROUGHPUT = "throughput/tokens_per_s"
 SPIKE_GAP = 2  # flagged steps this close (in logged steps) belong to one episode
@@ -328,6 +333,27 @@ def grad_spikes(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding
         log=True,
         single=th.grad_single_ratio,
     )
+
+
+def update_spikes(steps, update, th: Thresholds, metric: str = UPDATE) -> list[Finding]:
+    """The grad-norm spike rule on the optimizer update's norm.
+
+    An update is logged at the step that applies it, so a bad update shows here one
+    step before the loss it wrecks (Marin 32B: update-norm spikes preceded loss spikes).
+    Adam's updates are normalised, so in a healthy run this series is smooth.
+    """
+    fs = _spikes(
+        "update_spike",
+        metric,
+        np.asarray(steps),
+        update,
+        th.grad_z,
+        th.grad_min_ratio,
+        th,
+        log=True,
+        single=th.grad_single_ratio,
+    )
+    return [replace(f, message=f.message.replace("grad norm", "update norm", 1)) for f in fs]
 
 
 def grad_growth(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
@@ -621,6 +647,8 @@ def detect_frame(
         steps, g = s
         out += _keep(grad_spikes(steps, g, th), steps, spike_dep, truncated)
         out += _keep(grad_growth(steps, g, th), steps, 2 * th.window + th.growth_steps + 1, truncated)
+    if (s := _series(frame, UPDATE)) is not None:
+        out += _keep(update_spikes(s[0], s[1], th), s[0], spike_dep, truncated)
     drop = _series(frame, DROP)
     if drop is None and load is not None and load.height:
         per = load.group_by("step").agg(pl.col("dropped").sum(), pl.col("routed").sum()).sort("step")

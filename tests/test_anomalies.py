@@ -87,6 +87,17 @@ def test_one_moderate_grad_norm_step_is_noise_one_huge_step_is_not():
     assert f.window == (400, 400) and f.step == 400 and f.severity == "critical"
 
 
+def test_update_norm_spike_is_the_step_before_the_loss():
+    """As in our trainer's inject=lr_spike: the x30 update is logged at the step that applies it."""
+    rng = np.random.default_rng(8)
+    steps = np.arange(300)
+    update = 0.5 * np.exp(0.03 * rng.standard_normal(300))  # Adam updates: smooth
+    update[200] = 15.2
+    (f,) = A.update_spikes(steps, update, TH)
+    assert (f.detector, f.metric, f.step, f.severity) == ("update_spike", A.UPDATE, 200, "critical")
+    assert f.message.startswith("update norm spiked to 15.2 at step 200")
+
+
 def test_loss_spike_without_recovery_is_reported_once_due():
     steps, loss, _, _, _ = clean(800, seed=2)
     loss[400:] += 0.8  # jumps and stays up
