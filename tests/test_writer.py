@@ -107,9 +107,11 @@ class _BlockingSink:
     """A mirror that blocks the writer thread until released (so the queue fills up)."""
 
     def __init__(self):
+        self.entered = threading.Event()
         self.release = threading.Event()
 
     def write(self, events):
+        self.entered.set()
         self.release.wait(30)
 
     def close(self):
@@ -119,7 +121,7 @@ class _BlockingSink:
 def test_full_queue_drops_count_and_reports(runs_dir):
     sink = _BlockingSink()
     run = observatory.init(run_id="q", runs_dir=runs_dir, sinks=[sink], queue_size=5, install_signal_handlers=False)
-    time.sleep(0.3)  # the writer thread is now blocked in the sink with run_start
+    assert sink.entered.wait(10)  # the writer thread is now blocked in the sink, run_start written
     t0 = time.perf_counter()
     for step in range(50):
         run.log({"x": float(step)}, step=step)
