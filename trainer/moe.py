@@ -13,6 +13,9 @@ how the batch is spread over devices):
    order), then every token's 2nd choice (in token order), and so on. An assignment whose position is
    ``>= C`` is dropped; its token still flows on through the residual stream. ``dropped`` counts these
    assignments exactly; ``routed`` counts all ``S * top_k`` assignments the router made.
+   This is the Switch/GShard convention (first choices are protected). Like them it is not strictly
+   causal: whether token t's 2nd choice is dropped can depend on LATER tokens' 1st choices. Without
+   drops (enough capacity) the layer is exactly causal; a test checks that.
 6. dispatch into a fixed ``[E, C, D]`` buffer per group (scatter by slot index, not a one-hot einsum),
    ``all_to_all`` over ``'expert'`` so each device holds its ``E / n_expert`` experts' slots from every
    device, batched SwiGLU expert FFN (einsum), ``all_to_all`` back, weighted combine (gather).
