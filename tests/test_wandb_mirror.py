@@ -14,6 +14,21 @@ from observatory.interop.wandb_import import convert_wandb_file, find_wandb_file
 from observatory.interop.wandb_mirror import WandbMirror  # noqa: E402
 
 
+def _read_back(folder, timeout_s: float = 60.0):
+    """Our import of the mirror's W&B file, once W&B's core has written all of it.
+
+    `wandb.finish()` returns before wandb-core's writer has flushed the transaction log, so
+    poll until the file holds the run's exit record.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (wandb_file,) = find_wandb_files([folder])
+        log, res = convert_wandb_file(wandb_file)
+        if (res.error is None and res.status != "crashed") or time.monotonic() > deadline:
+            return log, res
+        time.sleep(0.2)
+
+
 @pytest.fixture(autouse=True)
 def offline_wandb(tmp_path, monkeypatch):
     # never reach the network, keep wandb's files in the test's folder
@@ -48,8 +63,7 @@ def test_mirrored_run_reads_back_with_the_same_values_steps_and_config(tmp_path)
     assert worst < 0.05, f"a log call waited {worst:.3f}s"  # the step never waits for W&B
     assert mirror.error is None and mirror.dropped == 0
 
-    (wandb_file,) = find_wandb_files([tmp_path / "wb"])
-    log, res = convert_wandb_file(wandb_file)
+    log, res = _read_back(tmp_path / "wb")
     assert res.run == "wandb-mirror-1" and res.status == "completed" and not res.problems
     got = {ev["step"]: ev["data"] for ev in log.events if ev["kind"] == "metrics"}
     expected = {s: dict(v) for s, v in logged.items()}
@@ -84,9 +98,8 @@ def test_init_is_lazy_and_write_returns_at_once(tmp_path):
     assert time.perf_counter() - t0 < 0.05  # wandb.init (about a second) happens on the mirror's thread
     mirror.close()
     assert mirror.error is None and mirror.sent == 1
-    (wandb_file,) = find_wandb_files([tmp_path / "wb"])
-    log, res = convert_wandb_file(wandb_file)
-    assert log.events[0]["data"]["config"] == {"a": 1}
+    log, res = _read_back(tmp_path / "wb")
+    assert res.status == "completed" and log.events[0]["data"]["config"] == {"a": 1}
     assert [ev["data"] for ev in log.events if ev["kind"] == "metrics"] == [{"x": 1.0}]
 
 
