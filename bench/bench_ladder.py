@@ -28,13 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from observatory.ingest import ingest  # noqa: E402
-from observatory.ladder import (  # noqa: E402
-    FitConfig,
-    backtest,
-    band_at_steps,
-    fit_ladder,
-    load_ladder,
-)
+from observatory.ladder import FitConfig, backtest, fit_ladder  # noqa: E402
+from observatory.ladder_watch import band_at_steps, load_ladder  # noqa: E402
 from observatory.queries import ladder as ql  # noqa: E402
 from observatory.store import connect  # noqa: E402
 

@@ -26,7 +26,8 @@ Backtest (`backtest`): leave the largest rung out, fit the others, forecast its
 curve; report the final-loss error in % and the share of its curve points
 inside the band.
 
-Pre-registration and watching (`write_forecast`, `check_target`): the forecast
+Pre-registration and watching (`observatory.ladder_watch`: `write_forecast`,
+`check_target`, also importable from here): the forecast
 is written as a `forecast` event by host 1000 into the target's run folder before
 the target's `run_start`; while the target runs, each eval is compared with the
 band and K consecutive evals outside it write an `anomaly` (detector
@@ -42,9 +43,8 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 from scipy.optimize import minimize
@@ -66,14 +66,8 @@ __all__ = [
     "fit_power_law",
     "fit_ladder",
     "backtest",
-    "forecast_event_data",
-    "write_forecast",
-    "band_at_steps",
-    "deviations",
-    "check_target",
-    "check_targets",
-    "forecast_band",
-    "load_ladder",
+    "compare",
+    "fit_version",
 ]
 
 FRACTIONS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 5% .. 100%
@@ -607,336 +601,17 @@ def backtest(rungs: Sequence[Rung], config: FitConfig | None = None, name: str =
     )
 
 
-# --------------------------------------------------------- reading the store
+# The store side (loading rungs, pre-registering forecasts, watching targets) lives in
+# observatory.ladder_watch; its public names are importable from here too.
+_WATCH = (
+    "load_ladder", "target_spec", "curve_by_fraction", "forecast_event_data", "write_forecast", "run_started",
+    "band_at_steps", "deviations", "check_target", "check_targets", "forecast_band",
+)  # fmt: skip
 
 
-def _snap(step: int, steps: int) -> float | None:
-    """The schedule fraction (a multiple of 5%) an eval at `step` of `steps` stands for, if any."""
-    if not steps or step is None or step <= 0:
-        return None
-    fr = step / steps
-    g = round(round(fr / 0.05) * 0.05, 2)
-    return g if 0 < g <= 1 and abs(fr - g) <= max(0.01, 1.0 / steps) else None
+def __getattr__(name: str):
+    if name in _WATCH:
+        from observatory import ladder_watch
 
-
-def curve_by_fraction(points: Iterable[dict], steps: int) -> dict[float, float]:
-    """Eval points ({step, loss}) as fraction -> loss, keeping the eval nearest each 5% mark."""
-    best: dict[float, tuple[float, float]] = {}
-    for p in points:
-        g = _snap(p["step"], steps)
-        if g is None or p["loss"] is None:
-            continue
-        dist = abs(p["step"] / steps - g)
-        if g not in best or dist <= best[g][0]:
-            best[g] = (dist, float(p["loss"]))
-    return {g: v for g, (_, v) in sorted(best.items())}
-
-
-def _pick_dataset(points: list[dict], dataset: str | None) -> str | None:
-    if dataset is not None:
-        return dataset
-    names = [p["dataset"] for p in points if p.get("dataset")]
-    return max(set(names), key=lambda n: (names.count(n), n)) if names else None
-
-
-def _steps_of(info: dict, points: list[dict]) -> int | None:
-    lad = info.get("ladder") or {}
-    for v in (lad.get("steps"), info.get("final_step")):
-        if isinstance(v, int) and v > 0:
-            return v
-    steps = [p["step"] for p in points if p.get("step")]
-    return max(steps) if steps else None
-
-
-def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung], list[dict], str | None]:
-    """A ladder's rungs (as `Rung`s), its targets (run info + observed curve) and the eval dataset used.
-
-    Raises ValueError naming the ladder when it has no runs or a rung lacks `flops`.
-    """
-    from observatory.queries import ladder as q
-
-    runs = q.ladder_runs(con, name)
-    if not runs:
-        known = ", ".join(d["name"] for d in q.ladders(con)) or "none"
-        raise ValueError(f"no ladder named {name!r} in the store (ladders: {known}); did you run ingest?")
-    evals = q.eval_points(con, [r["run"] for r in runs])
-    ds = _pick_dataset(evals, dataset)
-    by_run: dict[str, list[dict]] = {}
-    for p in evals:
-        if ds is None or p["dataset"] == ds:
-            by_run.setdefault(p["run"], []).append(p)
-    rungs, targets = [], []
-    for r in runs:
-        lad = r["ladder"]
-        pts = by_run.get(r["run"], [])
-        steps = _steps_of(r, pts)
-        curve = curve_by_fraction(pts, steps) if steps else {}
-        if r["target"]:
-            targets.append({**r, "steps": steps, "curve": curve, "evals": pts})
-            continue
-        flops = lad.get("flops")
-        if not isinstance(flops, (int, float)) or not flops > 0:
-            raise ValueError(f"ladder {name!r}: run {r['run']} (rung {r['rung']!r}) has no ladder.flops in run_start")
-        rungs.append(Rung(
-            run=r["run"], rung=str(lad.get("rung", r["rung"])), flops=float(flops), curve=curve,
-            params_active=lad.get("params_active"), params_total=lad.get("params_total"),
-            tokens=lad.get("tokens"), steps=steps,
-        ))  # fmt: skip
-    return rungs, targets, ds
-
-
-def target_spec(con, target: str) -> dict:
-    """What a forecast needs about a target: {run, flops, steps, curve}, from a stored run or a file.
-
-    A file (YAML or JSON) gives `flops` and `steps` at its top level or under `target`
-    or `ladder` (what `trainer ladder --plan` prints for a target).
-    """
-    from observatory.queries import ladder as q
-
-    p = Path(target)
-    if p.is_file():
-        import yaml
-
-        try:
-            doc = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{p}: not valid YAML/JSON: {e}") from None
-        for d in (doc, doc.get("target") if isinstance(doc, dict) else None,
-                  doc.get("ladder") if isinstance(doc, dict) else None):
-            if isinstance(d, dict) and isinstance(d.get("flops"), (int, float)):
-                steps = d.get("steps")
-                return {"run": d.get("run"), "flops": float(d["flops"]),
-                        "steps": int(steps) if isinstance(steps, (int, float)) else None, "curve": {}}
-        raise ValueError(f"{p}: no `flops` (and `steps`) at the top level or under `target:`; "
-                         "`trainer ladder --config CONFIG --plan` prints them")
-    info = q.run_ladder(con, target)
-    if info is None:
-        raise ValueError(f"--target {target!r} is neither a file nor a run in the store")
-    lad = info["ladder"]
-    if not isinstance(lad.get("flops"), (int, float)):
-        raise ValueError(f"run {target} has no ladder.flops in its run_start; cannot place it on the ladder")
-    evals = q.eval_points(con, [target])
-    steps = _steps_of(info, evals)
-    return {"run": target, "flops": float(lad["flops"]), "steps": steps, "start_time": info["start_time"],
-            "curve": curve_by_fraction(evals, steps) if steps else {}, "evals": evals}
-
-
-# ------------------------------------------------------- forecasts as events
-
-
-def forecast_event_data(fit: LadderFit, forecast: Forecast, dataset: str | None, *,
-                        pre_registered: bool = True) -> dict:
-    """The `forecast` event payload (EVENTS.md): final value and band, every curve point, the source."""
-    fin = forecast.final
-    return {
-        "metric": EVAL_METRIC,
-        "dataset": dataset,
-        "target_step": fin.step,
-        "value": fin.value,
-        "low": fin.low,
-        "high": fin.high,
-        "level": fit.config.level,
-        "points": [{"step": p.step, "fraction": p.fraction, "value": p.value, "low": p.low, "high": p.high}
-                   for p in forecast.points],
-        "flops": forecast.flops,
-        "method": METHOD,
-        "fit": fit.final.as_dict(),
-        "pre_registered": pre_registered,
-        "source": {"ladder": fit.name, "fit_version": fit_version(fit.rungs),
-                   "rungs": [r.run for r in fit.rungs], "fix_e": fit.config.fix_e},
-    }
-
-
-def _writer(runs_dir, run: str):
-    from observatory.events import OBSERVATORY_HOST
-    from observatory.writer import init
-
-    return init(run_id=run, runs_dir=runs_dir, host=OBSERVATORY_HOST, write_start=False,
-                install_signal_handlers=False)
-
-
-def run_started(runs_dir, run: str) -> bool:
-    """Whether the run's own logs (any host but the observatory's) already hold events."""
-    d = Path(runs_dir) / run
-    return any(f.stat().st_size > 0 for f in d.glob("events.*.jsonl*") if not f.name.startswith("events.1000."))
-
-
-def write_forecast(runs_dir, run: str, data: dict) -> Path:
-    """Append the `forecast` event to <runs_dir>/<run>/events.1000.jsonl; return that path.
-
-    Written before the target's run_start it is pre-registered: its `t` precedes the
-    run's. `data["pre_registered"]` is set from whether the run had started.
-    """
-    data = {**data, "pre_registered": not run_started(runs_dir, run)}
-    w = _writer(runs_dir, run)
-    try:
-        w.event("forecast", data)
-    finally:
-        w.close()  # close, not finish: host 1000 never ends a run
-    return w.path
-
-
-# ---------------------------------------------------- watching a target run
-
-
-def band_at_steps(points: Sequence[dict], steps: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(value, low, high) linearly interpolated in step from forecast points; NaN outside their span."""
-    pts = sorted((p for p in points if p.get("step") is not None), key=lambda p: p["step"])
-    s = np.asarray(steps, dtype=float)
-    if not pts:
-        nan = np.full(s.shape, np.nan)
-        return nan, nan, nan
-    xp = np.array([p["step"] for p in pts], dtype=float)
-    inside = (s >= xp[0]) & (s <= xp[-1])
-    out = []
-    for key in ("value", "low", "high"):
-        v = np.interp(s, xp, np.array([p[key] for p in pts], dtype=float))
-        out.append(np.where(inside, v, np.nan))
-    return tuple(out)
-
-
-def deviations(points: Sequence[dict], evals: Sequence[dict], k: int) -> list[dict]:
-    """Excursions of an eval curve out of the band lasting >= k consecutive evals.
-
-    Returns one dict per excursion: window [first_step, last_step], the evals in it
-    and how far outside the band the worst one was (relative to the band edge).
-    """
-    evals = sorted((e for e in evals if e.get("loss") is not None), key=lambda e: e["step"])
-    val, low, high = band_at_steps(points, [e["step"] for e in evals])
-    out, cur = [], []
-    for e, lo, hi in zip(evals, low, high, strict=True):
-        if np.isnan(lo):
-            continue  # no band here (before the first forecast point)
-        loss = e["loss"]
-        if not (lo <= loss <= hi):  # NaN loss counts as outside
-            cur.append({"step": e["step"], "loss": loss, "low": float(lo), "high": float(hi)})
-            continue
-        if len(cur) >= k:
-            out.append(cur)
-        cur = []
-    if len(cur) >= k:
-        out.append(cur)
-    result = []
-    for ex in out:
-        worst = max((abs(x["loss"] - (x["high"] if x["loss"] > x["high"] else x["low"])) / x["high"]
-                     if math.isfinite(x["loss"]) else math.inf) for x in ex)
-        result.append({"window": [ex[0]["step"], ex[-1]["step"]], "evals": ex, "worst_rel": worst,
-                       "above": all(not math.isfinite(x["loss"]) or x["loss"] > x["high"] for x in ex)})
-    return result
-
-
-def _latest_forecast(forecasts: list[dict], start_time: float | None) -> dict | None:
-    """The forecast a run is judged against: the newest one made before it started, else the newest."""
-    if not forecasts:
-        return None
-    before = [f for f in forecasts if start_time is not None and f["t"] < start_time]
-    return (before or forecasts)[-1]
-
-
-def _open(db):
-    """A connection for one unit of work: the caller's if it passed one, else read-only on the path."""
-    from contextlib import nullcontext
-
-    from observatory.store import connect
-
-    return nullcontext(db) if hasattr(db, "execute") else connect(db)
-
-
-def _file_anomaly_windows(runs_dir, run: str) -> set[int]:
-    """First steps of ladder_deviation anomalies already in the run's host-1000 file (maybe not ingested)."""
-    path = Path(runs_dir) / run / "events.1000.jsonl"
-    seen: set[int] = set()
-    if not path.exists():
-        return seen
-    with open(path, "rb") as f:
-        for raw in f:
-            if DETECTOR.encode() not in raw or not raw.endswith(b"\n"):
-                continue
-            try:
-                d = json.loads(raw).get("data", {})
-                if d.get("detector") == DETECTOR:
-                    seen.add(int(d["window"][0]))
-            except (ValueError, KeyError, TypeError, IndexError):
-                continue
-    return seen
-
-
-def check_target(db, runs_dir, run: str, *, k: int | None = None, write: bool = True) -> list[dict]:
-    """Compare a target run's evals with its pre-registered band; write an anomaly per new excursion.
-
-    An excursion is >= k consecutive evals outside the band (k: setting
-    `ladder_deviation_evals`, default 3). Idempotent: an excursion already reported
-    (same first step, in the store or in events.1000.jsonl) is not written again.
-    `db` is a store path or an open connection. Returns the anomaly payloads written.
-    """
-    from observatory import settings
-    from observatory.queries import ladder as q
-
-    k = int(k if k is not None else settings.get("ladder_deviation_evals"))
-    with _open(db) as con:
-        fc = _latest_forecast(q.forecast_events(con, run), (q.run_ladder(con, run) or {}).get("start_time"))
-        if fc is None or not fc.get("points"):
-            return []
-        evals = [e for e in q.eval_points(con, [run]) if fc.get("dataset") in (None, e["dataset"])]
-        seen = {int(a["window"][0]) for a in q.deviation_anomalies(con, run, DETECTOR)
-                if isinstance(a.get("window"), list) and a["window"]}
-    seen |= _file_anomaly_windows(runs_dir, run)
-    new = []
-    for ex in deviations(fc["points"], evals, k):
-        if ex["window"][0] in seen:
-            continue
-        first, last = ex["evals"][0], ex["evals"][-1]
-        side = "above" if ex["above"] else "outside"
-        new.append({
-            "detector": DETECTOR,
-            "metric": EVAL_METRIC,
-            "severity": "critical" if ex["worst_rel"] > 0.05 else "warn",
-            "message": (
-                f"eval loss {side} the ladder forecast band for {len(ex['evals'])} consecutive evals "
-                f"(steps {first['step']}-{last['step']}): {last['loss']:.4f} vs band "
-                f"[{last['low']:.4f}, {last['high']:.4f}] at step {last['step']}"
-            ),
-            "window": ex["window"],
-            "evals": ex["evals"],
-            "forecast": {"t": fc["t"], "ladder": (fc.get("source") or {}).get("ladder"),
-                         "fit_version": (fc.get("source") or {}).get("fit_version")},
-        })  # fmt: skip
-    if write and new:
-        w = _writer(runs_dir, run)
-        try:
-            for a in new:
-                w.event("anomaly", a, step=a["window"][1])
-        finally:
-            w.close()
-    return new
-
-
-def check_targets(db, runs_dir, runs: Iterable[str] | None = None, **kw) -> list[dict]:
-    """`check_target` for every run (of `runs`, or all) that has a forecast event. Never raises per run."""
-    from observatory.queries import ladder as q
-
-    with _open(db) as con:
-        have = {f["run"] for f in q.forecast_events(con)}
-    wanted = have if runs is None else have & set(runs)
-    out = []
-    for run in sorted(wanted):
-        try:
-            out += [{"run": run, **a} for a in check_target(db, runs_dir, run, **kw)]
-        except Exception as e:  # one bad run must not stop the others (or ingest)
-            import sys
-
-            print(f"observatory ladder: check_target({run}) failed: {type(e).__name__}: {e}", file=sys.stderr)
-    return out
-
-
-def forecast_band(db, run: str):
-    """The band a run is judged against, as a pandas DataFrame (step, fraction, value, low, high), or None."""
-    import pandas as pd
-
-    from observatory.queries import ladder as q
-
-    with _open(db) as con:
-        fc = _latest_forecast(q.forecast_events(con, run), (q.run_ladder(con, run) or {}).get("start_time"))
-    if fc is None or not fc.get("points"):
-        return None
-    return pd.DataFrame(fc["points"], columns=["step", "fraction", "value", "low", "high"])
+        return getattr(ladder_watch, name)
+    raise AttributeError(f"module 'observatory.ladder' has no attribute {name!r}")

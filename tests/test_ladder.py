@@ -13,12 +13,10 @@ from observatory.ladder import (
     Rung,
     _resamples,
     backtest,
-    band_at_steps,
-    curve_by_fraction,
-    deviations,
     fit_ladder,
     fit_power_law,
 )
+from observatory.ladder_watch import band_at_steps, curve_by_fraction, deviations
 
 E, A, ALPHA = 2.0, 800.0, 0.25
 
@@ -98,6 +96,7 @@ def test_ladder_forecasts_the_target_curve():
     assert all(p.low < p.value < p.high for p in fc.points)
 
 
+@pytest.mark.slow
 def test_band_narrows_as_rungs_are_added():
     """More rungs over the same compute range: a tighter bootstrap and smaller leave-one-out errors."""
     target = 1.2e12

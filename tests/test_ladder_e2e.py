@@ -20,8 +20,11 @@ import observatory
 from observatory.cli import main as cli
 from observatory.events import OBSERVATORY_HOST
 from observatory.ingest import ingest
-from observatory.ladder import DETECTOR, check_targets, forecast_band
+from observatory.ladder import DETECTOR
+from observatory.ladder_watch import check_targets, forecast_band
 from observatory.store import connect
+
+pytestmark = pytest.mark.slow  # each test ingests a store and fits a ladder (seconds)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "data" / "samples"
@@ -160,7 +163,6 @@ def test_forecast_for_started_run_is_marked_not_pre_registered(ladder_store):
     assert fc["data"]["pre_registered"] is False
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not (SAMPLES / "ladder-cpu-d36").exists(), reason="sample ladder not generated")
 def test_real_trainer_lr_spike_leaves_the_band(tmp_path):
     """Real trainer runs against the committed sample ladder: the smallest rung's recipe retrained

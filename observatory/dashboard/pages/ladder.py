@@ -19,13 +19,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from observatory.dashboard import common
-from observatory.ladder import (
-    Rung,
-    backtest,
-    fit_ladder,
-    fit_version,
-    load_ladder,
-)
+from observatory.ladder import Rung, backtest, fit_ladder, fit_version
+from observatory.ladder_watch import load_ladder
 from observatory.queries import ladder as ql
 
 BAND = "rgba(31, 119, 180, 0.18)"
