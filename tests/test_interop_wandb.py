@@ -127,6 +127,7 @@ def _history_step(payload: bytes) -> int | None:
 # ------------------------------------------------------------------ clean runs
 
 
+@pytest.mark.slow  # a real W&B run is made once for the module (wandb.init ~1-2 s each)
 def test_import_gives_exactly_the_logged_values_at_the_logged_steps(wandb_runs):
     log, res = convert_wandb_file(wandb_runs["good"])
     assert res.error is None and not res.problems and not res.truncated
@@ -149,6 +150,7 @@ def test_import_gives_exactly_the_logged_values_at_the_logged_steps(wandb_runs):
     assert ts == sorted(ts) and ts[-1] < os.path.getmtime(wandb_runs["good"]) + 1
 
 
+@pytest.mark.slow  # a real W&B run is made once for the module (wandb.init ~1-2 s each)
 def test_nonzero_exit_code_is_a_failed_run(wandb_runs):
     log, res = convert_wandb_file(wandb_runs["bad"])
     assert res.status == "failed"
@@ -156,6 +158,7 @@ def test_nonzero_exit_code_is_a_failed_run(wandb_runs):
     assert _metrics(log) == {s: {"train/loss": 1.0 + s} for s in range(10)}
 
 
+@pytest.mark.slow  # a real W&B run is made once for the module (wandb.init ~1-2 s each)
 def test_import_folder_writes_runs_and_reimport_is_idempotent(wandb_runs, tmp_path):
     runs = tmp_path / "runs"
     first = import_wandb([wandb_runs["dir"]], runs, ingest=False)
@@ -178,6 +181,7 @@ def test_import_folder_writes_runs_and_reimport_is_idempotent(wandb_runs, tmp_pa
 # --------------------------------------------------------------- damaged files
 
 
+@pytest.mark.slow  # a real W&B run is made once for the module (wandb.init ~1-2 s each)
 def test_truncated_file_imports_up_to_its_last_whole_record_as_a_crashed_run(wandb_runs, tmp_path):
     spans = _spans(wandb_runs["good"])
     cut_start, cut_end, _ = spans[int(len(spans) * 0.6)]
@@ -193,6 +197,7 @@ def test_truncated_file_imports_up_to_its_last_whole_record_as_a_crashed_run(wan
         assert _same(_metrics(log), expected)
 
 
+@pytest.mark.slow  # a real W&B run is made once for the module (wandb.init ~1-2 s each)
 def test_flipped_crc_byte_loses_one_record_and_reports_its_offset(wandb_runs, tmp_path):
     spans = _spans(wandb_runs["good"])
     start, end, payload = next(sp for sp in spans[len(spans) // 2 :] if _history_step(sp[2]) is not None)
@@ -209,6 +214,7 @@ def test_flipped_crc_byte_loses_one_record_and_reports_its_offset(wandb_runs, tm
     assert res.status == "completed"  # the exit record is intact
 
 
+@pytest.mark.slow  # a real W&B run is made once for the module (wandb.init ~1-2 s each)
 def test_garbage_block_loses_only_records_that_touch_it(wandb_runs, tmp_path):
     data = bytearray(wandb_runs["good"].read_bytes())
     assert len(data) > 3 * BLOCK, "the fixture run must span several blocks"
@@ -237,6 +243,7 @@ def test_garbage_block_loses_only_records_that_touch_it(wandb_runs, tmp_path):
     assert _same(_metrics(log), {s: v for s, v in wandb_runs["logged"].items() if s not in lost})
 
 
+@pytest.mark.slow  # a real W&B run is made once for the module (wandb.init ~1-2 s each)
 def test_wrong_header_is_reported_and_every_record_still_read(wandb_runs, tmp_path):
     data = bytearray(wandb_runs["good"].read_bytes())
     assert bytes(data[:7]) == FILE_HEADER
@@ -248,6 +255,7 @@ def test_wrong_header_is_reported_and_every_record_still_read(wandb_runs, tmp_pa
     assert _same(_metrics(log), wandb_runs["logged"])
 
 
+@pytest.mark.slow  # a real W&B run is made once for the module (wandb.init ~1-2 s each)
 def test_cli_imports_every_run_even_with_a_broken_file_among_them(wandb_runs, tmp_path):
     junk = tmp_path / "junk" / "run-junk.wandb"
     junk.parent.mkdir()
@@ -289,6 +297,7 @@ def _store(db):
     return runs, metrics
 
 
+@pytest.mark.slow  # a real W&B run is made once for the module (wandb.init ~1-2 s each)
 def test_imported_runs_land_in_the_store_and_reimport_adds_nothing(wandb_runs, tmp_path, monkeypatch):
     # the detectors write findings about the NaN (host 1000, t = now), which ingest counts as
     # signs of life; with no grace period a run without run_end shows as crashed at once

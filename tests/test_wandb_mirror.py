@@ -38,6 +38,7 @@ def offline_wandb(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
 
 
+@pytest.mark.slow  # real wandb.init + finish
 def test_mirrored_run_reads_back_with_the_same_values_steps_and_config(tmp_path):
     mirror = WandbMirror(project="obs-mirror", mode="offline", run_id="mirror-1", dir=tmp_path / "wb")
     config = {"lr": 1e-3, "model": {"experts": 8}, "hf_token": "secret"}
@@ -80,6 +81,7 @@ def test_mirrored_run_reads_back_with_the_same_values_steps_and_config(tmp_path)
     assert log.events[-1]["data"]["summary"]["final_step"] == 117
 
 
+@pytest.mark.slow  # real wandb.init + finish
 def test_init_is_lazy_and_write_returns_at_once(tmp_path):
     mirror = WandbMirror(project="obs-mirror", run_id="lazy-1", config={"a": 1}, dir=tmp_path / "wb")
     assert mirror.wandb_run is None and not (tmp_path / "wb").exists()  # constructing starts nothing
