@@ -464,6 +464,12 @@ def ingest(
             old[sig] = signal.signal(sig, lambda *_: stop.set())
     if not runs_dir.is_dir():
         emit(f"{runs_dir}: runs dir does not exist{' (yet); waiting for it' if follow else ''}")
+    if follow and hooks:  # import the hooks now, not in the middle of the first live batch
+        for name in ("rollups", "anomalies"):
+            try:
+                _optional_module(name)
+            except Exception as e:
+                emit(f"observatory ingest: cannot import observatory.{name}: {type(e).__name__}: {e}")
     try:
         while True:
             try:

@@ -58,13 +58,16 @@ def test_writer_follower_and_readers_at_once(tmp_path):
     (tmp_path / "writer.py").write_text(WRITER)
     (tmp_path / "reader.py").write_text(READER)
     env = {**os.environ, "OBSERVATORY_FOLLOW_INTERVAL_S": "0.2"}
-    seconds = 6.0
+    seconds = 8.0
     obs = [sys.executable, "-m", "observatory.cli"]
     follower = subprocess.Popen(obs + ["ingest", "--follow", "--runs-dir", str(runs_dir), "--db", str(db)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     writer = subprocess.Popen([sys.executable, str(tmp_path / "writer.py"), str(runs_dir), str(seconds)],
                               stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     first = writer.stdout.readline()  # the writer is logging
+    deadline = time.time() + 60
+    while time.time() < deadline and not _has_run(db):  # steady state: the follower is up and warm
+        time.sleep(0.1)
     readers = [
         subprocess.Popen([sys.executable, str(tmp_path / "reader.py"), str(db), str(seconds + 3)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
@@ -113,6 +116,15 @@ def test_writer_follower_and_readers_at_once(tmp_path):
     assert steps == set(logged), "events were lost"
     assert n_expert == 2 * len(logged)
     assert status == [("completed",)]
+
+
+def _has_run(db: Path) -> bool:
+    from observatory.store import connect
+
+    if not db.exists():
+        return False
+    with connect(db) as con:
+        return con.execute("SELECT count(*) FROM metrics WHERE run = 'conc'").fetchall()[0][0] > 0
 
 
 def _caught_up(db: Path, n: int) -> bool:
