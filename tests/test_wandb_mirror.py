@@ -22,7 +22,7 @@ def _read_back(folder, timeout_s: float = 60.0):
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        (wandb_file,) = find_wandb_files([folder])
+        wandb_file = max(find_wandb_files([folder]), key=lambda f: f.stat().st_mtime)  # newest session
         log, res = convert_wandb_file(wandb_file)
         if (res.error is None and res.status != "crashed") or time.monotonic() > deadline:
             return log, res
@@ -132,3 +132,28 @@ def test_closing_a_mirror_that_never_got_events_starts_no_wandb_run(tmp_path):
     mirror = WandbMirror(project="p", dir=tmp_path / "wb")
     mirror.close()
     assert mirror.wandb_run is None and not (tmp_path / "wb").exists()
+
+
+@pytest.mark.slow  # two real wandb sessions
+def test_resumed_training_run_mirrors_to_one_wandb_run(tmp_path):
+    from observatory.interop.wandb_import import import_wandb
+
+    for session, steps in enumerate((range(0, 5), range(5, 10))):
+        mirror = WandbMirror(project="obs-mirror", run_id="resumed-1", dir=tmp_path / "wb")
+        run = observatory.init(
+            run_id="resumed-1", runs_dir=tmp_path / "runs", sinks=[mirror], install_signal_handlers=False
+        )
+        for step in steps:
+            run.log({"train/loss": float(step)}, step=step)
+        run.finish("killed" if session == 0 else "completed")
+        _read_back(tmp_path / "wb")  # (the newest session's file; waits for W&B's writer)
+    results = import_wandb([tmp_path / "wb"], tmp_path / "imported", ingest=False)
+    assert [r.run for r in results] == ["wandb-resumed-1", "wandb-resumed-1"] and results[
+        0
+    ].status == "completed"
+    lines = (tmp_path / "imported" / "wandb-resumed-1" / "events.0.jsonl").read_text().splitlines()
+    import json
+
+    got = [json.loads(x) for x in lines]
+    assert [e["step"] for e in got if e["kind"] == "metrics"] == list(range(10))
+    assert [e["kind"] for e in got].count("run_end") == 1

@@ -170,7 +170,8 @@ class WandbMirror:
             "reinit": "create_new",  # several runs in one process (tests, sweeps) stay apart
         }
         if self.run_id is not None:
-            kwargs["id"] = self.run_id
+            # a resumed training run (same run id) continues its W&B run instead of failing
+            kwargs["id"], kwargs["resume"] = self.run_id, "allow"
         name = self.name or (start.get("name") if start else None)
         tags = self.tags if self.tags is not None else (start.get("tags") if start else None)
         for key, value in (("name", name), ("tags", tags), ("entity", self.entity)):
