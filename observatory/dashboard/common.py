@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
+import polars as pl
 import streamlit as st
 
 from observatory import settings
@@ -44,6 +44,7 @@ __all__ = [
     "requested_window",
     "smooth",
     "series_figure",
+    "scatter",
     "add_markers",
     "marker_text",
     "show_chart",
@@ -174,9 +175,8 @@ def lineage_module():
 def runs_table() -> list[dict[str, Any]]:
     """Every run as a dict: run, name, status (crashed when stale), last_step, steps, progress,
     last_loss, tokens, ladder, tags, start_time, last_event_t, parent; newest first."""
-    from observatory.queries import dashboard as qd
 
-    rows, extras = query_all((_runs_with_status,), (qd.runs_extras,))
+    rows, extras = query_all(*runs_calls())
     extras = {r["run"]: r for r in extras.to_dicts()}
     out = []
     for r in rows:
@@ -205,6 +205,12 @@ def runs_table() -> list[dict[str, Any]]:
         )
     out.sort(key=lambda r: -(r["start_time"] or r["last_event_t"] or 0))
     return out
+
+
+def runs_calls() -> tuple[tuple, ...]:
+    from observatory.queries import dashboard as qd
+
+    return ((_runs_with_status,), (qd.runs_extras,))
 
 
 def _runs_with_status(con) -> list[dict[str, Any]]:
@@ -323,6 +329,12 @@ def smooth(values: Iterable[float], weight: float) -> np.ndarray:
     return out
 
 
+def scatter(**kw) -> dict[str, Any]:
+    """A plotly scatter trace as a plain dict (figures are built as dicts and validated once, by
+    st.plotly_chart: building them trace by trace with graph_objects took seconds per page)."""
+    return {"type": "scatter", **{k: v for k, v in kw.items() if v is not None}}
+
+
 def series_figure(
     df,
     title: str,
@@ -331,14 +343,14 @@ def series_figure(
     group: str | None = None,
     height: int = 300,
     log_y: bool = False,
-) -> go.Figure:
-    """Downsampled series (columns x, min, max, last[, group]) as band + line per group.
+) -> dict[str, Any]:
+    """Downsampled series (columns x, min, max, last[, group]) as band + line per group; a figure dict.
 
     The band spans each bucket's min..max, so a spike survives downsampling; the
     line is the (optionally smoothed) last value per bucket; NaN/inf buckets get a
     red x at the top of the band.
     """
-    fig = go.Figure()
+    data: list[dict[str, Any]] = []
     groups = (
         [(None, df)]
         if group is None
@@ -349,14 +361,18 @@ def series_figure(
         if d.height == 0:
             continue
         color = palette[i % len(palette)]
-        xs = d[x].to_list()
+        # numpy arrays travel as base64 typed arrays (NaN = gap): plotly's JSON encoder takes
+        # ~10x longer on lists of floats, and that was most of a refresh
+        xs = d[x].cast(pl.Float64).to_numpy()
         label = str(g) if g is not None else title
         wide = "n" in d.columns and d["n"].max() > 1
+        lo_v = d["min"].cast(pl.Float64).to_numpy()
+        hi_v = d["max"].cast(pl.Float64).to_numpy()
         if wide:
-            fig.add_trace(
-                go.Scatter(
+            data.append(
+                scatter(
                     x=xs,
-                    y=d["max"].to_list(),
+                    y=hi_v,
                     mode="lines",
                     line={"width": 0},
                     showlegend=False,
@@ -364,10 +380,10 @@ def series_figure(
                     legendgroup=label,
                 )
             )
-            fig.add_trace(
-                go.Scatter(
+            data.append(
+                scatter(
                     x=xs,
-                    y=d["min"].to_list(),
+                    y=lo_v,
                     mode="lines",
                     line={"width": 0},
                     fill="tonexty",
@@ -378,17 +394,17 @@ def series_figure(
                     legendgroup=label,
                 )
             )
-        last = d["last"].to_numpy().astype(float)
+        last = d["last"].cast(pl.Float64).to_numpy()
         y = smooth(last, smoothing) if smoothing > 0 else last
-        fig.add_trace(
-            go.Scatter(
+        data.append(
+            scatter(
                 x=xs,
-                y=np.where(np.isfinite(y), y, None),
+                y=np.where(np.isfinite(y), y, np.nan),
                 mode="lines",
                 name=label,
                 line={"color": color, "width": 1.6},
                 legendgroup=label,
-                customdata=np.stack([d["min"].to_numpy(), d["max"].to_numpy()], axis=-1) if wide else None,
+                customdata=np.stack([lo_v, hi_v], axis=-1) if wide else None,
                 hovertemplate=(
                     "%{x}: %{y:.5g} (min %{customdata[0]:.5g}, max %{customdata[1]:.5g})"
                     if wide
@@ -398,10 +414,10 @@ def series_figure(
             )
         )
         if smoothing > 0:  # the raw line faintly behind the smoothed one, like TensorBoard
-            fig.add_trace(
-                go.Scatter(
+            data.append(
+                scatter(
                     x=xs,
-                    y=np.where(np.isfinite(last), last, None),
+                    y=np.where(np.isfinite(last), last, np.nan),
                     mode="lines",
                     line={"color": _rgba(color, 0.3), "width": 1},
                     showlegend=False,
@@ -412,9 +428,13 @@ def series_figure(
         if "n_nonfinite" in d.columns:
             bad = d.filter(d["n_nonfinite"] > 0)
             if bad.height:
-                top = np.nanmax(np.where(np.isfinite(last), last, np.nan)) if np.isfinite(last).any() else 0
-                fig.add_trace(
-                    go.Scatter(
+                top = (
+                    float(np.nanmax(np.where(np.isfinite(last), last, np.nan)))
+                    if np.isfinite(last).any()
+                    else 0.0
+                )
+                data.append(
+                    scatter(
                         x=bad[x].to_list(),
                         y=[top] * bad.height,
                         mode="markers",
@@ -423,18 +443,18 @@ def series_figure(
                         hovertemplate="%{x}: NaN or inf logged<extra></extra>",
                     )
                 )
-    fig.update_layout(
-        title={"text": title, "font": {"size": 14}},
-        height=height,
-        margin={"l": 40, "r": 10, "t": 36, "b": 30},
-        hovermode="x unified" if group is None else "closest",
-        dragmode="select",
-        legend={"orientation": "h", "y": -0.2},
-    )
-    fig.update_xaxes(title=None)
-    if log_y:
-        fig.update_yaxes(type="log")
-    return fig
+    layout = {
+        "title": {"text": title, "font": {"size": 14}},
+        "height": height,
+        "margin": {"l": 40, "r": 10, "t": 36, "b": 30},
+        "hovermode": "x unified" if group is None else "closest",
+        "dragmode": "select",
+        "legend": {"orientation": "h", "y": -0.2},
+        "xaxis": {},
+        "yaxis": {"type": "log"} if log_y else {},
+        "shapes": [],
+    }
+    return {"data": data, "layout": layout}
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -477,11 +497,11 @@ def marker_text(kind: str, data: Any) -> str:
     return s.replace("<", "&lt;").replace(">", "&gt;")  # plotly hover renders a subset of HTML
 
 
-def add_markers(fig: go.Figure, markers, y_at: float | None = None) -> None:
+def add_markers(fig: dict[str, Any], markers, y_at: float | None = None) -> None:
     """Event markers at their steps: one trace per kind (toggle in the legend), text on hover.
 
-    markers: frame with kind, step, data. They sit on the top edge of the plot
-    (y in paper coordinates would not hover), at `y_at` in data units.
+    markers: frame with kind, step, data. They sit at `y_at` (data units) so that
+    hovering works; failures, config changes and decisions also get a dotted line.
     """
     if markers is None or markers.height == 0:
         return
@@ -489,26 +509,45 @@ def add_markers(fig: go.Figure, markers, y_at: float | None = None) -> None:
     for kind in m["kind"].unique(maintain_order=True).to_list():
         d = m.filter(m["kind"] == kind)
         symbol, color = MARKER_STYLE.get(kind, ("circle", "#333333"))
-        texts = [marker_text(kind, x) for x in d["data"].to_list()]
         steps = d["step"].to_list()
-        fig.add_trace(
-            go.Scatter(
+        fig["data"].append(
+            scatter(
                 x=steps,
                 y=[y_at] * len(steps),
                 mode="markers",
                 name=kind.replace("_", " "),
                 marker={"symbol": symbol, "color": color, "size": 11, "line": {"width": 1}},
-                text=texts,
+                text=[marker_text(kind, x) for x in d["data"].to_list()],
                 hovertemplate="step %{x}<br>%{text}<extra></extra>",
             )
         )
         if kind in ("failure", "config_diff", "decision"):
-            for s in steps:
-                fig.add_vline(x=s, line={"color": color, "width": 1, "dash": "dot"})
+            fig["layout"].setdefault("shapes", []).extend(
+                {
+                    "type": "line",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": s,
+                    "x1": s,
+                    "y0": 0,
+                    "y1": 1,
+                    "line": {"color": color, "width": 1, "dash": "dot"},
+                }
+                for s in steps
+            )
 
 
-def show_chart(fig: go.Figure, key: str, window_key: str | None = None) -> None:
-    """Render a figure; a box selection on it zooms `window_key`'s step window (full-resolution re-query)."""
+def show_chart(fig, key: str, window_key: str | None = None) -> None:
+    """Render a figure (dict or plotly Figure); a box selection on it zooms `window_key`'s step window.
+
+    A dict is wrapped without plotly's property validation (`_validate=False`): our
+    figures are built by this module's tested helpers, and validating ~10^4 points
+    per chart again on every 2 s refresh cost more than the queries.
+    """
+    if isinstance(fig, dict):
+        import plotly.graph_objects as go
+
+        fig = go.Figure(data=fig["data"], layout=fig["layout"], _validate=False)
     if window_key is None:
         st.plotly_chart(fig, key=key, config={"displaylogo": False})
         return

@@ -66,7 +66,7 @@ def _overlay(runs: list[str], metric: str, x: str, smoothing: float) -> None:
             )
         df = df.filter(df[col].is_not_null())
     fig = common.series_figure(df, metric, smoothing, x=col, group="run", height=420)
-    fig.update_xaxes(title=x)
+    fig["layout"]["xaxis"]["title"] = {"text": x}
     common.show_chart(fig, key="compare_overlay", window_key="compare_window" if col == "step" else None)
 
 

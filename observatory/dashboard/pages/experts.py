@@ -43,14 +43,14 @@ def heatmap_figure(hm: dict, which: str, title: str) -> go.Figure:
     return fig
 
 
-def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) -> go.Figure:
+def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) -> dict:
     """One line per layer of `column` over step buckets (the chosen layers bold, others faint)."""
-    fig = go.Figure()
+    data = []
     for layer in df["layer"].unique(maintain_order=True).to_list():
         d = df.filter(df["layer"] == layer)
         bold = layer in layers
-        fig.add_trace(
-            go.Scatter(
+        data.append(
+            common.scatter(
                 x=d["step"].to_list(),
                 y=d[column].to_list(),
                 mode="lines",
@@ -60,13 +60,13 @@ def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) ->
                 hovertemplate="step %{x}: %{y:.4g}<extra>layer " + str(layer) + "</extra>",
             )
         )
-    fig.update_layout(
-        title={"text": title, "font": {"size": 14}},
-        height=300,
-        margin={"l": 40, "r": 10, "t": 36, "b": 30},
-        dragmode="select",
-    )
-    return fig
+    layout = {
+        "title": {"text": title, "font": {"size": 14}},
+        "height": 300,
+        "margin": {"l": 40, "r": 10, "t": 36, "b": 30},
+        "dragmode": "select",
+    }
+    return {"data": data, "layout": layout}
 
 
 def render() -> None:

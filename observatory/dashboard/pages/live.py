@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import plotly.graph_objects as go
 import streamlit as st
 
 from observatory import settings
@@ -35,7 +34,7 @@ ALL_NAMES = tuple(dict.fromkeys(LOSS + tuple(n for _, names, _ in HEALTH for n i
 QUIET_S = 30.0
 
 
-def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[go.Scatter]:
+def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[dict]:
     """The ladder forecast band (low..high) and centre line from forecast events' points.
 
     Uses points [{step, value, low, high}] when present, else one error-bar point at
@@ -59,7 +58,7 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[go.Scatter
             hi = [p.get("high", p.get("value")) for p in pts]
             lo = [p.get("low", p.get("value")) for p in pts]
             out.append(
-                go.Scatter(
+                common.scatter(
                     x=xs,
                     y=hi,
                     mode="lines",
@@ -70,7 +69,7 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[go.Scatter
                 )
             )
             out.append(
-                go.Scatter(
+                common.scatter(
                     x=xs,
                     y=lo,
                     mode="lines",
@@ -83,7 +82,7 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[go.Scatter
                 )
             )
             out.append(
-                go.Scatter(
+                common.scatter(
                     x=xs,
                     y=[p.get("value") for p in pts],
                     mode="lines",
@@ -99,7 +98,7 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[go.Scatter
             err_hi = float(f.get("high", v)) - v
             err_lo = v - float(f.get("low", v))
             out.append(
-                go.Scatter(
+                common.scatter(
                     x=[f["target_step"]],
                     y=[v],
                     mode="markers",
@@ -145,6 +144,16 @@ def _banner(row: dict, now: float) -> None:
         st.warning(f"**Stale**: running, but no event for {common.ago(last, now).replace(' ago', '')}.")
 
 
+def panel_calls(run: str) -> list[tuple]:
+    """The live panel's queries (one batch, one connection): series in the window, markers, evals, forecasts."""
+    return [
+        (qd.series_view, run, list(ALL_NAMES), *common.requested_window(f"live_window_{run}"), 1000),
+        (qd.markers, run),
+        (qd.evals, run),
+        (qd.forecasts, run),
+    ]
+
+
 def _panel(run: str, smoothing: float) -> None:
     now = time.time()
     rows = {r["run"]: r for r in common.runs_table()}
@@ -155,12 +164,7 @@ def _panel(run: str, smoothing: float) -> None:
     _banner(row, now)
     # one connection for the whole panel: the window's series, markers, evals and forecasts
     wkey = f"live_window_{run}"
-    view, all_marks, evals, fcs = common.query_all(
-        (qd.series_view, run, list(ALL_NAMES), *common.requested_window(wkey), 1000),
-        (qd.markers, run),
-        (qd.evals, run),
-        (qd.forecasts, run),
-    )
+    view, all_marks, evals, fcs = common.query_all(*panel_calls(run))
     c = st.columns(4)
     c[0].metric("Status", row["status"])
     c[1].metric("Last step", "—" if row["last_step"] is None else f"{row['last_step']:,}")
@@ -182,8 +186,8 @@ def _panel(run: str, smoothing: float) -> None:
             ev = evals.filter((evals["step"] >= lo) & (evals["step"] <= hi))
             for ds in ev["dataset"].unique(maintain_order=True).to_list():
                 e = ev.filter(ev["dataset"] == ds)
-                fig.add_trace(
-                    go.Scatter(
+                fig["data"].append(
+                    common.scatter(
                         x=e["step"].to_list(),
                         y=e["loss"].to_list(),
                         mode="lines+markers",
@@ -193,10 +197,10 @@ def _panel(run: str, smoothing: float) -> None:
                     )
                 )
         for tr in _ladder_band(fcs) or forecast_traces(fcs):
-            fig.add_trace(tr)
+            fig["data"].append(tr)
         finite = d["max"].drop_nulls()
         common.add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None)
-        fig.update_xaxes(range=[lo, hi])
+        fig["layout"]["xaxis"]["range"] = [lo, hi]
         common.show_chart(fig, key=f"live_loss_{run}", window_key=wkey)
     else:
         st.info("No `train/loss` logged in this window.")
@@ -228,12 +232,15 @@ def _panel(run: str, smoothing: float) -> None:
                 marks.filter(marks["kind"].is_in(["failure", "config_diff", "anomaly"])),
                 y_at=float(np.nanmax(d["max"].to_numpy())) if d["max"].drop_nulls().len() else None,
             )
-            fig.update_xaxes(range=[lo, hi])
+            fig["layout"]["xaxis"]["range"] = [lo, hi]
             common.show_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
 
 
 def render() -> None:
     st.title("Live run")
+    wanted = st.query_params.get("run")
+    if wanted:  # a deep link: fetch the run list and the panel's data on one connection
+        common.query_all(*common.runs_calls(), *panel_calls(wanted))
     runs = common.runs_table()
     c1, c2 = st.columns([3, 1])
     with c1:
