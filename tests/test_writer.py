@@ -202,8 +202,10 @@ def test_sigterm_sigint_write_run_end_killed(tmp_path, runs_dir, db_path, sig):
     assert evs[-1]["kind"] == "run_end" and evs[-1]["data"]["status"] == "killed"
     assert evs[-2]["kind"] == "failure" and evs[-2]["data"]["type"] == "signal"
     assert signal.Signals(sig).name in evs[-2]["data"]["message"]
-    last_logged = int(out.strip().splitlines()[-1].split()[0])
-    assert max(e["step"] or 0 for e in evs if e["kind"] == "metrics") == last_logged  # nothing lost
+    printed = {int(line.split()[0]) for line in out.strip().splitlines()}
+    stored = {e["step"] for e in evs if e["kind"] == "metrics"}
+    assert printed <= stored, "a logged step was lost"  # (the signal may land between log and print: +1)
+    assert stored <= printed | {max(printed) + 1}
     ingest(runs_dir, db_path, hooks=False, emit=None)
     with connect(db_path) as con:
         assert con.execute("SELECT status FROM runs").fetchall() == [("killed",)]
