@@ -124,6 +124,16 @@ def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung],
     return rungs, targets, ds
 
 
+def _number(x) -> float | None:
+    """A number, or a string YAML left unparsed (PyYAML reads 1.5e12 as a string: no exponent sign)."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return float(x) if isinstance(x, (int, float, str)) else None
+    except ValueError:
+        return None
+
+
 def target_spec(con, target: str) -> dict:
     """What a forecast needs about a target: {run, flops, steps, curve}, from a stored run or a file.
 
@@ -142,10 +152,11 @@ def target_spec(con, target: str) -> dict:
             raise ValueError(f"{p}: not valid YAML/JSON: {e}") from None
         for d in (doc, doc.get("target") if isinstance(doc, dict) else None,
                   doc.get("ladder") if isinstance(doc, dict) else None):
-            if isinstance(d, dict) and isinstance(d.get("flops"), (int, float)):
-                steps = d.get("steps")
-                return {"run": d.get("run"), "flops": float(d["flops"]),
-                        "steps": int(steps) if isinstance(steps, (int, float)) else None, "curve": {}}
+            flops = _number(d.get("flops")) if isinstance(d, dict) else None
+            if flops is not None:
+                steps = _number(d.get("steps"))
+                return {"run": d.get("run"), "flops": flops, "steps": None if steps is None else int(steps),
+                        "curve": {}}
         raise ValueError(f"{p}: no `flops` (and `steps`) at the top level or under `target:`; "
                          "`trainer ladder --config CONFIG --plan` prints them")
     info = q.run_ladder(con, target)
