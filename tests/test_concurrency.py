@@ -78,8 +78,8 @@ def test_writer_follower_and_readers_at_once(tmp_path):
                        capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
         for _ in range(2)
     ]
-    w_out, _ = writer.communicate(timeout=120)
-    w_out = first + w_out
+    w_out = first + writer.stdout.read()  # not communicate(timeout=): it would skip readline's buffer
+    writer.wait(timeout=120)
     r_outs = [r.communicate(timeout=120) for r in readers]
     logged = {int(s): float(t) for s, t in (line.split() for line in w_out.split("\n") if line)}
     # wait for the follower to catch up, then stop it like a user would (Ctrl-C / SIGTERM)

@@ -183,6 +183,13 @@ CHILD = textwrap.dedent(
 )
 
 
+def _rest(proc) -> str:
+    """The child's remaining stdout. (communicate(timeout=...) would skip what readline() buffered.)"""
+    out = proc.stdout.read()
+    proc.wait(timeout=30)
+    return out
+
+
 def _spawn(tmp_path, runs_dir, mode="loop"):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -197,7 +204,7 @@ def test_sigterm_sigint_write_run_end_killed(tmp_path, runs_dir, db_path, sig):
     proc = _spawn(tmp_path, runs_dir)
     time.sleep(0.5)
     proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=30)
+    out = _rest(proc)
     evs = read_events(runs_dir / "child" / "events.0.jsonl")
     assert evs[-1]["kind"] == "run_end" and evs[-1]["data"]["status"] == "killed"
     assert evs[-2]["kind"] == "failure" and evs[-2]["data"]["type"] == "signal"
@@ -219,7 +226,7 @@ def test_sigkill_loses_at_most_the_last_second_and_never_corrupts(tmp_path, runs
         time.sleep(rng.uniform(0.3, 1.5))
         proc.kill()
         t_kill = time.time()
-        out, _ = proc.communicate(timeout=30)
+        out = _rest(proc)
         logged = {int(s): float(t) for s, t in (line.split() for line in out.strip().splitlines())}
         rep = ingest(runs_dir, db_path, hooks=False, emit=None)
         with connect(db_path) as con:
