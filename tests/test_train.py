@@ -281,3 +281,12 @@ def test_new_user_trains_tiny_then_ingests_and_lists_it(tmp_path):
     r = subprocess.run([obs, "runs"], env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert run_id in r.stdout and "completed" in r.stdout
+
+
+def test_wandb_offline_mirror_gets_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_id = train(cfg("steps=3", "eval.every=0", "checkpoint.at_exit=false", "wandb.mode=offline",
+                       "wandb.project=obs-test"), tmp_path)
+    offline = list((tmp_path / run_id / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and run_id in offline[0].name
+    assert any(offline[0].rglob("*.wandb"))  # W&B's own record of what the mirror sent

@@ -517,7 +517,10 @@ class _Loop:
 
     def _finish_step(self, step: int, out: dict, lr: float, due) -> str | None:
         """Bring step `step`'s values to the host, log them, and decide what a NaN means."""
-        vals = jax.device_get(out)
+        every = self.cfg.telemetry.expert_load_every
+        want_loads = self.pid == 0 and every and step % every == 0
+        # per-expert counts cross to the host only on the steps that log them
+        vals = jax.device_get(out if want_loads else {k: v for k, v in out.items() if k not in ("routed", "dropped")})
         now = time.perf_counter()
         self.step = step
         cfg, run = self.cfg, self.run
@@ -539,8 +542,7 @@ class _Loop:
                 for k, v in vals.items():
                     if k not in ("ok", "routed", "dropped"):
                         metrics[k] = float(v)
-                every = cfg.telemetry.expert_load_every
-                if every and step % every == 0:
+                if want_loads and "routed" in vals:
                     for j, layer in enumerate(self.moe_layer_ids):
                         run.log_expert_load(step, layer, vals["routed"][j].tolist(), vals["dropped"][j].tolist())
             metrics["train/loss"] = loss
