@@ -490,8 +490,10 @@ def _flush(con, b: _Batch) -> None:
         con.register("_e", pa.table({k: pa.array(c, t) for k, c, t in zip(names, cols, types, strict=True)}))
         con.execute("INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _e")
         con.unregister("_e")
-    if b.rejected:
-        con.executemany(
-            "INSERT INTO rejected_events (file, run, line, field, reason, raw, ingested_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            b.rejected,
-        )
+    if b.rejected:  # a file of random bytes can reject 10^5 lines: bulk, not executemany
+        names = ("file", "run", "line", "field", "reason", "raw", "ingested_at")
+        types = (pa.string(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.float64())
+        cols = list(zip(*b.rejected, strict=True))
+        con.register("_r", pa.table({k: pa.array(c, t) for k, c, t in zip(names, cols, types, strict=True)}))
+        con.execute(f"INSERT INTO rejected_events ({', '.join(names)}) SELECT * FROM _r")
+        con.unregister("_r")
