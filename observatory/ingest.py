@@ -406,6 +406,9 @@ def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, ho
         report.bytes += b.n_bytes
         for msg in b.messages:
             emit(msg)
+        if len(b.rejected) > len(b.messages):
+            emit(f"... and {len(b.rejected) - len(b.messages)} more rejected lines: "
+                 "observatory sql \"SELECT file, line, reason FROM rejected_events\"")  # fmt: skip
         if len(report.messages) < MESSAGE_LIMIT:
             report.messages.extend(b.messages[: MESSAGE_LIMIT - len(report.messages)])
         if hooks and b.activity:
