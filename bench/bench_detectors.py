@@ -9,13 +9,14 @@ OLMo-core rule (loss > mean + 6 sigma of the previous 128 steps) on the same run
 - recall: induced instabilities with a finding from the fault step to 100 steps after
 - false alarms per 10k clean steps: findings on clean runs, and on induced runs
   before their fault step, per 10,000 such steps
-- lead time: loss peak step minus the step of the first warning (> 0: warned early)
+- lead time: loss peak step minus the step of the first warning (> 0: warned early),
+  for faults after which the loss actually rose
 - early warning: among instabilities with a grad-norm precursor (grad norm above 2x
   its recent median before the loss peak), the share warned before the peak
 
 Also times an incremental detection pass against a full rescan of a 10k-step run.
 
-    nice python bench/bench_detectors.py [--steps 300] [--synthetic]
+    nice python bench/bench_detectors.py [--steps 300[,200]] [--synthetic-only]
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ def olmo_findings(steps: np.ndarray, loss: np.ndarray) -> list[dict]:
 
 
 def loss_peak(steps, loss, s: int | None) -> int | None:
-    """The instability's loss peak: first non-finite loss, else argmax after the fault (or after warmup)."""
+    """The instability's loss peak: the first non-finite loss after the fault, else the highest loss
+    within AFTER steps of it if that is >20% above the 32 steps before; None when the loss never
+    rose (a bad batch of one repeated byte makes the loss dip, not spike). With no fault step
+    (high LR throughout): the highest loss after warmup."""
     lo = s if s is not None else 32
     m = steps >= lo
     if s is not None:
@@ -73,7 +77,12 @@ def loss_peak(steps, loss, s: int | None) -> int | None:
     bad = ~np.isfinite(seg)
     if bad.any():
         return int(seg_steps[np.argmax(bad)])
-    return int(seg_steps[int(np.argmax(seg))])
+    i = int(np.argmax(seg))
+    if s is not None:
+        pre = loss[(steps < s) & (steps >= s - 32) & np.isfinite(loss)]
+        if pre.size == 0 or seg[i] <= 1.2 * np.median(pre):
+            return None
+    return int(seg_steps[i])
 
 
 def grad_precursor(steps, grad, s: int | None, peak: int) -> bool:
@@ -114,7 +123,8 @@ def score(truth: dict, per_run: dict, series: dict) -> dict:
         peak = loss_peak(steps, loss, s)
         first = min((f["step"] for f in rel), default=None)
         caught += bool(rel)
-        lead = None if first is None or peak is None else peak - first
+        # a run made unstable throughout (high LR) has no fault step to measure a lead from
+        lead = None if first is None or peak is None or s is None else peak - first
         if lead is not None:
             leads.append(lead)
         if peak is not None and grad_precursor(steps, grad, s, peak):
@@ -166,81 +176,97 @@ def timing(tmp: Path, n: int = 10_000, tail: int = 100, reps: int = 5) -> tuple[
     return min(full), min(inc), min(opening)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="instability detectors: recall, false alarms, lead time")
-    ap.add_argument("--steps", type=int, default=300, help="steps per suite run")
-    ap.add_argument("--synthetic", action="store_true", help="use the synthetic suite (no trainer)")
-    ap.add_argument("--out", type=Path, default=suite.DEFAULT_OUT)
-    a = ap.parse_args(argv)
+def evaluate(truth: dict, src: Path, tmp: Path) -> tuple[dict, dict, dict, float]:
+    """Ingest a suite's logs into a fresh store (the hook writes findings), ingest again, read back.
+
+    Returns our findings per run, the OLMo rule's per run, (steps, loss, grad) per run, seconds.
+    """
     from observatory.ingest import ingest
 
-    t0 = time.monotonic()
-    if a.synthetic:
-        truth = suite.build_synthetic(a.out / "synthetic", a.steps * 2)
-        src = a.out / "synthetic" / "runs"
-    else:
-        truth = suite.build_real(a.out, a.steps)
-        src = a.out / "runs"
-    print(f"suite: {len(truth)} runs ready in {time.monotonic() - t0:.0f}s ({src})")
-    with tempfile.TemporaryDirectory(prefix="bench-detectors-") as d:
-        tmp = Path(d)
-        runs, db = tmp / "runs", tmp / "obs.duckdb"
-        for run in truth:  # the runs' own logs only: findings from earlier benches stay out
-            (runs / run).mkdir(parents=True)
-            for f in (src / run).glob("events.*.jsonl"):
-                if f.name != "events.1000.jsonl":
-                    shutil.copy(f, runs / run / f.name)
-        A._STATE.clear()
-        t1 = time.perf_counter()
-        ingest(runs, db)  # the hook writes findings as host-1000 events
-        A.after_ingest(db, runs, list(truth))  # explicit, in case ingest has no hook
-        ingest(runs, db)
-        t_detect = time.perf_counter() - t1
-        ours, series, base = {}, {}, {}
-        with connect(db) as con:
-            for run in truth:
-                ours[run] = [e for e in anomaly_events(con, run) if e["host"] == 1000]
-                fr = metric_series(con, run)
-                steps = fr["step"].to_numpy()
-                loss = fr["train/loss"].to_numpy().astype(float)
-                grad = (
-                    fr["grad/norm/total"].to_numpy().astype(float)
-                    if "grad/norm/total" in fr.columns
-                    else None
-                )
-                series[run] = (steps, loss, grad)
-                base[run] = olmo_findings(steps, loss)
-        full_s, inc_s, open_s = timing(tmp)
+    runs, db = tmp / "runs", tmp / "obs.duckdb"
+    for run in truth:  # the runs' own logs only: findings from earlier benches stay out
+        (runs / run).mkdir(parents=True)
+        for f in (src / run).glob("events.*.jsonl"):
+            if f.name != "events.1000.jsonl":
+                shutil.copy(f, runs / run / f.name)
+    A._STATE.clear()
+    t0 = time.perf_counter()
+    ingest(runs, db, emit=None)  # the hook writes findings as host-1000 events
+    A.after_ingest(db, runs, list(truth))  # explicit, in case ingest has no hook (adds nothing if it has)
+    ingest(runs, db, emit=None)
+    secs = time.perf_counter() - t0
+    ours, base, series = {}, {}, {}
+    with connect(db) as con:
+        for run in truth:
+            ours[run] = [e for e in anomaly_events(con, run) if e["host"] == 1000]
+            fr = metric_series(con, run)
+            steps = fr["step"].to_numpy()
+            loss = fr["train/loss"].to_numpy().astype(float)
+            grad = fr["grad/norm/total"].to_numpy().astype(float) if "grad/norm/total" in fr.columns else None
+            series[run] = (steps, loss, grad)
+            base[run] = olmo_findings(steps, loss)
+    return ours, base, series, secs
+
+
+def report(title: str, truth: dict, ours: dict, base: dict, series: dict, secs: float) -> tuple[dict, dict]:
     so, sb = score(truth, ours, series), score(truth, base, series)
-    print(f"\ningest + detect + ingest over the suite: {t_detect:.2f}s")
+    print(f"\n## {title}: {len(truth)} runs; ingest + detect + ingest {secs:.1f}s")
     print("\n| run | kind | findings | first warning | loss peak | lead (steps) | detectors |")
     print("|---|---|---|---|---|---|---|")
     for run, kind, n, first, peak, lead in so["rows"]:
         dets = ", ".join(sorted({f["detector"] for f in ours.get(run, [])})) or "-"
         print(f"| {run} | {kind} | {n} | {first} | {peak} | {lead} | {dets} |")
-    print(
-        "\n| detector set | recall | false alarms / 10k clean steps | lead time (median, min) | warned before peak when grad-norm precursor |"
-    )
+    print("\n| detector set | recall | false alarms / 10k clean steps | lead (median, min) | warned before peak, grad-norm precursor |")
     print("|---|---|---|---|---|")
     for name, s in (("observatory", so), ("OLMo-core mean+6σ/128 on loss", sb)):
         ld = f"{np.median(s['leads']):.0f}, {min(s['leads'])}" if s["leads"] else "-"
         print(
-            f"| {name} | {s['caught']}/{s['induced']} | {s['fa_per_10k']:.1f} ({s['false_alarms']} in {s['clean_steps']}) "
-            f"| {ld} | {s['early']}/{s['with_precursor']} |"
+            f"| {name} | {s['caught']}/{s['induced']} | {s['fa_per_10k']:.1f} ({s['false_alarms']} in "
+            f"{s['clean_steps']} steps) | {ld} | {s['early']}/{s['with_precursor']} |"
         )
+    sys_found = sorted({(r, f["detector"]) for r, fs in ours.items() for f in fs if f["detector"] in SYSTEM})
+    print(f"\nsystem findings, not scored (a shared 2-core machine slows runs down): {sys_found or 'none'}")
+    return so, sb
+
+
+def _short(s: dict) -> str:
+    lead = f"{np.median(s['leads']):.0f}" if s["leads"] else "-"
+    return f"{s['caught']}/{s['induced']}, {s['fa_per_10k']:.1f}, {lead}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="instability detectors: recall, false alarms, lead time")
+    ap.add_argument("--steps", default="300", help="steps per real suite run; several: 200,300 (one suite each)")
+    ap.add_argument("--synthetic-only", action="store_true", help="skip the real suite (no trainer needed)")
+    ap.add_argument("--out", type=Path, default=suite.DEFAULT_OUT)
+    a = ap.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-detectors-") as d:
+        tmp = Path(d)
+        if not a.synthetic_only:
+            t0 = time.monotonic()
+            truth = {}
+            for n in (int(x) for x in a.steps.split(",")):
+                truth.update(suite.build_real(a.out, n))
+            print(f"real suite: {len(truth)} runs ready in {time.monotonic() - t0:.0f}s ({a.out / 'runs'})")
+            so, sb = report("real tiny-trainer runs", truth, *evaluate(truth, a.out / "runs", tmp / "real"))
+            rows.append(("real", so, sb))
+        syn = suite.build_synthetic(a.out / "synthetic", 600)
+        so, sb = report("synthetic runs (BLOOM-like precursor, growth, bad batch, clean)", syn,
+                        *evaluate(syn, a.out / "synthetic" / "runs", tmp / "synthetic"))  # fmt: skip
+        rows.append(("synthetic", so, sb))
+        full_s, inc_s, open_s = timing(tmp)
     print(
-        f"\nscan cost, 10k-step run: full rescan {1e3 * full_s:.0f} ms vs incremental pass {1e3 * inc_s:.0f} ms "
-        f"({full_s / inc_s:.1f}x)"
+        f"\nscan cost, 10k-step run, one open connection: full rescan {1e3 * full_s:.0f} ms vs incremental "
+        f"pass {1e3 * inc_s:.0f} ms ({full_s / inc_s:.1f}x); opening the store read-only: {1e3 * open_s:.0f} ms"
     )
-    lead_ours = f"{np.median(so['leads']):.0f}" if so["leads"] else "-"
-    lead_base = f"{np.median(sb['leads']):.0f}" if sb["leads"] else "-"
-    kind = "synthetic" if a.synthetic else "real tiny-trainer"
+    ours = "; ".join(f"{k}: {_short(so)}" for k, so, _ in rows)
+    olmo = "; ".join(f"{k}: {_short(sb)}" for k, _, sb in rows)
+    early = "; ".join(f"{k} {so['early']}/{so['with_precursor']}" for k, so, _ in rows)
     print(
-        f"\n| instability detectors ({kind} suite): recall / false alarms per 10k clean steps / median lead "
-        f"(OLMo rule side by side) | {so['caught']}/{so['induced']} / {so['fa_per_10k']:.1f} / {lead_ours} steps "
-        f"(OLMo: {sb['caught']}/{sb['induced']} / {sb['fa_per_10k']:.1f} / {lead_base}) | all / 0 / > 0 when a grad-norm "
-        f"precursor exists ({so['early']}/{so['with_precursor']}) | `nice python bench/bench_detectors.py"
-        f"{' --synthetic' if a.synthetic else ''}` |"
+        "\n| instability detectors: recall, false alarms / 10k clean steps, median lead (steps) | "
+        f"{ours} (OLMo rule side by side: {olmo}); warned before the peak when a grad-norm precursor: {early} "
+        f"| all caught, 0, > 0 with a precursor | `nice python bench/bench_detectors.py` |"
     )
     return 0
 

@@ -147,7 +147,7 @@ def synthetic_cases(n: int, seed: int = 0) -> dict[str, tuple[str, int | None, d
     loss, grad, tps = _clean_series(n, rng)
     g = np.clip((np.arange(n) - s) / (n // 4), 0, None)
     grad *= 1 + 15 * g**2
-    d = np.clip(np.arange(n) - (s + n // 8), 0, None)
+    d = np.clip(np.arange(n) - (s + n // 12), 0, None)
     loss += 0.02 * d
     out["syn-growth"] = (
         "induced",
