@@ -23,10 +23,11 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from trainer.moe import MoE, RouterBias, SwiGLU
+from trainer.moe import MoE, RouterBias, SwiGLU, normal_init
 
 __all__ = [
     "BIAS",
@@ -133,14 +134,25 @@ def _rope(x, theta: float):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+class RMSNorm(nnx.Module):
+    """RMSNorm over the last axis, computed in float32; learned scale initialised to 1."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        self.scale = nnx.Param(jnp.asarray(np.ones((dim,), np.float32)))
+        self.eps = eps
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps) * self.scale[...]
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, out_std: float):
         hd = cfg.n_heads * cfg.head_dim
-        init = nnx.initializers.normal(0.02)
-        self.wqkv = nnx.Param(init(rngs.params(), (cfg.d_model, 3 * hd), jnp.float32))  # fused q, k, v
-        self.wo = nnx.Param(nnx.initializers.normal(out_std)(rngs.params(), (hd, cfg.d_model), jnp.float32))
-        self.q_norm = nnx.RMSNorm(cfg.head_dim, rngs=rngs) if cfg.qk_norm else None
-        self.k_norm = nnx.RMSNorm(cfg.head_dim, rngs=rngs) if cfg.qk_norm else None
+        self.wqkv = nnx.Param(normal_init(rngs, (cfg.d_model, 3 * hd), 0.02))  # fused q, k, v
+        self.wo = nnx.Param(normal_init(rngs, (hd, cfg.d_model), out_std))
+        self.q_norm = RMSNorm(cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim) if cfg.qk_norm else None
         self.n_heads, self.head_dim, self.theta = cfg.n_heads, cfg.head_dim, cfg.rope_theta
         self.dtype = cfg.compute_dtype
 
@@ -160,9 +172,9 @@ class Block(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs, mesh: Mesh | None):
         out_std = 0.02 / math.sqrt(2 * cfg.n_layers)
-        self.attn_norm = nnx.RMSNorm(cfg.d_model, rngs=rngs)
+        self.attn_norm = RMSNorm(cfg.d_model)
         self.attn = Attention(cfg, rngs=rngs, out_std=out_std)
-        self.ffn_norm = nnx.RMSNorm(cfg.d_model, rngs=rngs)
+        self.ffn_norm = RMSNorm(cfg.d_model)
         if cfg.is_moe(layer):
             self.ffn = MoE(cfg, rngs=rngs, mesh=mesh, out_std=out_std)
         else:
@@ -184,10 +196,10 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, mesh: Mesh | None = None):
         self.cfg = cfg
         self.mesh = mesh
-        self.embed = nnx.Embed(cfg.vocab, cfg.d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.embed = nnx.Param(normal_init(rngs, (cfg.vocab, cfg.d_model), 0.02))  # (V, D)
         self.layers = nnx.List([Block(cfg, i, rngs=rngs, mesh=mesh) for i in range(cfg.n_layers)])
-        self.final_norm = nnx.RMSNorm(cfg.d_model, rngs=rngs)
-        self.lm_head = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (cfg.d_model, cfg.vocab), jnp.float32))
+        self.final_norm = RMSNorm(cfg.d_model)
+        self.lm_head = nnx.Param(normal_init(rngs, (cfg.d_model, cfg.vocab), 0.02))  # (D, V)
         if mesh is not None:
             from trainer.mesh import shard_model
 
@@ -197,7 +209,7 @@ class Transformer(nnx.Module):
         """tokens (B, T) int32 -> logits (B, T, V) float32 and per-MoE-layer ``stats`` (module doc)."""
         if tokens.shape[1] > self.cfg.seq_len:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds model.seq_len={self.cfg.seq_len}")
-        x = self.embed(tokens).astype(jnp.float32)  # residual stream kept in float32, (B, T, D)
+        x = jnp.take(self.embed[...], tokens, axis=0)  # residual stream kept in float32, (B, T, D)
         per_layer = []
         for block in self.layers:
             x, st = block(x)

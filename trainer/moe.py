@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -48,6 +49,7 @@ __all__ = [
     "capacity",
     "moe_forward",
     "moe_reference",
+    "normal_init",
 ]
 
 
@@ -67,6 +69,19 @@ class MoEStats(NamedTuple):
     entropy: jax.Array  # f32 (): mean over tokens of the router distribution's entropy (nats)
 
 
+def normal_init(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> jax.Array:
+    """float32 N(0, std^2) drawn on the host with numpy from a key of ``rngs.params()``.
+
+    Deterministic in the nnx seed like ``jax.random``, but without compiling one XLA program per
+    parameter shape (eager jax.random init costs seconds of compile on CPU for a small model).
+    """
+    key = rngs.params()
+    if isinstance(key, jax.core.Tracer):  # under jit / nnx.eval_shape: stay traceable
+        return jax.random.normal(key, shape, jnp.float32) * std
+    seed = np.asarray(jax.random.key_data(key), np.uint32).ravel().tolist()
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32) * np.float32(std))
+
+
 def capacity(capacity_factor: float, group_tokens: int, top_k: int, n_routed: int) -> int:
     """Slots per expert per group: ``ceil(capacity_factor * group_tokens * top_k / n_routed)``."""
     return max(1, math.ceil(capacity_factor * group_tokens * top_k / n_routed))
@@ -81,10 +96,9 @@ class SwiGLU(nnx.Module):
     """Dense SwiGLU FFN (dense layers and the fused shared experts)."""
 
     def __init__(self, d_model: int, d_hidden: int, *, rngs: nnx.Rngs, dtype, out_std: float):
-        init = nnx.initializers.normal(0.02)
-        self.w_gate = nnx.Param(init(rngs.params(), (d_model, d_hidden), jnp.float32))
-        self.w_up = nnx.Param(init(rngs.params(), (d_model, d_hidden), jnp.float32))
-        self.w_down = nnx.Param(nnx.initializers.normal(out_std)(rngs.params(), (d_hidden, d_model), jnp.float32))
+        self.w_gate = nnx.Param(normal_init(rngs, (d_model, d_hidden), 0.02))
+        self.w_up = nnx.Param(normal_init(rngs, (d_model, d_hidden), 0.02))
+        self.w_down = nnx.Param(normal_init(rngs, (d_hidden, d_model), out_std))
         self.dtype = dtype
 
     def __call__(self, x):  # (B, T, D) -> (B, T, D)
@@ -291,13 +305,11 @@ class MoE(nnx.Module):
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, mesh: Mesh | None = None, out_std: float = 0.02):
         d, e, f = cfg.d_model, cfg.n_routed, cfg.d_expert
-        init = nnx.initializers.normal(0.02)
-        self.router = nnx.Param(init(rngs.params(), (d, e), jnp.float32))
-        self.w_gate = nnx.Param(init(rngs.params(), (e, d, f), jnp.float32), **{EXPERT_SHARDED: True})
-        self.w_up = nnx.Param(init(rngs.params(), (e, d, f), jnp.float32), **{EXPERT_SHARDED: True})
-        self.w_down = nnx.Param(nnx.initializers.normal(out_std)(rngs.params(), (e, f, d), jnp.float32),
-                                **{EXPERT_SHARDED: True})
-        self.router_bias = RouterBias(jnp.zeros((e,), jnp.float32))
+        self.router = nnx.Param(normal_init(rngs, (d, e), 0.02))
+        self.w_gate = nnx.Param(normal_init(rngs, (e, d, f), 0.02), **{EXPERT_SHARDED: True})
+        self.w_up = nnx.Param(normal_init(rngs, (e, d, f), 0.02), **{EXPERT_SHARDED: True})
+        self.w_down = nnx.Param(normal_init(rngs, (e, f, d), out_std), **{EXPERT_SHARDED: True})
+        self.router_bias = RouterBias(jnp.asarray(np.zeros((e,), np.float32)))
         self.shared = (SwiGLU(d, cfg.n_shared * cfg.d_shared, rngs=rngs, dtype=cfg.compute_dtype,
                               out_std=out_std) if cfg.n_shared > 0 else None)
         self.top_k = cfg.top_k
