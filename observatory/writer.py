@@ -335,6 +335,10 @@ class Run:
             batch = []
             try:
                 batch.append(self._queue.get(timeout=self._flush_interval))
+                if not self._stop.is_set():
+                    # a step logs in a burst (metrics, then expert_load per layer): let the burst end
+                    # before encoding, so the caller does not wait for the GIL in the middle of it
+                    time.sleep(0.005)
                 while len(batch) < 10_000:
                     batch.append(self._queue.get_nowait())
             except queue.Empty:
