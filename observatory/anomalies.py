@@ -11,6 +11,8 @@ Detectors (all thresholds are settings, `anomaly_*`):
   (IQR of step-to-step changes over the previous `anomaly_window` steps, which a
   falling loss does not inflate; OLMo-core flags mean + 6 sigma of the previous
   128) and by `anomaly_loss_min_rise`.
+- `loss_dip`: the loss falls to under half its recent level in a step: no model
+  learns that fast, a batch unlike the others (a bad batch of one repeated byte) does.
 - `grad_spike`: the same on log grad/norm/total, plus a minimum ratio and a
   confirmation (two such steps in a row, or one `anomaly_grad_single_ratio` times
   the level). In BLOOM 176B's logs the grad norm led the loss spike by ~3 steps:
@@ -59,6 +61,7 @@ __all__ = [
     "Finding",
     "loss_spikes",
     "grad_spikes",
+    "loss_dips",
     "grad_growth",
     "incomplete_recovery",
     "drop_jumps",
@@ -96,6 +99,7 @@ class Thresholds:
     min_history: int = 16  # logged steps of history before anything is flagged
     loss_z: float = 6.0
     loss_min_rise: float = 0.05  # fraction above the recent level
+    loss_dip: float = 0.5  # fraction below the recent level
     grad_z: float = 6.0
     grad_min_ratio: float = 5.0
     grad_single_ratio: float = 10.0
@@ -137,6 +141,10 @@ class Thresholds:
                 raise ValueError(
                     f"Thresholds.{name} must be > 1, got {getattr(self, name)!r} (setting anomaly_{name})"
                 )
+        if not 0 < self.loss_dip < 1:
+            raise ValueError(
+                f"Thresholds.loss_dip must be in (0, 1), got {self.loss_dip!r} (setting anomaly_loss_dip)"
+            )
         if not 0 < self.throughput_drop < 1:
             raise ValueError(f"Thresholds.throughput_drop must be in (0, 1), got {self.throughput_drop!r}")
 
@@ -222,7 +230,9 @@ def _level_noise(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarr
     """
     s = pl.Series(np.where(np.isfinite(x), x, np.nan)).fill_nan(None)
     prev = s.shift(1)
-    level = prev.rolling_median(window_size=min_history, min_samples=min_history).fill_null(np.nan).to_numpy()
+    # half the window may be missing (a skipped NaN step, sparse logging) without blinding it
+    level = prev.rolling_median(window_size=min_history, min_samples=max(1, min_history // 2))
+    level = level.fill_null(np.nan).to_numpy()
     d = prev.diff()
     kw = {"window_size": window, "min_samples": min_history}
     q25 = d.rolling_quantile(0.25, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
@@ -272,6 +282,7 @@ def _spikes(
     else:
         y = x
     med, sig = _level_noise(y, th.window, th.min_history)
+    med = np.where(np.isfinite(sig), med, np.nan)  # no noise estimate yet: not enough history
     # a floor on sigma: a perfectly smooth series must not turn 0.1% into 6 sigma
     floor = 0.01 if log else 0.002 * np.abs(med) + 1e-12
     sig = np.maximum(np.nan_to_num(sig, nan=0.0), floor)
@@ -317,6 +328,39 @@ def _spikes(
 def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
     """Loss above its recent level by `loss_z` robust sigmas and by `loss_min_rise`."""
     return _spikes("loss_spike", metric, np.asarray(steps), loss, th.loss_z, th.loss_min_rise, th, log=False)
+
+
+def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
+    """Loss below its recent level by `loss_z` robust sigmas and by the fraction `loss_dip`.
+
+    Learning never halves the loss from one step to the next; a batch does that when
+    it is unlike the others (one repeated token, duplicated documents): a data fault.
+    """
+    steps = np.asarray(steps)
+    x = np.asarray(loss, dtype=float)
+    med, sig = _level_noise(x, th.window, th.min_history)
+    med = np.where(np.isfinite(sig), med, np.nan)
+    sig = np.maximum(np.nan_to_num(sig, nan=0.0), 0.002 * np.abs(np.nan_to_num(med)) + 1e-12)
+    with np.errstate(invalid="ignore"):
+        z = (med - x) / sig
+        flags = _gt(z, np.full_like(x, th.loss_z)) & _gt(med * (1 - th.loss_dip), x) & np.isfinite(x)
+    out = []
+    for i0, i1 in _episodes(flags, 0):
+        ip = i0 + int(np.nanargmin(x[i0 : i1 + 1]))
+        out.append(
+            Finding(
+                "loss_dip",
+                metric,
+                "warn",
+                f"{metric} fell to {_fmt(x[ip])} at step {steps[ip]}, {100 * x[ip] / med[i0]:.0f}% of its recent "
+                f"level {_fmt(med[i0])}: a batch unlike the others (repeated or duplicated data?)",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0]),
+                float(x[ip]),
+                {"peak_step": int(steps[ip]), "baseline": float(med[i0])},
+            )
+        )
+    return out
 
 
 def grad_spikes(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
@@ -444,6 +488,7 @@ def drop_jumps(steps, drop, th: Thresholds, metric: str = DROP) -> list[Finding]
     steps = np.asarray(steps)
     x = np.asarray(drop, dtype=float)
     med, sig = _level_noise(x, th.window, th.min_history)
+    med = np.where(np.isfinite(sig), med, np.nan)
     sig = np.maximum(np.nan_to_num(sig, nan=0.0), 1e-3)
     with np.errstate(invalid="ignore"):
         z = (x - med) / sig
@@ -537,7 +582,8 @@ def nonfinite(steps, columns: dict[str, np.ndarray]) -> list[Finding]:
     out = []
     for i0, i1 in _episodes(flags, 0):
         which = [n for k, n in enumerate(names) if bad[k, i0]]
-        metric = next((m for m in (LOSS, GRAD) if m in which), which[0])
+        which = [m for m in (LOSS, GRAD) if m in which] + [m for m in which if m not in (LOSS, GRAD)]
+        metric = which[0]
         vals = ", ".join(f"{n}={columns[n][i0]}" for n in which[:4]) + (
             f" (+{len(which) - 4} more)" if len(which) > 4 else ""
         )
@@ -643,6 +689,7 @@ def detect_frame(
         spikes = loss_spikes(steps, x, th)
         out += _keep(spikes, steps, spike_dep, truncated)
         out += _keep(incomplete_recovery(steps, x, spikes, th), steps, spike_dep, truncated)
+        out += _keep(loss_dips(steps, x, th), steps, spike_dep, truncated)
     if (s := _series(frame, GRAD)) is not None:
         steps, g = s
         out += _keep(grad_spikes(steps, g, th), steps, spike_dep, truncated)

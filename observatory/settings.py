@@ -50,6 +50,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("anomaly_min_history", 16, "anomaly detectors: logged steps of history needed before flagging"),
         Setting("anomaly_loss_z", 6.0, "loss spike: robust sigmas above the recent level (noise: IQR of step-to-step changes over the window)"),
         Setting("anomaly_loss_min_rise", 0.05, "loss spike: also needs loss above its recent level by this fraction"),
+        Setting("anomaly_loss_dip", 0.5, "loss dip: loss below its recent level by this fraction (and anomaly_loss_z sigmas)"),
         Setting("anomaly_grad_z", 6.0, "grad-norm spike: robust z-score of log grad norm to flag"),
         Setting("anomaly_grad_min_ratio", 5.0, "grad-norm spike: also needs grad norm / its recent level above this"),
         Setting("anomaly_grad_single_ratio", 10.0, "grad-norm spike: one step this many times the level is enough (else two in a row)"),

@@ -58,6 +58,8 @@ def all_series_findings(steps, loss, grad, tps, drop, th=TH):
 @pytest.mark.parametrize("seed", range(5))
 def test_clean_series_raise_nothing(seed):
     assert all_series_findings(*clean(seed=seed)) == []
+    steps, loss, grad, tps, _ = clean(seed=seed)
+    assert A.loss_dips(steps, loss, TH) == [] and A.update_spikes(steps, 0.5 + 0 * grad, TH) == []
 
 
 def test_bloom_grad_norm_warns_before_the_loss_peak():
@@ -96,6 +98,17 @@ def test_update_norm_spike_is_the_step_before_the_loss():
     (f,) = A.update_spikes(steps, update, TH)
     assert (f.detector, f.metric, f.step, f.severity) == ("update_spike", A.UPDATE, 200, "critical")
     assert f.message.startswith("update norm spiked to 15.2 at step 200")
+
+
+def test_loss_dip_is_a_batch_unlike_the_others():
+    """Our trainer's inject=bad_batch (one repeated byte): the loss collapses for one step."""
+    steps, loss, *_ = clean(400, seed=12)
+    loss[250] = 0.17
+    (f,) = A.loss_dips(steps, loss, TH)
+    assert (f.detector, f.window, f.step) == ("loss_dip", (250, 250), 250)
+    assert A.loss_spikes(steps, loss, TH) == []  # the step after is back at the level: no spike
+    steps, loss, *_ = clean(400, seed=13)
+    assert A.loss_dips(steps, loss, TH) == []  # the fast fall of early training is not a dip
 
 
 def test_loss_spike_without_recovery_is_reported_once_due():
