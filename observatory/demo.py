@@ -64,7 +64,7 @@ def main() -> int:
                 str(ROOT / "trainer" / "configs" / "tiny.yaml"),
                 "--run-id",
                 run_id,
-                f"train.steps={steps}",
+                f"steps={steps}",
             ],
             env=env,
             stdout=subprocess.DEVNULL,
