@@ -82,6 +82,7 @@ def test_resamples_enumerate_the_exact_bootstrap():
     assert counts.shape == (50, 10)
 
 
+@pytest.mark.slow
 def test_ladder_forecasts_the_target_curve():
     # five rungs over 16x compute, 0.1% run-to-run noise, a target 4x past the largest
     rungs = synth_rungs(list(np.geomspace(1e10, 1.6e11, 5)), noise=0.001)
@@ -145,3 +146,11 @@ def test_deviations_need_k_consecutive_evals_outside():
     assert [e["window"] for e in deviations(points, evals, k=2)] == [[20, 30], [50, 70]]
     v, lo, hi = band_at_steps(points, [5, 55, 100, 101])
     assert np.isnan(lo[0]) and np.isnan(lo[3]) and lo[1] == pytest.approx(2.9)
+
+
+def test_independent_e_per_fraction():
+    rungs = synth_rungs([1e10, 2.2e10, 5e10, 1.1e11], noise=0.0005)
+    fit = fit_ladder(rungs, FitConfig(shared_e=False, noise_draws=4))
+    es = {round(law.E, 6) for law in fit.laws.values()}
+    assert len(es) > 1  # each fraction has its own E
+    assert abs(fit.forecast(4.4e11).final.value / law(4.4e11) - 1) < 0.02

@@ -24,11 +24,11 @@ def _fmt(x, spec=".4f"):
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def _config(fix_e, n_boot, level):
+def _config(fix_e, n_boot, level, independent_e=False):
     from observatory.ladder import FitConfig
 
     try:
-        return FitConfig(fix_e=fix_e, n_boot=n_boot, level=level)
+        return FitConfig(fix_e=fix_e, n_boot=n_boot, level=level, shared_e=not independent_e)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
 
@@ -88,14 +88,15 @@ def list_cmd(db, as_json):
               help="Bootstrap resamples (all distinct ones are enumerated when fewer).")
 @click.option("--level", type=float, default=0.9, show_default=True, help="Band coverage.")
 @click.option("--no-backtest", is_flag=True, help="Skip the leave-largest-rung-out backtest.")
+@click.option("--independent-e", is_flag=True, help="Fit E separately at every schedule fraction (default: shared).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit, the forecast and the backtest as JSON.")
-def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, no_backtest, as_json):
+def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, no_backtest, independent_e, as_json):
     """Fit ladder NAME; backtest it; forecast a target's whole eval-loss curve."""
     from observatory.ladder import backtest, compare, fit_ladder
     from observatory.ladder_watch import target_spec
     from observatory.store import connect
 
-    cfg = _config(fix_e, n_boot, level)
+    cfg = _config(fix_e, n_boot, level, independent_e)
     rungs, targets, ds = _load(db, name, dataset)
     try:
         fit = fit_ladder(rungs, cfg, name=name)
