@@ -76,7 +76,7 @@ __all__ = [
 
 FRACTIONS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 5% .. 100%
 METHOD = "powerlaw-huber-log(delta=1e-3)/L-BFGS-B; band: rung bootstrap + leave-one-rung-out"
-FIT_VERSION = "1"
+FIT_VERSION = "2"  # 1: no rung-noise draws in the bootstrap (the committed sample forecast); 2: with them
 DETECTOR = "ladder_deviation"
 EVAL_METRIC = "eval/loss"
 

@@ -20,7 +20,7 @@ import observatory
 from observatory.cli import main as cli
 from observatory.events import OBSERVATORY_HOST
 from observatory.ingest import ingest
-from observatory.ladder import DETECTOR
+from observatory.ladder import DETECTOR, FIT_VERSION
 from observatory.ladder_watch import check_targets, forecast_band
 from observatory.store import connect
 
@@ -117,7 +117,7 @@ def test_forecast_is_pre_registered_and_clean_target_stays_inside(ladder_store):
     assert fc["kind"] == "forecast" and start["kind"] == "run_start"
     assert fc["t"] < start["t"]
     assert fc["data"]["pre_registered"] is True
-    assert fc["data"]["source"]["ladder"] == "syn" and fc["data"]["source"]["fit_version"].startswith("1:")
+    assert fc["data"]["source"]["ladder"] == "syn" and fc["data"]["source"]["fit_version"].startswith(FIT_VERSION + ":")
     assert len(fc["data"]["points"]) == 20 and fc["data"]["target_step"] == STEPS
     # in the store, too
     with connect(db) as con:
