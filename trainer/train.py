@@ -352,7 +352,7 @@ def train_with_status(
         run.event(
             "failure",
             {
-                "type": "exception",
+                "type": "signal" if isinstance(e, KeyboardInterrupt) else "exception",
                 "message": f"{type(e).__name__}: {e}"[:2000],
                 "traceback": "".join(traceback.format_exception(e))[-20000:],
                 "action": "halt",
