@@ -23,8 +23,10 @@ How one pass works (one short write transaction per batch, see `store.py`):
    lines go to `rejected_events`; the file's new offset goes to `ingest_files`;
    `runs` is updated; the dashboard's rollups hook runs -- all in one transaction,
    so a kill at any point leaves either all of the batch or none of it.
-5. Commit, close, release the lock; then the anomaly hook runs (it writes its
-   findings as events, which the next pass ingests).
+5. Commit, close, release the lock; then the anomaly and decision hooks run
+   (they write findings and auto decision records as host-1000 events). When the
+   decision hook wrote, the pass ingests once more, so one `ingest` call leaves the
+   records in the store; anomaly findings of that last round wait for the next pass.
 
 Torn last lines (no final newline) wait while the run may be live and are
 recorded as `truncated` once it ended or went quiet for `stale_after_s`.
@@ -362,6 +364,21 @@ def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, ho
     if sig == fol.sig and now - fol.last_crash_check < min(5.0, settings.get("stale_after_s") / 4):
         return  # nothing changed on disk: do not even take the lock
     fol.last_crash_check = now
+    wrote = _batches(runs_dir, db, files, report, fol, hooks, emit)
+    if "decisions" in wrote:
+        # the decision hook wrote records: ingest them now, so one `observatory ingest` leaves them in
+        # the store (the hook runs again on this round's new activity only, and skips ids it knows)
+        files = [lf for lf in scan(runs_dir) if lf.rel not in fol.skip]
+        wrote = _batches(runs_dir, db, files, report, fol, hooks, emit)
+    fol.sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in scan(runs_dir) if lf.rel not in fol.skip), _db_sig(db))
+    if wrote:
+        fol.sig = None  # a hook wrote after our last read: look again on the next pass, not in 5 s
+
+
+def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestReport, fol: _Follower, hooks: bool,
+             emit: Callable[[str], None]) -> set[str]:  # fmt: skip
+    """Write transactions until `files` have no work left; returns the hooks that wrote events meanwhile."""
+    wrote: set[str] = set()
     only: str | None = None
     queue = None  # set when isolating files after a failure
     while True:
@@ -369,7 +386,7 @@ def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, ho
             b, more = _run_batch(db, files, only, fol.use_rollups and hooks)
         except store.StoreBusy as e:
             emit(f"{db}: {e}; will retry")
-            return
+            return wrote
         except _HookFailed as h:
             # the batch was rolled back; do it again without the hook rather than lose it
             e = h.error
@@ -412,11 +429,14 @@ def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, ho
         if len(report.messages) < MESSAGE_LIMIT:
             report.messages.extend(b.messages[: MESSAGE_LIMIT - len(report.messages)])
         if hooks and b.activity:
-            _anomaly_hook(db, runs_dir, set(b.activity), emit)
+            if _anomaly_hook(db, runs_dir, set(b.activity), emit):
+                wrote.add("anomalies")
+            if _decision_hook(db, runs_dir, set(b.activity), emit):
+                wrote.add("decisions")
         if not more and queue is None:
             break
         time.sleep(0.02)  # let readers waiting at the gate in between two batches
-    fol.sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in scan(runs_dir) if lf.rel not in fol.skip), _db_sig(db))
+    return wrote
 
 
 class _HookFailed(Exception):
@@ -425,13 +445,29 @@ class _HookFailed(Exception):
         self.error = error
 
 
-def _anomaly_hook(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[str], None]) -> None:
+def _anomaly_hook(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[str], None]) -> bool:
+    """Run the detectors on the runs a batch touched; True when they wrote findings (events)."""
     try:
         anomalies = _optional_module("anomalies")
         if anomalies is not None:
-            anomalies.after_ingest(db, runs_dir, runs)
+            return bool(anomalies.after_ingest(db, runs_dir, runs))
     except Exception as e:  # a detector must never take ingest down
         emit(f"observatory ingest: anomalies.after_ingest failed: {type(e).__name__}: {e}")
+    return False
+
+
+def _decision_hook(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[str], None]) -> bool:
+    """Auto decision records for new config_diff / handled failure events; True when it wrote some.
+
+    Idempotent (ids `auto-<run>-<seq>`), so running it again on the same runs writes nothing.
+    """
+    try:
+        decisions = _optional_module("decisions")
+        if decisions is not None:
+            return bool(decisions.after_ingest(db, runs_dir, runs))
+    except Exception as e:  # a record keeper must never take ingest down
+        emit(f"observatory ingest: decisions.after_ingest failed: {type(e).__name__}: {e}")
+    return False
 
 
 def _stderr(msg: str) -> None:
@@ -468,7 +504,7 @@ def ingest(
     if not runs_dir.is_dir():
         emit(f"{runs_dir}: runs dir does not exist{' (yet); waiting for it' if follow else ''}")
     if follow and hooks:  # import the hooks now, not in the middle of the first live batch
-        for name in ("rollups", "anomalies"):
+        for name in ("rollups", "anomalies", "decisions"):
             try:
                 _optional_module(name)
             except Exception as e:
@@ -497,7 +533,8 @@ def rebuild(runs_dir: str | os.PathLike | None = None, db: str | os.PathLike | N
     """Recreate the store from the event logs: build a fresh file beside it, then swap it in atomically.
 
     Readers see the old store until the swap and the new one after; neither half-built.
-    Rollups are rebuilt with it; the anomaly hook is not run (its findings are already events).
+    Rollups are rebuilt with it; the anomaly and decision hooks are not run (what they wrote
+    is already events, so the new store holds it too).
     """
     runs_dir = Path(runs_dir) if runs_dir is not None else store.default_runs_dir()
     db = Path(db) if db is not None else store.default_db()

@@ -271,3 +271,37 @@ def test_observatory_findings_do_not_revive_a_crashed_run(runs_dir, db_path):
     assert rep.events == 3
     assert q(db_path, "SELECT status, last_step, last_event_t < epoch(now()) - 3000 FROM runs") == [("crashed", 7, True)]
     assert q(db_path, "SELECT kind, host FROM events WHERE kind = 'anomaly'") == [("anomaly", OBSERVATORY_HOST)]
+
+
+def test_one_ingest_leaves_auto_decisions_in_the_store(runs_dir, db_path):
+    """The decision hook's records (config_diff, handled failure) are ingested in the same call, once."""
+    from observatory.queries.decisions import current_states
+
+    write_lines(runs_dir / "a" / "events.0.jsonl", [
+        event("a", "run_start", {"config": {"optim": {"lr": 3e-4}}}, 0),
+        event("a", "config_diff", {"against": {"run": "p", "step": 10}, "changes": {"optim.lr": [1e-3, 3e-4]}}, 1, 0),
+        *_run_lines("a", 3, 2, layers=1),
+        event("a", "failure", {"type": "nan_loss", "message": "nan", "action": "skip_batch"}, 8, 2),
+        event("a", "failure", {"type": "exception", "message": "boom", "action": "halt"}, 9, 2),
+    ])  # fmt: skip
+    rep = _ingest(runs_dir, db_path, emit=None)
+    assert rep.rejected == 0
+
+    def states():
+        with store.connect(db_path) as con:
+            return {s["id"]: s for s in current_states(con)}
+
+    got = states()
+    assert sorted(got) == ["auto-a-1", "auto-a-8"]  # the halt is not an intervention
+    assert got["auto-a-1"]["state"]["config_diff"] == {"optim.lr": [1e-3, 3e-4]}
+    assert got["auto-a-8"]["state"]["action"] == "skip_batch" and got["auto-a-1"]["home_run"] == "a"
+    # the records do not count as the run's own activity, and nothing is written twice
+    assert q(db_path, "SELECT status, last_step FROM runs") == [("running", 2)]
+    again = _ingest(runs_dir, db_path, emit=None)
+    assert again.events == 0 and q(db_path, "SELECT count(*) FROM events WHERE kind = 'decision'") == [(2,)]
+    write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 5, 10, layers=1)[6:])  # more activity: hook reruns
+    _ingest(runs_dir, db_path, emit=None)
+    assert len((runs_dir / "a" / "events.1000.jsonl").read_text().splitlines()) == 2
+    # rebuild reads the records back from the logs; it runs no hook and duplicates nothing
+    rebuild(runs_dir, db_path, emit=None)
+    assert states().keys() == got.keys() and {s["n_events"] for s in states().values()} == {1}
