@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import polars as pl
 import pytest
@@ -81,3 +82,24 @@ def test_rebuild_and_settings(env):
     assert run("sql", "SELECT * FROM metrics ORDER BY ALL", "--format", "csv").stdout == before
     out = run("settings").stdout
     assert "stale_after_s" in out and "OBSERVATORY_SQL_TIME_LIMIT_MS" in out
+
+
+def test_records_folder_is_not_a_run(env):
+    """`decisions/` holds observatory records (host 1000, no run_start): never a row of `runs`, never crashed."""
+    from observatory import decisions, store
+    from observatory.events import OBSERVATORY_HOST
+    from observatory.queries.core import list_runs
+
+    runs_dir, db = env
+    d = decisions.new(runs_dir, db, title="Policy: every hero run has a ladder", kind="policy")
+    path = runs_dir / decisions.DECISIONS_RUN / f"events.{OBSERVATORY_HOST}.jsonl"
+    assert path.exists() and d.runs == ()
+    old = 1_000_000_000.0
+    write_lines(path, [event("decisions", "note", {"text": "old record"}, 1, t=old, host=OBSERVATORY_HOST)])
+    assert run("ingest", "-q").exit_code == 0
+    with store.connect(db) as con:
+        assert con.execute("SELECT run FROM runs ORDER BY run").fetchall() == [("r1",)]
+        assert con.execute("SELECT count(*) FROM events WHERE run = 'decisions'").fetchall() == [(2,)]
+        assert [r["run"] for r in list_runs(con, now=time.time() + 10**6)] == ["r1"]
+        assert list_runs(con, status="crashed", now=time.time() + 10**6) == []
+    assert [r["run"] for r in json.loads(run("runs", "--format", "json").stdout)] == ["r1"]
