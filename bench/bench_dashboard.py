@@ -45,11 +45,10 @@ def page_batches(run: str, fork: str) -> dict[str, list[list[tuple]]]:
     """Per page view, its batches of (label, fn, args), as the page issues them."""
     from observatory.dashboard import common
     from observatory.dashboard.pages import compare
-    from observatory.dashboard.pages.live import ALL_NAMES
+    from observatory.dashboard.pages.live import HEALTH_NAMES, LOSS
     from observatory.queries import dashboard as qd
     from observatory.queries import experts as qe
 
-    names = list(ALL_NAMES)
     runs = [("list_runs", common._runs_with_status, ()), ("runs_extras", qd.runs_extras, ())]
     panel = [
         ("markers", qd.markers, (run,)),
@@ -57,8 +56,9 @@ def page_batches(run: str, fork: str) -> dict[str, list[list[tuple]]]:
         ("forecasts", qd.forecasts, (run,)),
     ]
 
-    def live(lo, hi):
-        return [("series_view: 9 series", qd.series_view, (run, names, lo, hi, 1000)), *panel]
+    def live(lo, hi):  # a deep link (?run=) fetches the run list and the whole panel on one connection
+        view = (run, list(LOSS), HEALTH_NAMES, lo, hi, 1000, 300)
+        return runs + [("live_view: 9 series", qd.live_view, view), *panel]
 
     def experts(lo, hi):
         return [("experts_view: heatmap + layer series", qe.experts_view, (run, 3, lo, hi, 400, 500))]

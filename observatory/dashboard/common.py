@@ -497,7 +497,7 @@ def marker_text(kind: str, data: Any) -> str:
     return s.replace("<", "&lt;").replace(">", "&gt;")  # plotly hover renders a subset of HTML
 
 
-def add_markers(fig: dict[str, Any], markers, y_at: float | None = None) -> None:
+def add_markers(fig: dict[str, Any], markers, y_at: float | None = None, lines: bool = True) -> None:
     """Event markers at their steps: one trace per kind (toggle in the legend), text on hover.
 
     markers: frame with kind, step, data. They sit at `y_at` (data units) so that
@@ -521,7 +521,7 @@ def add_markers(fig: dict[str, Any], markers, y_at: float | None = None) -> None
                 hovertemplate="step %{x}<br>%{text}<extra></extra>",
             )
         )
-        if kind in ("failure", "config_diff", "decision"):
+        if lines and kind in ("failure", "config_diff", "decision"):
             fig["layout"].setdefault("shapes", []).extend(
                 {
                     "type": "line",

@@ -27,6 +27,7 @@ __all__ = [
     "downsample",
     "downsample_runs",
     "series_view",
+    "live_view",
     "runs_view",
     "metric_names_for",
     "markers",
@@ -159,6 +160,23 @@ def series_view(
     extent = metric_extent(con, [run], names)
     window = _window(extent, lo, hi)
     data = downsample(con, run, names, *window, max_points) if window else None
+    return {"extent": extent, "window": window, "data": data}
+
+
+def live_view(
+    con, run: str, main: list[str], small: list[str], lo: int | None, hi: int | None,
+    main_points: int = 1000, small_points: int = 300,
+) -> dict[str, Any]:
+    """The Live panel's series in one call: `main` names at `main_points` buckets (the big loss chart),
+    `small` names at `small_points` (the half-width health charts), over one window of the union's extent."""
+    extent = metric_extent(con, [run], [*main, *small])
+    window = _window(extent, lo, hi)
+    if window is None:
+        return {"extent": None, "window": None, "data": None}
+    data = pl.concat(
+        [downsample(con, run, main, *window, main_points), downsample(con, run, small, *window, small_points)],
+        how="vertical_relaxed",
+    )
     return {"extent": extent, "window": window, "data": data}
 
 

@@ -29,7 +29,8 @@ HEALTH = (
     ("Throughput (tokens/s)", ("throughput/tokens_per_s",), False),
     ("Drop fraction", ("moe/drop_fraction",), False),
 )
-ALL_NAMES = tuple(dict.fromkeys(LOSS + tuple(n for _, names, _ in HEALTH for n in names)))
+HEALTH_NAMES = [n for _, names, _ in HEALTH for n in names if n not in LOSS]
+ALL_NAMES = tuple(dict.fromkeys(LOSS + tuple(HEALTH_NAMES)))
 # a running run silent for this long gets a warning (it is `crashed` after settings.stale_after_s)
 QUIET_S = 30.0
 
@@ -147,7 +148,8 @@ def _banner(row: dict, now: float) -> None:
 def panel_calls(run: str) -> list[tuple]:
     """The live panel's queries (one batch, one connection): series in the window, markers, evals, forecasts."""
     return [
-        (qd.series_view, run, list(ALL_NAMES), *common.requested_window(f"live_window_{run}"), 1000),
+        # the loss at 1,000 buckets, the half-width health charts at 300 (each point costs the browser)
+        (qd.live_view, run, list(LOSS), HEALTH_NAMES, *common.requested_window(f"live_window_{run}"), 1000, 300),
         (qd.markers, run),
         (qd.evals, run),
         (qd.forecasts, run),
@@ -210,7 +212,7 @@ def _panel(run: str, smoothing: float) -> None:
         d = data.filter(data["name"].is_in(list(names)))
         if d.height == 0 and "moe/drop_fraction" in names:
             # no drop fraction metric: compute it from the expert loads (rollup)
-            dd = common.query(qe.run_drop_series, run, lo, hi, 1000)
+            dd = common.query(qe.run_drop_series, run, lo, hi, 300)
             if dd.height:
                 d = dd
         with cols[i % 2]:
@@ -227,10 +229,11 @@ def _panel(run: str, smoothing: float) -> None:
                 height=260,
                 log_y=log_y and positive.len() > 0 and float(positive.min()) > 0,
             )
-            common.add_markers(
+            common.add_markers(  # small charts: failures and config changes only, no lines
                 fig,
-                marks.filter(marks["kind"].is_in(["failure", "config_diff", "anomaly"])),
+                marks.filter(marks["kind"].is_in(["failure", "config_diff"])),
                 y_at=float(np.nanmax(d["max"].to_numpy())) if d["max"].drop_nulls().len() else None,
+                lines=False,
             )
             fig["layout"]["xaxis"]["range"] = [lo, hi]
             common.show_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
