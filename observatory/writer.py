@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from observatory import settings
-from observatory.events import RUN_ID_RE, STATUSES, VERSION, encode_value
+from observatory.events import OBSERVATORY_HOST, RUN_ID_RE, STATUSES, VERSION, encode_value
 
 __all__ = ["init", "Run", "Sink", "redact", "is_secret_key", "new_run_id"]
 
@@ -130,6 +130,12 @@ class Run:
         self.dir = Path(runs_dir) / run_id
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"events.{host}.jsonl"
+        # The observatory's own file (host >= 1000) has several writers at once (`decide new` while
+        # `ingest --follow` runs the detectors, a ladder forecast): each batch is appended under an
+        # exclusive flock, numbered from the file's tail. A training host's file has one writer and
+        # keeps the lock-free hot path.
+        self._shared = host >= OBSERVATORY_HOST
+        self._end: int | None = None  # file size after our last append (shared files only)
         self._seq = self._next_seq()  # assigned on the writer thread, so file order is seq order
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._dropped = 0
@@ -143,7 +149,8 @@ class Run:
         self._finished = False
         self._last_step: int | None = None
         self._file = open(self.path, "ab", buffering=0)
-        self._terminate_torn_line()
+        if not self._shared:
+            self._terminate_torn_line()  # shared files: done under the lock, at the first append
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"observatory-writer-{run_id}", daemon=True)
         self._thread.start()
@@ -274,17 +281,12 @@ class Run:
 
     def _next_seq(self) -> int:
         """Continue numbering after what an earlier writer of this file wrote (resume)."""
-        if not self.path.exists() or self.path.stat().st_size == 0:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
             return 0
-        with open(self.path, "rb") as f:
-            f.seek(max(0, self.path.stat().st_size - 1_000_000))
-            lines = f.read().split(b"\n")
-        for raw in reversed(lines):
-            try:
-                return int(json.loads(raw)["seq"]) + 1
-            except (ValueError, KeyError, TypeError):
-                continue
-        return 0
+        last, _torn = _tail(self.path, size)
+        return 0 if last is None else last + 1
 
     def _put(self, kind: str, data: dict, step: int | None, force: bool = False, clean: bool = False) -> bool:
         """Queue an event without waiting (unless `force`); False when the full queue dropped it."""
@@ -366,15 +368,51 @@ class Run:
         except OSError:
             pass
 
-    def _write(self, batch: list) -> None:
+    def _encode_batch(self, batch: list) -> bytes:
         parts = []
         for i, it in enumerate(batch):
             parts.append(self._encode(it))
             if i % 64 == 63:
                 time.sleep(0)  # hand the GIL back now and then: the training loop must not wait on us
-        payload = b"".join(parts)
+        return b"".join(parts)
+
+    def _append_shared(self, batch: list) -> bytes:
+        """Append a batch to a file other processes append to: whole lines, seqs after theirs."""
+        import fcntl
+
+        fd = self._file.fileno()
         try:
-            self._file.write(payload)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks for at most one other writer's batch append
+            locked = True
+        except OSError as e:  # a filesystem without flock: append unlocked rather than lose events
+            _warn(f"cannot lock {self.path} ({e}); appending without the lock")
+            locked = False
+        try:
+            size = os.fstat(fd).st_size
+            lead = b""
+            if size != self._end:
+                # someone else appended since our last write (or this is our first): number after them,
+                # and end a line a dead writer left torn rather than glue our first event onto it
+                last, torn = _tail(self.path, size)
+                if last is not None:
+                    self._seq = max(self._seq, last + 1)
+                if torn:
+                    lead = b"\n"
+            payload = self._encode_batch(batch)
+            self._file.write(lead + payload)
+            self._end = size + len(lead) + len(payload)
+        finally:
+            if locked:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        return payload
+
+    def _write(self, batch: list) -> None:
+        try:
+            if self._shared:
+                payload = self._append_shared(batch)
+            else:
+                payload = self._encode_batch(batch)
+                self._file.write(payload)
         except OSError as e:
             self._dropped += len(batch)
             _warn(f"cannot write {self.path}: {e}; {len(batch)} events lost")
@@ -415,6 +453,31 @@ class Run:
             self._finish_killed()
         elif not self._stop.is_set():
             self.close()
+
+
+def _tail(path: Path, size: int) -> tuple[int | None, bool]:
+    """(seq of the last readable event, whether the last line is torn) in the first `size` bytes of a log."""
+    if size <= 0:
+        return None, False
+    torn = False
+    try:
+        with open(path, "rb") as f:
+            for span in (64 << 10, 1 << 20):  # the last line is short; look further back only if it is not
+                start = max(0, size - span)
+                f.seek(start)
+                data = f.read(size - start)
+                torn = not data.endswith(b"\n")
+                lines = data.split(b"\n")
+                for raw in reversed(lines[1:] if start else lines):  # lines[0] may start mid-line
+                    try:
+                        return int(json.loads(raw)["seq"]), torn
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                if start == 0:
+                    break
+    except FileNotFoundError:
+        pass
+    return None, torn
 
 
 def _counts(what: str, values: Iterable[int]) -> list[int]:

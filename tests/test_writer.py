@@ -235,3 +235,47 @@ def test_sigkill_loses_at_most_the_last_second_and_never_corrupts(tmp_path, runs
         must_have = {s for s, t in logged.items() if t < t_kill - 1.0}
         assert must_have <= got, f"lost {sorted(must_have - got)[:5]}... of {len(logged)} logged"
         assert n_rejected == [(0,)] and rep.rejected == rep.truncated
+
+
+SHARED_CHILD = textwrap.dedent(
+    """
+    import sys, time, pathlib, observatory
+    runs_dir, tag, go = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
+    run = observatory.init(run_id="shared", runs_dir=runs_dir, host=1000, write_start=False,
+                           install_signal_handlers=False, flush_interval=0.01)
+    print("ready", flush=True)
+    while not go.exists():
+        time.sleep(0.002)
+    for i in range(500):
+        run.event("note", {"text": f"{tag} {i}"}, step=i)
+        if i % 7 == 0:
+            time.sleep(0.001)  # many small batches, so the two writers interleave
+    run.close()
+    """
+)
+
+
+def test_two_processes_share_the_observatory_file(tmp_path, runs_dir, db_path):
+    """`decide new` while the detectors write: distinct increasing seqs, whole lines, nothing rejected."""
+    from conftest import event, write_lines
+
+    path = runs_dir / "shared" / "events.1000.jsonl"
+    write_lines(path, [event("shared", "note", {"text": "earlier"}, 7, host=1000)])
+    script, go = tmp_path / "shared_child.py", tmp_path / "go"
+    script.write_text(SHARED_CHILD)
+    procs = [subprocess.Popen([sys.executable, str(script), str(runs_dir), tag, str(go)], stdout=subprocess.PIPE,
+                              text=True) for tag in ("a", "b")]  # fmt: skip
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"  # both numbered from the same tail (seq 8) by now
+    go.touch()
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    evs = read_events(path)
+    seqs = [e["seq"] for e in evs]
+    assert seqs == list(range(7, 1008)), "seqs must be distinct and increasing in file order"
+    for tag in ("a", "b"):
+        assert [e["step"] for e in evs if e["data"]["text"].startswith(tag + " ")] == list(range(500))
+    rep = ingest(runs_dir, db_path, hooks=False, emit=None)
+    assert rep.events == 1001 and rep.rejected == 0 and rep.duplicates == 0
+    with connect(db_path) as con:
+        assert con.execute("SELECT count(DISTINCT seq) FROM events WHERE host = 1000").fetchall() == [(1001,)]
