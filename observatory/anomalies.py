@@ -326,8 +326,34 @@ def _spikes(
 
 
 def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
-    """Loss above its recent level by `loss_z` robust sigmas and by `loss_min_rise`."""
-    return _spikes("loss_spike", metric, np.asarray(steps), loss, th.loss_z, th.loss_min_rise, th, log=False)
+    """Loss above its recent level by `loss_z` robust sigmas and by `loss_min_rise`.
+
+    A new episode that starts before the loss came back to within `recovery_tol` of
+    the previous one's baseline is the same instability (a divergence climbs in
+    steps): it extends that finding instead of raising another.
+    """
+    steps = np.asarray(steps)
+    x = np.asarray(loss, dtype=float)
+    out: list[Finding] = []
+    for f in _spikes("loss_spike", metric, steps, x, th.loss_z, th.loss_min_rise, th, log=False):
+        if out:
+            prev = out[-1]
+            between = x[(steps > prev.window[1]) & (steps < f.window[0])]
+            between = between[np.isfinite(between)]
+            if not (between <= prev.extra["baseline"] * (1 + th.recovery_tol)).any():
+                higher = f.value is not None and prev.value is not None and f.value > prev.value
+                top = f if higher else prev
+                out[-1] = replace(
+                    prev,
+                    window=(prev.window[0], f.window[1]),
+                    value=top.value,
+                    message=f"{prev.message.split('; not recovered')[0]}; not recovered, highest {_fmt(top.value)} at step "
+                    f"{top.extra['peak_step']} by step {f.window[1]}",
+                    extra={**prev.extra, "max_step": top.extra["peak_step"]},
+                )
+                continue
+        out.append(f)
+    return out
 
 
 def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:

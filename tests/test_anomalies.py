@@ -124,6 +124,15 @@ def test_loss_spike_without_recovery_is_reported_once_due():
     assert A.incomplete_recovery(steps[:cut], loss[:cut], ls, TH) == []
 
 
+def test_a_divergence_is_one_spike_and_one_recovery_finding():
+    steps, loss, _, _, _ = clean(900, seed=14)
+    loss[400:] += 0.02 * (steps[400:] - 400)  # climbs for 500 steps: the level keeps catching up
+    ls = A.loss_spikes(steps, loss, TH)
+    assert len(ls) == 1 and ls[0].window[1] > 600 and "not recovered" in ls[0].message
+    rec = A.incomplete_recovery(steps, loss, ls, TH)
+    assert len(rec) == 1 and rec[0].step == ls[0].extra["peak_step"] + TH.recovery_steps
+
+
 def test_sustained_grad_growth_is_not_a_spike():
     steps, _, grad, _, _ = clean(1200, seed=3)
     ramp = np.clip((steps - 600) / 300, 0, 1)  # grad norm grows ~0.25 -> past 3 over 300 steps
@@ -306,12 +315,13 @@ def test_live_run_is_scanned_incrementally(tmp_path, ingest):
     for lo in range(0, 1400, 200):
         for s in range(lo, lo + 200):
             r.log({A.LOSS: float(loss[s]), A.GRAD: float(grad[s])}, step=s)
-        r.flush()
+        r.flush(60)
         ingest(runs, db)
         A.after_ingest(db, runs, ["live"])
         seen.append(len(anomaly_lines(runs, "live")))
     r.finish()
-    ingest(runs, db)
+    ingest(runs, db)  # whatever the last pass's hook wrote ...
+    ingest(runs, db)  # ... is stored by the next
     keys = [(a["detector"], a["window"][0]) for a in stored_anomalies(db, "live")]
     assert sorted(keys) == [("grad_spike", 302), ("grad_spike", 1102), ("loss_spike", 1104)]
     full = A.detect_frame(frame_of(steps, **{A.LOSS: loss, A.GRAD: grad}), None, TH)
