@@ -11,6 +11,8 @@ Schema (documented in the README from `SCHEMA_DOC`, which is generated from
 - `rejected_events`: lines that could not be read, with file, line and reason.
 - `ingest_files`: per-file offsets, updated in the same transaction as the rows
   they cover, so ingest is incremental and exactly-once.
+- views `latest_metrics`, `run_drop_fraction`, and `decisions` (the fold of
+  `decision` events, SQL in `observatory.queries.decisions`).
 
 Concurrency (ARCHITECTURE decision 2). DuckDB lets one read-write process or
 many read-only ones hold the file, never both, and a process that finds the
@@ -44,6 +46,7 @@ from observatory import settings
 __all__ = [
     "DDL",
     "VIEWS",
+    "VIEW_NAMES",
     "TABLE_DOCS",
     "SCHEMA_DOC",
     "StoreBusy",
@@ -170,7 +173,10 @@ TABLE_DOCS = {
     "covers (exactly-once ingest).",
     "latest_metrics": "View: each run's latest value of each metric.",
     "run_drop_fraction": "View: each run's overall token drop fraction (dropped / routed).",
+    "decisions": "View: each decision's current state, folded from its `decision` events in order "
+    "(`id`, `state` JSON, `home_run`, `created`, `updated`, `n_events`, `title`, `kind`, `status`).",
 }
+VIEW_NAMES = ("latest_metrics", "run_drop_fraction", "decisions")
 
 _COL_RE = re.compile(r"^\s+(\w+)\s+([A-Z][A-Z0-9\[\]]*)[^-]*?(?:--\s*(.*))?$")
 
@@ -201,7 +207,7 @@ def _schema_doc() -> str:
         parts.extend(f"| `{c}` | {t} | {doc} |" for c, t, doc in cols)
         parts.append("")
     parts.append("### Views\n")
-    parts.extend(f"- `{v}`: {TABLE_DOCS[v].removeprefix('View: ')}" for v in ("latest_metrics", "run_drop_fraction"))
+    parts.extend(f"- `{v}`: {TABLE_DOCS[v].removeprefix('View: ')}" for v in VIEW_NAMES)
     return "\n".join(parts) + "\n"
 
 
@@ -210,10 +216,15 @@ SCHEMA_DOC = _schema_doc()
 
 def ensure_schema(con) -> None:
     """Create tables and views if they are missing (idempotent)."""
+    # imported here: the decisions fold is that area's SQL (queries/), and importing it at module
+    # level would make `store` (imported by nearly everything) pull in the queries package
+    from observatory.queries.decisions import DECISIONS_VIEW_DDL
+
     con.execute(DDL)
     for table, col, typ in _ADDED_COLUMNS:
         con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {typ}")
     con.execute(VIEWS)
+    con.execute(DECISIONS_VIEW_DDL)
 
 
 # ------------------------------------------------------------------- locking

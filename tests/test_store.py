@@ -101,3 +101,32 @@ def test_busy_store_raises_store_busy_naming_the_setting(db_path):
         store.ensure_schema(con)
         with pytest.raises(store.StoreBusy, match="lock_timeout_s"):
             store.connect(db_path, timeout_s=0.2)
+
+
+def test_decisions_view_on_an_empty_store_and_after_ingest(runs_dir, db_path):
+    """`SELECT * FROM decisions` works through the user-SQL door, empty or not, and agrees with the query."""
+    from observatory import decisions
+    from observatory.queries.core import run_user_sql
+    from observatory.queries.decisions import current_states
+
+    empty = run_user_sql(db_path, "SELECT * FROM decisions")
+    assert empty.rows == [] and empty.columns[:3] == ["id", "state", "home_run"] and "status" in empty.columns
+    d = decisions.new(runs_dir, db_path, title="Enable z-loss", kind="intervention")
+    decisions.update(runs_dir, db_path, d.id, status="running")
+    res = run_user_sql(db_path, "SELECT id, kind, status, n_events, home_run FROM decisions")
+    assert res.rows == [(d.id, "intervention", "running", 2, decisions.DECISIONS_RUN)]
+    with store.connect(db_path) as con:
+        assert [s["id"] for s in current_states(con)] == [d.id]
+    assert "- `decisions`: " in store.SCHEMA_DOC
+
+
+def test_store_imports_without_a_cycle():
+    """store pulls the decisions view SQL in lazily: both import orders work in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    for first, second in (("observatory.store", "observatory.queries.decisions"),
+                          ("observatory.queries.decisions", "observatory.store")):  # fmt: skip
+        code = f"import {first}, {second}; import observatory.store as s; print(s.VIEW_NAMES[-1])"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        assert out.strip() == "decisions"
