@@ -290,3 +290,15 @@ def test_wandb_offline_mirror_gets_the_run(tmp_path, monkeypatch):
     offline = list((tmp_path / run_id / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and run_id in offline[0].name
     assert any(offline[0].rglob("*.wandb"))  # W&B's own record of what the mirror sent
+
+
+def test_cli_errors_and_ladder_dispatch(capsys):
+    from trainer.cli import main
+
+    assert main(["train", "--config", str(TINY), "optimizer.lrr=1"]) == 2
+    assert "unknown config key 'optimizer.lrr'; did you mean optimizer.lr" in capsys.readouterr().err
+    assert main(["train", "steps=3"]) == 2
+    assert "--config PATH is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["ladder", "--help"])  # handed to trainer.ladder:main untouched
+    assert e.value.code == 0 and "usage: trainer ladder" in capsys.readouterr().out
