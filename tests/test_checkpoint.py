@@ -10,6 +10,8 @@ from flax import nnx
 from trainer.checkpoint import Checkpointer, parse_ref, train_state
 from trainer.model import TRAINABLE, ModelConfig, Transformer
 
+pytestmark = pytest.mark.slow  # builds real models (JAX init) and writes real orbax checkpoints
+
 CFG = ModelConfig(d_model=32, n_layers=1, n_heads=2, seq_len=16, n_routed=4, top_k=2)
 
 
