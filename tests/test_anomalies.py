@@ -199,7 +199,9 @@ def test_thresholds_validate_and_come_from_settings(monkeypatch):
 
 
 def frame_of(steps, **cols):
-    return pl.DataFrame({"step": np.asarray(steps, dtype=np.int64), **{k: np.asarray(v, float) for k, v in cols.items()}})
+    return pl.DataFrame(
+        {"step": np.asarray(steps, dtype=np.int64), **{k: np.asarray(v, float) for k, v in cols.items()}}
+    )
 
 
 def test_incremental_frames_give_the_same_findings_as_one_full_scan():
@@ -209,11 +211,23 @@ def test_incremental_frames_give_the_same_findings_as_one_full_scan():
         grad[at : at + 6] = BLOOM_GRAD
         loss[at + 3 : at + 8] += np.array([0.3, 1.5, 2.5, 1.0, 0.4])
     loss[2000:] += 1.0  # a spike that never recovers
+    loss[2100:2300] += 0.01 * np.arange(200)  # ... then climbs
+    loss[1100] = 0.2  # a bad batch
+    update = 0.5 * np.exp(0.03 * np.random.default_rng(7).standard_normal(steps.size))
+    update[1800] = 12.0
     tps[1200:1300] *= 0.2
     loss[2400] = np.nan
-    full = frame_of(steps, **{A.LOSS: loss, A.GRAD: grad, A.THROUGHPUT: tps, A.DROP: drop})
+    full = frame_of(steps, **{A.LOSS: loss, A.GRAD: grad, A.THROUGHPUT: tps, A.DROP: drop, A.UPDATE: update})
     want = {f.key for f in A.detect_frame(full, None, TH)}
-    assert {k[0] for k in want} >= {"loss_spike", "grad_spike", "incomplete_recovery", "throughput_drop", "nonfinite"}
+    assert {k[0] for k in want} >= {
+        "loss_spike",
+        "grad_spike",
+        "incomplete_recovery",
+        "throughput_drop",
+        "nonfinite",
+        "loss_dip",
+        "update_spike",
+    }
     got: set = set()
     through = None
     for end in list(range(300, 2500, 137)) + [2500]:
