@@ -371,22 +371,23 @@ def test_detect_command(tmp_path, ingest):
     steps, loss, grad = bloom(700, at=500)
     loss[650] = float("nan")
     write_run(runs, "r1", steps, loss, grad)
-    ingest(runs, db)
     A._STATE.clear()
-    (runs / "r1" / "events.1000.jsonl").unlink(missing_ok=True)  # whatever the hook wrote: start over
     cli = CliRunner()
-    args = ["detect", "r1", "--runs-dir", str(runs), "--db", str(tmp_path / "fresh.duckdb")]
-    ingest(runs, tmp_path / "fresh.duckdb")
-    (runs / "r1" / "events.1000.jsonl").unlink(missing_ok=True)
-    A._STATE.clear()
+    args = ["detect", "r1", "--runs-dir", str(runs), "--db", str(db)]
+    res = cli.invoke(main, [*args[:2], "--runs-dir", str(runs), "--db", str(tmp_path / "none.duckdb")])
+    assert res.exit_code != 0 and "observatory ingest" in res.output  # no store yet: says what to do
+    ingest(runs, db, hooks=False)
     res = cli.invoke(main, [*args, "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "grad_spike" in res.output and "nonfinite" in res.output and "(not written)" in res.output
     assert not (runs / "r1" / "events.1000.jsonl").exists()
-    res = cli.invoke(main, [*args, "--json", "--ingest"])
+    A._STATE.clear()
+    fresh = tmp_path / "fresh.duckdb"  # --ingest: ingest, detect, store the findings
+    res = cli.invoke(main, ["detect", "--runs-dir", str(runs), "--db", str(fresh), "--json", "--ingest"])
     assert res.exit_code == 0, res.output
     rows = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
     assert {r["detector"] for r in rows} == {"grad_spike", "loss_spike", "nonfinite"}
-    assert len(stored_anomalies(tmp_path / "fresh.duckdb", "r1")) == 3
-    res = cli.invoke(main, args)
+    assert all(r["run"] == "r1" and len(r["window"]) == 2 for r in rows)
+    assert len(stored_anomalies(fresh, "r1")) == 3
+    res = cli.invoke(main, [*args, "--full"])
     assert res.exit_code == 0 and "0 new finding(s)" in res.output

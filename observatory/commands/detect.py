@@ -37,7 +37,7 @@ def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json):
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if do_ingest:
-        _ingest(runs_dir, db)
+        _ingest(runs_dir, db, hooks=False)  # this command reports what it finds, not the hook
     if not db.exists():
         raise click.UsageError(f"no store at {db}; run `observatory ingest --runs-dir {runs_dir}` first")
     found = anomalies.detect(db, runs_dir, runs or None, thresholds=th, full=full, write=not dry_run)
@@ -56,10 +56,10 @@ def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json):
             click.echo("run `observatory ingest` to store them", err=True)
 
 
-def _ingest(runs_dir, db) -> None:
+def _ingest(runs_dir, db, hooks: bool = True) -> None:
     try:
         from observatory.ingest import ingest
     except ImportError as e:
         click.echo(f"cannot ingest: {e}", err=True)
         sys.exit(1)
-    ingest(runs_dir, db)
+    ingest(runs_dir, db, hooks=hooks)
