@@ -91,6 +91,8 @@ def test_capacity_every_token_to_one_expert(mesh_shape):
     # top-1: C = ceil(1.0 * 16 * 1 / 4) = 4 slots; expert 3 gets all 16 tokens of each of the 8 groups.
     c = capacity(cf, S, 1, e)
     assert c == 4
+    assert capacity(0.55, 100, 3, 3) == 55  # float noise (55.00000000000001) must not add a slot
+    assert capacity(1.25, 16, 2, 8) == 5 and capacity(0.01, 16, 1, 8) == 1
     y, st = _fwd(x, p["router_w"], jnp.zeros(e), p["w_gate"], p["w_up"], p["w_down"], top_k=1,
                         capacity_factor=cf, aux_free=False, mesh=mesh)
     assert st.routed.tolist() == [0, 0, 0, B * S]

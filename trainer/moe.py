@@ -84,7 +84,8 @@ def normal_init(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> jax.Array
 
 def capacity(capacity_factor: float, group_tokens: int, top_k: int, n_routed: int) -> int:
     """Slots per expert per group: ``ceil(capacity_factor * group_tokens * top_k / n_routed)``."""
-    return max(1, math.ceil(capacity_factor * group_tokens * top_k / n_routed))
+    # the 1e-9 keeps float noise (0.55 * 100 * 3 / 3 = 55.00000000000001) from adding a whole slot
+    return max(1, math.ceil(capacity_factor * group_tokens * top_k / n_routed - 1e-9))
 
 
 def _swiglu(x, w_gate, w_up, w_down):
