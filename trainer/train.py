@@ -136,7 +136,8 @@ def _snapshot(tree):
 @nnx.jit(static_argnames=("telemetry",))
 def _train_step(model, optimizer, batch, lr, poison, telemetry: bool = True):
     """One AdamW step. batch int32 [B, T+1] (sharded over the mesh), lr and poison f32 scalars
-    (poison is NaN only for inject=nan). Returns a dict of device scalars (+ per-layer counts)."""
+    (poison is NaN only for inject=nan). Returns {"scalars": f32[K] (names in _SCALAR_NAMES),
+    "loads": int32[2, L_moe, E] (routed, dropped; with telemetry only)}."""
 
     def objective(m):
         loss, aux = loss_fn(m, batch)
@@ -152,21 +153,28 @@ def _train_step(model, optimizer, batch, lr, poison, telemetry: bool = True):
     # A non-finite step leaves weights, optimizer moments and the router bias as they were.
     nnx.update((model, optimizer), jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old))
 
-    out = {"train/loss": loss, "ok": ok}
-    if not telemetry:
-        return out
-    for k, v in aux.items():
-        if k != "stats" and k != "train/loss":
-            out[k] = v
-    out["grad/norm/total"] = gnorm
-    for name, sub in grads.items():  # top-level modules: embed, layers, final_norm, lm_head
-        out[f"grad/norm/{name}"] = optax.global_norm(sub)
-    old_params, new_params = nnx.state(old[0], TRAINABLE), nnx.state(model, TRAINABLE)
-    out["opt/update_norm"] = optax.global_norm(jax.tree.map(lambda a, b: a - b, new_params, old_params))
-    out["opt/param_norm"] = optax.global_norm(new_params)
-    out["routed"] = aux["stats"]["routed"]  # int32 (L_moe, E)
-    out["dropped"] = aux["stats"]["dropped"]  # int32 (L_moe, E)
-    return out
+    out = {"train/loss": loss, "ok": ok.astype(jnp.float32)}
+    if telemetry:
+        for k, v in aux.items():
+            if k != "stats" and k != "train/loss":
+                out[k] = v
+        out["grad/norm/total"] = gnorm
+        for name, sub in grads.items():  # top-level modules: embed, layers, final_norm, lm_head
+            out[f"grad/norm/{name}"] = optax.global_norm(sub)
+        old_params, new_params = nnx.state(old[0], TRAINABLE), nnx.state(model, TRAINABLE)
+        out["opt/update_norm"] = optax.global_norm(jax.tree.map(lambda a, b: a - b, new_params, old_params))
+        out["opt/param_norm"] = optax.global_norm(new_params)
+    # Every scalar in one f32 vector, the per-expert counts in one int32 array: two transfers to the
+    # host per step instead of one per metric. The names are fixed by the model config; they are
+    # recorded here, at trace time, for the host to read the vector with.
+    _SCALAR_NAMES[(model.cfg, telemetry)] = tuple(out)
+    packed = {"scalars": jnp.stack([jnp.asarray(v, jnp.float32) for v in out.values()])}
+    if telemetry:
+        packed["loads"] = jnp.stack([aux["stats"]["routed"], aux["stats"]["dropped"]])  # int32 (2, L_moe, E)
+    return packed
+
+
+_SCALAR_NAMES: dict[tuple, tuple[str, ...]] = {}
 
 
 @nnx.jit
@@ -518,9 +526,11 @@ class _Loop:
     def _finish_step(self, step: int, out: dict, lr: float, due) -> str | None:
         """Bring step `step`'s values to the host, log them, and decide what a NaN means."""
         every = self.cfg.telemetry.expert_load_every
-        want_loads = self.pid == 0 and every and step % every == 0
+        want_loads = self.pid == 0 and every and step % every == 0 and "loads" in out
         # per-expert counts cross to the host only on the steps that log them
-        vals = jax.device_get(out if want_loads else {k: v for k, v in out.items() if k not in ("routed", "dropped")})
+        fetched = jax.device_get((out["scalars"], out["loads"] if want_loads else None))
+        names = _SCALAR_NAMES[(self.cfg.model, self.cfg.telemetry.enabled)]
+        vals = dict(zip(names, fetched[0].tolist(), strict=True))
         now = time.perf_counter()
         self.step = step
         cfg, run = self.cfg, self.run
@@ -539,12 +549,11 @@ class _Loop:
         self.t_last, self.t_skip_next = now, False
         if self.pid == 0:
             if cfg.telemetry.enabled:
-                for k, v in vals.items():
-                    if k not in ("ok", "routed", "dropped"):
-                        metrics[k] = float(v)
-                if want_loads and "routed" in vals:
-                    for j, layer in enumerate(self.moe_layer_ids):
-                        run.log_expert_load(step, layer, vals["routed"][j].tolist(), vals["dropped"][j].tolist())
+                metrics.update((k, v) for k, v in vals.items() if k != "ok")
+            if want_loads:
+                routed, dropped = fetched[1]  # (L_moe, E) each
+                for j, layer in enumerate(self.moe_layer_ids):
+                    run.log_expert_load(step, layer, routed[j].tolist(), dropped[j].tolist())
             metrics["train/loss"] = loss
             metrics["opt/lr"] = lr
             metrics["data/tokens"] = float(step * self.tokens_per_step)
@@ -559,7 +568,7 @@ class _Loop:
             if "throughput/tokens_per_s" in metrics:
                 post["tok/s"] = f"{metrics['throughput/tokens_per_s']:.0f}"
             self.bar.set_postfix(post, refresh=False)
-        if bool(vals["ok"]) and math.isfinite(loss):
+        if vals["ok"] == 1.0 and math.isfinite(loss):
             return None
         return self._on_nan(step, loss)
 
