@@ -699,13 +699,22 @@ def _series(frame: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray] | N
     return sub["step"].to_numpy(), sub[name].to_numpy()
 
 
+SERIES = (LOSS, GRAD, UPDATE, DROP, THROUGHPUT)  # the metrics the series detectors read
+
+
 def detect_frame(
-    frame: pl.DataFrame, load: pl.DataFrame | None, th: Thresholds, truncated: bool = False
+    frame: pl.DataFrame,
+    load: pl.DataFrame | None,
+    th: Thresholds,
+    truncated: bool = False,
+    bad: pl.DataFrame | None = None,
 ) -> list[Finding]:
     """Every series detector over one run's frames.
 
     frame: wide metrics (`step` + one column per metric, null where not logged);
-    load: long expert load (step, layer, expert, routed, dropped) or None.
+    load: long expert load (step, layer, expert, routed, dropped) or None;
+    bad: long (step, name, value) of every non-finite metric value; None: look for
+    them in `frame` (then only its columns are checked).
     truncated: the frame starts after the run's first step (incremental scan).
     """
     out: list[Finding] = []
@@ -732,10 +741,22 @@ def detect_frame(
         out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, truncated)
     if (s := _series(frame, THROUGHPUT)) is not None:
         out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window, truncated)
-    metric_cols = [c for c in frame.columns if c != "step"]
-    if metric_cols and frame.height:
-        steps = frame["step"].to_numpy()
-        cols = {c: frame[c].cast(pl.Float64).fill_null(0.0).to_numpy() for c in metric_cols}
+    if bad is None:
+        metric_cols = [c for c in frame.columns if c != "step"]
+        if metric_cols and frame.height:
+            steps = frame["step"].to_numpy()
+            cols = {c: frame[c].cast(pl.Float64).fill_null(0.0).to_numpy() for c in metric_cols}
+            out += _keep(nonfinite(steps, cols), steps, 0, truncated)
+    elif bad.height:
+        # the logged steps (for which non-finite steps are consecutive), 0 where a value was fine
+        steps = np.union1d(frame["step"].to_numpy() if frame.height else [], bad["step"].to_numpy()).astype(
+            np.int64
+        )
+        cols = {}
+        for (name,), part in bad.group_by("name", maintain_order=True):
+            col = np.zeros(steps.size)
+            col[np.searchsorted(steps, part["step"].to_numpy())] = part["value"].to_numpy()
+            cols[name] = col
         out += _keep(nonfinite(steps, cols), steps, 0, truncated)
     if load is not None and load.height:
         for (layer,), part in load.sort("step", "expert").group_by("layer", maintain_order=True):
@@ -805,15 +826,16 @@ def scan_run(
     now: float | None = None,
 ) -> tuple[list[Finding], int | None]:
     """New findings for one run (deduped) and the last step scanned. Writes nothing."""
-    from observatory.queries.anomalies import cut_step, expert_load_series, metric_series
+    from observatory.queries.anomalies import cut_step, expert_load_series, metric_series, nonfinite_values
 
     keys, stored_through = existing_findings(con, runs_dir, run)
     state_key = (str(Path(runs_dir).resolve()), run)
     through = None if full else _STATE.get(state_key, stored_through)
     since = cut_step(con, run, through, th.lookback) if through is not None else None
-    frame = metric_series(con, run, since)
+    frame = metric_series(con, run, since, list(SERIES))
     load = expert_load_series(con, run, since)
-    found = detect_frame(frame, load, th, truncated=since is not None)
+    bad = nonfinite_values(con, run, since)
+    found = detect_frame(frame, load, th, truncated=since is not None, bad=bad)
     if activity is not None:
         found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now)
     new, fresh = [], set()

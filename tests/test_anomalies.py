@@ -252,12 +252,12 @@ def test_finding_payload_is_a_valid_anomaly_event():
 # ------------------------------------------------------------ through the store
 
 
-def write_run(runs_dir, run, steps, loss, grad, end=True, load=None):
+def write_run(runs_dir, run, steps, loss, grad, end=True, load=None, extra=None):
     import observatory
 
     r = observatory.init(run_id=run, runs_dir=runs_dir, config={"lr": 1e-3}, install_signal_handlers=False)
     for s, lo, g in zip(steps, loss, grad, strict=True):
-        r.log({A.LOSS: float(lo), A.GRAD: float(g)}, step=int(s))
+        r.log({A.LOSS: float(lo), A.GRAD: float(g), **(extra(int(s)) if extra else {})}, step=int(s))
     for s, layer, routed in load or ():
         r.log_expert_load(int(s), layer, routed, [0] * len(routed))
     if end:
@@ -391,3 +391,24 @@ def test_detect_command(tmp_path, ingest):
     assert len(stored_anomalies(fresh, "r1")) == 3
     res = cli.invoke(main, [*args, "--full"])
     assert res.exit_code == 0 and "0 new finding(s)" in res.output
+
+
+def test_nonfinite_in_any_metric_through_the_store(tmp_path, ingest):
+    """The series detectors read five metrics; the non-finite check still sees every one."""
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    steps, loss, grad, _, _ = clean(300, seed=15)
+
+    def extra(s):
+        return {"router/layer_3/z_loss": float("inf") if s in (200, 201) else 1.0}
+
+    write_run(runs, "r", steps, loss, grad, extra=extra)
+    A._STATE.clear()
+    ingest(runs, db)
+    ingest(runs, db)
+    (f,) = stored_anomalies(db, "r")
+    assert (f["detector"], f["metric"], f["window"], f["severity"]) == (
+        "nonfinite",
+        "router/layer_3/z_loss",
+        [200, 201],
+        "critical",
+    )

@@ -17,6 +17,7 @@ from observatory.events import OBSERVATORY_HOST
 
 __all__ = [
     "metric_series",
+    "nonfinite_values",
     "expert_load_series",
     "cut_step",
     "anomaly_events",
@@ -46,25 +47,43 @@ def cut_step(con, run: str, through: int, lookback: int) -> int | None:
     return int(rows[-1][0])
 
 
-def metric_series(con, run: str, since_step: int | None = None) -> pl.DataFrame:
+def metric_series(
+    con, run: str, since_step: int | None = None, names: list[str] | None = None
+) -> pl.DataFrame:
     """One run's metrics as a wide frame: `step` then one Float64 column per metric name.
 
-    Several hosts logging the same name at one step are averaged (a NaN stays NaN).
-    Rows are sorted by step; a metric missing at a step is null.
+    names: only these metrics (a big run logs hundreds of per-layer names the series
+    detectors never look at). Several hosts logging the same name at one step are
+    averaged (a NaN stays NaN). Rows are sorted by step; a metric missing at a step is null.
     """
+    only = "" if names is None else "AND name IN (SELECT unnest(?::VARCHAR[]))"
+    params: list[Any] = [run, OBSERVATORY_HOST, -1 if since_step is None else since_step]
     tbl = con.sql(
-        """
+        f"""
         SELECT step, name, avg(value) AS value FROM metrics
-        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ?
+        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? {only}
         GROUP BY step, name
         """,
-        params=[run, OBSERVATORY_HOST, -1 if since_step is None else since_step],
+        params=params + ([list(names)] if names is not None else []),
     ).to_arrow_table()
     long = pl.from_arrow(tbl)
     if long.height == 0:
         return pl.DataFrame({"step": pl.Series([], dtype=pl.Int64)})
     wide = long.pivot(on="name", index="step", values="value").sort("step")
     return wide.with_columns(pl.col("step").cast(pl.Int64))
+
+
+def nonfinite_values(con, run: str, since_step: int | None = None) -> pl.DataFrame:
+    """Every NaN or infinite metric value of a run: columns step, name, value (long form, sorted)."""
+    tbl = con.sql(
+        """
+        SELECT step, name, value FROM metrics
+        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? AND (isnan(value) OR isinf(value))
+        ORDER BY step, name
+        """,
+        params=[run, OBSERVATORY_HOST, -1 if since_step is None else since_step],
+    ).to_arrow_table()
+    return pl.from_arrow(tbl)
 
 
 def expert_load_series(con, run: str, since_step: int | None = None) -> pl.DataFrame:
