@@ -938,6 +938,12 @@ def after_ingest(
     """
     global _last_stall_check
     runs = list(dict.fromkeys(touched_runs))
+    try:  # ladder targets against their pre-registered forecast band (writes its own anomalies; idempotent)
+        from observatory.ladder_watch import check_targets
+
+        check_targets(db, runs_dir, runs)
+    except Exception as e:
+        print(f"observatory anomalies: ladder check failed: {type(e).__name__}: {e}", file=sys.stderr)
     try:
         th = thresholds or Thresholds.from_settings()
         stall_due = time.monotonic() - _last_stall_check > min(10.0, th.stall_s / 4)
