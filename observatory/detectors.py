@@ -1,0 +1,760 @@
+"""Instability detectors: pure functions over a run's metric series → `Finding`s.
+
+`observatory.anomalies` runs them over the store as events are ingested and writes
+each finding as an `anomaly` event; this module knows nothing of stores or files.
+
+Detectors (all thresholds are settings, `anomaly_*`):
+
+- `loss_spike`: train/loss above its recent level (median of the previous
+  `anomaly_min_history` steps) by `anomaly_loss_z` robust sigmas of its noise
+  (IQR of step-to-step changes over the previous `anomaly_window` steps, which a
+  falling loss does not inflate; OLMo-core flags mean + 6 sigma of the previous
+  128) and by `anomaly_loss_min_rise`.
+- `loss_dip`: the loss falls to under half its recent level in a step: no model
+  learns that fast, a batch unlike the others (a bad batch of one repeated byte) does.
+- `grad_spike`: the same on log grad/norm/total, plus a minimum ratio and a
+  confirmation (two such steps in a row, or one `anomaly_grad_single_ratio` times
+  the level). In BLOOM 176B's logs the grad norm led the loss spike by ~3 steps:
+  this is the early warning.
+- `update_spike`: the same rule on opt/update_norm: the update that wrecks the
+  weights is logged one step before the loss it wrecks.
+- `grad_growth`: the rolling median grad norm climbs `anomaly_grad_growth` times
+  above its lowest level in the window before (the 535B run's grad norm grew past 4).
+- `incomplete_recovery`: loss still above its pre-spike level `anomaly_recovery_steps`
+  after a spike.
+- `drop_jump`: moe/drop_fraction (or dropped/routed from expert_load) jumps.
+- `hot_expert` / `dead_expert`: max/mean routed load over a ratio, or zero load,
+  for `anomaly_expert_steps` consecutive logged steps.
+- `nonfinite`: NaN or inf in any metric.
+- `throughput_drop`: tokens/s below a fraction of its trailing median for a while.
+- `stalled_run`: no events for `anomaly_stall_s` and no run_end.
+
+Detectors are pure functions of numpy arrays (steps, values) → `Finding`s, so
+they are tested on synthetic series and on real runs alike. A flag at a step
+depends only on a bounded trailing window, which is what makes the incremental
+scan exact: `observatory.anomalies.scan_run` re-reads `Thresholds.lookback` logged steps before the
+last step it scanned, ignores episodes that began before its windows were
+whole (an earlier scan saw their start) and dedupes by (detector, metric,
+window start) against findings in the store and in events.1000.jsonl.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from observatory import settings
+
+__all__ = [
+    "Thresholds",
+    "Finding",
+    "loss_spikes",
+    "loss_dips",
+    "grad_spikes",
+    "update_spikes",
+    "grad_growth",
+    "incomplete_recovery",
+    "drop_jumps",
+    "hot_experts",
+    "dead_experts",
+    "nonfinite",
+    "throughput_drops",
+    "stalled",
+    "detect_frame",
+    "LOSS",
+    "GRAD",
+    "UPDATE",
+    "DROP",
+    "THROUGHPUT",
+    "SERIES",
+    "SPIKE_GAP",
+]
+
+LOSS = "train/loss"
+GRAD = "grad/norm/total"
+UPDATE = "opt/update_norm"
+DROP = "moe/drop_fraction"
+THROUGHPUT = "throughput/tokens_per_s"
+SPIKE_GAP = 2  # flagged steps this close (in logged steps) belong to one episode
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Detector thresholds; `from_settings()` reads the `anomaly_*` settings."""
+
+    window: int = 128  # trailing window (logged steps) for rolling baselines
+    min_history: int = 16  # logged steps of history before anything is flagged
+    loss_z: float = 6.0
+    loss_min_rise: float = 0.05  # fraction above the recent level
+    loss_dip: float = 0.5  # fraction below the recent level
+    grad_z: float = 6.0
+    grad_min_ratio: float = 5.0
+    grad_single_ratio: float = 10.0
+    grad_growth: float = 3.0
+    growth_steps: int = 32
+    recovery_steps: int = 64
+    recovery_tol: float = 0.05
+    drop_jump: float = 0.1
+    drop_z: float = 6.0
+    hot_ratio: float = 4.0
+    expert_steps: int = 20
+    throughput_drop: float = 0.5
+    throughput_steps: int = 5
+    stall_s: float = 300.0
+
+    def __post_init__(self):
+        for name in (
+            "window",
+            "min_history",
+            "growth_steps",
+            "recovery_steps",
+            "expert_steps",
+            "throughput_steps",
+        ):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Thresholds.{name} must be an int >= 1, got {v!r} (setting anomaly_{name})")
+        if self.min_history > self.window:
+            raise ValueError(
+                f"Thresholds.min_history ({self.min_history}) must be <= window ({self.window}); "
+                "lower anomaly_min_history or raise anomaly_window"
+            )
+        for name in ("loss_z", "grad_z", "drop_z", "loss_min_rise", "recovery_tol", "drop_jump", "stall_s"):
+            v = getattr(self, name)
+            if not v > 0:
+                raise ValueError(f"Thresholds.{name} must be > 0, got {v!r} (setting anomaly_{name})")
+        for name in ("grad_min_ratio", "grad_single_ratio", "grad_growth", "hot_ratio"):
+            if not getattr(self, name) > 1:
+                raise ValueError(
+                    f"Thresholds.{name} must be > 1, got {getattr(self, name)!r} (setting anomaly_{name})"
+                )
+        if not 0 < self.loss_dip < 1:
+            raise ValueError(
+                f"Thresholds.loss_dip must be in (0, 1), got {self.loss_dip!r} (setting anomaly_loss_dip)"
+            )
+        if not 0 < self.throughput_drop < 1:
+            raise ValueError(f"Thresholds.throughput_drop must be in (0, 1), got {self.throughput_drop!r}")
+
+    @classmethod
+    def from_settings(cls) -> Thresholds:
+        return cls(**{f: settings.get(f"anomaly_{f}") for f in cls.__dataclass_fields__})
+
+    @property
+    def lookback(self) -> int:
+        """Logged steps an incremental scan re-reads before the last step it scanned.
+
+        Enough for every trailing window, a spike's recovery check and the longest
+        episode a detector needs before it reports.
+        """
+        return 2 * self.window + self.growth_steps + self.recovery_steps + 2 * self.expert_steps + 16
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One detector finding; `data()` is the `anomaly` event's payload."""
+
+    detector: str
+    metric: str
+    severity: str  # info | warn | critical
+    message: str
+    window: tuple[int, int]  # [first_step, last_step] seen when it was found
+    step: int  # the step at which the detector could first raise it (live)
+    value: float | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+    run: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.detector, self.metric, int(self.window[0]))
+
+    def data(self, scanned_through: int | None = None) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "detector": self.detector,
+            "metric": self.metric,
+            "severity": self.severity,
+            "message": self.message,
+            "window": [int(self.window[0]), int(self.window[1])],
+        }
+        if self.value is not None and math.isfinite(self.value):
+            d["value"] = float(self.value)
+        d.update(self.extra)
+        if scanned_through is not None:
+            d["scanned_through"] = int(scanned_through)
+        return d
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _episodes(flags: np.ndarray, gap: int = 0) -> list[tuple[int, int]]:
+    """Index ranges [i0, i1] of True runs, merging runs separated by <= gap False rows."""
+    idx = np.flatnonzero(flags)
+    if idx.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(idx) > gap + 1)
+    starts = np.concatenate(([idx[0]], idx[breaks + 1]))
+    ends = np.concatenate((idx[breaks], [idx[-1]]))
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
+def _trailing(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarray, np.ndarray]:
+    """Median and robust sigma (IQR / 1.349) of the previous `window` finite values; NaN before min_history."""
+    s = pl.Series(np.where(np.isfinite(x), x, np.nan)).fill_nan(None).shift(1)
+    kw = {"window_size": window, "min_samples": min_history}
+    med = s.rolling_median(**kw).fill_null(np.nan).to_numpy()
+    q25 = s.rolling_quantile(0.25, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
+    q75 = s.rolling_quantile(0.75, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
+    return med, (q75 - q25) / 1.349
+
+
+def _level_noise(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarray, np.ndarray]:
+    """Recent level and noise, both from previous values only; NaN before `min_history`.
+
+    level: median of the previous `min_history` finite values (follows a trend
+    closely); noise: robust sigma of step-to-step differences over the previous
+    `window` (IQR / 1.349 / sqrt 2), which a falling loss does not inflate the way
+    the spread of the values themselves would.
+    """
+    s = pl.Series(np.where(np.isfinite(x), x, np.nan)).fill_nan(None)
+    prev = s.shift(1)
+    # half the window may be missing (a skipped NaN step, sparse logging) without blinding it
+    level = prev.rolling_median(window_size=min_history, min_samples=max(1, min_history // 2))
+    level = level.fill_null(np.nan).to_numpy()
+    d = prev.diff()
+    kw = {"window_size": window, "min_samples": min_history}
+    q25 = d.rolling_quantile(0.25, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
+    q75 = d.rolling_quantile(0.75, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
+    return level, (q75 - q25) / (1.349 * math.sqrt(2))
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _gt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return np.nan_to_num(a, nan=-np.inf) > np.nan_to_num(b, nan=np.inf)
+
+
+# --------------------------------------------------------------- detectors
+#
+# Every detector takes `steps` (N,) int and its series (N,) float, returns
+# Findings plus, through `first_valid`, which row its flags become exact: an
+# episode starting at or before that row in a truncated frame began before the
+# frame and is skipped (see scan_run).
+
+
+def _spikes(
+    detector: str,
+    metric: str,
+    steps,
+    x,
+    z_thr: float,
+    min_rise: float,
+    th: Thresholds,
+    log: bool,
+    single: float | None = None,
+) -> list[Finding]:
+    """Episodes of values above their recent level by `z_thr` robust sigmas and by `min_rise`.
+
+    log: work on log(x) (grad norms are multiplicative), `min_rise` is then a ratio.
+    single: an episode is confirmed by one step this far above (a ratio, or a
+    fraction), else by two flagged steps in a row; None: one flagged step is enough.
+    The finding's `step` is the step that confirmed it.
+    """
+    x = np.asarray(x, dtype=float)
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = np.where(x > 0, np.log(x), np.nan)
+    else:
+        y = x
+    med, sig = _level_noise(y, th.window, th.min_history)
+    med = np.where(np.isfinite(sig), med, np.nan)  # no noise estimate yet: not enough history
+    # a floor on sigma: a perfectly smooth series must not turn 0.1% into 6 sigma
+    floor = 0.01 if log else 0.002 * np.abs(med) + 1e-12
+    sig = np.maximum(np.nan_to_num(sig, nan=0.0), floor)
+    with np.errstate(invalid="ignore"):
+        z = (y - med) / sig
+        rise = (y - med) if log else (y - med) / np.abs(med)
+    need = math.log(min_rise) if log else min_rise
+    flags = _gt(z, np.full_like(z, z_thr)) & _gt(rise, np.full_like(z, need)) & np.isfinite(y)
+    if single is None:
+        strong = flags
+    else:
+        strong = flags & _gt(rise, np.full_like(z, math.log(single) if log else single))
+    out = []
+    for i0, i1 in _episodes(flags, SPIKE_GAP):
+        conf = next(
+            (j for j in range(i0, i1 + 1) if strong[j] or (j > i0 and flags[j] and flags[j - 1])), None
+        )
+        if conf is None:
+            continue  # one moderate step on its own: tiny noisy runs do that
+        seg = x[i0 : i1 + 1]
+        ip = i0 + int(np.nanargmax(seg))
+        base = math.exp(med[i0]) if log else med[i0]
+        ratio = x[ip] / base if base else math.inf
+        zp = float(np.nanmax(z[i0 : i1 + 1]))
+        critical = zp > 2 * z_thr or ratio > (10 if log else 1.5)
+        what = "grad norm" if log else metric
+        out.append(
+            Finding(
+                detector,
+                metric,
+                "critical" if critical else "warn",
+                f"{what} spiked to {_fmt(x[ip])} at step {steps[ip]} ({ratio:.2f}x its recent level "
+                f"{_fmt(base)}, {zp:.1f} robust sigma)",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[conf]),
+                float(x[ip]),
+                {"peak_step": int(steps[ip]), "baseline": float(base), "z": round(zp, 2)},
+            )
+        )
+    return out
+
+
+def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
+    """Loss above its recent level by `loss_z` robust sigmas and by `loss_min_rise`.
+
+    A new episode that starts before the loss came back to within `recovery_tol` of
+    the previous one's baseline is the same instability (a divergence climbs in
+    steps): it extends that finding instead of raising another.
+    """
+    steps = np.asarray(steps)
+    x = np.asarray(loss, dtype=float)
+    out: list[Finding] = []
+    for f in _spikes("loss_spike", metric, steps, x, th.loss_z, th.loss_min_rise, th, log=False):
+        if out:
+            prev = out[-1]
+            between = x[(steps > prev.window[1]) & (steps < f.window[0])]
+            between = between[np.isfinite(between)]
+            if not (between <= prev.extra["baseline"] * (1 + th.recovery_tol)).any():
+                higher = f.value is not None and prev.value is not None and f.value > prev.value
+                top = f if higher else prev
+                out[-1] = replace(
+                    prev,
+                    window=(prev.window[0], f.window[1]),
+                    value=top.value,
+                    message=f"{prev.message.split('; not recovered')[0]}; not recovered, highest {_fmt(top.value)} at step "
+                    f"{top.extra['peak_step']} by step {f.window[1]}",
+                    extra={**prev.extra, "max_step": top.extra["peak_step"]},
+                )
+                continue
+        out.append(f)
+    return out
+
+
+def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
+    """Loss below its recent level by `loss_z` robust sigmas and by the fraction `loss_dip`.
+
+    Learning never halves the loss from one step to the next; a batch does that when
+    it is unlike the others (one repeated token, duplicated documents): a data fault.
+    """
+    steps = np.asarray(steps)
+    x = np.asarray(loss, dtype=float)
+    med, sig = _level_noise(x, th.window, th.min_history)
+    med = np.where(np.isfinite(sig), med, np.nan)
+    sig = np.maximum(np.nan_to_num(sig, nan=0.0), 0.002 * np.abs(np.nan_to_num(med)) + 1e-12)
+    with np.errstate(invalid="ignore"):
+        z = (med - x) / sig
+        flags = _gt(z, np.full_like(x, th.loss_z)) & _gt(med * (1 - th.loss_dip), x) & np.isfinite(x)
+    out = []
+    for i0, i1 in _episodes(flags, 0):
+        ip = i0 + int(np.nanargmin(x[i0 : i1 + 1]))
+        out.append(
+            Finding(
+                "loss_dip",
+                metric,
+                "warn",
+                f"{metric} fell to {_fmt(x[ip])} at step {steps[ip]}, {100 * x[ip] / med[i0]:.0f}% of its recent "
+                f"level {_fmt(med[i0])}: a batch unlike the others (repeated or duplicated data?)",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0]),
+                float(x[ip]),
+                {"peak_step": int(steps[ip]), "baseline": float(med[i0])},
+            )
+        )
+    return out
+
+
+def grad_spikes(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
+    """Log grad norm above its recent level by `grad_z` robust sigmas and `grad_min_ratio` times,
+    confirmed by a second such step in a row or by one step `grad_single_ratio` times the level."""
+    return _spikes(
+        "grad_spike",
+        metric,
+        np.asarray(steps),
+        grad,
+        th.grad_z,
+        th.grad_min_ratio,
+        th,
+        log=True,
+        single=th.grad_single_ratio,
+    )
+
+
+def update_spikes(steps, update, th: Thresholds, metric: str = UPDATE) -> list[Finding]:
+    """The grad-norm spike rule on the optimizer update's norm.
+
+    An update is logged at the step that applies it, so a bad update shows here one
+    step before the loss it wrecks (Marin 32B: update-norm spikes preceded loss spikes).
+    Adam's updates are normalised, so in a healthy run this series is smooth.
+    """
+    fs = _spikes(
+        "update_spike",
+        metric,
+        np.asarray(steps),
+        update,
+        th.grad_z,
+        th.grad_min_ratio,
+        th,
+        log=True,
+        single=th.grad_single_ratio,
+    )
+    return [replace(f, message=f.message.replace("grad norm", "update norm", 1)) for f in fs]
+
+
+def grad_growth(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
+    """Rolling median grad norm (`growth_steps`) over its lowest level in the `window` before."""
+    steps = np.asarray(steps)
+    g = pl.Series(np.where(np.isfinite(grad) & (np.asarray(grad) > 0), grad, np.nan)).fill_nan(None)
+    k = th.growth_steps
+    level = g.rolling_median(window_size=k, min_samples=max(1, k // 2))
+    base = level.shift(k).rolling_min(window_size=th.window, min_samples=th.min_history)
+    level_np = level.fill_null(np.nan).to_numpy()
+    base_np = base.fill_null(np.nan).to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = level_np / base_np
+    flags = _gt(ratio, np.full_like(ratio, th.grad_growth))
+    out = []
+    # sustained: the level itself must stay up `growth_steps` (a spike's decay does not);
+    # one episode however it wobbles around the threshold within a window
+    for i0, i1 in _episodes(flags, th.window):
+        run = next((j for j in range(i0, i1 - k + 2) if flags[j : j + k].all()), None)
+        if run is None:
+            continue
+        i0 = run
+        ip = i0 + int(np.nanargmax(ratio[i0 : i1 + 1]))
+        out.append(
+            Finding(
+                "grad_growth",
+                metric,
+                "warn",
+                f"grad norm has been growing: median {_fmt(level_np[ip])} over the last {k} steps at step "
+                f"{steps[ip]}, {ratio[ip]:.2f}x its lowest level {_fmt(base_np[ip])} before",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0 + k - 1]),
+                float(level_np[ip]),
+                {"ratio": round(float(ratio[ip]), 3), "baseline": float(base_np[ip])},
+            )
+        )
+    return out
+
+
+def incomplete_recovery(
+    steps, loss, spikes: list[Finding], th: Thresholds, metric: str = LOSS
+) -> list[Finding]:
+    """Loss still above its pre-spike level by `recovery_tol` `recovery_steps` after a spike's peak.
+
+    A spike whose check step has not been logged yet is left for a later scan.
+    """
+    steps = np.asarray(steps)
+    x = np.asarray(loss, dtype=float)
+    out = []
+    for sp in spikes:
+        if sp.detector != "loss_spike":
+            continue
+        due = sp.extra["peak_step"] + th.recovery_steps
+        j = int(np.searchsorted(steps, due))
+        if j >= len(steps):
+            continue
+        pre = sp.extra["baseline"]
+        lo = int(np.searchsorted(steps, due - max(1, th.recovery_steps // 8)))
+        post = x[lo : j + 1]
+        post = post[np.isfinite(post)]
+        if post.size == 0:
+            continue
+        level = float(np.median(post))
+        if level > pre * (1 + th.recovery_tol):
+            out.append(
+                Finding(
+                    "incomplete_recovery",
+                    metric,
+                    "critical" if level > pre * (1 + 5 * th.recovery_tol) else "warn",
+                    f"{metric} is {_fmt(level)} {steps[j] - sp.extra['peak_step']} steps after the spike at step "
+                    f"{sp.extra['peak_step']}, still {100 * (level / pre - 1):.1f}% above its pre-spike level "
+                    f"{_fmt(pre)}",
+                    (sp.window[0], int(steps[j])),
+                    int(steps[j]),
+                    level,
+                    {"spike_step": sp.extra["peak_step"], "baseline": pre},
+                )
+            )
+    return out
+
+
+def drop_jumps(steps, drop, th: Thresholds, metric: str = DROP) -> list[Finding]:
+    """Drop fraction above its recent level by `drop_jump` (absolute) and `drop_z` robust sigmas.
+
+    Both: early in training the drop fraction swings by 0.1 and more from step to
+    step as the router settles, so a fixed jump alone would cry wolf.
+    """
+    steps = np.asarray(steps)
+    x = np.asarray(drop, dtype=float)
+    med, sig = _level_noise(x, th.window, th.min_history)
+    med = np.where(np.isfinite(sig), med, np.nan)
+    sig = np.maximum(np.nan_to_num(sig, nan=0.0), 1e-3)
+    with np.errstate(invalid="ignore"):
+        z = (x - med) / sig
+    flags = _gt(x - med, np.full_like(x, th.drop_jump)) & _gt(z, np.full_like(x, th.drop_z))
+    out = []
+    for i0, i1 in _episodes(flags, SPIKE_GAP):
+        ip = i0 + int(np.nanargmax(x[i0 : i1 + 1]))
+        out.append(
+            Finding(
+                "drop_jump",
+                metric,
+                "critical" if x[ip] - med[i0] > 3 * th.drop_jump else "warn",
+                f"drop fraction jumped to {x[ip]:.3f} at step {steps[ip]} from a recent level of {med[i0]:.3f} "
+                f"({float(np.nanmax(z[i0 : i1 + 1])):.1f} robust sigma)",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0]),
+                float(x[ip]),
+                {"peak_step": int(steps[ip]), "baseline": float(med[i0])},
+            )
+        )
+    return out
+
+
+def _streaks(steps, flags: np.ndarray, n: int) -> list[tuple[int, int]]:
+    return [(i0, i1) for i0, i1 in _episodes(flags, 0) if i1 - i0 + 1 >= n]
+
+
+def hot_experts(steps, layer: int, routed: np.ndarray, th: Thresholds) -> list[Finding]:
+    """Max/mean routed load of one layer over `hot_ratio` for `expert_steps` logged steps. routed: (T, E)."""
+    steps = np.asarray(steps)
+    routed = np.asarray(routed, dtype=float)
+    mean = routed.mean(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(mean > 0, routed.max(axis=1) / mean, np.nan)
+    flags = _gt(ratio, np.full_like(ratio, th.hot_ratio))
+    out = []
+    for i0, i1 in _streaks(steps, flags, th.expert_steps):
+        hottest = int(np.bincount(routed[i0 : i1 + 1].argmax(axis=1)).argmax())
+        out.append(
+            Finding(
+                "hot_expert",
+                f"expert_load/layer_{layer}",
+                "warn",
+                f"layer {layer}: expert {hottest} takes {float(np.nanmax(ratio[i0 : i1 + 1])):.1f}x the mean load "
+                f"(max/mean above {th.hot_ratio}) for {i1 - i0 + 1} logged steps from step {steps[i0]}",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0 + th.expert_steps - 1]),
+                float(np.nanmax(ratio[i0 : i1 + 1])),
+                {"layer": int(layer), "expert": hottest},
+            )
+        )
+    return out
+
+
+def dead_experts(steps, layer: int, routed: np.ndarray, th: Thresholds) -> list[Finding]:
+    """Experts of one layer routed nothing for `expert_steps` logged steps. routed: (T, E)."""
+    steps = np.asarray(steps)
+    routed = np.asarray(routed)
+    out = []
+    if routed.size == 0 or routed.sum() == 0:
+        return out  # nothing routed at all in this layer: no expert is singled out
+    for e in range(routed.shape[1]):
+        for i0, i1 in _streaks(steps, routed[:, e] == 0, th.expert_steps):
+            out.append(
+                Finding(
+                    "dead_expert",
+                    f"expert_load/layer_{layer}/expert_{e}",
+                    "warn",
+                    f"layer {layer}: expert {e} received no tokens for {i1 - i0 + 1} logged steps from step "
+                    f"{steps[i0]}",
+                    (int(steps[i0]), int(steps[i1])),
+                    int(steps[i0 + th.expert_steps - 1]),
+                    0.0,
+                    {"layer": int(layer), "expert": e},
+                )
+            )
+    return out
+
+
+def nonfinite(steps, columns: dict[str, np.ndarray]) -> list[Finding]:
+    """NaN or inf in any metric. One finding per episode, named after the loss if it is among them.
+
+    columns: name -> (N,) values; the caller fills steps where a metric was not logged with 0.
+    """
+    steps = np.asarray(steps)
+    if not columns:
+        return []
+    names = sorted(columns)
+    bad = np.stack([~np.isfinite(np.asarray(columns[n], dtype=float)) for n in names])  # (M, N)
+    flags = bad.any(axis=0)
+    out = []
+    for i0, i1 in _episodes(flags, 0):
+        which = [n for k, n in enumerate(names) if bad[k, i0]]
+        which = [m for m in (LOSS, GRAD) if m in which] + [m for m in which if m not in (LOSS, GRAD)]
+        metric = which[0]
+        vals = ", ".join(f"{n}={columns[n][i0]}" for n in which[:4]) + (
+            f" (+{len(which) - 4} more)" if len(which) > 4 else ""
+        )
+        out.append(
+            Finding(
+                "nonfinite",
+                metric,
+                "critical",
+                f"non-finite values from step {steps[i0]}: {vals}",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0]),
+                None,
+                {"metrics": which},
+            )
+        )
+    return out
+
+
+def throughput_drops(steps, tps, th: Thresholds, metric: str = THROUGHPUT) -> list[Finding]:
+    """tokens/s below `throughput_drop` x its trailing median for `throughput_steps` logged steps."""
+    steps = np.asarray(steps)
+    x = np.asarray(tps, dtype=float)
+    med, _ = _trailing(x, th.window, th.min_history)
+    with np.errstate(invalid="ignore"):
+        flags = _gt(th.throughput_drop * med, x) & np.isfinite(x)
+    out = []
+    for i0, i1 in _streaks(steps, flags, th.throughput_steps):
+        lvl = float(np.median(x[i0 : i1 + 1]))
+        out.append(
+            Finding(
+                "throughput_drop",
+                metric,
+                "warn",
+                f"throughput fell to {_fmt(lvl)} tokens/s ({100 * lvl / med[i0]:.0f}% of the trailing median "
+                f"{_fmt(med[i0])}) for {i1 - i0 + 1} logged steps from step {steps[i0]}",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0 + th.throughput_steps - 1]),
+                lvl,
+                {"baseline": float(med[i0])},
+            )
+        )
+    return out
+
+
+def stalled(
+    last_step: int | None, last_t: float | None, ended: bool, th: Thresholds, now: float | None = None
+):
+    """A run with no run_end whose writers have been silent for `stall_s`."""
+    now = time.time() if now is None else now
+    if ended or last_t is None or now - last_t < th.stall_s:
+        return []
+    s = int(last_step or 0)
+    return [
+        Finding(
+            "stalled_run",
+            "events",
+            "warn",
+            f"no events for {(now - last_t) / 60:.1f} min after step {s} and no run_end: the run is stalled or crashed",
+            (s, s),
+            s,
+            float(now - last_t),
+            {"silent_s": round(now - last_t, 1)},
+        )
+    ]
+
+
+# -------------------------------------------------------------- one run, all
+
+
+def _keep(findings: list[Finding], sub_steps: np.ndarray, dep: int, truncated: bool) -> list[Finding]:
+    """Drop episodes that began before this frame's trailing windows were whole (an earlier scan had them)."""
+    if not truncated:
+        return findings
+    if len(sub_steps) <= dep:
+        return []
+    limit = int(sub_steps[dep])
+    return [f for f in findings if f.window[0] > limit]
+
+
+def _series(frame: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps, values) of one metric at the steps where it was logged; None if never."""
+    if name not in frame.columns:
+        return None
+    sub = frame.select("step", pl.col(name).cast(pl.Float64)).filter(pl.col(name).is_not_null())
+    if sub.height == 0:
+        return None
+    return sub["step"].to_numpy(), sub[name].to_numpy()
+
+
+SERIES = (LOSS, GRAD, UPDATE, DROP, THROUGHPUT)  # the metrics the series detectors read
+
+
+def detect_frame(
+    frame: pl.DataFrame,
+    load: pl.DataFrame | None,
+    th: Thresholds,
+    truncated: bool = False,
+    bad: pl.DataFrame | None = None,
+) -> list[Finding]:
+    """Every series detector over one run's frames.
+
+    frame: wide metrics (`step` + one column per metric, null where not logged);
+    load: long expert load (step, layer, expert, routed, dropped) or None;
+    bad: long (step, name, value) of every non-finite metric value; None: look for
+    them in `frame` (then only its columns are checked).
+    truncated: the frame starts after the run's first step (incremental scan).
+    """
+    out: list[Finding] = []
+    spike_dep = th.window + SPIKE_GAP
+    if (s := _series(frame, LOSS)) is not None:
+        steps, x = s
+        spikes = loss_spikes(steps, x, th)
+        out += _keep(spikes, steps, spike_dep, truncated)
+        out += _keep(incomplete_recovery(steps, x, spikes, th), steps, spike_dep, truncated)
+        out += _keep(loss_dips(steps, x, th), steps, spike_dep, truncated)
+    if (s := _series(frame, GRAD)) is not None:
+        steps, g = s
+        out += _keep(grad_spikes(steps, g, th), steps, spike_dep, truncated)
+        out += _keep(grad_growth(steps, g, th), steps, 2 * th.window + th.growth_steps + 1, truncated)
+    if (s := _series(frame, UPDATE)) is not None:
+        out += _keep(update_spikes(s[0], s[1], th), s[0], spike_dep, truncated)
+    drop = _series(frame, DROP)
+    if drop is None and load is not None and load.height:
+        per = load.group_by("step").agg(pl.col("dropped").sum(), pl.col("routed").sum()).sort("step")
+        per = per.filter(pl.col("routed") > 0)
+        if per.height:
+            drop = per["step"].to_numpy(), (per["dropped"] / per["routed"]).to_numpy()
+    if drop is not None:
+        out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, truncated)
+    if (s := _series(frame, THROUGHPUT)) is not None:
+        out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window, truncated)
+    if bad is None:
+        metric_cols = [c for c in frame.columns if c != "step"]
+        if metric_cols and frame.height:
+            steps = frame["step"].to_numpy()
+            cols = {c: frame[c].cast(pl.Float64).fill_null(0.0).to_numpy() for c in metric_cols}
+            out += _keep(nonfinite(steps, cols), steps, 0, truncated)
+    elif bad.height:
+        # the logged steps (for which non-finite steps are consecutive), 0 where a value was fine
+        steps = np.union1d(frame["step"].to_numpy() if frame.height else [], bad["step"].to_numpy()).astype(
+            np.int64
+        )
+        cols = {}
+        for (name,), part in bad.group_by("name", maintain_order=True):
+            col = np.zeros(steps.size)
+            col[np.searchsorted(steps, part["step"].to_numpy())] = part["value"].to_numpy()
+            cols[name] = col
+        out += _keep(nonfinite(steps, cols), steps, 0, truncated)
+    if load is not None and load.height:
+        for (layer,), part in load.sort("step", "expert").group_by("layer", maintain_order=True):
+            wide = part.pivot(on="expert", index="step", values="routed").sort("step").fill_null(0)
+            steps = wide["step"].to_numpy()
+            routed = wide.drop("step").to_numpy()  # (T, E)
+            out += _keep(hot_experts(steps, int(layer), routed, th), steps, 0, truncated)
+            out += _keep(dead_experts(steps, int(layer), routed, th), steps, 0, truncated)
+    return sorted(out, key=lambda f: (f.step, f.detector, f.metric))
