@@ -76,12 +76,17 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def live_store(tmp_path_factory):
-    """The fixture store plus `live-run`, which a writer thread keeps appending to while ingest follows."""
+    """The fixture store (three finished runs), shared by the server and every test here."""
+    return make_store(tmp_path_factory.mktemp("browser"))
+
+
+@pytest.fixture
+def live_run(live_store):
+    """`live-run`, which a writer thread appends to (4 steps/s) while `ingest --follow` runs, for one test."""
     import observatory
     from observatory.ingest import ingest
 
-    tmp = tmp_path_factory.mktemp("browser")
-    runs_dir, db = make_store(tmp)
+    runs_dir, db = live_store
     stop_ev = threading.Event()
     run = observatory.init(
         run_id="live-run", config={"steps": 100_000}, runs_dir=runs_dir, install_signal_handlers=False
@@ -99,7 +104,7 @@ def live_store(tmp_path_factory):
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
     time.sleep(1.0)
-    ingest(runs_dir, db, emit=None)  # the run exists before the server starts
+    ingest(runs_dir, db, emit=None)  # the run is in the store before the page opens
     follower = threading.Thread(
         target=ingest,
         args=(runs_dir, db),
@@ -107,7 +112,7 @@ def live_store(tmp_path_factory):
         daemon=True,
     )
     follower.start()
-    yield runs_dir, db
+    yield "live-run"
     stop_ev.set()
     writer.join(10)
     follower.join(30)
@@ -217,8 +222,8 @@ def last_step(page) -> int | None:
     return int(txt) if txt.strip().isdigit() else None
 
 
-def test_live_page_follows_a_running_run(server, browser):
-    page = open_page(browser, f"{server}/live?run=live-run")
+def test_live_page_follows_a_running_run(server, browser, live_run):
+    page = open_page(browser, f"{server}/live?run={live_run}")
     try:
         page.wait_for_function(
             "() => document.querySelectorAll('.js-plotly-plot').length >= 1", timeout=LOAD_MS
