@@ -400,6 +400,8 @@ class _Loop:
         self.bar = None
         self.peak = None
         self._pending = None
+        self.t_last = None  # when the previous step's values reached the host
+        self.t_skip_next = False  # the next step's wall time includes eval/checkpoint work
 
     # ------------------------------------------------------------ plumbing
 
@@ -471,7 +473,7 @@ class _Loop:
         if cfg.failure.on_nan == "rollback" and not self.ckpt.steps():
             self.save(wait=True)  # something to roll back to before the first periodic checkpoint
         self._pending = pending = None  # (step, outputs, lr, faults) of the dispatched step not yet read
-        self.t_last = None  # when the previous step's values reached the host
+        self.t_last = None
         self.t_skip_next = False
         step = self.step
         while step < cfg.steps or pending is not None:
