@@ -40,7 +40,14 @@ def suite(tmp_path_factory):
         ],
     }
     for run, ov in cases.items():
-        cfg = load_config(tiny, [f"steps={STEPS}", "telemetry.progress=false", "checkpoint.every=0", *ov])
+        base = [
+            f"steps={STEPS}",
+            "telemetry.progress=false",
+            "checkpoint.every=0",
+            "checkpoint.at_exit=false",
+            "eval.every=0",
+        ]
+        cfg = load_config(tiny, [*base, *ov])
         train(cfg, runs, run_id=run)
     A._STATE.clear()
     ingest(runs, db, emit=None)  # the hook writes findings as host-1000 events
@@ -73,7 +80,11 @@ def test_each_fault_is_caught_and_nothing_before(suite):
     nf = [f for f in fs if f["detector"] == "nonfinite"]
     assert [f["window"][0] for f in nf] == [NAN] and nf[0]["severity"] == "critical"
     assert nf[0]["metric"] == "train/loss"
-    spike = [f for f in near(fs, LR_SPIKE, after=5) if f["detector"] in ("loss_spike", "grad_spike", "update_spike")]
+    spike = [
+        f
+        for f in near(fs, LR_SPIKE, after=5)
+        if f["detector"] in ("loss_spike", "grad_spike", "update_spike")
+    ]
     assert spike, fs
     # the x30 update is logged at the step that applies it: warned before the loss reacts
     assert min(f["step"] for f in spike) == LR_SPIKE
