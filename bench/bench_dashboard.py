@@ -68,18 +68,20 @@ def page_batches(run: str, fork: str) -> dict[str, list[list[tuple]]]:
         "Live, all 100k steps": [live(None, None)],
         "Live refresh, zoom 5k steps": [live(40_000, 44_999)],
         "Live refresh, zoom 800 steps (every step)": [live(40_000, 40_799)],
-        "Experts, all steps": [runs, experts(None, None)],
-        "Experts, zoom 5k steps": [runs, experts(40_000, 44_999)],
-        "Experts, zoom 500 steps (every step)": [runs, experts(40_000, 40_499)],
+        "Experts, all steps": [runs + experts(None, None)],  # a deep link: one connection
+        "Experts, zoom 5k steps": [runs + experts(40_000, 44_999)],
+        "Experts, zoom 500 steps (every step)": [runs + experts(40_000, 40_499)],
         "Live drop fraction from loads (no metric)": [
             [("run_drop_series", qe.run_drop_series, (run, 0, 99_999, 1000))]
         ],
         "Compare (overlay, diff, lineage)": [
             runs,
-            [("metric_names_for", qd.metric_names_for, ([run, fork],))],
-            [("runs_view", qd.runs_view, ([run, fork], "train/loss", None, None, 1000))],
-            [("run_configs", qd.run_configs, ([run, fork],))],
-            [("lineage_view", compare.lineage_view, (fork, "train/loss"))],
+            [
+                ("metric_names_for", qd.metric_names_for, ([run, fork],)),
+                ("runs_view", qd.runs_view, ([run, fork], "train/loss", None, None, 1000)),
+                ("run_configs", qd.run_configs, ([run, fork],)),
+                ("lineage_view", compare.lineage_view, (run, "train/loss")),
+            ],
         ],
         "SQL (schema browser)": [[("schema", qd.schema, ())]],
     }
@@ -114,6 +116,12 @@ def bench_queries(db: Path) -> float:
         t = time.perf_counter()
         duckdb.connect(":memory:").close()
         opens.append((time.perf_counter() - t) * 1000)
+    batches = page_batches(RUN, RUN + "-fork")
+    with store.connect(
+        db
+    ) as con:  # a server is long-lived: its first-ever query (imports, cold pages) is not a page
+        for _, fn, args in batches["Runs"][0]:
+            fn(con, *args)
     print(f"\n## Page queries on {db} (goal: each page within {GOAL_MS:.0f} ms)\n")
     print(
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; opening an empty in-memory DuckDB "
@@ -121,9 +129,9 @@ def bench_queries(db: Path) -> float:
     )
     print("| page | query | ms | ratio to 500 ms |")
     print("|---|---|---|---|")
-    for page, batches in page_batches(RUN, RUN + "-fork").items():
+    for page, page_calls in batches.items():
         t_page = time.perf_counter()
-        for batch in batches:
+        for batch in page_calls:
             with store.connect(db) as con:
                 for label, fn, args in batch:
                     t = time.perf_counter()
@@ -133,7 +141,7 @@ def bench_queries(db: Path) -> float:
         total = (time.perf_counter() - t_page) * 1000
         worst = max(worst, total)
         print(
-            f"| **{page}** | **total, {len(batches)} connection(s)** | **{total:.1f}** | **{total / GOAL_MS:.2f}** |"
+            f"| **{page}** | **total, {len(page_calls)} connection(s)** | **{total:.1f}** | **{total / GOAL_MS:.2f}** |"
         )
     with store.connect(db) as con:
         for label, ms in plain_scans(con, RUN):

@@ -214,29 +214,14 @@ def runs_calls() -> tuple[tuple, ...]:
 
 
 def _runs_with_status(con) -> list[dict[str, Any]]:
-    """The runs rows with the status the public should see: a silent run without run_end is crashed.
+    """The runs as the public should see them (a silent run without run_end is `crashed`).
 
-    Uses the core queries' `list_runs` when present (one definition of `crashed`);
-    this module-level wrapper exists so that `query` can cache it by name.
+    One definition of `crashed` for the CLI and the dashboard: `queries.core.list_runs`;
+    this module-level wrapper exists so that `query_all` can cache it by name.
     """
-    try:
-        from observatory.queries import core
-    except ImportError:
-        core = None
-    if core is not None and hasattr(core, "list_runs"):
-        rows = core.list_runs(con)
-        rows = [r if isinstance(r, dict) else r._asdict() if hasattr(r, "_asdict") else dict(r) for r in rows]
-        if rows and "run" in rows[0]:
-            return rows
-    cur = con.execute("SELECT * FROM runs")
-    cols = [d[0] for d in cur.description]
-    rows = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
-    stale = settings.get("stale_after_s")
-    now = time.time()
-    for r in rows:
-        if r.get("status") in (None, "running") and (now - (r.get("last_event_t") or 0)) > stale:
-            r["status"] = "crashed"
-    return rows
+    from observatory.queries import core
+
+    return core.list_runs(con)
 
 
 def pick_run(

@@ -194,6 +194,19 @@ def render() -> None:
         st.info("Pick one or more runs.")
         return
 
+    # the three tabs' data on one connection, with the widgets' current (or default) choices;
+    # a choice that differs later is simply another (cached) query
+    ss = st.session_state
+    calls = [
+        (qd.metric_names_for, chosen),
+        (qd.runs_view, chosen, ss.get("compare_metric") or qp.get("metric") or "train/loss",
+         *common.requested_window("compare_window"), 1000),
+        (qd.run_configs, [ss.get("compare_a") or chosen[0], ss.get("compare_b") or chosen[min(1, len(chosen) - 1)]]),
+    ]  # fmt: skip
+    if common.lineage_module() is not None:
+        calls.append((lineage_view, ss.get("compare_lineage_run") or chosen[0], "train/loss"))
+    common.query_all(*calls)
+
     tab_overlay, tab_diff, tab_lineage = st.tabs(["Overlay", "Config diff", "Lineage"])
     with tab_overlay:
         names = sorted(

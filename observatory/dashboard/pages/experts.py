@@ -69,18 +69,26 @@ def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) ->
     return {"data": data, "layout": layout}
 
 
+def _view_call(run: str) -> tuple:
+    """The page's one data query for `run`: layer from the widget or ?layer=, window from the slider."""
+    qp_layer = st.query_params.get("layer")
+    layer = st.session_state.get("experts_layer")
+    if layer is None and qp_layer and qp_layer.isdigit():
+        layer = int(qp_layer)
+    return (qe.experts_view, run, layer, *common.requested_window(f"experts_window_{run}"), 400, 500)
+
+
 def render() -> None:
     st.title("Experts")
+    wanted = st.query_params.get("run")
+    if wanted:  # a deep link: the run list and this run's view on one connection
+        common.query_all(*common.runs_calls(), _view_call(wanted))
     runs = common.runs_table()
     run = common.pick_run(runs)
     if run is None:
         return
     wkey = f"experts_window_{run}"
-    qp_layer = st.query_params.get("layer")
-    wanted = st.session_state.get("experts_layer")
-    if wanted is None and qp_layer and qp_layer.isdigit():
-        wanted = int(qp_layer)
-    view = common.query(qe.experts_view, run, wanted, *common.requested_window(wkey), 400, 500)
+    view = common.query(*_view_call(run))
     if view is None:
         st.info("This run logged no `expert_load` events.")
         return
