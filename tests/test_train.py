@@ -302,3 +302,16 @@ def test_cli_errors_and_ladder_dispatch(capsys):
     with pytest.raises(SystemExit) as e:
         main(["ladder", "--help"])  # handed to trainer.ladder:main untouched
     assert e.value.code == 0 and "usage: trainer ladder" in capsys.readouterr().out
+
+
+def test_cli_resume_and_fork_take_the_checkpoint_config(base):
+    from trainer.cli import resolve_config
+
+    runs, run_id, evs = base
+    c = resolve_config(None, ["steps=70"], runs_dir=runs, resume=run_id)  # latest checkpoint: step 60
+    stored = evs[0]["data"]["config"]
+    assert c.steps == 70 and c.to_dict() == {**stored, "steps": 70}
+    f = resolve_config(None, ["optimizer.lr=0.002"], runs_dir=runs, fork=f"{run_id}@20")
+    assert f.optimizer.lr == 0.002 and f.checkpoint.every == 20 and f.tags == ("base",)
+    with pytest.raises(ValueError, match="no checkpoint at step 7"):
+        resolve_config(None, [], runs_dir=runs, fork=f"{run_id}@7")
