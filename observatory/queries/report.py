@@ -67,10 +67,14 @@ def _num(x: Any) -> float | None:
 
 
 def run_info(con, run: str) -> dict[str, Any] | None:
-    row = con.execute(f"SELECT {', '.join(_RUN_COLS)} FROM runs WHERE run = ?", [run]).fetchone()
-    if row is None:
-        return None
-    out = dict(zip(_RUN_COLS, row, strict=True))
+    """The run's `runs` row; for a records folder (events but no run_start, e.g. `decisions/`),
+    a row of NULLs so the report can show its records. None when the store has neither."""
+    row = con.execute(f"SELECT {', '.join(_RUN_COLS)} FROM runs WHERE run = ?", [run]).fetchall()
+    if not row:
+        if not con.execute("SELECT count(*) FROM events WHERE run = ?", [run]).fetchall()[0][0]:
+            return None
+        row = [tuple(run if c == "run" else None for c in _RUN_COLS)]
+    out = dict(zip(_RUN_COLS, row[0], strict=True))
     for c in _JSON_COLS:
         if isinstance(out[c], str):
             out[c] = json.loads(out[c])
