@@ -19,12 +19,17 @@ from observatory.queries import experts as qe
 
 def heatmap_figure(hm: dict, which: str, title: str) -> go.Figure:
     """A plotly heatmap of an (E, B) matrix from `queries.experts.heatmap` (x = bucket first step)."""
-    z = hm[which]
+    z, steps = hm[which], hm["steps"]
+    # buckets with no expert_load at all (runs log it every `expert_load_every` steps) would
+    # draw as blank stripes; plotly stretches the remaining cells over the gaps instead
+    logged = np.isfinite(hm["routed"]).any(axis=0) if z.size else np.zeros(0, bool)
+    if logged.any() and not logged.all():
+        z, steps = z[:, logged], steps[logged]
     peak = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
     fig = go.Figure(
         go.Heatmap(
             z=z,
-            x=hm["steps"],
+            x=steps,
             y=hm["experts"],
             colorscale="Viridis" if which == "share" else "Reds",
             zmin=0,
@@ -39,7 +44,7 @@ def heatmap_figure(hm: dict, which: str, title: str) -> go.Figure:
         margin={"l": 40, "r": 10, "t": 36, "b": 30},
         dragmode="select",
     )
-    fig.update_yaxes(title="expert")
+    fig.update_yaxes(title="expert", dtick=max(1, len(hm["experts"]) // 16))  # whole experts only
     return fig
 
 
