@@ -40,6 +40,10 @@ def seed_samples(runs_dir: Path) -> int:
     return added
 
 
+def _stop(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     runs_dir = Path(settings.get("runs"))
     db = Path(settings.get("db"))
@@ -54,6 +58,8 @@ def main() -> int:
     subprocess.run([bin_dir / "observatory", "ingest"], env=env, check=True)
     subprocess.run([bin_dir / "observatory", "runs"], env=env, check=False)
 
+    # SIGTERM (a service manager, `kill`) stops the children too, like Ctrl-C does
+    signal.signal(signal.SIGTERM, _stop)
     run_id = "demo-" + time.strftime("%Y%m%d-%H%M%S")
     procs = {
         "trainer": subprocess.Popen(
