@@ -128,10 +128,13 @@ def test_single_100mb_line_is_capped_and_memory_stays_bounded(runs_dir, db_path,
             f.write(block)
         f.write(b'"}}\n')
         f.write(json.dumps(GOOD_AFTER).encode() + b"\n")
+    # VmHWM is the peak of this process's own address space; getrusage's ru_maxrss would also
+    # carry the parent's RSS at fork time across exec (the pytest process may be ~1 GB by now)
     code = (
-        "import resource, sys; from observatory.ingest import ingest; "
+        "import re; from observatory.ingest import ingest; "
         f"r = ingest({str(runs_dir)!r}, {str(db_path)!r}, hooks=False); "
-        "print(r.events, r.rejected, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1); "
+        "print(r.events, r.rejected, hwm)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     events, rejected, maxrss_kb = map(int, out.stdout.split())
