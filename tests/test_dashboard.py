@@ -102,6 +102,10 @@ def test_live_page_curves_markers_forecast(store):
     at = page("live", run="base-run")
     assert not at.exception
     assert at.selectbox(key="pick_run").value == "base-run"
+    assert len(specs(at)) == 1  # a first view sends the loss chart alone...
+    assert any("Loading the health charts" in c.value for c in at.caption)
+    at.run()  # ...and the one-shot timer's rerun (here: the next run) draws the rest
+    assert not at.exception
     charts = specs(at)
     assert len(charts) == 7  # loss + six health charts
     loss = charts[0]
