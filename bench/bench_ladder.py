@@ -90,11 +90,14 @@ def main() -> int:
             final = t["curve"].get(1.0)
             ok = final is not None and fc["low"] <= final <= fc["high"]
             err = 100 * (fc["value"] - final) / final if final else float("nan")
+            # a band is only worth as much as it is narrow: report its half-width with the verdict
+            half = 100 * (fc["high"] - fc["low"]) / 2 / fc["value"]
             print(f"target {t['run']}: pre-registered {fc['value']:.4f} [{fc['low']:.4f}, {fc['high']:.4f}], "
                   f"actual final {final if final is None else round(final, 4)} ({err:+.2f}%): "
-                  f"{'inside' if ok else 'OUTSIDE'}; curve points inside {inside}/{len(scored)}")
+                  f"{'inside' if ok else 'OUTSIDE'} (band +-{half:.0f}%); curve points inside {inside}/{len(scored)}")
             rows.append((f"Ladder target {t['run']}: final loss inside its pre-registered band",
-                         f"{'yes' if ok else 'no'} ({err:+.2f}%, {inside}/{len(scored)} curve points inside)", "yes"))
+                         f"{'yes' if ok else 'no'} (point forecast {err:+.2f}%, band +-{half:.0f}%, {inside}/{len(scored)} "
+                         "curve points inside)", "yes"))
         print()
         for target, measured, goal in rows:
             print(f"| {target} | {measured} | {goal} | `{CMD}` |")
