@@ -33,10 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 GOAL_MS = 500.0
 RUN = "bench-moe"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]  # fmt: skip
+from observatory import report  # noqa: E402  (after the sys.path line)
+
+CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
 
 
 # ---------------------------------------------------------------- 1. queries

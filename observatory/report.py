@@ -424,6 +424,19 @@ def _chromium() -> str:
     )
 
 
+# Headless chromium on a machine with no network beyond the package registries: without the
+# background-networking flags it keeps trying (and failing) to reach Google's services.
+CHROMIUM_ARGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+)
+
+
 def render_pdf(html_text: str, pdf_path: Path, timeout_s: float = 120) -> Path:
     """Print the HTML report with headless chromium (no extra Python package needed)."""
     pdf_path = Path(pdf_path)
@@ -432,13 +445,7 @@ def render_pdf(html_text: str, pdf_path: Path, timeout_s: float = 120) -> Path:
         src.write_text(html_text, encoding="utf-8")
         cmd = [
             _chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
+            *CHROMIUM_ARGS,
             f"--user-data-dir={Path(tmp) / 'profile'}",
             "--no-pdf-header-footer",
             "--virtual-time-budget=10000",  # let plotly draw before printing

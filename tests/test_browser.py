@@ -20,20 +20,14 @@ from pathlib import Path
 import pytest
 from dashboard_fixtures import make_store, metrics_at
 
+from observatory import report
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
 LOAD_MS = 90_000  # two shared CPU cores: a cold page can take a while
 
 

@@ -14,15 +14,7 @@ from observatory.report_figures import figures
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
 
 
 @pytest.fixture(scope="module")
