@@ -52,6 +52,7 @@ READER = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_writer_follower_and_readers_at_once(tmp_path):
     runs_dir, db = tmp_path / "runs", tmp_path / "store.duckdb"
     runs_dir.mkdir()
