@@ -26,7 +26,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 # The timing tests (readers see new data within 2 s) run first, in a pytest process of their
-# own: after 60 other tests in one process they have failed where alone they pass (see README).
+# own (see the README's note on them).
 test: setup chromium
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -m timing
