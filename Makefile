@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	sync  # flush the install's ~1 GB of dirty pages now, not during the fsync-timed tests
 	touch $(STAMP)
 
 # Debian's chromium for the browser tests (Playwright cannot download its own here).
