@@ -132,21 +132,9 @@ class RunLogBuilder:
         self.events: list[dict] = []
 
     def add(self, kind: str, data: dict, step: int | None, t: float) -> dict:
-        if kind == "metrics" and self._plain_metrics(data, step, t):
-            # the bulk of an import: names and float values we made ourselves; only
-            # non-finite values need their string form. Same result as validate_event.
-            ev = {
-                "v": VERSION,
-                "run": self.run,
-                "kind": kind,
-                "step": step,
-                "t": float(t),
-                "host": self.host,
-                "seq": len(self.events),
-                "data": {k: v if v - v == 0 else encode_nonfinite(v) for k, v in data.items()},
-            }
-            self.events.append(ev)
-            return ev
+        # the bulk of an import is plain metrics: names and float values we made ourselves;
+        # only non-finite values need their string form, with the same result as validate_event
+        plain = kind == "metrics" and self._plain_metrics(data, step, t)
         ev = {
             "v": VERSION,
             "run": self.run,
@@ -155,9 +143,12 @@ class RunLogBuilder:
             "t": float(t),
             "host": self.host,
             "seq": len(self.events),
-            "data": encode_value(data),
+            "data": {k: v if v - v == 0 else encode_nonfinite(v) for k, v in data.items()}
+            if plain
+            else encode_value(data),
         }
-        validate_event(ev)
+        if not plain:
+            validate_event(ev)
         self.events.append(ev)
         return ev
 
