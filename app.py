@@ -43,4 +43,5 @@ for section, module, title, url, icon in PAGES:
     sections.setdefault(section, []).append(
         st.Page(_page(module, title), title=title, url_path=url, icon=icon, default=module == "runs")
     )
-st.navigation(sections).run()
+# top navigation: the sidebar's page list cost the Live page's first chart ~0.3 s (bench_dashboard.py)
+st.navigation(sections, position="top").run()

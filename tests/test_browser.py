@@ -196,10 +196,10 @@ def test_sql_console_in_browser(server, browser):
         page.get_by_role("heading", name="SQL").first.wait_for()
         editor = page.locator("textarea").first
         editor.fill("ATTACH '/tmp/x.duckdb' AS x")
-        page.get_by_role("button", name="Run").click()
+        page.get_by_role("button", name="Run", exact=True).click()
         page.get_by_text(re.compile("Refused")).first.wait_for()
         editor.fill("SELECT run, status FROM runs ORDER BY run")
-        page.get_by_role("button", name="Run").click()
+        page.get_by_role("button", name="Run", exact=True).click()
         page.get_by_text(re.compile(r"\d+ rows in")).first.wait_for()
         page.screenshot(path=str(ARTIFACTS / "sql-result.png"), full_page=True)
         assert_no_exception(page, "sql")
@@ -208,12 +208,12 @@ def test_sql_console_in_browser(server, browser):
 
 
 def last_step(page) -> int | None:
-    """The 'Last step' metric on the Live page."""
-    box = page.locator('[data-testid="stMetric"]', has_text="Last step")
+    """The 'Last step' figure of the Live page's status line."""
+    box = page.locator('[data-testid="stMarkdown"]', has_text="Last step")
     if box.count() == 0:
         return None
-    txt = box.first.locator('[data-testid="stMetricValue"]').inner_text().replace(",", "")
-    return int(txt) if txt.strip().isdigit() else None
+    m = re.search(r"Last step\s+([\d,]+)", box.first.inner_text())
+    return int(m.group(1).replace(",", "")) if m else None
 
 
 def test_live_page_follows_a_running_run(server, browser, live_run):

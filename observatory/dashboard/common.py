@@ -24,6 +24,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -549,6 +550,25 @@ def show_chart(fig, key: str, window_key: str | None = None) -> None:
             st.session_state[f"{key}_applied"] = box
             st.session_state[f"{window_key}_box"] = box
             st.rerun()
+
+
+_after_paint = None
+
+
+def after_first_paint(key: str) -> bool:
+    """False until the browser has drawn a plotly chart on this page; then (about 1 s later) True.
+
+    A zero-height component (`after_paint/index.html`): its value turning True reruns
+    the script (or the fragment it sits in), so a page can send its first chart alone
+    and the rest once that chart is on screen. Without a browser (AppTest) it stays
+    False; the page's next run draws everything anyway.
+    """
+    global _after_paint
+    if _after_paint is None:
+        import streamlit.components.v1 as components
+
+        _after_paint = components.declare_component("after_paint", path=str(Path(__file__).parent / "after_paint"))
+    return bool(_after_paint(key=key, default=False))
 
 
 def ago(t: float | None, now: float | None = None) -> str:

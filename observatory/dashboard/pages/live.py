@@ -3,9 +3,9 @@
 Only the live panel is a fragment (`st.fragment(run_every=2)`), so a refresh
 re-runs a handful of cached queries, not the page. Loss comes first (with eval
 points, the ladder forecast band and event markers), then the MoE and optimiser
-health charts (on a first view of a run, about HEALTH_DELAY_S after the loss
-chart, so the browser draws the loss first). A run that has gone silent
-without `run_end` gets a banner.
+health charts (on a first view of a run, once the browser has drawn the loss
+chart: `common.after_first_paint`). A run that has gone silent without
+`run_end` gets a banner.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from observatory.queries import dashboard as qd
 from observatory.queries import experts as qe
 
 REFRESH_S = 2
-HEALTH_DELAY_S = 2.0  # on a first view the health charts follow the loss chart by about this much
 LOSS = ("train/loss", "train/ce_loss")
 # (title, metric names drawn together, log y)
 HEALTH = (
@@ -170,11 +169,7 @@ def _panel(run: str, smoothing: float) -> None:
     # one connection for the whole panel: the window's series, markers, evals and forecasts
     wkey = f"live_window_{run}"
     view, all_marks, evals, fcs = common.query_all(*panel_calls(run))
-    c = st.columns(4)
-    c[0].metric("Status", row["status"])
-    c[1].metric("Last step", "—" if row["last_step"] is None else f"{row['last_step']:,}")
-    c[2].metric("Last loss", "—" if row["last_loss"] is None else f"{row['last_loss']:.4f}")
-    c[3].metric("Since last event", common.ago(row["last_event_t"], now))
+    st.markdown(status_line(row, now))
     if view["extent"] is None:
         st.info("No metrics logged yet for this run.")
         return
@@ -211,23 +206,30 @@ def _panel(run: str, smoothing: float) -> None:
         st.info("No `train/loss` logged in this window.")
 
     drawn = f"live_drawn_{run}"
-    if not st.session_state.get(drawn):
-        # First view of this run: the browser draws the loss chart alone, and a one-shot timer
-        # asks for the six health charts a moment later (all seven at once kept the first chart
-        # off screen longer: 2.3x -> 2.0x of a bare plotly page in bench/bench_dashboard.py).
+    if loss_name is not None and not st.session_state.get(drawn):
+        # First view of this run: the browser draws the loss chart alone; once it is on screen
+        # the component's value reruns this panel, which then draws the six health charts too.
+        # (All seven at once kept the first chart off screen 1.5x as long as one chart alone;
+        # a timer instead of the paint collided with slow first paints: bench/bench_dashboard.py.)
         st.session_state[drawn] = True
         st.caption("Loading the health charts…")
-        st.fragment(run_every=HEALTH_DELAY_S)(_draw_rest)(f"live_kick_{run}")
+        common.after_first_paint(f"live_painted_{run}")
         return
     _health(run, data, marks, lo, hi, smoothing, wkey)
 
 
-def _draw_rest(arm_key: str) -> None:
-    """The one-shot kick: its first call (in the page run) arms it; the timer's call reruns the page,
-    which then draws everything and no longer defines this fragment (so the timer stops)."""
-    if st.session_state.pop(arm_key, False):
-        st.rerun()
-    st.session_state[arm_key] = True
+def status_line(row: dict, now: float) -> str:
+    """One Markdown line of the run's status, last step, last loss and time since its last event.
+
+    A line, not four `st.metric` cards: the cards' widget code alone delayed the first chart.
+    """
+    step = "—" if row["last_step"] is None else f"{row['last_step']:,}"
+    loss = "—" if row["last_loss"] is None else f"{row['last_loss']:.4f}"
+    color = {"running": "green", "completed": "blue", "preempted": "orange"}.get(row["status"], "red")
+    return (
+        f"**Status** :{color}-badge[{row['status']}] · **Last step** {step} · "
+        f"**Last loss** {loss} · **Since last event** {common.ago(row['last_event_t'], now)}"
+    )
 
 
 def _health(run: str, data, marks, lo: int, hi: int, smoothing: float, wkey: str) -> None:
