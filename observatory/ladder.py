@@ -57,6 +57,9 @@ from scipy.stats import norm
 
 __all__ = [
     "FRACTIONS",
+    "NOISE_DEFAULT",
+    "average_seeds",
+    "seed_noise",
     "METHOD",
     "FIT_VERSION",
     "DETECTOR",
@@ -76,7 +79,9 @@ __all__ = [
 
 FRACTIONS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 5% .. 100%
 METHOD = "powerlaw-huber-log(delta=1e-3)/L-BFGS-B; band: rung bootstrap + leave-one-rung-out"
-FIT_VERSION = "2"  # 1: no rung-noise draws in the bootstrap (the committed sample forecast); 2: with them
+# 1: no rung-noise draws in the bootstrap; 2: with them; 3: a rung's seeds averaged, noise measured from seeds
+FIT_VERSION = "3"
+NOISE_DEFAULT = 0.003  # run-to-run noise assumed when the rungs have no seeds to measure it from
 DETECTOR = "ladder_deviation"
 EVAL_METRIC = "eval/loss"
 
@@ -97,9 +102,13 @@ class FitConfig:
     loo: str = "max"  # widen by the "max" or "rms" leave-one-rung-out log error (or "none")
     # Run-to-run noise of one run's eval loss (relative, 1 sigma): a target's own seed noise is
     # something no fit to other runs can predict, and a 3-parameter law through 3-4 rungs leaves
-    # too few residual degrees of freedom to estimate it. 0.3% is about what retraining a tiny rung
-    # with another seed moves its final eval loss; the band always includes +-z*noise.
-    noise: float = 0.003
+    # too few residual degrees of freedom to estimate it from the law's residuals. None: measured
+    # from the rungs' seeds (`seed_noise`, pooled spread of a rung's seeds at the final eval) when
+    # they give >= `min_noise_dof` degrees of freedom, else NOISE_DEFAULT. A rung averaging k
+    # seeds is moved by noise / sqrt(k) in the bootstrap; the band always includes +-z*noise for
+    # the target's own (single-run) noise.
+    noise: float | None = None
+    min_noise_dof: int = 3
     noise_draws: int = 32  # bootstrap refits with rung-level noise draws (resamples are repeated to reach it)
     # One E for every schedule fraction (else each fraction fits its own E, A, alpha). On the sample
     # ladder the independent fits land the held-out final loss closer (+0.8% vs +2.4%) but their
@@ -119,7 +128,7 @@ class FitConfig:
             raise ValueError(f"FitConfig.level must be in (0, 1), e.g. 0.9, got {self.level}")
         if self.n_starts < 1:
             raise ValueError(f"FitConfig.n_starts must be >= 1, got {self.n_starts}")
-        if not (0 <= self.noise < 0.5):
+        if self.noise is not None and not (0 <= self.noise < 0.5):
             raise ValueError(f"FitConfig.noise must be a relative 1-sigma noise in [0, 0.5), got {self.noise}")
         if self.noise_draws < 1:
             raise ValueError(f"FitConfig.noise_draws must be >= 1, got {self.noise_draws}")
@@ -135,7 +144,11 @@ class FitConfig:
 
 @dataclass(frozen=True)
 class Rung:
-    """One rung: its compute and its eval loss at schedule fractions (1.0 = the final eval)."""
+    """One rung: its compute and its eval loss at schedule fractions (1.0 = the final eval).
+
+    Either one run (`seed` = its ladder.seed, if any) or, after `average_seeds`, the mean
+    of several seeds of the same rung (`runs` lists them, `seed` is None).
+    """
 
     run: str
     rung: str
@@ -145,6 +158,8 @@ class Rung:
     params_total: int | None = None
     tokens: int | None = None
     steps: int | None = None
+    seed: int | None = None
+    runs: tuple[str, ...] = ()  # the seed runs averaged into this rung; () = just `run`
 
     def __post_init__(self):
         if not (self.flops > 0 and math.isfinite(self.flops)):
@@ -153,6 +168,10 @@ class Rung:
     @property
     def final_loss(self) -> float | None:
         return self.curve.get(1.0)
+
+    @property
+    def n_seeds(self) -> int:
+        return max(1, len(self.runs))
 
 
 @dataclass(frozen=True)
@@ -353,6 +372,8 @@ class LadderFit:
     boot: dict[float, np.ndarray]  # fraction -> (B, 3) bootstrap (E, log A, alpha), c_ref as laws[f]
     boot_w: dict[float, np.ndarray]  # fraction -> (B,) probability of each bootstrap resample
     loo_err: dict[float, dict[str, float]]  # fraction -> rung -> log(pred / obs) with that rung left out
+    noise: float = NOISE_DEFAULT  # run-to-run noise of one run (relative, 1 sigma) the band uses
+    noise_source: str = "default"  # "config", "seeds (dof N)" or "default"
 
     @property
     def final(self) -> PowerLaw:
@@ -380,8 +401,12 @@ class LadderFit:
         step = math.log(cs[-1] / cs[-2])
         return np.maximum(1.0, np.log(c / cs[-1]) / step)
 
-    def predict(self, fraction: float, flops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(value, low, high), each (m,), at compute `flops` (array-like) for one schedule fraction."""
+    def predict(self, fraction: float, flops, seeds: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(value, low, high), each (m,), at compute `flops` (array-like) for one schedule fraction.
+
+        `seeds`: how many seed runs the observed curve being forecast averages (its own noise
+        shrinks by sqrt(seeds)); a target is one run.
+        """
         law = self.laws[fraction]
         c = np.atleast_1d(np.asarray(flops, dtype=float))
         value = law(c)  # (m,)
@@ -396,16 +421,16 @@ class LadderFit:
             lo_b = np.minimum(np.log(qs[0] / value), 0.0)
             hi_b = np.maximum(np.log(qs[1] / value), 0.0)
         h = self.loo_halfwidth(fraction) * self.extrapolation_scale(c)  # (m,)
-        z = float(norm.ppf(0.5 + self.config.level / 2)) * self.config.noise  # the target's own noise
+        z = float(norm.ppf(0.5 + self.config.level / 2)) * self.noise / math.sqrt(seeds)  # the target's own noise
         low = value * np.exp(-np.sqrt(lo_b**2 + h**2 + z**2))
         high = value * np.exp(np.sqrt(hi_b**2 + h**2 + z**2))
         return value, low, high
 
-    def forecast(self, flops: float, steps: int | None = None) -> Forecast:
-        """The forecast curve for a run of compute `flops` and `steps` optimizer steps."""
+    def forecast(self, flops: float, steps: int | None = None, seeds: int = 1) -> Forecast:
+        """The forecast curve for a run of compute `flops` and `steps` optimizer steps (`seeds` runs averaged)."""
         pts = []
         for f in sorted(self.laws):
-            v, lo, hi = self.predict(f, flops)
+            v, lo, hi = self.predict(f, flops, seeds)
             step = None if steps is None else int(round(f * steps))
             pts.append(ForecastPoint(f, step, float(v[0]), float(lo[0]), float(hi[0])))
         return Forecast(flops=float(flops), steps=steps, points=pts)
@@ -419,9 +444,11 @@ class LadderFit:
             "config": {k: v for k, v in asdict(self.config).items() if k != "fractions"},
             "rungs": [
                 {"run": r.run, "rung": r.rung, "flops": r.flops, "params_active": r.params_active,
-                 "params_total": r.params_total, "tokens": r.tokens, "final_loss": r.final_loss}
+                 "params_total": r.params_total, "tokens": r.tokens, "final_loss": r.final_loss,
+                 "seeds": r.n_seeds, "runs": list(r.runs or (r.run,))}
                 for r in self.rungs
             ],
+            "noise": {"value": self.noise, "source": self.noise_source},
             "final": self.final.as_dict(),
             "fractions": {
                 f"{f:.2f}": {**law.as_dict(), "loo_halfwidth": self.loo_halfwidth(f)}
@@ -455,9 +482,57 @@ class Forecast:
         return [asdict(p) for p in self.points]
 
 
+def average_seeds(rungs: Sequence[Rung]) -> list[Rung]:
+    """One `Rung` per rung label: the seeds of a rung averaged at every schedule fraction.
+
+    Runs with the same `rung` label are seeds of one rung (they must share its compute).
+    At each fraction the loss is the mean over the seeds that have an eval there (a seed
+    still running adds its points as they come). A rung of one run is returned as is.
+    The result is what the fit, its bootstrap (a rung's seeds always travel together)
+    and the leave-one-rung-out see. Order: by compute.
+    """
+    groups: dict[str, list[Rung]] = {}
+    for r in rungs:
+        groups.setdefault(r.rung, []).append(r)
+    out = []
+    for label, rs in groups.items():
+        if len(rs) == 1 and not rs[0].runs:
+            out.append(rs[0])
+            continue
+        rs = sorted(rs, key=lambda r: (r.seed is None, r.seed or 0, r.run))
+        if any(not math.isclose(r.flops, rs[0].flops, rel_tol=1e-9) for r in rs):
+            raise ValueError(f"rung {label!r}: its seed runs differ in compute "
+                             + ", ".join(f"{r.run}: C={r.flops:.6g}" for r in rs) + "; seeds of a rung must "
+                             "train the same model on the same tokens")
+        fracs = sorted(set().union(*(r.curve for r in rs)))
+        curve = {f: float(np.mean([r.curve[f] for r in rs if f in r.curve])) for f in fracs}
+        runs = tuple(x for r in rs for x in (r.runs or (r.run,)))
+        out.append(Rung(run=rs[0].run, rung=label, flops=rs[0].flops, curve=curve,
+                        params_active=rs[0].params_active, params_total=rs[0].params_total,
+                        tokens=rs[0].tokens, steps=rs[0].steps, seed=None, runs=runs))
+    return sorted(out, key=lambda r: (r.flops, r.rung))
+
+
+def seed_noise(rungs: Sequence[Rung], fraction: float = 1.0) -> tuple[float, int]:
+    """Run-to-run noise measured from seeds: (pooled 1-sigma std of log loss at `fraction`, dof).
+
+    `rungs` are single runs (before `average_seeds`); the spread of a rung's seeds around
+    their mean is pooled over rungs. dof = sum(seeds - 1) over rungs; (nan, 0) without seeds.
+    """
+    groups: dict[str, list[float]] = {}
+    for r in rungs:
+        if fraction in r.curve and r.curve[fraction] > 0:
+            groups.setdefault(r.rung, []).append(math.log(r.curve[fraction]))
+    ss = sum(float(((np.array(v) - np.mean(v)) ** 2).sum()) for v in groups.values())
+    dof = sum(len(v) - 1 for v in groups.values())
+    return (math.sqrt(ss / dof), dof) if dof > 0 else (float("nan"), 0)
+
+
 def fit_version(rungs: Sequence[Rung]) -> str:
     """FIT_VERSION plus a short hash of the data a fit saw, so a forecast names exactly what it used."""
-    payload = [(r.run, r.flops, sorted(r.curve.items())) for r in sorted(rungs, key=lambda r: r.run)]
+    rungs = average_seeds(rungs)
+    payload = [("+".join(r.runs) if len(r.runs) > 1 else r.run, r.flops, sorted(r.curve.items()))
+               for r in sorted(rungs, key=lambda r: r.run)]
     return f"{FIT_VERSION}:{hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:12]}"
 
 
@@ -470,15 +545,28 @@ def _matrix(rungs, fractions):
     return np.log(c / c_ref), Y, c_ref
 
 
+def _noise(rungs: Sequence[Rung], cfg: FitConfig) -> tuple[float, str]:
+    """The run-to-run noise the band uses: the config's, else measured from seeds, else the default."""
+    if cfg.noise is not None:
+        return cfg.noise, "config"
+    sd, dof = seed_noise(rungs)
+    if dof >= cfg.min_noise_dof and math.isfinite(sd):
+        return sd, f"seeds (dof {dof})"
+    return NOISE_DEFAULT, "default"
+
+
 def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder") -> LadderFit:
     """Fit every schedule fraction, bootstrap over whole rungs, leave-one-rung-out errors.
 
-    A fraction is fit when at least two rungs have an eval there. Each fraction has
-    its own (E, A, alpha) unless `config.shared_e`. Resamples and leave-one-out subsets
-    with fewer than three distinct rungs cannot determine E: they keep the full fit's.
+    `rungs` may hold several seeds of a rung (same `rung` label): they are averaged at
+    every fraction (`average_seeds`) and are one unit everywhere after that. A fraction
+    is fit when at least two rungs have an eval there. Each fraction has its own
+    (E, A, alpha) unless `config.shared_e`. Resamples and leave-one-out subsets with
+    fewer than three distinct rungs cannot determine E: they keep the full fit's.
     """
     cfg = config or FitConfig()
-    rungs = sorted(rungs, key=lambda r: r.flops)
+    noise, noise_source = _noise(rungs, cfg)
+    rungs = average_seeds(rungs)
     n_distinct = len({r.flops for r in rungs})
     if n_distinct < cfg.n_free:
         raise ValueError(
@@ -521,13 +609,14 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
         # bootstrap over whole rungs: a resample (rung counts) is shared by every fraction, and each
         # resampled rung's whole curve is moved by one draw of the run-to-run noise
         counts, prob = _resamples([r.flops for r in rungs], 2, cfg.n_boot, cfg.seed)
-        reps = max(1, math.ceil(cfg.noise_draws / max(len(counts), 1))) if cfg.noise > 0 else 1
+        reps = max(1, math.ceil(cfg.noise_draws / max(len(counts), 1))) if noise > 0 else 1
         rng = np.random.default_rng(cfg.seed)
+        sigma = noise / np.sqrt([r.n_seeds for r in rungs])  # (n,) a rung's mean of k seeds: noise / sqrt(k)
         boot: dict[float, list] = {f: [] for f in fractions}
         boot_w: dict[float, list] = {f: [] for f in fractions}
         for w, pr in zip(counts, prob, strict=True):
             for _ in range(reps):
-                eps = rng.normal(0.0, cfg.noise, n) if cfg.noise > 0 else np.zeros(n)
+                eps = rng.normal(0.0, 1.0, n) * sigma if noise > 0 else np.zeros(n)
                 th, ok = sub(w, Y * np.exp(eps)[None, :])
                 for j, f in enumerate(fractions):
                     if ok[j]:
@@ -552,7 +641,7 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
         name=name, rungs=list(rungs), config=cfg, laws=laws,
         boot={f: np.array(v, dtype=float).reshape(-1, 3) for f, v in boot.items()},
         boot_w={f: np.array(v, dtype=float) for f, v in boot_w.items()},
-        loo_err=loo,
+        loo_err=loo, noise=noise, noise_source=noise_source,
     )
 
 
@@ -619,11 +708,15 @@ def compare(forecast: Forecast, curve: dict[float, float]) -> list[dict]:
 
 
 def backtest(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder") -> Backtest:
-    """Leave the largest rung out, fit the rest, forecast its curve and score the forecast."""
-    rungs = sorted(rungs, key=lambda r: r.flops)
-    held, rest = rungs[-1], rungs[:-1]
+    """Leave the largest rung (all its seeds) out, fit the rest, forecast its (seed-mean) curve, score it.
+
+    The band is for the held-out rung as observed: the mean of its seeds, so the forecast's
+    own-noise term is noise / sqrt(seeds).
+    """
+    held = average_seeds(rungs)[-1]
+    rest = [r for r in rungs if r.rung != held.rung]
     fit = fit_ladder(rest, config, name=name)
-    fc = fit.forecast(held.flops, held.steps)
+    fc = fit.forecast(held.flops, held.steps, seeds=held.n_seeds)
     rows = compare(fc, held.curve)
     scored = [r for r in rows if r["inside"] is not None]
     fin = fc.final

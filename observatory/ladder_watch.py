@@ -88,7 +88,9 @@ def _steps_of(info: dict, points: list[dict]) -> int | None:
 
 
 def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung], list[dict], str | None]:
-    """A ladder's rungs (as `Rung`s), its targets (run info + observed curve) and the eval dataset used.
+    """A ladder's rung runs (as `Rung`s, one per run: a rung trained with several seeds gives one per
+    seed, with `seed` from ladder.seed; the fit averages them), its targets (run info + observed
+    curve) and the eval dataset used.
 
     Raises ValueError naming the ladder when it has no runs or a rung lacks `flops`.
     """
@@ -120,6 +122,7 @@ def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung],
             run=r["run"], rung=str(lad.get("rung", r["rung"])), flops=float(flops), curve=curve,
             params_active=lad.get("params_active"), params_total=lad.get("params_total"),
             tokens=lad.get("tokens"), steps=steps,
+            seed=lad.get("seed") if isinstance(lad.get("seed"), int) else None,
         ))  # fmt: skip
     return rungs, targets, ds
 
@@ -193,7 +196,8 @@ def forecast_event_data(fit: LadderFit, forecast: Forecast, dataset: str | None,
         "fit": fit.final.as_dict(),
         "pre_registered": pre_registered,
         "source": {"ladder": fit.name, "fit_version": fit_version(fit.rungs),
-                   "rungs": [r.run for r in fit.rungs], "fix_e": fit.config.fix_e},
+                   "rungs": [x for r in fit.rungs for x in (r.runs or (r.run,))], "fix_e": fit.config.fix_e,
+                   "noise": fit.noise, "noise_source": fit.noise_source},
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +13,11 @@ from observatory.ladder import (
     FitConfig,
     Rung,
     _resamples,
+    average_seeds,
     backtest,
     fit_ladder,
     fit_power_law,
+    seed_noise,
 )
 from observatory.ladder_watch import band_at_steps, curve_by_fraction, deviations
 
@@ -154,3 +157,112 @@ def test_independent_e_per_fraction():
     es = {round(law.E, 6) for law in fit.laws.values()}
     assert len(es) > 1  # each fraction has its own E
     assert abs(fit.forecast(4.4e11).final.value / law(4.4e11) - 1) < 0.02
+
+
+# ------------------------------------------------------------ seeds per rung
+
+
+def seeded_rungs(flops, offsets, noise=0.0005, seed=0):
+    """Rungs trained with len(offsets) seeds each: seed k's whole curve is the law times
+    exp(offsets[k] + a small per-point noise), labelled like load_ladder does (same rung, own seed)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, c in enumerate(flops):
+        for k, off in enumerate(offsets):
+            curve = {f: law(c, f) * math.exp(off + rng.normal(0, noise)) for f in FRACTIONS}
+            out.append(Rung(run=f"r{i}" + (f"-s{k}" if k else ""), rung=f"r{i}", flops=c, curve=curve,
+                            steps=100, seed=k))
+    return out
+
+
+def test_average_seeds_means_every_fraction_and_keeps_the_rung_as_one_unit():
+    runs = seeded_rungs([1e10, 2e10], [-0.02, 0.0, 0.02])
+    avg = average_seeds(runs)
+    assert [r.rung for r in avg] == ["r0", "r1"]
+    r0 = avg[0]
+    assert r0.runs == ("r0", "r0-s1", "r0-s2") and r0.n_seeds == 3 and r0.seed is None
+    for f in FRACTIONS:
+        assert r0.curve[f] == pytest.approx(np.mean([r.curve[f] for r in runs[:3]]))
+    # a seed still running (no final eval yet) adds the points it has
+    partial = [*runs[:2], Rung(run="r0-s2", rung="r0", flops=1e10, curve={0.05: 9.0}, seed=2)]
+    r0p = average_seeds(partial)[0]
+    assert r0p.curve[1.0] == pytest.approx(np.mean([runs[0].curve[1.0], runs[1].curve[1.0]]))
+    assert r0p.curve[0.05] == pytest.approx(np.mean([runs[0].curve[0.05], runs[1].curve[0.05], 9.0]))
+    # one run per rung: returned as is
+    single = synth_rungs([1e10, 2e10])
+    assert average_seeds(single) == single
+    with pytest.raises(ValueError, match="differ in compute"):
+        average_seeds([runs[0], Rung(run="x", rung="r0", flops=3e10, curve={1.0: 3.0}, seed=1)])
+
+
+def test_the_fit_sees_the_seed_mean_and_the_bootstrap_moves_whole_rungs():
+    flops = [1e10, 2.2e10, 5e10, 1.1e11]
+    runs = seeded_rungs(flops, [-0.03, 0.01, 0.02], seed=1)
+    fit = fit_ladder(runs, FitConfig(noise=0.003))
+    pre = fit_ladder(average_seeds(runs), FitConfig(noise=0.003))
+    assert [r.rung for r in fit.rungs] == ["r0", "r1", "r2", "r3"] and all(r.n_seeds == 3 for r in fit.rungs)
+    for f in fit.laws:  # seeds averaged first: the same laws as fitting the averaged rungs
+        assert fit.laws[f].E == pytest.approx(pre.laws[f].E, abs=1e-9)
+        assert fit.laws[f].alpha == pytest.approx(pre.laws[f].alpha, abs=1e-9)
+    # the bootstrap resamples the 4 rungs (31 multisets with >= 2 distinct), not the 12 seed runs
+    reps = math.ceil(FitConfig().noise_draws / 31)
+    assert len(fit.boot[1.0]) == 31 * reps
+    assert set(fit.loo_err[1.0]) == {"r0", "r1", "r2", "r3"}  # leave-one-out drops a rung with all its seeds
+    # a rung's mean of 3 seeds is moved by noise / sqrt(3) in the bootstrap: a narrower band than
+    # the same means taken for single runs
+    single = [Rung(run=r.run, rung=r.rung, flops=r.flops, curve=r.curve, steps=r.steps) for r in pre.rungs]
+    b3 = fit_ladder(runs, FitConfig(noise=0.02, loo="none")).forecast(4.4e11)
+    b1 = fit_ladder(single, FitConfig(noise=0.02, loo="none")).forecast(4.4e11)
+    assert b3.final.value == pytest.approx(b1.final.value)
+    assert math.log(b3.final.high / b3.final.low) < math.log(b1.final.high / b1.final.low)
+
+
+def test_seed_noise_is_measured_from_the_seeds():
+    offsets = [-0.02, 0.0, 0.02]  # sample sd 0.02 in log loss, the same at every rung
+    runs = seeded_rungs([1e10, 2.2e10, 5e10, 1.1e11], offsets, noise=1e-5)
+    sd, dof = seed_noise(runs)
+    assert dof == 4 * 2 and sd == pytest.approx(0.02, rel=0.02)
+    fit = fit_ladder(runs)
+    assert fit.noise == pytest.approx(sd) and fit.noise_source == "seeds (dof 8)"
+    # no seeds: the default; an explicit noise wins
+    assert fit_ladder(synth_rungs([1e10, 2e10, 5e10])).noise_source == "default"
+    assert fit_ladder(runs, FitConfig(noise=0.001)).noise == 0.001
+    # the target is one run: its own-noise term is the full noise, a mean of k seeds gets 1/sqrt(k)
+    one, three = fit.forecast(4.4e11, seeds=1).final, fit.forecast(4.4e11, seeds=3).final
+    assert math.log(one.high / one.low) > math.log(three.high / three.low)
+    assert math.log(one.high / one.value) >= 1.645 * sd * 0.99
+
+
+def test_backtest_holds_out_every_seed_of_the_largest_rung():
+    runs = seeded_rungs([1e10, 2.2e10, 5e10, 1.1e11], [-0.002, 0.0, 0.002], seed=2)
+    bt = backtest(runs)
+    assert bt.held_out == "r3"
+    assert bt.final_obs == pytest.approx(np.mean([r.curve[1.0] for r in runs if r.rung == "r3"]))
+    assert abs(bt.final_error_pct) < 1.0 and bt.coverage >= 0.9
+
+
+def test_ladder_spec_seeds_plan_one_run_per_rung_and_seed(tmp_path):
+    pytest.importorskip("jax")
+    from trainer.ladder import load_ladder_spec, plan
+
+    base = Path(__file__).resolve().parent.parent / "trainer" / "configs" / "tiny.yaml"
+    y = tmp_path / "lad.yaml"
+    body = (f"name: lad\nbase: {base}\ntokens_per_param: 2\nrungs:\n  - {{rung: a, overrides: [model.d_model=16]}}\n"
+            "  - {rung: b, overrides: [model.d_model=24]}\ntarget: {rung: t, overrides: [model.d_model=32]}\n")
+    y.write_text(body + "seeds: 3\n")
+    spec = load_ladder_spec(y)
+    assert spec.seeds == (0, 1, 2)
+    rungs, tgt = plan(spec)
+    assert [p.run_id for p in rungs] == ["lad-a", "lad-b", "lad-a-s1", "lad-b-s1", "lad-a-s2", "lad-b-s2"]
+    for p in rungs:  # the seed sets model init and batch order, and is in run_start's ladder info
+        assert p.cfg.seed == p.seed == p.ladder["seed"] and p.cfg.data.seed == p.seed
+        assert p.cfg.name == p.run_id
+    a0, a1 = rungs[0], rungs[2]
+    assert a0.ladder["flops"] == a1.ladder["flops"] and a0.cfg.steps == a1.cfg.steps
+    assert tgt.run_id == "lad-t" and tgt.seed == 0 and tgt.ladder["target"] is True
+    y.write_text(body + "seeds: [4, 7]\n")
+    assert [p.run_id for p in plan(load_ladder_spec(y))[0]][:2] == ["lad-a-s4", "lad-b-s4"]
+    for bad, msg in (("0", "must be >= 1"), ("[1, 1]", "distinct"), ("x", "a count"), ("[-1]", ">= 0")):
+        y.write_text(body + f"seeds: {bad}\n")
+        with pytest.raises(ValueError, match=msg):
+            load_ladder_spec(y)

@@ -75,6 +75,10 @@ class LadderSpec:
     overrides: tuple[str, ...] = ()  # applied to every rung and the target, before their own
     warmup_fraction: float = 0.05  # warmup as a share of each rung's steps (the schedule scales with it)
     target: RungSpec | None = None
+    # Seeds every rung is trained with (model init and batch order, `seed` and `data.seed`); the
+    # fit averages a rung's seeds at every schedule fraction. Seed 0 keeps the run id
+    # <name>-<rung>, seed k > 0 is <name>-<rung>-s<k>. The target is trained once, with the first.
+    seeds: tuple[int, ...] = (0,)
     source: str = ""  # the YAML file, for error messages
 
     def __post_init__(self):
@@ -92,6 +96,27 @@ class LadderSpec:
             raise ValueError(f"{where}warmup_fraction must be in [0, 0.5), got {self.warmup_fraction}")
         if not self.base.exists():
             raise ValueError(f"{where}base config {self.base} does not exist")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
+                isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
+            raise ValueError(f"{where}seeds must be distinct integers >= 0 (or a count), got {list(self.seeds)}")
+        ids = [_run_id(self.name, r.rung, s) for r in self.rungs for s in self.seeds]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{where}rung labels collide with seed run ids (<rung>-s<k>): {sorted(ids)}")
+
+
+def _run_id(name: str, rung: str, seed: int) -> str:
+    return f"{name}-{rung}" if seed == 0 else f"{name}-{rung}-s{seed}"
+
+
+def _seeds(v: Any, where: str) -> tuple[int, ...]:
+    """`seeds: 3` (seeds 0, 1, 2) or `seeds: [0, 5, 9]`."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < 1:
+            raise ValueError(f"{where}: seeds: a count must be >= 1, got {v}")
+        return tuple(range(v))
+    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return tuple(v)
+    raise ValueError(f"{where}: seeds: expected a count (e.g. 3) or a list of integers, got {v!r:.80}")
 
 
 def _rung(d: Any, where: str) -> RungSpec:
@@ -117,7 +142,7 @@ def load_ladder_spec(path: str | Path) -> LadderSpec:
         raise ValueError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(d, dict):
         raise ValueError(f"{p}: the top level must be a mapping")
-    known = {"name", "base", "tokens_per_param", "rungs", "overrides", "warmup_fraction", "target"}
+    known = {"name", "base", "tokens_per_param", "rungs", "overrides", "warmup_fraction", "target", "seeds"}
     unknown = set(d) - known
     if unknown:
         raise ValueError(f"{p}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -137,6 +162,7 @@ def load_ladder_spec(path: str | Path) -> LadderSpec:
         overrides=tuple(ov),
         warmup_fraction=float(d.get("warmup_fraction", 0.05)),
         target=_rung(d["target"], f"{p}: target") if d.get("target") else None,
+        seeds=_seeds(d.get("seeds", 1), str(p)),
         source=str(p),
     )
 
@@ -147,13 +173,18 @@ class RungPlan:
     run_id: str
     cfg: Any  # trainer.config.TrainConfig, steps and evals set
     ladder: dict[str, Any] = field(default_factory=dict)  # what goes into run_start.ladder
+    seed: int = 0
 
 
-def _plan_one(spec: LadderSpec, r: RungSpec, extra: tuple[str, ...] = (), target: bool = False) -> RungPlan:
+def _plan_one(spec: LadderSpec, r: RungSpec, extra: tuple[str, ...] = (), target: bool = False,
+              seed: int = 0) -> RungPlan:
     from trainer.config import load_config
     from trainer.flops import param_counts
 
-    cfg = load_config(spec.base, [*spec.overrides, *r.overrides, *extra])
+    run_id = _run_id(spec.name, r.rung, seed)
+    # the seed sets both model init and batch order; the target's own overrides may still change it
+    seeded = (f"seed={seed}", f"data.seed={seed}")
+    cfg = load_config(spec.base, [*spec.overrides, *r.overrides, *seeded, *extra])
     m = cfg.model
     total, active = param_counts(m)
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
@@ -164,22 +195,25 @@ def _plan_one(spec: LadderSpec, r: RungSpec, extra: tuple[str, ...] = (), target
     flops = float((6 * active + attn_per_token) * tokens)
     cfg = dataclasses.replace(
         cfg,
-        name=f"{spec.name}-{r.rung}",
+        name=run_id,
         steps=steps,
         eval=dataclasses.replace(cfg.eval, every=steps // EVALS_PER_RUN),
         schedule=dataclasses.replace(cfg.schedule, warmup_steps=round(spec.warmup_fraction * steps)),
     )
-    ladder = {"name": spec.name, "rung": r.rung, "params_active": int(active), "params_total": int(total),
-              "tokens": int(tokens), "flops": flops, "steps": steps, "tokens_per_param": spec.tokens_per_param}
+    ladder = {"name": spec.name, "rung": r.rung, "seed": seed, "params_active": int(active),
+              "params_total": int(total), "tokens": int(tokens), "flops": flops, "steps": steps,
+              "tokens_per_param": spec.tokens_per_param}
     if target:
         ladder["target"] = True
-    return RungPlan(r.rung, f"{spec.name}-{r.rung}", cfg, ladder)
+    return RungPlan(r.rung, run_id, cfg, ladder, seed)
 
 
 def plan(spec: LadderSpec, target_overrides: tuple[str, ...] = ()) -> tuple[list[RungPlan], RungPlan | None]:
-    """The rungs' (and target's) configs with steps, evals and compute derived from the recipe."""
-    rungs = [_plan_one(spec, r) for r in spec.rungs]
-    tgt = _plan_one(spec, spec.target, target_overrides, target=True) if spec.target else None
+    """The rungs' (every rung x seed, seed-major: all rungs of the first seed come first) and the
+    target's configs, with steps, evals and compute derived from the recipe."""
+    rungs = [_plan_one(spec, r, seed=s) for s in spec.seeds for r in spec.rungs]
+    tgt = (_plan_one(spec, spec.target, target_overrides, target=True, seed=spec.seeds[0])
+           if spec.target else None)
     return rungs, tgt
 
 
@@ -260,12 +294,18 @@ def pack(runs_dir: Path, run_ids: list[str], dest: Path) -> list[Path]:
 
 
 def _print_plan(spec: LadderSpec, rungs: list[RungPlan], tgt: RungPlan | None) -> None:
-    print(f"ladder {spec.name}: {spec.tokens_per_param:g} tokens per active parameter, base {spec.base}")
-    print(f"{'rung':>8} {'run id':>24} {'active':>10} {'total':>10} {'steps':>6} {'tokens':>10} {'FLOPs':>10}")
+    print(f"ladder {spec.name}: {spec.tokens_per_param:g} tokens per active parameter, base {spec.base}, "
+          f"seeds {list(spec.seeds)} (the fit averages a rung's seeds)")
+    print(f"{'rung':>8} {'seed':>4} {'run id':>24} {'active':>10} {'total':>10} {'steps':>6} {'tokens':>10} "
+          f"{'FLOPs':>10}")
     for p in rungs + ([tgt] if tgt else []):
         lad = p.ladder
-        print(f"{p.rung + ('*' if lad.get('target') else ''):>8} {p.run_id:>24} {lad['params_active']:>10,} "
+        print(f"{p.rung + ('*' if lad.get('target') else ''):>8} {p.seed:>4} {p.run_id:>24} {lad['params_active']:>10,} "
               f"{lad['params_total']:>10,} {p.cfg.steps:>6} {lad['tokens']:>10,} {lad['flops']:>10.3g}")
+    total = sum(p.ladder["flops"] for p in rungs)
+    biggest = max(p.ladder["flops"] for p in rungs)
+    print(f"all rung runs: C={total:.3g}" + (f"; target / largest rung: {tgt.ladder['flops'] / biggest:.2f}x"
+                                              if tgt else ""))
     if tgt:
         print("* target; spec for `observatory ladder fit --target FILE`:")
         print(json.dumps({"target": {"run": tgt.run_id, "flops": tgt.ladder["flops"], "steps": tgt.cfg.steps}}))

@@ -72,9 +72,9 @@ def list_cmd(db, as_json):
     if not rows:
         click.echo("no ladders in the store (runs with ladder.name in run_start); did you run ingest?")
         return
-    click.echo(f"{'ladder':<24} {'rungs':>5}  targets")
+    click.echo(f"{'ladder':<24} {'rungs':>5} {'runs':>5}  targets")
     for r in rows:
-        click.echo(f"{r['name']:<24} {r['rungs']:>5}  {', '.join(r['targets']) or '-'}")
+        click.echo(f"{r['name']:<24} {r['rungs']:>5} {r['runs']:>5}  {', '.join(r['targets']) or '-'}")
 
 
 @ladder.command("fit")
@@ -162,12 +162,15 @@ def _print_fit(fit, ds):
     fin = s["final"]
     click.echo(f"ladder {fit.name}: {len(fit.rungs)} rungs, eval dataset {ds}, fit {s['fit_version']}")
     click.echo(f"  L(C) = {fin['E']:.4f} + {fin['A']:.4g} * C^-{fin['alpha']:.4f}   (final eval loss)")
-    click.echo(f"  {'rung':>8} {'run':>26} {'active':>10} {'FLOPs':>10} {'final':>8} {'fit':>8} {'LOO err':>8}")
+    click.echo(f"  run-to-run noise {100 * fit.noise:.2f}% (1 sigma, {fit.noise_source}); "
+               "a rung of several seeds is their mean")
+    click.echo(f"  {'rung':>8} {'run':>26} {'seeds':>5} {'active':>10} {'FLOPs':>10} {'final':>8} {'fit':>8} "
+               f"{'LOO err':>8}")
     loo = s["loo_final"]
     for r in fit.rungs:
         pred = float(fit.final(r.flops))
         e = loo.get(r.rung)
-        click.echo(f"  {r.rung:>8} {r.run:>26} {_fmt(r.params_active, ',d'):>10} {r.flops:>10.3g} "
+        click.echo(f"  {r.rung:>8} {r.run:>26} {r.n_seeds:>5} {_fmt(r.params_active, ',d'):>10} {r.flops:>10.3g} "
                    f"{_fmt(r.final_loss):>8} {pred:>8.4f} {'-' if e is None else f'{100 * (math.exp(e) - 1):+.2f}%':>8}")
 
 

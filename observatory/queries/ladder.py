@@ -37,18 +37,22 @@ def is_target(ladder: dict | None) -> bool:
 
 
 def ladders(con) -> list[dict[str, Any]]:
-    """Every ladder: name, rungs (count), targets (run ids), newest start time."""
+    """Every ladder: name, rungs (distinct rung labels), runs (rung runs: seeds count once each),
+    targets (run ids), newest start time."""
     rows = con.execute(
-        """SELECT ladder_name, run, ladder, start_time FROM runs
+        """SELECT ladder_name, run, ladder_rung, ladder, start_time FROM runs
            WHERE ladder_name IS NOT NULL ORDER BY ladder_name, start_time NULLS LAST, run"""
     ).fetchall()
     out: dict[str, dict[str, Any]] = {}
-    for name, run, ladder, start in rows:
-        d = out.setdefault(name, {"name": name, "rungs": 0, "targets": [], "last_start": None})
+    labels: dict[str, set] = {}
+    for name, run, rung, ladder, start in rows:
+        d = out.setdefault(name, {"name": name, "rungs": 0, "runs": 0, "targets": [], "last_start": None})
         if is_target(_json(ladder)):
             d["targets"].append(run)
         else:
-            d["rungs"] += 1
+            d["runs"] += 1
+            labels.setdefault(name, set()).add(rung if rung is not None else run)
+            d["rungs"] = len(labels[name])
         if start is not None:
             d["last_start"] = max(d["last_start"] or start, start)
     return list(out.values())

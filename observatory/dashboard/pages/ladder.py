@@ -45,7 +45,7 @@ def _rungs(data: dict) -> list[Rung]:
 def _fit(name: str, version: str, _rungs: list[Rung]):
     """(fit, backtest or None); cached on the data version (the `_rungs` argument is not hashed)."""
     fit = fit_ladder(_rungs, name=name)
-    bt = backtest(_rungs, name=name) if len(_rungs) >= 4 else None
+    bt = backtest(_rungs, name=name) if len({r.rung for r in _rungs}) >= 4 else None
     return fit, bt
 
 
@@ -54,7 +54,8 @@ def rung_curves_figure(rungs: list[Rung], targets: list[dict]) -> go.Figure:
     for r in rungs:
         fr = sorted(r.curve)
         fig.add_trace(go.Scatter(x=[f * r.flops for f in fr], y=[r.curve[f] for f in fr], mode="lines+markers",
-                                 name=r.rung, hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + r.run + "</extra>"))
+                                 name=r.rung if r.seed is None else f"{r.rung} seed {r.seed}",
+                                 hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + r.run + "</extra>"))
     for t in targets:
         flops = t["ladder"].get("flops")
         if not flops or not t["curve"]:
@@ -148,7 +149,8 @@ def render() -> None:
     targets = data["targets"]
     fin = fit.final
     cols = st.columns(4)
-    cols[0].metric("Rungs", len(rungs), help=f"eval dataset {data['dataset']}")
+    cols[0].metric("Rungs", len(fit.rungs), help=f"{len(rungs)} runs (a rung's seeds are averaged); "
+                   f"eval dataset {data['dataset']}")
     cols[1].metric("α (final loss)", f"{fin.alpha:.3f}", help=f"E = {fin.E:.3f}, A = {fin.a_abs:.3g}")
     if bt is not None:
         cols[2].metric("Backtest final-loss error", f"{bt.final_error_pct:+.2f}%",
@@ -157,7 +159,7 @@ def render() -> None:
 
     st.subheader("Rungs")
     st.plotly_chart(rung_curves_figure(rungs, targets), key="ladder_rungs", config={"displaylogo": False})
-    st.dataframe([{"rung": r.rung, "run": r.run, "active params": r.params_active, "total params": r.params_total,
+    st.dataframe([{"rung": r.rung, "run": r.run, "seed": r.seed, "active params": r.params_active, "total params": r.params_total,
                    "tokens": r.tokens, "FLOPs": f"{r.flops:.3g}", "final eval loss": r.final_loss,
                    "fit": float(fit.final(r.flops)[()])} for r in rungs], hide_index=True)
 
