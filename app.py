@@ -38,10 +38,10 @@ def _page(module: str, title: str):
     return run
 
 
-sections: dict[str, list] = {}
-for section, module, title, url, icon in PAGES:
-    sections.setdefault(section, []).append(
-        st.Page(_page(module, title), title=title, url_path=url, icon=icon, default=module == "runs")
-    )
-# top navigation: the sidebar's page list cost the Live page's first chart ~0.3 s (bench_dashboard.py)
-st.navigation(sections, position="top").run()
+# One flat top bar (eight pages fit; sections would hide them in drop-downs). Top, not the
+# sidebar: the sidebar's page list delayed the Live page's first chart by ~0.3 s (bench_dashboard.py).
+pages = [
+    st.Page(_page(module, title), title=title, url_path=url, icon=icon, default=module == "runs")
+    for _section, module, title, url, icon in PAGES
+]
+st.navigation(pages, position="top").run()
