@@ -49,6 +49,7 @@ from typing import Any
 
 from observatory import settings, store
 from observatory.events import OBSERVATORY_HOST, STATUSES, encode_value
+from observatory.ingest_fast import ingest_chunk
 from observatory.ingest_lines import (
     I64,
     MESSAGE_LIMIT,
@@ -56,7 +57,6 @@ from observatory.ingest_lines import (
     _Batch,
     _FileState,
     _flush,
-    _ingest_chunk,
     _read_chunk,
 )
 
@@ -232,7 +232,7 @@ def _process_file(con, b: _Batch, lf: LogFile, st: _FileState, budget: int, ende
     """Ingest from `st.offset` until EOF or `budget` bytes; returns (bytes consumed, reached EOF)."""
     read_size = max(GZ_BATCH_BYTES if lf.gz else budget, max_line + 2)
     used = 0
-    while used < budget:
+    while used < budget or lf.gz:  # a .gz counts as read only at its end (else it is re-read from 0, forever)
         start = st.offset
         ch = _read_chunk(lf, start, read_size, max_line)
         if ch.error and ch.transient:
@@ -242,7 +242,7 @@ def _process_file(con, b: _Batch, lf: LogFile, st: _FileState, budget: int, ende
             b.reject(lf, st.line + 1, "(file)", ch.error, b"")
             return used, True
         if ch.data or ch.oversized:
-            _ingest_chunk(con, b, lf, st, ch, max_line)
+            ingest_chunk(con, b, lf, st, ch, max_line)  # msgspec path, else the DuckDB/validate_event one
         used += ch.end - start
         if ch.eof:
             if ch.tail_len and (ended or _ended_in_batch(b, lf.run)):

@@ -1,0 +1,307 @@
+"""The msgspec ingest path gives the same store as the old path (DuckDB staging + validate_event), table by table.
+
+Differential: varied logs (several runs and hosts, every kind, NaN/inf, duplicates, torn
+lines, out-of-order seqs, every kind of bad line, tricky JSON, .gz copies) are ingested
+once with `ingest_fast.ENABLED = False` (the reference) and once with it on; the stores
+and the reports must be equal.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+from conftest import event, write_lines
+
+from observatory import ingest as ingest_mod
+from observatory import ingest_fast, store
+from observatory.ingest import ingest
+
+TABLES = {
+    "metrics": "SELECT * FROM metrics",
+    "expert_load": "SELECT * FROM expert_load",
+    "events": "SELECT run, host, seq, kind, step, t, v, known, data::VARCHAR FROM events",
+    "rejected_events": "SELECT file, run, line, field, reason, raw FROM rejected_events",
+    "ingest_files": "SELECT * FROM ingest_files",
+    "runs": "SELECT * FROM runs",
+}
+REPORT_FIELDS = ("files", "events", "metric_values", "expert_rows", "rejected", "duplicates", "truncated", "bytes",
+                 "passes", "runs", "messages")  # fmt: skip
+
+
+def _norm(x):
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"  # NaN != NaN; the store keeps NaN losses, so compare them by name
+    return x
+
+
+def dump(db: Path) -> dict[str, list[tuple]]:
+    with store.connect(db) as con:
+        return {t: sorted((tuple(_norm(v) for v in r) for r in con.execute(sql).fetchall()), key=repr)
+                for t, sql in TABLES.items()}  # fmt: skip
+
+
+# --------------------------------------------------------------- the logs
+
+E = '"v":1,"t":1700000000.5,"host":0'
+
+
+def _tricky(run: str, seq: int) -> list[str | bytes]:
+    """Lines the two decoders could disagree on; each is valid, invalid, or odd in its own way."""
+    s = seq
+    env = f'"v":1,"run":"{run}","t":1700000000.5,"host":0'
+    return [
+        f'{{{env},"kind":"metrics","step":1,"seq":{s},"data":{{"a":NaN}}}}',  # NaN literal (json.loads takes it)
+        f'{{{env},"kind":"metrics","step":1,"seq":{s + 1},"data":{{"a":1,"a":2,"\\u0061":3}}}}',  # duplicate keys
+        f'{{{env},"kind":"metrics","step":1,"seq":{s + 2},"r\\u0075n":"other","data":{{"a":1}}}}',  # escaped key
+        f'{{{env},"kind":"metrics","step":1,"seq":{s + 3},"data":{{"a":123456789012345678901234567890,"b":-0.0}}}}',
+        f'{{{env},"kind":"metrics","step":1,"seq":{s + 4},"data":{{"a":1e400}}}}',  # overflows to inf
+        f'{{{env},"kind":"metrics","step":null,"seq":{s + 5},"data":{{"a":1.25}}}}',  # no step
+        f'{{{env},"kind":"metrics","step":2,"seq":{s + 6},"data":{{}}}}',  # no values
+        f'{{{env},"kind":"metrics","step":2,"seq":{s + 7},"data":{{"":1}}}}',  # empty name
+        f'{{{env},"kind":"metrics","step":2,"seq":{s + 8},"data":{{"a":true,"b":"inf","c":5}}}}',
+        f'{{{env},"kind":"expert_load","step":2,"seq":{s + 9},"data":{{"layer":70000,"routed":[1],"dropped":[0]}}}}',
+        f'{{{env},"kind":"expert_load","step":2,"seq":{s + 10},"data":{{"layer":1,"routed":[5000000000],"dropped":[0]}}}}',
+        f'{{{env},"kind":"expert_load","step":2,"seq":{s + 11},"data":{{"layer":1,"routed":[1,2],"dropped":[0]}}}}',
+        f'{{{env},"kind":"expert_load","step":null,"seq":{s + 12},"data":{{"layer":1,"routed":[1],"dropped":[0]}}}}',
+        f'{{{env},"kind":"expert_load","step":2147483648,"seq":{s + 13},"data":{{"layer":1,"routed":[1],"dropped":[0]}}}}',
+        f'{{{env},"kind":"expert_load","step":3,"seq":{s + 14},"data":{{"layer":1,"routed":[],"dropped":[],"x":[1]}}}}',
+        f'{{{env},"kind":"metrics","step":3,"seq":9223372036854775808,"data":{{"a":1}}}}',  # seq too large
+        f'{{{env},"kind":"metrics","step":3,"seq":-1,"data":{{"a":1}}}}',
+        f'{{{env},"kind":"metrics","step":3,"seq":{s + 15},"data":{{"a":1}},"x":"\xff"}}'.encode("latin-1"),  # not UTF-8
+        f'{{{env},"kind":"metrics","step":3,"seq":{s + 16},"data":{{"a":1}},"x":"a\x01b"}}',  # control character
+        f' {{{env},"kind":"metrics","step":3,"seq":{s + 17},"data":{{"a":1}}}}',  # leading space
+        f'{{{env},"kind":"metrics","step":3,"seq":{s + 18},"data":{{"a":1}}}} ',  # trailing space
+        f'{{{env},"kind":"metrics","step":3,"seq":{s + 19},"data":{{"a":1}}}}\r',  # CRLF
+        "",  # blank line
+        "   ",
+        f'{{{env},"kind":"mystery","step":3,"seq":{s + 20},"data":{{"a":1}}}}',  # unknown kind
+        f'{{{env},"kind":"metrics","kind":"eval","step":3,"seq":{s + 21},"data":{{"a":1}}}}',
+        f'{{{env},"kind":"note","kind":"metrics","step":3,"seq":{s + 22},"data":{{"a":1}}}}',
+        f'{{{env},"kind":"metrics","step":3,"seq":{s + 23},"data":{{"a":1}}}} {{{env},"kind":"metrics","seq":{s + 24},"data":{{}}}}',
+        f'{{{env},"kind":"metrics","step":3,',  # a line torn mid-file, then a line that continues it
+        f'"seq":{s + 25},"data":{{"a":1}}}}',
+        f'{{{env},"kind":"metrics","step":3,"seq":{s + 26},"data":{{"a":1}},"x":{"[" * 300}{"]" * 300}}}',  # deep
+        f'{{"v":1.0,"run":"{run}","t":1.5,"host":0,"kind":"metrics","step":3,"seq":{s + 27},"data":{{"a":1}}}}',
+        f'{{"v":true,"run":"{run}","t":1.5,"host":0,"kind":"metrics","step":3,"seq":{s + 28},"data":{{"a":1}}}}',
+        f'{{"v":1,"run":"{run}","t":"1.5","host":0,"kind":"metrics","step":3,"seq":{s + 29},"data":{{"a":1}}}}',
+        f'{{"v":1,"run":"{run}","t":1e400,"host":0,"kind":"metrics","step":3,"seq":{s + 30},"data":{{"a":1}}}}',
+        f'{{"v":1,"run":"{run}","t":1.5,"host":0,"kind":"metrics","step":3,"seq":{s + 31},"data":{{"a":1}},"extra":{{"k":[1,"x",null]}}}}',
+        f'{{"run":"{run}","t":1.5,"host":0,"kind":"metrics","step":3,"seq":{s + 32},"data":{{"a":1}},"v":1}}',  # order
+        f'{{{env},"kind":"metrics","step":3,"seq":{s + 33},"data":{{"a":1,"b":[1]}}}}',
+        f'{{{env},"kind":"metrics","step":3,"seq":{s + 34},"data":{{"a":{{"b":1}}}}}}',
+        f'{{{env},"kind":"note","step":3,"seq":{s + 35},"data":{{"text":"{"x" * 5000}"}}}}',  # over max_line_bytes
+        f'{{{env},"kind":"metrics","step":3,"seq":{s + 36},"data":{{"caf\\u00e9/loss":1,"\u00fcber":2}}}}',  # non-ASCII
+        "[1, 2, 3]",
+        "{}",
+    ]
+
+
+def _bad_events(run: str, seq: int) -> list[dict]:
+    """One of each rejection tests/test_bad_input.py checks, as envelopes."""
+    m = event(run, "metrics", {"x": 1.0}, seq, 1)
+    return [
+        m | {"v": None}, {k: v for k, v in m.items() if k != "t"}, m | {"step": "12"}, m | {"host": 3}, m | {"v": 9},
+        event("zz", "metrics", {"x": 1.0}, seq, 1), event(run, "metrics", {"x": "fast"}, seq, 1),
+        event(run, "expert_load", {"layer": 0, "routed": [1, 2], "dropped": [0]}, seq, 1),
+        event(run, "eval", {"loss": 2.0}, seq, 1), event(run, "run_end", {"status": "exploded"}, seq, 1),
+    ]  # fmt: skip
+
+
+def _other(run: str, kind: str, seq: int, step: int, rng: random.Random) -> dict:
+    data = {
+        "run_start": {"config": {"lr": 3e-4, "nested": {"x": [1, 2]}}, "name": run, "tags": ["a"],
+                      "ladder": {"name": "lad", "rung": "d64"}, "parent": {"run": "p", "step": 5}},
+        "eval": {"dataset": "val", "loss": rng.random(), "bpb": "nan"},
+        "checkpoint": {"path": f"/ckpt/{step}", "bytes": 123},
+        "config_diff": {"against": {"run": "p", "step": 1}, "changes": {"opt.lr": [1, 2]}},
+        "decision": {"id": "d1", "status": "open"},
+        "forecast": {"metric": "eval/loss", "target_step": 100, "value": 2.5, "low": 2.4, "high": 2.6},
+        "anomaly": {"detector": "spike", "severity": "warn", "message": "m", "window": [1, 2]},
+        "failure": {"type": "nan_loss", "message": "boom", "action": "skip_batch"},
+        "note": {"text": "**hi**"},
+        "run_end": {"status": "completed", "final_step": step},
+    }[kind]
+    return event(run, kind, data, seq, step, t=1.7e9)
+
+
+def make_log(path: Path, run: str, host: int, seed: int, steps: int, messy: bool) -> list[bytes]:
+    """The lines of one log (not written): metrics with a few key sets, expert_load, other kinds, and mess."""
+    rng = random.Random(seed)
+    lines: list = []
+    seq = 0
+
+    def add(x):
+        nonlocal seq
+        lines.append(x)
+        seq += 1
+
+    add(_other(run, "run_start", seq, 0, rng) | {"host": host})
+    names = [f"train/m{i}" for i in range(rng.randrange(3, 12))]
+    for step in range(steps):
+        data = {n: rng.random() * 10 ** rng.randrange(-5, 5) for n in names}
+        if step % 7 == 0:
+            data["eval/extra"] = rng.randrange(100)  # an int value, another key set
+        if messy and rng.random() < 0.05:
+            data[rng.choice(names)] = rng.choice(["nan", "inf", "-inf", "NaN", "+inf"])
+        add(event(run, "metrics", data, seq, step, t=1.7e9 + step, host=host))
+        if step % 5 == 0:
+            for layer in range(2):
+                n = rng.randrange(0, 6)
+                add(event(run, "expert_load", {"layer": layer, "routed": [rng.randrange(1000) for _ in range(n)],
+                                               "dropped": [rng.randrange(10) for _ in range(n)]},
+                          seq, step, t=1.7e9 + step, host=host))  # fmt: skip
+        if rng.random() < 0.08:
+            add(_other(run, rng.choice(["eval", "checkpoint", "config_diff", "decision", "forecast", "anomaly",
+                                         "failure", "note"]), seq, step, rng) | {"host": host})  # fmt: skip
+        if messy and rng.random() < 0.15:
+            r = rng.random()
+            if r < 0.3:
+                lines.append(rng.choice(lines[1:]))  # a repeated line: seq not above the cursor
+            elif r < 0.4:
+                seq -= 3  # out of order from here on
+            elif r < 0.7:
+                bad = rng.choice(_bad_events(run, seq))
+                lines.append(bad | {"host": host} if bad.get("host") == 0 else bad)
+            else:
+                lines.append(rng.choice(_tricky(run, seq)))
+                seq += 40
+    if messy:
+        lines.extend(_tricky(run, seq))
+        seq += 40
+    add(_other(run, "run_end", seq, steps, rng) | {"host": host})
+    out = []
+    for x in lines:
+        if isinstance(x, dict):
+            x = json.dumps(x, separators=(",", ":"))
+        out.append((x.encode() if isinstance(x, str) else x) + b"\n")
+    return out
+
+
+def build_runs(root: Path, seed: int, steps: int) -> dict[Path, list[bytes]]:
+    """Every file's lines: several runs and hosts, a .gz copy overlapping a live file, an invalid run folder.
+
+    (No host above 65535: the old path certifies its lines and the INSERT fails, so the whole file is
+    skipped with "cannot ingest"; both paths do the same, but only slowly.)
+    """
+    files = {
+        root / "alpha" / "events.0.jsonl": make_log(root, "alpha", 0, seed, steps, messy=True),
+        root / "alpha" / "events.1.jsonl": make_log(root, "alpha", 1, seed + 1, steps, messy=False),
+        root / "beta" / "events.0.jsonl": make_log(root, "beta", 0, seed + 2, steps // 2, messy=True),
+        root / "beta" / f"events.{1000}.jsonl": [
+            (json.dumps(_other("beta", k, i, 3, random.Random(i)) | {"host": 1000}) + "\n").encode()
+            for i, k in enumerate(["anomaly", "forecast", "decision"])
+        ],
+        root / "bad run!" / "events.0.jsonl": make_log(root, "bad run!", 0, seed + 3, 5, messy=False),
+    }
+    half = files[root / "alpha" / "events.1.jsonl"][: steps // 2]
+    files[root / "alpha" / "events.1.jsonl.gz"] = half  # an import copy: the live file's first half are duplicates
+    files[root / "beta" / "events.0.jsonl"][-1] = files[root / "beta" / "events.0.jsonl"][-1][:-1]  # torn last line
+    return files
+
+
+def write_files(files: dict[Path, list[bytes]], upto: float = 1.0) -> None:
+    for path, lines in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = b"".join(lines[: max(1, int(len(lines) * upto))])
+        if path.suffix == ".gz":
+            path.write_bytes(gzip.compress(data))
+        else:
+            path.write_bytes(data)
+    old = time.time() - 3600
+    for path in files:
+        if path.parent.name == "beta":
+            os.utime(path, (old, old))  # silent for an hour: its torn last line is recorded as truncated
+
+
+def _ingest_both(tmp_path: Path, monkeypatch, runs: Path, rounds: int = 1):
+    out = {}
+    for name, enabled in (("old", False), ("fast", True)):
+        monkeypatch.setattr(ingest_fast, "ENABLED", enabled)
+        db = tmp_path / f"{name}.duckdb"
+        msgs: list[str] = []
+        reps = [ingest(runs, db, hooks=False, emit=msgs.append) for _ in range(rounds)]
+        out[name] = (dump(db), reps, msgs)
+    return out
+
+
+def _assert_same(out) -> None:
+    (old, old_reps, old_msgs), (new, new_reps, new_msgs) = out["old"], out["fast"]
+    for table in TABLES:
+        assert new[table] == old[table], f"{table} differs"
+    for a, b in zip(old_reps, new_reps, strict=True):
+        assert {f: getattr(a, f) for f in REPORT_FIELDS} == {f: getattr(b, f) for f in REPORT_FIELDS}
+    assert new_msgs == old_msgs
+
+
+# --------------------------------------------------------------- the tests
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("piece", [4 << 20, 1500], ids=["one-piece", "many-pieces"])
+def test_fast_path_store_equals_old_path(tmp_path, monkeypatch, seed, piece):
+    monkeypatch.setattr(ingest_fast, "PIECE_BYTES", piece)
+    monkeypatch.setenv("OBSERVATORY_MAX_LINE_BYTES", "4000")  # the 5000-byte note is oversized
+    runs = tmp_path / "runs"
+    files = build_runs(runs, seed, steps=300)
+    write_files(files)
+    out = _ingest_both(tmp_path, monkeypatch, runs, rounds=2)  # the second round adds nothing, in both
+    _assert_same(out)
+    store_ = out["fast"][0]
+    assert len(store_["metrics"]) > 1000 and store_["expert_load"] and store_["rejected_events"]
+    assert {r[3] for r in store_["events"]} >= {"eval", "note", "mystery", "run_end"}
+    assert out["fast"][1][0].duplicates > 0 and out["fast"][1][0].truncated == 1
+    assert any(v == "nan" for r in store_["metrics"] for v in r)
+
+
+@pytest.mark.parametrize("batch", [20_000, 1 << 20])
+def test_incremental_and_batched_ingest_same_store(tmp_path, monkeypatch, batch):
+    """Half of every file, then the rest, in small transactions and pieces: offsets, cursors and duplicates agree."""
+    monkeypatch.setattr(ingest_mod, "BATCH_BYTES", batch)
+    monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 3000)
+    runs = tmp_path / "runs"
+    files = build_runs(runs, 7, steps=200)
+    reps: dict[str, list] = {"old": [], "fast": []}
+    msgs: dict[str, list] = {"old": [], "fast": []}
+    for upto in (0.5, 1.0):
+        write_files(files, upto)  # both stores read the same files (sizes and mtimes are stored)
+        for name, enabled in (("old", False), ("fast", True)):
+            monkeypatch.setattr(ingest_fast, "ENABLED", enabled)
+            reps[name].append(ingest(runs, tmp_path / f"{name}.duckdb", hooks=False, emit=msgs[name].append))
+    _assert_same({name: (dump(tmp_path / f"{name}.duckdb"), reps[name], msgs[name]) for name in reps})
+
+
+def test_clean_log_never_takes_the_old_path(tmp_path, monkeypatch):
+    """Metrics, expert_load and other known kinds mixed: all decoded by msgspec, none staged in DuckDB."""
+    calls = []
+    monkeypatch.setattr(ingest_fast, "_ingest_chunk", lambda *a: calls.append(a))
+    monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 2000)
+    runs = tmp_path / "runs"
+    lines = make_log(runs, "a", 0, 3, 100, messy=False)
+    write_lines(runs / "a" / "events.0.jsonl", lines)
+    rep = ingest(runs, tmp_path / "s.duckdb", hooks=False, emit=None)
+    n_other = sum(1 for x in lines if b'"kind":"metrics"' not in x and b'"kind":"expert_load"' not in x)
+    assert calls == [] and rep.rejected == 0
+    assert rep.events == len(lines) and rep.fast_events == len(lines) - n_other
+
+
+def test_an_undecodable_piece_goes_to_the_old_path(tmp_path, monkeypatch):
+    """A NaN string in one piece: that piece is staged the old way, the others are not."""
+    seen = []
+    real = ingest_fast._ingest_chunk
+    monkeypatch.setattr(ingest_fast, "_ingest_chunk", lambda con, b, lf, st, ch, m: (seen.append(ch.data), real(con, b, lf, st, ch, m)))
+    monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 1000)
+    lines = [event("a", "metrics", {"loss": 1.0 + i}, i, i) for i in range(100)]
+    lines[50]["data"]["loss"] = "nan"
+    write_lines(tmp_path / "runs" / "a" / "events.0.jsonl", lines)
+    rep = ingest(tmp_path / "runs", tmp_path / "s.duckdb", hooks=False, emit=None)
+    assert rep.events == 100 and rep.rejected == 0
+    assert len(seen) == 1 and b'"nan"' in seen[0] and seen[0].count(b"\n") < 20
+    with store.connect(tmp_path / "s.duckdb") as con:
+        assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [(100, 1)]
