@@ -102,10 +102,12 @@ def test_live_page_curves_markers_forecast(store):
     at = page("live", run="base-run")
     assert not at.exception
     assert at.selectbox(key="pick_run").value == "base-run"
-    assert len(specs(at)) == 1  # a first view sends the loss chart alone...
-    assert any("Loading the health charts" in c.value for c in at.caption)
-    at.run()  # ...and the one-shot timer's rerun (here: the next run) draws the rest
+    assert len(specs(at)) == 1  # a first view sends the loss chart alone, without its controls...
+    assert any("Loading the chart controls and health charts" in c.value for c in at.caption)
+    assert not [s for s in at.slider if s.key == "live_smoothing"]
+    at.run()  # ...and the rerun after the browser's first paint (here: the next run) draws the rest
     assert not at.exception
+    assert at.slider(key="live_smoothing").value == 0.0
     charts = specs(at)
     assert len(charts) == 7  # loss + six health charts
     loss = charts[0]
@@ -136,6 +138,12 @@ def test_live_page_curves_markers_forecast(store):
     assert not at.exception
     zoomed = next(t for t in specs(at)[0]["data"] if t.get("name") == "train/loss")
     assert list(arr(zoomed["x"])) == list(range(70, 81))
+
+    # another run's first view draws no slider; the smoothing chosen here survives it
+    at.selectbox(key="pick_run").set_value("fork-run").run()
+    assert not at.exception and not [s for s in at.slider if s.key == "live_smoothing"]
+    at.run()
+    assert at.slider(key="live_smoothing").value == 0.9
 
 
 def test_live_page_crashed_banner(store):

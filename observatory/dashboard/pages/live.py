@@ -158,7 +158,36 @@ def panel_calls(run: str) -> list[tuple]:
     ]
 
 
-def _panel(run: str, smoothing: float) -> None:
+SMOOTH_KEY = "live_smoothing"
+
+
+def _smoothing() -> float:
+    """The smoothing slider's value, read before the chart it applies to (the slider sits below it).
+
+    A shadow key keeps the value over runs that do not draw the slider (a run's first view).
+    """
+    return float(st.session_state.get(SMOOTH_KEY, st.session_state.get(f"_{SMOOTH_KEY}", 0.0)))
+
+
+def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None:
+    """Under the loss chart: smoothing, the step window and its reset."""
+    c1, c2 = st.columns([1, 4])
+    with c1:
+        st.session_state[SMOOTH_KEY] = _smoothing()
+        value = st.slider(
+            "Smoothing",
+            0.0,
+            0.99,
+            step=0.01,
+            key=SMOOTH_KEY,
+            help="exponential moving average of the plotted line (the band stays raw)",
+        )
+        st.session_state[f"_{SMOOTH_KEY}"] = value
+    with c2:
+        common.step_window(first, last, key=wkey, used=window)
+
+
+def _panel(run: str) -> None:
     now = time.time()
     rows = {r["run"]: r for r in common.runs_table()}
     row = rows.get(run)
@@ -173,8 +202,8 @@ def _panel(run: str, smoothing: float) -> None:
     if view["extent"] is None:
         st.info("No metrics logged yet for this run.")
         return
-    common.step_window(*view["extent"], key=wkey, used=view["window"])
     lo, hi = view["window"]
+    smoothing = _smoothing()
     data = view["data"]
     marks = all_marks.filter(all_marks["step"].is_null() | all_marks["step"].is_between(lo, hi))
 
@@ -208,13 +237,15 @@ def _panel(run: str, smoothing: float) -> None:
     drawn = f"live_drawn_{run}"
     if loss_name is not None and not st.session_state.get(drawn):
         # First view of this run: the browser draws the loss chart alone; once it is on screen
-        # the component's value reruns this panel, which then draws the six health charts too.
-        # (All seven at once kept the first chart off screen 1.5x as long as one chart alone;
-        # a timer instead of the paint collided with slow first paints: bench/bench_dashboard.py.)
+        # the component's value reruns this panel, which then adds the controls under the chart
+        # and the six health charts. (All seven charts at once kept the first one off screen
+        # 1.5x as long as one chart alone; a timer instead of the paint collided with slow first
+        # paints; the sliders' widget code cost the first chart another ~7%: bench_dashboard.py.)
         st.session_state[drawn] = True
-        st.caption("Loading the health charts…")
+        st.caption("Loading the chart controls and health charts…")
         common.after_first_paint(f"live_painted_{run}")
         return
+    _controls(*view["extent"], wkey, (lo, hi))
     _health(run, data, marks, lo, hi, smoothing, wkey)
 
 
@@ -277,18 +308,8 @@ def render() -> None:
         run = common.pick_run(runs)
     if run is None:
         return
-    with c2:
-        smoothing = st.slider(
-            "Smoothing",
-            0.0,
-            0.99,
-            0.0,
-            0.01,
-            key="live_smoothing",
-            help="exponential moving average of the plotted line (the band stays raw)",
-        )
     status = next((r["status"] for r in runs if r["run"] == run), None)
     live = status == "running"
     st.caption(f"Refreshing every {REFRESH_S} s." if live else "Not running: shown as of its last event.")
     # only the panel refreshes; a finished run does not poll
-    st.fragment(run_every=REFRESH_S if live else None)(_panel)(run, smoothing)
+    st.fragment(run_every=REFRESH_S if live else None)(_panel)(run)
