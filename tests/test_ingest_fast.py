@@ -98,6 +98,13 @@ def _tricky(run: str, seq: int) -> list[str | bytes]:
         f'{{{env},"kind":"metrics","step":3,"seq":{s + 34},"data":{{"a":{{"b":1}}}}}}',
         f'{{{env},"kind":"note","step":3,"seq":{s + 35},"data":{{"text":"{"x" * 5000}"}}}}',  # over max_line_bytes
         f'{{{env},"kind":"metrics","step":3,"seq":{s + 36},"data":{{"caf\\u00e9/loss":1,"\u00fcber":2}}}}',  # non-ASCII
+        f'{{{env},"kind":"expert_load","step":2,"seq":{s + 37},"data":{{"layer":1,"routed":[1,{10**29}],"dropped":[0,0]}}}}',
+        f'{{{env},"kind":"expert_load","step":2,"seq":{s + 38},"data":{{"layer":1,"routed":[1, 2],"dropped":[0,-0]}}}}',
+        f'{{{env},"kind":"expert_load","step":2,"seq":{s + 39},"data":{{"layer":1,"routed":{{"a":1}},"dropped":[0]}}}}',
+        f'{{{env},"kind":"expert_load","step":2,"seq":{s + 40},"data":{{"layer":1,"routed":[[1]],"dropped":[[0]]}}}}',
+        f'{{{env},"kind":"expert_load","step":2,"seq":{s + 41},"data":{{"layer":1,"routed":7,"dropped":7}}}}',
+        f'{{{env},"kind":"expert_load","step":2,"seq":{s + 42},"data":{{"layer":1,"routed":[1.0],"dropped":[1e2]}}}}',
+        f'{{{env},"kind":"expert_load","step":2,"seq":{s + 43},"data":{{"layer":2,"routed":[4294967295],"dropped":[0]}}}}',
         "[1, 2, 3]",
         "{}",
     ]
@@ -171,10 +178,10 @@ def make_log(path: Path, run: str, host: int, seed: int, steps: int, messy: bool
                 lines.append(bad | {"host": host} if bad.get("host") == 0 else bad)
             else:
                 lines.append(rng.choice(_tricky(run, seq)))
-                seq += 40
+                seq += 50
     if messy:
         lines.extend(_tricky(run, seq))
-        seq += 40
+        seq += 50
     add(_other(run, "run_end", seq, steps, rng) | {"host": host})
     out = []
     for x in lines:
@@ -305,3 +312,19 @@ def test_an_undecodable_piece_goes_to_the_old_path(tmp_path, monkeypatch):
     assert len(seen) == 1 and b'"nan"' in seen[0] and seen[0].count(b"\n") < 20
     with store.connect(tmp_path / "s.duckdb") as con:
         assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [(100, 1)]
+
+
+def test_each_tricky_line_alone(tmp_path, monkeypatch):
+    """Every tricky line between good ones, one file each: lines that decode are judged one by one, not by piece."""
+    monkeypatch.setenv("OBSERVATORY_MAX_LINE_BYTES", "4000")
+    runs = tmp_path / "runs"
+    for k, line in enumerate(_tricky("r", 10)):
+        run = f"case{k:02d}"
+        line = line.replace(b'"run":"r"', f'"run":"{run}"'.encode()) if isinstance(line, bytes) else line.replace('"run":"r"', f'"run":"{run}"')
+        good = [event(run, "metrics", {"x": 1.0}, i, i, t=1.7e9) for i in range(3)]
+        after = [event(run, "expert_load", {"layer": 0, "routed": [1, 2], "dropped": [0, 1]}, 100 + i, 9, t=1.7e9)
+                 for i in range(3)]  # fmt: skip
+        write_lines(runs / run / "events.0.jsonl", [*good, line, *after])
+    out = _ingest_both(tmp_path, monkeypatch, runs)
+    _assert_same(out)
+    assert out["fast"][1][0].rejected > 10
