@@ -6,7 +6,12 @@ Ingests the sample event logs into a temporary store, then:
 
 1. backtest: leave the largest rung out, fit the others, forecast its curve. The
    final-loss error of our fit is printed next to a naive baseline fit on the same
-   rungs (a straight line in log-log, i.e. E = 0) and their ratio;
+   rungs (a straight line in log-log, i.e. E = 0) and their ratio; when the rungs have
+   several seeds, also next to the same fit on one seed per rung (each seed on its
+   own: what a one-seed ladder of this recipe would have scored);
+   and, for scale, the error this backtest would show by noise alone: `--simulate N`
+   ladders drawn from the fitted law with each rung's mean moved by the measured
+   run-to-run noise / sqrt(seeds), each backtested the same way (spread and share <= 1%);
 2. the share of the held-out curve's points inside the 90% band;
 3. the target run against the forecast that was PRE-REGISTERED for it (the
    `forecast` event in its log, written before its run_start): final loss inside
@@ -18,6 +23,7 @@ Prints markdown table rows `| target | measured | goal | command |` at the end.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import tempfile
@@ -27,8 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+
 from observatory.ingest import ingest  # noqa: E402
-from observatory.ladder import FitConfig, backtest, fit_ladder  # noqa: E402
+from observatory.ladder import FitConfig, Rung, average_seeds, backtest, fit_ladder, seed_noise  # noqa: E402
 from observatory.ladder_watch import band_at_steps, load_ladder  # noqa: E402
 from observatory.queries import ladder as ql  # noqa: E402
 from observatory.store import connect  # noqa: E402
@@ -40,6 +48,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=Path, default=ROOT / "data" / "samples")
     ap.add_argument("--ladder", default="ladder-cpu")
+    ap.add_argument("--simulate", type=int, default=40, metavar="N",
+                    help="noise-only ladders to backtest for the expected error spread (0: skip)")
     args = ap.parse_args()
     if not any(args.samples.glob("*/events.*.jsonl.gz")):
         print(f"no sample logs under {args.samples}; see data/samples/README.md", file=sys.stderr)
@@ -55,7 +65,12 @@ def main() -> int:
         with connect(db) as con:
             rungs, targets, ds = load_ladder(con, args.ladder)
             fcs = {t["run"]: ql.forecast_events(con, t["run"]) for t in targets}
-        print(f"ladder {args.ladder}: {len(rungs)} rungs, {len(targets)} target(s), eval dataset {ds}")
+        avg = average_seeds(rungs)
+        sd, dof = seed_noise(rungs)
+        print(f"ladder {args.ladder}: {len(avg)} rungs x {sorted({r.n_seeds for r in avg})} seeds ({len(rungs)} runs), "
+              f"{len(targets)} target(s), eval dataset {ds}")
+        print("  rung final loss (mean of seeds): " + ", ".join(f"{r.rung} {r.final_loss:.4f}" for r in avg)
+              + (f"; run-to-run noise {100 * sd:.2f}% (1 sigma, {dof} dof)" if dof else ""))
 
         t0 = time.perf_counter()
         fit = fit_ladder(rungs, name=args.ladder)
@@ -72,12 +87,26 @@ def main() -> int:
         print(f"  final-loss error: ours {bt.final_error_pct:+.3f}%   naive E=0 {base.final_error_pct:+.3f}%   "
               f"naive/ours = {ratio:.1f}x")
         print(f"  held-out curve points inside the 90% band: ours {bt.coverage:.0%}   naive {base.coverage:.0%}")
+        seeds = sorted({r.seed for r in rungs if r.seed is not None})
+        if max(r.n_seeds for r in avg) > 1:
+            # the same backtest on one seed per rung, for each seed: what averaging bought
+            one = {s: backtest([r for r in rungs if r.seed == s], name=args.ladder) for s in seeds
+                   if len({r.rung for r in rungs if r.seed == s}) == len(avg)}
+            if one:
+                errs = [abs(b.final_error_pct) for b in one.values()]
+                print("  one seed per rung instead: " + "   ".join(
+                    f"seed {s} {b.final_error_pct:+.2f}% ({b.coverage:.0%} in band)" for s, b in one.items())
+                    + f"   mean |error| {sum(errs) / len(errs):.2f}% vs {abs(bt.final_error_pct):.2f}% averaged")
 
         rows = [
             ("Ladder backtest: leave-largest-rung-out final-loss error", f"{abs(bt.final_error_pct):.2f}% "
              f"(naive E=0: {abs(base.final_error_pct):.2f}%)", "<= 1%"),
             ("Ladder backtest: held-out curve points inside the 90% band", f"{bt.coverage:.0%}", ">= 90%"),
         ]
+        if args.simulate > 0:
+            e = simulate(fit, avg, fit.noise, args.simulate)
+            print(f"  noise alone ({100 * fit.noise:.2f}% per run, /sqrt(seeds) per rung; {len(e)} simulated ladders "
+                  f"from the fitted law): error sd {e.std():.2f}%, |error| <= 1% in {np.mean(np.abs(e) <= 1):.0%}")
         for t in targets:
             if not fcs[t["run"]]:
                 print(f"target {t['run']}: no forecast event")
@@ -104,6 +133,21 @@ def main() -> int:
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def simulate(fit, rungs: list[Rung], noise: float, n: int, seed: int = 0) -> np.ndarray:
+    """Backtest errors (%, (n,)) of ladders drawn from the fit itself: each rung's whole curve is
+    the fitted law at every fraction times one draw of exp(N(0, noise / sqrt(seeds)))."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        drawn = []
+        for r in rungs:
+            off = rng.normal(0.0, noise / math.sqrt(r.n_seeds))
+            curve = {f: float(law(r.flops)[()]) * math.exp(off) for f, law in fit.laws.items()}
+            drawn.append(Rung(run=r.run, rung=r.rung, flops=r.flops, curve=curve, steps=r.steps))
+        out.append(backtest(drawn, FitConfig(n_boot=0, noise=0.0)).final_error_pct)
+    return np.array(out)
 
 
 if __name__ == "__main__":

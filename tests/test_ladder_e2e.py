@@ -36,14 +36,21 @@ def law(c, f=1.0):
     return E + A * (f * c) ** -ALPHA
 
 
-def write_run(runs_dir, run_id, flops, *, target=False, push=None, seed=0):
-    """A run whose eval loss follows `law` (x `push` from 40% of the schedule on, if given)."""
+def write_run(runs_dir, run_id, flops, *, target=False, push=None, seed=0, rung=None, ladder_seed=None,
+              offset=None, name="syn"):
+    """A run whose eval loss follows `law` (x `push` from 40% of the schedule on, if given).
+
+    rung/ladder_seed: write it as seed `ladder_seed` of rung `rung` (ladder.seed in run_start);
+    offset: the run's whole-curve log offset (default: a 0.1% random draw).
+    """
     rng = np.random.default_rng(seed)
-    ladder = {"name": "syn", "rung": "target" if target else run_id, "flops": flops, "steps": STEPS,
+    ladder = {"name": name, "rung": "target" if target else (rung or run_id), "flops": flops, "steps": STEPS,
               "params_active": int(math.sqrt(flops / 12)), "tokens": int(math.sqrt(flops / 3))}
+    if ladder_seed is not None:
+        ladder["seed"] = ladder_seed
     if target:
         ladder["target"] = True
-    common = rng.normal(0, 0.001)
+    common = rng.normal(0, 0.001) if offset is None else offset
     with observatory.init(run_id=run_id, runs_dir=runs_dir, config={"steps": STEPS}, ladder=ladder,
                           install_signal_handlers=False) as run:
         for step in range(1, STEPS + 1):
@@ -218,3 +225,31 @@ def test_ladder_page_renders(ladder_store):
     assert at.metric[0].value == "4"
     text = " ".join(m.value for m in at.markdown)
     assert "outside" in text and "deviation" in text
+
+
+def test_seeded_ladder_through_the_store(tmp_path, monkeypatch):
+    """Two seeds per rung, written as separate runs with ladder.seed: the store counts 4 rungs of 8
+    runs, the fit averages each rung's seeds, measures the seeds' spread as the run-to-run noise,
+    and the forecast event names every seed run it used."""
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    monkeypatch.setenv("OBSERVATORY_RUNS", str(runs))
+    monkeypatch.setenv("OBSERVATORY_DB", str(db))
+    for i, c in enumerate(RUNG_FLOPS):
+        for k, off in enumerate((-0.004, 0.004)):  # seeds 0.8% apart: sd 0.57% in log loss
+            write_run(runs, f"sd-r{i}" + (f"-s{k}" if k else ""), c, seed=10 * i + k, rung=f"r{i}",
+                      ladder_seed=k, offset=off, name="sd")
+    ingest(runs, db, emit=None)
+    assert "sd                           4     8" in invoke("ladder", "list")
+    out = json.loads(invoke("ladder", "fit", "sd", "--json"))
+    fit = out["fit"]
+    assert [(r["rung"], r["seeds"], r["runs"]) for r in fit["rungs"]] == [
+        (f"r{i}", 2, [f"sd-r{i}", f"sd-r{i}-s1"]) for i in range(4)]
+    assert fit["noise"]["value"] == pytest.approx(0.008 / math.sqrt(2), rel=0.1)
+    assert fit["noise"]["source"] == "seeds (dof 4)"
+    assert abs(out["backtest"]["final_error_pct"]) < 1.0
+    # the mean of the two seeds is (nearly) the law: the fit's final loss lands on it
+    assert fit["rungs"][3]["final_loss"] == pytest.approx(law(RUNG_FLOPS[3]), rel=0.002)
+    invoke("ladder", "forecast", "sd", "--target", "sd-target", "--flops", str(TARGET_FLOPS), "--steps", str(STEPS))
+    fc = json.loads((runs / "sd-target" / f"events.{OBSERVATORY_HOST}.jsonl").read_text().splitlines()[0])["data"]
+    assert len(fc["source"]["rungs"]) == 8 and fc["source"]["noise_source"] == "seeds (dof 4)"
+    assert math.log(fc["high"] / fc["value"]) >= 1.645 * fc["source"]["noise"] * 0.99  # the target is one run
