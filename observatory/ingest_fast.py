@@ -114,12 +114,12 @@ def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_li
             end = data.find(b"\n", pos + PIECE_BYTES)
         pieces.append((pos, end + 1))
         pos = end + 1
-    pool = ThreadPoolExecutor(1, thread_name_prefix="observatory-ingest") if len(pieces) > 1 else None
+    plans = _plans(data, pieces, lf, max_line)
+    inserter = ThreadPoolExecutor(1, thread_name_prefix="observatory-ingest") if len(pieces) > 1 else None
     pending: Future | None = None
     try:
-        for lo, hi in pieces:
+        for (lo, hi), plan in zip(pieces, plans, strict=True):
             piece = data[lo:hi]
-            plan = _plan(piece, lf, max_line)
             if plan is None:
                 _wait(pending)
                 pending = None
@@ -130,10 +130,10 @@ def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_li
             _wait(pending)
             pending = None
             if tables is not None:
-                if pool is None:
+                if inserter is None:
                     _insert(con, lf, *tables)
                 else:
-                    pending = pool.submit(_insert, con, lf, *tables)
+                    pending = inserter.submit(_insert, con, lf, *tables)
         _wait(pending)
         pending = None
     finally:
@@ -142,8 +142,8 @@ def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_li
                 pending.result()
             except Exception:
                 pass
-        if pool is not None:
-            pool.shutdown(wait=True)
+        if inserter is not None:
+            inserter.shutdown(wait=True)
 
 
 def _wait(f: Future | None) -> None:
@@ -151,17 +151,31 @@ def _wait(f: Future | None) -> None:
         f.result()
 
 
+def _plans(data: bytes, pieces: list[tuple[int, int]], lf: LogFile, max_line: int):
+    """Each piece's _Plan, in order, decoded when needed (a process pool does not pay on 2 shared cores, and
+    spawned workers would re-import the caller's main script)."""
+    for lo, hi in pieces:
+        yield _plan(data[lo:hi], lf.run, lf.host, max_line)
+
+
 class _Plan:
-    """One piece decoded: per line its event (None: slow path) and where the line is."""
+    """One piece decoded and certified, as arrays.
 
-    def __init__(self, starts: np.ndarray, ends: np.ndarray, events: list):
-        self.starts = starts  # (L,) offset of each line in the piece
-        self.ends = ends  # (L,) offset of its newline
-        self.events = events  # (L,) _Metrics / _Expert certified by _certify, else None
+    Lines are (L,); `cls` says which are certainly valid: 1 metrics, 2 expert_load;
+    0 means the slow path (validate_event) decides. Metric rows (N,) and expert rows (R,)
+    are those of the certified events, in line order.
+    """
+
+    def __init__(self, starts, ends, cls, seq, step, t, metrics, experts):
+        self.starts, self.ends = starts, ends  # (L,) where each line starts; its newline
+        self.cls = cls  # (L,) int8
+        self.seq, self.step, self.t = seq, step, t  # (L,) int64, int64, float64; meaningful where cls > 0
+        self.m_lens, self.m_values, self.m_names, self.m_codes = metrics  # (M,), (N,), names, (N,) int32
+        self.x_lens, self.x_layers, self.x_routed, self.x_dropped = experts  # (X,), (X,) uint16, (R,), (R,) uint32
 
 
-def _plan(piece: bytes, lf: LogFile, max_line: int) -> _Plan | None:
-    """Decode a piece; None when the old path must take all of it."""
+def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
+    """Decode and certify a piece; None when the old path must take all of it."""
     if not piece.isascii():
         try:
             piece.decode("utf-8")  # msgspec does not check UTF-8 inside fields it skips; json.loads would
@@ -189,8 +203,7 @@ def _plan(piece: bytes, lf: LogFile, max_line: int) -> _Plan | None:
         return None
     if len(decoded) != len(good):
         return None  # cannot happen for lines shaped {...} (see the module docstring); be safe anyway
-    events: list = [None] * len(ends)
-    run, host = lf.run, lf.host
+    events: list = [None] * len(ends)  # (L,) the certified events, None for the slow path
     for i, e in zip(good.tolist(), decoded, strict=True):
         c = e.__class__
         if c is _Metrics:
@@ -203,7 +216,34 @@ def _plan(piece: bytes, lf: LogFile, max_line: int) -> _Plan | None:
             if (e.v == 1 and e.run == run and e.host == host and step is not None and 0 <= step <= I32
                     and 0 <= e.seq <= I64 and -math.inf < e.t < math.inf):  # fmt: skip
                 events[i] = e
-    return _Plan(starts, ends, events)
+    # payload checks the decoder's types cannot make: finite values, no empty metric name, count lists
+    m_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ is _Metrics]
+    metrics = _metric_columns([events[i] for i in m_lines])
+    if not np.isfinite(metrics[1]).all() or "" in metrics[2]:
+        for i in m_lines:
+            d = events[i].data
+            if "" in d or not all(math.isfinite(v) for v in d.values()):
+                events[i] = None  # validate_event decides (nan/inf as JSON numbers, an empty name)
+        m_lines = [i for i in m_lines if events[i] is not None]
+        metrics = _metric_columns([events[i] for i in m_lines])
+    x_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ is _Expert]
+    counts = _expert_counts([events[i] for i in x_lines])
+    if counts is None:  # some list is odd (spaces, negative, huge, not a list, lengths differ): per event
+        for i in x_lines:
+            if _expert_counts([events[i]]) is None:
+                events[i] = None
+        x_lines = [i for i in x_lines if events[i] is not None]
+        counts = _expert_counts([events[i] for i in x_lines])
+        assert counts is not None
+    layers = np.fromiter((events[i].data.layer for i in x_lines), np.uint16, len(x_lines))
+    n = len(events)
+    cls = np.zeros(n, np.int8)
+    cls[m_lines] = 1
+    cls[x_lines] = 2
+    seq = np.fromiter((-1 if e is None else e.seq for e in events), np.int64, n)
+    step = np.fromiter((-1 if e is None else e.step for e in events), np.int64, n)
+    t = np.fromiter((math.nan if e is None else e.t for e in events), np.float64, n)
+    return _Plan(starts, ends, cls, seq, step, t, metrics, (counts[0], layers, counts[1], counts[2]))
 
 
 def _metric_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
@@ -227,33 +267,12 @@ def _metric_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.nd
 
 def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
     """Route every line of a decoded piece, in file order; the (metrics, expert_load) tables to insert."""
-    events, starts, ends = plan.events, plan.starts, plan.ends
-    # payload checks the decoder's types cannot make: finite values, no empty metric name
-    m_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ is _Metrics]
-    lens, values, names, codes = _metric_columns([events[i] for i in m_lines])
-    bad_values = not np.isfinite(values).all()
-    if bad_values or "" in names:
-        for i in m_lines:
-            d = events[i].data
-            if "" in d or not all(math.isfinite(v) for v in d.values()):
-                events[i] = None  # validate_event decides (nan/inf as JSON numbers, an empty name)
-        m_lines = [i for i in m_lines if events[i] is not None]
-        lens, values, names, codes = _metric_columns([events[i] for i in m_lines])
-    x_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ is _Expert]
-    counts = _expert_counts([events[i] for i in x_lines])
-    if counts is None:  # some list is odd (spaces, negative, huge, not a list, lengths differ): per event
-        for i in x_lines:
-            if _expert_counts([events[i]]) is None:
-                events[i] = None  # validate_event decides
-        x_lines = [i for i in x_lines if events[i] is not None]
-        counts = _expert_counts([events[i] for i in x_lines])
-        assert counts is not None
+    starts, ends, cls, seqs = plan.starts, plan.ends, plan.cls, plan.seq
     base = st.line
-    n = len(events)
-    certified = [e is not None for e in events]
-    seqs = np.fromiter((e.seq if e is not None else -1 for e in events), np.int64, n)
-    if all(certified) and st.accept_all(seqs):
-        accepted = np.ones(n, bool)  # the common case: no per-line bookkeeping at all
+    n = len(cls)
+    certified = cls > 0
+    if certified.all() and st.accept_all(seqs):
+        accepted = certified  # the common case: no per-line bookkeeping at all
     else:
         accepted = np.zeros(n, bool)
         for i in range(n):
@@ -272,12 +291,11 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
     n_acc = int(accepted.sum())
     if not n_acc:
         return None
-    acc_idx = np.flatnonzero(accepted).tolist()
     b.n_events += n_acc
     b.n_fast += n_acc
-    b.saw(lf.run, max(events[i].t for i in acc_idx), max(events[i].step for i in acc_idx), lf.host)
-    mt = _metrics_table(events, m_lines, accepted, lens, values, names, codes)
-    xt = _experts_table(events, x_lines, accepted, *counts)
+    b.saw(lf.run, float(plan.t[accepted].max()), int(plan.step[accepted].max()), lf.host)
+    mt = _metrics_table(plan, accepted[cls == 1], plan.step[cls == 1], plan.t[cls == 1])
+    xt = _experts_table(plan, accepted[cls == 2], plan.step[cls == 2])
     if mt is not None:
         b.n_metric_values += mt.num_rows
         b.touched["metrics"].add(lf.run)
@@ -287,20 +305,18 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
     return mt, xt
 
 
-def _metrics_table(events, m_lines, accepted, lens, values, names, codes) -> pa.Table | None:
-    """(N,) rows of step, name (dictionary-encoded), value, t for the accepted metrics events."""
-    keep = accepted[m_lines] if m_lines else np.zeros(0, bool)
+def _metrics_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndarray) -> pa.Table | None:
+    """(N,) rows of step, name (dictionary-encoded), value, t of the accepted metrics events (`keep` (M,))."""
     if not keep.any():
         return None
-    steps = np.fromiter((events[i].step for i in m_lines), np.int64, len(m_lines))
-    ts = np.fromiter((events[i].t for i in m_lines), np.float64, len(m_lines))
+    lens, values, codes = plan.m_lens, plan.m_values, plan.m_codes
     if not keep.all():
         rows = np.repeat(keep, lens)
         values, codes = values[rows], codes[rows]
         steps, ts, lens = steps[keep], ts[keep], lens[keep]
     if int(lens.sum()) == 0:
         return None  # only empty `data` objects: events, but no values
-    name = pa.DictionaryArray.from_arrays(_arrow(codes), _strings(names))
+    name = pa.DictionaryArray.from_arrays(_arrow(codes), _strings(plan.m_names))
     return pa.table({"step": _arrow(np.repeat(steps, lens)), "name": name, "value": _arrow(values),
                      "t": _arrow(np.repeat(ts, lens))})  # fmt: skip
 
@@ -342,13 +358,12 @@ def _expert_counts(evs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     return lens, routed[1], dropped[1]
 
 
-def _experts_table(events, x_lines, accepted, lens, routed, dropped) -> pa.Table | None:
-    """(R,) rows of step, layer, expert, routed, dropped: one per expert of each accepted event."""
-    keep = accepted[x_lines] if x_lines else np.zeros(0, bool)
+def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray) -> pa.Table | None:
+    """(R,) rows of step, layer, expert, routed, dropped: one per expert of each accepted event (`keep` (X,))."""
     if not keep.any():
         return None
-    steps = np.fromiter((events[i].step for i in x_lines), np.int32, len(x_lines))
-    layers = np.fromiter((events[i].data.layer for i in x_lines), np.uint16, len(x_lines))
+    lens, layers, routed, dropped = plan.x_lens, plan.x_layers, plan.x_routed, plan.x_dropped
+    steps = steps.astype(np.int32)  # certified: <= 2**31 - 1
     if not keep.all():
         rows = np.repeat(keep, lens)
         routed, dropped = routed[rows], dropped[rows]
