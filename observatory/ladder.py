@@ -13,8 +13,13 @@ Fitting (`fit_power_law`): Huber loss (delta = 1e-3) on log residuals
 a grid of starts; E may be fixed. C is divided by a reference compute (the
 geometric mean of the rungs' C) so that log A stays near O(1).
 
-Uncertainty (`fit_ladder`): a bootstrap over whole rungs (a rung's whole curve
-is one unit: its points are not independent), refit at every fraction with the
+Seeds: a rung may be trained with several seeds (runs with the same `rung` label,
+`ladder.seed` in run_start). `average_seeds` averages them at every fraction and the
+rung stays one unit everywhere below; the seeds' spread (`seed_noise`) is the
+run-to-run noise the band uses (else `NOISE_DEFAULT`).
+
+Uncertainty (`fit_ladder`): a bootstrap over whole rungs (a rung's whole curve, all
+its seeds, is one unit: its points are not independent), refit at every fraction with the
 same resampled rungs so the band is coherent along the curve, each resampled rung's
 curve also moved by one draw of the run-to-run noise (so three or four rungs, which
 a 3-parameter law can nearly interpolate, still show how far such noise throws the

@@ -52,7 +52,8 @@ def ladder():
     (`ladder.target: true`). The fit is L(C) = E + A C^-alpha on each rung's eval
     loss at every 5% of its schedule (Huber on log residuals, E shared across
     fractions), with a band from a bootstrap over whole rungs widened by the
-    leave-one-rung-out error.
+    leave-one-rung-out error. Runs with the same `ladder.rung` are seeds of one
+    rung: the fit averages them and their spread is the run-to-run noise.
     """
 
 
@@ -162,7 +163,7 @@ def _print_fit(fit, ds):
     fin = s["final"]
     click.echo(f"ladder {fit.name}: {len(fit.rungs)} rungs, eval dataset {ds}, fit {s['fit_version']}")
     click.echo(f"  L(C) = {fin['E']:.4f} + {fin['A']:.4g} * C^-{fin['alpha']:.4f}   (final eval loss)")
-    click.echo(f"  run-to-run noise {100 * fit.noise:.2f}% (1 sigma, {fit.noise_source}); "
+    click.echo(f"  run-to-run noise {100 * fit.noise:.2f}% (1 sigma; from {fit.noise_source}); "
                "a rung of several seeds is their mean")
     click.echo(f"  {'rung':>8} {'run':>26} {'seeds':>5} {'active':>10} {'FLOPs':>10} {'final':>8} {'fit':>8} "
                f"{'LOO err':>8}")
