@@ -52,8 +52,11 @@ from observatory.ingest_lines import (
     _slow_line,
 )
 
-try:  # optional: without msgspec every chunk takes the old path
+try:  # without msgspec (>= 0.19: Decoder.decode_lines) every chunk takes the old path
     import msgspec
+
+    if not hasattr(msgspec.json.Decoder, "decode_lines"):  # pragma: no cover
+        msgspec = None
 except ImportError:  # pragma: no cover - msgspec is a declared dependency
     msgspec = None
 
