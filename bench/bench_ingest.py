@@ -33,6 +33,9 @@ from observatory import ingest_fast, store
 from observatory.ingest import ingest
 
 TARGET = 5_000_000  # metric values / s
+# the stored rows, order-independent and exact (float sums depend on the order rows arrive in)
+CHECK_SQL = """SELECT (SELECT (count(*), sum(hash(run, step, name, value, t, host)::HUGEINT)) FROM metrics),
+                      (SELECT (count(*), sum(hash(run, step, layer, expert, routed, dropped)::HUGEINT)) FROM expert_load)"""
 
 
 def make_log(path: Path, steps: int, scalars: int, layers: int = 8, experts: int = 64, every: int = 10) -> int:
@@ -93,7 +96,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     best: dict[str, tuple[float, float]] = {}  # side -> (wall s, CPU s) of its fastest run
-    reps = {}
+    reps, sums = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         log = tmp / "runs" / "bench" / "events.0.jsonl"
@@ -112,7 +115,9 @@ def main() -> None:
                     wall, cpu, reps[side] = observatory_side(log, db, side == "fast")
                     with duckdb.connect(str(db), read_only=True) as con:
                         got = con.execute("SELECT count(*) FROM metrics").fetchall()[0][0]
+                        sums[side] = con.execute(CHECK_SQL).fetchall()
                     assert got == n_values == reps[side].metric_values, (side, got, n_values)
+                    assert sums[side] == sums.get("fast", sums[side]), ("the two paths stored different data", sums)
                 for p in (db, db.with_name(db.name + ".wal")):
                     p.unlink(missing_ok=True)
                 if side not in best or wall < best[side][0]:

@@ -11,7 +11,10 @@ How one pass works (one short write transaction per batch, see `store.py`):
    offset, or a `.gz` whose size or mtime changed, has work.
 2. Take the write lock, open the store, read `ingest_files` (offsets, seq ranges).
 3. For each file, read up to a byte budget of complete lines from its offset.
-   Bytes go to DuckDB zero-copy as an Arrow string column; DuckDB's JSON reader
+   `ingest_fast` decodes them with msgspec and appends metrics / expert_load rows
+   as Arrow columns, handing each line it cannot certify to `validate_event` and
+   each piece it cannot decode to the path below (same store either way).
+   There, bytes go to DuckDB zero-copy as an Arrow string column; DuckDB's JSON reader
    parses them and a conservative vectorised check (`ingest_lines._STAGE_SQL`) marks the lines
    that are certainly valid `metrics` / `expert_load` events (the hot, bulky
    kinds). Every other line -- other kinds, NaN strings, anything odd -- is

@@ -267,6 +267,7 @@ def test_fast_path_store_equals_old_path(tmp_path, monkeypatch, seed, piece):
     assert any(v == "nan" for r in store_["metrics"] for v in r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [20_000, 1 << 20])
 def test_incremental_and_batched_ingest_same_store(tmp_path, monkeypatch, batch):
     """Half of every file, then the rest, in small transactions and pieces: offsets, cursors and duplicates agree."""
@@ -314,6 +315,7 @@ def test_an_undecodable_piece_goes_to_the_old_path(tmp_path, monkeypatch):
         assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [(100, 1)]
 
 
+@pytest.mark.slow
 def test_each_tricky_line_alone(tmp_path, monkeypatch):
     """Every tricky line between good ones, one file each: lines that decode are judged one by one, not by piece."""
     monkeypatch.setenv("OBSERVATORY_MAX_LINE_BYTES", "4000")
