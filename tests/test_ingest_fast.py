@@ -330,3 +330,17 @@ def test_each_tricky_line_alone(tmp_path, monkeypatch):
     out = _ingest_both(tmp_path, monkeypatch, runs)
     _assert_same(out)
     assert out["fast"][1][0].rejected > 10
+
+
+@pytest.mark.timeout(60)
+def test_gz_larger_than_a_batch_is_read_once(tmp_path, monkeypatch):
+    """A .gz bigger than the batch budget: read to its end in one go, not re-read from 0 in every batch."""
+    monkeypatch.setattr(ingest_mod, "BATCH_BYTES", 5000)
+    lines = [event("a", "metrics", {"x": float(i)}, i, i, t=1.7e9) for i in range(300)]
+    path = tmp_path / "runs" / "a" / "events.0.jsonl.gz"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(gzip.compress(b"".join(json.dumps(x).encode() + b"\n" for x in lines)))
+    rep = ingest(tmp_path / "runs", tmp_path / "s.duckdb", hooks=False, emit=None)
+    assert (rep.events, rep.duplicates, rep.files) == (300, 0, 1)
+    again = ingest(tmp_path / "runs", tmp_path / "s.duckdb", hooks=False, emit=None)
+    assert (again.events, again.files) == (0, 0)
