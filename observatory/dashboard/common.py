@@ -558,17 +558,19 @@ _after_paint = None
 def after_first_paint(key: str) -> bool:
     """False until the browser has drawn a plotly chart on this page; then (about 1 s later) True.
 
-    A zero-height component (`after_paint/index.html`): its value turning True reruns
-    the script (or the fragment it sits in), so a page can send its first chart alone
-    and the rest once that chart is on screen. Without a browser (AppTest) it stays
-    False; the page's next run draws everything anyway.
+    A zero-height component (`after_paint.js`, Streamlit's iframe-free v2 components): its
+    state turning True reruns the script (or the fragment it sits in), so a page can send
+    its first chart alone and the rest once that chart is on screen. Without a browser
+    (AppTest) it stays False; the page's next run draws everything anyway.
     """
     global _after_paint
     if _after_paint is None:
-        import streamlit.components.v1 as components
+        import streamlit.components.v2 as components
 
-        _after_paint = components.declare_component("after_paint", path=str(Path(__file__).parent / "after_paint"))
-    return bool(_after_paint(key=key, default=False))
+        js = (Path(__file__).parent / "after_paint.js").read_text()
+        _after_paint = components.component("observatory_after_paint", js=js)
+    res = _after_paint(key=key, default={"painted": False}, height=0, on_painted_change=lambda: None)
+    return bool(getattr(res, "painted", False))
 
 
 def ago(t: float | None, now: float | None = None) -> str:
