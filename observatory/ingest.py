@@ -372,8 +372,11 @@ def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, ho
         # the decision hook wrote records: ingest them now, so one `observatory ingest` leaves them in
         # the store (the hook runs again on this round's new activity only, and skips ids it knows)
         files = [lf for lf in scan(runs_dir) if lf.rel not in fol.skip]
+        sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
         wrote = _batches(runs_dir, db, files, report, fol, hooks, emit)
-    fol.sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in scan(runs_dir) if lf.rel not in fol.skip), _db_sig(db))
+    # the files as they were when this pass read them, not a scan taken now: a writer that appended
+    # meanwhile (its last flush, say) must make the next pass read, not wait for the 5 s check
+    fol.sig = (sig[0], _db_sig(db))
     if wrote:
         fol.sig = None  # a hook wrote after our last read: look again on the next pass, not in 5 s
 
@@ -507,7 +510,8 @@ def ingest(
     if not runs_dir.is_dir():
         emit(f"{runs_dir}: runs dir does not exist{' (yet); waiting for it' if follow else ''}")
     if follow and hooks:  # import the hooks now, not in the middle of the first live batch
-        for name in ("rollups", "anomalies", "decisions"):
+        # (ladder_watch: anomalies imports it, and scipy with it, on its first call: ~3 s without ingesting)
+        for name in ("rollups", "anomalies", "decisions", "ladder_watch"):
             try:
                 _optional_module(name)
             except Exception as e:
