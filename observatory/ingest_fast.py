@@ -41,14 +41,15 @@ from observatory.events import KINDS, RUN_ID_RE
 from observatory.ingest_lines import (
     I32,
     I64,
-    RAW_CAP,
     U16,
     U32,
     LogFile,
+    _arrow,
     _Batch,
     _Chunk,
     _FileState,
     _ingest_chunk,
+    _seq_ok,
     _slow_line,
 )
 
@@ -104,6 +105,7 @@ if msgspec is not None:
     )
     _DECODER = msgspec.json.Decoder(Union[(_Metrics, _Expert, *_OTHERS)])  # noqa: UP007 (a built union)
     _DECODE_ERRORS: tuple = (msgspec.MsgspecError, RecursionError)
+    _STEP_MAX = {_Metrics: I64, _Expert: I32}  # the store's step columns: metrics BIGINT, expert_load INTEGER
 
 
 def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_line: int) -> None:
@@ -225,17 +227,11 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
         return None  # cannot happen for lines shaped {...} (see the module docstring); be safe anyway
     events: list = [None] * len(ends)  # (L,) the certified events, None for the slow path
     for i, e in zip(good.tolist(), decoded, strict=True):
-        c = e.__class__
-        if c is _Metrics:
-            step = e.step
-            if (e.v == 1 and e.run == run and e.host == host and step is not None and 0 <= step <= I64
-                    and 0 <= e.seq <= I64 and -math.inf < e.t < math.inf):  # fmt: skip
-                events[i] = e
-        elif c is _Expert:
-            step = e.step
-            if (e.v == 1 and e.run == run and e.host == host and step is not None and 0 <= step <= I32
-                    and 0 <= e.seq <= I64 and -math.inf < e.t < math.inf):  # fmt: skip
-                events[i] = e
+        step_max = _STEP_MAX.get(e.__class__)  # None: another kind, for the slow path
+        step = getattr(e, "step", None)
+        if (step_max is not None and e.v == 1 and e.run == run and e.host == host and step is not None
+                and 0 <= step <= step_max and 0 <= e.seq <= I64 and -math.inf < e.t < math.inf):  # fmt: skip
+            events[i] = e
     # payload checks the decoder's types cannot make: finite values, no empty metric name, count lists
     m_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ is _Metrics]
     metrics = _metric_columns([events[i] for i in m_lines])
@@ -300,13 +296,7 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
         for i in range(n):
             lineno = base + 1 + i
             if certified[i]:
-                verdict = st.check_seq(int(seqs[i]))
-                if verdict is None:
-                    accepted[i] = True
-                elif verdict == "dup":
-                    b.n_duplicates += 1
-                else:
-                    b.reject(lf, lineno, "seq", verdict, piece[starts[i] : min(ends[i], starts[i] + RAW_CAP)])
+                accepted[i] = _seq_ok(b, lf, st, lineno, int(seqs[i]), piece, int(starts[i]), int(ends[i]))
             else:
                 _slow_line(b, lf, st, lineno, piece[starts[i] : ends[i]])
     st.line += n
@@ -410,12 +400,6 @@ def _strings(names: list[str]) -> pa.Array:
     offsets = np.zeros(len(encoded) + 1, np.int32)
     np.cumsum(np.fromiter(map(len, encoded), np.int32, len(encoded)), out=offsets[1:])
     return pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)))
-
-
-def _arrow(a: np.ndarray) -> pa.Array:
-    """A zero-copy Arrow array of a 1-D numeric numpy array (not `pa.array`: see `ingest_lines._i64`)."""
-    a = np.ascontiguousarray(a)
-    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [None, pa.py_buffer(a)])
 
 
 def _insert(con, lf: LogFile, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:

@@ -219,14 +219,19 @@ def _lines_table(data: bytes, base_line: int) -> tuple[pa.Table, np.ndarray]:
     return pa.table({"lineno": lineno, "line": lines}), offs
 
 
-def _i64(a: np.ndarray) -> pa.Array:
-    """A zero-copy Arrow int64 array of a contiguous int64 numpy array.
+def _arrow(a: np.ndarray) -> pa.Array:
+    """A zero-copy Arrow array of a 1-D numeric numpy array.
 
     Not `pa.array`: its first call imports pandas (~0.5 s of CPU, as much as
     ingesting 10 MB), which a metrics-only ingest never needs.
     """
-    a = np.ascontiguousarray(a, np.int64)
-    return pa.Int64Array.from_buffers(pa.int64(), len(a), [None, pa.py_buffer(a)])
+    a = np.ascontiguousarray(a)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [None, pa.py_buffer(a)])
+
+
+def _i64(a: np.ndarray) -> pa.Array:
+    """A zero-copy Arrow int64 array (see `_arrow`)."""
+    return _arrow(np.asarray(a, np.int64))
 
 
 # --------------------------------------------------------------- a batch
@@ -461,19 +466,27 @@ def _accept_lines(b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, staged: di
     for i in range(len(lengths)):
         lineno = base + 1 + i
         if lineno in ok_of:
-            verdict = st.check_seq(seq_of[lineno])
-            if verdict is None:
+            if _seq_ok(b, lf, st, lineno, seq_of[lineno], ch.data, offs[i], offs[i + 1] - 1):
                 accepted.append(lineno)
-            elif verdict == "dup":
-                b.n_duplicates += 1
-            else:
-                b.reject(lf, lineno, "seq", verdict, ch.data[offs[i] : min(offs[i + 1] - 1, offs[i] + RAW_CAP)])
         elif big[i] and lengths[i] > max_line + 1:
             raw = ch.data[offs[i] : offs[i] + RAW_CAP]
             b.reject(lf, lineno, "(line)", f"line is {lengths[i] - 1} bytes, over max_line_bytes={max_line}", raw)
         else:
             _slow_line(b, lf, st, lineno, ch.data[offs[i] : offs[i + 1] - 1])
     return accepted
+
+
+def _seq_ok(b: _Batch, lf: LogFile, st: _FileState, lineno: int, seq: int, data: bytes, start: int, end: int) -> bool:
+    """A certainly valid line's seq check, in file order: True to store it; a duplicate is counted, a
+    seq out of order rejected (with data[start:end], the line without its newline, capped)."""
+    verdict = st.check_seq(seq)
+    if verdict is None:
+        return True
+    if verdict == "dup":
+        b.n_duplicates += 1
+    else:
+        b.reject(lf, lineno, "seq", verdict, data[start : min(end, start + RAW_CAP)])
+    return False
 
 
 def _is_utf8(raw: bytes) -> bool:
