@@ -25,11 +25,16 @@ curve also moved by one draw of the run-to-run noise (so three or four rungs, wh
 a 3-parameter law can nearly interpolate, still show how far such noise throws the
 extrapolation); the band's
 quantiles (default 5%..95%, a 90% band) are then widened, in log space and in
-quadrature, by the largest leave-one-rung-out prediction error at that fraction
-(scaled up by how far beyond the largest rung the forecast extrapolates, in units
-of the leave-largest-out extrapolation), because four rungs cannot show in a
-bootstrap how wrong an extrapolation can be; and by the target's own run-to-run
-noise (`FitConfig.noise`), which no fit to other runs can predict.
+quadrature, by the forward prediction error at that fraction (the largest rung
+predicted from the smaller rungs alone: an extrapolation, as the target's forecast
+is, from the most rungs), scaled up by how much farther from the rungs' centre the
+target lies than that held-out rung did from its fit's, because four rungs cannot
+show in a bootstrap how wrong an extrapolation can be; and by
+the target's own run-to-run noise (`FitConfig.noise`), which no fit to other runs
+can predict. Leave-one-rung-out errors (each rung from all the others) are
+reported too (`FitConfig.loo="max"` bands with them, as FIT_VERSION 3 did); for
+the smallest rung that is a backward extrapolation, which says little about a
+forecast forward and made the band +-67% on the sample ladder.
 
 Backtest (`backtest`): leave the largest rung out, fit the others, forecast its
 curve; report the final-loss error in % and the share of its curve points
@@ -53,7 +58,7 @@ import itertools
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from scipy.optimize import minimize
@@ -83,9 +88,10 @@ __all__ = [
 ]
 
 FRACTIONS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 5% .. 100%
-METHOD = "powerlaw-huber-log(delta=1e-3)/L-BFGS-B; band: rung bootstrap + leave-one-rung-out"
-# 1: no rung-noise draws in the bootstrap; 2: with them; 3: a rung's seeds averaged, noise measured from seeds
-FIT_VERSION = "3"
+METHOD = "powerlaw-huber-log(delta=1e-3)/L-BFGS-B; band: rung bootstrap + forward held-out-rung error"
+# 1: no rung-noise draws in the bootstrap; 2: with them; 3: a rung's seeds averaged, noise measured
+# from seeds; 4: the band widened by forward errors (a rung from the smaller rungs), not leave-one-out
+FIT_VERSION = "4"
 NOISE_DEFAULT = 0.003  # run-to-run noise assumed when the rungs have no seeds to measure it from
 DETECTOR = "ladder_deviation"
 EVAL_METRIC = "eval/loss"
@@ -104,7 +110,12 @@ class FitConfig:
     level: float = 0.9  # central coverage of the band
     n_starts: int = 3  # L-BFGS-B runs, started from the best grid points
     seed: int = 0
-    loo: str = "max"  # widen by the "max" or "rms" leave-one-rung-out log error (or "none")
+    # Widen the band by the "forward" error (the largest rung predicted from the smaller rungs
+    # only: an extrapolation, as the target's forecast is), or by the "max" or "rms"
+    # leave-one-rung-out error (each rung from all the others, which for the smallest rung is a
+    # backward extrapolation), or "none". FIT_VERSION 3 used "max": on the sample ladder its
+    # largest error was predicting the smallest rung backwards (32%), a band of +-67%.
+    loo: str = "forward"
     # Run-to-run noise of one run's eval loss (relative, 1 sigma): a target's own seed noise is
     # something no fit to other runs can predict, and a 3-parameter law through 3-4 rungs leaves
     # too few residual degrees of freedom to estimate it from the law's residuals. None: measured
@@ -137,8 +148,8 @@ class FitConfig:
             raise ValueError(f"FitConfig.noise must be a relative 1-sigma noise in [0, 0.5), got {self.noise}")
         if self.noise_draws < 1:
             raise ValueError(f"FitConfig.noise_draws must be >= 1, got {self.noise_draws}")
-        if self.loo not in ("max", "rms", "none"):
-            raise ValueError(f"FitConfig.loo must be 'max', 'rms' or 'none', got {self.loo!r}")
+        if self.loo not in ("forward", "max", "rms", "none"):
+            raise ValueError(f"FitConfig.loo must be 'forward', 'max', 'rms' or 'none', got {self.loo!r}")
         if not self.fractions or any(not (0 < f <= 1) for f in self.fractions):
             raise ValueError(f"FitConfig.fractions must be in (0, 1], got {self.fractions}")
 
@@ -377,6 +388,8 @@ class LadderFit:
     boot: dict[float, np.ndarray]  # fraction -> (B, 3) bootstrap (E, log A, alpha), c_ref as laws[f]
     boot_w: dict[float, np.ndarray]  # fraction -> (B,) probability of each bootstrap resample
     loo_err: dict[float, dict[str, float]]  # fraction -> rung -> log(pred / obs) with that rung left out
+    # fraction -> rung -> log(pred / obs) predicted from the smaller rungs only (rungs with >= 2 below them)
+    fwd_err: dict[float, dict[str, float]] = field(default_factory=dict)
     noise: float = NOISE_DEFAULT  # run-to-run noise of one run (relative, 1 sigma) the band uses
     noise_source: str = "default"  # "config", "seeds (dof N)" or "default"
 
@@ -385,26 +398,37 @@ class LadderFit:
         return self.laws[max(self.laws)]
 
     def loo_halfwidth(self, fraction: float) -> float:
-        """Log half-width the leave-one-rung-out errors add to the band at `fraction`."""
+        """Log half-width the held-out rung errors add to the band at `fraction`: with
+        `loo="forward"` the largest rung's error predicted from the smaller rungs (the ladder's
+        own most recent extrapolation, from the most rungs), else the largest or rms
+        leave-one-rung-out error."""
+        if self.config.loo == "forward":
+            top = max(self.rungs, key=lambda r: r.flops).rung
+            e = self.fwd_err.get(fraction, {}).get(top)
+            return 0.0 if e is None or not math.isfinite(e) else abs(e)
         errs = np.abs(np.array(list(self.loo_err.get(fraction, {}).values()), dtype=float))
         errs = errs[np.isfinite(errs)]
         if self.config.loo == "none" or errs.size == 0:
             return 0.0
-        return float(errs.max() if self.config.loo == "max" else np.sqrt((errs**2).mean()))
+        return float(np.sqrt((errs**2).mean()) if self.config.loo == "rms" else errs.max())
 
     def extrapolation_scale(self, flops) -> np.ndarray:
-        """How many leave-largest-out extrapolations `flops` lies beyond the largest rung (>= 1).
+        """How much farther `flops` extrapolates than the held-out error was measured (>= 1).
 
-        Leaving the largest rung out extrapolates by log(C_max / C_prev); a target
-        further out than that gets the leave-one-out error scaled up in proportion,
-        because extrapolation error grows with distance.
+        Extrapolation error grows with distance. `loo="forward"`: the largest rung was
+        predicted at log-distance log C_max - mean(log C of the smaller rungs) from the centre of
+        the rungs it was fit to; a target at log C - mean(log C of all rungs) gets the error
+        scaled in proportion. Otherwise (FIT_VERSION 3): in units of the last step
+        log(C_max / C_prev) beyond the largest rung.
         """
         cs = sorted({r.flops for r in self.rungs})
         c = np.atleast_1d(np.asarray(flops, dtype=float))
         if len(cs) < 2:
             return np.ones_like(c)
-        step = math.log(cs[-1] / cs[-2])
-        return np.maximum(1.0, np.log(c / cs[-1]) / step)
+        lc = np.log(cs)
+        if self.config.loo == "forward":
+            return np.maximum(1.0, (np.log(c) - lc.mean()) / (lc[-1] - lc[:-1].mean()))
+        return np.maximum(1.0, np.log(c / cs[-1]) / (lc[-1] - lc[-2]))
 
     def predict(self, fraction: float, flops, seeds: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(value, low, high), each (m,), at compute `flops` (array-like) for one schedule fraction.
@@ -460,6 +484,7 @@ class LadderFit:
                 for f, law in sorted(self.laws.items())
             },
             "loo_final": self.loo_err.get(max(self.laws), {}),
+            "forward_final": self.fwd_err.get(max(self.laws), {}),
             "bootstrap_resamples": int(len(self.boot.get(max(self.laws), ()))),
         }
 
@@ -628,17 +653,24 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
                         boot[f].append(th[j])
                         boot_w[f].append(pr / reps)
 
-        # leave-one-rung-out: predict each rung's curve from the others
+        def held_out(i, w, into):  # fit the rungs weighted w, record log(pred / obs) for rung i
+            th, ok = sub(w)
+            for j, f in enumerate(fractions):
+                if ok[j] and np.isfinite(Y[j, i]):
+                    into[f][rungs[i].rung] = float(math.log((th[j, 0] + math.exp(th[j, 1] - th[j, 2] * x[i])) / Y[j, i]))
+
+        # leave-one-rung-out: predict each rung's curve from all the others; forward: from the
+        # smaller rungs only (an extrapolation one rung out, as a target's forecast is)
         loo: dict[float, dict[str, float]] = {f: {} for f in fractions}
+        fwd: dict[float, dict[str, float]] = {f: {} for f in fractions}
         if n >= 3:
             for i, held in enumerate(rungs):
                 w = np.ones(n)
                 w[i] = 0
-                th, ok = sub(w)
-                for j, f in enumerate(fractions):
-                    if ok[j] and np.isfinite(Y[j, i]):
-                        pred = th[j, 0] + math.exp(th[j, 1] - th[j, 2] * x[i])
-                        loo[f][held.rung] = float(math.log(pred / Y[j, i]))
+                held_out(i, w, loo)
+                smaller = np.array([1.0 if r.flops < held.flops else 0.0 for r in rungs])
+                if len({r.flops for r in rungs if r.flops < held.flops}) >= 2:
+                    held_out(i, smaller, fwd)
 
     laws = {f: PowerLaw(float(full[j, 0]), float(full[j, 1]), float(full[j, 2]), c_ref)
             for j, f in enumerate(fractions)}
@@ -646,7 +678,7 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
         name=name, rungs=list(rungs), config=cfg, laws=laws,
         boot={f: np.array(v, dtype=float).reshape(-1, 3) for f, v in boot.items()},
         boot_w={f: np.array(v, dtype=float) for f, v in boot_w.items()},
-        loo_err=loo, noise=noise, noise_source=noise_source,
+        loo_err=loo, fwd_err=fwd, noise=noise, noise_source=noise_source,
     )
 
 

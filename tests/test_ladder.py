@@ -102,7 +102,7 @@ def test_ladder_forecasts_the_target_curve():
 
 @pytest.mark.slow
 def test_band_narrows_as_rungs_are_added():
-    """More rungs over the same compute range: a tighter bootstrap and smaller leave-one-out errors."""
+    """More rungs over the same compute range: a tighter bootstrap and smaller forward errors."""
     target = 1.2e12
     widths = []
     for n in (4, 6, 8):
@@ -120,6 +120,29 @@ def test_backtest_on_synthetic_ladder():
     assert abs(bt.final_error_pct) < 1.0
     assert bt.coverage >= 0.9
     assert bt.final_low <= bt.final_obs <= bt.final_high
+
+
+def test_forward_errors_predict_each_rung_from_the_smaller_rungs_only():
+    """The band's held-out term: the largest rung from the rungs below it (as a forecast
+    extrapolates), not each rung from all the others; the smallest rung, predicted backwards,
+    does not widen it."""
+    rungs = synth_rungs([1e10, 2.2e10, 5e10, 1.1e11, 2.4e11], noise=0.002, seed=5)
+    rungs[0] = Rung(run="r0", rung="r0", flops=1e10, curve={f: v * 1.2 for f, v in rungs[0].curve.items()}, steps=100)
+    fit = fit_ladder(rungs, FitConfig(n_boot=20))
+    # rungs with >= 2 smaller rungs get a forward error; every rung a leave-one-out error
+    assert set(fit.fwd_err[1.0]) == {"r2", "r3", "r4"} and set(fit.loo_err[1.0]) == {f"r{i}" for i in range(5)}
+    # the largest rung's forward error is exactly the backtest's (both fit the four smaller rungs)
+    bt = backtest(rungs, FitConfig(n_boot=20))
+    assert 100 * (math.exp(fit.fwd_err[1.0]["r4"]) - 1) == pytest.approx(bt.final_error_pct, abs=1e-3)
+    # the broken smallest rung, left out, is predicted ~17% low from the others: the largest LOO error,
+    # and the "max" band takes it; the forward band does not see it
+    assert max(fit.loo_err[1.0].values(), key=abs) == fit.loo_err[1.0]["r0"] < math.log(0.9)
+    assert fit.loo_halfwidth(1.0) == pytest.approx(abs(fit.fwd_err[1.0]["r4"]))  # the ladder's own last extrapolation
+    assert fit.loo_halfwidth(1.0) < 0.5 * abs(fit.loo_err[1.0]["r0"])
+    old = fit_ladder(rungs, FitConfig(n_boot=20, loo="max"))
+    assert old.loo_halfwidth(1.0) == pytest.approx(abs(fit.loo_err[1.0]["r0"]))
+    narrow, wide = fit.forecast(5e11).final, old.forecast(5e11).final
+    assert narrow.value == pytest.approx(wide.value) and narrow.high - narrow.low < 0.75 * (wide.high - wide.low)
 
 
 def test_fit_config_validates():

@@ -52,7 +52,7 @@ def ladder():
     (`ladder.target: true`). The fit is L(C) = E + A C^-alpha on each rung's eval
     loss at every 5% of its schedule (Huber on log residuals, E shared across
     fractions), with a band from a bootstrap over whole rungs widened by the
-    leave-one-rung-out error. Runs with the same `ladder.rung` are seeds of one
+    forward error (each rung predicted from the smaller rungs). Runs with the same `ladder.rung` are seeds of one
     rung: the fit averages them and their spread is the run-to-run noise.
     """
 
@@ -166,13 +166,18 @@ def _print_fit(fit, ds):
     click.echo(f"  run-to-run noise {100 * fit.noise:.2f}% (1 sigma; from {fit.noise_source}); "
                "a rung of several seeds is their mean")
     click.echo(f"  {'rung':>8} {'run':>26} {'seeds':>5} {'active':>10} {'FLOPs':>10} {'final':>8} {'fit':>8} "
-               f"{'LOO err':>8}")
-    loo = s["loo_final"]
+               f"{'fwd err':>8} {'LOO err':>8}")
+    click.echo("  (fwd err: the rung predicted from the smaller rungs only; LOO err: from all the others;"
+               f" the band uses {'fwd' if fit.config.loo == 'forward' else fit.config.loo})")
+
+    def pct(e):
+        return "-" if e is None else f"{100 * (math.exp(e) - 1):+.2f}%"
+
     for r in fit.rungs:
         pred = float(fit.final(r.flops))
-        e = loo.get(r.rung)
         click.echo(f"  {r.rung:>8} {r.run:>26} {r.n_seeds:>5} {_fmt(r.params_active, ',d'):>10} {r.flops:>10.3g} "
-                   f"{_fmt(r.final_loss):>8} {pred:>8.4f} {'-' if e is None else f'{100 * (math.exp(e) - 1):+.2f}%':>8}")
+                   f"{_fmt(r.final_loss):>8} {pred:>8.4f} {pct(s['forward_final'].get(r.rung)):>8} "
+                   f"{pct(s['loo_final'].get(r.rung)):>8}")
 
 
 @ladder.command("forecast")
