@@ -283,6 +283,9 @@ def test_ladder_spec_seeds_plan_one_run_per_rung_and_seed(tmp_path):
     a0, a1 = rungs[0], rungs[2]
     assert a0.ladder["flops"] == a1.ladder["flops"] and a0.cfg.steps == a1.cfg.steps
     assert tgt.run_id == "lad-t" and tgt.seed == 0 and tgt.ladder["target"] is True
+    t2 = plan(spec, target_seed=5)[1]  # another independent target run: its own seed and run id
+    assert t2.run_id == "lad-t-s5" and t2.cfg.seed == t2.cfg.data.seed == t2.ladder["seed"] == 5
+    assert t2.ladder["flops"] == tgt.ladder["flops"] and t2.cfg.name == "lad-t-s5"
     y.write_text(body + "seeds: [4, 7]\n")
     assert [p.run_id for p in plan(load_ladder_spec(y))[0]][:2] == ["lad-a-s4", "lad-b-s4"]
     for bad, msg in (("0", "must be >= 1"), ("[1, 1]", "distinct"), ("x", "a count"), ("[-1]", ">= 0")):

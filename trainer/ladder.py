@@ -1,7 +1,7 @@
 """`trainer ladder`: train the rungs of a scaling ladder, then (optionally) a pre-registered target.
 
     trainer ladder --config trainer/configs/ladder_cpu.yaml [--runs-dir DIR] [--db DB]
-                   [--plan] [--target] [--target-override key=value ...] [--pack DIR]
+                   [--plan] [--target] [--target-override key=value ...] [--target-seed K] [--pack DIR]
 
 A ladder config names a base recipe (a trainer config) and the rungs as overrides of
 it. Every rung trains the same number of tokens per active parameter, so each sits at
@@ -208,12 +208,14 @@ def _plan_one(spec: LadderSpec, r: RungSpec, extra: tuple[str, ...] = (), target
     return RungPlan(r.rung, run_id, cfg, ladder, seed)
 
 
-def plan(spec: LadderSpec, target_overrides: tuple[str, ...] = ()) -> tuple[list[RungPlan], RungPlan | None]:
+def plan(spec: LadderSpec, target_overrides: tuple[str, ...] = (),
+         target_seed: int | None = None) -> tuple[list[RungPlan], RungPlan | None]:
     """The rungs' (every rung x seed, seed-major: all rungs of the first seed come first) and the
-    target's configs, with steps, evals and compute derived from the recipe."""
+    target's configs, with steps, evals and compute derived from the recipe. The target is trained
+    with the first seed unless `target_seed` (another, independent target run: <name>-<rung>-s<k>)."""
     rungs = [_plan_one(spec, r, seed=s) for s in spec.seeds for r in spec.rungs]
-    tgt = (_plan_one(spec, spec.target, target_overrides, target=True, seed=spec.seeds[0])
-           if spec.target else None)
+    seed = spec.seeds[0] if target_seed is None else target_seed
+    tgt = _plan_one(spec, spec.target, target_overrides, target=True, seed=seed) if spec.target else None
     return rungs, tgt
 
 
@@ -242,11 +244,12 @@ def _observatory(*args: str) -> None:
 
 
 def run_ladder(spec: LadderSpec, runs_dir: Path, db: Path, *, target: bool = False,
-               target_overrides: tuple[str, ...] = (), target_run_id: str | None = None) -> list[str]:
+               target_overrides: tuple[str, ...] = (), target_run_id: str | None = None,
+               target_seed: int | None = None) -> list[str]:
     """Train every rung (skipping completed ones) and, with `target`, forecast then train the target."""
     from trainer.train import train
 
-    rungs, tgt = plan(spec, target_overrides)
+    rungs, tgt = plan(spec, target_overrides, target_seed)
     done = []
     for p in rungs:
         if _completed(runs_dir, p.run_id):
@@ -321,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-override", action="append", default=[], metavar="key.sub=value",
                     help="extra override for the target only, e.g. inject=lr_spike@400:x30 (repeatable)")
     ap.add_argument("--target-run-id", default=None, help="run id of the target (default <ladder>-<rung>)")
+    ap.add_argument("--target-seed", type=int, default=None, metavar="K",
+                    help="train the target with seed K (run id <ladder>-<rung>-sK): another independent target "
+                         "run, with its own pre-registered forecast (default: the ladder's first seed)")
     ap.add_argument("--pack", type=Path, default=None, metavar="DIR",
                     help="afterwards gzip the runs' event logs into DIR/<run>/ (how data/samples is made)")
     args = ap.parse_args(argv)
@@ -330,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     db = Path(args.db or settings.get("db"))
     try:
         spec = load_ladder_spec(args.config)
-        rungs, tgt = plan(spec, tuple(args.target_override))
+        if args.target_seed is not None and args.target_seed < 0:
+            raise ValueError(f"--target-seed must be >= 0, got {args.target_seed}")
+        rungs, tgt = plan(spec, tuple(args.target_override), args.target_seed)
     except ValueError as e:
         print(f"trainer ladder: {e}", file=sys.stderr)
         return 2
@@ -342,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     _enable_compile_cache()
     try:
         done = run_ladder(spec, runs_dir, db, target=args.target, target_overrides=tuple(args.target_override),
-                          target_run_id=args.target_run_id)
+                          target_run_id=args.target_run_id, target_seed=args.target_seed)
     except (ValueError, RuntimeError, subprocess.CalledProcessError) as e:
         print(f"trainer ladder: {e}", file=sys.stderr)
         return 1
