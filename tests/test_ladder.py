@@ -292,3 +292,21 @@ def test_ladder_spec_seeds_plan_one_run_per_rung_and_seed(tmp_path):
         y.write_text(body + f"seeds: {bad}\n")
         with pytest.raises(ValueError, match=msg):
             load_ladder_spec(y)
+
+
+def test_rung_curves_figure_draws_each_rungs_mean_over_its_seeds():
+    """The Ladder page's rung chart: one bold mean curve and one legend entry per rung, its seeds thin
+    and grouped with it (a 4-rung ladder of 3 seeds is 4 legend entries, not 12)."""
+    from observatory.dashboard.pages.ladder import rung_curves_figure
+
+    runs = seeded_rungs([1e10, 2.2e10, 5e10, 1.1e11], [-0.02, 0.0, 0.02])
+    fig = rung_curves_figure(runs, [])
+    shown = [t for t in fig.data if t.showlegend is not False]
+    assert [t.name for t in shown] == [f"r{i} (mean of 3 seeds)" for i in range(4)]
+    mean_r1 = average_seeds(runs)[1]
+    assert list(shown[1].y) == pytest.approx([mean_r1.curve[f] for f in sorted(mean_r1.curve)])
+    seeds = [t for t in fig.data if t.showlegend is False]
+    assert len(seeds) == 12 and {t.legendgroup for t in seeds} == {"r0", "r1", "r2", "r3"}
+    # one seed per rung: just the rung's curve
+    single = rung_curves_figure([r for r in runs if r.seed == 0], [])
+    assert [t.name for t in single.data] == ["r0", "r1", "r2", "r3"]

@@ -15,11 +15,12 @@ reuse it until a rung's evals change.
 from __future__ import annotations
 
 import numpy as np
+import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
 
 from observatory.dashboard import common
-from observatory.ladder import Rung, backtest, fit_ladder, fit_version
+from observatory.ladder import Rung, average_seeds, backtest, fit_ladder, fit_version
 from observatory.ladder_watch import load_ladder
 from observatory.queries import ladder as ql
 
@@ -50,12 +51,24 @@ def _fit(name: str, version: str, _rungs: list[Rung]):
 
 
 def rung_curves_figure(rungs: list[Rung], targets: list[dict]) -> go.Figure:
+    """Each rung's curve (the mean of its seeds, bold) with its seeds' curves (thin, one legend
+    entry per rung: a ladder of 4 rungs x 24 seeds is 4 entries, not 96)."""
     fig = go.Figure()
-    for r in rungs:
-        fr = sorted(r.curve)
-        fig.add_trace(go.Scatter(x=[f * r.flops for f in fr], y=[r.curve[f] for f in fr], mode="lines+markers",
-                                 name=r.rung if r.seed is None else f"{r.rung} seed {r.seed}",
-                                 hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + r.run + "</extra>"))
+    palette = plotly.colors.qualitative.Plotly
+    for i, m in enumerate(average_seeds(rungs)):
+        color = palette[i % len(palette)]
+        seeds = [r for r in rungs if r.rung == m.rung] if m.n_seeds > 1 else []
+        for r in seeds:
+            fr = sorted(r.curve)
+            fig.add_trace(go.Scatter(x=[f * r.flops for f in fr], y=[r.curve[f] for f in fr], mode="lines",
+                                     legendgroup=m.rung, showlegend=False, opacity=0.35,
+                                     line={"width": 1, "color": color}, name=f"{m.rung} seed {r.seed}",
+                                     hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + r.run + "</extra>"))
+        fr = sorted(m.curve)
+        label = m.rung if m.n_seeds == 1 else f"{m.rung} (mean of {m.n_seeds} seeds)"
+        fig.add_trace(go.Scatter(x=[f * m.flops for f in fr], y=[m.curve[f] for f in fr], mode="lines+markers",
+                                 legendgroup=m.rung, name=label, line={"width": 3, "color": color},
+                                 hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + label + "</extra>"))
     for t in targets:
         flops = t["ladder"].get("flops")
         if not flops or not t["curve"]:
