@@ -310,3 +310,17 @@ def test_rung_curves_figure_draws_each_rungs_mean_over_its_seeds():
     # one seed per rung: just the rung's curve
     single = rung_curves_figure([r for r in runs if r.seed == 0], [])
     assert [t.name for t in single.data] == ["r0", "r1", "r2", "r3"]
+
+
+def test_trainer_ladder_plan_with_seeds_and_target_seed(capsys):
+    """`trainer ladder --plan --seeds N --target-seed K`: a quick pass over fewer seeds, and another target run."""
+    from trainer.ladder import main
+
+    cfg = str(Path(__file__).resolve().parent.parent / "trainer" / "configs" / "ladder_cpu.yaml")
+    assert main(["--config", cfg, "--plan", "--seeds", "2", "--target-seed", "3"]) == 0
+    out = capsys.readouterr().out
+    ids = [line.split()[2] for line in out.splitlines() if line.strip().startswith(("d24", "d32", "d40", "d48", "d72"))]
+    assert ids == [f"ladder-cpu-{r}{s}" for s in ("", "-s1") for r in ("d24", "d32", "d40", "d48")] + ["ladder-cpu-d72-s3"]
+    for bad in (["--seeds", "0"], ["--target-seed", "-1"]):
+        assert main(["--config", cfg, "--plan", *bad]) == 2
+        assert "must be >= " in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """`trainer ladder`: train the rungs of a scaling ladder, then (optionally) a pre-registered target.
 
     trainer ladder --config trainer/configs/ladder_cpu.yaml [--runs-dir DIR] [--db DB]
-                   [--plan] [--target] [--target-override key=value ...] [--target-seed K] [--pack DIR]
+                   [--plan] [--seeds N] [--target] [--target-override key=value ...] [--target-seed K]
+                   [--pack DIR]
 
 A ladder config names a base recipe (a trainer config) and the rungs as overrides of
 it. Every rung trains the same number of tokens per active parameter, so each sits at
@@ -324,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-override", action="append", default=[], metavar="key.sub=value",
                     help="extra override for the target only, e.g. inject=lr_spike@400:x30 (repeatable)")
     ap.add_argument("--target-run-id", default=None, help="run id of the target (default <ladder>-<rung>)")
+    ap.add_argument("--seeds", type=int, default=None, metavar="N",
+                    help="train seeds 0..N-1 of every rung instead of the config's `seeds:` (e.g. 2 for a quick pass)")
     ap.add_argument("--target-seed", type=int, default=None, metavar="K",
                     help="train the target with seed K (run id <ladder>-<rung>-sK): another independent target "
                          "run, with its own pre-registered forecast (default: the ladder's first seed)")
@@ -336,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     db = Path(args.db or settings.get("db"))
     try:
         spec = load_ladder_spec(args.config)
+        if args.seeds is not None:
+            if args.seeds < 1:
+                raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+            spec = dataclasses.replace(spec, seeds=tuple(range(args.seeds)))
         if args.target_seed is not None and args.target_seed < 0:
             raise ValueError(f"--target-seed must be >= 0, got {args.target_seed}")
         rungs, tgt = plan(spec, tuple(args.target_override), args.target_seed)
