@@ -197,7 +197,7 @@ def forecast_event_data(fit: LadderFit, forecast: Forecast, dataset: str | None,
         "pre_registered": pre_registered,
         "source": {"ladder": fit.name, "fit_version": fit_version(fit.rungs),
                    "rungs": [x for r in fit.rungs for x in (r.runs or (r.run,))], "fix_e": fit.config.fix_e,
-                   "noise": fit.noise, "noise_source": fit.noise_source},
+                   "noise": fit.noise, "noise_source": fit.noise_source, "band": fit.config.loo},
     }
 
 

@@ -99,7 +99,15 @@ def test_fit_json_and_list(ladder_store):
     assert bt["coverage"] >= 0.9
     assert out["forecast"] is None  # no target yet
     text = invoke("ladder", "fit", "syn")
-    assert "backtest" in text and "L(C) =" in text
+    assert "backtest" in text and "L(C) =" in text and "the band uses fwd" in text
+    # the forward error (syn-r3 from syn-r0..r2) is the band's held-out term; --band picks another
+    assert fit["config"]["loo"] == "forward" and set(fit["forward_final"]) == {"syn-r2", "syn-r3"}
+    h = fit["fractions"]["1.00"]["loo_halfwidth"]
+    assert h == pytest.approx(abs(fit["forward_final"]["syn-r3"]))
+    old = json.loads(invoke("ladder", "fit", "syn", "--json", "--band", "max", "--no-backtest"))["fit"]
+    assert old["fractions"]["1.00"]["loo_halfwidth"] == pytest.approx(max(abs(e) for e in old["loo_final"].values()))
+    out = invoke("ladder", "forecast", "syn", "--target", "syn-x", "--flops", "1e12", "--band", "none", "--dry-run")
+    assert '"band": "none"' in out
 
 
 def test_fit_errors_are_clear(ladder_store):

@@ -24,13 +24,19 @@ def _fmt(x, spec=".4f"):
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def _config(fix_e, n_boot, level, independent_e=False):
+def _config(fix_e, n_boot, level, independent_e=False, band="forward"):
     from observatory.ladder import FitConfig
 
     try:
-        return FitConfig(fix_e=fix_e, n_boot=n_boot, level=level, shared_e=not independent_e)
+        return FitConfig(fix_e=fix_e, n_boot=n_boot, level=level, shared_e=not independent_e, loo=band)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+
+
+_band_option = click.option(
+    "--band", type=click.Choice(["forward", "max", "rms", "none"]), default="forward", show_default=True,
+    help="Held-out-rung error the bootstrap band is widened by: forward (the largest rung predicted from the "
+         "smaller ones), max or rms of the leave-one-rung-out errors (FIT_VERSION 3 used max), or none.")
 
 
 def _load(db, name, dataset):
@@ -88,16 +94,17 @@ def list_cmd(db, as_json):
 @click.option("--n-boot", type=int, default=200, show_default=True,
               help="Bootstrap resamples (all distinct ones are enumerated when fewer).")
 @click.option("--level", type=float, default=0.9, show_default=True, help="Band coverage.")
+@_band_option
 @click.option("--no-backtest", is_flag=True, help="Skip the leave-largest-rung-out backtest.")
 @click.option("--independent-e", is_flag=True, help="Fit E separately at every schedule fraction (default: shared).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit, the forecast and the backtest as JSON.")
-def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, no_backtest, independent_e, as_json):
+def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, band, no_backtest, independent_e, as_json):
     """Fit ladder NAME; backtest it; forecast a target's whole eval-loss curve."""
     from observatory.ladder import backtest, compare, fit_ladder
     from observatory.ladder_watch import target_spec
     from observatory.store import connect
 
-    cfg = _config(fix_e, n_boot, level, independent_e)
+    cfg = _config(fix_e, n_boot, level, independent_e, band)
     rungs, targets, ds = _load(db, name, dataset)
     try:
         fit = fit_ladder(rungs, cfg, name=name)
@@ -192,8 +199,9 @@ def _print_fit(fit, ds):
 @click.option("--dataset", default=None, help="Eval dataset (default: the one the rungs log most).")
 @click.option("--n-boot", type=int, default=200, show_default=True)
 @click.option("--level", type=float, default=0.9, show_default=True)
+@_band_option
 @click.option("--dry-run", is_flag=True, help="Print the event instead of writing it.")
-def forecast_cmd(name, runs_dir, db, target, flops, steps, spec, fix_e, dataset, n_boot, level, dry_run):
+def forecast_cmd(name, runs_dir, db, target, flops, steps, spec, fix_e, dataset, n_boot, level, band, dry_run):
     """Pre-register TARGET's forecast: write a `forecast` event (host 1000) into its run folder.
 
     Run this before the target starts; the event's time then precedes its run_start.
@@ -205,7 +213,7 @@ def forecast_cmd(name, runs_dir, db, target, flops, steps, spec, fix_e, dataset,
 
     if not RUN_ID_RE.match(target):
         raise click.BadParameter(f"{target!r} is not a run id ([A-Za-z0-9._-]{{1,128}})", param_hint="--target")
-    cfg = _config(fix_e, n_boot, level)
+    cfg = _config(fix_e, n_boot, level, band=band)
     if flops is None:
         with connect(db) as con:
             try:
