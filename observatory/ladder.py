@@ -586,7 +586,7 @@ def _noise(rungs: Sequence[Rung], cfg: FitConfig) -> tuple[float, str]:
 
 
 def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder") -> LadderFit:
-    """Fit every schedule fraction, bootstrap over whole rungs, leave-one-rung-out errors.
+    """Fit every schedule fraction, bootstrap over whole rungs, leave-one-rung-out and forward errors.
 
     `rungs` may hold several seeds of a rung (same `rung` label): they are averaged at
     every fraction (`average_seeds`) and are one unit everywhere after that. A fraction
