@@ -56,6 +56,7 @@ from observatory.ingest_fast import ingest_chunk
 from observatory.ingest_lines import (
     I64,
     MESSAGE_LIMIT,
+    U16,
     LogFile,
     _Batch,
     _FileState,
@@ -361,7 +362,17 @@ def _db_sig(db: Path) -> Any:
 
 
 def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, hooks: bool, emit: Callable[[str], None]) -> None:
-    files = [lf for lf in scan(runs_dir) if lf.rel not in fol.skip]
+    files = []
+    for lf in scan(runs_dir):
+        if lf.rel in fol.skip:
+            continue
+        if lf.host > U16:
+            # the store keeps hosts as USMALLINT (ingest_files, every table): say so once and go on
+            emit(f"{runs_dir / lf.rel}: host {lf.host} in the file name is above {U16}, the largest host the "
+                 f"store keeps; file skipped (rename it events.<host>.jsonl with a host in 0..{U16})")
+            fol.skip.add(lf.rel)
+            continue
+        files.append(lf)
     sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
     now = time.time()
     if sig == fol.sig and now - fol.last_crash_check < min(5.0, settings.get("stale_after_s") / 4):

@@ -306,3 +306,20 @@ def test_one_ingest_leaves_auto_decisions_in_the_store(runs_dir, db_path):
     # rebuild reads the records back from the logs; it runs no hook and duplicates nothing
     rebuild(runs_dir, db_path, emit=None)
     assert states().keys() == got.keys() and {s["n_events"] for s in states().values()} == {1}
+
+
+def test_a_host_above_the_stores_range_skips_that_file_with_a_clear_error(tmp_path):
+    """events.70000.jsonl cannot be kept (hosts are USMALLINT): its file is named and skipped, once,
+    and every other file is ingested."""
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    write_lines(runs / "ok" / "events.0.jsonl", _run_lines("ok", 3))
+    write_lines(runs / "ok" / "events.70000.jsonl", [{**e, "host": 70000} for e in _run_lines("ok", 2)])
+    said: list[str] = []
+    report = ingest(runs, db, emit=said.append)
+    assert q(db, "SELECT count(DISTINCT step), min(host), max(host) FROM metrics WHERE run = 'ok'") == [(3, 0, 0)]
+    bad = [m for m in said if "events.70000.jsonl" in m]
+    assert len(bad) == 1 and "host 70000" in bad[0] and "above 65535" in bad[0] and "skipped" in bad[0]
+    assert report.events == 3 * 3 and not any("cannot ingest" in m for m in said)
+    said.clear()
+    ingest(runs, db, emit=said.append)  # a later ingest says it again (it is still there), nothing else changes
+    assert [m for m in said if "events.70000.jsonl" in m] and q(db, "SELECT count(*) FROM ingest_files") == [(1,)]

@@ -194,8 +194,7 @@ def make_log(path: Path, run: str, host: int, seed: int, steps: int, messy: bool
 def build_runs(root: Path, seed: int, steps: int) -> dict[Path, list[bytes]]:
     """Every file's lines: several runs and hosts, a .gz copy overlapping a live file, an invalid run folder.
 
-    (No host above 65535: the old path certifies its lines and the INSERT fails, so the whole file is
-    skipped with "cannot ingest"; both paths do the same, but only slowly.)
+    (No host above 65535: ingest skips such a file up front, before either path sees it.)
     """
     files = {
         root / "alpha" / "events.0.jsonl": make_log(root, "alpha", 0, seed, steps, messy=True),
