@@ -31,7 +31,7 @@ def child(args) -> None:
     from flax import nnx
 
     from trainer.mesh import make_mesh, shard_batch
-    from trainer.model import TRAINABLE, ModelConfig, Transformer, loss_fn, update_router_bias
+    from trainer.model import TRAINABLE, ModelConfig, Transformer, make_train_step
 
     d = args.d_model
     cfg = ModelConfig(d_model=d, n_layers=args.layers, n_heads=4, seq_len=args.seq, n_routed=8, top_k=2,
@@ -40,13 +40,7 @@ def child(args) -> None:
     model = Transformer(cfg, rngs=nnx.Rngs(0), mesh=mesh)
     opt = nnx.Optimizer(model, optax.adamw(1e-3), wrt=TRAINABLE)
 
-    @nnx.jit(donate_argnums=(0, 1))
-    def step(model, opt, batch):
-        grad_fn = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, TRAINABLE), has_aux=True)
-        (loss, aux), grads = grad_fn(model, batch)
-        opt.update(model, grads)
-        update_router_bias(model, aux["stats"]["routed"])
-        return loss, aux["moe/drop_fraction"]
+    step = make_train_step()
 
     rng = np.random.default_rng(0)
     batches = [shard_batch(mesh, jnp.asarray(rng.integers(0, 256, (args.batch, args.seq + 1)), jnp.int32))

@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 
 from trainer.flops import flops_per_token, param_counts
-from trainer.model import TRAINABLE, ModelConfig, Transformer, loss_fn, update_router_bias
+from trainer.model import TRAINABLE, ModelConfig, Transformer, make_train_step
 
 GOAL = 0.40
 
@@ -45,20 +45,6 @@ def timed(fn, reps: int = 1) -> tuple[float, float]:
         out = fn()
     jax.block_until_ready(out)
     return time.perf_counter() - w, time.process_time() - c
-
-
-def make_step(cfg: ModelConfig):
-    """A jitted training step (the same parts as trainer/train.py's step, without telemetry)."""
-
-    @nnx.jit(donate_argnums=(0, 1))
-    def step(model, opt, batch):
-        grad_fn = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, TRAINABLE), has_aux=True)
-        (loss, aux), grads = grad_fn(model, batch)
-        opt.update(model, grads)
-        update_router_bias(model, aux["stats"]["routed"])
-        return loss
-
-    return step
 
 
 def main(argv=None):
@@ -89,7 +75,7 @@ def main(argv=None):
 
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     opt = nnx.Optimizer(model, optax.adamw(1e-3, weight_decay=0.1), wrt=TRAINABLE)
-    step = make_step(cfg)
+    step = make_train_step()
     rng = np.random.default_rng(0)
     batch = jnp.asarray(rng.integers(0, 256, (args.batch, args.seq + 1)), jnp.int32)
     t0 = time.perf_counter()
@@ -107,7 +93,7 @@ def main(argv=None):
         best_mm, best_mm_cpu = min(best_mm, w / reps), min(best_mm_cpu, c / reps)
         w, c = timed(lambda: step(model, opt, batch))
         best_step, best_step_cpu = min(best_step, w), min(best_step_cpu, c)
-    loss = step(model, opt, batch)
+    loss, _ = step(model, opt, batch)
     peak = 2 * n**3 / best_mm
     achieved = fpt * tokens / best_step
     ratio = achieved / peak

@@ -35,6 +35,7 @@ __all__ = [
     "ModelConfig",
     "Transformer",
     "loss_fn",
+    "make_train_step",
     "moe_layers",
     "update_router_bias",
 ]
@@ -286,3 +287,19 @@ def update_router_bias(model: Transformer, routed) -> None:
     moes = [b.ffn for b in model.layers if b.is_moe]
     for j, moe in enumerate(moes):
         moe.router_bias[...] = moe.router_bias[...] + step[j]
+
+
+def make_train_step():
+    """A jitted bare training step ``step(model, optimizer, batch) -> (loss, drop fraction)``: forward,
+    backward, the optimizer update and the aux-free bias update, with no telemetry. What the benchmarks
+    time (bench_mfu, bench_expert_parallel); trainer/train.py's step adds telemetry, LR and NaN guards."""
+
+    @nnx.jit(donate_argnums=(0, 1))
+    def step(model, opt, batch):
+        grad_fn = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, TRAINABLE), has_aux=True)
+        (loss, aux), grads = grad_fn(model, batch)
+        opt.update(model, grads)
+        update_router_bias(model, aux["stats"]["routed"])
+        return loss, aux["moe/drop_fraction"]
+
+    return step
