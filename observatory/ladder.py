@@ -669,7 +669,13 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
                 w[i] = 0
                 held_out(i, w, loo)
                 smaller = np.array([1.0 if r.flops < held.flops else 0.0 for r in rungs])
-                if len({r.flops for r in rungs if r.flops < held.flops}) >= 2:
+                if len({r.flops for r in rungs if r.flops < held.flops}) < 2:
+                    continue
+                if np.array_equal(smaller, w):  # the largest rung: its leave-one-out fit is the forward one
+                    for f in fractions:
+                        if held.rung in loo[f]:
+                            fwd[f][held.rung] = loo[f][held.rung]
+                else:
                     held_out(i, smaller, fwd)
 
     laws = {f: PowerLaw(float(full[j, 0]), float(full[j, 1]), float(full[j, 2]), c_ref)
