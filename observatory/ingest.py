@@ -361,7 +361,8 @@ def _db_sig(db: Path) -> Any:
         return None
 
 
-def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, hooks: bool, emit: Callable[[str], None]) -> None:
+def _files(runs_dir: Path, fol: _Follower, emit: Callable[[str], None]) -> list[LogFile]:
+    """The logs to read this pass: every scanned file not skipped; a host the store cannot keep skips its file."""
     files = []
     for lf in scan(runs_dir):
         if lf.rel in fol.skip:
@@ -373,6 +374,11 @@ def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, ho
             fol.skip.add(lf.rel)
             continue
         files.append(lf)
+    return files
+
+
+def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, hooks: bool, emit: Callable[[str], None]) -> None:
+    files = _files(runs_dir, fol, emit)
     sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
     now = time.time()
     if sig == fol.sig and now - fol.last_crash_check < min(5.0, settings.get("stale_after_s") / 4):
@@ -382,7 +388,7 @@ def _one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: _Follower, ho
     if "decisions" in wrote:
         # the decision hook wrote records: ingest them now, so one `observatory ingest` leaves them in
         # the store (the hook runs again on this round's new activity only, and skips ids it knows)
-        files = [lf for lf in scan(runs_dir) if lf.rel not in fol.skip]
+        files = _files(runs_dir, fol, emit)
         sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
         wrote = _batches(runs_dir, db, files, report, fol, hooks, emit)
     # the files as they were when this pass read them, not a scan taken now: a writer that appended
