@@ -58,7 +58,7 @@ def ladder():
     (`ladder.target: true`). The fit is L(C) = E + A C^-alpha on each rung's eval
     loss at every 5% of its schedule (Huber on log residuals, E shared across
     fractions), with a band from a bootstrap over whole rungs widened by the
-    forward error (each rung predicted from the smaller rungs). Runs with the same `ladder.rung` are seeds of one
+    forward error (the largest rung predicted from the smaller rungs). Runs with the same `ladder.rung` are seeds of one
     rung: the fit averages them and their spread is the run-to-run noise.
     """
 

@@ -178,7 +178,7 @@ def render() -> None:
 
     st.subheader("Fit")
     st.caption("Huber on log residuals (δ = 1e-3), L-BFGS-B; E shared across schedule fractions. Band: bootstrap "
-               "over whole rungs, widened by the forward error (each rung predicted from the smaller ones) and the run-to-run noise.")
+               "over whole rungs, widened by the forward error (the largest rung predicted from the smaller ones) and the run-to-run noise.")
     st.plotly_chart(fit_figure(fit, targets), key="ladder_fit", config={"displaylogo": False})
 
     if bt is not None:
