@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import instability_suite as suite  # noqa: E402
 
-from observatory import anomalies as A  # noqa: E402
+from observatory.detect import scan as A  # noqa: E402
 from observatory.queries.anomalies import anomaly_events, metric_series  # noqa: E402
 from observatory.store import connect  # noqa: E402
 

@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from observatory.ingest import ingest  # noqa: E402
-from observatory.ladder import FitConfig, Rung, average_seeds, backtest, fit_ladder, seed_noise  # noqa: E402
-from observatory.ladder_watch import band_at_steps, load_ladder  # noqa: E402
+from observatory.ladder.fit import FitConfig, Rung, average_seeds, backtest, fit_ladder, seed_noise  # noqa: E402
+from observatory.ladder.watch import band_at_steps, load_ladder  # noqa: E402
 from observatory.queries import ladder as ql  # noqa: E402
 from observatory.store import connect  # noqa: E402
 
@@ -119,7 +119,7 @@ def main() -> int:
             final = t["curve"].get(1.0)
             ok = final is not None and fc["low"] <= final <= fc["high"]
             err = 100 * (fc["value"] - final) / final if final else float("nan")
-            # a band is only worth as much as it is narrow: report its half-width with the verdict
+            # a band is only worth as it is narrow: report its half-width with the verdict
             half = 100 * (fc["high"] - fc["low"]) / 2 / fc["value"]
             print(f"target {t['run']}: pre-registered {fc['value']:.4f} [{fc['low']:.4f}, {fc['high']:.4f}], "
                   f"actual final {final if final is None else round(final, 4)} ({err:+.2f}%): "

@@ -84,7 +84,7 @@ def main(argv=None):
 
     n = args.matmul_n
     mm = make_matmul(n)
-    # Time the matmul over a window as long as one step, so that load from other processes on a
+    # Time the matmul over a window as one step, so that load from other processes on a
     # shared machine hits both measurements alike; alternate them and keep the best of each.
     reps = max(1, round(timed(lambda: step(model, opt, batch))[0] / timed(mm)[0]))
     best_mm = best_step = best_mm_cpu = best_step_cpu = float("inf")

@@ -19,7 +19,7 @@ from pathlib import Path
 import observatory
 from observatory import report
 from observatory.ingest import ingest
-from observatory.report_render import render_html
+from observatory.report.render import render_html
 
 
 def make_run(runs: Path, steps: int) -> None:

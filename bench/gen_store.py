@@ -3,7 +3,7 @@
 Rows are made by DuckDB itself from `range()` generators (no Python loop, no
 JSONL): writing and ingesting 10^8 expert_load rows as events would take far
 longer than the bench is about. The rollups are then built with the same code
-ingest calls (`observatory.rollups.rebuild_rollups`), and their time is printed.
+ingest calls (`observatory.store.rollups.rebuild_rollups`), and their time is printed.
 
     nice .venv/bin/python bench/gen_store.py --db /tmp/bench.duckdb            # full size
     nice .venv/bin/python bench/gen_store.py --db /tmp/small.duckdb --steps 2000
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import duckdb
 
-from observatory import rollups, store
+from observatory import store
+from observatory.store import rollups
 
 RUN = "bench-moe"
 METRICS = (

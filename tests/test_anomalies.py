@@ -11,8 +11,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from observatory import anomalies as A
-from observatory.anomalies import Thresholds
+from observatory.detect import scan as A
+from observatory.detect.scan import Thresholds
 
 TH = Thresholds()
 BLOOM_GRAD = [0.24, 0.95, 2.39, 15.9, 145.0, 960.0]  # BLOOM 176B, five iterations
@@ -316,7 +316,7 @@ def test_after_ingest_end_to_end_and_idempotent(tmp_path, ingest):
 
 @pytest.mark.slow
 def test_live_run_is_scanned_incrementally(tmp_path, ingest):
-    """A run ingested in slices: findings appear once, as soon as the data allows."""
+    """A run ingested in slices: findings appear once, as the data allows."""
     import observatory
 
     runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"

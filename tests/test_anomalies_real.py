@@ -22,7 +22,7 @@ BAD_BATCH, NAN, LR_SPIKE = 25, 38, 48
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     pytest.importorskip("jax")
-    from observatory import anomalies as A
+    from observatory.detect import scan as A
     from observatory.ingest import ingest
     from trainer.config import load_config
     from trainer.train import train
@@ -91,7 +91,7 @@ def test_each_fault_is_caught_and_nothing_before(suite):
 
 
 def test_rerunning_detect_adds_nothing(suite):
-    from observatory import anomalies as A
+    from observatory.detect import scan as A
 
     runs, db = suite
     A._STATE.clear()

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 import observatory
 from observatory import decisions as dec
-from observatory import decisions_md
 from observatory.cli import main
+from observatory.decisions import markdown as decisions_md
 from observatory.ingest import ingest
 
 

@@ -238,9 +238,10 @@ def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monk
     """Rollups run inside the batch's transaction, anomalies after it; a failing hook loses nothing."""
     import importlib.util
 
-    if importlib.util.find_spec("observatory.rollups") is None or importlib.util.find_spec("observatory.anomalies") is None:
+    if importlib.util.find_spec("observatory.store.rollups") is None or importlib.util.find_spec("observatory.detect.scan") is None:
         pytest.skip("the dashboard's rollups / anomaly modules are not in this checkout")
-    from observatory import anomalies, rollups
+    from observatory.detect import scan as anomalies
+    from observatory.store import rollups
 
     write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 5))
     _ingest(runs_dir, db_path, emit=None)

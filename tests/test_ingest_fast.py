@@ -20,8 +20,9 @@ import pytest
 from conftest import event, write_lines
 
 from observatory import ingest as ingest_mod
-from observatory import ingest_fast, store
+from observatory import store
 from observatory.ingest import ingest
+from observatory.ingest import msgspec_lines as ingest_fast
 
 TABLES = {
     "metrics": "SELECT * FROM metrics",

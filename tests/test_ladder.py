@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from observatory.ladder import (
+from observatory.ladder.fit import (
     FRACTIONS,
     FitConfig,
     Rung,
@@ -19,7 +19,7 @@ from observatory.ladder import (
     fit_power_law,
     seed_noise,
 )
-from observatory.ladder_watch import band_at_steps, curve_by_fraction, deviations
+from observatory.ladder.watch import band_at_steps, curve_by_fraction, deviations
 
 E, A, ALPHA = 2.0, 800.0, 0.25
 

@@ -20,8 +20,8 @@ import observatory
 from observatory.cli import main as cli
 from observatory.events import OBSERVATORY_HOST
 from observatory.ingest import ingest
-from observatory.ladder import DETECTOR, FIT_VERSION
-from observatory.ladder_watch import check_targets, forecast_band
+from observatory.ladder.fit import DETECTOR, FIT_VERSION
+from observatory.ladder.watch import check_targets, forecast_band
 from observatory.store import connect
 
 pytestmark = pytest.mark.slow  # each test ingests a store and fits a ladder (seconds)

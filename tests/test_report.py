@@ -20,7 +20,7 @@ from observatory import report
 from observatory.cli import main
 from observatory.events import OBSERVATORY_HOST
 from observatory.ingest import ingest
-from observatory.report_figures import figures
+from observatory.report.figures import figures
 
 STEPS = 120
 NAN_AT = 70  # the failed run's loss is NaN from here

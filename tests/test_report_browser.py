@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from observatory import report
-from observatory.report_figures import figures
+from observatory.report.figures import figures
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -14,11 +14,10 @@ import pytest
 from dashboard_fixtures import expert_loads, make_store, metrics_at
 
 import observatory
-from observatory import rollups
 from observatory.ingest import ingest
 from observatory.queries import dashboard as qd
 from observatory.queries import experts as qe
-from observatory.store import connect
+from observatory.store import connect, rollups
 
 TABLES = (*rollups.EXPERT_TABLES, *rollups.METRIC_TABLES)
 

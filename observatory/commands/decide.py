@@ -169,7 +169,7 @@ def decide():
 @click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
 def new_cmd(file, decision_id, runs_dir, db, as_json, **opts):
     """Record a new decision from flags, or from a Markdown FILE with YAML front matter (flags win)."""
-    from observatory import decisions_md
+    from observatory.decisions import markdown as decisions_md
 
     fields: dict[str, Any] = {}
     try:
@@ -255,7 +255,7 @@ def list_cmd(status, kind, run, db, as_json):
 @db_option
 def export_cmd(out_dir, db):
     """Write one Markdown file per decision (front matter + sections + history) into OUT_DIR."""
-    from observatory import decisions_md
+    from observatory.decisions import markdown as decisions_md
 
     paths = decisions_md.export_dir(db, out_dir)
     click.echo(f"exported {len(paths)} decisions to {out_dir}")
@@ -266,7 +266,7 @@ def export_cmd(out_dir, db):
 @common_options
 def import_cmd(in_dir, runs_dir, db):
     """Load the Markdown files of IN_DIR: new decisions are created, changed ones updated."""
-    from observatory import decisions_md
+    from observatory.decisions import markdown as decisions_md
 
     try:
         r = decisions_md.import_dir(runs_dir, db, in_dir)

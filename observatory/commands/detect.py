@@ -30,7 +30,7 @@ def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json):
     Thresholds are the `anomaly_*` settings (see `observatory settings`), each
     overridable by its environment variable, e.g. OBSERVATORY_ANOMALY_LOSS_Z=8.
     """
-    from observatory import anomalies
+    from observatory.detect import scan as anomalies
 
     try:
         th = anomalies.Thresholds.from_settings()

@@ -25,7 +25,7 @@ def _fmt(x, spec=".4f"):
 
 
 def _config(fix_e, n_boot, level, independent_e=False, band="forward"):
-    from observatory.ladder import FitConfig
+    from observatory.ladder.fit import FitConfig
 
     try:
         return FitConfig(fix_e=fix_e, n_boot=n_boot, level=level, shared_e=not independent_e, loo=band)
@@ -40,7 +40,7 @@ _band_option = click.option(
 
 
 def _load(db, name, dataset):
-    from observatory.ladder_watch import load_ladder
+    from observatory.ladder.watch import load_ladder
     from observatory.store import connect
 
     with connect(db) as con:
@@ -100,8 +100,8 @@ def list_cmd(db, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the fit, the forecast and the backtest as JSON.")
 def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, band, no_backtest, independent_e, as_json):
     """Fit ladder NAME; backtest it; forecast a target's whole eval-loss curve."""
-    from observatory.ladder import backtest, compare, fit_ladder
-    from observatory.ladder_watch import target_spec
+    from observatory.ladder.fit import backtest, compare, fit_ladder
+    from observatory.ladder.watch import target_spec
     from observatory.store import connect
 
     cfg = _config(fix_e, n_boot, level, independent_e, band)
@@ -207,8 +207,8 @@ def forecast_cmd(name, runs_dir, db, target, flops, steps, spec, fix_e, dataset,
     Run this before the target starts; the event's time then precedes its run_start.
     """
     from observatory.events import RUN_ID_RE
-    from observatory.ladder import fit_ladder
-    from observatory.ladder_watch import forecast_event_data, run_started, target_spec, write_forecast
+    from observatory.ladder.fit import fit_ladder
+    from observatory.ladder.watch import forecast_event_data, run_started, target_spec, write_forecast
     from observatory.store import connect
 
     if not RUN_ID_RE.match(target):
@@ -252,7 +252,7 @@ def check_cmd(runs, runs_dir, db, k):
     Idempotent: an excursion already reported is not written again. Ingest afterwards
     to see the new anomalies in the store.
     """
-    from observatory.ladder_watch import check_targets
+    from observatory.ladder.watch import check_targets
 
     found = check_targets(db, runs_dir, list(runs) or None, **({} if k is None else {"k": k}))
     for a in found:

@@ -18,7 +18,7 @@ from typing import Any
 
 import polars as pl
 
-from observatory.rollups import METRIC_RESOLUTIONS
+from observatory.store.rollups import METRIC_RESOLUTIONS
 
 __all__ = [
     "MARKER_KINDS",

@@ -95,7 +95,7 @@ def _detail(d: dict) -> None:
         hide_index=True,
         width="stretch",
     )
-    from observatory import decisions_md
+    from observatory.decisions import markdown as decisions_md
 
     md = decisions_md.dumps(dec.Decision.from_dict(d), [h["data"] for h in hist])
     st.download_button("Download as Markdown", md, file_name=f"{d['id']}.md", mime="text/markdown")

@@ -20,8 +20,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from observatory.dashboard import common
-from observatory.ladder import Rung, average_seeds, backtest, fit_ladder, fit_version
-from observatory.ladder_watch import load_ladder
+from observatory.ladder.fit import Rung, average_seeds, backtest, fit_ladder, fit_version
+from observatory.ladder.watch import load_ladder
 from observatory.queries import ladder as ql
 
 BAND = "rgba(31, 119, 180, 0.18)"

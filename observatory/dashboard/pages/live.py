@@ -239,7 +239,7 @@ def _panel(run: str) -> None:
         # First view of this run: the browser draws the loss chart alone; once it is on screen
         # the component's value reruns this panel, which then adds the controls under the chart
         # and the six health charts. (All seven charts at once kept the first one off screen
-        # 1.5x as long as one chart alone; a timer instead of the paint collided with slow first
+        # 1.5x as one chart alone; a timer instead of the paint collided with slow first
         # paints; the sliders' widget code cost the first chart another ~7%: bench_dashboard.py.)
         st.session_state[drawn] = True
         st.caption("Loading the chart controls and health charts…")

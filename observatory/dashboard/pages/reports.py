@@ -15,7 +15,7 @@ from observatory.dashboard import common
 def _report(con, run: str) -> dict:
     """The report's story and HTML (cacheable): built once per run per cache period."""
     from observatory import report
-    from observatory.report_render import render_html
+    from observatory.report.render import render_html
 
     rep = report.build(con, run)
     return {"status": rep.status, "story": rep.story, "html": render_html(rep)}

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from observatory.events import KINDS, RUN_ID_RE
-from observatory.ingest_lines import (
+from observatory.ingest.sql_lines import (
     I32,
     I64,
     U16,
@@ -77,7 +77,7 @@ if msgspec is not None:
     class _ExpertData(Struct):
         layer: Annotated[int, Meta(ge=0, le=U16)]
         # the JSON text of the lists, parsed in bulk by `_int_lists` (msgspec still checks the syntax):
-        # 2 x 64 Python ints per event would cost as much as decoding the rest of the line
+        # 2 x 64 Python ints per event would cost as decoding the rest of the line
         routed: msgspec.Raw
         dropped: msgspec.Raw
 

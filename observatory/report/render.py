@@ -222,7 +222,7 @@ def render_html(rep: Report) -> str:
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
-    from observatory.report_figures import figures
+    from observatory.report.figures import figures
 
     figs = figures(rep)
 
@@ -336,7 +336,7 @@ def write_pngs(figs: dict, folder: Path) -> dict[str, Path]:
 
 def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
     """Markdown text; its PNG figures are written to <out_dir>/<fig_folder>/."""
-    from observatory.report_figures import figures
+    from observatory.report.figures import figures
 
     figs = figures(rep)
     write_pngs(figs, Path(out_dir) / fig_folder)

@@ -52,8 +52,8 @@ from typing import Any
 
 from observatory import settings, store
 from observatory.events import OBSERVATORY_HOST, STATUSES, encode_value
-from observatory.ingest_fast import ingest_chunk
-from observatory.ingest_lines import (
+from observatory.ingest.msgspec_lines import ingest_chunk
+from observatory.ingest.sql_lines import (
     I64,
     MESSAGE_LIMIT,
     U16,
@@ -202,7 +202,8 @@ def _mark_crashed(con, now: float) -> None:
 def _optional_module(name: str):
     """observatory.<name> if that module exists (another engineer's hook), else None."""
     try:
-        return importlib.import_module(f"observatory.{name}")
+        mod = {"rollups": "store.rollups", "anomalies": "detect.scan", "ladder_watch": "ladder.watch"}.get(name, name)
+        return importlib.import_module(f"observatory.{mod}")
     except ModuleNotFoundError as e:
         if e.name == f"observatory.{name}":
             return None

@@ -40,7 +40,7 @@ Backtest (`backtest`): leave the largest rung out, fit the others, forecast its
 curve; report the final-loss error in % and the share of its curve points
 inside the band.
 
-Pre-registration and watching (`observatory.ladder_watch`: `write_forecast`,
+Pre-registration and watching (`observatory.ladder.watch`: `write_forecast`,
 `check_target`, also importable from here): the forecast
 is written as a `forecast` event by host 1000 into the target's run folder before
 the target's `run_start`; while the target runs, each eval is compared with the
@@ -776,7 +776,7 @@ def backtest(rungs: Sequence[Rung], config: FitConfig | None = None, name: str =
 
 
 # The store side (loading rungs, pre-registering forecasts, watching targets) lives in
-# observatory.ladder_watch; its public names are importable from here too.
+# observatory.ladder.watch; its public names are importable from here too.
 _WATCH = (
     "load_ladder", "target_spec", "curve_by_fraction", "forecast_event_data", "write_forecast", "run_started",
     "band_at_steps", "deviations", "check_target", "check_targets", "forecast_band",
@@ -785,7 +785,7 @@ _WATCH = (
 
 def __getattr__(name: str):
     if name in _WATCH:
-        from observatory import ladder_watch
+        from observatory.ladder import watch as ladder_watch
 
         return getattr(ladder_watch, name)
-    raise AttributeError(f"module 'observatory.ladder' has no attribute {name!r}")
+    raise AttributeError(f"module 'observatory.ladder.fit' has no attribute {name!r}")

@@ -14,7 +14,7 @@ exists locally. Updates go to the folder the decision was created in.
                       runs=[{"run": "d512", "step": 1200}], action="z_loss=1e-4")
     decisions.update(runs_dir, db, d.id, status="running")
 
-Markdown (export/import, and `decide new FILE`) lives in `observatory.decisions_md`.
+Markdown (export/import, and `decide new FILE`) lives in `observatory.decisions.markdown`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Instability detectors: pure functions over a run's metric series → `Finding`s.
 
-`observatory.anomalies` runs them over the store as events are ingested and writes
+`observatory.detect.scan` runs them over the store as events are ingested and writes
 each finding as an `anomaly` event; this module knows nothing of stores or files.
 
 Detectors (all thresholds are settings, `anomaly_*`):
@@ -32,7 +32,7 @@ Detectors (all thresholds are settings, `anomaly_*`):
 Detectors are pure functions of numpy arrays (steps, values) → `Finding`s, so
 they are tested on synthetic series and on real runs alike. A flag at a step
 depends only on a bounded trailing window, which is what makes the incremental
-scan exact: `observatory.anomalies.scan_run` re-reads `Thresholds.lookback` logged steps before the
+scan exact: `observatory.detect.scan.scan_run` re-reads `Thresholds.lookback` logged steps before the
 last step it scanned, ignores episodes that began before its windows were
 whole (an earlier scan saw their start) and dedupes by (detector, metric,
 window start) against findings in the store and in events.1000.jsonl.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from observatory.ladder import (
+from observatory.ladder.fit import (
     DETECTOR,
     EVAL_METRIC,
     METHOD,

@@ -2,9 +2,9 @@
 
 Each finding becomes an `anomaly` event (EVENTS.md) written by the observatory
 itself as host 1000 into the run's folder; the next ingest pass stores it. So
-what the observatory said, and when, is as replayable as the run itself. The
+what the observatory said, and when, is as the run itself. The
 detectors themselves (pure functions over numpy series, their thresholds from
-the `anomaly_*` settings) live in `observatory.detectors`, re-exported here.
+the `anomaly_*` settings) live in `observatory.detect.detectors`, re-exported here.
 
     after_ingest(db, runs_dir, touched_runs)   # ingest's hook, after each committed batch
     detect(db, runs_dir, runs=None)            # `observatory detect`: new findings, written
@@ -27,7 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from observatory.detectors import (
+from observatory.detect.detectors import (
     DROP,
     GRAD,
     LOSS,
@@ -61,7 +61,7 @@ __all__ = [
     "write_findings",
     "existing_findings",
     "finding_rows",
-    # re-exported from observatory.detectors
+    # re-exported from observatory.detect.detectors
     "Thresholds",
     "Finding",
     "loss_spikes",
@@ -259,7 +259,7 @@ def after_ingest(
     global _last_stall_check
     runs = list(dict.fromkeys(touched_runs))
     try:  # ladder targets against their pre-registered forecast band (writes its own anomalies; idempotent)
-        from observatory.ladder_watch import check_targets
+        from observatory.ladder.watch import check_targets
 
         check_targets(db, runs_dir, runs)
     except Exception as e:

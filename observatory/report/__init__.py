@@ -316,7 +316,7 @@ def build(db, run: str, *, now: float | None = None) -> Report:
             for e in events
         ]
         names = q.metric_names(con, run)
-        from observatory.report_figures import OVERVIEW_METRICS
+        from observatory.report.figures import OVERVIEW_METRICS
 
         series = q.metric_series(con, run, [n for n in OVERVIEW_METRICS if n in names], max_points=MAX_POINTS)
         nonfinite = q.nonfinite_steps(con, run, "train/loss")
@@ -412,7 +412,7 @@ def _flatten(cfg: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 # ------------------------------------------------------------------ rendering
 
-from observatory.report_render import render_html, render_markdown  # noqa: E402
+from observatory.report.render import render_html, render_markdown  # noqa: E402
 
 
 def _chromium() -> str:
