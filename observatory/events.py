@@ -58,7 +58,7 @@ class ValidationError(ValueError):
 @dataclass(frozen=True)
 class Field:
     name: str
-    type: str  # "str", "int", "number", "object", "list", "int_list", "str_list", "any"
+    type: str  # "str", "int", "number", "object", "list", "int_list", "number_list", "str_list", "any"
     required: bool = False
     doc: str = ""
 
@@ -87,6 +87,10 @@ KINDS: dict[str, Kind] = {
                 Field("mesh", "object", doc="{data, expert, processes, devices}"),
                 Field("model", "object", doc="{params_total, params_active, flops_per_token}"),
                 Field("tags", "str_list", doc="free-form labels"),
+                Field("project", "str", doc="project the run belongs to (wandb's `project`)"),
+                Field("group", "str", doc="group of runs it belongs to (wandb's `group`)"),
+                Field("notes", "str", doc="free text about the run"),
+                Field("source", "object", doc="{trainer, version}: who wrote the log, e.g. levanter"),
             ),
             table="runs",
         ),
@@ -170,6 +174,36 @@ KINDS: dict[str, Kind] = {
         ),
         Kind("note", "Free text.", (Field("text", "str", True, "Markdown"), Field("author", "str"))),
         Kind(
+            "summary",
+            "The run's summary values, name to number, string or bool; later ones override key by key.",
+            (),
+        ),
+        Kind(
+            "histogram",
+            "A distribution at one step (bucket i holds values in [limits[i], limits[i+1])).",
+            (
+                Field("name", "str", True, "what is distributed, a metric-like name"),
+                Field("bucket_limits", "number_list", True, "n + 1 bucket edges"),
+                Field("bucket_counts", "int_list", True, "n counts"),
+                Field("min", "number"),
+                Field("max", "number"),
+                Field("sum", "number"),
+                Field("sum_squares", "number"),
+                Field("count", "number"),
+            ),
+        ),
+        Kind(
+            "artifact",
+            "A file the run produced: a config, an HLO dump, a checkpoint manifest.",
+            (
+                Field("name", "str", True, "artifact name"),
+                Field("type", "str", True, "artifact type"),
+                Field("path", "str", True, "where it lives"),
+                Field("bytes", "int", doc="size on disk"),
+                Field("digest", "str", doc="content digest"),
+            ),
+        ),
+        Kind(
             "run_end",
             "A run ended.",
             (
@@ -238,6 +272,8 @@ def _check_field(kind: str, f: Field, value: Any) -> None:
         ok = isinstance(value, list)
     elif f.type == "int_list":
         ok = isinstance(value, list) and all(_is_int(v) for v in value)
+    elif f.type == "number_list":
+        ok = isinstance(value, list) and all(decode_number(v) is not None for v in value)
     elif f.type == "str_list":
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
     if not ok:
@@ -258,6 +294,13 @@ def validate_data(kind: str, data: dict) -> None:
                     f"data.{name}", f"metric value must be a number or nan/inf string, got {value!r:.60}"
                 )
         return
+    if kind == "summary":
+        for name, value in data.items():
+            if not name:
+                raise ValidationError("data", "summary has an empty name")
+            if not isinstance(value, (str, bool)) and decode_number(value) is None:
+                raise ValidationError(f"data.{name}", f"summary value must be a number, string or bool, got {value!r:.60}")
+        return
     for f in spec.fields:
         if f.name not in data or data[f.name] is None:
             if f.required:
@@ -271,6 +314,8 @@ def validate_data(kind: str, data: dict) -> None:
             raise ValidationError("data.dropped", "routed and dropped must have one entry per expert each")
         if any(v < 0 for v in data["routed"]) or any(v < 0 for v in data["dropped"]):
             raise ValidationError("data.routed", "counts must be >= 0")
+    elif kind == "histogram" and len(data["bucket_limits"]) != len(data["bucket_counts"]) + 1:
+        raise ValidationError("data.bucket_limits", "needs one more edge than bucket_counts has counts")
     elif kind == "run_end" and data["status"] not in STATUSES:
         raise ValidationError("data.status", f"must be one of {', '.join(STATUSES)}")
     elif kind == "anomaly" and data["severity"] not in SEVERITIES:

@@ -137,6 +137,25 @@ def test_unknown_kind_kept_and_flagged(runs_dir, db_path):
     ]
 
 
+def test_summary_histogram_artifact_are_known_and_queryable(runs_dir, db_path):
+    write_lines(runs_dir / "a" / "events.0.jsonl", [
+        event("a", "summary", {"best/loss": 2.5, "best/name": "d64", "done": True}, 0),
+        event("a", "histogram", {"name": "router/hist", "bucket_limits": [0, 1, 2], "bucket_counts": [3, 4]}, 1, step=5),
+        event("a", "artifact", {"name": "cfg", "type": "config", "path": "/x/cfg.yaml", "bytes": 12}, 2),
+        event("a", "histogram", {"name": "bad", "bucket_limits": [0, 1], "bucket_counts": [3, 4]}, 3, step=6),
+        event("a", "summary", {"nested": {"a": 1}}, 4),
+    ])  # fmt: skip
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, "SELECT kind, known, step FROM events ORDER BY seq") == [
+        ("summary", True, None), ("histogram", True, 5), ("artifact", True, None)
+    ]
+    assert q(db_path, "SELECT data->>'$.best/name', data->>'$.bucket_counts[1]' FROM events WHERE seq <= 1 ORDER BY seq") == [
+        ("d64", None), (None, "4")
+    ]
+    rejected = q(db_path, "SELECT line, field FROM rejected_events ORDER BY line")
+    assert rejected == [(4, "data.bucket_limits"), (5, "data.nested")]
+
+
 def test_rebuild_gives_same_answers(runs_dir, db_path):
     write_lines(runs_dir / "a" / "events.0.jsonl", [event("a", "run_start", {"config": {}}, 0)] + _run_lines("a", 8, 1))
     write_lines(runs_dir / "a" / "events.0.jsonl", ["{not json"])
