@@ -15,6 +15,7 @@ such literals) and read back as IEEE values.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ __all__ = [
     "encode_value",
     "decode_number",
     "encode_nonfinite",
+    "describe",
 ]
 
 VERSION = 1
@@ -362,3 +364,73 @@ def validate_event(ev: Any, *, run_folder: str | None = None, host: int | None =
         raise ValidationError("data", "missing or not an object")
     validate_data(kind, data)
     return ev
+
+
+# ---------------------------------------------------------------- one-line text
+
+DESCRIBE_MAX = 300  # characters of a one-line summary
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return str(x) if not math.isfinite(x) else f"{x:.6g}"
+    return str(x)
+
+
+def _describe(kind: str, d: dict) -> str:
+    if kind == "failure":
+        act = f"; action: {d['action']}" if d.get("action") else ""
+        return f"{d.get('type', '?')}: {d.get('message', '')}{act}"
+    if kind == "anomaly":
+        w = d.get("window")
+        where = f" (steps {w[0]}-{w[1]})" if isinstance(w, list) and len(w) == 2 else ""
+        return f"[{d.get('severity', '?')}] {d.get('detector', '?')} on {d.get('metric', '-')}: {d.get('message', '')}{where}"
+    if kind == "decision":
+        if "title" in d:
+            return f"{d.get('id')}: {d['title']} ({d.get('kind', '?')}, {d.get('status', '?')})"
+        changed = [x for x in d if x not in ("id", "created", "updated")]
+        return f"{d.get('id')}: " + ", ".join(
+            f"{x} -> {_fmt(d[x]) if not isinstance(d[x], (dict, list)) else '…'}" for x in changed
+        )
+    if kind == "config_diff":
+        a = d.get("against") if isinstance(d.get("against"), dict) else {}
+        ch = d.get("changes") if isinstance(d.get("changes"), dict) else {}
+        return f"against {a.get('run')}@{a.get('step')}: " + ", ".join(
+            f"{key} {v[0]!r} -> {v[1]!r}" if isinstance(v, list) and len(v) == 2 else f"{key} {v!r}"
+            for key, v in sorted(ch.items())
+        )
+    if kind == "checkpoint":
+        size = f" ({d['bytes'] / 1e6:.1f} MB)" if isinstance(d.get("bytes"), (int, float)) else ""
+        return f"{d.get('path', '?')}{size}"
+    if kind == "eval":
+        return f"{d.get('dataset', '?')} loss {_fmt(d.get('loss'))}"
+    if kind == "run_start":
+        p = d.get("parent")
+        return "run started" + (f" from {p.get('run')}@{p.get('step')}" if isinstance(p, dict) else "")
+    if kind == "run_end":
+        return f"run ended: {d.get('status')} at step {d.get('final_step')}"
+    if kind == "forecast":
+        return f"forecast {d.get('metric')} = {_fmt(d.get('value'))} at step {d.get('target_step', '-')}"
+    if kind == "note":
+        return str(d.get("text", ""))
+    if kind == "artifact":
+        size = f" ({d['bytes'] / 1e6:.1f} MB)" if isinstance(d.get("bytes"), (int, float)) else ""
+        return f"{d.get('type', '?')} {d.get('name', '?')}: {d.get('path', '?')}{size}"
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def describe(kind: str, data: Any) -> str:
+    """One line of plain text for an event (timelines, chart hovers); at most DESCRIBE_MAX characters.
+
+    `data` may be the payload or its JSON text (as the store's `events.data` comes back).
+    The text is not escaped: each place that renders it escapes for its own medium.
+    """
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            data = {"text": data}
+    s = _describe(kind, data if isinstance(data, dict) else {})
+    return s if len(s) <= DESCRIBE_MAX else s[: DESCRIBE_MAX - 3] + "..."

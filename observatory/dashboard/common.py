@@ -18,6 +18,7 @@ event markers carrying their text on hover.
 
 from __future__ import annotations
 
+import html
 import importlib
 import json
 import math
@@ -32,6 +33,7 @@ import polars as pl
 import streamlit as st
 
 from observatory import settings
+from observatory.events import describe
 
 __all__ = [
     "StoreBusy",
@@ -450,37 +452,8 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 
 def marker_text(kind: str, data: Any) -> str:
-    """One line of hover text for an event marker (plain text; plotly hover is not Markdown)."""
-    if isinstance(data, str):
-        try:
-            data = json.loads(data)
-        except ValueError:
-            data = {"text": data}
-    d = data if isinstance(data, dict) else {}
-    if kind == "failure":
-        s = f"failure {d.get('type', '?')}: {d.get('message', '')}" + (
-            f" → {d['action']}" if d.get("action") else ""
-        )
-    elif kind == "anomaly":
-        s = f"anomaly [{d.get('severity', '?')}] {d.get('detector', '')} on {d.get('metric', '')}: {d.get('message', '')}"
-    elif kind == "checkpoint":
-        s = f"checkpoint {d.get('path', '')}"
-    elif kind == "config_diff":
-        ch = d.get("changes") or {}
-        s = "config: " + ", ".join(
-            f"{k}: {v[0]!r} → {v[1]!r}" if isinstance(v, list) and len(v) == 2 else f"{k}: {v!r}"
-            for k, v in list(ch.items())[:6]
-        )
-    elif kind == "decision":
-        s = f"decision {d.get('id', '')}: {d.get('title') or d.get('hypothesis') or ''} [{d.get('status', '')}]"
-    elif kind == "note":
-        s = "note: " + str(d.get("text", ""))
-    elif kind == "run_end":
-        s = f"run ended: {d.get('status', '')}"
-    else:
-        s = f"{kind}: {json.dumps(d)[:200]}"
-    s = s if len(s) <= 300 else s[:297] + "..."
-    return s.replace("<", "&lt;").replace(">", "&gt;")  # plotly hover renders a subset of HTML
+    """One line of hover text for an event marker: plotly hover renders a subset of HTML, so escaped."""
+    return html.escape(f"{kind.replace('_', ' ')}: {describe(kind, data)}", quote=False)
 
 
 def add_markers(fig: dict[str, Any], markers, y_at: float | None = None, lines: bool = True) -> None:

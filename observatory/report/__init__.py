@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from observatory.events import describe
+
 __all__ = ["Report", "build", "render_html", "render_markdown", "render_pdf", "write", "FORMATS"]
 
 FORMATS = ("html", "md", "pdf")
@@ -91,46 +93,6 @@ def effective_status(info: dict[str, Any], now: float | None = None) -> str:
         if now - last > float(settings.get("stale_after_s")):
             return "crashed"
     return status
-
-
-def _event_text(e: dict[str, Any]) -> str:
-    d, k = e["data"], e["kind"]
-    if k == "failure":
-        act = f"; action: {d['action']}" if d.get("action") else ""
-        return f"{d.get('type', '?')}: {d.get('message', '')}{act}"
-    if k == "anomaly":
-        w = d.get("window")
-        where = f" (steps {w[0]}-{w[1]})" if isinstance(w, list) and len(w) == 2 else ""
-        return f"[{d.get('severity', '?')}] {d.get('detector', '?')} on {d.get('metric', '-')}: {d.get('message', '')}{where}"
-    if k == "decision":
-        changed = [x for x in d if x not in ("id", "created", "updated")]
-        if "title" in d:
-            return f"{d['id']}: {d['title']} ({d.get('kind', '?')}, {d.get('status', '?')})"
-        return f"{d.get('id')}: " + ", ".join(
-            f"{x} -> {_fmt(d[x]) if not isinstance(d[x], (dict, list)) else '…'}" for x in changed
-        )
-    if k == "config_diff":
-        a = d.get("against") or {}
-        ch = d.get("changes") or {}
-        return f"against {a.get('run')}@{a.get('step')}: " + ", ".join(
-            f"{key} {v[0]!r} -> {v[1]!r}" if isinstance(v, list) and len(v) == 2 else f"{key} {v!r}"
-            for key, v in sorted(ch.items())
-        )
-    if k == "checkpoint":
-        size = f" ({d['bytes'] / 1e6:.1f} MB)" if isinstance(d.get("bytes"), (int, float)) else ""
-        return f"{d.get('path', '?')}{size}"
-    if k == "eval":
-        return f"{d.get('dataset', '?')} loss {_fmt(d.get('loss'))}"
-    if k == "run_start":
-        p = d.get("parent")
-        return "run started" + (f" from {p.get('run')}@{p.get('step')}" if isinstance(p, dict) else "")
-    if k == "run_end":
-        return f"run ended: {d.get('status')} at step {d.get('final_step')}"
-    if k == "forecast":
-        return f"forecast {d.get('metric')} = {_fmt(d.get('value'))} at step {d.get('target_step', '-')}"
-    if k == "note":
-        return str(d.get("text", ""))[:300]
-    return json.dumps(d, sort_keys=True)[:300]
 
 
 def _windows(con, run: str, timeline: list[dict], last_step: int | None) -> list[dict]:
@@ -311,7 +273,7 @@ def build(db, run: str, *, now: float | None = None) -> Report:
                 "kind": e["kind"],
                 "seq": e["seq"],
                 "data": e["data"],
-                "text": _event_text(e),
+                "text": describe(e["kind"], e["data"]),
             }
             for e in events
         ]

@@ -38,6 +38,7 @@ import os
 import random
 import re
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ __all__ = [
     "StoreBusy",
     "StoreConnection",
     "connect",
+    "using",
     "write_connection",
     "default_db",
     "default_runs_dir",
@@ -378,3 +380,14 @@ def write_connection(db=None, timeout_s: float | None = None) -> StoreConnection
             _unlock(fd)
         raise
     return StoreConnection(con, fds, False, path)
+
+
+def using(db):
+    """`with using(db) as con:` for an API that takes a store path or an open connection.
+
+    An open connection (anything with `execute`) is used as it is and left open; a path
+    (or None: the default store) gets a read-only `connect` for the block. Pass the
+    ingester's own connection while it holds the store: DuckDB will not open a second,
+    read-only one in the same process.
+    """
+    return nullcontext(db) if hasattr(db, "execute") else connect(db)
