@@ -32,25 +32,9 @@ from typing import Any, Protocol
 
 from observatory import settings
 from observatory.events import OBSERVATORY_HOST, RUN_ID_RE, STATUSES, VERSION, encode_value
+from observatory.redact import redact
 
-__all__ = ["init", "Run", "Sink", "redact", "is_secret_key", "new_run_id"]
-
-# A key is secret when one of its words is one of these (hf_token, db_password, wandb.api_key,
-# accessToken), not when a word merely starts like one (tokenizer, max_tokens, author).
-SECRET_WORDS = frozenset(
-    "token secret secrets password passwd pwd credential credentials apikey auth authorization".split()
-)
-SECRET_PAIRS = ("api_key", "private_key", "access_key", "secret_key", "client_secret")
-REDACTED = "<redacted>"
-
-
-def is_secret_key(key: str) -> bool:
-    """True for config keys whose values must not be written (see SECRET_WORDS)."""
-    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).lower()
-    words = [w for w in re.split(r"[^a-z0-9]+", snake) if w]
-    joined = "_".join(words)
-    return any(w in SECRET_WORDS for w in words) or any(p in joined for p in SECRET_PAIRS)
-
+__all__ = ["init", "Run", "Sink", "new_run_id"]
 
 class Sink(Protocol):
     """Somewhere else events go too (e.g. a W&B mirror). Called on the writer thread."""
@@ -58,18 +42,6 @@ class Sink(Protocol):
     def write(self, events: list[dict]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def redact(config: Any) -> Any:
-    """Copy of a nested config with the values of secret-looking keys replaced."""
-    if isinstance(config, Mapping):
-        return {
-            k: (REDACTED if isinstance(k, str) and is_secret_key(k) else redact(v))
-            for k, v in config.items()
-        }
-    if isinstance(config, (list, tuple)):
-        return [redact(v) for v in config]
-    return config
 
 
 def new_run_id(name: str | None = None) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from observatory.events import RUN_ID_RE, VERSION, encode_nonfinite, encode_value, validate_event
-from observatory.writer import redact
+from observatory.redact import redact
 
 __all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "put_file", "settle", "ingest_runs"]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from observatory.events import decode_number
-from observatory.writer import redact
+from observatory.redact import redact
 
 __all__ = ["WandbMirror", "MODES"]
 

@@ -1,0 +1,124 @@
+"""Secrets never reach the store: redaction by key and by value pattern.
+
+Two rules, applied by every writer we ship and again at ingest, for every writer:
+
+- **By key**, at any depth of a nested value: the value of a key one of whose words is
+  a secret word (`hf_token`, `db_password`, `wandb.api_key`, `accessToken`) is replaced
+  by `REDACTED`. A word that merely starts like one (`tokenizer`, `max_tokens`,
+  `author`) is not secret.
+- **By value pattern**, inside any string: well-known credential shapes (W&B keys after
+  a `WANDB_API_KEY`-like name, Hugging Face `hf_…`, GitHub `ghp_…`/`github_pat_…`,
+  `sk-…` API keys, AWS `AKIA…` key ids, `Bearer …` tokens, PEM blocks) and
+  `name=value` / `name: value` pairs in free text whose name is secret by the key rule.
+
+`scrub` returns the redacted copy and how many values it hid, so the store can record
+that something was hidden (a count per run), not only hide it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["REDACTED", "is_secret_key", "redact", "scrub", "scrub_text"]
+
+REDACTED = "<redacted>"
+
+# A key is secret when one of its words is one of these, or its joined words contain a pair.
+SECRET_WORDS = frozenset(
+    "token secret secrets password passwd pwd credential credentials apikey auth authorization cookie".split()
+)
+SECRET_PAIRS = ("api_key", "private_key", "access_key", "secret_key", "client_secret", "session_token", "auth_token")
+
+
+def _words(key: str) -> list[str]:
+    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).lower()
+    return [w for w in re.split(r"[^a-z0-9]+", snake) if w]
+
+
+def is_secret_key(key: str) -> bool:
+    """True for keys whose values must not be stored (see SECRET_WORDS and SECRET_PAIRS)."""
+    words = _words(key)
+    joined = "_".join(words)
+    return any(w in SECRET_WORDS for w in words) or any(p in joined for p in SECRET_PAIRS)
+
+
+# Credential shapes that are secret wherever they appear. Each keeps a harmless prefix (group 1).
+_PATTERNS = (
+    # W&B: 40 hex (or longer, newer keys) right after a WANDB_API_KEY-like name
+    re.compile(r"(?i)(wandb[_\-.]?api[_\-.]?key[\"']?\s*[=:]?\s*[\"']?)[0-9a-f]{40,}"),
+    re.compile(r"()\bhf_[A-Za-z0-9]{20,}"),
+    re.compile(r"()\bghp_[A-Za-z0-9]{20,}"),
+    re.compile(r"()\bgithub_pat_[A-Za-z0-9_]{20,}"),
+    re.compile(r"()\bsk-[A-Za-z0-9_\-]{16,}"),
+    re.compile(r"()\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=\-]{8,}"),
+    re.compile(r"()-----BEGIN [A-Z0-9 ]+-----[\s\S]*?(?:-----END [A-Z0-9 ]+-----|$)"),
+)
+# name=value or name: value in free text; the value is hidden when the name is secret
+_PAIR = re.compile(r"""([A-Za-z_][\w.\-]{0,63})(["']?\s*[=:]\s*)("[^"\n]{0,512}"|'[^'\n]{0,512}'|[^\s"',;}\]]{1,512})""")
+
+
+def scrub_text(text: str) -> tuple[str, int]:
+    """A string with every credential-shaped part replaced; and how many were."""
+    n = 0
+
+    def sub(m: re.Match) -> str:
+        nonlocal n
+        n += 1
+        return m.group(1) + REDACTED
+
+    for pat in _PATTERNS:
+        text = pat.sub(sub, text)
+
+    def pair(m: re.Match) -> str:
+        nonlocal n
+        value = m.group(3)
+        quote = value[0] if value[:1] in ("'", '"') else ""
+        if value.strip("'\"") in (REDACTED, "") or not is_secret_key(m.group(1)):
+            return m.group(0)
+        n += 1
+        return m.group(1) + m.group(2) + quote + REDACTED + quote
+
+    if "=" in text or ":" in text:
+        text = _PAIR.sub(pair, text)
+    return text, n
+
+
+def scrub(value: Any) -> tuple[Any, int]:
+    """A copy of a nested value with secrets hidden by key and by pattern; and how many were.
+
+    Mapping keys that are secret have their whole value replaced (whatever its type);
+    every string, keys included, is scrubbed by pattern. Numbers, bools and None pass.
+    """
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, Mapping):
+        out, n = {}, 0
+        for k, v in value.items():
+            if isinstance(k, str):
+                k2, nk = scrub_text(k)
+                n += nk
+            else:
+                k2 = k
+            if isinstance(k, str) and is_secret_key(k) and v is not None and v != REDACTED:
+                out[k2] = REDACTED
+                n += 1
+            else:
+                out[k2], nv = scrub(v)
+                n += nv
+        return out, n
+    if isinstance(value, (list, tuple)):
+        out_l, n = [], 0
+        for v in value:
+            v2, nv = scrub(v)
+            out_l.append(v2)
+            n += nv
+        return out_l, n
+    return value, 0
+
+
+def redact(value: Any) -> Any:
+    """`scrub` without the count: what writers call before writing a config."""
+    return scrub(value)[0]
