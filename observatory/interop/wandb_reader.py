@@ -40,7 +40,6 @@ __all__ = [
     "Problem",
     "WandbLogReader",
     "parse_record",
-    "read_records",
 ]
 
 BLOCK = 32 * 1024  # LevelDB block size
@@ -277,20 +276,3 @@ def parse_record(payload: bytes):
     rec = pb.Record()
     rec.ParseFromString(payload)
     return rec
-
-
-def read_records(path: str | os.PathLike):
-    """Convenience: `(reader, [(offset, Record), ...], [Problem, ...])` for one file.
-
-    Records whose bytes pass the CRC but do not parse as a `Record` are reported as problems.
-    """
-    from google.protobuf.message import DecodeError
-
-    reader = WandbLogReader(Path(path))
-    out, bad = [], []
-    for offset, payload in reader:
-        try:
-            out.append((offset, parse_record(payload)))
-        except DecodeError as e:
-            bad.append(Problem(offset, len(payload), f"record does not parse as a W&B Record: {e}"))
-    return reader, out, reader.problems + bad
