@@ -248,7 +248,7 @@ def test_sql_console_interrupted_names_the_setting(store, monkeypatch):
 
 
 def test_marker_hover_text_is_escaped():
-    from observatory.dashboard.common import marker_text
+    from observatory.dashboard.charts import marker_text
 
     s = marker_text("note", {"text": "<script>alert(1)</script>"})
     assert "<script>" not in s and "&lt;script&gt;" in s
