@@ -19,7 +19,7 @@ import polars as pl
 
 from observatory.events import describe
 
-__all__ = ["smooth", "scatter", "series_figure", "marker_text", "add_markers"]
+__all__ = ["smooth", "scatter", "band", "series_figure", "marker_text", "add_markers"]
 
 MARKER_STYLE = {  # kind -> (symbol, colour)
     "failure": ("x", "#d62728"),
@@ -57,6 +57,33 @@ def scatter(**kw) -> dict[str, Any]:
     return {"type": "scatter", **{k: v for k, v in kw.items() if v is not None}}
 
 
+def band(x, lo, hi, fillcolor: str, name: str, legendgroup: str, showlegend: bool = False) -> list[dict]:
+    """A filled band from lo to hi as two traces: an invisible upper edge, then the lower edge filled up to it."""
+    return [
+        scatter(
+            x=x,
+            y=hi,
+            mode="lines",
+            line={"width": 0},
+            showlegend=False,
+            hoverinfo="skip",
+            legendgroup=legendgroup,
+        ),
+        scatter(
+            x=x,
+            y=lo,
+            mode="lines",
+            line={"width": 0},
+            fill="tonexty",
+            fillcolor=fillcolor,
+            name=name,
+            showlegend=showlegend,
+            hoverinfo="skip",
+            legendgroup=legendgroup,
+        ),
+    ]
+
+
 def series_figure(
     df,
     title: str,
@@ -91,31 +118,7 @@ def series_figure(
         lo_v = d["min"].cast(pl.Float64).to_numpy()
         hi_v = d["max"].cast(pl.Float64).to_numpy()
         if wide:
-            data.append(
-                scatter(
-                    x=xs,
-                    y=hi_v,
-                    mode="lines",
-                    line={"width": 0},
-                    showlegend=False,
-                    hoverinfo="skip",
-                    legendgroup=label,
-                )
-            )
-            data.append(
-                scatter(
-                    x=xs,
-                    y=lo_v,
-                    mode="lines",
-                    line={"width": 0},
-                    fill="tonexty",
-                    fillcolor=_rgba(color, 0.18),
-                    name=f"{label} min-max",
-                    showlegend=False,
-                    hoverinfo="skip",
-                    legendgroup=label,
-                )
-            )
+            data.extend(band(xs, lo_v, hi_v, _rgba(color, 0.18), f"{label} min-max", label))
         last = d["last"].cast(pl.Float64).to_numpy()
         y = smooth(last, smoothing) if smoothing > 0 else last
         data.append(

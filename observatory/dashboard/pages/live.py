@@ -18,7 +18,7 @@ import streamlit as st
 from observatory import settings
 from observatory.dashboard.after_paint import after_first_paint
 from observatory.dashboard.cache import query, query_all
-from observatory.dashboard.charts import add_markers, scatter, series_figure
+from observatory.dashboard.charts import add_markers, band, scatter, series_figure
 from observatory.dashboard.runs_table import ago, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.queries import dashboard as qd
@@ -64,30 +64,7 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[dict]:
             xs = [p["step"] for p in pts]
             hi = [p.get("high", p.get("value")) for p in pts]
             lo = [p.get("low", p.get("value")) for p in pts]
-            out.append(
-                scatter(
-                    x=xs,
-                    y=hi,
-                    mode="lines",
-                    line={"width": 0},
-                    showlegend=False,
-                    hoverinfo="skip",
-                    legendgroup=f"fc{i}",
-                )
-            )
-            out.append(
-                scatter(
-                    x=xs,
-                    y=lo,
-                    mode="lines",
-                    line={"width": 0},
-                    fill="tonexty",
-                    fillcolor="rgba(148,103,189,0.18)",
-                    name=label,
-                    legendgroup=f"fc{i}",
-                    hoverinfo="skip",
-                )
-            )
+            out.extend(band(xs, lo, hi, "rgba(148,103,189,0.18)", label, f"fc{i}", showlegend=True))
             out.append(
                 scatter(
                     x=xs,
