@@ -8,29 +8,41 @@ Settings come from the environment (OBSERVATORY_DB, OBSERVATORY_CACHE_TTL_S, ...
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 
 import streamlit as st
 
-from observatory.dashboard.pages import PAGES
+from observatory.dashboard.cache import StoreBusy
+from observatory.dashboard.pages import PAGES, compare, decisions, experts, live, reports, runs, sql
 
 st.set_page_config(page_title="Observatory", page_icon="🔭", layout="wide")
 
 
-def _page(module: str, title: str):
-    """A page callable that imports its module on use, so one broken page cannot take the others down."""
+def _ladder() -> None:
+    # lazy for start-up time: the Ladder page's fit imports scipy, which no other page needs
+    from observatory.dashboard.pages import ladder
+
+    ladder.render()
+
+
+RENDER: dict[str, Callable[[], None]] = {
+    "runs": runs.render,
+    "live": live.render,
+    "experts": experts.render,
+    "compare": compare.render,
+    "decisions": decisions.render,
+    "ladder": _ladder,
+    "reports": reports.render,
+    "sql": sql.render,
+}
+
+
+def _page(module: str) -> Callable[[], None]:
+    """The page callable: the module's `render()`, with a busy store shown as a calm note."""
 
     def run() -> None:
-        from observatory.dashboard.common import StoreBusy
-
         try:
-            mod = importlib.import_module(f"observatory.dashboard.pages.{module}")
-        except ImportError as e:
-            st.title(title)
-            st.info(f"This page is not available in this installation ({e.name or e}).")
-            return
-        try:
-            mod.render()
+            RENDER[module]()
         except StoreBusy as e:
             st.info(f"⏳ {e}")
 
@@ -38,10 +50,10 @@ def _page(module: str, title: str):
     return run
 
 
-# One flat top bar (eight pages fit; sections would hide them in drop-downs). Top, not the
-# sidebar: the sidebar's page list delayed the Live page's first chart by ~0.3 s (bench_dashboard.py).
+# One flat top bar: eight pages fit, and sections would hide them in drop-downs. Top, not the
+# sidebar: the sidebar's page list delays the Live page's first chart.
 pages = [
-    st.Page(_page(module, title), title=title, url_path=url, icon=icon, default=module == "runs")
-    for _section, module, title, url, icon in PAGES
+    st.Page(_page(module), title=title, url_path=url, icon=icon, default=module == "runs")
+    for module, title, url, icon in PAGES
 ]
 st.navigation(pages, position="top").run()

@@ -33,7 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 GOAL_MS = 500.0
 RUN = "bench-moe"
-from observatory import report  # noqa: E402  (after the sys.path line)
+from bench.gen_store import generate  # noqa: E402  (after the sys.path line)
+from observatory import report, store  # noqa: E402
+from observatory.queries import core  # noqa: E402
+from observatory.queries import dashboard as qd  # noqa: E402
+from observatory.queries import experts as qe  # noqa: E402
 
 CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
 
@@ -43,13 +47,11 @@ CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
 
 def page_batches(run: str, fork: str) -> dict[str, list[list[tuple]]]:
     """Per page view, its batches of (label, fn, args), as the page issues them."""
-    from observatory.dashboard import common
+    # lazy for start-up time: the pages bring Streamlit, which `--help` does not need
     from observatory.dashboard.pages import compare
     from observatory.dashboard.pages.live import HEALTH_NAMES, LOSS
-    from observatory.queries import dashboard as qd
-    from observatory.queries import experts as qe
 
-    runs = [("list_runs", common._runs_with_status, ()), ("runs_extras", qd.runs_extras, ())]
+    runs = [("list_runs", core.list_runs, ()), ("runs_extras", qd.runs_extras, ())]
     panel = [
         ("markers", qd.markers, (run,)),
         ("evals", qd.evals, (run,)),
@@ -89,8 +91,6 @@ def page_batches(run: str, fork: str) -> dict[str, list[list[tuple]]]:
 
 def plain_scans(con, run: str) -> list[tuple[str, float]]:
     """The scans the rollups replace, timed on the same store (reference, not a page)."""
-    from observatory.queries import experts as qe
-
     out = []
     for label, fn in (
         (
@@ -107,8 +107,6 @@ def plain_scans(con, run: str) -> list[tuple[str, float]]:
 
 def bench_queries(db: Path) -> float:
     import duckdb
-
-    from observatory import store
 
     worst = 0.0
     opens = []
@@ -254,8 +252,6 @@ def main() -> None:
     made = None
     db = a.db
     if db is None or not db.exists():
-        from bench.gen_store import generate
-
         db = db or Path(tempfile.gettempdir()) / "observatory-bench-dashboard.duckdb"
         t = time.time()
         info = generate(db, 100_000, 16, 64, 30)

@@ -1,30 +1,31 @@
-"""The `observatory` command line: a router over command modules loaded lazily.
+"""The `observatory` command line: a router over the command modules in `observatory/commands/`.
 
-Each command lives in `observatory/commands/<area>.py`; importing one never pulls
-in another's dependencies (the dashboard's Streamlit, the importers' wandb).
+Each command lives in `observatory/commands/<area>.py` and imports its heavy
+dependencies (the dashboard's Streamlit, the importers' wandb, DuckDB, scipy)
+inside the command, so loading every command module for `--help` stays cheap.
 """
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
-# command name -> "module:attribute" (a click command or group)
-COMMANDS = {
-    "ingest": "observatory.commands.ingest:ingest",
-    "rebuild": "observatory.commands.ingest:rebuild",
-    "runs": "observatory.commands.read:runs",
-    "sql": "observatory.commands.read:sql",
-    "settings": "observatory.commands.read:settings_cmd",
-    "ladder": "observatory.commands.ladder:ladder",
-    "decide": "observatory.commands.decide:decide",
-    "lineage": "observatory.commands.decide:lineage",
-    "detect": "observatory.commands.detect:detect",
-    "report": "observatory.commands.report:report",
-    "import": "observatory.commands.interop:import_group",
-    "export": "observatory.commands.interop:export",
-    "dashboard": "observatory.commands.dashboard:dashboard",
+from observatory.commands import dashboard, decide, detect, ingest, interop, ladder, read, report
+
+# command name -> click command or group, in the order `--help` lists them
+COMMANDS: dict[str, click.Command] = {
+    "ingest": ingest.ingest,
+    "rebuild": ingest.rebuild,
+    "runs": read.runs,
+    "sql": read.sql,
+    "settings": read.settings_cmd,
+    "ladder": ladder.ladder,
+    "decide": decide.decide,
+    "lineage": decide.lineage,
+    "detect": detect.detect,
+    "report": report.report,
+    "import": interop.import_group,
+    "export": interop.export,
+    "dashboard": dashboard.dashboard,
 }
 
 HELP = {
@@ -44,22 +45,11 @@ HELP = {
 }
 
 
-class LazyGroup(click.Group):
+class Commands(click.Group):
+    """The commands of COMMANDS in its order, each listed with its line of HELP."""
+
     def list_commands(self, ctx):
         return list(COMMANDS)
-
-    def get_command(self, ctx, name):
-        target = COMMANDS.get(name)
-        if target is None:
-            return None
-        module, attr = target.split(":")
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("observatory"):
-                return None  # command not built yet
-            raise
-        return getattr(mod, attr, None)
 
     def format_commands(self, ctx, formatter):
         rows = [(name, HELP.get(name, "")) for name in COMMANDS]
@@ -67,7 +57,7 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Commands, commands=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="observatory")
 def main():
     """Observatory: a transparent training-log observatory for MoE language models.

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
 import observatory
 from observatory.events import OBSERVATORY_HOST
+from observatory.ingest import ingest
 
 BASE_STEPS = 120
 E, L = 8, 2
@@ -181,8 +183,6 @@ def write_crashed(runs_dir: Path, run_id: str, steps: int, age_s: float) -> None
 
 def make_store(tmp: Path) -> tuple[Path, Path]:
     """(runs_dir, db) with the three runs ingested by the real ingester."""
-    from observatory.ingest import ingest
-
     runs_dir, db = tmp / "runs", tmp / "store.duckdb"
     write_run(runs_dir, "base-run", range(BASE_STEPS))
     write_findings(runs_dir)
@@ -194,8 +194,6 @@ def make_store(tmp: Path) -> tuple[Path, Path]:
 
 def age_run(runs_dir: Path, run: str, seconds: float) -> None:
     """Make a run's files look `seconds` old (a writer that went silent)."""
-    import os
-
     t = time.time() - seconds
     for f in (runs_dir / run).glob("events.*.jsonl"):
         os.utime(f, (t, t))

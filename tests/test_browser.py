@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from dashboard_fixtures import make_store, metrics_at
 
+import observatory
 from observatory import report
+from observatory.ingest import ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -77,9 +79,6 @@ def live_store(tmp_path_factory):
 @pytest.fixture
 def live_run(live_store):
     """`live-run`, which a writer thread appends to (4 steps/s) while `ingest --follow` runs, for one test."""
-    import observatory
-    from observatory.ingest import ingest
-
     runs_dir, db = live_store
     stop_ev = threading.Event()
     run = observatory.init(

@@ -16,6 +16,8 @@ import pytest
 from dashboard_fixtures import BASE_STEPS, make_store
 from streamlit.testing.v1 import AppTest
 
+from observatory.dashboard.charts import marker_text
+
 TIMEOUT = 60
 
 
@@ -248,7 +250,5 @@ def test_sql_console_interrupted_names_the_setting(store, monkeypatch):
 
 
 def test_marker_hover_text_is_escaped():
-    from observatory.dashboard.common import marker_text
-
     s = marker_text("note", {"text": "<script>alert(1)</script>"})
     assert "<script>" not in s and "&lt;script&gt;" in s

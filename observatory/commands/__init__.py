@@ -11,24 +11,20 @@ from observatory import settings
 __all__ = ["runs_dir_option", "db_option", "common_options"]
 
 
-def runs_dir_option(f):
+def _path_option(flag: str, setting: str, help: str):
+    """A path option defaulting to a setting, read when the command runs (so its env var applies)."""
+    s = settings.SETTINGS[setting]
     return click.option(
-        "--runs-dir",
+        flag,
         type=click.Path(path_type=Path),
-        default=lambda: settings.get("runs"),
-        show_default="data/runs, env OBSERVATORY_RUNS",
-        help="Directory of event logs.",
-    )(f)
+        default=lambda: settings.get(setting),
+        show_default=f"{s.default}, env {s.env}",
+        help=help,
+    )
 
 
-def db_option(f):
-    return click.option(
-        "--db",
-        type=click.Path(path_type=Path),
-        default=lambda: settings.get("db"),
-        show_default="data/observatory.duckdb, env OBSERVATORY_DB",
-        help="The DuckDB store.",
-    )(f)
+runs_dir_option = _path_option("--runs-dir", "runs", "Directory of event logs.")
+db_option = _path_option("--db", "db", "The DuckDB store.")
 
 
 def common_options(f):

@@ -1,8 +1,7 @@
 // after_paint: a Streamlit v2 component (no iframe; it runs in the page) whose state
 // `painted` becomes true about a second after the page shows a drawn plotly trace, or
 // after 10 s at most. The Live page uses it to send its chart controls and six health
-// charts only once the loss chart is on screen: sent together, all seven charts reached
-// the screen 1.5x later than one chart alone (bench/bench_dashboard.py).
+// charts only once the loss chart is on screen, so the loss chart does not wait for them.
 export default function (component) {
   const { setStateValue } = component;
   const SELECTOR = ".js-plotly-plot .scatterlayer .trace";

@@ -14,8 +14,13 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from observatory.dashboard import common
+from observatory.dashboard.cache import query, query_all
+from observatory.dashboard.charts import series_figure
+from observatory.dashboard.runs_table import runs_table
+from observatory.dashboard.widgets import requested_window, show_chart, step_window
+from observatory.lineage import Lineage
 from observatory.queries import dashboard as qd
+from observatory.queries import lineage as ql
 
 X_AXES = {"step": "step", "tokens": "tokens", "FLOPs": "flops"}
 
@@ -49,11 +54,11 @@ def _show(v: Any) -> str:
 
 
 def _overlay(runs: list[str], metric: str, x: str, smoothing: float) -> None:
-    view = common.query(qd.runs_view, runs, metric, *common.requested_window("compare_window"), 1000)
+    view = query(qd.runs_view, runs, metric, *requested_window("compare_window"), 1000)
     if view["extent"] is None:
         st.info(f"None of these runs logged `{metric}`.")
         return
-    common.step_window(*view["extent"], key="compare_window", used=view["window"])
+    step_window(*view["extent"], key="compare_window", used=view["window"])
     df = view["data"]
     col = X_AXES[x]
     if col != "step":
@@ -65,16 +70,13 @@ def _overlay(runs: list[str], metric: str, x: str, smoothing: float) -> None:
                 + "); those points are left out."
             )
         df = df.filter(df[col].is_not_null())
-    fig = common.series_figure(df, metric, smoothing, x=col, group="run", height=420)
+    fig = series_figure(df, metric, smoothing, x=col, group="run", height=420)
     fig["layout"]["xaxis"]["title"] = {"text": x}
-    common.show_chart(fig, key="compare_overlay", window_key="compare_window" if col == "step" else None)
+    show_chart(fig, key="compare_overlay", window_key="compare_window" if col == "step" else None)
 
 
 def _lineage(run: str, metric: str) -> None:
-    if common.lineage_module() is None:
-        st.info("Lineage needs `observatory.lineage`, which is not installed here.")
-        return
-    info = common.query(lineage_view, run, metric)
+    info = query(lineage_view, run, metric)
     if info is None:
         st.info(f"Run {run!r} is not in the store.")
         return
@@ -109,9 +111,6 @@ def lineage_view(con, run: str, metric: str) -> dict[str, Any] | None:
     The curve is each chain member's `metric` from just after its parent's cut to
     its own cut (the step its child forked at), downsampled in SQL per segment.
     """
-    from observatory.lineage import Lineage
-    from observatory.queries import lineage as ql
-
     if ql.run_row(con, run) is None:
         return None
     chain = ql.ancestors(con, run)
@@ -180,7 +179,7 @@ def lineage_graph(tree: list[dict], current: str) -> go.Figure:
 
 def render() -> None:
     st.title("Compare")
-    runs = common.runs_table()
+    runs = runs_table()
     if not runs:
         st.info("No runs in the store yet.")
         return
@@ -200,18 +199,15 @@ def render() -> None:
     calls = [
         (qd.metric_names_for, chosen),
         (qd.runs_view, chosen, ss.get("compare_metric") or qp.get("metric") or "train/loss",
-         *common.requested_window("compare_window"), 1000),
+         *requested_window("compare_window"), 1000),
         (qd.run_configs, [ss.get("compare_a") or chosen[0], ss.get("compare_b") or chosen[min(1, len(chosen) - 1)]]),
+        (lineage_view, ss.get("compare_lineage_run") or chosen[0], "train/loss"),
     ]  # fmt: skip
-    if common.lineage_module() is not None:
-        calls.append((lineage_view, ss.get("compare_lineage_run") or chosen[0], "train/loss"))
-    common.query_all(*calls)
+    query_all(*calls)
 
     tab_overlay, tab_diff, tab_lineage = st.tabs(["Overlay", "Config diff", "Lineage"])
     with tab_overlay:
-        names = sorted(
-            set().union(*(set(common.query(qd.metric_names, r)["name"].to_list()) for r in chosen))
-        )
+        names = sorted(set().union(*(set(query(qd.metric_names, r)["name"].to_list()) for r in chosen)))
         if not names:
             st.info("These runs logged no metrics yet.")
         else:
@@ -241,7 +237,7 @@ def render() -> None:
         b = c2.selectbox(
             "Run B", ids, index=ids.index(chosen[1] if len(chosen) > 1 else chosen[0]), key="compare_b"
         )
-        configs = common.query(qd.run_configs, [a, b])
+        configs = query(qd.run_configs, [a, b])
         rows = config_diff(configs.get(a, {}), configs.get(b, {}))
         if a == b:
             st.info("Pick two different runs.")

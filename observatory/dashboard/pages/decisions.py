@@ -12,7 +12,7 @@ import json
 import streamlit as st
 
 from observatory import decisions as dec
-from observatory.dashboard import common
+from observatory.dashboard.cache import StoreBusy, query
 
 STATUS_ICON = {"proposed": "📝", "running": "🟢", "succeeded": "✅", "failed": "❌", "abandoned": "⏹️"}
 
@@ -80,7 +80,7 @@ def _detail(d: dict) -> None:
         facts.append(("cost", ", ".join(f"{k} {v:g}" for k, v in d["cost"].items())))
     if facts:
         st.dataframe([{"field": k, "value": v} for k, v in facts], hide_index=True, width="stretch")
-    hist = common.query(_history, d["id"])
+    hist = query(_history, d["id"])
     st.markdown(f"**History** ({len(hist)} events)")
     st.dataframe(
         [
@@ -108,8 +108,8 @@ def render() -> None:
         "Write them with `observatory decide new|update`; keep them in git with `decide export`."
     )
     try:
-        ds = common.query(_all)
-    except common.StoreBusy as e:
+        ds = query(_all)
+    except StoreBusy as e:
         st.info(str(e))
         return
     if not ds:

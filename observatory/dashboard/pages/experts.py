@@ -13,7 +13,10 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from observatory.dashboard import common
+from observatory.dashboard.cache import query, query_all
+from observatory.dashboard.charts import scatter
+from observatory.dashboard.runs_table import runs_calls, runs_table
+from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.queries import experts as qe
 
 
@@ -55,7 +58,7 @@ def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) ->
         d = df.filter(df["layer"] == layer)
         bold = layer in layers
         data.append(
-            common.scatter(
+            scatter(
                 x=d["step"].to_list(),
                 y=d[column].to_list(),
                 mode="lines",
@@ -80,20 +83,20 @@ def _view_call(run: str) -> tuple:
     layer = st.session_state.get("experts_layer")
     if layer is None and qp_layer and qp_layer.isdigit():
         layer = int(qp_layer)
-    return (qe.experts_view, run, layer, *common.requested_window(f"experts_window_{run}"), 400, 500)
+    return (qe.experts_view, run, layer, *requested_window(f"experts_window_{run}"), 400, 500)
 
 
 def render() -> None:
     st.title("Experts")
     wanted = st.query_params.get("run")
     if wanted:  # a deep link: the run list and this run's view on one connection
-        common.query_all(*common.runs_calls(), _view_call(wanted))
-    runs = common.runs_table()
-    run = common.pick_run(runs)
+        query_all(*runs_calls(), _view_call(wanted))
+    runs = runs_table()
+    run = pick_run(runs)
     if run is None:
         return
     wkey = f"experts_window_{run}"
-    view = common.query(*_view_call(run))
+    view = query(*_view_call(run))
     if view is None:
         st.info("This run logged no `expert_load` events.")
         return
@@ -105,7 +108,7 @@ def render() -> None:
         if st.query_params.get("layer") != str(layer):
             st.query_params["layer"] = str(layer)
     with c2:
-        common.step_window(ext["first_step"], ext["last_step"], key=wkey, used=view["window"])
+        step_window(ext["first_step"], ext["last_step"], key=wkey, used=view["window"])
     st.caption(
         f"{len(layers)} layers × {ext['experts']} experts, steps {ext['first_step']:,}–{ext['last_step']:,}"
     )
@@ -113,13 +116,13 @@ def render() -> None:
     res = "every step" if hm["width"] == 1 else f"{hm['width']} steps per column"
     left, right = st.columns(2)
     with left:
-        common.show_chart(
+        show_chart(
             heatmap_figure(hm, "share", f"Layer {layer}: load share ({res})"),
             key=f"experts_share_{run}",
             window_key=wkey,
         )
     with right:
-        common.show_chart(
+        show_chart(
             heatmap_figure(hm, "drop_frac", f"Layer {layer}: dropped / routed ({res})"),
             key=f"experts_drop_{run}",
             window_key=wkey,
@@ -141,13 +144,13 @@ def render() -> None:
 
     a, b = st.columns(2)
     with a:
-        common.show_chart(
+        show_chart(
             layer_lines(series, "drop_fraction", "Drop fraction per layer", [int(layer)]),
             key=f"experts_layers_drop_{run}",
             window_key=wkey,
         )
     with b:
-        common.show_chart(
+        show_chart(
             layer_lines(
                 series, "hot_max", "Hot expert: max / mean load per layer (worst step)", [int(layer)]
             ),

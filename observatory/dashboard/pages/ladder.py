@@ -19,7 +19,7 @@ import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
 
-from observatory.dashboard import common
+from observatory.dashboard.cache import query, query_all
 from observatory.ladder.fit import Rung, average_seeds, backtest, fit_ladder, fit_version
 from observatory.ladder.watch import load_ladder
 from observatory.queries import ladder as ql
@@ -137,7 +137,7 @@ def band_figure(points: list[dict], observed: list[tuple[int, float]], title: st
 
 def render() -> None:
     st.title("Scaling ladder")
-    names = [d["name"] for d in common.query(ql.ladders)]
+    names = [d["name"] for d in query(ql.ladders)]
     if not names:
         st.info("No ladder in the store yet. Train one with "
                 "`trainer ladder --config trainer/configs/ladder_cpu.yaml --target`, then `observatory ingest`.")
@@ -148,7 +148,7 @@ def render() -> None:
     if qp.get("ladder") != name:
         qp["ladder"] = name
     try:
-        data = common.query(ladder_data, name)
+        data = query(ladder_data, name)
     except ValueError as e:
         st.error(str(e))
         return
@@ -193,7 +193,7 @@ def render() -> None:
     if not targets:
         st.info("No target run yet: `trainer ladder --config ... --target` pre-registers a forecast and trains one.")
     for t in targets:
-        forecasts, evals, devs = common.query_all(
+        forecasts, evals, devs = query_all(
             (ql.forecast_events, t["run"]), (ql.eval_points, [t["run"]]), (ql.deviation_anomalies, t["run"]))
         if not forecasts:
             st.info(f"{t['run']}: no forecast event (not pre-registered).")

@@ -4,8 +4,8 @@ Only the live panel is a fragment (`st.fragment(run_every=2)`), so a refresh
 re-runs a handful of cached queries, not the page. Loss comes first (with eval
 points, the ladder forecast band and event markers), then the MoE and optimiser
 health charts (on a first view of a run, once the browser has drawn the loss
-chart: `common.after_first_paint`). A run that has gone silent without
-`run_end` gets a banner.
+chart: `dashboard.after_paint`). A run that has gone silent without `run_end`
+gets a banner.
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ import numpy as np
 import streamlit as st
 
 from observatory import settings
-from observatory.dashboard import common
+from observatory.dashboard.after_paint import after_first_paint
+from observatory.dashboard.cache import query, query_all
+from observatory.dashboard.charts import add_markers, band, scatter, series_figure
+from observatory.dashboard.runs_table import ago, runs_calls, runs_table
+from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.queries import dashboard as qd
 from observatory.queries import experts as qe
 
@@ -60,32 +64,9 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[dict]:
             xs = [p["step"] for p in pts]
             hi = [p.get("high", p.get("value")) for p in pts]
             lo = [p.get("low", p.get("value")) for p in pts]
+            out.extend(band(xs, lo, hi, "rgba(148,103,189,0.18)", label, f"fc{i}", showlegend=True))
             out.append(
-                common.scatter(
-                    x=xs,
-                    y=hi,
-                    mode="lines",
-                    line={"width": 0},
-                    showlegend=False,
-                    hoverinfo="skip",
-                    legendgroup=f"fc{i}",
-                )
-            )
-            out.append(
-                common.scatter(
-                    x=xs,
-                    y=lo,
-                    mode="lines",
-                    line={"width": 0},
-                    fill="tonexty",
-                    fillcolor="rgba(148,103,189,0.18)",
-                    name=label,
-                    legendgroup=f"fc{i}",
-                    hoverinfo="skip",
-                )
-            )
-            out.append(
-                common.scatter(
+                scatter(
                     x=xs,
                     y=[p.get("value") for p in pts],
                     mode="lines",
@@ -101,7 +82,7 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[dict]:
             err_hi = float(f.get("high", v)) - v
             err_lo = v - float(f.get("low", v))
             out.append(
-                common.scatter(
+                scatter(
                     x=[f["target_step"]],
                     y=[v],
                     mode="markers",
@@ -114,29 +95,13 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[dict]:
     return out
 
 
-def _ladder_band(forecasts: list[dict]):
-    """The ladder page's own band drawing when it exposes one (`forecast_band(forecasts) -> traces`)."""
-    try:
-        from observatory.dashboard.pages import ladder
-    except Exception:  # the ladder page is someone else's and optional here
-        return None
-    fn = getattr(ladder, "forecast_band", None)
-    if fn is None:
-        return None
-    try:
-        traces = fn(forecasts)
-        return list(traces) if traces is not None else None
-    except Exception:
-        return None
-
-
 def _banner(row: dict, now: float) -> None:
     status = row["status"]
     last = row["last_event_t"]
     silent = now - last if last else None
     if status == "crashed":
         st.error(
-            f"**Crashed**: no `run_end` and no event for {common.ago(last, now).replace(' ago', '')} "
+            f"**Crashed**: no `run_end` and no event for {ago(last, now).replace(' ago', '')} "
             f"(a run silent for more than {settings.get('stale_after_s'):.0f} s is shown as crashed)."
         )
     elif status in ("failed", "killed"):
@@ -144,14 +109,14 @@ def _banner(row: dict, now: float) -> None:
     elif status == "preempted":
         st.warning(f"**Preempted** at step {row['last_step']}; it may be resumed.")
     elif status == "running" and silent is not None and silent > QUIET_S:
-        st.warning(f"**Stale**: running, but no event for {common.ago(last, now).replace(' ago', '')}.")
+        st.warning(f"**Stale**: running, but no event for {ago(last, now).replace(' ago', '')}.")
 
 
 def panel_calls(run: str) -> list[tuple]:
     """The live panel's queries (one batch, one connection): series in the window, markers, evals, forecasts."""
     return [
         # the loss at 1,000 buckets, the half-width health charts at 300 (each point costs the browser)
-        (qd.live_view, run, list(LOSS), HEALTH_NAMES, *common.requested_window(f"live_window_{run}"), 1000, 300),
+        (qd.live_view, run, list(LOSS), HEALTH_NAMES, *requested_window(f"live_window_{run}"), 1000, 300),
         (qd.markers, run),
         (qd.evals, run),
         (qd.forecasts, run),
@@ -184,12 +149,12 @@ def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None
         )
         st.session_state[f"_{SMOOTH_KEY}"] = value
     with c2:
-        common.step_window(first, last, key=wkey, used=window)
+        step_window(first, last, key=wkey, used=window)
 
 
 def _panel(run: str) -> None:
     now = time.time()
-    rows = {r["run"]: r for r in common.runs_table()}
+    rows = {r["run"]: r for r in runs_table()}
     row = rows.get(run)
     if row is None:
         st.warning(f"Run {run!r} is not in the store.")
@@ -197,7 +162,7 @@ def _panel(run: str) -> None:
     _banner(row, now)
     # one connection for the whole panel: the window's series, markers, evals and forecasts
     wkey = f"live_window_{run}"
-    view, all_marks, evals, fcs = common.query_all(*panel_calls(run))
+    view, all_marks, evals, fcs = query_all(*panel_calls(run))
     st.markdown(status_line(row, now))
     if view["extent"] is None:
         st.info("No metrics logged yet for this run.")
@@ -210,13 +175,13 @@ def _panel(run: str) -> None:
     loss_name = next((n for n in LOSS if data.filter(data["name"] == n).height), None)
     if loss_name is not None:
         d = data.filter(data["name"] == loss_name)
-        fig = common.series_figure(d, loss_name, smoothing, height=420)
+        fig = series_figure(d, loss_name, smoothing, height=420)
         if evals.height:
             ev = evals.filter((evals["step"] >= lo) & (evals["step"] <= hi))
             for ds in ev["dataset"].unique(maintain_order=True).to_list():
                 e = ev.filter(ev["dataset"] == ds)
                 fig["data"].append(
-                    common.scatter(
+                    scatter(
                         x=e["step"].to_list(),
                         y=e["loss"].to_list(),
                         mode="lines+markers",
@@ -225,12 +190,11 @@ def _panel(run: str) -> None:
                         hovertemplate="%{x}: eval %{y:.4g}<extra>" + str(ds) + "</extra>",
                     )
                 )
-        for tr in _ladder_band(fcs) or forecast_traces(fcs):
-            fig["data"].append(tr)
+        fig["data"].extend(forecast_traces(fcs))
         finite = d["max"].drop_nulls()
-        common.add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None)
+        add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None)
         fig["layout"]["xaxis"]["range"] = [lo, hi]
-        common.show_chart(fig, key=f"live_loss_{run}", window_key=wkey)
+        show_chart(fig, key=f"live_loss_{run}", window_key=wkey)
     else:
         st.info("No `train/loss` logged in this window.")
 
@@ -238,12 +202,12 @@ def _panel(run: str) -> None:
     if loss_name is not None and not st.session_state.get(drawn):
         # First view of this run: the browser draws the loss chart alone; once it is on screen
         # the component's value reruns this panel, which then adds the controls under the chart
-        # and the six health charts. (All seven charts at once kept the first one off screen
-        # 1.5x as one chart alone; a timer instead of the paint collided with slow first
-        # paints; the sliders' widget code cost the first chart another ~7%: bench_dashboard.py.)
+        # and the six health charts. The loss chart waits neither for the other six charts nor
+        # for the sliders' widget code; waiting for the paint, not a timer, holds on a slow
+        # first paint too.
         st.session_state[drawn] = True
         st.caption("Loading the chart controls and health charts…")
-        common.after_first_paint(f"live_painted_{run}")
+        after_first_paint(f"live_painted_{run}")
         return
     _controls(*view["extent"], wkey, (lo, hi))
     _health(run, data, marks, lo, hi, smoothing, wkey)
@@ -252,14 +216,14 @@ def _panel(run: str) -> None:
 def status_line(row: dict, now: float) -> str:
     """One Markdown line of the run's status, last step, last loss and time since its last event.
 
-    A line, not four `st.metric` cards: the cards' widget code alone delayed the first chart.
+    A line, not four `st.metric` cards, whose widget code would delay the first chart.
     """
     step = "—" if row["last_step"] is None else f"{row['last_step']:,}"
     loss = "—" if row["last_loss"] is None else f"{row['last_loss']:.4f}"
     color = {"running": "green", "completed": "blue", "preempted": "orange"}.get(row["status"], "red")
     return (
         f"**Status** :{color}-badge[{row['status']}] · **Last step** {step} · "
-        f"**Last loss** {loss} · **Since last event** {common.ago(row['last_event_t'], now)}"
+        f"**Last loss** {loss} · **Since last event** {ago(row['last_event_t'], now)}"
     )
 
 
@@ -270,7 +234,7 @@ def _health(run: str, data, marks, lo: int, hi: int, smoothing: float, wkey: str
         d = data.filter(data["name"].is_in(list(names)))
         if d.height == 0 and "moe/drop_fraction" in names:
             # no drop fraction metric: compute it from the expert loads (rollup)
-            dd = common.query(qe.run_drop_series, run, lo, hi, 300)
+            dd = query(qe.run_drop_series, run, lo, hi, 300)
             if dd.height:
                 d = dd
         with cols[i % 2]:
@@ -279,7 +243,7 @@ def _health(run: str, data, marks, lo: int, hi: int, smoothing: float, wkey: str
                 continue
             group = "name" if "name" in d.columns and d["name"].n_unique() > 1 else None
             positive = d["min"].drop_nulls()
-            fig = common.series_figure(
+            fig = series_figure(
                 d,
                 title,
                 smoothing,
@@ -287,24 +251,24 @@ def _health(run: str, data, marks, lo: int, hi: int, smoothing: float, wkey: str
                 height=260,
                 log_y=log_y and positive.len() > 0 and float(positive.min()) > 0,
             )
-            common.add_markers(  # small charts: failures and config changes only, no lines
+            add_markers(  # small charts: failures and config changes only, no lines
                 fig,
                 marks.filter(marks["kind"].is_in(["failure", "config_diff"])),
                 y_at=float(np.nanmax(d["max"].to_numpy())) if d["max"].drop_nulls().len() else None,
                 lines=False,
             )
             fig["layout"]["xaxis"]["range"] = [lo, hi]
-            common.show_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
+            show_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
 
 
 def render() -> None:
     st.title("Live run")
     wanted = st.query_params.get("run")
     if wanted:  # a deep link: fetch the run list and the panel's data on one connection
-        common.query_all(*common.runs_calls(), *panel_calls(wanted))
-    runs = common.runs_table()
+        query_all(*runs_calls(), *panel_calls(wanted))
+    runs = runs_table()
     with st.columns([3, 1])[0]:  # a run picker three quarters wide
-        run = common.pick_run(runs)
+        run = pick_run(runs)
     if run is None:
         return
     status = next((r["status"] for r in runs if r["run"] == run), None)

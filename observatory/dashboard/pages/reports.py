@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from observatory.dashboard import common
+from observatory.dashboard.cache import StoreBusy, query
+from observatory.dashboard.widgets import pick_run
 
 
 def _report(con, run: str) -> dict:
@@ -41,17 +42,17 @@ def render() -> None:
         "The same report from the command line: `observatory report RUN --format html|md|pdf`."
     )
     try:
-        runs = common.query(_runs)
-    except common.StoreBusy as e:
+        runs = query(_runs)
+    except StoreBusy as e:
         st.info(str(e))
         return
-    run = common.pick_run(runs, prefer_running=False)
+    run = pick_run(runs, prefer_running=False)
     if run is None:
         return
     try:
         with st.spinner("Building the report…"):
-            rep = common.query(_report, run)
-    except common.StoreBusy as e:
+            rep = query(_report, run)
+    except StoreBusy as e:
         st.info(str(e))
         return
     except ValueError as e:

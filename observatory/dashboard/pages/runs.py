@@ -11,7 +11,7 @@ import time
 import polars as pl
 import streamlit as st
 
-from observatory.dashboard import common
+from observatory.dashboard.runs_table import ago, runs_table
 
 STATUSES = ("running", "completed", "failed", "crashed", "preempted", "killed")
 
@@ -36,7 +36,7 @@ def filter_runs(runs: list[dict], text: str = "", statuses=(), ladders=(), tags=
 
 def render() -> None:
     st.title("Runs")
-    runs = common.runs_table()
+    runs = runs_table()
     if not runs:
         st.info("No runs in the store yet. Start one with `trainer train` and `observatory ingest --follow`.")
         return
@@ -83,7 +83,7 @@ def render() -> None:
             "ladder": [r["ladder"] or "" for r in shown],
             "tags": [", ".join(r["tags"]) for r in shown],
             "parent": [r["parent"] or "" for r in shown],
-            "last event": [common.ago(r["last_event_t"], now) for r in shown],
+            "last event": [ago(r["last_event_t"], now) for r in shown],
         },
         schema_overrides={
             "progress": pl.Float64,

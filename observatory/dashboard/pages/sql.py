@@ -15,39 +15,21 @@ from typing import Any
 import polars as pl
 import streamlit as st
 
-from observatory import settings
-from observatory.dashboard import common
+from observatory import settings, store
+from observatory.dashboard.cache import db_path, query
+from observatory.queries import core
 from observatory.queries import dashboard as qd
 
 
-def _core():
+def to_frame(result: core.QueryResult) -> pl.DataFrame:
+    """The rows of a `run_user_sql` result as a frame (a column of mixed types is shown as text)."""
+    if not result.columns:
+        return pl.DataFrame()
+    data = {c: [r[i] for r in result.rows] for i, c in enumerate(result.columns)}
     try:
-        from observatory.queries import core
-    except ImportError:
-        return None
-    return core if hasattr(core, "run_user_sql") else None
-
-
-def to_frame(result: Any) -> tuple[pl.DataFrame, bool]:
-    """(rows as a frame, truncated) from whatever run_user_sql returns (object, dict or frame)."""
-    if isinstance(result, pl.DataFrame):
-        return result, False
-    get = result.get if isinstance(result, dict) else lambda k, d=None: getattr(result, k, d)
-    truncated = bool(get("truncated", False))
-    for key in ("frame", "df"):
-        if isinstance(get(key), pl.DataFrame):
-            return get(key), truncated
-    cols = list(get("columns") or [])
-    rows = list(get("rows") or [])
-    if not cols:
-        return pl.DataFrame(), truncated
-    data = {c: [r[i] for r in rows] for i, c in enumerate(cols)}
-    try:
-        return pl.DataFrame(data, strict=False), truncated
+        return pl.DataFrame(data, strict=False)
     except Exception:  # mixed types in a column: show them as text
-        return pl.DataFrame(
-            {c: [None if v is None else str(v) for v in vs] for c, vs in data.items()}
-        ), truncated
+        return pl.DataFrame({c: [None if v is None else str(v) for v in vs] for c, vs in data.items()})
 
 
 def csv_text(frame: pl.DataFrame) -> str:
@@ -66,7 +48,7 @@ def _plain(v: Any) -> Any:
 
 
 def _schema_browser() -> None:
-    sch = common.query(qd.schema)
+    sch = query(qd.schema)
     st.subheader("Schema")
     for kind in ("table", "view"):
         part = sch.filter(pl.col("kind") == kind)
@@ -107,24 +89,17 @@ def render() -> None:
         with st.form("sql_form"):
             sql = st.text_area("Query", key="sql_text", height=180)
             submitted = st.form_submit_button("Run", type="primary")
-        core = _core()
-        if core is None:
-            st.warning(
-                "The SQL console needs `observatory.queries.core.run_user_sql`, which is not installed here."
-            )
-            return
         if submitted:
             t0 = time.perf_counter()
             try:
-                result = core.run_user_sql(common.db_path(), sql, max_rows, limit_ms)
+                result = core.run_user_sql(db_path(), sql, max_rows, limit_ms)
             except Exception as e:  # the typed errors carry the user-facing message
-                st.session_state["sql_result"] = {"sql": sql, "error": _describe(core, e)}
+                st.session_state["sql_result"] = {"sql": sql, "error": _describe(e)}
             else:
-                frame, truncated = to_frame(result)
                 st.session_state["sql_result"] = {
                     "sql": sql,
-                    "frame": frame,
-                    "truncated": truncated,
+                    "frame": to_frame(result),
+                    "truncated": result.truncated,
                     "ms": (time.perf_counter() - t0) * 1000,
                 }
         res = st.session_state.get("sql_result")
@@ -150,14 +125,12 @@ def render() -> None:
         )
 
 
-def _describe(core, e: Exception) -> tuple[str, str]:
+def _describe(e: Exception) -> tuple[str, str]:
     """('interrupted' | 'refused' | 'error', message) for an exception from run_user_sql."""
-    interrupted = getattr(core, "QueryInterrupted", None)
-    refused = getattr(core, "QueryError", None)
-    if interrupted is not None and isinstance(e, interrupted):
+    if isinstance(e, core.QueryInterrupted):
         return "interrupted", f"Interrupted: {e}"
-    if refused is not None and isinstance(e, refused):
+    if isinstance(e, core.QueryError):
         return "refused", f"Refused: {e}"
-    if type(e).__name__ == "StoreBusy":
+    if isinstance(e, store.StoreBusy):
         return "interrupted", "The store is busy being written; run the query again in a moment."
     return "error", f"{type(e).__name__}: {e}"

@@ -1,0 +1,117 @@
+"""Widget state shared by the pages: the run picker bound to the URL, the step window, and charts that zoom it.
+
+Deep links: the chosen run lives in the URL (`?run=ID`, `?runs=a,b` on Compare),
+so a link pastes into an issue and opens the same view.
+
+Zoom: each chart group has a step window under key `K` in the session state. A
+page reads it with `requested_window(K)` BEFORE querying, draws the slider with
+`step_window(..., key=K)`, and `show_chart(..., window_key=K)` turns a box
+selection on a chart into the next window (`K_box`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+import streamlit as st
+
+__all__ = ["pick_run", "requested_window", "step_window", "show_chart"]
+
+
+def pick_run(
+    runs: list[dict[str, Any]], label: str = "Run", key: str = "run", prefer_running: bool = True
+) -> str | None:
+    """A run selectbox bound to the `?run=` query parameter (deep link in, deep link out)."""
+    if not runs:
+        st.info("No runs in the store yet. Start one with `trainer train` and `observatory ingest --follow`.")
+        return None
+    ids = [r["run"] for r in runs]
+    wanted = st.query_params.get(key)
+    if wanted not in ids:
+        running = [r["run"] for r in runs if r["status"] == "running"] if prefer_running else []
+        wanted = (running or ids)[0]
+    status = {r["run"]: r["status"] for r in runs}
+    choice = st.selectbox(
+        label,
+        ids,
+        index=ids.index(wanted),
+        key=f"pick_{key}",
+        format_func=lambda r: f"{r}  ·  {status[r]}",
+    )
+    if st.query_params.get(key) != choice:
+        st.query_params[key] = choice
+    return choice
+
+
+def requested_window(key: str) -> tuple[int | None, int | None]:
+    """The step window to query for a chart group, from the widget state, BEFORE querying.
+
+    (None, None) is "everything"; hi None is "to the newest step" (a window that
+    reached the end keeps following a live run). A box selection on a chart
+    (see `show_chart`) wins. The query returns the window it used, and
+    `step_window` then shows exactly that.
+    """
+    box = st.session_state.get(f"{key}_box")
+    if box is not None:
+        return int(box[0]), int(math.ceil(box[1]))
+    cur = st.session_state.get(key)
+    if cur is None:
+        return None, None
+    prev_hi = st.session_state.get(f"{key}_hi")
+    if prev_hi is not None and cur[1] >= prev_hi:
+        return int(cur[0]), None
+    return int(cur[0]), int(cur[1])
+
+
+def step_window(first: int, last: int, key: str, used: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The step slider over [first, last], showing the window `used` by the query (default: all).
+
+    Dragging it, or box-selecting on a chart, re-queries that window; a window
+    narrower than the chart's bucket count comes back at full resolution.
+    """
+    st.session_state.pop(f"{key}_box", None)
+    lo, hi = used if used is not None else (first, last)
+    lo, hi = max(first, lo), min(last, hi)
+    if hi < lo:
+        lo, hi = first, last
+    st.session_state[f"{key}_hi"] = last
+    if last <= first:
+        return first, last
+    st.session_state[key] = (lo, hi)
+    c1, c2 = st.columns([6, 1])
+    with c1:
+        window = st.slider("Steps", first, last, key=key, help="Drag here, or box-select on a chart, to zoom")
+    with c2:
+        st.button(
+            "Reset zoom", key=f"{key}_reset", on_click=lambda: st.session_state.update({key: (first, last)})
+        )
+    return int(window[0]), int(window[1])
+
+
+def show_chart(fig, key: str, window_key: str | None = None) -> None:
+    """Render a figure (dict or plotly Figure); a box selection on it zooms `window_key`'s step window.
+
+    A dict is wrapped without plotly's property validation (`_validate=False`): our
+    figures are built by the tested helpers in `dashboard.charts`, and validating
+    ~10^4 points per chart again on every 2 s refresh costs more than the queries.
+    """
+    if isinstance(fig, dict):
+        fig = go.Figure(data=fig["data"], layout=fig["layout"], _validate=False)
+    if window_key is None:
+        st.plotly_chart(fig, key=key, config={"displaylogo": False})
+        return
+    ev = st.plotly_chart(fig, key=key, on_select="rerun", selection_mode="box", config={"displaylogo": False})
+    try:
+        boxes = ev["selection"]["box"] if ev else []
+    except (KeyError, TypeError):
+        boxes = []
+    if boxes:
+        xs = boxes[0].get("x") or []
+        box = (min(xs), max(xs)) if len(xs) == 2 and all(isinstance(v, (int, float)) for v in xs) else None
+        # the selection persists across reruns: zoom once per new box
+        if box is not None and st.session_state.get(f"{key}_applied") != box:
+            st.session_state[f"{key}_applied"] = box
+            st.session_state[f"{window_key}_box"] = box
+            st.rerun()
