@@ -20,7 +20,10 @@ import click
 import yaml
 
 from observatory import decisions as dec
+from observatory import lineage as lin
 from observatory.commands import common_options, db_option
+from observatory.decisions import markdown as decisions_md
+from observatory.ingest import ingest
 
 __all__ = ["decide", "lineage"]
 
@@ -169,8 +172,6 @@ def decide():
 @click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
 def new_cmd(file, decision_id, runs_dir, db, as_json, **opts):
     """Record a new decision from flags, or from a Markdown FILE with YAML front matter (flags win)."""
-    from observatory.decisions import markdown as decisions_md
-
     fields: dict[str, Any] = {}
     try:
         if file is not None:
@@ -181,7 +182,7 @@ def new_cmd(file, decision_id, runs_dir, db, as_json, **opts):
         if not fields.get("title"):
             raise ValueError("a decision needs a title (--title, or `title:` in the front matter)")
         fields.setdefault("author", os.environ.get("USER", ""))
-        d = dec.new(runs_dir, db, **fields)
+        d = dec.new(runs_dir, db, ingest=ingest, **fields)
     except ValueError as e:
         raise _fail(e) from None
     if as_json:
@@ -204,7 +205,7 @@ def update_cmd(decision_id, runs_dir, db, as_json, **opts):
         changes = _fields_from_flags(opts, cur)
         if not changes:
             raise ValueError("nothing to update: give at least one field flag, e.g. --status running")
-        d = dec.update(runs_dir, db, decision_id, **changes)
+        d = dec.update(runs_dir, db, decision_id, ingest=ingest, **changes)
     except ValueError as e:
         raise _fail(e) from None
     if as_json:
@@ -255,8 +256,6 @@ def list_cmd(status, kind, run, db, as_json):
 @db_option
 def export_cmd(out_dir, db):
     """Write one Markdown file per decision (front matter + sections + history) into OUT_DIR."""
-    from observatory.decisions import markdown as decisions_md
-
     paths = decisions_md.export_dir(db, out_dir)
     click.echo(f"exported {len(paths)} decisions to {out_dir}")
 
@@ -266,10 +265,8 @@ def export_cmd(out_dir, db):
 @common_options
 def import_cmd(in_dir, runs_dir, db):
     """Load the Markdown files of IN_DIR: new decisions are created, changed ones updated."""
-    from observatory.decisions import markdown as decisions_md
-
     try:
-        r = decisions_md.import_dir(runs_dir, db, in_dir)
+        r = decisions_md.import_dir(runs_dir, db, in_dir, ingest=ingest)
     except ValueError as e:
         raise _fail(e) from None
     click.echo(
@@ -284,8 +281,6 @@ def import_cmd(in_dir, runs_dir, db):
 @click.option("--json", "as_json", is_flag=True, help="the chain, children and stitched curve as JSON")
 def lineage(run, metric, db, as_json):
     """Show RUN's ancestors (through forks and resumes), its children and the stitched curve's extent."""
-    from observatory import lineage as lin
-
     try:
         li = lin.lineage(db, run, metric=metric)
     except ValueError as e:
