@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 from pathlib import Path
@@ -24,6 +23,7 @@ from observatory import lineage as lin
 from observatory.commands import common_options, db_option
 from observatory.decisions import markdown as decisions_md
 from observatory.ingest import ingest
+from observatory.report.format import fmt_time
 
 __all__ = ["decide", "lineage"]
 
@@ -32,10 +32,9 @@ def _fail(e: Exception) -> click.ClickException:
     return click.ClickException(str(e))
 
 
-def _when(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return _dt.datetime.fromtimestamp(t, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+def _echo_written(d: dec.Decision, as_json: bool, text: str) -> None:
+    """What `new` and `update` print: the record as JSON, or one line."""
+    click.echo(json.dumps(d.to_dict(), indent=2, sort_keys=True) if as_json else text)
 
 
 def _record_options(f):
@@ -128,7 +127,7 @@ def _fields_from_flags(opts: dict[str, Any], base: dec.Decision | None) -> dict[
 
 def _print_decision(d: dec.Decision, events: list[dict] | None = None) -> None:
     click.echo(f"{d.id}  [{d.kind}, {d.status}]  {d.title}")
-    click.echo(f"  author {d.author or '-'}   created {_when(d.created)}   updated {_when(d.updated)}")
+    click.echo(f"  author {d.author or '-'}   created {fmt_time(d.created)}   updated {fmt_time(d.updated)}")
     for name in ("hypothesis", "goal", "action", "outcome", "follow_up"):
         if getattr(d, name):
             click.echo(f"  {name.replace('_', '-')}: {getattr(d, name)}")
@@ -156,7 +155,7 @@ def _print_decision(d: dec.Decision, events: list[dict] | None = None) -> None:
         click.echo(f"  history ({len(events)} events):")
         for e in events:
             changed = ", ".join(k for k in e["data"] if k not in ("id", "updated", "created"))
-            click.echo(f"    {_when(e['t'])}  {e['run']}#{e['seq']}  {changed or '(no field changes)'}")
+            click.echo(f"    {fmt_time(e['t'])}  {e['run']}#{e['seq']}  {changed or '(no field changes)'}")
 
 
 @click.group()
@@ -185,10 +184,7 @@ def new_cmd(file, decision_id, runs_dir, db, as_json, **opts):
         d = dec.new(runs_dir, db, ingest=ingest, **fields)
     except ValueError as e:
         raise _fail(e) from None
-    if as_json:
-        click.echo(json.dumps(d.to_dict(), indent=2, sort_keys=True))
-    else:
-        click.echo(f"recorded decision {d.id}")
+    _echo_written(d, as_json, f"recorded decision {d.id}")
 
 
 @decide.command("update")
@@ -208,10 +204,7 @@ def update_cmd(decision_id, runs_dir, db, as_json, **opts):
         d = dec.update(runs_dir, db, decision_id, ingest=ingest, **changes)
     except ValueError as e:
         raise _fail(e) from None
-    if as_json:
-        click.echo(json.dumps(d.to_dict(), indent=2, sort_keys=True))
-    else:
-        click.echo(f"updated decision {d.id}: {d.status}")
+    _echo_written(d, as_json, f"updated decision {d.id}: {d.status}")
 
 
 @decide.command("show")
@@ -248,7 +241,7 @@ def list_cmd(status, kind, run, db, as_json):
     w = max(len(d.id) for d in ds)
     for d in ds:
         runs = ",".join(r.run for r in d.runs) or "-"
-        click.echo(f"{d.id:<{w}}  {d.kind:<12} {d.status:<10} {_when(d.updated)}  {runs}  {d.title}")
+        click.echo(f"{d.id:<{w}}  {d.kind:<12} {d.status:<10} {fmt_time(d.updated)}  {runs}  {d.title}")
 
 
 @decide.command("export")

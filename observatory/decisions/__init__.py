@@ -38,15 +38,19 @@ from observatory.decisions.store import (
 )
 
 __all__ = [
-    "KINDS",
-    "STATUSES",
-    "TRANSITIONS",
-    "DECISIONS_RUN",
+    # the record (record.py)
+    "Decision",
     "Forecast",
     "Trigger",
     "RunLink",
     "Cost",
-    "Decision",
+    "KINDS",
+    "STATUSES",
+    "TRANSITIONS",
+    "DECISIONS_RUN",
+    "parse_run_link",
+    "slugify",
+    # reading and writing (store.py)
     "new",
     "update",
     "get",
@@ -55,7 +59,6 @@ __all__ = [
     "home_run",
     "unique_id",
     "diff_fields",
+    # the after-ingest hook (auto.py)
     "after_ingest",
-    "parse_run_link",
-    "slugify",
 ]
