@@ -3,7 +3,7 @@
 A 100k-step run (5 curves, a loss spike, a NaN tail, expert loads every 100 steps)
 is written with the real writer and ingested into a temp store; the report is then
 rendered twice, side by side in one process: as shipped (each overview curve cut to
-min/max buckets of at most `report.MAX_POINTS` points) and at full resolution.
+min/max buckets of at most `observatory.report.collect.MAX_POINTS` points) and at full resolution.
 
     python bench/bench_report.py [--steps 100000]
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 import observatory
 from observatory import report
 from observatory.ingest import ingest
+from observatory.report import collect
 from observatory.report.render import render_html
 
 
@@ -58,12 +59,12 @@ def main() -> None:
         make_run(runs, args.steps)
         ingest(runs, db, hooks=False, emit=None)
         (html, t_ds) = timed(lambda: render_html(report.build(db, "long")))
-        shipped = report.MAX_POINTS
-        report.MAX_POINTS = None  # full resolution, for comparison
+        shipped = collect.MAX_POINTS
+        collect.MAX_POINTS = None  # full resolution, for comparison
         try:
             (html_full, t_full) = timed(lambda: render_html(report.build(db, "long")))
         finally:
-            report.MAX_POINTS = shipped
+            collect.MAX_POINTS = shipped
     mb, mb_full = len(html) / 1e6, len(html_full) / 1e6
     print(
         f"steps {args.steps}: downsampled {t_ds:.2f} s, {mb:.1f} MB; full resolution {t_full:.2f} s, {mb_full:.1f} MB"

@@ -150,7 +150,7 @@ def test_unlinked_decision_goes_to_decisions_folder(store):
     d = dec.get(db, "zloss-policy")
     assert d is not None and d.kind == "policy" and d.runs == ()
     # a linked run that does not exist locally also lands in decisions/, not in a fake run folder
-    dec.new(runs, db, id="far", title="About a remote run", runs=["elsewhere@3"])
+    dec.new(runs, db, id="far", title="About a remote run", runs=["elsewhere@3"], ingest=ingest)
     assert not (runs / "elsewhere").exists()
     assert dec.get(db, "far").runs == (dec.RunLink("elsewhere", 3),)
 
@@ -178,13 +178,13 @@ def test_new_from_markdown_file(store, tmp_path):
 
 def test_clearing_a_field_and_python_api(store):
     runs, db = store
-    d = dec.new(runs, db, title="Lower LR", goal="stable", runs=["r1"])
-    d2 = dec.update(runs, db, d.id, goal="")
+    d = dec.new(runs, db, title="Lower LR", goal="stable", runs=["r1"], ingest=ingest)
+    d2 = dec.update(runs, db, d.id, goal="", ingest=ingest)
     assert d2.goal == "" and dec.get(db, d.id).goal == ""
-    assert dec.update(runs, db, d.id, goal="") == dec.get(db, d.id)  # nothing changed: no event
+    assert dec.update(runs, db, d.id, goal="", ingest=ingest) == dec.get(db, d.id)  # nothing changed: no event
     assert len(dec.history(db, d.id)) == 2
     with pytest.raises(ValueError, match="already exists"):
-        dec.new(runs, db, id=d.id, title="again")
+        dec.new(runs, db, id=d.id, title="again", ingest=ingest)
 
 
 # ---------------------------------------------------------------- automatic records
@@ -236,11 +236,14 @@ def _rich_decisions(runs, db):
         evidence=["https://example.org/x", {"metric": "grad/norm/total", "step": 7, "value": 4.5}],
         cost={"steps": 100, "tokens": 409600, "hours": 0.5},
         author="ana",
+        ingest=ingest,
     )
-    dec.update(runs, db, a.id, status="running")
-    dec.update(runs, db, a.id, status="succeeded", outcome="worked\n", follow_up="## Outcome\nkeep it on")
-    dec.new(runs, db, id="ladder-policy", title="Policy: every hero run has a ladder", kind="policy")
-    dec.new(runs, db, id="odd", title="Odd values", hypothesis="  leading space", extra={"reviewer": "bo"})
+    dec.update(runs, db, a.id, status="running", ingest=ingest)
+    dec.update(runs, db, a.id, status="succeeded", outcome="worked\n", follow_up="## Outcome\nkeep it on",
+               ingest=ingest)  # fmt: skip
+    dec.new(runs, db, id="ladder-policy", title="Policy: every hero run has a ladder", kind="policy", ingest=ingest)
+    dec.new(runs, db, id="odd", title="Odd values", hypothesis="  leading space", extra={"reviewer": "bo"},
+            ingest=ingest)  # fmt: skip
 
 
 def test_markdown_export_import_round_trip(store, tmp_path):

@@ -106,7 +106,7 @@ def make_store(root: Path) -> tuple[Path, Path]:
     time.sleep(0.6)
     dec.new(runs, db, id="zloss-after-spike", title="Resume with z-loss and a lower LR", kind="intervention",
             runs=[{"run": "crash", "step": FORK_AT}], action="z_loss=1e-4, lr 3e-4 -> 1e-4",
-            forecast={"metric": "train/loss", "value": 2.45}, author="ana", ingest=False)  # fmt: skip
+            forecast={"metric": "train/loss", "value": 2.45}, author="ana")  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OBSERVATORY_STALE_AFTER_S", "0.5")  # the crashed run's writer went silent
         time.sleep(0.6)
@@ -216,7 +216,7 @@ def test_same_store_same_report(env, tmp_path):
 
 def test_pseudo_run_and_unknown_run(env, tmp_path):
     runs, db = env
-    dec.new(runs, db, id="policy-1", title="Always pre-register a forecast", kind="policy")
+    dec.new(runs, db, id="policy-1", title="Always pre-register a forecast", kind="policy", ingest=ingest)
     rep = report.build(db, "decisions")
     assert rep.status == "records" and "policy-1" in {d.id for d in rep.decisions}
     res = CliRunner().invoke(

@@ -106,13 +106,14 @@ def test_busy_store_raises_store_busy_naming_the_setting(db_path):
 def test_decisions_view_on_an_empty_store_and_after_ingest(runs_dir, db_path):
     """`SELECT * FROM decisions` works through the user-SQL door, empty or not, and agrees with the query."""
     from observatory import decisions
+    from observatory.ingest import ingest
     from observatory.queries.core import run_user_sql
     from observatory.queries.decisions import current_states
 
     empty = run_user_sql(db_path, "SELECT * FROM decisions")
     assert empty.rows == [] and empty.columns[:3] == ["id", "state", "home_run"] and "status" in empty.columns
-    d = decisions.new(runs_dir, db_path, title="Enable z-loss", kind="intervention")
-    decisions.update(runs_dir, db_path, d.id, status="running")
+    d = decisions.new(runs_dir, db_path, title="Enable z-loss", kind="intervention", ingest=ingest)
+    decisions.update(runs_dir, db_path, d.id, status="running", ingest=ingest)
     res = run_user_sql(db_path, "SELECT id, kind, status, n_events, home_run FROM decisions")
     assert res.rows == [(d.id, "intervention", "running", 2, decisions.DECISIONS_RUN)]
     with store.connect(db_path) as con:

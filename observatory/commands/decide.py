@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 from pathlib import Path
@@ -20,7 +19,11 @@ import click
 import yaml
 
 from observatory import decisions as dec
+from observatory import lineage as lin
 from observatory.commands import common_options, db_option
+from observatory.decisions import markdown as decisions_md
+from observatory.ingest import ingest
+from observatory.report.format import fmt_time
 
 __all__ = ["decide", "lineage"]
 
@@ -29,10 +32,9 @@ def _fail(e: Exception) -> click.ClickException:
     return click.ClickException(str(e))
 
 
-def _when(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return _dt.datetime.fromtimestamp(t, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+def _echo_written(d: dec.Decision, as_json: bool, text: str) -> None:
+    """What `new` and `update` print: the record as JSON, or one line."""
+    click.echo(json.dumps(d.to_dict(), indent=2, sort_keys=True) if as_json else text)
 
 
 def _record_options(f):
@@ -125,7 +127,7 @@ def _fields_from_flags(opts: dict[str, Any], base: dec.Decision | None) -> dict[
 
 def _print_decision(d: dec.Decision, events: list[dict] | None = None) -> None:
     click.echo(f"{d.id}  [{d.kind}, {d.status}]  {d.title}")
-    click.echo(f"  author {d.author or '-'}   created {_when(d.created)}   updated {_when(d.updated)}")
+    click.echo(f"  author {d.author or '-'}   created {fmt_time(d.created)}   updated {fmt_time(d.updated)}")
     for name in ("hypothesis", "goal", "action", "outcome", "follow_up"):
         if getattr(d, name):
             click.echo(f"  {name.replace('_', '-')}: {getattr(d, name)}")
@@ -153,7 +155,7 @@ def _print_decision(d: dec.Decision, events: list[dict] | None = None) -> None:
         click.echo(f"  history ({len(events)} events):")
         for e in events:
             changed = ", ".join(k for k in e["data"] if k not in ("id", "updated", "created"))
-            click.echo(f"    {_when(e['t'])}  {e['run']}#{e['seq']}  {changed or '(no field changes)'}")
+            click.echo(f"    {fmt_time(e['t'])}  {e['run']}#{e['seq']}  {changed or '(no field changes)'}")
 
 
 @click.group()
@@ -169,8 +171,6 @@ def decide():
 @click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
 def new_cmd(file, decision_id, runs_dir, db, as_json, **opts):
     """Record a new decision from flags, or from a Markdown FILE with YAML front matter (flags win)."""
-    from observatory.decisions import markdown as decisions_md
-
     fields: dict[str, Any] = {}
     try:
         if file is not None:
@@ -181,13 +181,10 @@ def new_cmd(file, decision_id, runs_dir, db, as_json, **opts):
         if not fields.get("title"):
             raise ValueError("a decision needs a title (--title, or `title:` in the front matter)")
         fields.setdefault("author", os.environ.get("USER", ""))
-        d = dec.new(runs_dir, db, **fields)
+        d = dec.new(runs_dir, db, ingest=ingest, **fields)
     except ValueError as e:
         raise _fail(e) from None
-    if as_json:
-        click.echo(json.dumps(d.to_dict(), indent=2, sort_keys=True))
-    else:
-        click.echo(f"recorded decision {d.id}")
+    _echo_written(d, as_json, f"recorded decision {d.id}")
 
 
 @decide.command("update")
@@ -204,13 +201,10 @@ def update_cmd(decision_id, runs_dir, db, as_json, **opts):
         changes = _fields_from_flags(opts, cur)
         if not changes:
             raise ValueError("nothing to update: give at least one field flag, e.g. --status running")
-        d = dec.update(runs_dir, db, decision_id, **changes)
+        d = dec.update(runs_dir, db, decision_id, ingest=ingest, **changes)
     except ValueError as e:
         raise _fail(e) from None
-    if as_json:
-        click.echo(json.dumps(d.to_dict(), indent=2, sort_keys=True))
-    else:
-        click.echo(f"updated decision {d.id}: {d.status}")
+    _echo_written(d, as_json, f"updated decision {d.id}: {d.status}")
 
 
 @decide.command("show")
@@ -247,7 +241,7 @@ def list_cmd(status, kind, run, db, as_json):
     w = max(len(d.id) for d in ds)
     for d in ds:
         runs = ",".join(r.run for r in d.runs) or "-"
-        click.echo(f"{d.id:<{w}}  {d.kind:<12} {d.status:<10} {_when(d.updated)}  {runs}  {d.title}")
+        click.echo(f"{d.id:<{w}}  {d.kind:<12} {d.status:<10} {fmt_time(d.updated)}  {runs}  {d.title}")
 
 
 @decide.command("export")
@@ -255,8 +249,6 @@ def list_cmd(status, kind, run, db, as_json):
 @db_option
 def export_cmd(out_dir, db):
     """Write one Markdown file per decision (front matter + sections + history) into OUT_DIR."""
-    from observatory.decisions import markdown as decisions_md
-
     paths = decisions_md.export_dir(db, out_dir)
     click.echo(f"exported {len(paths)} decisions to {out_dir}")
 
@@ -266,10 +258,8 @@ def export_cmd(out_dir, db):
 @common_options
 def import_cmd(in_dir, runs_dir, db):
     """Load the Markdown files of IN_DIR: new decisions are created, changed ones updated."""
-    from observatory.decisions import markdown as decisions_md
-
     try:
-        r = decisions_md.import_dir(runs_dir, db, in_dir)
+        r = decisions_md.import_dir(runs_dir, db, in_dir, ingest=ingest)
     except ValueError as e:
         raise _fail(e) from None
     click.echo(
@@ -284,8 +274,6 @@ def import_cmd(in_dir, runs_dir, db):
 @click.option("--json", "as_json", is_flag=True, help="the chain, children and stitched curve as JSON")
 def lineage(run, metric, db, as_json):
     """Show RUN's ancestors (through forks and resumes), its children and the stitched curve's extent."""
-    from observatory import lineage as lin
-
     try:
         li = lin.lineage(db, run, metric=metric)
     except ValueError as e:

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import click
 
+from observatory import decisions
+from observatory import report as rep
 from observatory.commands import common_options
+from observatory.ingest import ingest
 
 __all__ = ["report"]
 
@@ -17,9 +20,6 @@ def _refresh(runs_dir: Path, db: Path) -> None:
     Two passes: the first one's hooks (detectors, automatic decisions) write their
     findings as events, and the second pass ingests those.
     """
-    from observatory import decisions
-    from observatory.ingest import ingest
-
     if not Path(runs_dir).is_dir():
         return
     first = ingest(runs_dir, db)
@@ -46,8 +46,6 @@ def report(run, out_dir, fmt, do_ingest, runs_dir, db):
     HTML is one self-contained file that works offline; Markdown comes with PNG
     figures; PDF is the HTML printed by headless chromium.
     """
-    from observatory import report as rep
-
     if do_ingest:
         _refresh(runs_dir, db)
     try:

@@ -30,7 +30,8 @@ from typing import Any
 import frontmatter
 import yaml
 
-from observatory import decisions as dec
+from observatory.decisions import store as ds
+from observatory.decisions.record import DECISIONS_RUN, Decision
 
 __all__ = ["SECTIONS", "dumps", "loads", "export_dir", "import_dir"]
 
@@ -55,7 +56,7 @@ def _in_body(text: str) -> bool:
     ) and not text.startswith("# ")
 
 
-def dumps(d: dec.Decision, history: list[dict] | None = None) -> str:
+def dumps(d: Decision, history: list[dict] | None = None) -> str:
     """A decision (and optionally its event payloads, oldest first) as a Markdown document."""
     meta = d.to_dict()
     body = [f"# {d.title}", ""] if "\n" not in d.title else []
@@ -113,9 +114,9 @@ def loads(text: str, *, source: str = "<text>") -> tuple[dict[str, Any], list[di
     return meta, history
 
 
-def _check(meta: dict, source: str) -> dec.Decision:
+def _check(meta: dict, source: str) -> Decision:
     try:
-        return dec.Decision.from_dict(meta)
+        return Decision.from_dict(meta)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{source}: {e}") from None
 
@@ -129,19 +130,20 @@ def export_dir(db, out_dir) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for d in dec.list_decisions(db):
-        events = [e["data"] for e in dec.history(db, d.id)]
+    for d in ds.list_decisions(db):
+        events = [e["data"] for e in ds.history(db, d.id)]
         p = out / f"{d.id}.md"
         p.write_text(dumps(d, events), encoding="utf-8")
         paths.append(p)
     return paths
 
 
-def import_dir(runs_dir, db, in_dir, *, ingest: bool = True) -> dict[str, list[str]]:
+def import_dir(runs_dir, db, in_dir, *, ingest: ds.Ingest | None = None) -> dict[str, list[str]]:
     """Load every *.md of a folder. New decisions replay their history; known ones get one update.
 
     Every file is validated before anything is written, so a bad file (named in the
-    error) stops the import without writing half of it. Returns {created, updated, unchanged}.
+    error) stops the import without writing half of it. When anything was written and
+    `ingest` is given, calls `ingest(runs_dir, db)`. Returns {created, updated, unchanged}.
     """
     files = sorted(Path(in_dir).glob("*.md"))
     parsed = []
@@ -155,7 +157,7 @@ def import_dir(runs_dir, db, in_dir, *, ingest: bool = True) -> dict[str, list[s
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": []}
     writes: dict[str, list[tuple[dict, int | None]]] = {}
     for p, rec, hist in parsed:
-        cur = dec.get(db, rec.id)
+        cur = ds.get(db, rec.id)
         if cur is None:
             events = [{"id": rec.id, **h} for h in hist] if hist else [rec.to_dict()]
             # the replayed history must fold to what the file says, or it is not the same decision
@@ -166,12 +168,12 @@ def import_dir(runs_dir, db, in_dir, *, ingest: bool = True) -> dict[str, list[s
                 raise ValueError(
                     f"{p}: its history does not fold to its front matter; drop `history` to import as is"
                 )
-            writes.setdefault(dec._folder_for(runs_dir, rec), []).extend(
-                (e, dec._event_step(rec) if i == 0 else None) for i, e in enumerate(events)
+            writes.setdefault(ds.folder_for(runs_dir, rec), []).extend(
+                (e, ds.event_step(rec) if i == 0 else None) for i, e in enumerate(events)
             )
             result["created"].append(rec.id)
             continue
-        delta = dec.diff_fields(cur, rec)
+        delta = ds.diff_fields(cur, rec)
         if not delta:
             result["unchanged"].append(rec.id)
             continue
@@ -180,11 +182,11 @@ def import_dir(runs_dir, db, in_dir, *, ingest: bool = True) -> dict[str, list[s
                 cur.check_transition(rec.status)
             except ValueError as e:
                 raise ValueError(f"{p}: {e}") from None
-        home = dec._home(db, rec.id) or dec.DECISIONS_RUN
+        home = ds.home_run(db, rec.id) or DECISIONS_RUN
         writes.setdefault(home, []).append(({"id": rec.id, **delta, "updated": time.time()}, None))
         result["updated"].append(rec.id)
     for run, items in writes.items():
-        dec._write_events(runs_dir, run, items)
-    if ingest and writes:
-        dec._ingest(runs_dir, db)
+        ds.write_events(runs_dir, run, items)
+    if ingest is not None and writes:
+        ingest(runs_dir, db)
     return result

@@ -8,13 +8,11 @@ the NaN is usually the point of the post-mortem.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-if TYPE_CHECKING:
-    from observatory.report import Report
+from observatory.report.collect import OVERVIEW_METRICS, Report
 
 __all__ = ["figures", "MARKS"]
 
@@ -26,13 +24,6 @@ MARKS = {
     "config_diff": ("#9467bd", "square"),
     "checkpoint": ("#7f7f7f", "circle-open"),
 }
-OVERVIEW_METRICS = (
-    "train/loss",
-    "grad/norm/total",
-    "opt/lr",
-    "moe/drop_fraction",
-    "throughput/tokens_per_s",
-)
 MAX_MARKERS = 2000
 MAX_CURVE = 4000
 LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=40), font=dict(size=12))

@@ -1,22 +1,34 @@
-"""Renderers for a `Report`: one self-contained HTML file, or Markdown with PNG figures.
+"""Renderers for a `Report`: one self-contained HTML file, Markdown with PNG figures, or PDF.
 
-Both walk the same sections in the same order. HTML inlines plotly.js once in
-<head> and gives every figure a fixed div id, so the file works offline and two
-renders of one store are identical.
+HTML and Markdown walk the same sections in the same order. HTML inlines plotly.js
+once in <head> and gives every figure a fixed div id, so the file works offline and
+two renders of one store are identical. Markdown's PNGs come from kaleido, which
+drives the system chromium (`BROWSER_PATH` overrides where it is); PDF is the HTML
+printed by headless chromium (`--print-to-pdf`).
+
+plotly (and the figures module, which imports it) is imported inside the functions
+that draw, so importing the report package stays fast for the CLI.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import subprocess
+import tempfile
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from observatory.report import Report
+from observatory.lineage import format_text
+from observatory.report.collect import Report, build
+from observatory.report.format import flatten, fmt_time, fmt_value
 
-__all__ = ["render_html", "render_markdown", "SECTIONS"]
+__all__ = ["render_html", "render_markdown", "render_pdf", "write", "write_pngs", "SECTIONS", "FORMATS", "CHROMIUM_ARGS"]
+
+FORMATS = ("html", "md", "pdf")
 
 SECTIONS = (
     ("summary", "Summary"),
@@ -47,18 +59,12 @@ th{background:#f6f6f6} td.num{text-align:right;font-variant-numeric:tabular-nums
 """
 
 
-def _r():
-    from observatory import report
-
-    return report
-
-
 def _cell(x: Any) -> str:
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
     if isinstance(x, (dict, list)):
         return json.dumps(x, sort_keys=True)
-    return _r()._fmt(x)
+    return fmt_value(x)
 
 
 CAPPED_KINDS = ("checkpoint", "eval", "note", "anomaly")
@@ -82,9 +88,8 @@ def _timeline_view(rep: Report) -> tuple[list[dict], dict[str, int]]:
 
 
 def _rows_timeline(events: list[dict]) -> list[list[str]]:
-    when = _r()._when
     return [
-        ["-" if e["step"] is None else str(e["step"]), when(e["t"]), e["kind"], e["text"]] for e in events
+        ["-" if e["step"] is None else str(e["step"]), fmt_time(e["t"]), e["kind"], e["text"]] for e in events
     ]
 
 
@@ -117,16 +122,15 @@ LADDER_HEAD = ["run", "rung", "status", "steps", "final train/loss"]
 
 
 def _forecast_rows(rep: Report) -> list[list[str]]:
-    fmt = _r()._fmt
     out = []
     for f in rep.forecasts:
-        band = f"[{fmt(f['low'])}, {fmt(f['high'])}]" if f["low"] is not None else "-"
-        actual = f"{fmt(f['actual'])} @ {f['actual_step']}" if f["actual"] is not None else "-"
+        band = f"[{fmt_value(f['low'])}, {fmt_value(f['high'])}]" if f["low"] is not None else "-"
+        actual = f"{fmt_value(f['actual'])} @ {f['actual_step']}" if f["actual"] is not None else "-"
         out.append(
             [
                 f["metric"],
-                fmt(f["step"]),
-                fmt(f["value"]),
+                fmt_value(f["step"]),
+                fmt_value(f["value"]),
                 band,
                 actual,
                 f["verdict"],
@@ -137,14 +141,13 @@ def _forecast_rows(rep: Report) -> list[list[str]]:
 
 
 def _ladder_rows(rep: Report) -> list[list[str]]:
-    fmt = _r()._fmt
     return [
         [
             ("▶ " if x["run"] == rep.run else "") + x["run"],
-            fmt(x["rung"]),
-            fmt(x["status"]),
-            fmt(x["steps"]),
-            fmt(x["final"]),
+            fmt_value(x["rung"]),
+            fmt_value(x["status"]),
+            fmt_value(x["steps"]),
+            fmt_value(x["final"]),
         ]
         for x in rep.ladder
     ]
@@ -164,9 +167,8 @@ def _diff_rows(rep: Report) -> list[list[str]]:
 
 
 def _decision_fields(d) -> list[tuple[str, str]]:
-    when = _r()._when
     rows = [("kind / status", f"{d.kind} / {d.status}"), ("author", d.author or "-")]
-    rows += [("created", when(d.created)), ("updated", when(d.updated))]
+    rows += [("created", fmt_time(d.created)), ("updated", fmt_time(d.updated))]
     for name in ("hypothesis", "goal", "action", "outcome", "follow_up"):
         if getattr(d, name):
             rows.append((name.replace("_", "-"), getattr(d, name)))
@@ -198,8 +200,6 @@ def _decision_fields(d) -> list[tuple[str, str]]:
 def _lineage_text(rep: Report) -> str:
     if rep.lineage is None:
         return "no lineage (this folder has no run_start)"
-    from observatory.lineage import format_text
-
     return format_text(rep.lineage)
 
 
@@ -219,6 +219,7 @@ def _table(head: list[str], rows: list[list[str]], classes: list[str] | None = N
 
 
 def render_html(rep: Report) -> str:
+    # lazy for start-up time: plotly is slow to import
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
@@ -270,7 +271,7 @@ def render_html(rep: Report) -> str:
     s.append('<section id="config"><h2>Config and its diffs</h2>')
     s.append(_table(["step", "against", "key", "old", "new"], _diff_rows(rep)))
     s.append("<details open><summary>Resolved config</summary>")
-    s.append(_table(["key", "value"], [[k, _cell(v)] for k, v in _r()._flatten(rep.config)]))
+    s.append(_table(["key", "value"], [[k, _cell(v)] for k, v in flatten(rep.config)]))
     s.append("</details></section>")
     s.append('<section id="ladder"><h2>Forecasts and ladder</h2>')
     if rep.forecasts:
@@ -310,10 +311,7 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
 
 def write_pngs(figs: dict, folder: Path) -> dict[str, Path]:
     """Export figures as PNG with kaleido (one chromium session for all of them)."""
-    import os
-    import shutil
-
-    import plotly.io as pio
+    import plotly.io as pio  # lazy for start-up time
 
     if (
         not os.environ.get("BROWSER_PATH")
@@ -336,7 +334,7 @@ def write_pngs(figs: dict, folder: Path) -> dict[str, Path]:
 
 def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
     """Markdown text; its PNG figures are written to <out_dir>/<fig_folder>/."""
-    from observatory.report.figures import figures
+    from observatory.report.figures import figures  # lazy for start-up time: it imports plotly
 
     figs = figures(rep)
     write_pngs(figs, Path(out_dir) / fig_folder)
@@ -375,7 +373,7 @@ def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
     s.append(fig("lineage"))
     s.append("## Config and its diffs\n")
     s.append(_md_table(["step", "against", "key", "old", "new"], _diff_rows(rep)))
-    s.append(_md_table(["key", "value"], [[k, _cell(v)] for k, v in _r()._flatten(rep.config)]))
+    s.append(_md_table(["key", "value"], [[k, _cell(v)] for k, v in flatten(rep.config)]))
     s.append("## Forecasts and ladder\n")
     if rep.forecasts:
         s.append(_md_table(FORECAST_HEAD, _forecast_rows(rep)))
@@ -386,3 +384,67 @@ def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
         s.append(f"### Ladder {rep.info.get('ladder_name')}\n")
         s.append(_md_table(LADDER_HEAD, _ladder_rows(rep)))
     return "\n".join(x for x in s if x is not None).rstrip("\n") + "\n"
+
+
+# ------------------------------------------------------------------ PDF and files
+
+
+def _chromium() -> str:
+    for cand in (os.environ.get("BROWSER_PATH"), shutil.which("chromium"), "/usr/bin/chromium"):
+        if cand and Path(cand).exists():
+            return cand
+    raise RuntimeError(
+        "PDF needs a chromium: install Debian's `chromium` (make chromium) or set BROWSER_PATH"
+    )
+
+
+# Headless chromium on a machine with no network beyond the package registries: without the
+# background-networking flags it keeps trying (and failing) to reach Google's services.
+CHROMIUM_ARGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+)
+
+
+def render_pdf(html_text: str, pdf_path: Path, timeout_s: float = 120) -> Path:
+    """Print the HTML report with headless chromium (no extra Python package needed)."""
+    pdf_path = Path(pdf_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "report.html"
+        src.write_text(html_text, encoding="utf-8")
+        cmd = [
+            _chromium(),
+            *CHROMIUM_ARGS,
+            f"--user-data-dir={Path(tmp) / 'profile'}",
+            "--no-pdf-header-footer",
+            "--virtual-time-budget=10000",  # let plotly draw before printing
+            f"--print-to-pdf={pdf_path.resolve()}",
+            src.resolve().as_uri(),
+        ]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        if r.returncode != 0 or not pdf_path.exists():
+            raise RuntimeError(f"chromium could not print {pdf_path}: {r.stderr[-2000:]}")
+    return pdf_path
+
+
+def write(db, run: str, out_dir, fmt: str = "html") -> Path:
+    """Build and write one report; returns the main file (<out>/<run>.html|md|pdf)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    rep = build(db, run)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "html":
+        path = out / f"{run}.html"
+        path.write_text(render_html(rep), encoding="utf-8")
+        return path
+    if fmt == "md":
+        path = out / f"{run}.md"
+        path.write_text(render_markdown(rep, out, f"{run}_figures"), encoding="utf-8")
+        return path
+    return render_pdf(render_html(rep), out / f"{run}.pdf")

@@ -13,6 +13,7 @@ import streamlit as st
 
 from observatory import decisions as dec
 from observatory.dashboard.cache import StoreBusy, query
+from observatory.decisions import markdown as decisions_md
 
 STATUS_ICON = {"proposed": "📝", "running": "🟢", "succeeded": "✅", "failed": "❌", "abandoned": "⏹️"}
 
@@ -95,8 +96,6 @@ def _detail(d: dict) -> None:
         hide_index=True,
         width="stretch",
     )
-    from observatory.decisions import markdown as decisions_md
-
     md = decisions_md.dumps(dec.Decision.from_dict(d), [h["data"] for h in hist])
     st.download_button("Download as Markdown", md, file_name=f"{d['id']}.md", mime="text/markdown")
 

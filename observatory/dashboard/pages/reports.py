@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import streamlit as st
 
+from observatory import report
 from observatory.dashboard.cache import StoreBusy, query
 from observatory.dashboard.widgets import pick_run
+from observatory.events import OBSERVATORY_HOST
+from observatory.queries import report as q
+from observatory.report import render_html
 
 
 def _report(con, run: str) -> dict:
     """The report's story and HTML (cacheable): built once per run per cache period."""
-    from observatory import report
-    from observatory.report.render import render_html
-
     rep = report.build(con, run)
     return {"status": rep.status, "story": rep.story, "html": render_html(rep)}
 
 
 def _runs(con) -> list[dict]:
     """Runs with the status a report would give them (crashed when their writers went silent)."""
-    from observatory import report
-    from observatory.events import OBSERVATORY_HOST
-    from observatory.queries import report as q
-
     out = []
     for r in q.report_runs(con):
         info = {**r, "end_time": None, "writer_t": q.last_writer_t(con, r["run"], OBSERVATORY_HOST)}

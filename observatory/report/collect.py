@@ -1,0 +1,320 @@
+"""A run's post-mortem as plain data: `build(db, run)` reads the store into a `Report`.
+
+Every query orders its rows and the report holds no wall-clock "generated at"
+stamp, so the same store gives the same `Report` (and the same rendered files).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from observatory import decisions as dec
+from observatory import lineage as lin
+from observatory.events import OBSERVATORY_HOST, describe
+from observatory.queries import report as q
+from observatory.report.format import fmt_time, fmt_value
+from observatory.store import using
+
+__all__ = ["Report", "build", "effective_status", "MAX_POINTS", "OVERVIEW_METRICS"]
+
+MAX_POINTS = 4000  # per overview curve: min and max of each bucket, so spikes survive
+MAX_WINDOWS = 12  # metric windows around failures/anomalies; more would bury the first ones
+WINDOW_METRICS = ("train/loss", "grad/norm/total")
+SEVERITY_RANK = {"critical": 0, "warn": 1, "info": 2}
+# the curves of the overview figure, read at up to MAX_POINTS points each
+OVERVIEW_METRICS = (
+    "train/loss",
+    "grad/norm/total",
+    "opt/lr",
+    "moe/drop_fraction",
+    "throughput/tokens_per_s",
+)
+
+
+@dataclass(frozen=True)
+class Report:
+    run: str
+    info: dict[str, Any]
+    status: str
+    story: list[str]  # "what happened", one sentence per line
+    summary: list[tuple[str, str]]  # (label, value) rows
+    timeline: list[dict[str, Any]]  # {step, t, kind, text}
+    series: dict[str, list[tuple[int, float]]]
+    windows: list[dict[str, Any]]  # {title, first, last, lo, hi, series}
+    expert_layers: list[dict[str, Any]]
+    expert_matrix: tuple[list[int], list[int], list[list[float]]]
+    drops: list[tuple[int, float]]
+    lineage: Any  # observatory.lineage.Lineage | None
+    config: dict[str, Any]
+    config_diffs: list[dict[str, Any]]
+    forecasts: list[dict[str, Any]]  # {metric, step, value, low, high, actual, verdict, source_text}
+    forecast_actuals: dict[str, list[tuple[int, float]]]
+    ladder: list[dict[str, Any]]
+    decisions: list[Any]  # observatory.decisions.Decision
+    metric_names: list[str] = field(default_factory=list)
+    nonfinite: list[int] = field(default_factory=list)  # steps where train/loss is NaN or inf
+
+
+def effective_status(info: dict[str, Any], now: float | None = None) -> str:
+    """The stored status, except a run with no run_end whose writers went silent is `crashed`."""
+    from observatory import settings
+
+    if info.get("start_time") is None:
+        return "records"  # a folder without run_start (e.g. `decisions/`): findings, not a training run
+    status = info.get("status") or "running"
+    last = info.get("writer_t") or info.get("last_event_t")
+    if status == "running" and info.get("end_time") is None and last is not None:
+        now = time.time() if now is None else now
+        if now - last > float(settings.get("stale_after_s")):
+            return "crashed"
+    return status
+
+
+def _windows(con, run: str, timeline: list[dict], last_step: int | None) -> list[dict]:
+    half = max(10, min(100, (last_step or 0) // 20))
+    cands = []
+    for e in timeline:
+        if e["kind"] not in ("failure", "anomaly") or e["step"] is None:
+            continue
+        w = e["data"].get("window") if e["kind"] == "anomaly" else None
+        first, last = (w[0], w[1]) if isinstance(w, list) and len(w) == 2 else (e["step"], e["step"])
+        rank = -1 if e["kind"] == "failure" else SEVERITY_RANK.get(e["data"].get("severity"), 3)
+        cands.append((rank, e["step"], e["seq"], first, last, e))
+    seen, out = set(), []
+    for _rank, step, _seq, first, last, e in sorted(cands, key=lambda c: c[:3]):
+        if (e["kind"], first, last) in seen:
+            continue
+        seen.add((e["kind"], first, last))
+        lo, hi = max(0, first - half), last + half
+        series = q.metric_series(con, run, list(WINDOW_METRICS), lo, hi)
+        series = {k: v for k, v in series.items() if v}
+        out.append(
+            {
+                "title": f"{e['kind']} at step {step}: {e['text']}",
+                "kind": e["kind"],
+                "step": step,
+                "first": first,
+                "last": last,
+                "lo": lo,
+                "hi": hi,
+                "series": series,
+            }
+        )
+        if len(out) >= MAX_WINDOWS:
+            break
+    return sorted(out, key=lambda w: (w["step"], w["kind"]))
+
+
+def _forecasts(con, run: str, events: list[dict], decisions: list) -> tuple[list[dict], dict]:
+    fcs = []
+    for e in events:
+        if e["kind"] != "forecast":
+            continue
+        d = e["data"]
+        src = d.get("source") or {}
+        pts = d.get("points") if isinstance(d.get("points"), list) else None
+        if d.get("value") is not None:
+            pts = [
+                {
+                    "step": d.get("target_step"),
+                    "value": d["value"],
+                    "low": d.get("low"),
+                    "high": d.get("high"),
+                }
+            ]
+        for p in pts or []:
+            if not isinstance(p, dict) or p.get("value") is None:
+                continue
+            fcs.append(
+                {
+                    "metric": str(d.get("metric")),
+                    "step": p.get("step"),
+                    "value": float(p["value"]),
+                    "low": None if p.get("low") is None else float(p["low"]),
+                    "high": None if p.get("high") is None else float(p["high"]),
+                    "source_text": f"{d.get('method', '')} {json.dumps(src, sort_keys=True) if src else ''}".strip(),
+                }
+            )
+    for dcs in decisions:
+        if dcs.forecast is not None:
+            fcs.append(
+                {
+                    "metric": dcs.forecast.metric,
+                    "step": None,  # a decision's forecast is for the end of the run
+                    "value": dcs.forecast.value,
+                    "low": None,
+                    "high": None,
+                    "source_text": f"decision {dcs.id}: {dcs.forecast.assumptions}".strip(),
+                }
+            )
+    actuals = q.metric_series(con, run, sorted({f["metric"] for f in fcs}))
+    for f in fcs:
+        pts = [(s, v) for s, v in actuals.get(f["metric"], []) if math.isfinite(v)]
+        if f["step"] is not None:
+            pts = [(s, v) for s, v in pts if s <= f["step"]]
+        f["actual"] = pts[-1][1] if pts else None
+        f["actual_step"] = pts[-1][0] if pts else None
+        if f["actual"] is None:
+            f["verdict"] = "no data"
+        elif f["low"] is not None and f["high"] is not None:
+            f["verdict"] = (
+                "inside band"
+                if f["low"] <= f["actual"] <= f["high"]
+                else ("above band" if f["actual"] > f["high"] else "below band")
+            )
+        else:
+            f["verdict"] = f"{f['actual'] - f['value']:+.4g} vs forecast"
+    return fcs, actuals
+
+
+def _story(rep_parts: dict[str, Any]) -> list[str]:
+    info, status, tl = rep_parts["info"], rep_parts["status"], rep_parts["timeline"]
+    run = info["run"]
+    steps = info.get("final_step") if info.get("final_step") is not None else info.get("last_step")
+    lines = []
+    if info.get("start_time") is None:
+        lines.append(
+            f"{run} has no run_start event: it is a folder of observatory records, not a training run."
+        )
+    elif status == "crashed":
+        lines.append(
+            f"{run} crashed: no run_end was written and its writers went silent after step {steps} "
+            f"(last event {fmt_time(info.get('writer_t') or info.get('last_event_t'))})."
+        )
+    else:
+        lines.append(f"{run} {status} at step {steps}.")
+    if info.get("parent_run"):
+        lines.append(f"It started from {info['parent_run']} at step {info.get('parent_step')}.")
+    nf = rep_parts["nonfinite"]
+    if nf:
+        lines.append(f"train/loss first became non-finite at step {nf[0]} ({len(nf)} non-finite steps).")
+    anoms = [e for e in tl if e["kind"] == "anomaly" and e["step"] is not None]
+    fails = [e for e in tl if e["kind"] == "failure"]
+    if anoms:
+        first = anoms[0]
+        lead = ""
+        ref = fails[0]["step"] if fails and fails[0]["step"] is not None else (nf[0] if nf else None)
+        if ref is not None and ref >= first["step"]:
+            lead = (
+                f", {ref - first['step']} steps before the {'failure' if fails else 'first non-finite loss'}"
+            )
+        n = f"{len(anoms)} anomal{'y' if len(anoms) == 1 else 'ies'}"
+        lines.append(f"{n}; the first warning came at step {first['step']}{lead}: {first['text']}.")
+    for e in fails[:5]:
+        at = f"step {e['step']}" if e["step"] is not None else "an unknown step"
+        lines.append(f"Failure at {at}: {e['text']}.")
+    if len(fails) > 5:
+        lines.append(f"... and {len(fails) - 5} more failures (see the timeline).")
+    if rep_parts["decisions"]:
+        ds = rep_parts["decisions"]
+        lines.append(
+            f"{len(ds)} decision{'' if len(ds) == 1 else 's'} linked to this run: "
+            + "; ".join(f"{d.id} ({d.status})" for d in ds[:5])
+            + ("…" if len(ds) > 5 else "")
+            + "."
+        )
+    for f in rep_parts["forecasts"][:3]:
+        if f["actual"] is not None:
+            lines.append(
+                f"Forecast {f['metric']} = {fmt_value(f['value'])}; actual {fmt_value(f['actual'])} "
+                f"at step {f['actual_step']} ({f['verdict']})."
+            )
+    return lines
+
+
+def build(db, run: str, *, now: float | None = None) -> Report:
+    """Collect a run's report from the store (a path or an open connection). ValueError if unknown."""
+    def work(con) -> Report:
+        info = q.run_info(con, run)
+        if info is None:
+            raise ValueError(f"no run {run!r} in the store (see `observatory runs`; ingest first?)")
+        info["writer_t"] = q.last_writer_t(con, run, OBSERVATORY_HOST)
+        status = effective_status(info, now)
+        events = q.run_events(con, run)
+        timeline = [
+            {
+                "step": e["step"],
+                "t": e["t"],
+                "kind": e["kind"],
+                "seq": e["seq"],
+                "data": e["data"],
+                "text": describe(e["kind"], e["data"]),
+            }
+            for e in events
+        ]
+        names = q.metric_names(con, run)
+        series = q.metric_series(con, run, [n for n in OVERVIEW_METRICS if n in names], max_points=MAX_POINTS)
+        nonfinite = q.nonfinite_steps(con, run, "train/loss")
+        last_step = info.get("final_step") if info.get("final_step") is not None else info.get("last_step")
+        decisions = dec.list_decisions(con, run=run)
+        linked = {d.id for d in decisions}
+        decisions += [d for d in dec.list_decisions(con) if d.id not in linked and dec.home_run(con, d.id) == run]
+        forecasts, actuals = _forecasts(con, run, events, decisions)
+        li = lin.lineage(con, run) if info.get("start_time") is not None else None
+        ladder = q.ladder_runs(con, info["ladder_name"]) if info.get("ladder_name") else []
+        tokens = q.last_value(con, run, "data/tokens")
+        final_loss = q.last_value(con, run, "train/loss", finite=True)
+        summary = [
+            ("status", status),
+            ("name", info.get("name") or "-"),
+            ("steps", fmt_value(last_step)),
+            ("tokens", fmt_value(tokens[1]) if tokens else fmt_value((info.get("data") or {}).get("tokens"))),
+            (
+                "final train/loss (last finite)",
+                f"{fmt_value(final_loss[1])} at step {final_loss[0]}" if final_loss else "-",
+            ),
+            ("first non-finite loss", f"step {nonfinite[0]}" if nonfinite else "none"),
+            ("started", fmt_time(info.get("start_time"))),
+            ("ended", fmt_time(info.get("end_time"))),
+            ("last event from the run", fmt_time(info.get("writer_t"))),
+            ("parent", f"{info['parent_run']}@{info['parent_step']}" if info.get("parent_run") else "-"),
+            (
+                "ladder",
+                f"{info['ladder_name']} rung {info.get('ladder_rung')}" if info.get("ladder_name") else "-",
+            ),
+        ]
+        for f in forecasts:
+            summary.append(
+                (
+                    f"forecast {f['metric']}",
+                    f"{fmt_value(f['value'])} -> actual {fmt_value(f['actual'])} ({f['verdict']})",
+                )
+            )
+        parts = {
+            "info": info,
+            "status": status,
+            "timeline": timeline,
+            "nonfinite": nonfinite,
+            "decisions": decisions,
+            "forecasts": forecasts,
+        }
+        return Report(
+            run=run,
+            info=info,
+            status=status,
+            story=_story(parts),
+            summary=summary,
+            timeline=timeline,
+            series=series,
+            windows=_windows(con, run, timeline, last_step),
+            expert_layers=q.expert_load_by_layer(con, run),
+            expert_matrix=q.expert_load_matrix(con, run),
+            drops=q.drop_series(con, run),
+            lineage=li,
+            config=info.get("config") or {},
+            config_diffs=[e for e in timeline if e["kind"] == "config_diff"],
+            forecasts=forecasts,
+            forecast_actuals=actuals,
+            ladder=ladder,
+            decisions=decisions,
+            metric_names=names,
+            nonfinite=nonfinite,
+        )
+
+    with using(db) as con:
+        return work(con)
+
