@@ -4,7 +4,7 @@ Full telemetry = every metric every step (per-layer router and drop statistics, 
 norms, update and param norms) plus `expert_load` events for every layer at every step, written
 through the observatory writer. Off = `telemetry.enabled=false`: only the loss leaves the device.
 
-Headline (robust on a shared machine): the trainer's own jitted step (`_train_step`, both variants)
+Headline (robust on a shared machine): the trainer's own jitted step (`train_step`, both variants)
 and its own host path (`_Loop._finish_step`: device_get, metrics dict, writer calls) run on one
 model in interleaved pairs, full/off then off/full, each step timed from dispatch until its events
 are queued. Serialising step and host work like this makes the host cost fully additive (the real
@@ -34,13 +34,13 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import observatory  # noqa: E402
-from trainer import train as T  # noqa: E402
-from trainer.cli import _enable_compile_cache  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.data import load_corpus  # noqa: E402
 from trainer.mesh import make_mesh  # noqa: E402
 from trainer.model import TRAINABLE, Transformer  # noqa: E402
-from trainer.train import train  # noqa: E402
+from trainer.runtime import enable_compile_cache  # noqa: E402
+from trainer.step import make_optimizer, place_on_mesh, train_step  # noqa: E402
+from trainer.train import _Loop, _model_counts, train  # noqa: E402
 
 WARMUP = 10  # steps excluded at the start (compile, first dispatches)
 
@@ -61,14 +61,14 @@ def interleaved(variants: dict, pairs: int, runs: Path) -> dict[str, list[float]
     corpus = load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.expert)
     model = Transformer(cfg.model, rngs=nnx.Rngs(0), mesh=mesh)
-    opt = nnx.Optimizer(model, T.make_optimizer(cfg), wrt=TRAINABLE)
-    T._place_on_mesh((model, opt), mesh)
-    info = T._model_counts(cfg)
+    opt = nnx.Optimizer(model, make_optimizer(cfg), wrt=TRAINABLE)
+    place_on_mesh((model, opt), mesh)
+    info = _model_counts(cfg)
     loops = {}
     for name, c in variants.items():
         run = observatory.init(run_id=f"pairs-{name}", config=c.to_dict(), runs_dir=runs,
                                install_signal_handlers=False)
-        loops[name] = T._Loop(c, run, corpus, mesh, model, opt, runs, info)
+        loops[name] = _Loop(c, run, corpus, mesh, model, opt, runs, info)
         loops[name].peak = 1e10
     lr, poison = np.float32(1e-3), np.float32(0.0)
     batches = [loops["full"]._batch(s, bad=False) for s in range(8)]
@@ -77,7 +77,7 @@ def interleaved(variants: dict, pairs: int, runs: Path) -> dict[str, list[float]
         order = ("full", "off") if i % 2 == 0 else ("off", "full")
         for name in order:
             t0 = time.perf_counter()
-            out = T._train_step(model, opt, batches[i % 8], lr, poison, telemetry=name == "full")
+            out = train_step(model, opt, batches[i % 8], lr, poison, telemetry=name == "full")
             loops[name]._finish_step(i + 1, out, float(lr), [])
             if i >= 10:  # the first pairs compile and warm up
                 times[name].append(time.perf_counter() - t0)
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=200)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    _enable_compile_cache()
+    enable_compile_cache()
     common = [f"steps={args.steps}", "eval.every=0", "checkpoint.every=0", "checkpoint.at_exit=false",
               "telemetry.progress=false", "telemetry.peak_flops=1e10", "schedule.warmup_steps=5", *args.overrides]
     variants = {

@@ -183,11 +183,11 @@ def test_real_trainer_lr_spike_leaves_the_band(tmp_path):
     """Real trainer runs against the committed sample ladder: the smallest rung's recipe retrained
     clean stays inside the band the ladder forecasts for it; with inject=lr_spike it leaves it."""
     pytest.importorskip("jax")
-    from trainer.cli import _enable_compile_cache
     from trainer.ladder import load_ladder_spec, plan
+    from trainer.runtime import enable_compile_cache
     from trainer.train import train
 
-    _enable_compile_cache()  # the rung's shapes were compiled when the samples were made
+    enable_compile_cache()  # the rung's shapes were compiled when the samples were made
 
     runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
     spec = load_ladder_spec(ROOT / "trainer" / "configs" / "ladder_cpu.yaml")

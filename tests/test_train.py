@@ -17,18 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from trainer.cli import _enable_compile_cache
 from trainer.config import load_config
 from trainer.data import load_corpus
 from trainer.faults import InjectedCrash
-from trainer.train import lr_schedule, train, train_with_status
+from trainer.runtime import enable_compile_cache
+from trainer.step import lr_schedule
+from trainer.train import train, train_with_status
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "trainer" / "configs" / "tiny.yaml"
 QUIET = ["telemetry.progress=false", "telemetry.peak_flops=1e10"]  # no bar, no probe in tests
 BIN = Path(sys.executable).parent
 
-_enable_compile_cache()
+enable_compile_cache()
 
 pytestmark = pytest.mark.slow
 

@@ -16,6 +16,10 @@ import os
 import sys
 from pathlib import Path
 
+from observatory import settings
+from trainer import ladder
+from trainer.runtime import enable_compile_cache, init_distributed
+
 __all__ = ["main", "resolve_config"]
 
 
@@ -51,6 +55,7 @@ def resolve_config(config: str | None, overrides: list[str], *, runs_dir: Path, 
                    fork: str | None = None):
     """The config a command runs with: the YAML file, else (resume/fork) the checkpoint's config,
     then the overrides."""
+    # lazy for start-up time: trainer.config and trainer.checkpoint load JAX
     from trainer.config import load_config
 
     if config is not None or not (resume or fork):
@@ -68,45 +73,16 @@ def resolve_config(config: str | None, overrides: list[str], *, runs_dir: Path, 
     return load_config(None, overrides, base=meta["config"])
 
 
-def _init_distributed(coordinator: str | None, num_processes: int, process_id: int) -> None:
-    if num_processes <= 1 and not coordinator:
-        return
-    if not coordinator:
-        raise ValueError("multi-host: --num-processes > 1 needs --coordinator HOST:PORT")
-    import jax
-
-    # CPU processes exchange collectives through gloo; GPUs/TPUs ignore this setting.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
-
-
-def _enable_compile_cache() -> None:
-    """Reuse compiled steps across invocations (a tiny model compiles for tens of seconds on CPU)."""
-    import jax
-
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "observatory-trainer" / "jax"
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        jax.config.update("jax_compilation_cache_dir", str(cache))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    except OSError:
-        pass
-
-
 def cmd_train(args) -> int:
-    from observatory import settings
-
     runs_dir = Path(args.runs_dir or settings.get("runs"))
     try:
         cfg = resolve_config(args.config, args.overrides, runs_dir=runs_dir, resume=args.resume, fork=args.fork)
     except ValueError as e:
         print(f"trainer train: {e}", file=sys.stderr)
         return 2
-    _init_distributed(args.coordinator, args.num_processes, args.process_id)
-    _enable_compile_cache()
-    from trainer.train import train_with_status
+    init_distributed(args.coordinator, args.num_processes, args.process_id)
+    enable_compile_cache()
+    from trainer.train import train_with_status  # lazy for start-up time (JAX)
 
     run_id, status = train_with_status(cfg, runs_dir, run_id=args.run_id, resume=args.resume, fork=args.fork,
                                        tags=args.tag)
@@ -117,9 +93,7 @@ def cmd_train(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "ladder":
-        from trainer.ladder import main as ladder_main  # written by the ladder engineer; import lazily
-
-        return ladder_main(argv[1:]) or 0
+        return ladder.main(argv[1:]) or 0
     if argv and argv[0] == "train":
         return cmd_train(_train_parser().parse_intermixed_args(argv[1:]))
     _top_parser().parse_args(argv)  # prints usage / help and exits

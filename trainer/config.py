@@ -12,6 +12,7 @@ known keys.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -408,8 +409,6 @@ def apply_overrides(base: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
     A list key given several times (`inject=nan@5 inject=bad_batch@9`) collects every value.
     """
-    import copy
-
     out = copy.deepcopy(base)
     lists: dict[str, list] = {}
     for item in overrides:

@@ -50,6 +50,9 @@ from typing import Any
 
 import yaml
 
+from observatory import settings
+from trainer.runtime import enable_compile_cache
+
 __all__ = ["LadderSpec", "RungSpec", "RungPlan", "load_ladder_spec", "plan", "run_ladder", "pack", "main"]
 
 EVALS_PER_RUN = 20  # one eval every 5% of the schedule
@@ -126,10 +129,15 @@ def _rung(d: Any, where: str) -> RungSpec:
     unknown = set(d) - {"rung", "overrides"}
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; a rung has `rung` and `overrides`")
-    ov = d.get("overrides") or []
+    return RungSpec(str(d["rung"]), _overrides(d.get("overrides"), f"{where}.overrides"))
+
+
+def _overrides(v: Any, where: str) -> tuple[str, ...]:
+    """An `overrides:` entry: a list of key.sub=value strings (None or empty: none)."""
+    ov = v or []
     if not isinstance(ov, list) or not all(isinstance(o, str) and "=" in o for o in ov):
-        raise ValueError(f"{where}.overrides: expected a list of key.sub=value strings")
-    return RungSpec(str(d["rung"]), tuple(ov))
+        raise ValueError(f"{where}: expected a list of key.sub=value strings")
+    return tuple(ov)
 
 
 def load_ladder_spec(path: str | Path) -> LadderSpec:
@@ -152,15 +160,13 @@ def load_ladder_spec(path: str | Path) -> LadderSpec:
             raise ValueError(f"{p}: missing `{key}`")
     if not isinstance(d["rungs"], list):
         raise ValueError(f"{p}: rungs: expected a list")
-    ov = d.get("overrides") or []
-    if not isinstance(ov, list) or not all(isinstance(o, str) and "=" in o for o in ov):
-        raise ValueError(f"{p}: overrides: expected a list of key.sub=value strings")
+    ov = _overrides(d.get("overrides"), f"{p}: overrides")
     return LadderSpec(
         name=str(d["name"]),
         base=(p.parent / str(d["base"])).resolve(),
         tokens_per_param=float(d["tokens_per_param"]),
         rungs=tuple(_rung(r, f"{p}: rungs[{i}]") for i, r in enumerate(d["rungs"])),
-        overrides=tuple(ov),
+        overrides=ov,
         warmup_fraction=float(d.get("warmup_fraction", 0.05)),
         target=_rung(d["target"], f"{p}: target") if d.get("target") else None,
         seeds=_seeds(d.get("seeds", 1), str(p)),
@@ -179,6 +185,7 @@ class RungPlan:
 
 def _plan_one(spec: LadderSpec, r: RungSpec, extra: tuple[str, ...] = (), target: bool = False,
               seed: int = 0) -> RungPlan:
+    # lazy for start-up time: trainer.config and trainer.flops load JAX, and `trainer --help` imports this module
     from trainer.config import load_config
     from trainer.flops import param_counts
 
@@ -248,7 +255,7 @@ def run_ladder(spec: LadderSpec, runs_dir: Path, db: Path, *, target: bool = Fal
                target_overrides: tuple[str, ...] = (), target_run_id: str | None = None,
                target_seed: int | None = None) -> list[str]:
     """Train every rung (skipping completed ones) and, with `target`, forecast then train the target."""
-    from trainer.train import train
+    from trainer.train import train  # lazy for start-up time (JAX)
 
     rungs, tgt = plan(spec, target_overrides, target_seed)
     done = []
@@ -333,8 +340,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pack", type=Path, default=None, metavar="DIR",
                     help="afterwards gzip the runs' event logs into DIR/<run>/ (how data/samples is made)")
     args = ap.parse_args(argv)
-    from observatory import settings
-
     runs_dir = Path(args.runs_dir or settings.get("runs"))
     db = Path(args.db or settings.get("db"))
     try:
@@ -352,9 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         _print_plan(spec, rungs, tgt)
         return 0
-    from trainer.cli import _enable_compile_cache
-
-    _enable_compile_cache()
+    enable_compile_cache()
     try:
         done = run_ladder(spec, runs_dir, db, target=args.target, target_overrides=tuple(args.target_override),
                           target_run_id=args.target_run_id, target_seed=args.target_seed)

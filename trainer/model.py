@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from trainer.mesh import shard_model
 from trainer.moe import MoE, RouterBias, SwiGLU, normal_init
 
 __all__ = [
@@ -202,8 +203,6 @@ class Transformer(nnx.Module):
         self.final_norm = RMSNorm(cfg.d_model)
         self.lm_head = nnx.Param(normal_init(rngs, (cfg.d_model, cfg.vocab), 0.02))  # (D, V)
         if mesh is not None:
-            from trainer.mesh import shard_model
-
             shard_model(self, mesh)
 
     def __call__(self, tokens) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -292,7 +291,7 @@ def update_router_bias(model: Transformer, routed) -> None:
 def make_train_step():
     """A jitted bare training step ``step(model, optimizer, batch) -> (loss, drop fraction)``: forward,
     backward, the optimizer update and the aux-free bias update, with no telemetry. What the benchmarks
-    time (bench_mfu, bench_expert_parallel); trainer/train.py's step adds telemetry, LR and NaN guards."""
+    time (bench_mfu, bench_expert_parallel); trainer/step.py's train_step adds telemetry, LR and NaN guards."""
 
     @nnx.jit(donate_argnums=(0, 1))
     def step(model, opt, batch):

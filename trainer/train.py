@@ -1,10 +1,10 @@
 """The training loop: `train(cfg, runs_dir) -> run_id`.
 
-One jitted step (`_train_step`) computes the loss, gradients, AdamW update and every
-telemetry scalar on the device (MoE statistics arrive already reduced over the mesh
-from `loss_fn`). The host never waits for a step to finish before dispatching the next:
-step N's outputs are fetched with `jax.device_get` only after step N+1 is queued, so
-logging, the progress bar and the event writer overlap with compute.
+`train_with_status` sets a run up (corpus, mesh, model, optimizer, the event writer, a
+resumed or forked checkpoint) and `_Loop` runs it. The loop never waits for a step to
+finish before dispatching the next: step N's outputs (`trainer.step.train_step`) are
+fetched with `jax.device_get` only after step N+1 is queued, so logging, the progress bar
+and the event writer overlap with compute.
 
 A step whose loss or gradient norm is not finite never changes the weights or the
 optimizer state (the update is selected away on the device), so by the time the host
@@ -15,7 +15,6 @@ rolls back to the last checkpoint with a smaller learning rate.
 
 from __future__ import annotations
 
-import functools
 import math
 import signal
 import subprocess
@@ -26,188 +25,37 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import observatory
+from observatory import settings
+from observatory.interop.wandb_mirror import WandbMirror
+from observatory.writer import new_run_id
 from trainer.checkpoint import Checkpointer, checkpoint_dir, parse_ref
 from trainer.config import TrainConfig, diff_configs
 from trainer.data import Corpus, bits_per_byte, load_corpus
 from trainer.faults import FaultPlan, InjectedCrash
+from trainer.flops import flops_per_token, param_counts
 from trainer.mesh import batch_sharding, make_mesh
-from trainer.model import TRAINABLE, Transformer, loss_fn, moe_layers, update_router_bias
+from trainer.model import TRAINABLE, Transformer, moe_layers
+from trainer.step import (
+    eval_step,
+    lr_schedule,
+    make_optimizer,
+    measure_peak_flops,
+    place_on_mesh,
+    scalar_names,
+    train_step,
+)
 
-__all__ = ["train", "train_with_status", "make_optimizer", "lr_schedule", "measure_peak_flops", "Preempted"]
-
-
-class Preempted(Exception):
-    """SIGTERM arrived: checkpoint, write run_end(preempted), stop."""
-
-
-class Halted(Exception):
-    """failure.on_nan=halt (or rollbacks exhausted): checkpoint and stop, status failed."""
-
-
-# ---------------------------------------------------------------- optimizer
+__all__ = ["train", "train_with_status"]
 
 
-def lr_schedule(cfg: TrainConfig) -> np.ndarray:
-    """Learning rate of every step 0..steps as float32 [steps + 1]; step s (1-based) uses lrs[s]."""
-    o, s, n = cfg.optimizer, cfg.schedule, cfg.steps
-    w = min(s.warmup_steps, n)
-    end = o.lr * s.min_lr_ratio
-    if s.kind == "cosine":
-        sched = optax.warmup_cosine_decay_schedule(0.0, o.lr, max(w, 1) if w else 0, max(n, w + 1), end)
-    elif s.kind == "wsd":
-        d = max(1, int(round(n * s.decay_fraction)))
-        stable_end = max(w, n - d)
-        sched = optax.join_schedules(
-            [
-                optax.linear_schedule(0.0, o.lr, max(w, 1)),
-                optax.constant_schedule(o.lr),
-                optax.linear_schedule(o.lr, end, max(n - stable_end, 1)),
-            ],
-            [w, stable_end],
-        )
-    else:
-        sched = optax.join_schedules([optax.linear_schedule(0.0, o.lr, max(w, 1)), optax.constant_schedule(o.lr)], [w])
-    return np.asarray(jax.vmap(sched)(jnp.arange(n + 1)), dtype=np.float32)
-
-
-def _scale_by_lr_arg() -> optax.GradientTransformationExtraArgs:
-    """The last link of AdamW with the LR as a step argument (so rollbacks and LR spikes change it
-    without recompiling): updates * -lr."""
-
-    def init(params):
-        return optax.EmptyState()
-
-    def update(updates, state, params=None, *, lr, **extra):
-        return jax.tree.map(lambda u: (-lr * u).astype(u.dtype), updates), state
-
-    return optax.GradientTransformationExtraArgs(init, update)
-
-
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:
-    """AdamW (optax's adamw chain, LR passed per step) after global-norm clipping.
-
-    Weight decay skips vectors (norm scales); the router bias is not a Param, so it is never touched.
-    """
-    o = cfg.optimizer
-    return _adamw(o.grad_clip, o.b1, o.b2, o.eps, o.weight_decay)
-
-
-@functools.lru_cache(maxsize=16)
-def _adamw(grad_clip: float, b1: float, b2: float, eps: float, weight_decay: float):
-    # One transformation object per setting (the LR is a step argument, not part of it): tx is static
-    # in the optimizer's graphdef, so a fresh object per run would make every later run in the same
-    # process (ladder rungs, LR sweeps, tests) retrace and recompile the step.
-    return optax.chain(
-        optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
-        optax.scale_by_adam(b1, b2, eps),
-        optax.add_decayed_weights(weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
-        _scale_by_lr_arg(),
-    )
-
-
-# ------------------------------------------------------------------- steps
-
-
-def _place_on_mesh(tree, mesh) -> None:
-    """Give every array not yet on the mesh (step counters, Adam's count, RNG counters) a replicated
-    mesh sharding, as the step's outputs will have: otherwise step 2 sees new input shardings and
-    compiles the step a second time."""
-    rep = NamedSharding(mesh, P())
-    for _, var in nnx.iter_graph(tree):
-        if isinstance(var, nnx.Variable):
-            v = var.get_value()
-            if isinstance(v, jax.Array) and not (isinstance(v.sharding, NamedSharding) and v.sharding.mesh == mesh):
-                var.set_value(jax.device_put(v, rep))
-
-
-def _snapshot(tree):
-    # a new pytree holding the current arrays (Variables are mutated in place by the update)
-    return jax.tree.map(lambda x: x, tree)
-
-
-@nnx.jit(static_argnames=("telemetry",))
-def _train_step(model, optimizer, batch, lr, poison, telemetry: bool = True):
-    """One AdamW step. batch int32 [B, T+1] (sharded over the mesh), lr and poison f32 scalars
-    (poison is NaN only for inject=nan). Returns {"scalars": f32[K] (names in _SCALAR_NAMES),
-    "loads": int32[2, L_moe, E] (routed, dropped; with telemetry only)}."""
-
-    def objective(m):
-        loss, aux = loss_fn(m, batch)
-        return loss * (1.0 + poison), aux  # poison=NaN makes the loss and every gradient NaN
-
-    old = _snapshot(nnx.state((model, optimizer)))
-    (loss, aux), grads = nnx.value_and_grad(objective, argnums=nnx.DiffState(0, TRAINABLE), has_aux=True)(model)
-    gnorm = optax.global_norm(grads)
-    ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-    optimizer.update(model, grads, lr=lr)
-    update_router_bias(model, aux["stats"]["routed"])
-    new = nnx.state((model, optimizer))
-    # A non-finite step leaves weights, optimizer moments and the router bias as they were.
-    nnx.update((model, optimizer), jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old))
-
-    out = {"train/loss": loss, "ok": ok.astype(jnp.float32)}
-    if telemetry:
-        for k, v in aux.items():
-            if k != "stats" and k != "train/loss":
-                out[k] = v
-        out["grad/norm/total"] = gnorm
-        for name, sub in grads.items():  # top-level modules: embed, layers, final_norm, lm_head
-            out[f"grad/norm/{name}"] = optax.global_norm(sub)
-        old_params, new_params = nnx.state(old[0], TRAINABLE), nnx.state(model, TRAINABLE)
-        out["opt/update_norm"] = optax.global_norm(jax.tree.map(lambda a, b: a - b, new_params, old_params))
-        out["opt/param_norm"] = optax.global_norm(new_params)
-    # Every scalar in one f32 vector, the per-expert counts in one int32 array: two transfers to the
-    # host per step instead of one per metric. The names are fixed by the model config; they are
-    # recorded here, at trace time, for the host to read the vector with.
-    _SCALAR_NAMES[(model.cfg, telemetry)] = tuple(out)
-    packed = {"scalars": jnp.stack([jnp.asarray(v, jnp.float32) for v in out.values()])}
-    if telemetry:
-        packed["loads"] = jnp.stack([aux["stats"]["routed"], aux["stats"]["dropped"]])  # int32 (2, L_moe, E)
-    return packed
-
-
-_SCALAR_NAMES: dict[tuple, tuple[str, ...]] = {}
-
-
-@nnx.jit
-def _eval_step(model, batch):
-    """Held-out cross-entropy (nats per byte) of one batch [B, T+1]."""
-    _, aux = loss_fn(model, batch)
-    return aux["train/ce_loss"]
-
-
-# --------------------------------------------------------------- telemetry
-
-
-def measure_peak_flops(seconds: float = 0.5, n: int = 1024) -> float:
-    """float32 matmul FLOP/s this process's devices reach: the MFU denominator.
-
-    On CPU every simulated device shares the same cores, so one device's matmul is the process's
-    peak; on accelerators it is one device's peak times the local device count.
-    """
-    dev = jax.local_devices()[0]
-    a = jax.device_put(jnp.ones((n, n), jnp.float32), dev)
-    f = jax.jit(lambda x: x @ x * (1.0 / n))
-    f(a).block_until_ready()
-    best, t_end = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        best = max(best, 2 * n**3 / (time.perf_counter() - t0))
-    return best if dev.platform == "cpu" else best * jax.local_device_count()
+# ------------------------------------------------------------------ setup
 
 
 def _model_counts(cfg: TrainConfig) -> dict[str, Any]:
-    from trainer.flops import flops_per_token, param_counts
-
     total, active = param_counts(cfg.model)
     fpt = flops_per_token(cfg.model, seq_len=cfg.data.seq_len)  # at the sequence length we train on
     return {"params_total": int(total), "params_active": int(active), "flops_per_token": float(fpt)}
@@ -262,30 +110,25 @@ class _Signals:
 # -------------------------------------------------------------------- train
 
 
-def train(
-    cfg: TrainConfig,
-    runs_dir: str | Path | None = None,
-    run_id: str | None = None,
-    resume: str | None = None,
-    fork: str | None = None,
-    ladder: dict[str, Any] | None = None,
-    tags: list[str] | None = None,
-) -> str:
+def train(cfg: TrainConfig, runs_dir: str | Path | None = None, **options: Any) -> str:
     """Train `cfg`, writing events to `<runs_dir>/<run_id>/`; return the run id.
 
-    resume: "RUN" or "RUN@STEP" -- continue that run (same id, events appended) from its latest or
-    the given checkpoint. fork: "RUN@STEP" -- a new run starting from that checkpoint, with
-    `parent` set and a `config_diff` event. `cfg` is the config to run with in both cases (the CLI
-    builds it from the checkpoint's config plus overrides). ladder: `{name, rung, ...}` for run_start.
+    The options are `train_with_status`'s keywords. run_id: the run's id (default from the
+    config name). resume: "RUN" or "RUN@STEP" -- continue that run (same id, events appended)
+    from its latest or the given checkpoint. fork: "RUN@STEP" -- a new run starting from that
+    checkpoint, with `parent` set and a `config_diff` event. `cfg` is the config to run with in
+    both cases (the CLI builds it from the checkpoint's config plus overrides). ladder:
+    `{name, rung, ...}` for run_start. tags: run tags (default the config's).
     Raises on failure after writing `failure` and `run_end(failed)`; returns normally after a halt
     or a preemption (the run_end status says which; `train_with_status` returns it too).
     """
-    return train_with_status(cfg, runs_dir, run_id, resume, fork, ladder, tags)[0]
+    return train_with_status(cfg, runs_dir, **options)[0]
 
 
 def train_with_status(
     cfg: TrainConfig,
     runs_dir: str | Path | None = None,
+    *,
     run_id: str | None = None,
     resume: str | None = None,
     fork: str | None = None,
@@ -293,8 +136,6 @@ def train_with_status(
     tags: list[str] | None = None,
 ) -> tuple[str, str]:
     """`train`, returning (run id, run_end status)."""
-    from observatory import settings
-
     if resume and fork:
         raise ValueError("give either resume or fork, not both")
     runs_dir = Path(runs_dir if runs_dir is not None else settings.get("runs"))
@@ -312,18 +153,16 @@ def train_with_status(
             raise ValueError(f"resume continues run {src_run}; do not also give run_id={run_id}")
         run_id = src_run
     elif run_id is None:
-        run_id = _broadcast_run_id(observatory.writer.new_run_id(cfg.name))
+        run_id = _broadcast_run_id(new_run_id(cfg.name))
 
     corpus = load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction, name=cfg.data.name)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.expert)
     model = Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed), mesh=mesh)
     optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=TRAINABLE)
-    _place_on_mesh((model, optimizer), mesh)
+    place_on_mesh((model, optimizer), mesh)
 
     sinks = []
     if cfg.wandb.mode != "disabled" and pid == 0:
-        from observatory.interop.wandb_mirror import WandbMirror
-
         wandb_dir = runs_dir / run_id  # W&B's own files next to our event log
         wandb_dir.mkdir(parents=True, exist_ok=True)
         sinks.append(WandbMirror(project=cfg.wandb.project, mode=cfg.wandb.mode, run_id=run_id,
@@ -486,7 +325,7 @@ class _Loop:
                 batch = self._batch(step, bad=any(f.kind == "bad_batch" for f in due))
                 lr = self.lrs[min(step, cfg.steps)] * self.lr_scale * self.plan.lr_factor(due)
                 poison = np.float32(np.nan if any(f.kind == "nan" for f in due) else 0.0)
-                out = (step, _train_step(self.model, self.optimizer, batch, np.float32(lr), poison,
+                out = (step, train_step(self.model, self.optimizer, batch, np.float32(lr), poison,
                                          telemetry=tel.enabled), float(lr), due)
             if pending is not None:
                 action = self._finish_step(*pending)  # step N's values, while step N+1 runs
@@ -531,7 +370,7 @@ class _Loop:
         want_loads = self.pid == 0 and every and step % every == 0 and "loads" in out
         # per-expert counts cross to the host only on the steps that log them
         fetched = jax.device_get((out["scalars"], out["loads"] if want_loads else None))
-        names = _SCALAR_NAMES[(self.cfg.model, self.cfg.telemetry.enabled)]
+        names = scalar_names(self.cfg.model, self.cfg.telemetry.enabled)
         vals = dict(zip(names, fetched[0].tolist(), strict=True))
         now = time.perf_counter()
         self.step = step
@@ -605,7 +444,7 @@ class _Loop:
         d = self.cfg.data
         batches = self.corpus.eval_batches(self.cfg.eval.batches, d.batch_size, d.seq_len,
                                            process_index=self.pid, process_count=self.nproc)
-        losses = [_eval_step(self.model, self._global(b)) for b in batches]
+        losses = [eval_step(self.model, self._global(b)) for b in batches]
         loss = float(np.mean(jax.device_get(losses)))
         if self.pid == 0:
             self.run.event("eval", {"dataset": f"{self.corpus.name}/heldout", "loss": loss,
