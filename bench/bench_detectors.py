@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import instability_suite as suite  # noqa: E402
 
 from observatory.detect import scan as A  # noqa: E402
+from observatory.detect.detectors import SPIKE_GAP, _episodes  # noqa: E402
 from observatory.queries.anomalies import anomaly_events, metric_series  # noqa: E402
 from observatory.store import connect  # noqa: E402
 
@@ -58,7 +59,7 @@ def olmo_findings(steps: np.ndarray, loss: np.ndarray) -> list[dict]:
     flags = olmo_flags(loss)
     return [
         {"detector": "olmo_loss", "step": int(steps[i0]), "window": [int(steps[i0]), int(steps[i1])]}
-        for i0, i1 in A._episodes(flags, A.SPIKE_GAP)
+        for i0, i1 in _episodes(flags, SPIKE_GAP)
     ]
 
 
