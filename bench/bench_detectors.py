@@ -34,7 +34,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import instability_suite as suite  # noqa: E402
 
+import observatory  # noqa: E402
 from observatory.detect import scan as A  # noqa: E402
+from observatory.detect.detectors import SPIKE_GAP, _episodes  # noqa: E402
+from observatory.ingest import ingest  # noqa: E402
 from observatory.queries.anomalies import anomaly_events, metric_series  # noqa: E402
 from observatory.store import connect  # noqa: E402
 
@@ -58,7 +61,7 @@ def olmo_findings(steps: np.ndarray, loss: np.ndarray) -> list[dict]:
     flags = olmo_flags(loss)
     return [
         {"detector": "olmo_loss", "step": int(steps[i0]), "window": [int(steps[i0]), int(steps[i1])]}
-        for i0, i1 in A._episodes(flags, A.SPIKE_GAP)
+        for i0, i1 in _episodes(flags, SPIKE_GAP)
     ]
 
 
@@ -148,9 +151,6 @@ def score(truth: dict, per_run: dict, series: dict) -> dict:
 def timing(tmp: Path, n: int = 10_000, tail: int = 100, reps: int = 5) -> tuple[float, float, float]:
     """Best-of-`reps` seconds: full rescan vs incremental pass (last `tail` steps) of an n-step run,
     both on one open read-only connection; and the cost of opening one."""
-    import observatory
-    from observatory.ingest import ingest
-
     runs, db = tmp / "timing-runs", tmp / "timing.duckdb"
     rng = np.random.default_rng(0)
     r = observatory.init(run_id="long", runs_dir=runs, install_signal_handlers=False)
@@ -181,8 +181,6 @@ def evaluate(truth: dict, src: Path, tmp: Path) -> tuple[dict, dict, dict, float
 
     Returns our findings per run, the OLMo rule's per run, (steps, loss, grad) per run, seconds.
     """
-    from observatory.ingest import ingest
-
     runs, db = tmp / "runs", tmp / "obs.duckdb"
     for run in truth:  # the runs' own logs only: findings from earlier benches stay out
         (runs / run).mkdir(parents=True)

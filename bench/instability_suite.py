@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+import observatory
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "tmp" / "artifacts" / "instability_suite"
 TINY = ROOT / "trainer" / "configs" / "tiny.yaml"
@@ -70,7 +72,7 @@ def _save_truth(out: Path, truth: dict) -> None:
 
 def build_real(out: Path = DEFAULT_OUT, steps: int = 300, cases=None, log=print) -> dict[str, dict]:
     """Train the suite with the trainer (only the runs not already cached). Returns the truth table."""
-    from trainer.config import load_config
+    from trainer.config import load_config  # lazy for start-up time: the trainer loads jax
     from trainer.train import train
 
     runs_dir = out / "runs"
@@ -158,8 +160,6 @@ def synthetic_cases(n: int, seed: int = 0) -> dict[str, tuple[str, int | None, d
 
 
 def build_synthetic(out: Path, steps: int = 600, seed: int = 0) -> dict[str, dict]:
-    import observatory
-
     runs_dir = out / "runs"
     truth = {}
     for case, (kind, s, series) in synthetic_cases(steps, seed).items():

@@ -3,6 +3,9 @@
 Each setting has a name, a default, the environment variable that overrides it,
 and a line of help. `get(name)` reads the environment each time, so a test or a
 dashboard can change a setting without re-importing anything.
+
+The `anomaly_*` rows are the detector thresholds: `observatory.detect.thresholds`
+takes each `Thresholds` field's default from its row here.
 """
 
 from __future__ import annotations

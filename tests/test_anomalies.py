@@ -4,6 +4,7 @@ events -> ingest again) with dedupe and incremental scans."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -11,8 +12,10 @@ import numpy as np
 import polars as pl
 import pytest
 
+from observatory import settings
+from observatory.detect import detectors as D
 from observatory.detect import scan as A
-from observatory.detect.scan import Thresholds
+from observatory.detect.thresholds import PREFIX, Thresholds
 
 TH = Thresholds()
 BLOOM_GRAD = [0.24, 0.95, 2.39, 15.9, 145.0, 960.0]  # BLOOM 176B, five iterations
@@ -43,15 +46,15 @@ def bloom(n=800, at=500, seed=1):
 
 
 def all_series_findings(steps, loss, grad, tps, drop, th=TH):
-    spikes = A.loss_spikes(steps, loss, th)
+    spikes = D.loss_spikes(steps, loss, th)
     return (
         spikes
-        + A.grad_spikes(steps, grad, th)
-        + A.grad_growth(steps, grad, th)
-        + A.incomplete_recovery(steps, loss, spikes, th)
-        + A.throughput_drops(steps, tps, th)
-        + A.drop_jumps(steps, drop, th)
-        + A.nonfinite(steps, {"train/loss": loss, "grad/norm/total": grad})
+        + D.grad_spikes(steps, grad, th)
+        + D.grad_growth(steps, grad, th)
+        + D.incomplete_recovery(steps, loss, spikes, th)
+        + D.throughput_drops(steps, tps, th)
+        + D.drop_jumps(steps, drop, th)
+        + D.nonfinite(steps, {"train/loss": loss, "grad/norm/total": grad})
     )
 
 
@@ -59,13 +62,13 @@ def all_series_findings(steps, loss, grad, tps, drop, th=TH):
 def test_clean_series_raise_nothing(seed):
     assert all_series_findings(*clean(seed=seed)) == []
     steps, loss, grad, tps, _ = clean(seed=seed)
-    assert A.loss_dips(steps, loss, TH) == [] and A.update_spikes(steps, 0.5 + 0 * grad, TH) == []
+    assert D.loss_dips(steps, loss, TH) == [] and D.update_spikes(steps, 0.5 + 0 * grad, TH) == []
 
 
 def test_bloom_grad_norm_warns_before_the_loss_peak():
     steps, loss, grad = bloom()
-    gs = A.grad_spikes(steps, grad, TH)
-    ls = A.loss_spikes(steps, loss, TH)
+    gs = D.grad_spikes(steps, grad, TH)
+    ls = D.loss_spikes(steps, loss, TH)
     assert len(gs) == 1 and len(ls) == 1
     peak = ls[0].extra["peak_step"]
     assert peak == 506
@@ -76,16 +79,16 @@ def test_bloom_grad_norm_warns_before_the_loss_peak():
     assert gs[0].severity == "critical" and ls[0].severity == "critical"
     assert gs[0].window[1] == 505 and gs[0].value == 960.0
     # recovered within the recovery window: no incomplete-recovery finding
-    assert A.incomplete_recovery(steps, loss, ls, TH) == []
+    assert D.incomplete_recovery(steps, loss, ls, TH) == []
 
 
 def test_one_moderate_grad_norm_step_is_noise_one_huge_step_is_not():
     steps, _, grad, _, _ = clean(600, seed=7)
     grad[300] *= 8  # a clean tiny run does this now and then
     grad[200:202] *= 4  # ... and this
-    assert A.grad_spikes(steps, grad, TH) == []
+    assert D.grad_spikes(steps, grad, TH) == []
     grad[400] *= 30  # a bad batch
-    (f,) = A.grad_spikes(steps, grad, TH)
+    (f,) = D.grad_spikes(steps, grad, TH)
     assert f.window == (400, 400) and f.step == 400 and f.severity == "critical"
 
 
@@ -95,8 +98,8 @@ def test_update_norm_spike_is_the_step_before_the_loss():
     steps = np.arange(300)
     update = 0.5 * np.exp(0.03 * rng.standard_normal(300))  # Adam updates: smooth
     update[200] = 15.2
-    (f,) = A.update_spikes(steps, update, TH)
-    assert (f.detector, f.metric, f.step, f.severity) == ("update_spike", A.UPDATE, 200, "critical")
+    (f,) = D.update_spikes(steps, update, TH)
+    assert (f.detector, f.metric, f.step, f.severity) == ("update_spike", D.UPDATE, 200, "critical")
     assert f.message.startswith("update norm spiked to 15.2 at step 200")
 
 
@@ -104,32 +107,32 @@ def test_loss_dip_is_a_batch_unlike_the_others():
     """Our trainer's inject=bad_batch (one repeated byte): the loss collapses for one step."""
     steps, loss, *_ = clean(400, seed=12)
     loss[250] = 0.17
-    (f,) = A.loss_dips(steps, loss, TH)
+    (f,) = D.loss_dips(steps, loss, TH)
     assert (f.detector, f.window, f.step) == ("loss_dip", (250, 250), 250)
-    assert A.loss_spikes(steps, loss, TH) == []  # the step after is back at the level: no spike
+    assert D.loss_spikes(steps, loss, TH) == []  # the step after is back at the level: no spike
     steps, loss, *_ = clean(400, seed=13)
-    assert A.loss_dips(steps, loss, TH) == []  # the fast fall of early training is not a dip
+    assert D.loss_dips(steps, loss, TH) == []  # the fast fall of early training is not a dip
 
 
 def test_loss_spike_without_recovery_is_reported_once_due():
     steps, loss, _, _, _ = clean(800, seed=2)
     loss[400:] += 0.8  # jumps and stays up
-    ls = A.loss_spikes(steps, loss, TH)
+    ls = D.loss_spikes(steps, loss, TH)
     assert ls and ls[0].window[0] == 400
-    rec = A.incomplete_recovery(steps, loss, ls, TH)
+    rec = D.incomplete_recovery(steps, loss, ls, TH)
     assert [(r.detector, r.window[0]) for r in rec] == [("incomplete_recovery", 400)]
     assert rec[0].step >= ls[0].extra["peak_step"] + TH.recovery_steps
     # not yet due: the check step has not been logged
     cut = ls[0].extra["peak_step"] + TH.recovery_steps - 1
-    assert A.incomplete_recovery(steps[:cut], loss[:cut], ls, TH) == []
+    assert D.incomplete_recovery(steps[:cut], loss[:cut], ls, TH) == []
 
 
 def test_a_divergence_is_one_spike_and_one_recovery_finding():
     steps, loss, _, _, _ = clean(900, seed=14)
     loss[400:] += 0.02 * (steps[400:] - 400)  # climbs for 500 steps: the level keeps catching up
-    ls = A.loss_spikes(steps, loss, TH)
+    ls = D.loss_spikes(steps, loss, TH)
     assert len(ls) == 1 and ls[0].window[1] > ls[0].window[0] + 20 and "not recovered" in ls[0].message
-    rec = A.incomplete_recovery(steps, loss, ls, TH)
+    rec = D.incomplete_recovery(steps, loss, ls, TH)
     assert len(rec) == 1 and rec[0].step == ls[0].extra["peak_step"] + TH.recovery_steps
 
 
@@ -137,8 +140,8 @@ def test_sustained_grad_growth_is_not_a_spike():
     steps, _, grad, _, _ = clean(1200, seed=3)
     ramp = np.clip((steps - 600) / 300, 0, 1)  # grad norm grows ~0.25 -> past 3 over 300 steps
     grad = grad * (1 + 11 * ramp)
-    assert A.grad_spikes(steps, grad, TH) == []
-    gg = A.grad_growth(steps, grad, TH)
+    assert D.grad_spikes(steps, grad, TH) == []
+    gg = D.grad_growth(steps, grad, TH)
     assert len(gg) == 1
     assert 600 < gg[0].step < 800 and gg[0].extra["ratio"] > TH.grad_growth
 
@@ -146,10 +149,10 @@ def test_sustained_grad_growth_is_not_a_spike():
 def test_drop_fraction_jump_and_throughput_drop():
     steps, _, _, tps, drop = clean(600, seed=4)
     drop[300] = 0.45  # one bad batch routes almost everything to a few experts
-    dj = A.drop_jumps(steps, drop, TH)
+    dj = D.drop_jumps(steps, drop, TH)
     assert [(f.detector, f.window[0]) for f in dj] == [("drop_jump", 300)]
     tps[400:420] *= 0.3  # a slow node for 20 steps
-    td = A.throughput_drops(steps, tps, TH)
+    td = D.throughput_drops(steps, tps, TH)
     assert [(f.window[0], f.window[1], f.step) for f in td] == [(400, 419, 404)]
 
 
@@ -161,10 +164,10 @@ def test_hot_and_dead_experts():
     routed[40:70, 3] = 20_000  # expert 3 takes most tokens for 30 logged steps
     routed[50:, 6] = 0  # expert 6 dies at step 500
     routed[10:15, 1] = 0  # a short lull: not dead
-    hot = A.hot_experts(steps, 0, routed, TH)
+    hot = D.hot_experts(steps, 0, routed, TH)
     assert [(f.metric, f.window, f.extra["expert"]) for f in hot] == [("expert_load/layer_0", (400, 690), 3)]
     assert hot[0].step == steps[40 + TH.expert_steps - 1]
-    dead = A.dead_experts(steps, 0, routed, TH)
+    dead = D.dead_experts(steps, 0, routed, TH)
     assert [(f.metric, f.window) for f in dead] == [("expert_load/layer_0/expert_6", (500, 990))]
 
 
@@ -175,15 +178,15 @@ def test_nonfinite_names_the_loss_and_ignores_missing():
     loss[30] = np.nan
     grad[30:33] = np.inf
     other = np.zeros(50)  # missing values come in as 0 from the frame
-    f = A.nonfinite(steps, {"train/loss": loss, "grad/norm/total": grad, "x/y": other})
+    f = D.nonfinite(steps, {"train/loss": loss, "grad/norm/total": grad, "x/y": other})
     assert [(x.metric, x.window, x.severity) for x in f] == [("train/loss", (30, 32), "critical")]
     assert set(f[0].extra["metrics"]) == {"train/loss", "grad/norm/total"}
 
 
 def test_stalled_run():
-    assert A.stalled(120, 1000.0, False, TH, now=1000.0 + TH.stall_s - 1) == []
-    assert A.stalled(120, 1000.0, True, TH, now=1e9) == []
-    (f,) = A.stalled(120, 1000.0, False, TH, now=1000.0 + 2 * TH.stall_s)
+    assert D.stalled(120, 1000.0, False, TH, now=1000.0 + TH.stall_s - 1) == []
+    assert D.stalled(120, 1000.0, True, TH, now=1e9) == []
+    (f,) = D.stalled(120, 1000.0, False, TH, now=1000.0 + 2 * TH.stall_s)
     assert f.key == ("stalled_run", "events", 120)
 
 
@@ -196,6 +199,14 @@ def test_thresholds_validate_and_come_from_settings(monkeypatch):
     monkeypatch.setenv("OBSERVATORY_ANOMALY_WINDOW", "64")
     th = Thresholds.from_settings()
     assert th.loss_z == 9.5 and th.window == 64 and th.grad_z == TH.grad_z
+
+
+def test_every_threshold_is_a_setting_and_every_anomaly_setting_a_threshold():
+    fields = {f.name: f for f in dataclasses.fields(Thresholds)}
+    rows = {n.removeprefix(PREFIX): s for n, s in settings.SETTINGS.items() if n.startswith(PREFIX)}
+    assert set(fields) == set(rows)
+    for name, f in fields.items():
+        assert f.default == rows[name].default and f.type == type(rows[name].default).__name__, name
 
 
 def frame_of(steps, **cols):
@@ -217,7 +228,7 @@ def test_incremental_frames_give_the_same_findings_as_one_full_scan():
     update[1800] = 12.0
     tps[1200:1300] *= 0.2
     loss[2400] = np.nan
-    full = frame_of(steps, **{A.LOSS: loss, A.GRAD: grad, A.THROUGHPUT: tps, A.DROP: drop, A.UPDATE: update})
+    full = frame_of(steps, **{D.LOSS: loss, D.GRAD: grad, D.THROUGHPUT: tps, D.DROP: drop, D.UPDATE: update})
     want = {f.key for f in A.detect_frame(full, None, TH)}
     assert {k[0] for k in want} >= {
         "loss_spike",
@@ -242,7 +253,7 @@ def test_finding_payload_is_a_valid_anomaly_event():
     from observatory.events import validate_data
 
     steps, loss, grad = bloom()
-    f = A.grad_spikes(steps, grad, TH)[0]
+    f = D.grad_spikes(steps, grad, TH)[0]
     d = f.data(scanned_through=799)
     validate_data("anomaly", d)
     assert d["window"] == [502, 505] and d["scanned_through"] == 799 and d["peak_step"] == 505
@@ -257,7 +268,7 @@ def write_run(runs_dir, run, steps, loss, grad, end=True, load=None, extra=None)
 
     r = observatory.init(run_id=run, runs_dir=runs_dir, config={"lr": 1e-3}, install_signal_handlers=False)
     for s, lo, g in zip(steps, loss, grad, strict=True):
-        r.log({A.LOSS: float(lo), A.GRAD: float(g), **(extra(int(s)) if extra else {})}, step=int(s))
+        r.log({D.LOSS: float(lo), D.GRAD: float(g), **(extra(int(s)) if extra else {})}, step=int(s))
     for s, layer, routed in load or ():
         r.log_expert_load(int(s), layer, routed, [0] * len(routed))
     if end:
@@ -328,7 +339,7 @@ def test_live_run_is_scanned_incrementally(tmp_path, ingest):
     seen = []
     for lo in range(0, 1400, 200):
         for s in range(lo, lo + 200):
-            r.log({A.LOSS: float(loss[s]), A.GRAD: float(grad[s])}, step=s)
+            r.log({D.LOSS: float(loss[s]), D.GRAD: float(grad[s])}, step=s)
         r.flush(60)
         ingest(runs, db)
         A.after_ingest(db, runs, ["live"])
@@ -338,7 +349,7 @@ def test_live_run_is_scanned_incrementally(tmp_path, ingest):
     ingest(runs, db)  # ... is stored by the next
     keys = [(a["detector"], a["window"][0]) for a in stored_anomalies(db, "live")]
     assert sorted(keys) == [("grad_spike", 302), ("grad_spike", 1102), ("loss_spike", 1104)]
-    full = A.detect_frame(frame_of(steps, **{A.LOSS: loss, A.GRAD: grad}), None, TH)
+    full = A.detect_frame(frame_of(steps, **{D.LOSS: loss, D.GRAD: grad}), None, TH)
     assert sorted(keys) == sorted((f.detector, f.window[0]) for f in full)  # incremental == one full scan
     assert seen[:2] == [0, 1]  # the step-301 spike is written by the pass that ingested it
     assert len(keys) == len(set(keys))

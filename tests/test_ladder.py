@@ -8,17 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from observatory.ladder.fit import (
-    FRACTIONS,
-    FitConfig,
-    Rung,
-    _resamples,
-    average_seeds,
-    backtest,
-    fit_ladder,
-    fit_power_law,
-    seed_noise,
-)
+from observatory.ladder.backtest import backtest
+from observatory.ladder.fit import FitConfig, _resamples, fit_ladder
+from observatory.ladder.powerlaw import fit_power_law
+from observatory.ladder.rungs import FRACTIONS, Rung, average_seeds, seed_noise
 from observatory.ladder.watch import band_at_steps, curve_by_fraction, deviations
 
 E, A, ALPHA = 2.0, 800.0, 0.25

@@ -20,7 +20,7 @@ import observatory
 from observatory.cli import main as cli
 from observatory.events import OBSERVATORY_HOST
 from observatory.ingest import ingest
-from observatory.ladder.fit import DETECTOR, FIT_VERSION
+from observatory.ladder.rungs import DETECTOR, FIT_VERSION
 from observatory.ladder.watch import check_targets, forecast_band
 from observatory.store import connect
 

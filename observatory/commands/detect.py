@@ -8,11 +8,13 @@ Running it twice writes nothing new the second time.
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
 from observatory.commands import common_options
+from observatory.detect import scan
+from observatory.detect.thresholds import Thresholds
+from observatory.ingest import ingest
 
 __all__ = ["detect"]
 
@@ -30,19 +32,17 @@ def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json):
     Thresholds are the `anomaly_*` settings (see `observatory settings`), each
     overridable by its environment variable, e.g. OBSERVATORY_ANOMALY_LOSS_Z=8.
     """
-    from observatory.detect import scan as anomalies
-
     try:
-        th = anomalies.Thresholds.from_settings()
+        th = Thresholds.from_settings()
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if do_ingest:
-        _ingest(runs_dir, db, hooks=False)  # this command reports what it finds, not the hook
+        ingest(runs_dir, db, hooks=False)  # this command reports what it finds, not the hook
     if not db.exists():
         raise click.UsageError(f"no store at {db}; run `observatory ingest --runs-dir {runs_dir}` first")
-    found = anomalies.detect(db, runs_dir, runs or None, thresholds=th, full=full, write=not dry_run)
+    found = scan.detect(db, runs_dir, runs or None, thresholds=th, full=full, write=not dry_run)
     if as_json:
-        for row in anomalies.finding_rows(found):
+        for row in scan.finding_rows(found):
             click.echo(json.dumps(row, default=str))
     else:
         for f in found:
@@ -51,15 +51,7 @@ def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json):
         click.echo(f"{len(found)} new finding(s) {verb}", err=as_json)
     if found and not dry_run:
         if do_ingest:
-            _ingest(runs_dir, db)
+            ingest(runs_dir, db)
         elif not as_json:
             click.echo("run `observatory ingest` to store them", err=True)
 
-
-def _ingest(runs_dir, db, hooks: bool = True) -> None:
-    try:
-        from observatory.ingest import ingest
-    except ImportError as e:
-        click.echo(f"cannot ingest: {e}", err=True)
-        sys.exit(1)
-    ingest(runs_dir, db, hooks=hooks)

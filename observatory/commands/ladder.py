@@ -16,6 +16,20 @@ from pathlib import Path
 import click
 
 from observatory.commands import common_options, db_option
+from observatory.events import RUN_ID_RE
+from observatory.ladder.watch import (
+    check_targets,
+    forecast_event_data,
+    load_ladder,
+    run_started,
+    target_spec,
+    write_forecast,
+)
+from observatory.queries.ladder import ladders
+from observatory.store import connect
+
+# observatory.ladder.fit and .backtest load scipy: they are imported inside the commands that fit,
+# lazy for start-up time (`ladder list`, `ladder check` and --help do not need them)
 
 __all__ = ["ladder"]
 
@@ -25,7 +39,7 @@ def _fmt(x, spec=".4f"):
 
 
 def _config(fix_e, n_boot, level, independent_e=False, band="forward"):
-    from observatory.ladder.fit import FitConfig
+    from observatory.ladder.fit import FitConfig  # lazy for start-up time: scipy
 
     try:
         return FitConfig(fix_e=fix_e, n_boot=n_boot, level=level, shared_e=not independent_e, loo=band)
@@ -36,13 +50,10 @@ def _config(fix_e, n_boot, level, independent_e=False, band="forward"):
 _band_option = click.option(
     "--band", type=click.Choice(["forward", "max", "rms", "none"]), default="forward", show_default=True,
     help="Held-out-rung error the bootstrap band is widened by: forward (the largest rung predicted from the "
-         "smaller ones), max or rms of the leave-one-rung-out errors (FIT_VERSION 3 used max), or none.")
+         "smaller ones), max or rms of the leave-one-rung-out errors, or none.")
 
 
 def _load(db, name, dataset):
-    from observatory.ladder.watch import load_ladder
-    from observatory.store import connect
-
     with connect(db) as con:
         try:
             return load_ladder(con, name, dataset)
@@ -68,9 +79,6 @@ def ladder():
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_cmd(db, as_json):
     """Every ladder in the store, with its rung count and target runs."""
-    from observatory.queries.ladder import ladders
-    from observatory.store import connect
-
     with connect(db) as con:
         rows = ladders(con)
     if as_json:
@@ -100,9 +108,8 @@ def list_cmd(db, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the fit, the forecast and the backtest as JSON.")
 def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, band, no_backtest, independent_e, as_json):
     """Fit ladder NAME; backtest it; forecast a target's whole eval-loss curve."""
-    from observatory.ladder.fit import backtest, compare, fit_ladder
-    from observatory.ladder.watch import target_spec
-    from observatory.store import connect
+    from observatory.ladder.backtest import backtest, compare  # lazy for start-up time: scipy
+    from observatory.ladder.fit import fit_ladder
 
     cfg = _config(fix_e, n_boot, level, independent_e, band)
     rungs, targets, ds = _load(db, name, dataset)
@@ -206,10 +213,7 @@ def forecast_cmd(name, runs_dir, db, target, flops, steps, spec, fix_e, dataset,
 
     Run this before the target starts; the event's time then precedes its run_start.
     """
-    from observatory.events import RUN_ID_RE
-    from observatory.ladder.fit import fit_ladder
-    from observatory.ladder.watch import forecast_event_data, run_started, target_spec, write_forecast
-    from observatory.store import connect
+    from observatory.ladder.fit import fit_ladder  # lazy for start-up time: scipy
 
     if not RUN_ID_RE.match(target):
         raise click.BadParameter(f"{target!r} is not a run id ([A-Za-z0-9._-]{{1,128}})", param_hint="--target")
@@ -252,8 +256,6 @@ def check_cmd(runs, runs_dir, db, k):
     Idempotent: an excursion already reported is not written again. Ingest afterwards
     to see the new anomalies in the store.
     """
-    from observatory.ladder.watch import check_targets
-
     found = check_targets(db, runs_dir, list(runs) or None, **({} if k is None else {"k": k}))
     for a in found:
         click.echo(f"{a['run']}: [{a['severity']}] {a['message']}")

@@ -1,9 +1,9 @@
-"""Instability detectors: pure functions over a run's metric series → `Finding`s.
+"""Instability detectors: pure functions over a run's metric series -> `Finding`s.
 
 `observatory.detect.scan` runs them over the store as events are ingested and writes
 each finding as an `anomaly` event; this module knows nothing of stores or files.
 
-Detectors (all thresholds are settings, `anomaly_*`):
+Detectors (all thresholds are settings, `anomaly_*`, see `observatory.detect.thresholds`):
 
 - `loss_spike`: train/loss above its recent level (median of the previous
   `anomaly_min_history` steps) by `anomaly_loss_z` robust sigmas of its noise
@@ -29,13 +29,10 @@ Detectors (all thresholds are settings, `anomaly_*`):
 - `throughput_drop`: tokens/s below a fraction of its trailing median for a while.
 - `stalled_run`: no events for `anomaly_stall_s` and no run_end.
 
-Detectors are pure functions of numpy arrays (steps, values) → `Finding`s, so
+Detectors are pure functions of numpy arrays (steps, values) -> `Finding`s, so
 they are tested on synthetic series and on real runs alike. A flag at a step
 depends only on a bounded trailing window, which is what makes the incremental
-scan exact: `observatory.detect.scan.scan_run` re-reads `Thresholds.lookback` logged steps before the
-last step it scanned, ignores episodes that began before its windows were
-whole (an earlier scan saw their start) and dedupes by (detector, metric,
-window start) against findings in the store and in events.1000.jsonl.
+scan (`observatory.detect.scan`) exact.
 """
 
 from __future__ import annotations
@@ -48,10 +45,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from observatory import settings
+from observatory.detect.thresholds import Thresholds
 
 __all__ = [
-    "Thresholds",
     "Finding",
     "loss_spikes",
     "loss_dips",
@@ -65,13 +61,11 @@ __all__ = [
     "nonfinite",
     "throughput_drops",
     "stalled",
-    "detect_frame",
     "LOSS",
     "GRAD",
     "UPDATE",
     "DROP",
     "THROUGHPUT",
-    "SERIES",
     "SPIKE_GAP",
 ]
 
@@ -81,77 +75,6 @@ UPDATE = "opt/update_norm"
 DROP = "moe/drop_fraction"
 THROUGHPUT = "throughput/tokens_per_s"
 SPIKE_GAP = 2  # flagged steps this close (in logged steps) belong to one episode
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Detector thresholds; `from_settings()` reads the `anomaly_*` settings."""
-
-    window: int = 128  # trailing window (logged steps) for rolling baselines
-    min_history: int = 16  # logged steps of history before anything is flagged
-    loss_z: float = 6.0
-    loss_min_rise: float = 0.05  # fraction above the recent level
-    loss_dip: float = 0.5  # fraction below the recent level
-    grad_z: float = 6.0
-    grad_min_ratio: float = 5.0
-    grad_single_ratio: float = 10.0
-    grad_growth: float = 3.0
-    growth_steps: int = 32
-    recovery_steps: int = 64
-    recovery_tol: float = 0.05
-    drop_jump: float = 0.1
-    drop_z: float = 6.0
-    hot_ratio: float = 4.0
-    expert_steps: int = 20
-    throughput_drop: float = 0.5
-    throughput_steps: int = 5
-    stall_s: float = 300.0
-
-    def __post_init__(self):
-        for name in (
-            "window",
-            "min_history",
-            "growth_steps",
-            "recovery_steps",
-            "expert_steps",
-            "throughput_steps",
-        ):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"Thresholds.{name} must be an int >= 1, got {v!r} (setting anomaly_{name})")
-        if self.min_history > self.window:
-            raise ValueError(
-                f"Thresholds.min_history ({self.min_history}) must be <= window ({self.window}); "
-                "lower anomaly_min_history or raise anomaly_window"
-            )
-        for name in ("loss_z", "grad_z", "drop_z", "loss_min_rise", "recovery_tol", "drop_jump", "stall_s"):
-            v = getattr(self, name)
-            if not v > 0:
-                raise ValueError(f"Thresholds.{name} must be > 0, got {v!r} (setting anomaly_{name})")
-        for name in ("grad_min_ratio", "grad_single_ratio", "grad_growth", "hot_ratio"):
-            if not getattr(self, name) > 1:
-                raise ValueError(
-                    f"Thresholds.{name} must be > 1, got {getattr(self, name)!r} (setting anomaly_{name})"
-                )
-        if not 0 < self.loss_dip < 1:
-            raise ValueError(
-                f"Thresholds.loss_dip must be in (0, 1), got {self.loss_dip!r} (setting anomaly_loss_dip)"
-            )
-        if not 0 < self.throughput_drop < 1:
-            raise ValueError(f"Thresholds.throughput_drop must be in (0, 1), got {self.throughput_drop!r}")
-
-    @classmethod
-    def from_settings(cls) -> Thresholds:
-        return cls(**{f: settings.get(f"anomaly_{f}") for f in cls.__dataclass_fields__})
-
-    @property
-    def lookback(self) -> int:
-        """Logged steps an incremental scan re-reads before the last step it scanned.
-
-        Enough for every trailing window, a spike's recovery check and the longest
-        episode a detector needs before it reports.
-        """
-        return 2 * self.window + self.growth_steps + self.recovery_steps + 2 * self.expert_steps + 16
 
 
 @dataclass(frozen=True)
@@ -243,11 +166,10 @@ def _gt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------- detectors
 #
-# Every detector takes `steps` (N,) int and its series (N,) float, returns
-# Findings plus, through `first_valid`, which row its flags become exact: an
-# episode starting at or before that row in a truncated frame began before the
-# frame and is skipped (see scan_run).
-
+# Every detector takes `steps` (N,) int and its series (N,) float and returns
+# Findings. Its flags at a row depend only on a bounded trailing window, so a scan
+# of a truncated frame drops the episodes that began before its windows were whole
+# (`observatory.detect.scan.detect_frame`).
 
 def _spikes(
     detector: str,
@@ -666,95 +588,3 @@ def stalled(
             {"silent_s": round(now - last_t, 1)},
         )
     ]
-
-
-# -------------------------------------------------------------- one run, all
-
-
-def _keep(findings: list[Finding], sub_steps: np.ndarray, dep: int, truncated: bool) -> list[Finding]:
-    """Drop episodes that began before this frame's trailing windows were whole (an earlier scan had them)."""
-    if not truncated:
-        return findings
-    if len(sub_steps) <= dep:
-        return []
-    limit = int(sub_steps[dep])
-    return [f for f in findings if f.window[0] > limit]
-
-
-def _series(frame: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """(steps, values) of one metric at the steps where it was logged; None if never."""
-    if name not in frame.columns:
-        return None
-    sub = frame.select("step", pl.col(name).cast(pl.Float64)).filter(pl.col(name).is_not_null())
-    if sub.height == 0:
-        return None
-    return sub["step"].to_numpy(), sub[name].to_numpy()
-
-
-SERIES = (LOSS, GRAD, UPDATE, DROP, THROUGHPUT)  # the metrics the series detectors read
-
-
-def detect_frame(
-    frame: pl.DataFrame,
-    load: pl.DataFrame | None,
-    th: Thresholds,
-    truncated: bool = False,
-    bad: pl.DataFrame | None = None,
-) -> list[Finding]:
-    """Every series detector over one run's frames.
-
-    frame: wide metrics (`step` + one column per metric, null where not logged);
-    load: long expert load (step, layer, expert, routed, dropped) or None;
-    bad: long (step, name, value) of every non-finite metric value; None: look for
-    them in `frame` (then only its columns are checked).
-    truncated: the frame starts after the run's first step (incremental scan).
-    """
-    out: list[Finding] = []
-    spike_dep = th.window + SPIKE_GAP
-    if (s := _series(frame, LOSS)) is not None:
-        steps, x = s
-        spikes = loss_spikes(steps, x, th)
-        out += _keep(spikes, steps, spike_dep, truncated)
-        out += _keep(incomplete_recovery(steps, x, spikes, th), steps, spike_dep, truncated)
-        out += _keep(loss_dips(steps, x, th), steps, spike_dep, truncated)
-    if (s := _series(frame, GRAD)) is not None:
-        steps, g = s
-        out += _keep(grad_spikes(steps, g, th), steps, spike_dep, truncated)
-        out += _keep(grad_growth(steps, g, th), steps, 2 * th.window + th.growth_steps + 1, truncated)
-    if (s := _series(frame, UPDATE)) is not None:
-        out += _keep(update_spikes(s[0], s[1], th), s[0], spike_dep, truncated)
-    drop = _series(frame, DROP)
-    if drop is None and load is not None and load.height:
-        per = load.group_by("step").agg(pl.col("dropped").sum(), pl.col("routed").sum()).sort("step")
-        per = per.filter(pl.col("routed") > 0)
-        if per.height:
-            drop = per["step"].to_numpy(), (per["dropped"] / per["routed"]).to_numpy()
-    if drop is not None:
-        out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, truncated)
-    if (s := _series(frame, THROUGHPUT)) is not None:
-        out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window, truncated)
-    if bad is None:
-        metric_cols = [c for c in frame.columns if c != "step"]
-        if metric_cols and frame.height:
-            steps = frame["step"].to_numpy()
-            cols = {c: frame[c].cast(pl.Float64).fill_null(0.0).to_numpy() for c in metric_cols}
-            out += _keep(nonfinite(steps, cols), steps, 0, truncated)
-    elif bad.height:
-        # the logged steps (for which non-finite steps are consecutive), 0 where a value was fine
-        steps = np.union1d(frame["step"].to_numpy() if frame.height else [], bad["step"].to_numpy()).astype(
-            np.int64
-        )
-        cols = {}
-        for (name,), part in bad.group_by("name", maintain_order=True):
-            col = np.zeros(steps.size)
-            col[np.searchsorted(steps, part["step"].to_numpy())] = part["value"].to_numpy()
-            cols[name] = col
-        out += _keep(nonfinite(steps, cols), steps, 0, truncated)
-    if load is not None and load.height:
-        for (layer,), part in load.sort("step", "expert").group_by("layer", maintain_order=True):
-            wide = part.pivot(on="expert", index="step", values="routed").sort("step").fill_null(0)
-            steps = wide["step"].to_numpy()
-            routed = wide.drop("step").to_numpy()  # (T, E)
-            out += _keep(hot_experts(steps, int(layer), routed, th), steps, 0, truncated)
-            out += _keep(dead_experts(steps, int(layer), routed, th), steps, 0, truncated)
-    return sorted(out, key=lambda f: (f.step, f.detector, f.metric))

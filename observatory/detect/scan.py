@@ -1,25 +1,24 @@
 """Instability early warning: the detectors run over the store as events are ingested.
 
 Each finding becomes an `anomaly` event (EVENTS.md) written by the observatory
-itself as host 1000 into the run's folder; the next ingest pass stores it. So
-what the observatory said, and when, is as the run itself. The
-detectors themselves (pure functions over numpy series, their thresholds from
-the `anomaly_*` settings) live in `observatory.detect.detectors`, re-exported here.
+itself as host 1000 into the run's folder (`observatory.findings`); the next ingest
+pass stores it. So what the observatory said, and when, is as the run itself. The
+detectors (pure functions over numpy series) live in `observatory.detect.detectors`,
+their thresholds (the `anomaly_*` settings) in `observatory.detect.thresholds`.
 
-    after_ingest(db, runs_dir, touched_runs)   # ingest's hook, after each committed batch
-    detect(db, runs_dir, runs=None)            # `observatory detect`: new findings, written
+    after_ingest(db, runs_dir, runs)   # ingest's hook, after each committed batch
+    detect(db, runs_dir, runs=None)    # `observatory detect`: new findings, written
 
 Incremental and idempotent: a flag at a step depends only on a bounded trailing
 window, so `scan_run` re-reads `Thresholds.lookback` logged steps before the last
 step it scanned (kept per process, and as `scanned_through` in every finding
 written), ignores episodes that began before its windows were whole (an earlier
-scan saw their start) and dedupes by (detector, metric, window start) against
-anomaly events in the store and in events.1000.jsonl.
+scan saw their start: `detect_frame(truncated=True)`) and dedupes by (detector,
+metric, window start) against anomaly events in the store and in events.1000.jsonl.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Iterable
@@ -27,19 +26,19 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import polars as pl
+
+from observatory import findings
 from observatory.detect.detectors import (
     DROP,
     GRAD,
     LOSS,
-    SERIES,
     SPIKE_GAP,
     THROUGHPUT,
     UPDATE,
     Finding,
-    Thresholds,
-    _episodes,
     dead_experts,
-    detect_frame,
     drop_jumps,
     grad_growth,
     grad_spikes,
@@ -52,59 +51,124 @@ from observatory.detect.detectors import (
     throughput_drops,
     update_spikes,
 )
+from observatory.detect.thresholds import Thresholds
 from observatory.events import OBSERVATORY_HOST
+from observatory.queries.anomalies import (
+    anomaly_events,
+    cut_step,
+    expert_load_series,
+    metric_series,
+    nonfinite_values,
+    run_activity,
+    run_ids,
+    silent_runs,
+)
+from observatory.store import using
 
 __all__ = [
+    "SERIES",
+    "detect_frame",
     "after_ingest",
     "detect",
     "scan_run",
     "write_findings",
     "existing_findings",
     "finding_rows",
-    # re-exported from observatory.detect.detectors
-    "Thresholds",
-    "Finding",
-    "loss_spikes",
-    "loss_dips",
-    "grad_spikes",
-    "update_spikes",
-    "grad_growth",
-    "incomplete_recovery",
-    "drop_jumps",
-    "hot_experts",
-    "dead_experts",
-    "nonfinite",
-    "throughput_drops",
-    "stalled",
-    "detect_frame",
-    "LOSS",
-    "GRAD",
-    "UPDATE",
-    "DROP",
-    "THROUGHPUT",
-    "SERIES",
-    "SPIKE_GAP",
-    "_episodes",
 ]
 
+SERIES = (LOSS, GRAD, UPDATE, DROP, THROUGHPUT)  # the metrics the series detectors read
 
-def _host_file_findings(runs_dir: Path, run: str) -> list[dict]:
-    """Anomaly payloads already in the run's events.1000.jsonl (written, maybe not yet ingested)."""
-    path = Path(runs_dir) / run / f"events.{OBSERVATORY_HOST}.jsonl"
-    if not path.exists():
+
+# -------------------------------------------------------------- one run, all
+
+
+def _keep(found: list[Finding], sub_steps: np.ndarray, dep: int, truncated: bool) -> list[Finding]:
+    """Drop episodes that began before this frame's trailing windows were whole (an earlier scan had them)."""
+    if not truncated:
+        return found
+    if len(sub_steps) <= dep:
         return []
-    out = []
-    with open(path, "rb") as f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                break  # a torn write: the writer is mid-line
-            try:
-                ev = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and ev.get("kind") == "anomaly" and isinstance(ev.get("data"), dict):
-                out.append({**ev["data"], "host": ev.get("host")})
-    return out
+    limit = int(sub_steps[dep])
+    return [f for f in found if f.window[0] > limit]
+
+
+def _series(frame: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps, values) of one metric at the steps where it was logged; None if never."""
+    if name not in frame.columns:
+        return None
+    sub = frame.select("step", pl.col(name).cast(pl.Float64)).filter(pl.col(name).is_not_null())
+    if sub.height == 0:
+        return None
+    return sub["step"].to_numpy(), sub[name].to_numpy()
+
+
+def detect_frame(
+    frame: pl.DataFrame,
+    load: pl.DataFrame | None,
+    th: Thresholds,
+    truncated: bool = False,
+    bad: pl.DataFrame | None = None,
+) -> list[Finding]:
+    """Every series detector over one run's frames.
+
+    frame: wide metrics (`step` + one column per metric, null where not logged);
+    load: long expert load (step, layer, expert, routed, dropped) or None;
+    bad: long (step, name, value) of every non-finite metric value; None: look for
+    them in `frame` (then only its columns are checked).
+    truncated: the frame starts after the run's first step (incremental scan).
+    """
+    out: list[Finding] = []
+    spike_dep = th.window + SPIKE_GAP
+    if (s := _series(frame, LOSS)) is not None:
+        steps, x = s
+        spikes = loss_spikes(steps, x, th)
+        out += _keep(spikes, steps, spike_dep, truncated)
+        out += _keep(incomplete_recovery(steps, x, spikes, th), steps, spike_dep, truncated)
+        out += _keep(loss_dips(steps, x, th), steps, spike_dep, truncated)
+    if (s := _series(frame, GRAD)) is not None:
+        steps, g = s
+        out += _keep(grad_spikes(steps, g, th), steps, spike_dep, truncated)
+        out += _keep(grad_growth(steps, g, th), steps, 2 * th.window + th.growth_steps + 1, truncated)
+    if (s := _series(frame, UPDATE)) is not None:
+        out += _keep(update_spikes(s[0], s[1], th), s[0], spike_dep, truncated)
+    drop = _series(frame, DROP)
+    if drop is None and load is not None and load.height:
+        per = load.group_by("step").agg(pl.col("dropped").sum(), pl.col("routed").sum()).sort("step")
+        per = per.filter(pl.col("routed") > 0)
+        if per.height:
+            drop = per["step"].to_numpy(), (per["dropped"] / per["routed"]).to_numpy()
+    if drop is not None:
+        out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, truncated)
+    if (s := _series(frame, THROUGHPUT)) is not None:
+        out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window, truncated)
+    if bad is None:
+        metric_cols = [c for c in frame.columns if c != "step"]
+        if metric_cols and frame.height:
+            steps = frame["step"].to_numpy()
+            cols = {c: frame[c].cast(pl.Float64).fill_null(0.0).to_numpy() for c in metric_cols}
+            out += _keep(nonfinite(steps, cols), steps, 0, truncated)
+    elif bad.height:
+        # the logged steps (for which non-finite steps are consecutive), 0 where a value was fine
+        steps = np.union1d(frame["step"].to_numpy() if frame.height else [], bad["step"].to_numpy()).astype(
+            np.int64
+        )
+        cols = {}
+        for (name,), part in bad.group_by("name", maintain_order=True):
+            col = np.zeros(steps.size)
+            col[np.searchsorted(steps, part["step"].to_numpy())] = part["value"].to_numpy()
+            cols[name] = col
+        out += _keep(nonfinite(steps, cols), steps, 0, truncated)
+    if load is not None and load.height:
+        for (layer,), part in load.sort("step", "expert").group_by("layer", maintain_order=True):
+            wide = part.pivot(on="expert", index="step", values="routed").sort("step").fill_null(0)
+            steps = wide["step"].to_numpy()
+            routed = wide.drop("step").to_numpy()  # (T, E)
+            out += _keep(hot_experts(steps, int(layer), routed, th), steps, 0, truncated)
+            out += _keep(dead_experts(steps, int(layer), routed, th), steps, 0, truncated)
+    return sorted(out, key=lambda f: (f.step, f.detector, f.metric))
+
+
+# ------------------------------------------------------------ over the store
 
 
 def _key_of(d: dict) -> tuple[str, str, int] | None:
@@ -119,9 +183,8 @@ def _key_of(d: dict) -> tuple[str, str, int] | None:
 
 def existing_findings(con, runs_dir: Path, run: str) -> tuple[set[tuple[str, str, int]], int | None]:
     """Keys of findings already made for a run (store and host-1000 file) and the furthest step scanned."""
-    from observatory.queries.anomalies import anomaly_events
-
-    seen = anomaly_events(con, run) + _host_file_findings(runs_dir, run)
+    pending = [{**ev["data"], "host": ev.get("host")} for ev in findings.pending(runs_dir, run, "anomaly")]
+    seen = anomaly_events(con, run) + pending
     keys = {k for d in seen if (k := _key_of(d)) is not None}
     scanned = [
         int(d["scanned_through"])
@@ -146,8 +209,6 @@ def scan_run(
     now: float | None = None,
 ) -> tuple[list[Finding], int | None]:
     """New findings for one run (deduped) and the last step scanned. Writes nothing."""
-    from observatory.queries.anomalies import cut_step, expert_load_series, metric_series, nonfinite_values
-
     keys, stored_through = existing_findings(con, runs_dir, run)
     state_key = (str(Path(runs_dir).resolve()), run)
     through = None if full else _STATE.get(state_key, stored_through)
@@ -169,29 +230,9 @@ def scan_run(
     return new, last
 
 
-def write_findings(runs_dir: Path, run: str, findings: list[Finding], scanned_through: int | None) -> None:
-    """Append findings as `anomaly` events to <runs_dir>/<run>/events.1000.jsonl (never a run_end)."""
-    if not findings:
-        return
-    from observatory.writer import init
-
-    w = init(
-        run_id=run, runs_dir=runs_dir, host=OBSERVATORY_HOST, write_start=False, install_signal_handlers=False
-    )
-    try:
-        for f in findings:
-            w.event("anomaly", f.data(scanned_through), step=f.step)
-    finally:
-        w.close()  # close, not finish: the observatory must not end someone's run
-
-
-def _open(db):
-    """A connection for one unit of work: the caller's if it passed one, else read-only on the path."""
-    from contextlib import nullcontext
-
-    from observatory.store import connect
-
-    return nullcontext(db) if hasattr(db, "execute") else connect(db)
+def write_findings(runs_dir: Path, run: str, found: list[Finding], scanned_through: int | None) -> None:
+    """Append findings as `anomaly` events to the run's observatory-host file (never a run_end)."""
+    findings.write(runs_dir, run, "anomaly", [(f.data(scanned_through), f.step) for f in found])
 
 
 def detect(
@@ -211,12 +252,10 @@ def detect(
     last scanned step (the result is the same; it is slower). `stall` also checks
     whether the runs have gone silent without a run_end.
     """
-    from observatory.queries.anomalies import run_activity, run_ids
-
     th = thresholds or Thresholds.from_settings()
     runs_dir = Path(runs_dir)
     results: list[tuple[str, list[Finding], int | None]] = []
-    with _open(db) as con:
+    with using(db) as con:
         wanted = run_ids(con) if runs is None else list(dict.fromkeys(runs))
         act = {a["run"]: a for a in run_activity(con, wanted)} if stall and wanted else {}
         for run in wanted:
@@ -247,44 +286,38 @@ _last_stall_check = 0.0
 
 
 def after_ingest(
-    db, runs_dir, touched_runs: Iterable[str], *, thresholds: Thresholds | None = None
-) -> list[Finding]:
+    db, runs_dir, runs: Iterable[str] | None, *, thresholds: Thresholds | None = None
+) -> set[str]:
     """Ingest's hook, called after each committed batch: detect over the runs it touched.
 
-    Cheap on every pass: each run continues from the last step this process
-    scanned (re-reading only `Thresholds.lookback` logged steps). Runs that went
-    silent without run_end are checked at most every few seconds. Never raises:
-    a detector failure is reported on stderr and ingest goes on.
+    `runs`: the runs the batch touched (None: every stored run). Cheap on every pass:
+    each run continues from the last step this process scanned (re-reading only
+    `Thresholds.lookback` logged steps). Runs that went silent without run_end are
+    checked at most every few seconds. Returns the runs whose folders got new
+    findings. Never raises: a detector failure is reported on stderr and ingest goes on.
     """
     global _last_stall_check
-    runs = list(dict.fromkeys(touched_runs))
-    try:  # ladder targets against their pre-registered forecast band (writes its own anomalies; idempotent)
-        from observatory.ladder.watch import check_targets
-
-        check_targets(db, runs_dir, runs)
-    except Exception as e:
-        print(f"observatory anomalies: ladder check failed: {type(e).__name__}: {e}", file=sys.stderr)
+    wanted = None if runs is None else list(dict.fromkeys(runs))
     try:
         th = thresholds or Thresholds.from_settings()
         stall_due = time.monotonic() - _last_stall_check > min(10.0, th.stall_s / 4)
         if stall_due:
             _last_stall_check = time.monotonic()
-            from observatory.queries.anomalies import silent_runs
-
-            with _open(db) as con:
-                runs += [r for r in silent_runs(con, time.time() - th.stall_s) if r not in runs]
-        if not runs:
-            return []
-        return detect(db, runs_dir, runs, thresholds=th, stall=stall_due)
+            if wanted is not None:
+                with using(db) as con:
+                    wanted += [r for r in silent_runs(con, time.time() - th.stall_s) if r not in wanted]
+        if wanted == []:
+            return set()
+        return {f.run for f in detect(db, runs_dir, wanted, thresholds=th, stall=stall_due)}
     except Exception as e:
         print(f"observatory anomalies: after_ingest failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return []
+        return set()
 
 
-def finding_rows(findings: Iterable[Finding]) -> list[dict[str, Any]]:
+def finding_rows(found: Iterable[Finding]) -> list[dict[str, Any]]:
     """Findings as flat dicts (for --json and tables)."""
     rows = []
-    for f in findings:
+    for f in found:
         d = asdict(f)
         d["window"] = list(f.window)
         d.update(d.pop("extra"))

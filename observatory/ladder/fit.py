@@ -1,22 +1,14 @@
 """Scaling-ladder fits: predict a big run's loss curve from a ladder of small runs.
 
-The law is `L(C) = E + A * C^(-alpha)`, C the training compute in FLOPs
-(`6 * N_active * D`, see trainer/ladder.py for what else is counted). It is fit
+The law (`observatory.ladder.powerlaw`) is fit
 
 - to each rung's final eval loss, and
 - at every schedule fraction f (5%, 10%, ..., 100%) to the rungs' eval loss at
   that fraction, so a target's whole curve is forecast, not only its end. By
   default E is shared by all fractions (see `FitConfig.shared_e`).
 
-Fitting (`fit_power_law`): Huber loss (delta = 1e-3) on log residuals
-`log L_pred - log L_obs`, minimised with scipy's L-BFGS-B from the best points of
-a grid of starts; E may be fixed. C is divided by a reference compute (the
-geometric mean of the rungs' C) so that log A stays near O(1).
-
-Seeds: a rung may be trained with several seeds (runs with the same `rung` label,
-`ladder.seed` in run_start). `average_seeds` averages them at every fraction and the
-rung stays one unit everywhere below; the seeds' spread (`seed_noise`) is the
-run-to-run noise the band uses (else `NOISE_DEFAULT`).
+A rung's seeds are averaged first and travel together from then on
+(`observatory.ladder.rungs.average_seeds`).
 
 Uncertainty (`fit_ladder`): a bootstrap over whole rungs (a rung's whole curve, all
 its seeds, is one unit: its points are not independent), refit at every fraction with the
@@ -32,72 +24,39 @@ target lies than that held-out rung did from its fit's, because four rungs canno
 show in a bootstrap how wrong an extrapolation can be; and by
 the target's own run-to-run noise (`FitConfig.noise`), which no fit to other runs
 can predict. Leave-one-rung-out errors (each rung from all the others) are
-reported too (`FitConfig.loo="max"` bands with them, as FIT_VERSION 3 did); for
-the smallest rung that is a backward extrapolation, which says little about a
-forecast forward and made the band +-67% on the sample ladder.
+reported too (`FitConfig.loo="max"` or `"rms"` bands with them); for the smallest
+rung that is a backward extrapolation, which says little about a forecast forward
+and often is the largest error of all, so such a band is much wider.
 
-Backtest (`backtest`): leave the largest rung out, fit the others, forecast its
-curve; report the final-loss error in % and the share of its curve points
-inside the band.
-
-Pre-registration and watching (`observatory.ladder.watch`: `write_forecast`,
-`check_target`, also importable from here): the forecast
-is written as a `forecast` event by host 1000 into the target's run folder before
-the target's `run_start`; while the target runs, each eval is compared with the
-band and K consecutive evals outside it write an `anomaly` (detector
-`ladder_deviation`). Both are events, so what the observatory said and when is
-part of the record.
-
-This module holds no SQL; the store is read through `observatory.queries.ladder`.
+The backtest (`observatory.ladder.backtest`) scores this on the ladder itself;
+pre-registering a target's forecast and watching the target against it is
+`observatory.ladder.watch`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy.optimize import minimize
-from scipy.special import huber
 from scipy.stats import norm
 
-__all__ = [
-    "FRACTIONS",
-    "NOISE_DEFAULT",
-    "average_seeds",
-    "seed_noise",
-    "METHOD",
-    "FIT_VERSION",
-    "DETECTOR",
-    "FitConfig",
-    "Rung",
-    "PowerLaw",
-    "LadderFit",
-    "ForecastPoint",
-    "Forecast",
-    "Backtest",
-    "fit_power_law",
-    "fit_ladder",
-    "backtest",
-    "compare",
-    "fit_version",
-]
+from observatory.ladder.powerlaw import PowerLaw, fit_curves, one_blas_thread
+from observatory.ladder.rungs import (
+    FRACTIONS,
+    METHOD,
+    NOISE_DEFAULT,
+    Forecast,
+    ForecastPoint,
+    Rung,
+    average_seeds,
+    fit_version,
+    seed_noise,
+)
 
-FRACTIONS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 5% .. 100%
-METHOD = "powerlaw-huber-log(delta=1e-3)/L-BFGS-B; band: rung bootstrap + forward held-out-rung error"
-# 1: no rung-noise draws in the bootstrap; 2: with them; 3: a rung's seeds averaged, noise measured
-# from seeds; 4: the band widened by forward errors (a rung from the smaller rungs), not leave-one-out
-FIT_VERSION = "4"
-NOISE_DEFAULT = 0.003  # run-to-run noise assumed when the rungs have no seeds to measure it from
-DETECTOR = "ladder_deviation"
-EVAL_METRIC = "eval/loss"
-
-
-# ------------------------------------------------------------------ data types
+__all__ = ["FitConfig", "LadderFit", "fit_ladder"]
 
 
 @dataclass(frozen=True)
@@ -113,8 +72,8 @@ class FitConfig:
     # Widen the band by the "forward" error (the largest rung predicted from the smaller rungs
     # only: an extrapolation, as the target's forecast is), or by the "max" or "rms"
     # leave-one-rung-out error (each rung from all the others, which for the smallest rung is a
-    # backward extrapolation), or "none". FIT_VERSION 3 used "max": on the sample ladder its
-    # largest error was predicting the smallest rung backwards (32%), a band of +-67%.
+    # backward extrapolation), or "none". "forward" by default: the smallest rung predicted
+    # backwards is often the largest leave-one-out error, and says little about a forecast forward.
     loo: str = "forward"
     # Run-to-run noise of one run's eval loss (relative, 1 sigma): a target's own seed noise is
     # something no fit to other runs can predict, and a 3-parameter law through 3-4 rungs leaves
@@ -126,10 +85,10 @@ class FitConfig:
     noise: float | None = None
     min_noise_dof: int = 3
     noise_draws: int = 32  # bootstrap refits with rung-level noise draws (resamples are repeated to reach it)
-    # One E for every schedule fraction (else each fraction fits its own E, A, alpha). On the sample
-    # ladder the independent fits land the held-out final loss closer (+0.8% vs +2.4%) but their
-    # mid-curve forecasts swing by 5-7% (3 free parameters through 3 rungs at every fraction), which
-    # would make a clean target "deviate"; the shared E keeps the curve coherent.
+    # One E for every schedule fraction (else each fraction fits its own E, A, alpha). Independent
+    # fits can land a held-out final loss closer, but their mid-curve forecasts swing by several
+    # percent (3 free parameters through 3 rungs at every fraction), which would make a clean target
+    # "deviate"; the shared E keeps the curve coherent.
     shared_e: bool = True
     fractions: tuple[float, ...] = FRACTIONS
 
@@ -156,222 +115,6 @@ class FitConfig:
     @property
     def n_free(self) -> int:
         return 3 if self.fix_e is None else 2
-
-
-@dataclass(frozen=True)
-class Rung:
-    """One rung: its compute and its eval loss at schedule fractions (1.0 = the final eval).
-
-    Either one run (`seed` = its ladder.seed, if any) or, after `average_seeds`, the mean
-    of several seeds of the same rung (`runs` lists them, `seed` is None).
-    """
-
-    run: str
-    rung: str
-    flops: float
-    curve: dict[float, float]  # fraction of the schedule -> eval loss
-    params_active: int | None = None
-    params_total: int | None = None
-    tokens: int | None = None
-    steps: int | None = None
-    seed: int | None = None
-    runs: tuple[str, ...] = ()  # the seed runs averaged into this rung; () = just `run`
-
-    def __post_init__(self):
-        if not (self.flops > 0 and math.isfinite(self.flops)):
-            raise ValueError(f"rung {self.rung!r} (run {self.run}): flops must be > 0, got {self.flops}")
-
-    @property
-    def final_loss(self) -> float | None:
-        return self.curve.get(1.0)
-
-    @property
-    def n_seeds(self) -> int:
-        return max(1, len(self.runs))
-
-
-@dataclass(frozen=True)
-class PowerLaw:
-    """L(C) = E + A * (C / c_ref)^(-alpha); `a_abs` is A for C in FLOPs."""
-
-    E: float
-    log_a: float  # log A, A relative to c_ref
-    alpha: float
-    c_ref: float
-    objective: float = 0.0
-
-    def __call__(self, flops):
-        x = np.log(np.asarray(flops, dtype=float) / self.c_ref)
-        return self.E + np.exp(self.log_a - self.alpha * x)
-
-    @property
-    def a_abs(self) -> float:
-        return float(np.exp(self.log_a + self.alpha * np.log(self.c_ref)))
-
-    def as_dict(self) -> dict:
-        return {"E": self.E, "A": self.a_abs, "alpha": self.alpha, "objective": self.objective}
-
-
-# -------------------------------------------------------------------- the fit
-#
-# One objective serves both the single-curve fit and the ladder fit: F curves (schedule
-# fractions) share E, each has its own (log A_j, alpha_j). theta = [E, log A_0, alpha_0,
-# log A_1, alpha_1, ...]. E can be shared because it is the loss an infinitely large model
-# reaches at *any* fixed fraction of a fixed tokens-per-parameter schedule: as C grows
-# both N and the tokens seen by fraction f grow without bound. Sharing it lets a
-# three-rung ladder (the backtest) still determine E from the curvature of all 20
-# fractions instead of interpolating three points exactly. `FitConfig(shared_e=False)`
-# fits each fraction on its own (F = 1 per call).
-
-
-def _objective(theta, pts, delta):
-    """Weighted Huber on log residuals, scaled by 1/delta^2 so L-BFGS-B's tolerances bite; with gradient.
-
-    pts[j] lists (x_i, log L_ij, w_i) for curve j, x = log(C / c_ref), w = bootstrap count.
-    Plain Python on purpose: a ladder is a few dozen points and numpy's per-call
-    overhead made this 4x slower than the loop.
-    """
-    e = theta[0]
-    f = g_e = 0.0
-    grad = [0.0] * len(theta)
-    for j, curve in enumerate(pts):
-        log_a, alpha = theta[1 + 2 * j], theta[2 + 2 * j]
-        g_a = g_alpha = 0.0
-        for xi, li, wi in curve:
-            p = math.exp(log_a - alpha * xi)  # the power-law term
-            pred = e + p
-            r = math.log(pred) - li  # log residual
-            if abs(r) <= delta:
-                f += wi * 0.5 * r * r
-                d = r
-            else:
-                f += wi * delta * (abs(r) - 0.5 * delta)
-                d = delta if r > 0 else -delta
-            d *= wi / pred  # d huber / d pred
-            g_e += d
-            g_a += d * p
-            g_alpha -= d * xi * p
-        grad[1 + 2 * j], grad[2 + 2 * j] = g_a, g_alpha
-    grad[0] = g_e
-    s = 1.0 / (delta * delta)
-    return f * s, np.array(grad) * s
-
-
-_ALPHAS = np.array([0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.2])
-_E_FRACS = np.array([0.0, 0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97])
-
-
-def _grid_starts(x, Y, W, delta, fix_e, k):
-    """The k best (E, [log A_j, alpha_j]...) starts of a grid over E (shared) and alpha (per curve).
-
-    x (n,), Y (F, n) losses with NaN where missing, W (F, n) weights. For each E and
-    alpha, log A is the least-squares value of log(L - E) + alpha x; each curve keeps
-    its best alpha, and E candidates are ranked by the total Huber objective.
-    """
-    ymin = np.nanmin(Y)
-    es = np.array([fix_e]) if fix_e is not None else _E_FRACS * ymin
-    starts = []
-    for e in es:
-        theta, total = [e], 0.0
-        for yj, wj in zip(Y, W, strict=True):
-            m = np.isfinite(yj) & (wj > 0)
-            lx, ly, lw = x[m], yj[m], wj[m]
-            if not m.any():
-                theta += [0.0, 0.3]
-                continue
-            # (len(_ALPHAS),) candidate log A per alpha, weighted least squares
-            la = ((np.log(ly - e)[None, :] + _ALPHAS[:, None] * lx[None, :]) * lw).sum(1) / lw.sum()
-            pred = e + np.exp(la[:, None] - _ALPHAS[:, None] * lx[None, :])
-            obj = (lw * huber(delta, np.log(pred) - np.log(ly)[None, :])).sum(1)
-            b = int(np.argmin(obj))
-            theta += [la[b], _ALPHAS[b]]
-            total += obj[b]
-        starts.append((total, np.array(theta)))
-    starts.sort(key=lambda t: t[0])
-    return [t for _, t in starts[:k]]
-
-
-def _fit_curves(x, Y, W, delta, fix_e, n_starts, extra_starts=()):
-    """Minimise the shared-E objective. Returns (theta, objective, fitted (F,) bool).
-
-    A curve with fewer than two distinct points carrying weight is not fitted (its
-    parameters stay at the start and `fitted` says so).
-    """
-    F = Y.shape[0]
-    fitted = np.array([len(set(x[np.isfinite(Y[j]) & (W[j] > 0)].tolist())) >= 2 for j in range(F)])
-    pts = [
-        [(float(x[i]), float(np.log(Y[j, i])), float(W[j, i])) for i in range(len(x))
-         if np.isfinite(Y[j, i]) and W[j, i] > 0] if fitted[j] else []
-        for j in range(F)
-    ]
-    ymin = float(np.nanmin(np.where(W > 0, Y, np.nan)))
-    e_hi = ymin * (1 - 1e-6)
-    bounds = [(fix_e, fix_e) if fix_e is not None else (0.0, e_hi)] + [(-40.0, 40.0), (1e-4, 3.0)] * F
-    starts = _grid_starts(x, Y, W, delta, fix_e, n_starts) if n_starts else []
-    for s in extra_starts:
-        s = np.array(s, dtype=float)
-        s[0] = fix_e if fix_e is not None else min(max(s[0], 0.0), e_hi * (1 - 1e-6))
-        starts.append(s)
-    if not starts:
-        starts = _grid_starts(x, Y, W, delta, fix_e, 1)
-    best = None
-    for s in starts:
-        res = minimize(
-            _objective, s, args=(pts, delta), jac=True, method="L-BFGS-B", bounds=bounds,
-            options={"maxiter": 2000, "maxfun": 5000, "ftol": 1e-12, "gtol": 1e-9},
-        )
-        if best is None or res.fun < best.fun:
-            best = res
-    return best.x, float(best.fun) * delta**2, fitted
-
-
-def fit_power_law(
-    flops: Sequence[float],
-    loss: Sequence[float],
-    *,
-    delta: float = 1e-3,
-    fix_e: float | None = None,
-    n_starts: int = 3,
-    weights: Sequence[float] | None = None,
-) -> PowerLaw:
-    """Fit L(C) = E + A C^-alpha to points (C, L) by Huber on log residuals.
-
-    L-BFGS-B runs from the `n_starts` best points of a grid over (E, alpha); `fix_e`
-    holds E fixed; `weights` (e.g. bootstrap counts) weight the points.
-    """
-    c = np.asarray(flops, dtype=float)
-    y = np.asarray(loss, dtype=float)
-    w = np.ones_like(c) if weights is None else np.asarray(weights, dtype=float)
-    if c.shape != y.shape or c.ndim != 1 or w.shape != c.shape:
-        raise ValueError(f"flops, loss and weights must be 1-D and the same length, got {c.shape}, {y.shape}")
-    ok = np.isfinite(c) & np.isfinite(y) & (c > 0) & (y > 0) & (w > 0)
-    c, y, w = c[ok], y[ok], w[ok]
-    need = 3 if fix_e is None else 2
-    if len(np.unique(c)) < need:
-        raise ValueError(
-            f"a power law with {'free' if fix_e is None else 'fixed'} E needs >= {need} distinct compute "
-            f"values, got {len(np.unique(c))}"
-        )
-    if fix_e is not None and fix_e >= y.min():
-        raise ValueError(f"fix_e={fix_e} must be below the smallest observed loss {y.min():.4f}")
-    c_ref = float(np.exp(np.log(c).mean()))
-    with _one_blas_thread():
-        theta, obj, _ = _fit_curves(np.log(c / c_ref), y[None, :], w[None, :], delta, fix_e, n_starts)
-    return PowerLaw(E=float(theta[0]), log_a=float(theta[1]), alpha=float(theta[2]), c_ref=c_ref, objective=obj)
-
-
-_CONTROLLER = None
-
-
-def _one_blas_thread():
-    """Limit BLAS to one thread while fitting: each L-BFGS-B step is tiny, and OpenBLAS's thread
-    pool made it 7x slower on a busy 2-core machine."""
-    global _CONTROLLER
-    if _CONTROLLER is None:
-        from threadpoolctl import ThreadpoolController
-
-        _CONTROLLER = ThreadpoolController()
-    return _CONTROLLER.limit(limits=1, user_api="blas")
 
 
 # ------------------------------------------------------------- ladder fitting
@@ -418,7 +161,7 @@ class LadderFit:
         Extrapolation error grows with distance. `loo="forward"`: the largest rung was
         predicted at log-distance log C_max - mean(log C of the smaller rungs) from the centre of
         the rungs it was fit to; a target at log C - mean(log C of all rungs) gets the error
-        scaled in proportion. Otherwise (FIT_VERSION 3): in units of the last step
+        scaled in proportion. Otherwise: in units of the last step
         log(C_max / C_prev) beyond the largest rung.
         """
         cs = sorted({r.flops for r in self.rungs})
@@ -489,83 +232,6 @@ class LadderFit:
         }
 
 
-@dataclass(frozen=True)
-class ForecastPoint:
-    fraction: float
-    step: int | None
-    value: float
-    low: float
-    high: float
-
-
-@dataclass(frozen=True)
-class Forecast:
-    flops: float
-    steps: int | None
-    points: list[ForecastPoint]
-
-    @property
-    def final(self) -> ForecastPoint:
-        return max(self.points, key=lambda p: p.fraction)
-
-    def as_rows(self) -> list[dict]:
-        return [asdict(p) for p in self.points]
-
-
-def average_seeds(rungs: Sequence[Rung]) -> list[Rung]:
-    """One `Rung` per rung label: the seeds of a rung averaged at every schedule fraction.
-
-    Runs with the same `rung` label are seeds of one rung (they must share its compute).
-    At each fraction the loss is the mean over the seeds that have an eval there (a seed
-    still running adds its points as they come). A rung of one run is returned as is.
-    The result is what the fit, its bootstrap (a rung's seeds always travel together)
-    and the leave-one-rung-out see. Order: by compute.
-    """
-    groups: dict[str, list[Rung]] = {}
-    for r in rungs:
-        groups.setdefault(r.rung, []).append(r)
-    out = []
-    for label, rs in groups.items():
-        if len(rs) == 1 and not rs[0].runs:
-            out.append(rs[0])
-            continue
-        rs = sorted(rs, key=lambda r: (r.seed is None, r.seed or 0, r.run))
-        if any(not math.isclose(r.flops, rs[0].flops, rel_tol=1e-9) for r in rs):
-            raise ValueError(f"rung {label!r}: its seed runs differ in compute "
-                             + ", ".join(f"{r.run}: C={r.flops:.6g}" for r in rs) + "; seeds of a rung must "
-                             "train the same model on the same tokens")
-        fracs = sorted(set().union(*(r.curve for r in rs)))
-        curve = {f: float(np.mean([r.curve[f] for r in rs if f in r.curve])) for f in fracs}
-        runs = tuple(x for r in rs for x in (r.runs or (r.run,)))
-        out.append(Rung(run=rs[0].run, rung=label, flops=rs[0].flops, curve=curve,
-                        params_active=rs[0].params_active, params_total=rs[0].params_total,
-                        tokens=rs[0].tokens, steps=rs[0].steps, seed=None, runs=runs))
-    return sorted(out, key=lambda r: (r.flops, r.rung))
-
-
-def seed_noise(rungs: Sequence[Rung], fraction: float = 1.0) -> tuple[float, int]:
-    """Run-to-run noise measured from seeds: (pooled 1-sigma std of log loss at `fraction`, dof).
-
-    `rungs` are single runs (before `average_seeds`); the spread of a rung's seeds around
-    their mean is pooled over rungs. dof = sum(seeds - 1) over rungs; (nan, 0) without seeds.
-    """
-    groups: dict[str, list[float]] = {}
-    for r in rungs:
-        if fraction in r.curve and r.curve[fraction] > 0:
-            groups.setdefault(r.rung, []).append(math.log(r.curve[fraction]))
-    ss = sum(float(((np.array(v) - np.mean(v)) ** 2).sum()) for v in groups.values())
-    dof = sum(len(v) - 1 for v in groups.values())
-    return (math.sqrt(ss / dof), dof) if dof > 0 else (float("nan"), 0)
-
-
-def fit_version(rungs: Sequence[Rung]) -> str:
-    """FIT_VERSION plus a short hash of the data a fit saw, so a forecast names exactly what it used."""
-    rungs = average_seeds(rungs)
-    payload = [("+".join(r.runs) if len(r.runs) > 1 else r.run, r.flops, sorted(r.curve.items()))
-               for r in sorted(rungs, key=lambda r: r.run)]
-    return f"{FIT_VERSION}:{hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:12]}"
-
-
 def _matrix(rungs, fractions):
     """x (n,) log compute over c_ref, Y (F, n) loss with NaN where a rung has no eval, c_ref."""
     c = np.array([r.flops for r in rungs], dtype=float)
@@ -616,18 +282,18 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
         """(F, 3) per-fraction (E, log A, alpha) and (F,) fitted mask for rung weights w (n,), losses y (F, n)."""
         out, ok = np.zeros((F, 3)), np.zeros(F, bool)
         if cfg.shared_e:
-            th, _, fitted = _fit_curves(x, y, ones * w[None, :], cfg.delta, e_fix[0], n_starts,
+            th, _, fitted = fit_curves(x, y, ones * w[None, :], cfg.delta, e_fix[0], n_starts,
                                         [] if starts is None else [_pack(starts)])
             for j in range(F):
                 out[j] = (th[0], th[1 + 2 * j], th[2 + 2 * j])
             return out, fitted
         for j in range(F):
-            th, _, fitted = _fit_curves(x, y[j : j + 1], w[None, :], cfg.delta, e_fix[j], n_starts,
+            th, _, fitted = fit_curves(x, y[j : j + 1], w[None, :], cfg.delta, e_fix[j], n_starts,
                                         [] if starts is None else [starts[j]])
             out[j], ok[j] = th, fitted[0]
         return out, ok
 
-    with _one_blas_thread():
+    with one_blas_thread():
         full, _ = solve(np.ones(n), Y, [cfg.fix_e] * F, None, cfg.n_starts)
 
         def sub(w, y=Y):  # a refit started from the full fit; E kept when < 3 distinct rungs
@@ -719,73 +385,3 @@ def _resamples(flops: Sequence[float], min_distinct: int, n_boot: int, seed: int
         prob = np.ones(len(counts))
     return counts, (prob / prob.sum() if prob.size else prob)
 
-
-# ------------------------------------------------------------------- backtest
-
-
-@dataclass(frozen=True)
-class Backtest:
-    held_out: str
-    run: str
-    flops: float
-    final_pred: float
-    final_low: float
-    final_high: float
-    final_obs: float
-    final_error_pct: float  # 100 * (pred - obs) / obs
-    coverage: float  # share of the held-out curve's points inside the band
-    points: list[dict]  # fraction, step, value, low, high, observed, inside
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def compare(forecast: Forecast, curve: dict[float, float]) -> list[dict]:
-    """Forecast points joined with an observed curve (fraction -> loss)."""
-    rows = []
-    for p in forecast.points:
-        obs = curve.get(p.fraction)
-        inside = None if obs is None else bool(p.low <= obs <= p.high)
-        rows.append({**asdict(p), "observed": obs, "inside": inside})
-    return rows
-
-
-def backtest(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder") -> Backtest:
-    """Leave the largest rung (all its seeds) out, fit the rest, forecast its (seed-mean) curve, score it.
-
-    The band is for the held-out rung as observed: the mean of its seeds, so the forecast's
-    own-noise term is noise / sqrt(seeds).
-    """
-    held = average_seeds(rungs)[-1]
-    rest = [r for r in rungs if r.rung != held.rung]
-    fit = fit_ladder(rest, config, name=name)
-    fc = fit.forecast(held.flops, held.steps, seeds=held.n_seeds)
-    rows = compare(fc, held.curve)
-    scored = [r for r in rows if r["inside"] is not None]
-    fin = fc.final
-    obs = held.final_loss
-    if obs is None:
-        raise ValueError(f"held-out rung {held.rung!r} has no final eval")
-    return Backtest(
-        held_out=held.rung, run=held.run, flops=held.flops,
-        final_pred=fin.value, final_low=fin.low, final_high=fin.high, final_obs=obs,
-        final_error_pct=100.0 * (fin.value - obs) / obs,
-        coverage=sum(r["inside"] for r in scored) / len(scored) if scored else float("nan"),
-        points=rows,
-    )
-
-
-# The store side (loading rungs, pre-registering forecasts, watching targets) lives in
-# observatory.ladder.watch; its public names are importable from here too.
-_WATCH = (
-    "load_ladder", "target_spec", "curve_by_fraction", "forecast_event_data", "write_forecast", "run_started",
-    "band_at_steps", "deviations", "check_target", "check_targets", "forecast_band",
-)  # fmt: skip
-
-
-def __getattr__(name: str):
-    if name in _WATCH:
-        from observatory.ladder import watch as ladder_watch
-
-        return getattr(ladder_watch, name)
-    raise AttributeError(f"module 'observatory.ladder.fit' has no attribute {name!r}")

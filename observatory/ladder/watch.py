@@ -1,35 +1,38 @@
 """The ladder against the store: load rungs, pre-register a target's forecast, watch the target.
 
-- `load_ladder(con, name)`: a ladder's rungs as `observatory.ladder.Rung`s (eval loss
-  at every 5% of each rung's schedule) and its targets.
+- `load_ladder(con, name)`: a ladder's rungs as `observatory.ladder.rungs.Rung`s (eval
+  loss at every 5% of each rung's schedule) and its targets.
 - `forecast_event_data` / `write_forecast`: the `forecast` event, written by host 1000
   into the target's run folder before its run_start (pre-registered).
 - `check_target(db, runs_dir, run)`: the target's evals against that band; K
   consecutive evals outside write one `anomaly` (detector `ladder_deviation`) per
-  excursion, idempotently. `check_targets(db, runs_dir, runs)` is what ingest's hook calls.
+  excursion, idempotently. `check_targets(db, runs_dir, runs)` does it for many runs,
+  and `after_ingest(db, runs_dir, runs)` is ingest's hook around it.
 - `forecast_band(db, run)`: the band as a DataFrame, for the Live run page.
 
-All SQL is in `observatory.queries.ladder`.
+Both events are written through `observatory.findings`, so what the observatory said
+and when is part of the run's record. All SQL is in `observatory.queries.ladder`.
+This module does not import the fit (nor scipy with it): ingest loads it for its hook.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import yaml
 
-from observatory.ladder.fit import (
-    DETECTOR,
-    EVAL_METRIC,
-    METHOD,
-    Forecast,
-    LadderFit,
-    Rung,
-    fit_version,
-)
+from observatory import findings, settings
+from observatory.ladder.rungs import DETECTOR, EVAL_METRIC, METHOD, Forecast, Rung, fit_version
+from observatory.queries import ladder as q
+from observatory.store import using
+
+if TYPE_CHECKING:  # for annotations only: importing the fit at run time would load scipy
+    from observatory.ladder.fit import LadderFit
 
 __all__ = [
     "load_ladder",
@@ -42,6 +45,7 @@ __all__ = [
     "deviations",
     "check_target",
     "check_targets",
+    "after_ingest",
     "forecast_band",
 ]
 
@@ -94,8 +98,6 @@ def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung],
 
     Raises ValueError naming the ladder when it has no runs or a rung lacks `flops`.
     """
-    from observatory.queries import ladder as q
-
     runs = q.ladder_runs(con, name)
     if not runs:
         known = ", ".join(d["name"] for d in q.ladders(con)) or "none"
@@ -143,12 +145,8 @@ def target_spec(con, target: str) -> dict:
     A file (YAML or JSON) gives `flops` and `steps` at its top level or under `target`
     or `ladder` (what `trainer ladder --plan` prints for a target).
     """
-    from observatory.queries import ladder as q
-
     p = Path(target)
     if p.is_file():
-        import yaml
-
         try:
             doc = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
@@ -201,14 +199,6 @@ def forecast_event_data(fit: LadderFit, forecast: Forecast, dataset: str | None,
     }
 
 
-def _writer(runs_dir, run: str):
-    from observatory.events import OBSERVATORY_HOST
-    from observatory.writer import init
-
-    return init(run_id=run, runs_dir=runs_dir, host=OBSERVATORY_HOST, write_start=False,
-                install_signal_handlers=False)
-
-
 def run_started(runs_dir, run: str) -> bool:
     """Whether the run's own logs (any host but the observatory's) already hold events."""
     d = Path(runs_dir) / run
@@ -216,18 +206,14 @@ def run_started(runs_dir, run: str) -> bool:
 
 
 def write_forecast(runs_dir, run: str, data: dict) -> Path:
-    """Append the `forecast` event to <runs_dir>/<run>/events.1000.jsonl; return that path.
+    """Append the `forecast` event to the run's observatory-host file; return that file's path.
 
     Written before the target's run_start it is pre-registered: its `t` precedes the
     run's. `data["pre_registered"]` is set from whether the run had started.
     """
     data = {**data, "pre_registered": not run_started(runs_dir, run)}
-    w = _writer(runs_dir, run)
-    try:
-        w.event("forecast", data)
-    finally:
-        w.close()  # close, not finish: host 1000 never ends a run
-    return w.path
+    findings.write(runs_dir, run, "forecast", [(data, None)])
+    return findings.path(runs_dir, run)
 
 
 # ---------------------------------------------------- watching a target run
@@ -287,30 +273,15 @@ def _latest_forecast(forecasts: list[dict], start_time: float | None) -> dict | 
     return (before or forecasts)[-1]
 
 
-def _open(db):
-    """A connection for one unit of work: the caller's if it passed one, else read-only on the path."""
-    from contextlib import nullcontext
-
-    from observatory.store import connect
-
-    return nullcontext(db) if hasattr(db, "execute") else connect(db)
-
-
-def _file_anomaly_windows(runs_dir, run: str) -> set[int]:
+def _pending_windows(runs_dir, run: str) -> set[int]:
     """First steps of ladder_deviation anomalies already in the run's host-1000 file (maybe not ingested)."""
-    path = Path(runs_dir) / run / "events.1000.jsonl"
     seen: set[int] = set()
-    if not path.exists():
-        return seen
-    with open(path, "rb") as f:
-        for raw in f:
-            if DETECTOR.encode() not in raw or not raw.endswith(b"\n"):
-                continue
+    for ev in findings.pending(runs_dir, run, "anomaly"):
+        d = ev["data"]
+        if d.get("detector") == DETECTOR:
             try:
-                d = json.loads(raw).get("data", {})
-                if d.get("detector") == DETECTOR:
-                    seen.add(int(d["window"][0]))
-            except (ValueError, KeyError, TypeError, IndexError):
+                seen.add(int(d["window"][0]))
+            except (KeyError, TypeError, ValueError, IndexError):
                 continue
     return seen
 
@@ -323,18 +294,15 @@ def check_target(db, runs_dir, run: str, *, k: int | None = None, write: bool = 
     (same first step, in the store or in events.1000.jsonl) is not written again.
     `db` is a store path or an open connection. Returns the anomaly payloads written.
     """
-    from observatory import settings
-    from observatory.queries import ladder as q
-
     k = int(k if k is not None else settings.get("ladder_deviation_evals"))
-    with _open(db) as con:
+    with using(db) as con:
         fc = _latest_forecast(q.forecast_events(con, run), (q.run_ladder(con, run) or {}).get("start_time"))
         if fc is None or not fc.get("points"):
             return []
         evals = [e for e in q.eval_points(con, [run]) if fc.get("dataset") in (None, e["dataset"])]
         seen = {int(a["window"][0]) for a in q.deviation_anomalies(con, run, DETECTOR)
                 if isinstance(a.get("window"), list) and a["window"]}
-    seen |= _file_anomaly_windows(runs_dir, run)
+    seen |= _pending_windows(runs_dir, run)
     new = []
     for ex in deviations(fc["points"], evals, k):
         if ex["window"][0] in seen:
@@ -355,21 +323,14 @@ def check_target(db, runs_dir, run: str, *, k: int | None = None, write: bool = 
             "forecast": {"t": fc["t"], "ladder": (fc.get("source") or {}).get("ladder"),
                          "fit_version": (fc.get("source") or {}).get("fit_version")},
         })  # fmt: skip
-    if write and new:
-        w = _writer(runs_dir, run)
-        try:
-            for a in new:
-                w.event("anomaly", a, step=a["window"][1])
-        finally:
-            w.close()
+    if write:
+        findings.write(runs_dir, run, "anomaly", [(a, a["window"][1]) for a in new])
     return new
 
 
 def check_targets(db, runs_dir, runs: Iterable[str] | None = None, **kw) -> list[dict]:
     """`check_target` for every run (of `runs`, or all) that has a forecast event. Never raises per run."""
-    from observatory.queries import ladder as q
-
-    with _open(db) as con:
+    with using(db) as con:
         have = {f["run"] for f in q.forecast_events(con)}
     wanted = have if runs is None else have & set(runs)
     out = []
@@ -377,19 +338,29 @@ def check_targets(db, runs_dir, runs: Iterable[str] | None = None, **kw) -> list
         try:
             out += [{"run": run, **a} for a in check_target(db, runs_dir, run, **kw)]
         except Exception as e:  # one bad run must not stop the others (or ingest)
-            import sys
-
             print(f"observatory ladder: check_target({run}) failed: {type(e).__name__}: {e}", file=sys.stderr)
     return out
 
 
+def after_ingest(db, runs_dir, runs: set[str] | None) -> set[str]:
+    """Ingest's hook, after each committed batch: the touched targets against their forecast band.
+
+    `runs`: the runs the batch touched (None: every run with a forecast). Returns the
+    runs whose folders got new `ladder_deviation` anomalies. Never raises: a failure is
+    reported on stderr and ingest goes on.
+    """
+    try:
+        return {a["run"] for a in check_targets(db, runs_dir, runs)}
+    except Exception as e:
+        print(f"observatory anomalies: ladder check failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return set()
+
+
 def forecast_band(db, run: str):
     """The band a run is judged against, as a pandas DataFrame (step, fraction, value, low, high), or None."""
-    import pandas as pd
+    import pandas as pd  # lazy for start-up time: ingest loads this module for its hook
 
-    from observatory.queries import ladder as q
-
-    with _open(db) as con:
+    with using(db) as con:
         fc = _latest_forecast(q.forecast_events(con, run), (q.run_ladder(con, run) or {}).get("start_time"))
     if fc is None or not fc.get("points"):
         return None

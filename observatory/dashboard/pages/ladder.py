@@ -20,7 +20,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from observatory.dashboard.cache import query, query_all
-from observatory.ladder.fit import Rung, average_seeds, backtest, fit_ladder, fit_version
+from observatory.ladder.backtest import backtest
+from observatory.ladder.fit import fit_ladder
+from observatory.ladder.rungs import Rung, average_seeds, fit_version
 from observatory.ladder.watch import load_ladder
 from observatory.queries import ladder as ql
 

@@ -1,0 +1,93 @@
+"""Detector thresholds: one field per `anomaly_*` setting, its default that setting's.
+
+The settings table (`observatory.settings.SETTINGS`) holds each threshold's name,
+default and help; `Thresholds` takes its defaults from there, so the two cannot
+drift apart, and `Thresholds.from_settings()` reads the current values (environment
+overrides included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from observatory import settings
+
+__all__ = ["Thresholds", "PREFIX"]
+
+PREFIX = "anomaly_"  # Thresholds.<field> is the setting anomaly_<field>
+
+
+def _default(field: str):
+    return settings.SETTINGS[PREFIX + field].default
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Detector thresholds; each field's help is its setting's (`observatory settings`)."""
+
+    window: int = _default("window")
+    min_history: int = _default("min_history")
+    loss_z: float = _default("loss_z")
+    loss_min_rise: float = _default("loss_min_rise")
+    loss_dip: float = _default("loss_dip")
+    grad_z: float = _default("grad_z")
+    grad_min_ratio: float = _default("grad_min_ratio")
+    grad_single_ratio: float = _default("grad_single_ratio")
+    grad_growth: float = _default("grad_growth")
+    growth_steps: int = _default("growth_steps")
+    recovery_steps: int = _default("recovery_steps")
+    recovery_tol: float = _default("recovery_tol")
+    drop_jump: float = _default("drop_jump")
+    drop_z: float = _default("drop_z")
+    hot_ratio: float = _default("hot_ratio")
+    expert_steps: int = _default("expert_steps")
+    throughput_drop: float = _default("throughput_drop")
+    throughput_steps: int = _default("throughput_steps")
+    stall_s: float = _default("stall_s")
+
+    def __post_init__(self):
+        for name in (
+            "window",
+            "min_history",
+            "growth_steps",
+            "recovery_steps",
+            "expert_steps",
+            "throughput_steps",
+        ):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Thresholds.{name} must be an int >= 1, got {v!r} (setting anomaly_{name})")
+        if self.min_history > self.window:
+            raise ValueError(
+                f"Thresholds.min_history ({self.min_history}) must be <= window ({self.window}); "
+                "lower anomaly_min_history or raise anomaly_window"
+            )
+        for name in ("loss_z", "grad_z", "drop_z", "loss_min_rise", "recovery_tol", "drop_jump", "stall_s"):
+            v = getattr(self, name)
+            if not v > 0:
+                raise ValueError(f"Thresholds.{name} must be > 0, got {v!r} (setting anomaly_{name})")
+        for name in ("grad_min_ratio", "grad_single_ratio", "grad_growth", "hot_ratio"):
+            if not getattr(self, name) > 1:
+                raise ValueError(
+                    f"Thresholds.{name} must be > 1, got {getattr(self, name)!r} (setting anomaly_{name})"
+                )
+        if not 0 < self.loss_dip < 1:
+            raise ValueError(
+                f"Thresholds.loss_dip must be in (0, 1), got {self.loss_dip!r} (setting anomaly_loss_dip)"
+            )
+        if not 0 < self.throughput_drop < 1:
+            raise ValueError(f"Thresholds.throughput_drop must be in (0, 1), got {self.throughput_drop!r}")
+
+    @classmethod
+    def from_settings(cls) -> Thresholds:
+        """The thresholds as the `anomaly_*` settings are now (their environment variables included)."""
+        return cls(**{f.name: settings.get(PREFIX + f.name) for f in fields(cls)})
+
+    @property
+    def lookback(self) -> int:
+        """Logged steps an incremental scan re-reads before the last step it scanned.
+
+        Enough for every trailing window, a spike's recovery check and the longest
+        episode a detector needs before it reports.
+        """
+        return 2 * self.window + self.growth_steps + self.recovery_steps + 2 * self.expert_steps + 16
