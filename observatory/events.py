@@ -37,6 +37,7 @@ __all__ = [
     "decode_number",
     "encode_nonfinite",
     "describe",
+    "fmt_value",
 ]
 
 VERSION = 1
@@ -371,7 +372,8 @@ def validate_event(ev: Any, *, run_folder: str | None = None, host: int | None =
 DESCRIBE_MAX = 300  # characters of a one-line summary
 
 
-def _fmt(x: Any) -> str:
+def fmt_value(x: Any) -> str:
+    """A value as text shows it: "-" for None, floats to 6 significant digits (nan/inf as is)."""
     if x is None:
         return "-"
     if isinstance(x, float):
@@ -392,7 +394,7 @@ def _describe(kind: str, d: dict) -> str:
             return f"{d.get('id')}: {d['title']} ({d.get('kind', '?')}, {d.get('status', '?')})"
         changed = [x for x in d if x not in ("id", "created", "updated")]
         return f"{d.get('id')}: " + ", ".join(
-            f"{x} -> {_fmt(d[x]) if not isinstance(d[x], (dict, list)) else '…'}" for x in changed
+            f"{x} -> {fmt_value(d[x]) if not isinstance(d[x], (dict, list)) else '…'}" for x in changed
         )
     if kind == "config_diff":
         a = d.get("against") if isinstance(d.get("against"), dict) else {}
@@ -405,14 +407,14 @@ def _describe(kind: str, d: dict) -> str:
         size = f" ({d['bytes'] / 1e6:.1f} MB)" if isinstance(d.get("bytes"), (int, float)) else ""
         return f"{d.get('path', '?')}{size}"
     if kind == "eval":
-        return f"{d.get('dataset', '?')} loss {_fmt(d.get('loss'))}"
+        return f"{d.get('dataset', '?')} loss {fmt_value(d.get('loss'))}"
     if kind == "run_start":
         p = d.get("parent")
         return "run started" + (f" from {p.get('run')}@{p.get('step')}" if isinstance(p, dict) else "")
     if kind == "run_end":
         return f"run ended: {d.get('status')} at step {d.get('final_step')}"
     if kind == "forecast":
-        return f"forecast {d.get('metric')} = {_fmt(d.get('value'))} at step {d.get('target_step', '-')}"
+        return f"forecast {d.get('metric')} = {fmt_value(d.get('value'))} at step {d.get('target_step', '-')}"
     if kind == "note":
         return str(d.get("text", ""))
     if kind == "artifact":

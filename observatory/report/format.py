@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime as _dt
-import math
 from typing import Any
+
+from observatory.events import fmt_value
 
 __all__ = ["fmt_time", "fmt_value", "flatten"]
 
@@ -14,15 +15,6 @@ def fmt_time(t: float | None) -> str:
     if t is None:
         return "-"
     return _dt.datetime.fromtimestamp(t, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def fmt_value(x: Any) -> str:
-    """A value as the report shows it: "-" for None, floats to 6 significant digits (nan/inf as is)."""
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return str(x) if not math.isfinite(x) else f"{x:.6g}"
-    return str(x)
 
 
 def flatten(cfg: Any, prefix: str = "") -> list[tuple[str, Any]]:
