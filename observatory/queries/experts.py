@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from observatory.store.rollups import LAYER_RESOLUTION, RESOLUTIONS
+from observatory.store.schema import LAYER_RESOLUTION, RESOLUTIONS
 
 __all__ = [
     "expert_extent",

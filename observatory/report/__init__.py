@@ -81,18 +81,24 @@ def _fmt(x: Any) -> str:
 
 
 def effective_status(info: dict[str, Any], now: float | None = None) -> str:
-    """The stored status, except a run with no run_end whose writers went silent is `crashed`."""
+    """The stored status, except a run with no run_end whose writers went silent is `crashed`.
+
+    `crashed` comes from `observatory.store.run_status_sql`, the one definition every reader uses.
+    """
+    import duckdb
+
     from observatory import settings
+    from observatory.store import run_status_sql
 
     if info.get("start_time") is None:
         return "records"  # a folder without run_start (e.g. `decisions/`): findings, not a training run
-    status = info.get("status") or "running"
-    last = info.get("writer_t") or info.get("last_event_t")
-    if status == "running" and info.get("end_time") is None and last is not None:
-        now = time.time() if now is None else now
-        if now - last > float(settings.get("stale_after_s")):
-            return "crashed"
-    return status
+    now = time.time() if now is None else now
+    row = {"status": info.get("status") or "running", "last": info.get("writer_t") or info.get("last_event_t")}
+    with duckdb.cursor() as con:  # a cursor of DuckDB's in-memory default database: the expression over one row
+        return con.execute(
+            f"SELECT {run_status_sql('$cut')} FROM (SELECT $status AS status, $last::DOUBLE AS last_event_t)",
+            {**row, "cut": now - float(settings.get("stale_after_s"))},
+        ).fetchall()[0][0]
 
 
 def _windows(con, run: str, timeline: list[dict], last_step: int | None) -> list[dict]:

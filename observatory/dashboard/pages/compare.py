@@ -209,9 +209,7 @@ def render() -> None:
 
     tab_overlay, tab_diff, tab_lineage = st.tabs(["Overlay", "Config diff", "Lineage"])
     with tab_overlay:
-        names = sorted(
-            set().union(*(set(common.query(qd.metric_names, r)["name"].to_list()) for r in chosen))
-        )
+        names = common.query(qd.metric_names_for, chosen)
         if not names:
             st.info("These runs logged no metrics yet.")
         else:
