@@ -1,4 +1,4 @@
-"""Ingest: incremental, idempotent, exactly-once; runs table; fast path agrees with validate_event."""
+"""Ingest: incremental, idempotent, exactly-once; runs table; the vectorised checks agree with validate_event."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def test_rebuild_gives_same_answers(runs_dir, db_path):
 
 
 def test_fast_path_agrees_with_validate_event(runs_dir, db_path):
-    """Every mutated line is accepted iff validate_event accepts it (fast and slow path alike)."""
+    """Every mutated line is accepted iff validate_event accepts it (vectorised or line by line alike)."""
     base_m = event("a", "metrics", {"train/loss": 2.5, "x": 1}, 0, 1)
     base_x = event("a", "expert_load", {"layer": 1, "routed": [3, 4], "dropped": [0, 1]}, 0, 1)
     variants = []
