@@ -30,16 +30,6 @@ from typing import Any
 from observatory import settings
 from observatory.store.schema import ensure_schema
 
-__all__ = [
-    "StoreBusy",
-    "StoreConnection",
-    "connect",
-    "using",
-    "write_connection",
-    "default_db",
-    "default_runs_dir",
-]
-
 
 def default_db() -> Path:
     return Path(settings.get("db"))

@@ -208,23 +208,21 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> Non
     from the store itself, so a missed call is caught up by the next one.
     """
     touched = touched or {}
-    if touched.get("expert_load"):
-        ok, firsts, _, nxt, n = _new_rows(con, "expert_load")
+    for source, recompute, rebuild in (
+        ("expert_load", _recompute_experts, _rebuild_experts),
+        ("metrics", _recompute_metrics, _rebuild_metrics),
+    ):
+        if not touched.get(source):
+            continue
+        ok, firsts, start, nxt, n = _new_rows(con, source)
         if not ok:
-            _rebuild_experts(con)
-        else:
-            for run, first in sorted(firsts.items()):
-                _recompute_experts(con, run, first)
-            _save_state(con, "expert_load", nxt, n)
-    if touched.get("metrics"):
-        ok, firsts, start, nxt, n = _new_rows(con, "metrics")
-        if not ok:
-            _rebuild_metrics(con)
-        else:
-            for run, first in sorted(firsts.items()):
-                _recompute_metrics(con, run, first)
+            rebuild(con)
+            continue
+        for run, first in sorted(firsts.items()):
+            recompute(con, run, first)
+        if source == "metrics":
             _merge_metric_series(con, start)
-            _save_state(con, "metrics", nxt, n)
+        _save_state(con, source, nxt, n)
 
 
 # ------------------------------------------------------------------- rebuild
