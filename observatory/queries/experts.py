@@ -1,6 +1,6 @@
 """Expert-load queries for the dashboard: heatmaps, hot experts, drop fraction per layer.
 
-They read the ingest-time rollups of `observatory/rollups.py`, never a full scan
+They read the ingest-time rollups of `observatory/store/rollups.py`, never a full scan
 of `expert_load` (10^8 rows for a 10^5-step run of 16 layers x 64 experts):
 
 - a heatmap over a step window reads the coarsest table whose buckets are still
