@@ -4,8 +4,8 @@ Three sides load the same event log into a fresh store file, in one run:
 
 - observatory (msgspec path): `observatory.ingest.ingest` (every line validated,
   offsets, runs table, exactly-once bookkeeping), without the dashboard/anomaly
-  hooks; lines decoded by msgspec, appended as Arrow columns (`ingest_fast`);
-- observatory (old path): the same with `ingest_fast.ENABLED = False`: lines staged
+  hooks; lines decoded by msgspec, appended as Arrow columns (`msgspec_lines`);
+- observatory (SQL path): the same with `msgspec_lines.ENABLED = False`: lines staged
   and parsed in DuckDB SQL, checked by `validate_event` where SQL cannot certify;
 - baseline: one DuckDB `read_json` of the file + `INSERT ... SELECT` into the same
   `metrics` and `expert_load` tables (no validation, no bookkeeping) -- the practical
@@ -30,8 +30,7 @@ from pathlib import Path
 import duckdb
 
 from observatory import store
-from observatory.ingest import ingest
-from observatory.ingest import msgspec_lines as ingest_fast
+from observatory.ingest import ingest, msgspec_lines
 
 TARGET = 5_000_000  # metric values / s
 # the stored rows, order-independent and exact (float sums depend on the order rows arrive in)
@@ -79,15 +78,15 @@ def baseline(path: Path, db: Path) -> float:
     return time.perf_counter() - t0
 
 
-def observatory_side(log: Path, db: Path, fast: bool) -> tuple[float, float, object]:
+def observatory_side(log: Path, db: Path, use_msgspec: bool) -> tuple[float, float, object]:
     """(wall s, process CPU s, report) of one `ingest` into a fresh store."""
-    ingest_fast.ENABLED = fast
+    msgspec_lines.ENABLED = use_msgspec
     try:
         c0, t0 = time.process_time(), time.perf_counter()
         rep = ingest(log.parent.parent, db, hooks=False, emit=None)
         return time.perf_counter() - t0, time.process_time() - c0, rep
     finally:
-        ingest_fast.ENABLED = True
+        msgspec_lines.ENABLED = True
 
 
 def main() -> None:
@@ -106,19 +105,19 @@ def main() -> None:
         ingest(tmp / "warm-runs", tmp / "warm.duckdb", hooks=False, emit=None)  # imports, once, outside the clock
         for i in range(args.repeat):
             # process CPU seconds (all threads) too: on a shared, loaded machine wall time is mostly waiting
-            for side in ("fast", "old", "duckdb"):
+            for side in ("msgspec", "sql", "duckdb"):
                 db = tmp / f"{side}{i}.duckdb"
                 if side == "duckdb":
                     c0 = time.process_time()
                     wall = baseline(log, db)
                     cpu = time.process_time() - c0
                 else:
-                    wall, cpu, reps[side] = observatory_side(log, db, side == "fast")
+                    wall, cpu, reps[side] = observatory_side(log, db, side == "msgspec")
                     with duckdb.connect(str(db), read_only=True) as con:
                         got = con.execute("SELECT count(*) FROM metrics").fetchall()[0][0]
                         sums[side] = con.execute(CHECK_SQL).fetchall()
                     assert got == n_values == reps[side].metric_values, (side, got, n_values)
-                    assert sums[side] == sums.get("fast", sums[side]), ("the two paths stored different data", sums)
+                    assert sums[side] == sums.get("msgspec", sums[side]), ("the two paths stored different data", sums)
                 for p in (db, db.with_name(db.name + ".wal")):
                     p.unlink(missing_ok=True)
                 if side not in best or wall < best[side][0]:
@@ -126,20 +125,20 @@ def main() -> None:
     rate = {side: n_values / w for side, (w, _) in best.items()}
     cpu_rate = {side: n_values / c for side, (_, c) in best.items()}
     print(f"log: {args.steps} steps, {n_values:,} metric values + expert_load, {mb:.0f} MB; best of {args.repeat}")
-    for side, label in (("fast", "observatory, msgspec path"), ("old", "observatory, old path"),
+    for side, label in (("msgspec", "observatory, msgspec path"), ("sql", "observatory, SQL path"),
                         ("duckdb", "plain DuckDB read_json+INSERT")):  # fmt: skip
         w, c = best[side]
         extra = f" ({reps[side].fast_events}/{reps[side].events} events on a vectorised path)" if side in reps else ""
         print(f"{label:31s}: {w:6.2f} s  {rate[side] / 1e6:5.2f} M values/s; {c:5.2f} CPU s "
               f"({cpu_rate[side] / 1e6:5.2f} M values per CPU s){extra}")  # fmt: skip
-    print(f"ratios (wall): msgspec / old path {rate['fast'] / rate['old']:.2f}x, msgspec / plain DuckDB "
-          f"{rate['fast'] / rate['duckdb']:.2f}x, old path / plain DuckDB {rate['old'] / rate['duckdb']:.2f}x")  # fmt: skip
-    print(f"ratios (CPU s): msgspec / old path {cpu_rate['fast'] / cpu_rate['old']:.2f}x, msgspec / plain DuckDB "
-          f"{cpu_rate['fast'] / cpu_rate['duckdb']:.2f}x")  # fmt: skip
+    print(f"ratios (wall): msgspec / SQL path {rate['msgspec'] / rate['sql']:.2f}x, msgspec / plain DuckDB "
+          f"{rate['msgspec'] / rate['duckdb']:.2f}x, SQL path / plain DuckDB {rate['sql'] / rate['duckdb']:.2f}x")  # fmt: skip
+    print(f"ratios (CPU s): msgspec / SQL path {cpu_rate['msgspec'] / cpu_rate['sql']:.2f}x, msgspec / plain DuckDB "
+          f"{cpu_rate['msgspec'] / cpu_rate['duckdb']:.2f}x")  # fmt: skip
     print(
-        f"| ingest throughput | {rate['fast'] / 1e6:.2f} M metric values/s ({rate['fast'] / rate['duckdb']:.2f}x plain DuckDB "
-        f"read_json+INSERT at {rate['duckdb'] / 1e6:.2f} M/s; {rate['fast'] / rate['old']:.2f}x the old path at "
-        f"{rate['old'] / 1e6:.2f} M/s) | >= {TARGET / 1e6:.0f}M values/s | python bench/bench_ingest.py |"
+        f"| ingest throughput | {rate['msgspec'] / 1e6:.2f} M metric values/s ({rate['msgspec'] / rate['duckdb']:.2f}x plain DuckDB "
+        f"read_json+INSERT at {rate['duckdb'] / 1e6:.2f} M/s; {rate['msgspec'] / rate['sql']:.2f}x the SQL path at "
+        f"{rate['sql'] / 1e6:.2f} M/s) | >= {TARGET / 1e6:.0f}M values/s | python bench/bench_ingest.py |"
     )
     sys.stdout.flush()
 

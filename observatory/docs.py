@@ -11,19 +11,18 @@ import re
 import sys
 from pathlib import Path
 
+from observatory.settings import SETTINGS
+from observatory.store import SCHEMA_DOC
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def settings_table() -> str:
-    from observatory.settings import SETTINGS
-
     rows = [f"| `{s.name}` | `{s.env}` | `{s.default}` | {s.help} |" for s in SETTINGS.values()]
     return "| setting | env | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows)
 
 
 def schema_doc() -> str:
-    from observatory.store import SCHEMA_DOC
-
     # the README nests the tables under "## SQL schema"
     return re.sub(r"^## ", "### ", SCHEMA_DOC.strip(), flags=re.M)
 

@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from observatory.queries import lineage as q
+from observatory.store import using
+
 __all__ = ["Lineage", "lineage", "format_text"]
 
 
@@ -55,9 +58,7 @@ class Lineage:
 
 def lineage(db, run: str, metric: str = "train/loss") -> Lineage:
     """The lineage of `run` from the store (a path or an open connection). ValueError if unknown."""
-    from observatory.queries import lineage as q
-
-    def work(con):
+    with using(db) as con:
         if q.run_row(con, run) is None:
             raise ValueError(f"no run {run!r} in the store (see `observatory runs`)")
         chain = q.ancestors(con, run)
@@ -68,13 +69,6 @@ def lineage(db, run: str, metric: str = "train/loss") -> Lineage:
         return Lineage(
             run, metric, li.chain, li.tree, tuple(q.stitched_curve(con, list(li.segments), metric))
         )
-
-    if hasattr(db, "execute"):
-        return work(db)
-    from observatory.store import connect
-
-    with connect(db) as con:
-        return work(con)
 
 
 def format_text(li: Lineage) -> str:

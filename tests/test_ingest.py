@@ -1,4 +1,4 @@
-"""Ingest: incremental, idempotent, exactly-once; runs table; fast path agrees with validate_event."""
+"""Ingest: incremental, idempotent, exactly-once; runs table; the vectorised checks agree with validate_event."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def test_rebuild_gives_same_answers(runs_dir, db_path):
 
 
 def test_fast_path_agrees_with_validate_event(runs_dir, db_path):
-    """Every mutated line is accepted iff validate_event accepts it (fast and slow path alike)."""
+    """Every mutated line is accepted iff validate_event accepts it (vectorised or line by line alike)."""
     base_m = event("a", "metrics", {"train/loss": 2.5, "x": 1}, 0, 1)
     base_x = event("a", "expert_load", {"layer": 1, "routed": [3, 4], "dropped": [0, 1]}, 0, 1)
     variants = []
@@ -255,10 +255,6 @@ def test_many_lines_bulk(runs_dir, db_path, kind):
 
 def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monkeypatch):
     """Rollups run inside the batch's transaction, anomalies after it; a failing hook loses nothing."""
-    import importlib.util
-
-    if importlib.util.find_spec("observatory.store.rollups") is None or importlib.util.find_spec("observatory.detect.scan") is None:
-        pytest.skip("the dashboard's rollups / anomaly modules are not in this checkout")
     from observatory.detect import scan as anomalies
     from observatory.store import rollups
 
@@ -343,3 +339,16 @@ def test_a_host_above_the_stores_range_skips_that_file_with_a_clear_error(tmp_pa
     said.clear()
     ingest(runs, db, emit=said.append)  # a later ingest says it again (it is still there), nothing else changes
     assert [m for m in said if "events.70000.jsonl" in m] and q(db, "SELECT count(*) FROM ingest_files") == [(1,)]
+
+
+def test_hooks_are_declared_in_one_place():
+    """Every built-in hook, its point (inside the batch's transaction or after its commit), in run order."""
+    from observatory.ingest import hooks
+
+    assert [(h.name, h.point) for h in hooks.BUILTIN] == [
+        ("rollups", hooks.IN_TRANSACTION),
+        ("anomalies", hooks.AFTER_COMMIT),
+        ("ladder_watch", hooks.AFTER_COMMIT),
+        ("decisions", hooks.AFTER_COMMIT),
+    ]
+    assert [h.name for h in hooks.BUILTIN if h.ingest_again] == ["decisions"]

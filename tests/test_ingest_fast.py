@@ -1,4 +1,4 @@
-"""The msgspec ingest path gives the same store as the old path (DuckDB staging + validate_event), table by table.
+"""The msgspec ingest path gives the same store as the SQL path (DuckDB staging + validate_event), table by table.
 
 Differential: varied logs (several runs and hosts, every kind, NaN/inf, duplicates, torn
 lines, out-of-order seqs, every kind of bad line, tricky JSON, .gz copies) are ingested
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from conftest import event, write_lines
 
-from observatory import ingest as ingest_mod
 from observatory import store
 from observatory.ingest import ingest
 from observatory.ingest import msgspec_lines as ingest_fast
+from observatory.ingest import passes as ingest_mod
 
 TABLES = {
     "metrics": "SELECT * FROM metrics",
@@ -300,7 +300,7 @@ def test_clean_log_never_takes_the_old_path(tmp_path, monkeypatch):
 
 
 def test_an_undecodable_piece_goes_to_the_old_path(tmp_path, monkeypatch):
-    """A NaN string in one piece: that piece is staged the old way, the others are not."""
+    """A NaN string in one piece: that piece takes the SQL path, the others do not."""
     seen = []
     real = ingest_fast._ingest_chunk
     monkeypatch.setattr(ingest_fast, "_ingest_chunk", lambda con, b, lf, st, ch, m: (seen.append(ch.data), real(con, b, lf, st, ch, m)))

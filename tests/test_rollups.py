@@ -17,9 +17,9 @@ import observatory
 from observatory.ingest import ingest
 from observatory.queries import dashboard as qd
 from observatory.queries import experts as qe
-from observatory.store import connect, rollups
+from observatory.store import connect, rollups, schema
 
-TABLES = (*rollups.EXPERT_TABLES, *rollups.METRIC_TABLES)
+TABLES = (*schema.EXPERT_TABLES, *schema.METRIC_TABLES)
 
 
 def snapshot(db) -> dict[str, list]:

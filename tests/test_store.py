@@ -131,3 +131,56 @@ def test_store_imports_without_a_cycle():
         code = f"import {first}, {second}; import observatory.store as s; print(s.VIEW_NAMES[-1])"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         assert out.strip() == "decisions"
+
+
+def test_run_status_is_one_definition_for_ingest_cli_and_reports(runs_dir, db_path, monkeypatch):
+    """`crashed` after `stale_after_s` of silence from the run's own writers, the same for every reader.
+
+    - a run with no run_end whose writers went silent is `crashed` (stored, listed, reported);
+    - a stored `crashed` is never shown as `running` unless new events arrived (even to a reader
+      whose `stale_after_s` is longer than the ingester's);
+    - observatory-host (1000) events do not keep a run alive;
+    - a folder without run_start shows as `records` in reports.
+    """
+    from conftest import event, write_lines
+
+    from observatory import report
+    from observatory.events import OBSERVATORY_HOST
+    from observatory.ingest import ingest
+    from observatory.queries import report as qr
+    from observatory.queries.core import list_runs
+
+    now = time.time()
+
+    def shown(run):
+        with store.connect(db_path) as con:
+            listed = {r["run"]: r["status"] for r in list_runs(con)}.get(run)
+            stored = con.execute("SELECT status FROM runs WHERE run = ?", [run]).fetchall()
+            info = qr.run_info(con, run)
+            info["writer_t"] = qr.last_writer_t(con, run, OBSERVATORY_HOST)
+        return listed, stored[0][0] if stored else None, report.effective_status(info)
+
+    write_lines(runs_dir / "quiet" / "events.0.jsonl", [event("quiet", "run_start", {"config": {}}, 0, t=now - 60),
+                                                        event("quiet", "metrics", {"x": 1.0}, 1, 1, t=now - 60)])  # fmt: skip
+    write_lines(runs_dir / "quiet" / f"events.{OBSERVATORY_HOST}.jsonl", [
+        event("quiet", "anomaly", {"detector": "stall", "severity": "warn", "message": "silent"}, 0, 1, t=now,
+              host=OBSERVATORY_HOST)])  # fmt: skip
+    write_lines(runs_dir / "live" / "events.0.jsonl", [event("live", "run_start", {"config": {}}, 0, t=now)])
+    write_lines(runs_dir / "notes" / f"events.{OBSERVATORY_HOST}.jsonl", [
+        event("notes", "note", {"text": "a record"}, 0, t=now, host=OBSERVATORY_HOST)])  # fmt: skip
+    monkeypatch.setenv("OBSERVATORY_STALE_AFTER_S", "30")
+    ingest(runs_dir, db_path, hooks=False, emit=None)
+    assert shown("quiet") == ("crashed", "crashed", "crashed")  # the host-1000 finding kept nothing alive
+    assert shown("live") == ("running", "running", "running")
+    # a reader that waits longer before calling a run crashed still shows the stored verdict
+    monkeypatch.setenv("OBSERVATORY_STALE_AFTER_S", "3600")
+    assert shown("quiet") == ("crashed", "crashed", "crashed")
+    # new events from the run's writers: running again, everywhere
+    write_lines(runs_dir / "quiet" / "events.0.jsonl", [event("quiet", "metrics", {"x": 2.0}, 2, 2, t=now)])
+    ingest(runs_dir, db_path, hooks=False, emit=None)
+    assert shown("quiet") == ("running", "running", "running")
+    # observatory records without run_start: not a run, a `records` folder in reports
+    with store.connect(db_path) as con:
+        info = qr.run_info(con, "notes")
+        assert "notes" not in {r["run"] for r in list_runs(con)}
+    assert report.effective_status({**info, "writer_t": None}) == "records"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from observatory.commands import common_options
+from observatory.store import StoreBusy
 
 __all__ = ["ingest", "rebuild"]
 
@@ -19,8 +20,7 @@ def ingest(runs_dir, db, follow, quiet):
     Lines that break the event format are stored in `rejected_events` and printed
     as `file:line: reason`; the rest of each file is ingested.
     """
-    from observatory.ingest import ingest as run_ingest
-    from observatory.store import StoreBusy
+    from observatory.ingest import ingest as run_ingest  # lazy for start-up time (pyarrow, the hooks' polars)
 
     if follow:
         click.echo(f"following {runs_dir} into {db} (Ctrl-C to stop)", err=True)
@@ -36,8 +36,7 @@ def ingest(runs_dir, db, follow, quiet):
 @click.option("--quiet", "-q", is_flag=True, help="Print only the summary.")
 def rebuild(runs_dir, db, quiet):
     """Recreate the store from the event logs (built aside, then swapped in atomically)."""
-    from observatory.ingest import rebuild as run_rebuild
-    from observatory.store import StoreBusy
+    from observatory.ingest import rebuild as run_rebuild  # lazy for start-up time (see `ingest`)
 
     try:
         report = run_rebuild(runs_dir, db, emit=None if quiet else _err)

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import click
 
+from observatory import settings
 from observatory.commands import db_option
+from observatory.queries.core import QueryError, list_runs, run_user_sql
+from observatory.store import StoreBusy, connect
 
 __all__ = ["runs", "sql", "settings_cmd"]
 
@@ -17,7 +20,7 @@ FORMATS = ("table", "csv", "json", "parquet")
 
 
 def _frame(columns: list[str], rows: list[tuple]):
-    import polars as pl
+    import polars as pl  # lazy for start-up time: only output needs it
 
     data = {c: [r[i] for r in rows] for i, c in enumerate(columns)}
     try:
@@ -30,7 +33,7 @@ def _emit(columns: list[str], rows: list[tuple], fmt: str, out: Path | None, tit
     if fmt == "parquet" and out is None:
         raise click.UsageError("--format parquet needs --out FILE (parquet is binary)")
     if fmt == "table":
-        from rich.console import Console
+        from rich.console import Console  # lazy for start-up time
         from rich.table import Table
 
         table = Table(title=title, show_lines=False)
@@ -82,9 +85,6 @@ def _when(t: float | None) -> str | None:
 @click.option("--out", type=click.Path(path_type=Path), help="Write to this file instead of stdout.")
 def runs(db, status, fmt, out):
     """List runs with their status (a run silent for stale_after_s without run_end is `crashed`)."""
-    from observatory.queries.core import list_runs
-    from observatory.store import StoreBusy, connect
-
     try:
         with connect(db) as con:
             rows = list_runs(con, status=status)
@@ -127,9 +127,6 @@ def sql(query, db, fmt, out, max_rows, time_limit_ms):
     Tables: runs, metrics, expert_load, events, rejected_events, ingest_files; views
     latest_metrics, run_drop_fraction (see the README for the schema).
     """
-    from observatory.queries.core import QueryError, run_user_sql
-    from observatory.store import StoreBusy
-
     try:
         res = run_user_sql(db, query, max_rows, time_limit_ms)
     except QueryError as e:
@@ -148,6 +145,4 @@ def sql(query, db, fmt, out, max_rows, time_limit_ms):
 @click.command("settings")
 def settings_cmd():
     """Show every setting, its current value and the environment variable that sets it."""
-    from observatory import settings
-
     _emit(["name", "value", "env", "help"], settings.describe(), "table", None, title="Observatory settings")

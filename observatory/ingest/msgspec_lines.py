@@ -1,21 +1,21 @@
 """The msgspec path: a chunk of metrics / expert_load lines decoded in one call, appended as Arrow columns.
 
-`ingest_chunk` stands in for `ingest_lines._ingest_chunk` and gives the same store,
-line for line. It cuts the chunk into pieces of ~`PIECE_BYTES` complete lines and,
-for each piece:
+`ingest_chunk` stands in for the SQL path's `sql_lines._ingest_chunk` and gives the
+same store, line for line. It cuts the chunk into pieces of ~`PIECE_BYTES` complete
+lines and, for each piece:
 
 1. checks the bytes: UTF-8, no line over `max_line_bytes`; lines that do not start
-   with `{` and end with `}` (blank, torn, junk) go to the slow path one by one;
+   with `{` and end with `}` (blank, torn, junk) go to `_check_line` one by one;
 2. decodes the other lines with one `msgspec` `decode_lines` call into typed
    Structs (a tagged union on `kind`); msgspec is strict (no bool for int, no
    float for int, no NaN literals, no strings for numbers), so a decode error means
-   "something unusual here": the whole piece goes to the existing path
+   "something unusual here": the whole piece goes to the SQL path
    (`_ingest_chunk`: DuckDB staging + `validate_event`), which decides it;
 3. certifies each decoded event with the checks `validate_event` and the store's
    ranges would make (v, run == folder, host == file's host, step/seq ranges,
    finite t and values, no empty name, routed/dropped shapes); an event that fails,
-   and every event of another kind, goes to `_slow_line` -- validate_event decides;
-4. checks seqs in file order exactly as the old path does (`_FileState`), builds
+   and every event of another kind, goes to `_check_line` -- validate_event decides;
+4. checks seqs in file order exactly as the SQL path does (`_FileState`), builds
    numpy/Arrow columns (metric names dictionary-encoded) and INSERTs them, on a
    worker thread while the next piece decodes (DuckDB releases the GIL).
 
@@ -24,7 +24,7 @@ ends with `}`, and `}` <newline> `{` is a syntax error inside any JSON container
 so no value can span two lines; with as many values as lines, each line holds
 exactly one.
 
-`ENABLED = False` forces the old path (the differential test compares the two).
+`ENABLED = False` sends every chunk to the SQL path (the differential test compares the two).
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ from observatory.ingest.sql_lines import (
     LogFile,
     _arrow,
     _Batch,
+    _check_line,
     _Chunk,
     _FileState,
     _ingest_chunk,
     _seq_ok,
-    _slow_line,
 )
 
-try:  # without msgspec (>= 0.19: Decoder.decode_lines) every chunk takes the old path
+try:  # without msgspec (>= 0.19: Decoder.decode_lines) every chunk takes the SQL path
     import msgspec
 
     if not hasattr(msgspec.json.Decoder, "decode_lines"):  # pragma: no cover
@@ -63,7 +63,7 @@ except ImportError:  # pragma: no cover - msgspec is a declared dependency
 
 __all__ = ["ENABLED", "PIECE_BYTES", "ingest_chunk"]
 
-ENABLED = True  # False: every chunk takes ingest_lines._ingest_chunk (the reference)
+ENABLED = True  # False: every chunk takes the SQL path, sql_lines._ingest_chunk (the reference)
 PIECE_BYTES = 4 << 20  # bytes decoded per step
 # rows gathered before an INSERT (on a worker thread, overlapping the next pieces' decoding): DuckDB
 # appends a few big inserts ~3x cheaper than many ~100k-row ones (partial row groups of 122,880 rows)
@@ -99,7 +99,7 @@ if msgspec is not None:
         data: _ExpertData
         step: int | None = None
 
-    # every other known kind: decoded to nothing (fields skipped, JSON still checked), sent to _slow_line
+    # every other known kind: decoded to nothing (fields skipped, JSON still checked), sent to _check_line
     _OTHERS = tuple(
         msgspec.defstruct(f"_Other_{k}", [], tag_field="kind", tag=k) for k in KINDS if k not in ("metrics", "expert_load")
     )
@@ -184,7 +184,7 @@ class _Plan:
     """One piece decoded and certified, as arrays.
 
     Lines are (L,); `cls` says which are certainly valid: 1 metrics, 2 expert_load;
-    0 means the slow path (validate_event) decides. Metric rows (N,) and expert rows (R,)
+    0 means `_check_line` (validate_event) decides. Metric rows (N,) and expert rows (R,)
     are those of the certified events, in line order.
     """
 
@@ -197,7 +197,7 @@ class _Plan:
 
 
 def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
-    """Decode and certify a piece; None when the old path must take all of it."""
+    """Decode and certify a piece; None when the SQL path must take all of it."""
     if not piece.isascii():
         try:
             piece.decode("utf-8")  # msgspec does not check UTF-8 inside fields it skips; json.loads would
@@ -209,7 +209,7 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
     if int((ends - starts).max()) > max_line:
-        return None  # the old path rejects oversized lines by length
+        return None  # the SQL path rejects oversized lines by length
     last = arr[ends - 1]
     shaped = (arr[starts] == _LBRACE) & ((last == _RBRACE) | ((last == _CR) & (arr[ends - 2] == _RBRACE)))
     good = np.flatnonzero(shaped)
@@ -225,9 +225,9 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
         return None
     if len(decoded) != len(good):
         return None  # cannot happen for lines shaped {...} (see the module docstring); be safe anyway
-    events: list = [None] * len(ends)  # (L,) the certified events, None for the slow path
+    events: list = [None] * len(ends)  # (L,) the certified events, None for _check_line
     for i, e in zip(good.tolist(), decoded, strict=True):
-        step_max = _STEP_MAX.get(e.__class__)  # None: another kind, for the slow path
+        step_max = _STEP_MAX.get(e.__class__)  # None: another kind, for _check_line
         step = getattr(e, "step", None)
         if (step_max is not None and e.v == 1 and e.run == run and e.host == host and step is not None
                 and 0 <= step <= step_max and 0 <= e.seq <= I64 and -math.inf < e.t < math.inf):  # fmt: skip
@@ -298,7 +298,7 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
             if certified[i]:
                 accepted[i] = _seq_ok(b, lf, st, lineno, int(seqs[i]), piece, int(starts[i]), int(ends[i]))
             else:
-                _slow_line(b, lf, st, lineno, piece[starts[i] : ends[i]])
+                _check_line(b, lf, st, lineno, piece[starts[i] : ends[i]])
     st.line += n
     n_acc = int(accepted.sum())
     if not n_acc:
@@ -405,8 +405,8 @@ def _strings(names: list[str]) -> pa.Array:
 def _insert(con, lf: LogFile, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
     """Append some pieces' rows, one INSERT per table (may run on the worker thread: DuckDB releases the GIL)."""
     for i, (table, sql, params) in enumerate((
-        ("_fast_m", "INSERT INTO metrics SELECT $run, step, name, value, t, $host FROM _fast_m", {"run": lf.run, "host": lf.host}),
-        ("_fast_x", "INSERT INTO expert_load SELECT $run, step, layer, expert, routed, dropped FROM _fast_x", {"run": lf.run}),
+        ("_msgspec_m", "INSERT INTO metrics SELECT $run, step, name, value, t, $host FROM _msgspec_m", {"run": lf.run, "host": lf.host}),
+        ("_msgspec_x", "INSERT INTO expert_load SELECT $run, step, layer, expert, routed, dropped FROM _msgspec_x", {"run": lf.run}),
     )):  # fmt: skip
         parts = [h[i] for h in held if h[i] is not None]
         if parts:

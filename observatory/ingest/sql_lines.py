@@ -1,15 +1,16 @@
-"""Reading and checking event lines: the fast (vectorised) path and the slow (validate_event) path.
+"""The SQL path: reading event lines and checking them with DuckDB, then validate_event for the rest.
 
-`observatory.ingest` drives passes and transactions; this module turns bytes of
-one event log into staged rows, rejections and seq bookkeeping for one batch.
+`observatory.ingest.passes` drives passes and transactions; this module turns the
+bytes of one event log into staged rows, rejections and seq bookkeeping for one
+batch (the msgspec path, `msgspec_lines`, hands it what it cannot certify).
 
-Fast path: the chunk's complete lines go to DuckDB zero-copy as an Arrow string
-column; `_STAGE_SQL` parses them with DuckDB's JSON reader and marks the lines
-that are certainly valid `metrics` / `expert_load` events. DuckDB's transform
-coerces types (1.5 -> 2, true -> 1.0), so the raw JSON text of each field is also
-checked by pattern; anything the pattern does not accept goes to the slow path,
-where `observatory.events.validate_event` -- the one definition of valid -- decides
-(tests check the fast path never accepts what it rejects).
+The chunk's complete lines go to DuckDB zero-copy as an Arrow string column;
+`_STAGE_SQL` parses them with DuckDB's JSON reader and marks the lines that are
+certainly valid `metrics` / `expert_load` events (the vectorised check). DuckDB's
+transform coerces types (1.5 -> 2, true -> 1.0), so the raw JSON text of each field
+is also checked by pattern; every line the check does not accept goes to
+`_check_line`, where `observatory.events.validate_event` -- the one definition of
+valid -- decides (tests check the vectorised check never accepts what it rejects).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def _read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> _Chunk:
             n += len(block)
 
 
-# ------------------------------------------------------------ fast path SQL
+# ---------------------------------------------------------- the vectorised check
 
 # One row per staged line. `ok` is true only for lines that are certainly valid
 # metrics / expert_load events: DuckDB's JSON transform coerces types (1.5 -> 2,
@@ -164,17 +165,17 @@ SELECT lineno, seq, step, t, ms, m, x,
 FROM h
 """
 
-_INSERT_FAST_METRICS_MAP = """
+_INSERT_STAGED_METRICS_MAP = """
 INSERT INTO metrics
 SELECT $run, step, unnest(map_keys(m)), unnest(map_values(m)), t, $host
 FROM _stage {accepted} m IS NOT NULL
 """
-_INSERT_FAST_METRICS_STRUCT = """
+_INSERT_STAGED_METRICS_STRUCT = """
 INSERT INTO metrics
 SELECT $run, step, unnest({names}), unnest({values}), t, $host
 FROM _stage {accepted} ms IS NOT NULL
 """
-_INSERT_FAST_EXPERTS = """
+_INSERT_STAGED_EXPERTS = """
 INSERT INTO expert_load
 SELECT $run, step, x.layer, unnest(range(len(x.routed))), unnest(x.routed), unnest(x.dropped)
 FROM _stage {accepted} x IS NOT NULL
@@ -205,7 +206,7 @@ def _stage_sql(keys: list[str]) -> tuple[str, str]:
     stage = _STAGE_SQL.replace("{n_keys}", str(len(keys))).replace("{struct}", struct)
     names = "[" + ", ".join(f"'{k}'" for k in keys) + "]"
     values = "[" + ", ".join(f'ms."{k}"' for k in keys) + "]"
-    return stage, _INSERT_FAST_METRICS_STRUCT.replace("{names}", names).replace("{values}", values)
+    return stage, _INSERT_STAGED_METRICS_STRUCT.replace("{names}", names).replace("{values}", values)
 
 
 def _lines_table(data: bytes, base_line: int) -> tuple[pa.Table, np.ndarray]:
@@ -254,7 +255,7 @@ class _Batch:
         self.n_events = self.n_metric_values = self.n_expert_rows = 0
         self.n_duplicates = self.n_truncated = 0
         self.n_bytes = self.n_files = 0
-        self.n_fast = 0  # events accepted by the vectorised fast path
+        self.n_fast = 0  # events accepted by a vectorised check (SQL or msgspec), not one by one
 
     def reject(self, lf: LogFile, line: int, fld: str | None, reason: str, raw: bytes | str) -> None:
         if isinstance(raw, bytes):
@@ -320,7 +321,7 @@ class _FileState:
         return None
 
 
-def _slow_line(b: _Batch, lf: LogFile, st: _FileState, lineno: int, raw: bytes) -> None:
+def _check_line(b: _Batch, lf: LogFile, st: _FileState, lineno: int, raw: bytes) -> None:
     """Decode and validate one line in Python; route it to its table or to rejected_events."""
     if not raw.strip():
         return  # a blank line (e.g. the newline a resumed writer puts after a torn line)
@@ -417,7 +418,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
     except pa.ArrowInvalid:
         big |= np.array([not _is_utf8(ch.data[offs[i] : offs[i + 1]]) for i in range(n)])
     if big.any():
-        # oversized and non-UTF-8 lines take the slow path (which rejects them); the rest is staged
+        # oversized and non-UTF-8 lines go to _check_line (which rejects them); the rest is staged
         keep = pa.array(~big)
         tbl = tbl.filter(keep)
         tbl = tbl.set_column(1, "line", tbl.column("line").cast(pa.large_string()))
@@ -439,8 +440,8 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
     if n_accepted:
         params = {"run": lf.run, "host": lf.host}
         n_metric = con.execute(insert_struct.replace("{accepted}", accepted_sql), params).fetchall()[0][0]
-        n_metric += con.execute(_INSERT_FAST_METRICS_MAP.replace("{accepted}", accepted_sql), params).fetchall()[0][0]
-        n_expert = con.execute(_INSERT_FAST_EXPERTS.replace("{accepted}", accepted_sql), {"run": lf.run}).fetchall()[0][0]
+        n_metric += con.execute(_INSERT_STAGED_METRICS_MAP.replace("{accepted}", accepted_sql), params).fetchall()[0][0]
+        n_expert = con.execute(_INSERT_STAGED_EXPERTS.replace("{accepted}", accepted_sql), {"run": lf.run}).fetchall()[0][0]
         t_max, step_max = con.execute(f"SELECT max(t), max(step) FROM _stage {accepted_sql} true").fetchall()[0]
         if accepted_sql.startswith("SEMI"):
             con.unregister("_acc")
@@ -459,7 +460,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
 
 def _accept_lines(b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, staged: dict, big: np.ndarray,
                   lengths: np.ndarray, offs: np.ndarray, base: int, max_line: int) -> list[int]:
-    """Line by line, in file order: seq checks of fast lines, rejections, the slow path; the accepted fast lines."""
+    """Line by line, in file order: seq checks of staged ok lines, rejections, `_check_line`; the accepted ok lines."""
     ok_of = dict.fromkeys(staged["lineno"][np.ma.filled(staged["ok"], False).astype(bool)].tolist())
     seq_of = dict(zip(staged["lineno"].tolist(), staged["seq"].tolist(), strict=True)) if ok_of else {}
     accepted: list[int] = []
@@ -472,7 +473,7 @@ def _accept_lines(b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, staged: di
             raw = ch.data[offs[i] : offs[i] + RAW_CAP]
             b.reject(lf, lineno, "(line)", f"line is {lengths[i] - 1} bytes, over max_line_bytes={max_line}", raw)
         else:
-            _slow_line(b, lf, st, lineno, ch.data[offs[i] : offs[i + 1] - 1])
+            _check_line(b, lf, st, lineno, ch.data[offs[i] : offs[i + 1] - 1])
     return accepted
 
 
@@ -501,7 +502,7 @@ def _is_utf8(raw: bytes) -> bool:
 
 
 def _flush(con, b: _Batch) -> None:
-    """Bulk-append everything slow-path lines produced."""
+    """Bulk-append everything `_check_line` produced."""
     m = b.metrics
     if m["run"]:
         con.register(

@@ -6,7 +6,7 @@ strings. Each function takes an open connection that the caller owns
 one safe door for SQL typed by a person (read-only, external access off, row cap,
 time limit).
 
-- `core`: runs with live status, metric series, schema, user SQL
+- `core`: runs with live status, metric series, rejected lines, user SQL
 - `dashboard`, `experts`: the dashboard's charts (downsampled, rollup-backed)
 - `anomalies`, `decisions`, `lineage`, `report`, `export`: their areas
 """

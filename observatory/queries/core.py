@@ -1,4 +1,4 @@
-"""Core queries: runs with their live status, metric series, the schema, and user SQL.
+"""Core queries: runs with their live status, metric series, rejected lines, and user SQL.
 
 Every function but `run_user_sql` takes an open connection (the caller owns it:
 `with observatory.store.connect(db) as con:`). `run_user_sql` opens its own,
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from observatory import settings
+from observatory.store import connect, run_status_sql
 
 __all__ = [
     "QueryError",
@@ -22,12 +23,8 @@ __all__ = [
     "QueryResult",
     "RUN_COLUMNS",
     "list_runs",
-    "run_status_sql",
     "metric_series",
-    "metric_names",
-    "schema",
     "run_user_sql",
-    "table_counts",
     "rejected",
 ]
 
@@ -38,22 +35,13 @@ RUN_COLUMNS = (
 )  # fmt: skip
 
 
-def run_status_sql(stale_after_s: float, now: float) -> str:
-    """SQL expression for a run's status as the public sees it: silent running runs are crashed."""
-    return (
-        f"CASE WHEN status IN ('running', 'crashed') AND coalesce(last_event_t, 0) < {float(now - stale_after_s)!r} "
-        f"THEN 'crashed' WHEN status = 'crashed' THEN 'running' ELSE status END"
-    )
-
-
 def list_runs(con, status: str | None = None, now: float | None = None) -> list[dict[str, Any]]:
     """Every run, newest first, with `status` computed now (`crashed` after `stale_after_s` of silence)."""
     now = time.time() if now is None else now
-    st = run_status_sql(settings.get("stale_after_s"), now)
-    cols = ", ".join(f"{st} AS status" if c == "status" else c for c in RUN_COLUMNS)
+    cols = ", ".join(f"{run_status_sql('$cut')} AS status" if c == "status" else c for c in RUN_COLUMNS)
     sql = f"SELECT * FROM (SELECT {cols} FROM runs) WHERE $status IS NULL OR status = $status"
     sql += " ORDER BY coalesce(start_time, last_event_t) DESC NULLS LAST, run"
-    cur = con.execute(sql, {"status": status})
+    cur = con.execute(sql, {"status": status, "cut": now - settings.get("stale_after_s")})
     return [dict(zip(RUN_COLUMNS, r, strict=True)) for r in cur.fetchall()]
 
 
@@ -68,16 +56,6 @@ def metric_series(con, run: str, name: str, lo: int | None = None, hi: int | Non
     return {"step": [r[0] for r in rows], "value": [r[1] for r in rows], "t": [r[2] for r in rows]}
 
 
-def metric_names(con, run: str) -> list[str]:
-    return [r[0] for r in con.execute("SELECT DISTINCT name FROM metrics WHERE run = ? ORDER BY name", [run]).fetchall()]
-
-
-def table_counts(con) -> dict[str, int]:
-    """Row count of every base table of the store."""
-    names = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()]
-    return {n: con.execute(f'SELECT count(*) FROM "{n}"').fetchall()[0][0] for n in sorted(names)}
-
-
 def rejected(con, run: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
     """Lines ingest rejected, newest first: file, run, line, field, reason, raw."""
     cols = ("file", "run", "line", "field", "reason", "raw", "ingested_at")
@@ -87,21 +65,6 @@ def rejected(con, run: str | None = None, limit: int = 100) -> list[dict[str, An
         {"run": run, "limit": limit},
     ).fetchall()
     return [dict(zip(cols, r, strict=True)) for r in rows]
-
-
-def schema(con) -> list[dict[str, Any]]:
-    """Tables and views with their columns: [{name, kind, columns: [(column, type), ...]}, ...]."""
-    rows = con.execute(
-        """SELECT c.table_name, CASE WHEN v.view_name IS NULL THEN 'table' ELSE 'view' END, c.column_name, c.data_type
-           FROM duckdb_columns() c
-           LEFT JOIN duckdb_views() v ON v.view_name = c.table_name AND v.schema_name = c.schema_name
-           WHERE c.schema_name = 'main' AND NOT c.internal
-           ORDER BY 2, 1, c.column_index"""
-    ).fetchall()
-    out: dict[str, dict[str, Any]] = {}
-    for table, kind, col, typ in rows:
-        out.setdefault(table, {"name": table, "kind": kind, "columns": []})["columns"].append((col, typ))
-    return list(out.values())
 
 
 # ------------------------------------------------------------------ user SQL
@@ -172,8 +135,6 @@ def run_user_sql(db, sql: str, max_rows: int | None = None, time_limit_ms: int |
     - at most `time_limit_ms` (`sql_time_limit_ms`), else `QueryInterrupted`.
     """
     import duckdb
-
-    from observatory.store import connect
 
     sql = (sql or "").strip()
     max_rows = settings.get("sql_max_rows") if max_rows is None else int(max_rows)

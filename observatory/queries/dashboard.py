@@ -18,11 +18,10 @@ from typing import Any
 
 import polars as pl
 
-from observatory.store.rollups import METRIC_RESOLUTIONS
+from observatory.store.schema import METRIC_RESOLUTIONS
 
 __all__ = [
     "MARKER_KINDS",
-    "metric_names",
     "metric_extent",
     "downsample",
     "downsample_runs",
@@ -33,7 +32,6 @@ __all__ = [
     "markers",
     "evals",
     "forecasts",
-    "run_row",
     "runs_extras",
     "run_configs",
     "schema",
@@ -51,15 +49,6 @@ def _in(values) -> tuple[str, list[Any]]:
     """`IN (?, ?, ...)` placeholders for a list (literal lists let DuckDB push the filter down)."""
     values = list(values)
     return "(" + ", ".join("?" * len(values)) + ")" if values else "(NULL)", values
-
-
-def metric_names(con, run: str) -> pl.DataFrame:
-    """Every metric a run logged: name, n, first_step, last_step, last_value (from the rollup)."""
-    return _frame(
-        con,
-        "SELECT name, n, first_step, last_step, last_value, last_t FROM metric_series WHERE run = ? ORDER BY name",
-        [run],
-    )
 
 
 def metric_extent(con, runs, names) -> tuple[int, int] | None:
@@ -260,20 +249,6 @@ def forecasts(con, run: str) -> list[dict[str, Any]]:
         "SELECT step, t, data FROM events WHERE run = ? AND kind = 'forecast' ORDER BY t, seq", [run]
     ).fetchall()
     return [dict(json.loads(d) if isinstance(d, str) else (d or {}), _step=s, _t=t) for s, t, d in rows]
-
-
-def run_row(con, run: str) -> dict[str, Any] | None:
-    """The `runs` row of one run as a dict (JSON columns parsed), None when unknown."""
-    cur = con.execute("SELECT * FROM runs WHERE run = ?", [run])
-    cols = [d[0] for d in cur.description]
-    rows = cur.fetchall()
-    if not rows:
-        return None
-    out = dict(zip(cols, rows[0], strict=True))
-    for k in ("ladder", "config", "code", "data", "mesh", "model"):
-        if isinstance(out.get(k), str):
-            out[k] = json.loads(out[k])
-    return out
 
 
 def runs_extras(con) -> pl.DataFrame:

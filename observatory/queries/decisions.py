@@ -3,8 +3,8 @@
 A decision is a series of `decision` events sharing `data.id`; each event carries
 only the fields it sets. The current state is the fold of those events in order
 (t, run, host, seq): for every key, the value from the last event that wrote it.
-`DECISIONS_SQL` does that fold in DuckDB, so `observatory sql` users can paste it
-(or query the `decisions` view where the store defines it).
+`observatory.store.schema.DECISIONS_SQL` does that fold in DuckDB (the store's
+`decisions` view is that query); the functions here read through it.
 """
 
 from __future__ import annotations
@@ -12,47 +12,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from observatory.store.schema import DECISIONS_SQL
+
 __all__ = [
-    "DECISIONS_SQL",
-    "DECISIONS_VIEW_DDL",
     "current_states",
     "decision_events",
     "decision_ids",
     "auto_sources",
 ]
 
-# One row per decision id: its folded state (JSON object), first/last event and count.
-DECISIONS_SQL = """
-WITH ev AS (
-    SELECT data->>'$.id' AS id, run, host, seq, step, t, data
-    FROM events
-    WHERE kind = 'decision' AND json_type(data->'$.id') = 'VARCHAR'
-),
-kv AS (
-    SELECT id, run, host, seq, t, unnest(map_entries(CAST(data AS MAP(VARCHAR, JSON)))) AS e FROM ev
-),
-latest AS (
-    -- arg_max_null: a field set to null by a later event is cleared, not skipped
-    SELECT id, e.key AS key, arg_max_null(e.value, (t, run, host, seq)) AS value FROM kv GROUP BY id, e.key
-),
-folded AS (
-    SELECT id, json_group_object(key, value) AS state FROM latest GROUP BY id
-),
-bounds AS (
-    SELECT id,
-           arg_min(run, (t, run, host, seq)) AS home_run,   -- folder of the creating event
-           -- created/updated: what the first/last event says, else its envelope time
-           coalesce(TRY_CAST(arg_min(data->>'$.created', (t, run, host, seq)) AS DOUBLE), min(t)) AS created,
-           coalesce(TRY_CAST(arg_max(data->>'$.updated', (t, run, host, seq)) AS DOUBLE), max(t)) AS updated,
-           count(*) AS n_events
-    FROM ev GROUP BY id
-)
-SELECT f.id, f.state, b.home_run, b.created, b.updated, b.n_events,
-       f.state->>'$.title' AS title, f.state->>'$.kind' AS kind, f.state->>'$.status' AS status
-FROM folded f JOIN bounds b USING (id)
-"""
-
-DECISIONS_VIEW_DDL = f"CREATE OR REPLACE VIEW decisions AS {DECISIONS_SQL}"
 
 
 def current_states(con, ids: list[str] | None = None) -> list[dict[str, Any]]:

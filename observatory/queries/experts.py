@@ -1,6 +1,6 @@
 """Expert-load queries for the dashboard: heatmaps, hot experts, drop fraction per layer.
 
-They read the ingest-time rollups of `observatory/rollups.py`, never a full scan
+They read the ingest-time rollups of `observatory/store/rollups.py`, never a full scan
 of `expert_load` (10^8 rows for a 10^5-step run of 16 layers x 64 experts):
 
 - a heatmap over a step window reads the coarsest table whose buckets are still
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from observatory.store.rollups import LAYER_RESOLUTION, RESOLUTIONS
+from observatory.store.schema import LAYER_RESOLUTION, RESOLUTIONS
 
 __all__ = [
     "expert_extent",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["METRIC_COLUMNS", "run_exists", "similar_runs", "metrics_reader", "metrics_count"]
+__all__ = ["METRIC_COLUMNS", "run_exists", "similar_runs", "metrics_reader"]
 
 # the long table's columns, in order; parquet and csv exports have exactly these
 METRIC_COLUMNS = ("run", "step", "name", "value", "t", "host")
@@ -26,10 +26,6 @@ def similar_runs(con, run: str, limit: int = 5) -> list[str]:
         {"run": run, "limit": limit},
     ).fetchall()
     return [r[0] for r in rows]
-
-
-def metrics_count(con, run: str) -> int:
-    return con.execute("SELECT count(*) FROM metrics WHERE run = $run", {"run": run}).fetchall()[0][0]
 
 
 def metrics_reader(con, run: str, batch_rows: int = 100_000):

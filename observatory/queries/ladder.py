@@ -18,7 +18,6 @@ __all__ = [
     "eval_points",
     "forecast_events",
     "deviation_anomalies",
-    "train_loss",
 ]
 
 
@@ -125,16 +124,3 @@ def deviation_anomalies(con, run: str, detector: str = "ladder_deviation") -> li
         [run, detector],
     ).fetchall()
     return [{"step": s, "t": t, **(_json(d) or {})} for s, t, d in rows]
-
-
-def train_loss(con, runs: list[str], every: int = 1) -> list[dict[str, Any]]:
-    """`train/loss` of these runs (every `every`-th logged step): run, step, value."""
-    if not runs:
-        return []
-    rows = con.execute(
-        """SELECT run, step, value FROM metrics
-           WHERE name = 'train/loss' AND run IN (SELECT unnest(?::VARCHAR[])) AND step % ? = 0
-           ORDER BY run, step""",
-        [list(runs), max(1, int(every))],
-    ).fetchall()
-    return [{"run": r[0], "step": r[1], "value": r[2]} for r in rows]

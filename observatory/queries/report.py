@@ -9,6 +9,8 @@ import json
 import math
 from typing import Any
 
+from observatory.store import RUN_COLUMNS, RUN_JSON_COLUMNS
+
 __all__ = [
     "TIMELINE_KINDS",
     "run_info",
@@ -38,29 +40,6 @@ TIMELINE_KINDS = (
     "note",
 )
 
-_RUN_COLS = (
-    "run",
-    "name",
-    "status",
-    "start_time",
-    "end_time",
-    "last_event_t",
-    "last_step",
-    "final_step",
-    "parent_run",
-    "parent_step",
-    "ladder_name",
-    "ladder_rung",
-    "ladder",
-    "config",
-    "tags",
-    "code",
-    "data",
-    "mesh",
-    "model",
-)
-_JSON_COLS = ("ladder", "config", "code", "data", "mesh", "model")
-
 
 def _num(x: Any) -> float | None:
     return None if x is None else float(x)
@@ -69,13 +48,13 @@ def _num(x: Any) -> float | None:
 def run_info(con, run: str) -> dict[str, Any] | None:
     """The run's `runs` row; for a records folder (events but no run_start, e.g. `decisions/`),
     a row of NULLs so the report can show its records. None when the store has neither."""
-    row = con.execute(f"SELECT {', '.join(_RUN_COLS)} FROM runs WHERE run = ?", [run]).fetchall()
+    row = con.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE run = ?", [run]).fetchall()
     if not row:
         if not con.execute("SELECT count(*) FROM events WHERE run = ?", [run]).fetchall()[0][0]:
             return None
-        row = [tuple(run if c == "run" else None for c in _RUN_COLS)]
-    out = dict(zip(_RUN_COLS, row[0], strict=True))
-    for c in _JSON_COLS:
+        row = [tuple(run if c == "run" else None for c in RUN_COLUMNS)]
+    out = dict(zip(RUN_COLUMNS, row[0], strict=True))
+    for c in RUN_JSON_COLUMNS:
         if isinstance(out[c], str):
             out[c] = json.loads(out[c])
     out["tags"] = list(out["tags"] or [])

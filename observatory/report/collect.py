@@ -12,12 +12,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import duckdb
+
 from observatory import decisions as dec
 from observatory import lineage as lin
+from observatory import settings
 from observatory.events import OBSERVATORY_HOST, describe
 from observatory.queries import report as q
 from observatory.report.format import fmt_time, fmt_value
-from observatory.store import using
+from observatory.store import run_status_sql, using
 
 __all__ = ["Report", "build", "effective_status", "MAX_POINTS", "OVERVIEW_METRICS"]
 
@@ -60,18 +63,19 @@ class Report:
 
 
 def effective_status(info: dict[str, Any], now: float | None = None) -> str:
-    """The stored status, except a run with no run_end whose writers went silent is `crashed`."""
-    from observatory import settings
+    """The stored status, except a run with no run_end whose writers went silent is `crashed`.
 
+    `crashed` comes from `observatory.store.run_status_sql`, the one definition every reader uses.
+    """
     if info.get("start_time") is None:
         return "records"  # a folder without run_start (e.g. `decisions/`): findings, not a training run
-    status = info.get("status") or "running"
-    last = info.get("writer_t") or info.get("last_event_t")
-    if status == "running" and info.get("end_time") is None and last is not None:
-        now = time.time() if now is None else now
-        if now - last > float(settings.get("stale_after_s")):
-            return "crashed"
-    return status
+    now = time.time() if now is None else now
+    row = {"status": info.get("status") or "running", "last": info.get("writer_t") or info.get("last_event_t")}
+    with duckdb.cursor() as con:  # a cursor of DuckDB's in-memory default database: the expression over one row
+        return con.execute(
+            f"SELECT {run_status_sql('$cut')} FROM (SELECT $status AS status, $last::DOUBLE AS last_event_t)",
+            {**row, "cut": now - float(settings.get("stale_after_s"))},
+        ).fetchall()[0][0]
 
 
 def _windows(con, run: str, timeline: list[dict], last_step: int | None) -> list[dict]:

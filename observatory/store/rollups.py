@@ -1,10 +1,9 @@
 """Ingest-time rollups that keep the dashboard's queries cheap at 10^8 rows.
 
 A plain scan of `expert_load` (one row per run, step, layer, expert) takes seconds
-at the scale of a real MoE run (10^5 steps x 16 layers x 64 experts ~ 10^8 rows;
-measured: 1.4 s for a one-layer heatmap, 0.7 s for a per-step drop fraction), and
-downsampling 30 metrics x 10^5 steps from `metrics` takes ~0.3 s. So ingest keeps
-smaller tables next to them, updated in its own write transaction:
+at the scale of a real MoE run (10^5 steps x 16 layers x 64 experts ~ 10^8 rows),
+and so does downsampling tens of metrics over 10^5 steps from `metrics`. So ingest
+keeps smaller tables next to them, updated in its own write transaction:
 
 - `expert_layer_step` (run, layer, step): the layer's totals and its busiest
   expert. `expert_layer_r64` buckets it by 64 steps (with the worst step's drop
@@ -16,6 +15,8 @@ smaller tables next to them, updated in its own write transaction:
   step), sum, counts; downsampled charts read these when their buckets are wide.
 - `metric_series` (run, name): count, first/last step, last value: metric pickers.
 - `rollup_state`: per source table, the rowid up to which rows are rolled up.
+
+The tables are declared with the rest of the schema (`observatory.store.schema.ROLLUP_DDL`).
 
 Incremental maintenance: rows appended since the last call are found by DuckDB
 `rowid` (append-only tables number rows in insertion order, and a `rowid >= x`
@@ -33,117 +34,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-__all__ = [
-    "RESOLUTIONS",
-    "METRIC_RESOLUTIONS",
-    "LAYER_RESOLUTION",
-    "ROLLUP_DDL",
-    "ensure_rollups",
-    "after_ingest",
-    "rebuild_rollups",
-]
+from observatory.store.schema import (
+    EXPERT_TABLES,
+    LAYER_RESOLUTION,
+    METRIC_RESOLUTIONS,
+    METRIC_TABLES,
+    RESOLUTIONS,
+)
 
-RESOLUTIONS = (16, 128, 1024)  # expert_load buckets (steps), finest first; each divides the next
-METRIC_RESOLUTIONS = (8, 64, 512)  # metrics buckets
-LAYER_RESOLUTION = 64  # expert_layer_step buckets
+__all__ = ["after_ingest", "rebuild_rollups"]
+
 LOCAL_ROWID = 1 << 50  # DuckDB numbers rows of the current transaction's local storage from ~2^55 up
-
-ROLLUP_DDL = (
-    """
-CREATE TABLE IF NOT EXISTS expert_layer_step (
-    run        VARCHAR NOT NULL,
-    layer      USMALLINT NOT NULL,
-    step       INTEGER NOT NULL,
-    routed     UBIGINT NOT NULL,    -- sum over experts
-    dropped    UBIGINT NOT NULL,
-    routed_max UINTEGER NOT NULL,   -- busiest expert's routed count
-    n_experts  USMALLINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS expert_run_step (
-    run     VARCHAR NOT NULL,
-    step    INTEGER NOT NULL,
-    routed  UBIGINT NOT NULL,       -- sum over layers and experts
-    dropped UBIGINT NOT NULL
-);
-"""
-    + f"""
-CREATE TABLE IF NOT EXISTS expert_layer_r{LAYER_RESOLUTION} (
-    run        VARCHAR NOT NULL,
-    layer      USMALLINT NOT NULL,
-    bucket     INTEGER NOT NULL,    -- step // {LAYER_RESOLUTION}
-    first_step INTEGER NOT NULL,
-    last_step  INTEGER NOT NULL,
-    routed     UBIGINT NOT NULL,
-    dropped    UBIGINT NOT NULL,
-    drop_max   DOUBLE,              -- worst single step's dropped / routed
-    hot_sum    DOUBLE,              -- sum over steps of busiest / mean expert
-    hot_max    DOUBLE,              -- worst step's busiest / mean expert
-    steps      UINTEGER NOT NULL
-);
-"""
-    + "".join(
-        f"""
-CREATE TABLE IF NOT EXISTS expert_load_r{res} (
-    run     VARCHAR NOT NULL,
-    layer   USMALLINT NOT NULL,
-    bucket  INTEGER NOT NULL,       -- step // {res}
-    expert  USMALLINT NOT NULL,
-    routed  UBIGINT NOT NULL,
-    dropped UBIGINT NOT NULL,
-    steps   UINTEGER NOT NULL       -- rows summed
-);
-"""
-        for res in RESOLUTIONS
-    )
-    + "".join(
-        f"""
-CREATE TABLE IF NOT EXISTS metrics_r{res} (
-    run         VARCHAR NOT NULL,
-    name        VARCHAR NOT NULL,
-    bucket      BIGINT NOT NULL,    -- step // {res}
-    first_step  BIGINT NOT NULL,
-    last_step   BIGINT NOT NULL,
-    min         DOUBLE,             -- finite values only
-    max         DOUBLE,
-    last        DOUBLE,             -- value at last_step (NaN kept)
-    sum         DOUBLE,             -- of finite values
-    n           BIGINT NOT NULL,
-    n_nonfinite BIGINT NOT NULL
-);
-"""
-        for res in METRIC_RESOLUTIONS
-    )
-    + """
-CREATE TABLE IF NOT EXISTS metric_series (
-    run        VARCHAR NOT NULL,
-    name       VARCHAR NOT NULL,
-    n          BIGINT NOT NULL,
-    first_step BIGINT,
-    last_step  BIGINT,
-    last_value DOUBLE,
-    last_t     DOUBLE,
-    PRIMARY KEY (run, name)
-);
-CREATE TABLE IF NOT EXISTS rollup_state (
-    source      VARCHAR PRIMARY KEY,  -- expert_load | metrics
-    next_rowid  BIGINT NOT NULL,      -- rows with rowid >= this are not rolled up yet
-    n_rows      BIGINT NOT NULL       -- count(*) of the source when next_rowid was taken
-);
-"""
-)
-
-EXPERT_TABLES = (
-    "expert_layer_step",
-    "expert_run_step",
-    f"expert_layer_r{LAYER_RESOLUTION}",
-    *(f"expert_load_r{r}" for r in RESOLUTIONS),
-)
-METRIC_TABLES = (*(f"metrics_r{r}" for r in METRIC_RESOLUTIONS), "metric_series")
-
-
-def ensure_rollups(con) -> None:
-    """Create the rollup tables if missing (idempotent; the store's own tables must exist)."""
-    con.execute(ROLLUP_DDL)
 
 
 # ------------------------------------------------------------ the statements
@@ -306,25 +207,22 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> Non
     got rows; a source absent or empty is skipped. Which rows are new is found
     from the store itself, so a missed call is caught up by the next one.
     """
-    ensure_rollups(con)
     touched = touched or {}
-    if touched.get("expert_load"):
-        ok, firsts, _, nxt, n = _new_rows(con, "expert_load")
+    for source, recompute, rebuild in (
+        ("expert_load", _recompute_experts, _rebuild_experts),
+        ("metrics", _recompute_metrics, _rebuild_metrics),
+    ):
+        if not touched.get(source):
+            continue
+        ok, firsts, start, nxt, n = _new_rows(con, source)
         if not ok:
-            _rebuild_experts(con)
-        else:
-            for run, first in sorted(firsts.items()):
-                _recompute_experts(con, run, first)
-            _save_state(con, "expert_load", nxt, n)
-    if touched.get("metrics"):
-        ok, firsts, start, nxt, n = _new_rows(con, "metrics")
-        if not ok:
-            _rebuild_metrics(con)
-        else:
-            for run, first in sorted(firsts.items()):
-                _recompute_metrics(con, run, first)
+            rebuild(con)
+            continue
+        for run, first in sorted(firsts.items()):
+            recompute(con, run, first)
+        if source == "metrics":
             _merge_metric_series(con, start)
-            _save_state(con, "metrics", nxt, n)
+        _save_state(con, source, nxt, n)
 
 
 # ------------------------------------------------------------------- rebuild
@@ -359,6 +257,5 @@ def _rebuild_metrics(con) -> None:
 
 def rebuild_rollups(con) -> None:
     """Recompute every rollup from the store's tables (after `rebuild`, or to repair)."""
-    ensure_rollups(con)
     _rebuild_experts(con)
     _rebuild_metrics(con)

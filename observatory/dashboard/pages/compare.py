@@ -207,7 +207,7 @@ def render() -> None:
 
     tab_overlay, tab_diff, tab_lineage = st.tabs(["Overlay", "Config diff", "Lineage"])
     with tab_overlay:
-        names = sorted(set().union(*(set(query(qd.metric_names, r)["name"].to_list()) for r in chosen)))
+        names = query(qd.metric_names_for, chosen)
         if not names:
             st.info("These runs logged no metrics yet.")
         else:

@@ -1,0 +1,135 @@
+"""The event logs of a runs dir: which to read, how far each is read, and reading one within a batch.
+
+Layout: `<runs>/<run>/events.<host>.jsonl` (and `.jsonl.gz`, import copies). A file's
+progress is its row of `ingest_files` (byte offset, line, seq range), written in the
+same transaction as the rows it covers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from observatory.ingest.msgspec_lines import ingest_chunk
+from observatory.ingest.sql_lines import U16, LogFile, _Batch, _FileState, _read_chunk
+
+__all__ = ["FILE_RE", "GZ_BATCH_BYTES", "scan", "readable", "load_state", "has_work", "siblings",
+           "process_file", "save_file"]  # fmt: skip
+
+FILE_RE = re.compile(r"^events\.(\d+)\.jsonl(\.gz)?$")
+GZ_BATCH_BYTES = 256 << 20  # .gz has no cheap seek, so take bigger bites
+
+
+def scan(runs_dir: Path) -> list[LogFile]:
+    """Every event log under the runs dir; a run's `.gz` copies come before its live files."""
+    out = []
+    try:
+        run_dirs = sorted(p for p in Path(runs_dir).iterdir() if p.is_dir())
+    except FileNotFoundError:
+        return []
+    for d in run_dirs:
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for name in names:
+            m = FILE_RE.match(name)
+            if not m:
+                continue
+            p = d / name
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            out.append(LogFile(p, f"{d.name}/{name}", d.name, int(m.group(1)), bool(m.group(2)), st.st_size, st.st_mtime))
+    out.sort(key=lambda f: (f.run, f.host, not f.gz, f.rel))
+    return out
+
+
+def readable(runs_dir: Path, skip: set[str], emit: Callable[[str], None]) -> list[LogFile]:
+    """The logs to read this pass: every scanned file not in `skip`; a host the store cannot keep skips its file."""
+    files = []
+    for lf in scan(runs_dir):
+        if lf.rel in skip:
+            continue
+        if lf.host > U16:
+            # the store keeps hosts as USMALLINT (ingest_files, every table): say so once and go on
+            emit(f"{runs_dir / lf.rel}: host {lf.host} in the file name is above {U16}, the largest host the "
+                 f"store keeps; file skipped (rename it events.<host>.jsonl with a host in 0..{U16})")
+            skip.add(lf.rel)
+            continue
+        files.append(lf)
+    return files
+
+
+def load_state(con) -> tuple[dict[str, dict], dict[str, str]]:
+    """({path: its ingest_files row}, {run: stored status})."""
+    cols = ("path", "run", "host", "byte_offset", "line", "first_seq", "last_seq", "cursor_seq", "size", "mtime")
+    rows = {r[0]: dict(zip(cols, r, strict=True)) for r in con.execute(f"SELECT {', '.join(cols)} FROM ingest_files").fetchall()}
+    status = dict(con.execute("SELECT run, status FROM runs").fetchall())
+    return rows, status
+
+
+def has_work(lf: LogFile, row: dict | None) -> bool:
+    if row is None:
+        return True
+    if lf.gz:
+        return row["size"] != lf.size or row["mtime"] != lf.mtime
+    return lf.size != row["byte_offset"]
+
+
+def siblings(lf: LogFile, rows: dict[str, dict]) -> list[tuple[int, int]]:
+    """Seq ranges stored from the other files of the same (run, host): their seqs are duplicates here."""
+    return [
+        (r["first_seq"], r["last_seq"])
+        for path, r in rows.items()
+        if path != lf.rel and r["run"] == lf.run and r["host"] == lf.host and r["first_seq"] is not None
+    ]
+
+
+def process_file(con, b: _Batch, lf: LogFile, st: _FileState, budget: int, ended: bool, max_line: int) -> tuple[int, bool]:
+    """Ingest from `st.offset` until EOF or `budget` bytes; returns (bytes consumed, reached EOF).
+
+    A torn last line (no final newline) waits while the run may be live and is recorded as
+    `truncated` once it `ended` (or ended in this batch).
+    """
+    read_size = max(GZ_BATCH_BYTES if lf.gz else budget, max_line + 2)
+    used = 0
+    while used < budget or lf.gz:  # a .gz counts as read only at its end (else it is re-read from 0, forever)
+        start = st.offset
+        ch = _read_chunk(lf, start, read_size, max_line)
+        if ch.error and ch.transient:
+            b.messages.append(f"{lf.path}: {ch.error}; will retry")
+            return used, False
+        if ch.error:
+            b.reject(lf, st.line + 1, "(file)", ch.error, b"")
+            return used, True
+        if ch.data or ch.oversized:
+            ingest_chunk(con, b, lf, st, ch, max_line)  # the msgspec path; it hands what it cannot certify to the SQL path
+        used += ch.end - start
+        if ch.eof:
+            if ch.tail_len and (ended or _ended_in_batch(b, lf.run)):
+                what = f"a {ch.tail_len}-byte final line" if ch.tail_len <= max_line else "an oversized final line"
+                b.reject(lf, st.line + 1, "(line)", f"truncated: {what} has no newline (the writer died mid-line)", ch.tail)
+                b.n_truncated += 1
+                st.offset += ch.tail_len
+                st.line += 1
+            return used, True
+        if ch.end == start:
+            break
+    return used, False
+
+
+def _ended_in_batch(b: _Batch, run: str) -> bool:
+    last = [e["kind"] for e in b.lifecycle if e["run"] == run]
+    return bool(last) and last[-1] == "run_end"
+
+
+def save_file(con, lf: LogFile, st: _FileState, done: bool) -> None:
+    size = lf.size if (done or not lf.gz) else None  # a .gz counts as read only when read to its end
+    con.execute(
+        "INSERT OR REPLACE INTO ingest_files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (lf.rel, lf.run, lf.host, st.offset, st.line, st.first_seq, st.last_seq, st.cursor, size, lf.mtime),
+    )

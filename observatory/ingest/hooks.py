@@ -1,0 +1,109 @@
+"""Ingest's hooks: the other stages' code that runs on every batch, declared in one place.
+
+Two hook points (after datasette's `hookspecs.py` and `DEFAULT_PLUGINS`); every
+implementation is a module's `after_ingest` function:
+
+`in_transaction`: `after_ingest(con, touched: dict[str, set[str]]) -> None`
+    Runs inside the batch's write transaction, after its rows are in and before
+    COMMIT, when the batch added `metrics` or `expert_load` rows. `con` is the
+    ingester's write connection; `touched` maps a source table ("metrics",
+    "expert_load") to the runs that got rows there. What it writes commits with
+    the batch. If it raises, the batch is rolled back and done again without that
+    hook for the rest of the `ingest` call, which says so (`HookFailed`).
+
+`after_commit`: `after_ingest(db, runs_dir, runs: set[str]) -> set[str]`
+    Runs after the batch's commit, with the store's locks released, on the runs
+    whose own writers sent events in the batch. It reads the store with its own
+    connections and writes findings as host-1000 events into run folders; it
+    returns the runs whose folders got new events (read by truthiness, so a bool
+    works too). If it raises, ingest reports it and goes on. When a hook marked
+    `ingest_again` wrote, the pass ingests once more, so one `observatory ingest`
+    leaves its events in the store; the others' events wait for the next pass.
+
+`BUILTIN` lists the built-in implementations, in the order they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from observatory import decisions
+from observatory.detect import scan
+from observatory.ladder import watch
+from observatory.store import rollups
+
+__all__ = ["IN_TRANSACTION", "AFTER_COMMIT", "Hook", "BUILTIN", "HookFailed",
+           "run_in_transaction", "run_after_commit"]  # fmt: skip
+
+IN_TRANSACTION = "in_transaction"
+AFTER_COMMIT = "after_commit"
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str  # in messages: "<name>.after_ingest failed ..."
+    point: str  # IN_TRANSACTION or AFTER_COMMIT
+    call: Callable[..., Any]  # calls the module's `after_ingest` (looked up at call time)
+    ingest_again: bool = False  # after_commit only: ingest what it wrote within the same pass
+
+
+def _rollups(con, touched: Mapping[str, set[str]]) -> None:
+    rollups.after_ingest(con, touched)
+
+
+def _anomalies(db: Path, runs_dir: Path, runs: set[str]) -> Any:
+    return scan.after_ingest(db, runs_dir, runs)
+
+
+def _ladder_watch(db: Path, runs_dir: Path, runs: set[str]) -> Any:
+    return watch.after_ingest(db, runs_dir, runs)
+
+
+def _decisions(db: Path, runs_dir: Path, runs: set[str]) -> Any:
+    return decisions.after_ingest(db, runs_dir, runs)
+
+
+BUILTIN = (
+    Hook("rollups", IN_TRANSACTION, _rollups),  # observatory.store.rollups.after_ingest
+    Hook("anomalies", AFTER_COMMIT, _anomalies),  # observatory.detect.scan.after_ingest
+    Hook("ladder_watch", AFTER_COMMIT, _ladder_watch),  # observatory.ladder.watch.after_ingest
+    Hook("decisions", AFTER_COMMIT, _decisions, ingest_again=True),  # observatory.decisions.after_ingest
+)
+
+
+class HookFailed(Exception):
+    """An in-transaction hook raised; the batch must be rolled back and done again without it."""
+
+    def __init__(self, hook: Hook, error: BaseException):
+        super().__init__(str(error))
+        self.hook = hook
+        self.error = error
+
+
+def run_in_transaction(con, touched: Mapping[str, set[str]], skip: set[str]) -> None:
+    """The in-transaction hooks not in `skip`, when the batch added metrics or expert_load rows."""
+    if not (touched["metrics"] or touched["expert_load"]):
+        return
+    for hook in BUILTIN:
+        if hook.point == IN_TRANSACTION and hook.name not in skip:
+            try:
+                hook.call(con, touched)
+            except Exception as e:
+                raise HookFailed(hook, e) from e
+
+
+def run_after_commit(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[str], None]) -> set[str]:
+    """The after-commit hooks on `runs`, in order; the names of those that wrote events."""
+    wrote = set()
+    for hook in BUILTIN:
+        if hook.point != AFTER_COMMIT:
+            continue
+        try:
+            if hook.call(db, runs_dir, set(runs)):
+                wrote.add(hook.name)
+        except Exception as e:  # a detector or record keeper must never take ingest down
+            emit(f"observatory ingest: {hook.name}.after_ingest failed: {type(e).__name__}: {e}")
+    return wrote

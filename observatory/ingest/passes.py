@@ -1,0 +1,233 @@
+"""Passes and batches: each batch is one short write transaction over the files with work.
+
+One pass: scan the runs dir (`files.readable`); while files have work, run a batch:
+
+1. take the write lock, open the store, read `ingest_files` (offsets, seq ranges);
+2. read each file from its offset up to `BATCH_BYTES` in all (`files.process_file`:
+   the msgspec path, then the SQL path for what it cannot certify);
+3. in the same transaction: bulk-insert the staged rows, record rejected lines and
+   each file's new offset, fold the batch into `runs`, store `crashed` for runs
+   that went silent, run the in-transaction hooks; then COMMIT, so a kill at any
+   point leaves either all of the batch or none of it;
+4. release the lock; run the after-commit hooks (`observatory.ingest.hooks`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from observatory import settings, store
+from observatory.events import STATUSES
+from observatory.ingest import files as fs
+from observatory.ingest import hooks
+from observatory.ingest.runs import mark_crashed, update_runs
+from observatory.ingest.sql_lines import MESSAGE_LIMIT, LogFile, _Batch, _FileState, _flush
+
+__all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass"]
+
+BATCH_BYTES = 32 << 20  # input bytes per write transaction: keeps each lock hold well under a second or two
+
+
+@dataclass
+class IngestReport:
+    """What one `ingest` call did. `messages` are `file:line: reason` lines."""
+
+    files: int = 0
+    events: int = 0
+    metric_values: int = 0
+    expert_rows: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    truncated: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    passes: int = 0
+    fast_events: int = 0  # of `events`, how many a vectorised path accepted (the rest: validate_event)
+    runs: set[str] = field(default_factory=set)
+    messages: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (
+            f"ingested {self.events} events ({self.metric_values} metric values, {self.expert_rows} "
+            f"expert-load rows) from {self.files} file reads, {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s; "
+            f"{self.rejected} rejected, {self.duplicates} duplicates skipped, {self.truncated} truncated"
+        )
+
+
+class Follower:
+    """State kept between passes of one `ingest` call."""
+
+    def __init__(self):
+        self.sig: Any = None
+        self.skip: set[str] = set()  # files that cannot be ingested (until the next `ingest` call)
+        self.off: set[str] = set()  # in-transaction hooks that failed: batches run without them
+        self.last_crash_check = 0.0
+
+
+_ENSURED: set = set()  # (path, (inode, device)) of store files whose schema this process made sure of
+
+
+def _db_sig(db: Path) -> Any:
+    try:
+        st = db.stat()
+        return (st.st_ino, st.st_dev)
+    except FileNotFoundError:
+        return None
+
+
+def _has_schema(con) -> bool:
+    import duckdb
+
+    try:
+        con.execute("SELECT 1 FROM ingest_files LIMIT 0").fetchall()
+        return True
+    except duckdb.CatalogException:
+        return False
+
+
+def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set[str] | None) -> tuple[_Batch | None, bool]:
+    """One write transaction over files with work. Returns (batch or None if idle, more work left).
+
+    `skip_hooks`: the in-transaction hooks to leave out; None leaves them all out.
+    """
+    now = time.time()
+    stale = settings.get("stale_after_s")
+    max_line = int(settings.get("max_line_bytes"))
+    with store.write_connection(db) as con:
+        con.execute("SET enable_progress_bar = false")
+        if (str(db), _db_sig(db)) not in _ENSURED or not _has_schema(con):
+            store.ensure_schema(con)  # DDL costs ~0.1 s a batch; once per store file is enough
+            _ENSURED.add((str(db), _db_sig(db)))
+        con.execute("BEGIN TRANSACTION")
+        try:
+            rows, status = fs.load_state(con)
+            b = _Batch(now)
+            used, more, did = 0, False, False
+            for lf in files:
+                if (only is not None and lf.rel != only) or not fs.has_work(lf, rows.get(lf.rel)):
+                    continue
+                if used >= BATCH_BYTES:
+                    more = True
+                    break
+                st = _FileState(rows.get(lf.rel), lf, fs.siblings(lf, rows))
+                ended = lf.gz or status.get(lf.run) in STATUSES or now - lf.mtime > stale
+                n, done = fs.process_file(con, b, lf, st, BATCH_BYTES - used, ended, max_line)
+                used += n
+                b.n_bytes += n
+                b.n_files += 1
+                fs.save_file(con, lf, st, done)
+                rows[lf.rel] = {"run": lf.run, "host": lf.host, "first_seq": st.first_seq, "last_seq": st.last_seq}
+                did = True
+                if used >= BATCH_BYTES:
+                    more = True
+            if not did:
+                # nothing new, but time passes: runs that went silent are now crashed
+                mark_crashed(con, now)
+                con.execute("COMMIT")
+                return None, False
+            _flush(con, b)
+            update_runs(con, b)
+            mark_crashed(con, now)
+            if skip_hooks is not None:
+                hooks.run_in_transaction(con, b.touched, skip_hooks)
+            con.execute("COMMIT")
+        except BaseException:
+            try:
+                con.execute("ROLLBACK")
+            except Exception:
+                pass
+            raise
+    return b, more
+
+
+def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_hooks: bool,
+             emit: Callable[[str], None]) -> None:  # fmt: skip
+    """Ingest what the files have that the store has not; skip the lock when nothing changed on disk."""
+    files = fs.readable(runs_dir, fol.skip, emit)
+    sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
+    now = time.time()
+    if sig == fol.sig and now - fol.last_crash_check < min(5.0, settings.get("stale_after_s") / 4):
+        return  # nothing changed on disk: do not even take the lock
+    fol.last_crash_check = now
+    wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit)
+    if any(h.ingest_again and h.name in wrote for h in hooks.BUILTIN):
+        # a hook wrote events that must reach the store in this call (decision records): ingest
+        # them now (the hooks run again on this round's new activity only, and skip what they know)
+        files = fs.readable(runs_dir, fol.skip, emit)
+        sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
+        wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit)
+    # the files as they were when this pass read them, not a scan taken now: a writer that appended
+    # meanwhile (its last flush, say) must make the next pass read, not wait for the 5 s check
+    fol.sig = (sig[0], _db_sig(db))
+    if wrote:
+        fol.sig = None  # a hook wrote after our last read: look again on the next pass, not in 5 s
+
+
+def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestReport, fol: Follower, use_hooks: bool,
+             emit: Callable[[str], None]) -> set[str]:  # fmt: skip
+    """Write transactions until `files` have no work left; returns the hooks that wrote events meanwhile."""
+    wrote: set[str] = set()
+    only: str | None = None
+    queue = None  # set when isolating files after a failure
+    while True:
+        try:
+            b, more = _run_batch(db, files, only, fol.off if use_hooks else None)
+        except store.StoreBusy as e:
+            emit(f"{db}: {e}; will retry")
+            return wrote
+        except hooks.HookFailed as h:
+            # the batch was rolled back; do it again without the hook rather than lose it
+            e, name = h.error, h.hook.name
+            emit(f"observatory ingest: {name}.after_ingest failed ({type(e).__name__}: {e}); "
+                 f"ingesting without {name} from now on (`observatory rebuild` rebuilds them)")  # fmt: skip
+            fol.off.add(name)
+            continue
+        except Exception as e:
+            if only is not None:
+                emit(f"{runs_dir / only}: cannot ingest ({type(e).__name__}: {e}); skipped until the next ingest")
+                fol.skip.add(only)
+                files = [lf for lf in files if lf.rel != only]
+            queue = [lf.rel for lf in files] if queue is None else [r for r in queue if r != only]
+            only = queue[0] if queue else None
+            if only is None:
+                break
+            continue
+        if b is None:
+            if queue:
+                queue.pop(0)
+                only = queue[0] if queue else None
+                if only is not None:
+                    continue
+            break
+        _add(report, b, emit)
+        if use_hooks and b.activity:
+            wrote |= hooks.run_after_commit(db, runs_dir, set(b.activity), emit)
+        if not more and queue is None:
+            break
+        time.sleep(0.02)  # let readers waiting at the gate in between two batches
+    return wrote
+
+
+def _add(report: IngestReport, b: _Batch, emit: Callable[[str], None]) -> None:
+    """Count a committed batch into the report and pass its messages on."""
+    report.events += b.n_events
+    report.metric_values += b.n_metric_values
+    report.expert_rows += b.n_expert_rows
+    report.rejected += len(b.rejected)
+    report.duplicates += b.n_duplicates
+    report.truncated += b.n_truncated
+    report.runs |= set(b.activity) | b.observed
+    report.files += b.n_files
+    report.fast_events += b.n_fast
+    report.bytes += b.n_bytes
+    for msg in b.messages:
+        emit(msg)
+    if len(b.rejected) > len(b.messages):
+        emit(f"... and {len(b.rejected) - len(b.messages)} more rejected lines: "
+             "observatory sql \"SELECT file, line, reason FROM rejected_events\"")  # fmt: skip
+    if len(report.messages) < MESSAGE_LIMIT:
+        report.messages.extend(b.messages[: MESSAGE_LIMIT - len(report.messages)])

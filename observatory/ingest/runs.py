@@ -1,0 +1,80 @@
+"""The `runs` table: one row per run, folded from each batch's lifecycle events and activity."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from observatory import settings
+from observatory.events import OBSERVATORY_HOST, encode_value
+from observatory.ingest.sql_lines import I64, _Batch
+from observatory.store import RUN_COLUMNS, RUN_JSON_COLUMNS, crashed_sql
+
+__all__ = ["update_runs", "mark_crashed"]
+
+
+def update_runs(con, b: _Batch) -> None:
+    """Fold this batch's lifecycle events and activity into `runs` (one row per touched run)."""
+    touched = sorted(set(b.activity) | {e["run"] for e in b.lifecycle if e["host"] != OBSERVATORY_HOST})
+    if not touched:
+        return
+    rows = con.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE run IN (SELECT unnest($r))", {"r": touched}).fetchall()
+    existing = {r[0]: dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows}
+    out = []
+    for run in touched:
+        r = existing.get(run) or dict.fromkeys(RUN_COLUMNS)
+        r["run"] = run
+        for c in RUN_JSON_COLUMNS:
+            if isinstance(r[c], str):
+                r[c] = json.loads(r[c])
+        if r["status"] in (None, "crashed"):
+            r["status"] = "running"  # new events from a run shown as crashed: it is alive after all
+        for e in sorted((e for e in b.lifecycle if e["run"] == run and e["host"] != OBSERVATORY_HOST), key=lambda e: e["t"]):
+            d = e["data"]
+            if e["kind"] == "run_start":
+                if r["end_time"] is not None and e["t"] >= r["end_time"]:
+                    r["status"], r["end_time"], r["final_step"] = "running", None, None  # resumed
+                r["start_time"] = e["t"] if r["start_time"] is None else min(r["start_time"], e["t"])
+                for key in ("name", "config", "ladder", "code", "data", "mesh", "model", "tags"):
+                    if d.get(key) is not None:
+                        r[key] = d[key]
+                parent = d.get("parent") or {}
+                if isinstance(parent, dict) and parent.get("run") is not None:
+                    r["parent_run"], r["parent_step"] = str(parent["run"]), _int_or_none(parent.get("step"))
+                ladder = d.get("ladder") or {}
+                if isinstance(ladder, dict) and ladder:
+                    r["ladder_name"] = _str_or_none(ladder.get("name"))
+                    r["ladder_rung"] = _str_or_none(ladder.get("rung"))
+            elif r["end_time"] is None or e["t"] >= r["end_time"]:  # run_end
+                r["status"], r["end_time"] = d["status"], e["t"]
+                r["final_step"] = _int_or_none(d.get("final_step"))
+                if r["final_step"] is None:
+                    r["final_step"] = r["last_step"]
+        t, step = b.activity.get(run, (None, None))
+        if t is not None and (r["last_event_t"] is None or t > r["last_event_t"]):
+            r["last_event_t"] = t
+        if step is not None and (r["last_step"] is None or step > r["last_step"]):
+            r["last_step"] = step
+        if r["name"] is None:
+            r["name"] = run
+        for c in RUN_JSON_COLUMNS:
+            r[c] = None if r[c] is None else json.dumps(encode_value(r[c]))
+        out.append(tuple(r[c] for c in RUN_COLUMNS))
+    placeholders = ", ".join("?::JSON" if c in RUN_JSON_COLUMNS else "?" for c in RUN_COLUMNS)
+    con.executemany(f"INSERT OR REPLACE INTO runs ({', '.join(RUN_COLUMNS)}) VALUES ({placeholders})", out)
+
+
+def mark_crashed(con, now: float) -> None:
+    """Store `crashed` for the runs that went silent (`observatory.store.crashed_sql`, the one definition)."""
+    con.execute(
+        f"UPDATE runs SET status = 'crashed' WHERE {crashed_sql('$cut')}",
+        {"cut": now - settings.get("stale_after_s")},
+    )
+
+
+def _int_or_none(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) and abs(x) <= I64 else None
+
+
+def _str_or_none(x: Any) -> str | None:
+    return None if x is None else str(x)

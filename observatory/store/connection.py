@@ -1,0 +1,200 @@
+"""Connections to the store: read-only by default, one unit of work each, safe across processes.
+
+Concurrency (ARCHITECTURE decision 2). DuckDB lets one read-write process or
+many read-only ones hold the file, never both, and a process that finds the
+file busy gets an error. So every connection made here first takes an advisory
+`flock` next to the store, the classic turnstile that keeps a writer from
+starving behind a stream of readers:
+
+- `<db>.gate`: a writer holds it exclusively while it waits for and holds the
+  store; a reader passes through it (shared, released at once), so a waiting
+  writer stops new readers from coming in;
+- `<db>.lock`: readers hold it shared for the life of their connection, the
+  writer exclusively for one short transaction.
+
+Both waits poll with bounded backoff up to `lock_timeout_s`, then raise a
+`StoreBusy` that says who to wait for. Nobody holds a connection longer than one
+unit of work (`with connect(db) as con:`), so in practice nobody waits long.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from observatory import settings
+from observatory.store.schema import ensure_schema
+
+
+def default_db() -> Path:
+    return Path(settings.get("db"))
+
+
+def default_runs_dir() -> Path:
+    return Path(settings.get("runs"))
+
+
+class StoreBusy(RuntimeError):
+    """The store stayed busy for `lock_timeout_s`; the message says what to do."""
+
+
+def _flock(path: Path, exclusive: bool, deadline: float, what: str) -> int | None:
+    """Open `path` and take a flock on it, polling until `deadline`. None if it cannot be created."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EROFS, errno.EPERM, errno.ENOENT):
+            return None  # read-only location: nobody can write there, so nobody to wait for
+        raise
+    op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    delay = 0.002
+    while True:
+        try:
+            fcntl.flock(fd, op)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise StoreBusy(
+                    f"the store {path.with_suffix('')} stayed busy for {settings.get('lock_timeout_s')} s "
+                    f"waiting to {what}; another process holds it (setting lock_timeout_s, "
+                    f"env {settings.SETTINGS['lock_timeout_s'].env})"
+                ) from None
+        time.sleep(delay * (1 + random.random()))
+        delay = min(delay * 2, 0.025)  # short: a reader must catch the gap between two ingest batches
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases its flock
+
+
+def _lock_paths(path: Path) -> tuple[Path, Path]:
+    return path.with_name(path.name + ".gate"), path.with_name(path.name + ".lock")
+
+
+class StoreConnection:
+    """A DuckDB connection plus the advisory locks that make it safe; use as a context manager.
+
+    Every attribute of the DuckDB connection (`execute`, `sql`, `fetchall`, ...) is
+    available on it. `close()` closes the connection and releases the locks.
+    """
+
+    def __init__(self, con, fds: list[int | None], read_only: bool, path: Path):
+        self._con = con
+        self._fds = fds
+        self.read_only = read_only
+        self.path = path
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._con, name)
+
+    @property
+    def duckdb(self):
+        """The underlying `duckdb.DuckDBPyConnection`."""
+        return self._con
+
+    def close(self) -> None:
+        con, self._con = self._con, None
+        if con is not None:
+            try:
+                con.close()
+            finally:
+                for fd in reversed(self._fds):
+                    _unlock(fd)
+                self._fds = []
+
+    def __enter__(self) -> StoreConnection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _open_duckdb(path: Path, read_only: bool, deadline: float):
+    import duckdb
+
+    delay = 0.005
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as e:
+            # a process that does not use these locks (a bare duckdb.connect) holds the file
+            if "lock" not in str(e).lower() or time.monotonic() > deadline:
+                raise
+        time.sleep(delay * (1 + random.random()))
+        delay = min(delay * 2, 0.1)
+
+
+def connect(db=None, read_only: bool = True, timeout_s: float | None = None) -> StoreConnection:
+    """A connection to the store for one unit of work, read-only by default.
+
+    Waits (bounded by `lock_timeout_s`) while the ingester commits a batch and
+    never returns a lock error before that. A missing store is created empty, so
+    readers see tables rather than errors. Use `with connect(db) as con:`.
+    """
+    path = Path(db) if db is not None else default_db()
+    timeout = settings.get("lock_timeout_s") if timeout_s is None else timeout_s
+    if read_only and not path.exists():
+        with connect(path, read_only=False, timeout_s=timeout) as con:
+            ensure_schema(con)
+    if not read_only:
+        return write_connection(path, timeout_s=timeout)
+    deadline = time.monotonic() + timeout
+    gate, lock = _lock_paths(path)
+    fd_gate = _flock(gate, False, deadline, "read")  # wait behind a writer that is waiting
+    try:
+        fd_lock = _flock(lock, False, deadline, "read")
+    finally:
+        _unlock(fd_gate)
+    try:
+        con = _open_duckdb(path, True, deadline)
+    except BaseException:
+        _unlock(fd_lock)
+        raise
+    return StoreConnection(con, [fd_lock], True, path)
+
+
+def write_connection(db=None, timeout_s: float | None = None) -> StoreConnection:
+    """The read-write connection: only the ingester (and tests) use it, for one short transaction."""
+    path = Path(db) if db is not None else default_db()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + (settings.get("lock_timeout_s") if timeout_s is None else timeout_s)
+    gate, lock = _lock_paths(path)
+    fd_gate = _flock(gate, True, deadline, "write")
+    fds = [fd_gate]
+    try:
+        fds.append(_flock(lock, True, deadline, "write"))
+        wal = path.with_name(path.name + ".wal")
+        if not path.exists() and wal.exists():
+            wal.unlink()  # the store was deleted under us; its orphan WAL must not replay into a new one
+        con = _open_duckdb(path, False, deadline)
+    except BaseException:
+        for fd in reversed(fds):
+            _unlock(fd)
+        raise
+    return StoreConnection(con, fds, False, path)
+
+
+def using(db):
+    """`with using(db) as con:` for an API that takes a store path or an open connection.
+
+    An open connection (anything with `execute`) is used as it is and left open; a path
+    (or None: the default store) gets a read-only `connect` for the block. Pass the
+    ingester's own connection while it holds the store: DuckDB will not open a second,
+    read-only one in the same process.
+    """
+    return nullcontext(db) if hasattr(db, "execute") else connect(db)

@@ -1,0 +1,360 @@
+"""The store's schema, declared once: tables, views, rollup tables, and the run status readers show.
+
+- `DDL`: the tables ingest fills (`runs`, `metrics`, `expert_load`, `events`,
+  `rejected_events`, `ingest_files`); its column comments are the README's docs
+  (`SCHEMA_DOC`, from `TABLE_DOCS` and `schema_columns()`), so the two cannot drift.
+- `VIEWS` and `DECISIONS_VIEW_DDL`: `latest_metrics`, `run_drop_fraction`, and
+  `decisions` (the fold of `decision` events, `DECISIONS_SQL`).
+- `ROLLUP_DDL`: the tables `observatory.store.rollups` keeps up to date at ingest
+  time for the dashboard (internal: not in the README).
+- `run_status_sql(cut)`: the one definition of a run's status as every reader
+  shows it (`crashed` after `stale_after_s` of silence).
+
+`ensure_schema(con)` creates all of it (idempotent).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "DDL",
+    "VIEWS",
+    "VIEW_NAMES",
+    "TABLE_DOCS",
+    "SCHEMA_DOC",
+    "DECISIONS_SQL",
+    "DECISIONS_VIEW_DDL",
+    "ROLLUP_DDL",
+    "RESOLUTIONS",
+    "METRIC_RESOLUTIONS",
+    "LAYER_RESOLUTION",
+    "EXPERT_TABLES",
+    "METRIC_TABLES",
+    "RUN_COLUMNS",
+    "RUN_JSON_COLUMNS",
+    "crashed_sql",
+    "run_status_sql",
+    "ensure_schema",
+    "schema_columns",
+]
+
+DDL = """
+CREATE TABLE IF NOT EXISTS runs (
+    run          VARCHAR PRIMARY KEY, -- run id (the run folder's name)
+    name         VARCHAR,        -- human-readable name from run_start (the id when none)
+    status       VARCHAR,        -- running | completed | failed | preempted | killed | crashed
+    start_time   DOUBLE,         -- Unix seconds of the first run_start
+    end_time     DOUBLE,         -- Unix seconds of run_end (NULL while running)
+    last_event_t DOUBLE,         -- Unix seconds of the newest event from the run's own writers (not host 1000)
+    last_step    BIGINT,         -- highest step of any event
+    final_step   BIGINT,         -- final_step from run_end
+    parent_run   VARCHAR,        -- run this one was forked or resumed from
+    parent_step  BIGINT,         -- step of the parent's checkpoint
+    ladder_name  VARCHAR,        -- scaling ladder this run is a rung of
+    ladder_rung  VARCHAR,        -- its rung (e.g. d768)
+    ladder       JSON,           -- the whole ladder object from run_start
+    config       JSON,           -- resolved config, secrets redacted
+    tags         VARCHAR[],      -- free-form labels
+    code         JSON,           -- {commit, dirty}
+    data         JSON,           -- {name, fingerprint, tokens}
+    mesh         JSON,           -- {data, expert, processes, devices}
+    model        JSON            -- {params_total, params_active, flops_per_token}
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    run   VARCHAR NOT NULL,      -- run id
+    step  BIGINT,                -- optimizer step
+    name  VARCHAR NOT NULL,      -- /-namespaced metric name, e.g. train/loss
+    value DOUBLE,                -- the value; NaN and +-inf are stored as IEEE values
+    t     DOUBLE NOT NULL,       -- wall time, Unix seconds
+    host  USMALLINT NOT NULL     -- writing process
+);
+CREATE TABLE IF NOT EXISTS expert_load (
+    run     VARCHAR NOT NULL,    -- run id
+    step    INTEGER NOT NULL,    -- optimizer step
+    layer   USMALLINT NOT NULL,  -- MoE layer index
+    expert  USMALLINT NOT NULL,  -- expert index within the layer
+    routed  UINTEGER NOT NULL,   -- assignments the router made to this expert
+    dropped UINTEGER NOT NULL    -- of those, assignments cut by capacity
+);
+CREATE TABLE IF NOT EXISTS events (
+    run   VARCHAR NOT NULL,      -- run id
+    host  USMALLINT NOT NULL,    -- writing process (1000: the observatory itself)
+    seq   BIGINT NOT NULL,       -- sequence number within (run, host)
+    kind  VARCHAR NOT NULL,      -- run_start, run_end, eval, checkpoint, decision, forecast, anomaly, ...
+    step  BIGINT,                -- optimizer step, if any
+    t     DOUBLE NOT NULL,       -- wall time, Unix seconds
+    v     USMALLINT NOT NULL,    -- event format version
+    known BOOLEAN NOT NULL,      -- false: a kind this reader does not know, kept raw
+    data  JSON                   -- the kind's payload
+);
+CREATE TABLE IF NOT EXISTS rejected_events (
+    file        VARCHAR NOT NULL, -- path of the event log
+    run         VARCHAR,         -- the run folder the file lives in
+    line        BIGINT NOT NULL, -- 1-based line number in the file
+    field       VARCHAR,         -- offending field (e.g. seq, data.layer, (line))
+    reason      VARCHAR NOT NULL, -- what is wrong, in words
+    raw         VARCHAR,         -- first 4 KiB of the line
+    ingested_at DOUBLE NOT NULL  -- Unix seconds when ingest saw it
+);
+CREATE TABLE IF NOT EXISTS ingest_files (
+    path       VARCHAR PRIMARY KEY, -- path of the event log
+    run        VARCHAR,          -- run folder
+    host       USMALLINT,        -- host from the file name
+    byte_offset BIGINT NOT NULL, -- bytes consumed (uncompressed offset for .gz)
+    line       BIGINT NOT NULL,  -- lines consumed
+    first_seq  BIGINT,           -- lowest seq stored from this file
+    last_seq   BIGINT,           -- highest seq stored from this file
+    cursor_seq BIGINT,           -- last seq read in file order (the next must be higher)
+    size       BIGINT,           -- file size when last read
+    mtime      DOUBLE            -- file mtime when last read
+);
+"""
+
+VIEWS = """
+CREATE OR REPLACE VIEW latest_metrics AS
+    SELECT run, name, arg_max(step, step) AS step, arg_max(value, step) AS value, max(t) AS t
+    FROM metrics GROUP BY run, name;
+CREATE OR REPLACE VIEW run_drop_fraction AS
+    SELECT run, sum(dropped)::DOUBLE / nullif(sum(routed), 0) AS drop_fraction,
+           sum(routed) AS routed, sum(dropped) AS dropped
+    FROM expert_load GROUP BY run;
+"""
+
+# Columns added after a store may already exist; ensure_schema adds them to old files.
+_ADDED_COLUMNS = (
+    ("ingest_files", "first_seq", "BIGINT"),
+    ("ingest_files", "cursor_seq", "BIGINT"),
+    ("rejected_events", "run", "VARCHAR"),
+)
+
+TABLE_DOCS = {
+    "runs": "One row per run, from `run_start` / `run_end` and the newest event seen. "
+    "`status` is `running` until a `run_end`; readers show a running run whose newest event "
+    "is older than `stale_after_s` as `crashed`.",
+    "metrics": "One row per (run, step, name) scalar from `metrics` events.",
+    "expert_load": "One row per (run, step, layer, expert) from `expert_load` events; narrow "
+    "integer types so that 10^9 rows stay small.",
+    "events": "Every event that is not `metrics` or `expert_load` (run_start, run_end, eval, "
+    "checkpoint, config_diff, decision, forecast, anomaly, failure, note, unknown kinds), "
+    "payload as JSON. `(run, host, seq)` identifies an event.",
+    "rejected_events": "Lines ingest could not accept, with file, line, field and reason; the rest "
+    "of the file is ingested. Torn final lines of ended or crashed runs appear here as `truncated`.",
+    "ingest_files": "Per-file ingest progress, committed in the same transaction as the rows it "
+    "covers (exactly-once ingest).",
+    "latest_metrics": "View: each run's latest value of each metric.",
+    "run_drop_fraction": "View: each run's overall token drop fraction (dropped / routed).",
+    "decisions": "View: each decision's current state, folded from its `decision` events in order "
+    "(`id`, `state` JSON, `home_run`, `created`, `updated`, `n_events`, `title`, `kind`, `status`).",
+}
+VIEW_NAMES = ("latest_metrics", "run_drop_fraction", "decisions")
+
+_COL_RE = re.compile(r"^\s+(\w+)\s+([A-Z][A-Z0-9\[\]]*)[^-]*?(?:--\s*(.*))?$")
+
+
+def schema_columns() -> dict[str, list[tuple[str, str, str]]]:
+    """Tables of `DDL` as {table: [(column, type, comment), ...]}, parsed from the DDL text."""
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    table = None
+    for line in DDL.splitlines():
+        m = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", line)
+        if m:
+            table = m.group(1)
+            out[table] = []
+            continue
+        if table and line.startswith(")"):
+            table = None
+            continue
+        m = _COL_RE.match(line)
+        if table and m:
+            out[table].append((m.group(1), m.group(2), (m.group(3) or "").strip()))
+    return out
+
+
+def _schema_doc() -> str:
+    parts = []
+    for table, cols in schema_columns().items():
+        parts.append(f"### `{table}`\n\n{TABLE_DOCS[table]}\n\n| column | type | meaning |\n|---|---|---|")
+        parts.extend(f"| `{c}` | {t} | {doc} |" for c, t, doc in cols)
+        parts.append("")
+    parts.append("### Views\n")
+    parts.extend(f"- `{v}`: {TABLE_DOCS[v].removeprefix('View: ')}" for v in VIEW_NAMES)
+    return "\n".join(parts) + "\n"
+
+
+SCHEMA_DOC = _schema_doc()
+
+# The `runs` table's columns in DDL order, and those of them that hold JSON.
+RUN_COLUMNS = tuple(c for c, _, _ in schema_columns()["runs"])
+RUN_JSON_COLUMNS = tuple(c for c, t, _ in schema_columns()["runs"] if t == "JSON")
+
+# ---------------------------------------------------------------- rollups
+# Tables `observatory.store.rollups` maintains (see its docstring for what each holds).
+
+RESOLUTIONS = (16, 128, 1024)  # expert_load buckets (steps), finest first; each divides the next
+METRIC_RESOLUTIONS = (8, 64, 512)  # metrics buckets
+LAYER_RESOLUTION = 64  # expert_layer_step buckets
+
+ROLLUP_DDL = (
+    """
+CREATE TABLE IF NOT EXISTS expert_layer_step (
+    run        VARCHAR NOT NULL,
+    layer      USMALLINT NOT NULL,
+    step       INTEGER NOT NULL,
+    routed     UBIGINT NOT NULL,    -- sum over experts
+    dropped    UBIGINT NOT NULL,
+    routed_max UINTEGER NOT NULL,   -- busiest expert's routed count
+    n_experts  USMALLINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS expert_run_step (
+    run     VARCHAR NOT NULL,
+    step    INTEGER NOT NULL,
+    routed  UBIGINT NOT NULL,       -- sum over layers and experts
+    dropped UBIGINT NOT NULL
+);
+"""
+    + f"""
+CREATE TABLE IF NOT EXISTS expert_layer_r{LAYER_RESOLUTION} (
+    run        VARCHAR NOT NULL,
+    layer      USMALLINT NOT NULL,
+    bucket     INTEGER NOT NULL,    -- step // {LAYER_RESOLUTION}
+    first_step INTEGER NOT NULL,
+    last_step  INTEGER NOT NULL,
+    routed     UBIGINT NOT NULL,
+    dropped    UBIGINT NOT NULL,
+    drop_max   DOUBLE,              -- worst single step's dropped / routed
+    hot_sum    DOUBLE,              -- sum over steps of busiest / mean expert
+    hot_max    DOUBLE,              -- worst step's busiest / mean expert
+    steps      UINTEGER NOT NULL
+);
+"""
+    + "".join(
+        f"""
+CREATE TABLE IF NOT EXISTS expert_load_r{res} (
+    run     VARCHAR NOT NULL,
+    layer   USMALLINT NOT NULL,
+    bucket  INTEGER NOT NULL,       -- step // {res}
+    expert  USMALLINT NOT NULL,
+    routed  UBIGINT NOT NULL,
+    dropped UBIGINT NOT NULL,
+    steps   UINTEGER NOT NULL       -- rows summed
+);
+"""
+        for res in RESOLUTIONS
+    )
+    + "".join(
+        f"""
+CREATE TABLE IF NOT EXISTS metrics_r{res} (
+    run         VARCHAR NOT NULL,
+    name        VARCHAR NOT NULL,
+    bucket      BIGINT NOT NULL,    -- step // {res}
+    first_step  BIGINT NOT NULL,
+    last_step   BIGINT NOT NULL,
+    min         DOUBLE,             -- finite values only
+    max         DOUBLE,
+    last        DOUBLE,             -- value at last_step (NaN kept)
+    sum         DOUBLE,             -- of finite values
+    n           BIGINT NOT NULL,
+    n_nonfinite BIGINT NOT NULL
+);
+"""
+        for res in METRIC_RESOLUTIONS
+    )
+    + """
+CREATE TABLE IF NOT EXISTS metric_series (
+    run        VARCHAR NOT NULL,
+    name       VARCHAR NOT NULL,
+    n          BIGINT NOT NULL,
+    first_step BIGINT,
+    last_step  BIGINT,
+    last_value DOUBLE,
+    last_t     DOUBLE,
+    PRIMARY KEY (run, name)
+);
+CREATE TABLE IF NOT EXISTS rollup_state (
+    source      VARCHAR PRIMARY KEY,  -- expert_load | metrics
+    next_rowid  BIGINT NOT NULL,      -- rows with rowid >= this are not rolled up yet
+    n_rows      BIGINT NOT NULL       -- count(*) of the source when next_rowid was taken
+);
+"""
+)
+
+EXPERT_TABLES = (
+    "expert_layer_step",
+    "expert_run_step",
+    f"expert_layer_r{LAYER_RESOLUTION}",
+    *(f"expert_load_r{r}" for r in RESOLUTIONS),
+)
+METRIC_TABLES = (*(f"metrics_r{r}" for r in METRIC_RESOLUTIONS), "metric_series")
+
+# -------------------------------------------------------------- decisions
+# A decision is a series of `decision` events sharing `data.id`; each event carries only the
+# fields it sets. Its current state is the fold of those events in order (t, run, host, seq):
+# for every key, the value from the last event that wrote it. `observatory sql` users can paste
+# `DECISIONS_SQL` or query the `decisions` view.
+
+# One row per decision id: its folded state (JSON object), first/last event and count.
+DECISIONS_SQL = """
+WITH ev AS (
+    SELECT data->>'$.id' AS id, run, host, seq, step, t, data
+    FROM events
+    WHERE kind = 'decision' AND json_type(data->'$.id') = 'VARCHAR'
+),
+kv AS (
+    SELECT id, run, host, seq, t, unnest(map_entries(CAST(data AS MAP(VARCHAR, JSON)))) AS e FROM ev
+),
+latest AS (
+    -- arg_max_null: a field set to null by a later event is cleared, not skipped
+    SELECT id, e.key AS key, arg_max_null(e.value, (t, run, host, seq)) AS value FROM kv GROUP BY id, e.key
+),
+folded AS (
+    SELECT id, json_group_object(key, value) AS state FROM latest GROUP BY id
+),
+bounds AS (
+    SELECT id,
+           arg_min(run, (t, run, host, seq)) AS home_run,   -- folder of the creating event
+           -- created/updated: what the first/last event says, else its envelope time
+           coalesce(TRY_CAST(arg_min(data->>'$.created', (t, run, host, seq)) AS DOUBLE), min(t)) AS created,
+           coalesce(TRY_CAST(arg_max(data->>'$.updated', (t, run, host, seq)) AS DOUBLE), max(t)) AS updated,
+           count(*) AS n_events
+    FROM ev GROUP BY id
+)
+SELECT f.id, f.state, b.home_run, b.created, b.updated, b.n_events,
+       f.state->>'$.title' AS title, f.state->>'$.kind' AS kind, f.state->>'$.status' AS status
+FROM folded f JOIN bounds b USING (id)
+"""
+
+DECISIONS_VIEW_DDL = f"CREATE OR REPLACE VIEW decisions AS {DECISIONS_SQL}"
+
+
+# ------------------------------------------------------------ run status
+
+
+def crashed_sql(cut: str) -> str:
+    """SQL condition over a `runs` row: the run is `crashed` at cut-off `cut` (SQL: now - stale_after_s).
+
+    A run still `running` (no run_end) whose newest event from its own writers is older
+    than the cut-off. `last_event_t` never counts the observatory's own events (host
+    1000): findings about a dead run do not keep it alive.
+    """
+    return f"(status = 'running' AND coalesce(last_event_t, 0) < {cut})"
+
+
+def run_status_sql(cut: str) -> str:
+    """SQL expression over a `runs` row: its status as every reader shows it at cut-off `cut`.
+
+    `crashed` when `crashed_sql(cut)` holds; otherwise the stored status. A stored
+    `crashed` stays `crashed`: only new events from the run's writers make it
+    `running` again, and ingest stores that when it folds them into `runs`.
+    """
+    return f"CASE WHEN {crashed_sql(cut)} THEN 'crashed' ELSE status END"
+
+
+def ensure_schema(con) -> None:
+    """Create every table and view if it is missing (idempotent)."""
+    con.execute(DDL)
+    for table, col, typ in _ADDED_COLUMNS:
+        con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {typ}")
+    con.execute(ROLLUP_DDL)
+    con.execute(VIEWS)
+    con.execute(DECISIONS_VIEW_DDL)
