@@ -284,8 +284,9 @@ def anomaly_lines(runs_dir, run):
 
 @pytest.fixture
 def ingest():
-    mod = pytest.importorskip("observatory.ingest", reason="ingest not built yet")
-    return mod.ingest
+    from observatory.ingest import ingest
+
+    return ingest
 
 
 def stored_anomalies(db, run=None):
@@ -294,6 +295,20 @@ def stored_anomalies(db, run=None):
 
     with connect(db) as con:
         return anomaly_events(con, run)
+
+
+def test_one_ingest_leaves_its_findings_in_the_store(tmp_path, ingest):
+    """`observatory ingest` once: the spike's anomalies are queryable, and its summary counts them."""
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    write_run(runs, "bloomish", *bloom(700, at=500)[:3])
+    A._STATE.clear()
+    rep = ingest(runs, db, emit=None)
+    stored = sorted((a["detector"], a["window"][0]) for a in stored_anomalies(db, "bloomish"))
+    assert stored == [("grad_spike", 502), ("loss_spike", 504)]
+    assert rep.findings == len(anomaly_lines(runs, "bloomish")) == 2
+    assert "2 findings written" in rep.summary()
+    rep = ingest(runs, db, emit=None)
+    assert rep.findings == 0 and len(stored_anomalies(db, "bloomish")) == 2
 
 
 @pytest.mark.slow

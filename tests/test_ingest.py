@@ -351,4 +351,3 @@ def test_hooks_are_declared_in_one_place():
         ("ladder_watch", hooks.AFTER_COMMIT),
         ("decisions", hooks.AFTER_COMMIT),
     ]
-    assert [h.name for h in hooks.BUILTIN if h.ingest_again] == ["decisions"]

@@ -16,9 +16,8 @@ implementation is a module's `after_ingest` function:
     whose own writers sent events in the batch. It reads the store with its own
     connections and writes findings as host-1000 events into run folders; it
     returns the runs whose folders got new events (read by truthiness, so a bool
-    works too). If it raises, ingest reports it and goes on. When a hook marked
-    `ingest_again` wrote, the pass ingests once more, so one `observatory ingest`
-    leaves its events in the store; the others' events wait for the next pass.
+    works too). If it raises, ingest reports it and goes on. When a hook wrote, the
+    pass ingests once more, so one `observatory ingest` leaves its findings in the store.
 
 `BUILTIN` lists the built-in implementations, in the order they run.
 """
@@ -47,7 +46,6 @@ class Hook:
     name: str  # in messages: "<name>.after_ingest failed ..."
     point: str  # IN_TRANSACTION or AFTER_COMMIT
     call: Callable[..., Any]  # calls the module's `after_ingest` (looked up at call time)
-    ingest_again: bool = False  # after_commit only: ingest what it wrote within the same pass
 
 
 def _rollups(con, touched: Mapping[str, set[str]]) -> None:
@@ -70,7 +68,7 @@ BUILTIN = (
     Hook("rollups", IN_TRANSACTION, _rollups),  # observatory.store.rollups.after_ingest
     Hook("anomalies", AFTER_COMMIT, _anomalies),  # observatory.detect.scan.after_ingest
     Hook("ladder_watch", AFTER_COMMIT, _ladder_watch),  # observatory.ladder.watch.after_ingest
-    Hook("decisions", AFTER_COMMIT, _decisions, ingest_again=True),  # observatory.decisions.after_ingest
+    Hook("decisions", AFTER_COMMIT, _decisions),  # observatory.decisions.after_ingest
 )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from observatory import settings, store
-from observatory.events import STATUSES
+from observatory.events import OBSERVATORY_HOST, STATUSES
 from observatory.ingest import files as fs
 from observatory.ingest import hooks
 from observatory.ingest.runs import mark_crashed, update_runs
@@ -47,6 +47,7 @@ class IngestReport:
     seconds: float = 0.0
     passes: int = 0
     fast_events: int = 0  # of `events`, how many a vectorised path accepted (the rest: validate_event)
+    findings: int = 0  # events the hooks wrote (anomalies, deviations, decision records), ingested too
     runs: set[str] = field(default_factory=set)
     messages: list[str] = field(default_factory=list)
 
@@ -54,7 +55,8 @@ class IngestReport:
         return (
             f"ingested {self.events} events ({self.metric_values} metric values, {self.expert_rows} "
             f"expert-load rows) from {self.files} file reads, {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s; "
-            f"{self.rejected} rejected, {self.duplicates} duplicates skipped, {self.truncated} truncated"
+            f"{self.rejected} rejected, {self.duplicates} duplicates skipped, {self.truncated} truncated; "
+            f"{self.findings} findings written"
         )
 
 
@@ -154,12 +156,13 @@ def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_
         return  # nothing changed on disk: do not even take the lock
     fol.last_crash_check = now
     wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit)
-    if any(h.ingest_again and h.name in wrote for h in hooks.BUILTIN):
-        # a hook wrote events that must reach the store in this call (decision records): ingest
-        # them now (the hooks run again on this round's new activity only, and skip what they know)
+    if wrote:
+        # the hooks wrote findings into run folders: ingest them in this call, so that one command
+        # leaves the store with everything it found (the hooks run again on this round's new
+        # activity only: the observatory's own events are not activity, so this round ends it)
         files = fs.readable(runs_dir, fol.skip, emit)
         sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
-        wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit)
+        wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit, findings=True)
     # the files as they were when this pass read them, not a scan taken now: a writer that appended
     # meanwhile (its last flush, say) must make the next pass read, not wait for the 5 s check
     fol.sig = (sig[0], _db_sig(db))
@@ -168,8 +171,11 @@ def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_
 
 
 def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestReport, fol: Follower, use_hooks: bool,
-             emit: Callable[[str], None]) -> set[str]:  # fmt: skip
-    """Write transactions until `files` have no work left; returns the hooks that wrote events meanwhile."""
+             emit: Callable[[str], None], findings: bool = False) -> set[str]:  # fmt: skip
+    """Write transactions until `files` have no work left; returns the hooks that wrote events meanwhile.
+
+    `findings`: this round ingests what the hooks just wrote; count the observatory's events as findings.
+    """
     wrote: set[str] = set()
     only: str | None = None
     queue = None  # set when isolating files after a failure
@@ -204,6 +210,8 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
                     continue
             break
         _add(report, b, emit)
+        if findings:
+            report.findings += sum(1 for e in b.events if e[1] == OBSERVATORY_HOST)
         if use_hooks and b.activity:
             wrote |= hooks.run_after_commit(db, runs_dir, set(b.activity), emit)
         if not more and queue is None:
