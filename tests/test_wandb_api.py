@@ -360,3 +360,28 @@ def test_unknown_modes_and_arguments_are_refused(runs_dir):
         observatory.init(dir=runs_dir, no_such_argument=1, install_signal_handlers=False)
     run = observatory.init(dir=runs_dir, entity="lab", job_type="train", settings={}, install_signal_handlers=False)
     run.finish()  # wandb's server-side arguments are accepted and unused
+
+
+def test_our_writer_names_keep_the_writers_free_step_order(runs_dir):
+    run = observatory.init(run_id="trainer-like", runs_dir=runs_dir, install_signal_handlers=False)
+    assert not run.wandb_rules
+    run.log({"x": 1.0}, step=5)
+    run.log({"x": 2.0}, step=3)  # a rollback re-logs earlier steps: kept
+    run.log({"y": 1.0})  # wandb's conveniences still work
+    assert [s for s, _ in _metrics(run)] == [5, 3, 3]
+    assert "source" not in _events(run.path)[0]["data"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tail, status", [("", "completed"), ("raise SystemError('boom')", "failed")])
+def test_a_script_that_does_not_finish_is_finished_at_exit(tmp_path, runs_dir, tail, status):
+    script = tmp_path / "s.py"
+    script.write_text(f"import observatory as wandb\nwandb.init(id='x')\nwandb.log({{'a': 1}})\n{tail}\n")
+    env = {**os.environ, "OBSERVATORY_RUNS": str(runs_dir), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == (1 if tail else 0)
+    evs = _events(runs_dir / "x" / "events.0.jsonl")
+    assert evs[-1]["kind"] == "run_end" and evs[-1]["data"]["status"] == status
+    if tail:
+        assert evs[-2]["kind"] == "failure" and "SystemError: boom" in evs[-2]["data"]["message"]
+        assert "SystemError: boom" in out.stderr  # the script's own traceback is still printed

@@ -8,8 +8,8 @@
 
 `init` returns a `Run`, the event writer (`observatory.writer.Run`: the call site never
 waits on the disk) with wandb's `log(data, step=None, commit=None)`, `config`, `summary`,
-`define_metric`, `name`, `id` and `finish(exit_code=)`. trackio's `init(project, name=,
-config=)`, `log(metrics, step=None)` and `finish()` are the same calls.
+`define_metric`, `name`, `id` and `finish(exit_code=)`. trackio's `init(project, name,
+group, config=)`, `log(metrics, step=None)` and `finish()` are the same calls.
 
 wandb's step rules, one `metrics` event per `log` call:
 
@@ -20,8 +20,12 @@ wandb's step rules, one `metrics` event per `log` call:
   as wandb refuses it: the data is dropped with wandb's warning, counted in `run.refused_logs`
   and, when there were any, in the final summary as `writer/refused_logs`.
 
-A trainer that numbers its own steps and may go back (a rollback re-logs earlier steps) uses
-`observatory.writer.init`, whose `log(metrics, step)` takes any step.
+As in wandb, a run the script does not finish is finished at exit (`completed`, or `failed`
+after an uncaught exception).
+
+Called with our writer's own argument names (`run_id=`, `runs_dir=`), `init` keeps the writer's
+rules instead: an explicit step may go back (a trainer's rollback re-logs earlier steps), and a
+run that is not finished stays without `run_end` (a crash). `wandb_rules=` chooses explicitly.
 
 `define_metric(name, step_metric=, summary=, goal=, ...)` is recorded in the run's summary as
 `_define_metric/<name>`, the JSON of its arguments; its `summary` statistics become summary
@@ -80,6 +84,7 @@ class Run(writer.Run):
         self.config = Config(self)
         self.summary = Summary(self)
         self.refused_logs = 0
+        self.wandb_rules = True  # False: the writer's rules (see the module docstring)
         self._rules: list[MetricRule] = []
         self._rule_of: dict[str, MetricRule | None] = {}
 
@@ -93,7 +98,7 @@ class Run(writer.Run):
             raise TypeError(f"log: metrics must be a dict of name to number, got {type(data).__name__}")
         if step is not None:
             step = writer.check_step(step, "log")
-            if step < self.step:
+            if step < self.step and self.wandb_rules:
                 self._refuse(step)
                 return
             self.step = step
@@ -173,7 +178,7 @@ class Run(writer.Run):
             )
 
     def _atexit(self) -> None:
-        if not self._finished and self._signal is None and not self._stop.is_set():
+        if self.wandb_rules and not self._finished and self._signal is None and not self._stop.is_set():
             self._exiting = True  # as wandb does, a run the script did not finish is finished at exit
             self.finish("completed")
             return
@@ -266,7 +271,7 @@ def _deactivate(run: Run | DisabledRun) -> None:
 def _excepthook(exc_type, exc, tb) -> None:
     """An exception that ends the script ends the active run: `failure`, then run_end `failed` (or `killed`)."""
     run = _active
-    if isinstance(run, Run) and not run._finished:
+    if isinstance(run, Run) and run.wandb_rules and not run._finished:
         try:
             run.__exit__(exc_type, exc, tb)
         except Exception as e:  # the script's own traceback must still be printed
@@ -338,10 +343,10 @@ def _fork_point(spec: str | None, what: str) -> dict | None:
 def init(
     project: str | None = None,
     name: str | None = None,
-    config: Any = None,
-    *,
-    tags: Iterable[str] | None = None,
     group: str | None = None,
+    *,
+    config: Any = None,
+    tags: Iterable[str] | None = None,
     notes: str | None = None,
     id: str | None = None,  # noqa: A002 - wandb's argument name
     resume: bool | str | None = None,
@@ -359,6 +364,7 @@ def init(
     parent: Mapping[str, Any] | None = None,
     source: Mapping[str, Any] | None = None,
     write_start: bool = True,
+    wandb_rules: bool | None = None,
     **kwargs: Any,
 ) -> Run | DisabledRun:
     """Start a run, wandb's way or ours; it becomes the active run of module-level `log`, `config`, `summary`.
@@ -381,6 +387,8 @@ def init(
     starts and becomes the active one, the old one running on. The arguments of our writer
     (`host`, `parent`, `ladder`, `code`, `data`, `mesh`, `model`, `sinks`, `write_start`, writer
     options) pass through; wandb's and trackio's server and UI arguments are accepted and unused.
+    `wandb_rules` (default: True unless `run_id=` or `runs_dir=` is given) is whether the run follows
+    wandb's step and exit rules or the writer's (see the module docstring).
     """
     if mode not in MODES:
         raise ValueError(f"init: mode must be one of online, offline, shared, disabled, got {mode!r}")
@@ -395,6 +403,8 @@ def init(
     if reinit in ("finish_previous", True) and _active is not None:
         _active.finish()
     rid = id or run_id
+    if wandb_rules is None:
+        wandb_rules = run_id is None and runs_dir is None
     cfg = config_dict(config)
     if config_include_keys is not None:
         cfg = {k: v for k, v in cfg.items() if k in set(config_include_keys)}
@@ -406,7 +416,7 @@ def init(
     else:
         run = _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir or dir, host,
                      parent or _fork_point(fork_from, "fork_from") or _fork_point(resume_from, "resume_from"),
-                     source, write_start, allow_val_change, kwargs)  # fmt: skip
+                     source, write_start, allow_val_change, wandb_rules, kwargs)  # fmt: skip
         _install_excepthook()
     if reinit != "create_new":
         _set_active(run)
@@ -414,7 +424,7 @@ def init(
 
 
 def _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir, host, parent, source, write_start,
-           allow_val_change, options) -> Run:  # fmt: skip
+           allow_val_change, wandb_rules, options) -> Run:  # fmt: skip
     runs_dir = Path(runs_dir) if runs_dir is not None else Path(settings.get("runs"))
     if resume == "must" and rid is None:
         raise Error("init: resume='must' needs id= (the run to continue)")
@@ -438,12 +448,13 @@ def _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir, host, 
         project=project,
         group=group,
         notes=notes,
-        source=source if source is not None else {"trainer": "wandb-api", "version": _version()},
+        source=source if source is not None or not wandb_rules else {"trainer": "wandb-api", "version": _version()},
         write_start=write_start and not resuming,
         run_class=Run,
         **options,
     )
     run.name = name or run.id
+    run.wandb_rules = wandb_rules
     run.project, run.group, run.notes = project, group, notes
     run.tags = tuple(tags or ())
     run.config = Config(run, {**prior, **cfg}, allow_val_change)
