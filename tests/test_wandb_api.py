@@ -59,6 +59,24 @@ WANDB_SCRIPT = textwrap.dedent(
 )
 
 
+# The shape of W&B's current quickstart: a `with wandb.init(...) as run:` block and `run.log` per epoch.
+WITH_SCRIPT = textwrap.dedent(
+    """
+    import random
+    import observatory as wandb
+
+    config = {"epochs": 8, "lr": 0.01}
+    with wandb.init(project="my-awesome-project", config=config) as run:
+        offset = random.random() / 5
+        for epoch in range(run.config["epochs"]):
+            acc = 1 - 2 ** -(epoch + 1) - offset
+            loss = 2 ** -(epoch + 1) + offset
+            run.log({"accuracy": acc, "loss": loss})
+        print(run.id, flush=True)
+    """
+)
+
+
 @pytest.fixture(autouse=True)
 def _no_active_run():
     yield
@@ -67,6 +85,14 @@ def _no_active_run():
 
 def _events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _script(tmp_path, runs_dir, text: str) -> subprocess.CompletedProcess:
+    """Run a script in a fresh interpreter with the runs dir from the environment."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    env = {**os.environ, "OBSERVATORY_RUNS": str(runs_dir), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
 
 
 def _init(runs_dir, **kw):
@@ -80,10 +106,7 @@ def _metrics(run) -> list[tuple[int, dict]]:
 
 @pytest.mark.slow
 def test_a_wandb_script_runs_unchanged_and_lands_in_the_store(tmp_path, runs_dir):
-    script = tmp_path / "train.py"
-    script.write_text(WANDB_SCRIPT)
-    env = {**os.environ, "OBSERVATORY_RUNS": str(runs_dir), "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    out = _script(tmp_path, runs_dir, WANDB_SCRIPT)
     assert out.returncode == 0, out.stderr
     run_id = out.stdout.strip()
     assert run_id.startswith("quickstart-")
@@ -126,6 +149,19 @@ def test_a_wandb_script_runs_unchanged_and_lands_in_the_store(tmp_path, runs_dir
     assert summary["val/acc/max"] == pytest.approx(0.9)
     assert json.loads(summary["_define_metric/val/acc"]) == {"summary": "max"}
     assert [d["status"] for _s, d in by_kind["run_end"]] == ["completed"]
+
+
+@pytest.mark.slow
+def test_the_with_block_quickstart_runs_unchanged(tmp_path, runs_dir):
+    out = _script(tmp_path, runs_dir, WITH_SCRIPT)
+    assert out.returncode == 0, out.stderr
+    run_id = out.stdout.strip()
+    db = tmp_path / "store.duckdb"
+    ingest(runs_dir, db, hooks=False, emit=None)
+    con = connect(db)
+    steps = con.execute("SELECT step, count(*) FROM metrics WHERE run = ? GROUP BY step ORDER BY step", [run_id]).fetchall()
+    assert steps == [(s, 2) for s in range(8)]
+    assert con.execute("SELECT status FROM runs WHERE run = ?", [run_id]).fetchone() == ("completed",)
 
 
 def test_step_none_advances_one_step_per_log(runs_dir):
@@ -375,10 +411,7 @@ def test_our_writer_names_keep_the_writers_free_step_order(runs_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("tail, status", [("", "completed"), ("raise SystemError('boom')", "failed")])
 def test_a_script_that_does_not_finish_is_finished_at_exit(tmp_path, runs_dir, tail, status):
-    script = tmp_path / "s.py"
-    script.write_text(f"import observatory as wandb\nwandb.init(id='x')\nwandb.log({{'a': 1}})\n{tail}\n")
-    env = {**os.environ, "OBSERVATORY_RUNS": str(runs_dir), "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    out = _script(tmp_path, runs_dir, f"import observatory as wandb\nwandb.init(id='x')\nwandb.log({{'a': 1}})\n{tail}\n")
     assert out.returncode == (1 if tail else 0)
     evs = _events(runs_dir / "x" / "events.0.jsonl")
     assert evs[-1]["kind"] == "run_end" and evs[-1]["data"]["status"] == status

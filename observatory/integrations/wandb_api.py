@@ -107,7 +107,7 @@ class Run(writer.Run):
         at = self.step
         if flat:
             self._put_metrics(flat, at)
-            self.summary._values.update(flat)
+            self.summary._data.update(flat)
             if self._rules:
                 self._aggregate(flat)
         if commit is None:
@@ -444,7 +444,7 @@ def _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir, host, 
         runs_dir=runs_dir,
         host=host,
         parent=parent,
-        tags=None if tags is None else list(tags),
+        tags=list(tags) if tags is not None and not isinstance(tags, str) else tags,  # a str: the writer refuses it
         project=project,
         group=group,
         notes=notes,

@@ -183,27 +183,31 @@ def redact_changes(changes: Mapping[str, list]) -> dict[str, list]:
     return out
 
 
-# ----------------------------------------------------------------- config
+# ------------------------------------------------------ config and summary
 
 
-class Config(MutableMapping):
-    """`run.config`: item and attribute access; changes after start are written as `config_diff` events."""
+class _Values(MutableMapping):
+    """A dict with attribute access whose every change goes through `update` (which writes it)."""
 
-    def __init__(self, run: Run | None = None, items: Mapping[str, Any] | None = None, allow_val_change=None):
+    _what = "values"
+
+    def __init__(self, run: Run | None, data: Mapping[str, Any] | None):
         object.__setattr__(self, "_run", run)
-        object.__setattr__(self, "_items", dict(items or {}))
-        object.__setattr__(self, "_allow", allow_val_change)
+        object.__setattr__(self, "_data", dict(data or {}))
+
+    def update(self, d: Any = None, **kwargs: Any) -> None:
+        raise NotImplementedError
 
     def __getitem__(self, key: str) -> Any:
-        return self._items[key]
+        return self._data[key]
 
     def __getattr__(self, key: str) -> Any:
         if key.startswith("__"):
             raise AttributeError(key)
         try:
-            return self._items[key]
+            return self._data[key]
         except KeyError:
-            raise AttributeError(f"config has no key {key!r}") from None
+            raise AttributeError(f"{self._what} has no key {key!r}") from None
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.update({key: value})
@@ -211,23 +215,33 @@ class Config(MutableMapping):
     def __setattr__(self, key: str, value: Any) -> None:
         self.update({key: value})
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._data!r})"
+
+    def as_dict(self) -> dict:
+        return dict(self._data)
+
+
+class Config(_Values):
+    """`run.config`: item and attribute access; changes after start are written as `config_diff` events."""
+
+    _what = "config"
+
+    def __init__(self, run: Run | None = None, items: Mapping[str, Any] | None = None, allow_val_change=None):
+        super().__init__(run, items)
+        object.__setattr__(self, "_allow", allow_val_change)
+
     def __delitem__(self, key: str) -> None:
-        old = self._items.pop(key)
+        old = self._data.pop(key)
         before: dict = {}
         _leaves(key, old, before)
         self._write({leaf: [v, None] for leaf, v in before.items()})
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __repr__(self) -> str:
-        return f"Config({self._items!r})"
-
-    def as_dict(self) -> dict:
-        return dict(self._items)
 
     def update(self, d: Any = None, allow_val_change: bool | None = None, **kwargs: Any) -> None:
         """Add keys, or change them with `allow_val_change=True` (wandb's rule); a `config_diff` records it."""
@@ -235,18 +249,18 @@ class Config(MutableMapping):
         allow = self._allow if allow_val_change is None else allow_val_change
         if not allow:
             for key, value in new.items():
-                if key in self._items and not _same(self._items[key], value):
+                if key in self._data and not _same(self._data[key], value):
                     raise ConfigError(
-                        f'Attempted to change value of key "{key}" from {self._items[key]} to {value}\n'
+                        f'Attempted to change value of key "{key}" from {self._data[key]} to {value}\n'
                         "If you really want to do this, pass allow_val_change=True to config.update()"
                     )
-        changes = config_changes(self._items, new)
-        self._items.update(new)
+        changes = config_changes(self._data, new)
+        self._data.update(new)
         self._write(changes)
 
     def setdefaults(self, d: Any) -> None:
         """Add the keys of `d` that the config does not have yet."""
-        self.update({k: v for k, v in config_dict(d).items() if k not in self._items})
+        self.update({k: v for k, v in config_dict(d).items() if k not in self._data})
 
     def _write(self, changes: dict[str, list]) -> None:
         run = self._run
@@ -256,12 +270,10 @@ class Config(MutableMapping):
                       step=step)  # fmt: skip
 
 
-# ---------------------------------------------------------------- summary
-
 _STATS = ("min", "max", "mean", "first", "last", "best", "none")
 
 
-class Summary(MutableMapping):
+class Summary(_Values):
     """`run.summary`: the last logged value of each metric, overridden by values the script sets.
 
     A value the script sets is written at once as a `summary` event. `final()` is what the
@@ -270,40 +282,15 @@ class Summary(MutableMapping):
     summary as its latest metric values overridden by its `summary` events, key by key.
     """
 
+    _what = "summary"
+
     def __init__(self, run: Run | None = None):
-        object.__setattr__(self, "_run", run)
-        object.__setattr__(self, "_values", {})  # the summary as the script sees it
+        super().__init__(run, None)  # _data: the summary as the script sees it
         object.__setattr__(self, "_written", {})  # what summary events already say, by key
         object.__setattr__(self, "_derived", set())  # keys made by define_metric aggregates
 
-    def __getitem__(self, key: str) -> Any:
-        return self._values[key]
-
-    def __getattr__(self, key: str) -> Any:
-        if key.startswith("__"):
-            raise AttributeError(key)
-        try:
-            return self._values[key]
-        except KeyError:
-            raise AttributeError(f"summary has no key {key!r}") from None
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.update({key: value})
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        self.update({key: value})
-
     def __delitem__(self, key: str) -> None:
         raise Error("summary keys cannot be deleted: summary events only add or override keys")
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __repr__(self) -> str:
-        return f"Summary({self._values!r})"
 
     def update(self, d: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         """Set summary values (nested dicts as `a/b`); written now as one `summary` event."""
@@ -311,14 +298,14 @@ class Summary(MutableMapping):
         _flatten_summary("", {**(d or {}), **kwargs}, flat)
         if not flat:
             return
-        self._values.update(flat)
+        self._data.update(flat)
         self._written.update(flat)
         if self._run is not None:
             self._run.event("summary", redact(flat))
 
     def final(self) -> dict:
         """The keys a last `summary` event must hold (see the class docstring)."""
-        vals, out = self._values, {}
+        vals, out = self._data, {}
         for key, v in self._written.items():
             if key in vals and not _same(vals[key], v):
                 out[key] = vals[key]
@@ -353,7 +340,7 @@ class MetricRule:
         return key == self.name
 
     def add(self, key: str, value: float, summary: Summary) -> None:
-        vals = summary._values
+        vals = summary._data
         if self.hide:
             vals.pop(key, None)
         n = self._n.get(key, 0) + 1
