@@ -329,7 +329,7 @@ def train_with_status(
         sinks.append(WandbMirror(project=cfg.wandb.project, mode=cfg.wandb.mode, run_id=run_id,
                                  config=cfg.to_dict(), dir=str(wandb_dir)))
     model_info = _model_counts(cfg)
-    run = observatory.writer.init(
+    run = observatory.init(
         run_id=run_id,
         name=cfg.name,
         config=cfg.to_dict(),
