@@ -1,6 +1,7 @@
 """Observatory: a transparent training-log observatory for Mixture-of-Experts language models.
 
-Write events with `init` (wandb-like), read the store with `connect`:
+Write events with `init`, wandb's way (`import observatory as wandb` runs a W&B training
+loop unchanged; see `observatory.integrations.wandb_api`) or ours; read the store with `connect`:
 
     import observatory
     with observatory.init(name="my-run", config={"lr": 3e-4}) as run:
@@ -10,8 +11,26 @@ Write events with `init` (wandb-like), read the store with `connect`:
 
 from __future__ import annotations
 
+from observatory.integrations import wandb_api
+from observatory.integrations.wandb_api import ConfigError, Error, define_metric, finish, init, log, watch
 from observatory.store import connect
-from observatory.writer import Run, init
+from observatory.writer import Run
 
-__all__ = ["init", "Run", "connect"]
+__all__ = ["init", "log", "finish", "define_metric", "watch", "run", "config", "summary", "Error",
+           "ConfigError", "Run", "connect"]  # fmt: skip
 __version__ = "0.1.0"
+
+run: wandb_api.Run | wandb_api.DisabledRun | None = None
+config: object = wandb_api.PreInit("wandb.config")
+summary: object = wandb_api.PreInit("wandb.summary")
+
+
+def _rebind(active: wandb_api.Run | wandb_api.DisabledRun | None) -> None:
+    """Point `run`, `config` and `summary` at the active run (None and wandb's pre-init errors without one)."""
+    global run, config, summary
+    run = active
+    config = active.config if active is not None else wandb_api.PreInit("wandb.config")
+    summary = active.summary if active is not None else wandb_api.PreInit("wandb.summary")
+
+
+wandb_api.on_active_change(_rebind)

@@ -49,7 +49,8 @@ def new_run_id(name: str | None = None) -> str:
     return f"{stem or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def _check_step(step: Any, where: str) -> int | None:
+def check_step(step: Any, where: str) -> int | None:
+    """A step as an int >= 0 (numpy ints welcome) or None; raise naming `where` otherwise."""
     if step is None:
         return None
     if isinstance(step, bool) or not isinstance(step, int):
@@ -146,7 +147,7 @@ class Run:
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Log scalar metrics at an optimizer step. Values: numbers, NaN and inf included."""
-        step = _check_step(step, "log")
+        step = check_step(step, "log")
         if step is None:
             raise TypeError("log: step is required")
         if not isinstance(metrics, Mapping):
@@ -156,6 +157,10 @@ class Run:
             if not isinstance(name, str) or not name:
                 raise TypeError(f"log: metric names must be non-empty strings, got {name!r}")
             data[name] = _to_float(name, value)
+        self._put_metrics(data, step)
+
+    def _put_metrics(self, data: dict[str, float], step: int) -> None:
+        """Queue a `metrics` event of checked floats, with the queue's drop count when it grew."""
         # NaN/inf need their string form on disk; finite values can be dumped as they are
         clean = math.isfinite(math.fsum(data.values())) if data else True
         dropped = self._dropped
@@ -166,7 +171,7 @@ class Run:
 
     def log_expert_load(self, step: int, layer: int, routed: Iterable[int], dropped: Iterable[int]) -> None:
         """Per-expert routed and dropped assignment counts for one layer."""
-        step = _check_step(step, "log_expert_load")
+        step = check_step(step, "log_expert_load")
         if step is None:
             raise TypeError("log_expert_load: step is required")
         if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
@@ -183,7 +188,7 @@ class Run:
             raise TypeError(f"event: kind must be a non-empty string, got {kind!r}")
         if not isinstance(data, Mapping):
             raise TypeError(f"event: data must be a dict, got {type(data).__name__}")
-        step = _check_step(step, "event")
+        step = check_step(step, "event")
         from observatory.events import ValidationError, validate_data
 
         try:
@@ -500,21 +505,30 @@ def init(
     data: Mapping[str, Any] | None = None,
     mesh: Mapping[str, Any] | None = None,
     model: Mapping[str, Any] | None = None,
+    project: str | None = None,
+    group: str | None = None,
+    notes: str | None = None,
+    source: Mapping[str, Any] | None = None,
     sinks: Iterable[Sink] = (),
     write_start: bool = True,
+    run_class: type[Run] = Run,
     **writer_options: Any,
 ) -> Run:
     """Start a run: create its folder, write `run_start`, return the `Run`.
 
     `write_start=False` is for processes other than host 0 of a multi-host run,
-    which only write host-local events.
+    which only write host-local events. `run_class` is the `Run` subclass to make
+    (the wandb-compatible run of `observatory.integrations.wandb_api`).
     """
     if run_id is None:
         run_id = new_run_id(name)
     runs_dir = Path(runs_dir) if runs_dir is not None else Path(settings.get("runs"))
     if tags is not None and (isinstance(tags, str) or not all(isinstance(t, str) for t in tags)):
         raise TypeError("init: tags must be a list of strings")
-    run = Run(run_id, runs_dir, host, sinks=sinks, **writer_options)
+    for key, value in (("project", project), ("group", group), ("notes", notes)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"init: {key} must be a string, got {type(value).__name__}")
+    run = run_class(run_id, runs_dir, host, sinks=sinks, **writer_options)
     if write_start:
         start: dict[str, Any] = {"config": redact(dict(config or {}))}
         for key, value in (
@@ -525,6 +539,10 @@ def init(
             ("data", data),
             ("mesh", mesh),
             ("model", model),
+            ("project", project),
+            ("group", group),
+            ("notes", None if notes is None else redact(notes)),  # free text: credential shapes hidden
+            ("source", source),
         ):
             if value is not None:
                 start[key] = dict(value) if isinstance(value, Mapping) else value
