@@ -24,6 +24,7 @@ COMMANDS = {
     "report": "observatory.commands.report:report",
     "import": "observatory.commands.interop:import_group",
     "export": "observatory.commands.interop:export",
+    "simulate": "observatory.commands.simulate:simulate",
     "dashboard": "observatory.commands.dashboard:dashboard",
 }
 
@@ -40,6 +41,7 @@ HELP = {
     "report": "Write a post-mortem report for a run.",
     "import": "Import runs from Weights & Biases or TensorBoard.",
     "export": "Export a run's events as parquet, csv or jsonl.",
+    "simulate": "Write synthetic runs shaped like the 535B reference run (or tiny, or a ladder).",
     "dashboard": "Start the Streamlit dashboard.",
 }
 
