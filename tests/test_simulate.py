@@ -167,10 +167,13 @@ def test_lines_are_what_json_dumps_writes(tmp_path):
 
 
 def test_decimal_rows():
-    a = np.array([[0, 9, 10, 99, 100], [10**9, 4294967295, 9_999_999_999, 1, 123456789]])
-    assert decimal_rows(a) == [json.dumps(r, separators=(",", ":"))[1:-1].encode() for r in a.tolist()]
+    a = np.array([[0, 9, 10, 99, 100], [10**9, 4294967295, 999_999_999, 1, 123456789], [1, 2, 3, 4, 5]])
+    for rows in (a, a[2:], a[:, :1], np.zeros((2, 3), np.int64)):
+        assert decimal_rows(rows) == [json.dumps(r, separators=(",", ":"))[1:-1].encode() for r in rows.tolist()]
     with pytest.raises(ValueError):
-        decimal_rows(np.array([[10**10]]))
+        decimal_rows(np.array([[1 << 32]]))
+    with pytest.raises(ValueError):
+        decimal_rows(np.array([[-1]]))
 
 
 def test_ingests_cleanly_and_the_detectors_find_what_was_planted(tmp_path):

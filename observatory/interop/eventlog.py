@@ -22,23 +22,31 @@ from observatory.events import RUN_ID_RE, VERSION, encode_nonfinite, encode_valu
 
 __all__ = ["EventFile", "decimal_rows", "put_path"]
 
-_POW10 = 10 ** np.arange(1, 10, dtype=np.uint64)
+_PAIRS = np.array([ord(str(i // 10)) | ord(str(i % 10)) << 8 for i in range(100)], np.uint16)  # "00".."99"
 
 
 def decimal_rows(a: np.ndarray) -> list[bytes]:
-    """Each row of a 2-D array of integers in [0, 10^10) as `json.dumps` writes a list's inside: b"3,0,17"."""
+    """Each row of a 2-D array of integers in [0, 2^32) as `json.dumps` writes a list's inside: b"3,0,17"."""
     n, e = a.shape
-    v = np.ascontiguousarray(a, dtype=np.uint64).reshape(-1)
-    if v.size and (a.min() < 0 or int(v.max()) >= 10**10):
-        raise ValueError("counts must be in [0, 10^10)")
-    width = np.searchsorted(_POW10, v, side="right") + 1  # digits of each value
-    digits = np.empty((v.size, 11), np.uint8)
+    if a.size and (a.min() < 0 or a.max() >= 1 << 32):
+        raise ValueError("counts must be in [0, 2^32)")
+    v = np.ascontiguousarray(a, dtype=np.uint32).reshape(-1)
+    width = np.ones(v.size, np.int64)  # digits of each value
+    for k in range(1, 10):
+        width += v >= 10**k
+    w2 = (int(width.max(initial=1)) + 1) // 2 * 2  # digit columns, an even number: two digits at a time
+    buf = np.empty((v.size, w2 + 2), np.uint8)  # digits right-aligned, a comma, padding
+    pairs = np.empty((v.size, w2 // 2), np.uint16)
     x = v.copy()
-    for i in range(9, -1, -1):
-        digits[:, i] = (x % 10).astype(np.uint8) + 48
-        x //= 10
-    digits[:, 10] = ord(",")
-    flat = digits[np.arange(11) >= (10 - width)[:, None]].tobytes()  # each value's digits, then a comma
+    for i in range(w2 // 2 - 1, -1, -1):
+        q = x // 100  # (x % 100 is several times slower than x - q * 100 in numpy)
+        pairs[:, i] = _PAIRS[x - q * 100]
+        x = q
+    buf[:, :w2] = pairs.view(np.uint8)
+    buf[:, w2] = ord(",")
+    keep = np.arange(w2 + 2) >= (w2 - width)[:, None]
+    keep[:, w2 + 1] = False
+    flat = buf[keep].tobytes()  # each value's digits, then a comma
     lens = (width + 1).reshape(n, e).sum(axis=1)
     ends = np.cumsum(lens)
     return [flat[s : t - 1] for s, t in zip((ends - lens).tolist(), ends.tolist(), strict=True)]
