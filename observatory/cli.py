@@ -40,7 +40,7 @@ HELP = {
     "detect": "Run the instability detectors over stored runs.",
     "report": "Write a post-mortem report for a run.",
     "import": "Import runs from Weights & Biases or TensorBoard.",
-    "export": "Export a run's events as parquet, csv or jsonl.",
+    "export": "Export a run's events as parquet, csv or jsonl, or the store as partitioned Parquet.",
     "simulate": "Write synthetic runs shaped like the 535B reference run (or tiny, or a ladder).",
     "dashboard": "Start the Streamlit dashboard.",
 }
