@@ -133,7 +133,7 @@ SPIKE_AT, NAN_AT, PREEMPT_AT, FORK_AT = 0.32, 0.46, 0.62, 0.70
 # BLOOM 176B: grad norm 0.24 -> 0.95 -> 2.39 -> 15.9 -> 145 -> 960 while the loss rose 2.2 -> 5.1, 3 steps later
 GRAD_SPIKE = {-3: 5.0, -2: 12.0, -1: 60.0, 0: 500.0, 1: 3000.0, 2: 300.0, 3: 30.0, 4: 6.0, 5: 2.5, 6: 1.5}
 UPDATE_SPIKE = {-2: 1.8, -1: 2.5, 0: 3.0, 1: 3.0, 2: 2.0, 3: 1.4}
-LOSS_SPIKE = {0: 1.12, 1: 1.5, 2: 1.95, 3: 2.3}  # then back to 1 with time constant `spike_tau`
+LOSS_SPIKE = {0: 1.12, 1: 1.5, 2: 1.95, 3: 2.3}  # then back to 1 with time constant `tau` (Incidents.spike)
 GRAD_SHARES = {"embed": 0.3, "layers": 0.9, "final_norm": 0.02, "lm_head": 0.3}  # of grad/norm/total, in quadrature
 EVAL_S, CKPT_S, ROLLBACK_S, PREEMPT_GAP_S, RESUME_S, FORK_DELAY_S = 90.0, 20.0, 300.0, 1800.0, 600.0, 3600.0
 
