@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from observatory.commands import dashboard, decide, detect, ingest, interop, ladder, read, report
+from observatory.commands import dashboard, decide, detect, ingest, interop, ladder, read, report, simulate
 
 # command name -> click command or group, in the order `--help` lists them
 COMMANDS: dict[str, click.Command] = {
@@ -25,6 +25,7 @@ COMMANDS: dict[str, click.Command] = {
     "report": report.report,
     "import": interop.import_group,
     "export": interop.export,
+    "simulate": simulate.simulate,
     "dashboard": dashboard.dashboard,
 }
 
@@ -40,7 +41,8 @@ HELP = {
     "detect": "Run the instability detectors over stored runs.",
     "report": "Write a post-mortem report for a run.",
     "import": "Import runs from Weights & Biases or TensorBoard.",
-    "export": "Export a run's events as parquet, csv or jsonl.",
+    "export": "Export a run's events as parquet, csv or jsonl, or the store as partitioned Parquet.",
+    "simulate": "Write synthetic runs shaped like the 535B reference run (or tiny, or a ladder).",
     "dashboard": "Start the Streamlit dashboard.",
 }
 

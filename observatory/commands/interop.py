@@ -132,7 +132,7 @@ def jsonl_cmd(files, runs_dir, db, no_ingest, replace):
 
 
 @click.command("export")
-@click.argument("run")
+@click.argument("run", required=False)
 @click.option(
     "--format",
     "fmt",
@@ -144,11 +144,28 @@ def jsonl_cmd(files, runs_dir, db, no_ingest, replace):
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Output file (default RUN.FORMAT; '-' for stdout)."
 )
+@click.option(
+    "--partitioned",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Instead of one run: the whole store as Hive-partitioned Parquet, DIR/kind=<kind>/run=<run>/.",
+)
 @common_options
-def export(run, fmt, out, runs_dir, db):
-    """Export a run's events (jsonl) or its metrics table (parquet, csv)."""
-    from observatory.interop.export import ExportError, export_run
+def export(run, fmt, out, partitioned, runs_dir, db):
+    """Export a run's events (jsonl) or its metrics table (parquet, csv), or the store (--partitioned DIR)."""
+    from observatory.interop.export import ExportError, export_partitioned, export_run
 
+    if partitioned is not None:
+        if run is not None or out is not None:
+            raise click.UsageError("--partitioned DIR exports every run; give no RUN and no --out")
+        try:
+            res = export_partitioned(partitioned, db=db)
+        except ExportError as e:
+            raise click.ClickException(str(e)) from None
+        rows = ", ".join(f"{n} {table}" for table, n in res.rows.items())
+        click.echo(f"{res.runs} run(s) -> {res.out}: {res.files} parquet files ({rows} rows)")
+        return
+    if run is None:
+        raise click.UsageError("give a RUN to export, or --partitioned DIR for the whole store")
     try:
         res = export_run(run, fmt, out, runs_dir=runs_dir, db=db)
     except ExportError as e:

@@ -7,6 +7,10 @@
   splits such a file back into `<runs dir>/<run>/events.<host>.jsonl`, ready to ingest.
 - `parquet` / `csv`: the metrics long table `(run, step, name, value, t, host)` from the
   store, streamed batch by batch.
+- `export_partitioned`: the whole store as Hive-partitioned Parquet, `DIR/kind=<kind>/run=<run>/`,
+  one table per kind (`runs`, `metrics`, `expert_load`, and each event kind), for DuckDB, Spark,
+  Trino or ClickHouse to read in place. Written by DuckDB's `COPY ... PARTITION_BY` from a
+  read-only connection into a folder beside DIR, renamed to DIR when complete.
 """
 
 from __future__ import annotations
@@ -16,13 +20,22 @@ import heapq
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from observatory.events import RUN_ID_RE, ValidationError, validate_event
 
-__all__ = ["FORMATS", "ExportResult", "export_run", "run_event_files", "import_events_jsonl"]
+__all__ = [
+    "FORMATS",
+    "ExportResult",
+    "export_run",
+    "run_event_files",
+    "import_events_jsonl",
+    "PartitionedResult",
+    "export_partitioned",
+]
 
 FORMATS = ("jsonl", "parquet", "csv")
 _FILE_RE = re.compile(r"^events\.(\d+)\.jsonl(\.gz)?$")
@@ -148,6 +161,46 @@ def export_run(
     if fmt == "jsonl":
         return _export_jsonl(runs_dir, run, out)
     return _export_table(db, run, fmt, out)
+
+
+@dataclass
+class PartitionedResult:
+    out: Path
+    rows: dict[str, int]  # table (runs, metrics, expert_load, events) -> rows written
+    runs: int
+    files: int
+
+
+def export_partitioned(out: str | os.PathLike, *, db: str | os.PathLike) -> PartitionedResult:
+    """Write the store as Hive-partitioned Parquet under `out` (which must not exist, or be empty).
+
+    Layout: `out/kind=<kind>/run=<run>/data_0.parquet`, `kind` one of `runs`, `metrics`,
+    `expert_load` or an event kind (`unknown` for a kind that is not a plain name; its
+    `raw_kind` column keeps it). Every path component starts with `kind=` or `run=`, and run
+    ids are checked against the run id rule first, so no value can name a path outside `out`.
+    """
+    from observatory.queries import export as q
+    from observatory.store import connect
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out} exists and is not an empty folder; an export is never merged into another")
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with connect(db) as con:
+            runs = q.run_ids(con)
+            bad = [r for r in runs if not RUN_ID_RE.match(r) or r in (".", "..")]
+            if bad:
+                raise ExportError(f"run ids that are not safe as paths: {', '.join(map(repr, bad[:5]))}")
+            rows = q.copy_partitioned(con, str(tmp))
+        if out.exists():
+            out.rmdir()
+        tmp.mkdir(parents=True, exist_ok=True)  # an empty store writes no files
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return PartitionedResult(out, rows, len(runs), sum(1 for _ in out.rglob("*.parquet")))
 
 
 def import_events_jsonl(

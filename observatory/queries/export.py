@@ -1,8 +1,16 @@
-"""Queries behind `observatory export`: a run's metrics as a long table, streamed."""
+"""Queries behind `observatory export`: a run's metrics as a long table, streamed; the store as partitioned Parquet."""
 
 from __future__ import annotations
 
-__all__ = ["METRIC_COLUMNS", "run_exists", "similar_runs", "metrics_reader"]
+__all__ = [
+    "METRIC_COLUMNS",
+    "run_exists",
+    "similar_runs",
+    "metrics_reader",
+    "PARTITION_SELECTS",
+    "run_ids",
+    "copy_partitioned",
+]
 
 # the long table's columns, in order; parquet and csv exports have exactly these
 METRIC_COLUMNS = ("run", "step", "name", "value", "t", "host")
@@ -38,3 +46,40 @@ def metrics_reader(con, run: str, batch_rows: int = 100_000):
         "SELECT run, step, name, value, t, host FROM metrics WHERE run = $run ORDER BY step, name, host, t",
         params={"run": run},
     ).to_arrow_reader(batch_rows)
+
+
+# `export --partitioned`: one Hive-partitioned Parquet table per kind, DIR/kind=<kind>/run=<run>/*.parquet.
+# The partition value of an event kind is the kind when it is a plain name, `unknown` otherwise (an
+# unknown kind is any string a log wrote); `raw_kind` keeps it as written.
+PARTITION_SELECTS = {
+    "runs": "SELECT 'runs' AS kind, * FROM runs",
+    "metrics": "SELECT 'metrics' AS kind, run, step, name, value, t, host FROM metrics",
+    "expert_load": "SELECT 'expert_load' AS kind, run, step, layer, expert, routed, dropped FROM expert_load",
+    "events": (
+        "SELECT CASE WHEN regexp_full_match(kind, '[a-z][a-z0-9_]{0,63}') AND kind NOT IN "
+        "('runs', 'metrics', 'expert_load') THEN kind ELSE 'unknown' END AS kind, "
+        "run, host, seq, step, t, v, known, kind AS raw_kind, data FROM events"
+    ),
+}
+
+
+def run_ids(con) -> list[str]:
+    """Every run id in the store's tables that `export --partitioned` writes."""
+    rows = con.execute(
+        "SELECT run FROM runs UNION SELECT DISTINCT run FROM metrics UNION SELECT DISTINCT run FROM events "
+        "UNION SELECT DISTINCT run FROM expert_load"
+    ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def copy_partitioned(con, out_dir: str) -> dict[str, int]:
+    """Write each table as Parquet partitioned by (kind, run) under `out_dir`; rows written per table."""
+    quoted = "'" + str(out_dir).replace("'", "''") + "'"
+    counts = {}
+    for table, select in PARTITION_SELECTS.items():
+        rows = con.execute(
+            f"COPY ({select}) TO {quoted} (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (kind, run), "
+            "OVERWRITE_OR_IGNORE true)"
+        ).fetchall()
+        counts[table] = int(rows[0][0]) if rows else 0
+    return counts

@@ -1,0 +1,64 @@
+"""`observatory simulate`: write synthetic runs shaped like the reference run as event logs."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import click
+
+from observatory.commands import common_options
+
+__all__ = ["simulate"]
+
+PRESET_NAMES = ("tiny", "ladder", "535b")
+
+
+@click.command("simulate")
+@click.option("--preset", type=click.Choice(PRESET_NAMES), required=True, help="Shape and story of the runs.")
+@click.option("--steps", type=int, help="Schedule length [default: tiny 200, ladder 200, 535b 500].")
+@common_options
+@click.option("--run-id", help="Main run id [default: sim-<preset>]; the fork is <id>-fork, ladder rungs <id>-<rung>.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same bytes.")
+@click.option(
+    "--expert-load-every", type=int, help="expert_load every K steps, 0 = never [default: tiny 1, ladder 5, 535b 10]."
+)
+@click.option("--hosts", type=int, default=1, show_default=True, help="Processes: one event file each.")
+@click.option("--replace", is_flag=True, help="Overwrite runs simulated earlier with other arguments.")
+@click.option("--ingest", "do_ingest", is_flag=True, help="Also update the store (--db) from the runs dir.")
+def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts, replace, do_ingest):
+    """Write synthetic runs as real event logs (deterministic by seed).
+
+    535b: the reference MoE (48 layers x 384 experts, top-8 + 2 shared, seq 4096) with a
+    loss spike led by its grad norm, a NaN with rollback, a preemption and resume, a fork
+    with a config diff and a drifting hot expert. tiny: the same story at 4 x 16.
+    ladder: four rungs on L(C) = E + A*C^-alpha for `observatory ladder fit`.
+    """
+    from observatory.interop.simulate import simulate as run_simulate
+
+    try:
+        res = run_simulate(
+            preset, runs_dir, steps=steps, run_id=run_id, seed=seed, expert_load_every=expert_load_every,
+            hosts=hosts, replace=replace,
+        )  # fmt: skip
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    for path, state, _ in res.files:
+        if state == "conflict":
+            click.secho(
+                f"FAILED {path}: different events are already there (other arguments?); pass --replace "
+                "to overwrite them (then rebuild the store)",
+                fg="red",
+                err=True,
+            )
+    click.echo(f"{', '.join(res.runs)} -> {runs_dir}: {res.summary()}")
+    if do_ingest:
+        from observatory.interop import ingest_runs
+
+        report = ingest_runs(runs_dir, db, rebuild=any(s == "replaced" for _, s, _ in res.files))
+        click.echo(f"store {db}: {report.summary()}")
+    else:
+        command = "rebuild" if any(s == "replaced" for _, s, _ in res.files) else "ingest"
+        click.echo(f"next: observatory {command} --runs-dir {shlex.quote(str(runs_dir))}", err=True)
+    if res.conflicts:
+        sys.exit(1)
