@@ -42,7 +42,7 @@ __all__ = [
 
 VERSION = 1
 SUPPORTED_VERSIONS = (1,)
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+RUN_ID_RE = re.compile(r"^(?!\.\.?$)[A-Za-z0-9._-]{1,128}$")  # "." and ".." are folders, never run ids
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf}
 OBSERVATORY_HOST = 1000  # host id of events the observatory itself writes (forecasts, anomalies, decisions)
 STATUSES = ("completed", "failed", "preempted", "killed")
@@ -340,7 +340,7 @@ def validate_event(ev: Any, *, run_folder: str | None = None, host: int | None =
         raise ValidationError("v", f"unknown format version {v} (this reader knows {SUPPORTED_VERSIONS})")
     run = ev.get("run")
     if not isinstance(run, str) or not RUN_ID_RE.match(run):
-        raise ValidationError("run", "missing or not a run id matching [A-Za-z0-9._-]{1,128}")
+        raise ValidationError("run", "missing or not a run id matching [A-Za-z0-9._-]{1,128} (and not . or ..)")
     if run_folder is not None and run != run_folder:
         raise ValidationError("run", f"run id {run!r} does not match its folder {run_folder!r}")
     kind = ev.get("kind")

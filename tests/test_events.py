@@ -38,6 +38,9 @@ def test_valid_event_passes():
         (ev(kind="anomaly", data={"detector": "d", "severity": "meh", "message": "m"}), "data.severity"),
         (ev(kind="checkpoint", data={"path": 3}), "data.path"),
         (ev(kind="run_start", data={"tags": "x"}), "data.tags"),
+        (ev(run=".."), "run"),
+        (ev(run="."), "run"),
+        (ev(run="../x"), "run"),
     ],
 )  # fmt: skip
 def test_invalid_events_name_the_field(bad, field):

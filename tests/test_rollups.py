@@ -115,3 +115,21 @@ def test_heatmap_and_layer_series_match_plain_scans(store):
             assert ls.filter(ls["layer"] == 1)["hot_max"].max() > 2  # expert 3 takes ~3x its share
         rd = qe.run_drop_series(con, "base-run", 0, 119, 1000)
         assert rd["last"].to_numpy() == pytest.approx(per_step["drop_fraction"].to_numpy())
+
+
+def test_a_collapsed_router_at_the_reference_batch_does_not_overflow(tmp_path):
+    """One expert taking all 4096 x 4096 x 8 assignments of a step, with 384 experts: no integer overflow."""
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    n = 384
+    routed = [0] * n
+    routed[7] = 4096 * 4096 * 8
+    with observatory.init(run_id="collapsed", runs_dir=runs) as run:
+        for s in range(3):
+            run.log({"train/loss": 2.0}, step=s)
+            run.log_expert_load(s, 0, routed, [0] * n)
+    said = []
+    ingest(runs, db, emit=said.append)
+    assert not [m for m in said if "rollups" in m], said
+    with connect(db) as con:
+        peak = con.execute(f"SELECT max(hot_max) FROM expert_layer_r{schema.LAYER_RESOLUTION}").fetchone()[0]
+    assert peak == pytest.approx(n)

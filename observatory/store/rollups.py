@@ -72,8 +72,8 @@ def _expert_statements(where_raw: str, where_bucket: callable) -> list[tuple[str
             f"""INSERT INTO expert_layer_r{LAYER_RESOLUTION}
                 SELECT run, layer, step // {LAYER_RESOLUTION} AS b, min(step), max(step), sum(routed), sum(dropped),
                        max(dropped / nullif(routed, 0)),
-                       sum(routed_max * n_experts / nullif(routed, 0)),
-                       max(routed_max * n_experts / nullif(routed, 0)), count(*)
+                       sum(routed_max::DOUBLE * n_experts / nullif(routed, 0)),
+                       max(routed_max::DOUBLE * n_experts / nullif(routed, 0)), count(*)
                 FROM expert_layer_step WHERE {where_bucket(LAYER_RESOLUTION, "step")}
                 GROUP BY run, layer, b ORDER BY run, layer, b""",
         ),
