@@ -7,6 +7,18 @@ loop unchanged; see `observatory.integrations.wandb_api`) or ours; read the stor
     with observatory.init(name="my-run", config={"lr": 3e-4}) as run:
         run.log({"train/loss": 2.5}, step=1)
     con = observatory.connect()          # read-only DuckDB connection
+
+The layout, one stage of the flow per package; each imports only itself and the lines before it:
+
+    events, settings, redact    the event-log contract, the settings table, secret redaction
+    writer, findings            writing event logs; the observatory's own events (host 1000)
+    store/                      DuckDB: connection (flock turnstile), schema, rollups
+    queries/                    every SQL read the CLI, reports and pages make
+    detect/ ladder/ decisions/  findings: instability detectors, ladder fits and watch, decision records
+    ingest/                     logs -> store in short transactions; hooks run the findings stages
+    report/ interop/ lineage    post-mortems; imports, exports, simulator, W&B mirror; lineage; docs
+    dashboard/ integrations/    Streamlit pages over queries; wandb-compatible API, Levanter tracker
+    commands/ cli demo          the `observatory` command line and `make demo`
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ included (a lazy import is still a dependency), so that the layout cannot drift 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,25 @@ def test_no_module_level_getattr(mod):
     assert not any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body), (
         f"{mod} re-exports through a module-level __getattr__"
     )
+
+
+def test_readme_layout_names_every_package_and_only_real_ones():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Code layout", 1)[1].split("\n## ", 1)[0]
+    diagram = section.split("```", 2)[1]
+    top = {p.name.removesuffix(".py") for p in (ROOT / "observatory").iterdir()
+           if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()}  # fmt: skip
+    rows = [line for line in diagram.splitlines() if line.strip() and "│" not in line and "trainer/" not in line]
+    # a row is its stage's names, then 3+ spaces, then what they do
+    names = [re.match(r"^\s*((?:[a-z_]+/?\s{1,2})*[a-z_]+/?)(?:\s{3,}|$)", row).group(1).split() for row in rows]
+    named = {n.rstrip("/") for ns in names for n in ns}
+    missing = sorted(t for t in top if t not in named)
+    assert missing == [], f"README's layout diagram lacks {missing}"
+    for layer in LAYERS:  # each stage's packages are in the diagram, in the same order bottom to top
+        for name in layer:
+            if name != "observatory":
+                assert name.split(".")[1] in named, f"{name} is not in the README diagram"
+    order = [max(_layer(f"observatory.{n.rstrip('/')}") for n in ns) for ns in names]
+    assert order == sorted(order, reverse=True), "README's diagram lists the stages out of order (top is last)"
+    for mod in re.findall(r"`([a-z_]+)\.py`", section):
+        assert (ROOT / "trainer" / f"{mod}.py").exists(), f"README names trainer/{mod}.py, which does not exist"
