@@ -25,19 +25,26 @@ SAMPLES = ROOT / "data" / "samples"
 
 
 def seed_samples(runs_dir: Path) -> int:
-    """Copy the sample runs' event logs into the runs dir; returns how many runs were added."""
-    added = 0
+    """Copy the sample runs' event logs into the runs dir; returns how many runs were added or updated.
+
+    A sample file that is missing from the runs dir, or there with another size (the samples
+    gained events, e.g. decision records), is copied; ingest reads a changed `.gz` again and
+    skips the events it already has.
+    """
+    changed = 0
     if not SAMPLES.is_dir():
         return 0
     for run_dir in sorted(p for p in SAMPLES.iterdir() if p.is_dir()):
         dest = runs_dir / run_dir.name
-        if dest.exists():
-            continue
-        dest.mkdir(parents=True)
-        for f in run_dir.glob("events.*.jsonl*"):
-            shutil.copy2(f, dest / f.name)
-        added += 1
-    return added
+        dest.mkdir(parents=True, exist_ok=True)
+        copied = False
+        for f in sorted(run_dir.glob("events.*.jsonl*")):
+            target = dest / f.name
+            if not target.exists() or target.stat().st_size != f.stat().st_size:
+                shutil.copy2(f, target)
+                copied = True
+        changed += copied
+    return changed
 
 
 def _stop(signum, frame):
@@ -54,7 +61,7 @@ def main() -> int:
     env = {**os.environ, "OBSERVATORY_RUNS": str(runs_dir), "OBSERVATORY_DB": str(db)}
 
     n = seed_samples(runs_dir)
-    print(f"demo: {n} sample runs copied into {runs_dir}" if n else f"demo: runs dir {runs_dir}")
+    print(f"demo: {n} sample runs copied or updated in {runs_dir}" if n else f"demo: runs dir {runs_dir}")
     subprocess.run([bin_dir / "observatory", "ingest"], env=env, check=True)
     subprocess.run([bin_dir / "observatory", "runs"], env=env, check=False)
 
