@@ -297,3 +297,46 @@ def test_sql_schema_list_has_no_emoji(store):
     assert "runs" in labels and "metrics" in labels
     assert all(label.isascii() for label in labels), labels
     assert {e.proto.icon for e in at.expander} == {":material/table_chart:", ":material/visibility:"}
+
+
+def test_live_page_finds_the_previous_run_of_the_same_recipe():
+    """A demo run is drawn against the newest earlier run with its name and planned steps."""
+    from observatory.dashboard.pages import live
+
+    def row(run, name, steps, start):
+        return {"run": run, "name": name, "steps": steps, "start_time": start}
+
+    rows = [
+        row("demo-3", "tiny", 30000, 300.0),
+        row("demo-2", "tiny", 30000, 200.0),
+        row("demo-short", "tiny", 20, 250.0),  # another length: not the same recipe
+        row("demo-1", "tiny", 30000, 100.0),
+        row("lad-a", "lad-a", 200, 50.0),  # a name that is only the id
+        row("lad-a-s1", "lad-a-s1", 200, 60.0),
+    ]
+    assert live.previous_run(rows, "demo-3") == "demo-2"
+    assert live.previous_run(rows, "demo-1") is None
+    assert live.previous_run(rows, "lad-a-s1") is None
+    assert live.previous_run(rows, "nope") is None
+
+
+def test_live_page_draws_the_previous_run_of_the_same_recipe(tmp_path, monkeypatch):
+    import time
+
+    import observatory
+    from observatory.ingest import ingest
+
+    runs, db = tmp_path / "runs", tmp_path / "o.duckdb"
+    for rid, n in (("demo-a", 100), ("demo-b", 40)):
+        with observatory.init(
+            run_id=rid, name="tiny", config={"steps": 100}, runs_dir=runs, install_signal_handlers=False
+        ) as r:
+            for s in range(n):
+                r.log({"train/loss": 3 - s * 0.01}, step=s)
+        time.sleep(0.05)
+    ingest(runs, db, emit=None)
+    monkeypatch.setenv("OBSERVATORY_DB", str(db))
+    at = page("live", run="demo-b")
+    assert not at.exception
+    (prev,) = traces(specs(at)[0], "previous run")
+    assert prev["name"] == "previous run demo-a"
