@@ -3,9 +3,12 @@
 1. Seed the runs dir with the committed sample runs (data/samples: a scaling ladder,
    its forecast and a target run), unless they are there already.
 2. Ingest everything once, so the dashboard has history from its first second.
-3. Start, as child processes: a real training run (`trainer train`), the
-   follower (`observatory ingest --follow`) and the dashboard (`streamlit run app.py`).
-4. Print the URL; Ctrl-C stops all three.
+3. Start, as child processes: a real training run (`trainer train`, config tiny.yaml
+   with `OBSERVATORY_DEMO_STEPS` steps, default 30000: about 25 minutes on 2 CPU cores),
+   the follower (`observatory ingest --follow`) and the dashboard (`streamlit run app.py`).
+   When a training run ends, the next one starts (`demo-<time>`), so something is always
+   training; the Live page draws each run against the previous one (same name and steps).
+4. Print the URL; Ctrl-C stops them all.
 """
 
 from __future__ import annotations
@@ -20,24 +23,53 @@ from pathlib import Path
 
 from observatory import settings
 
+DEFAULT_STEPS = 30000  # ~25 min at ~20 steps/s on a shared 2-core CPU
+# a long run logs evals and checkpoints less often than tiny.yaml's 40 and 50 steps
+LONG_RUN = ("eval.every=500", "checkpoint.every=2000")
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "data" / "samples"
 
 
 def seed_samples(runs_dir: Path) -> int:
-    """Copy the sample runs' event logs into the runs dir; returns how many runs were added."""
-    added = 0
+    """Copy the sample runs' event logs into the runs dir; returns how many runs were added or updated.
+
+    A sample file that is missing from the runs dir, or there with another size (the samples
+    gained events, e.g. decision records), is copied; ingest reads a changed `.gz` again and
+    skips the events it already has.
+    """
+    changed = 0
     if not SAMPLES.is_dir():
         return 0
     for run_dir in sorted(p for p in SAMPLES.iterdir() if p.is_dir()):
         dest = runs_dir / run_dir.name
-        if dest.exists():
-            continue
-        dest.mkdir(parents=True)
-        for f in run_dir.glob("events.*.jsonl*"):
-            shutil.copy2(f, dest / f.name)
-        added += 1
-    return added
+        dest.mkdir(parents=True, exist_ok=True)
+        copied = False
+        for f in sorted(run_dir.glob("events.*.jsonl*")):
+            target = dest / f.name
+            if not target.exists() or target.stat().st_size != f.stat().st_size:
+                shutil.copy2(f, target)
+                copied = True
+        changed += copied
+    return changed
+
+
+def _trainer(bin_dir: Path, runs_dir: Path, run_id: str, steps: str, env: dict) -> subprocess.Popen:
+    """One demo training run (tiny.yaml, `steps` steps) as a child process; its stderr goes to a log."""
+    return subprocess.Popen(
+        [
+            bin_dir / "trainer",
+            "train",
+            "--config",
+            str(ROOT / "trainer" / "configs" / "tiny.yaml"),
+            "--run-id",
+            run_id,
+            f"steps={steps}",
+            *LONG_RUN,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(runs_dir / f"{run_id}.trainer.log", "w"),
+    )
 
 
 def _stop(signum, frame):
@@ -48,13 +80,13 @@ def main() -> int:
     runs_dir = Path(settings.get("runs"))
     db = Path(settings.get("db"))
     port = int(os.environ.get("OBSERVATORY_PORT", "8501"))
-    steps = os.environ.get("OBSERVATORY_DEMO_STEPS", "3000")
+    steps = os.environ.get("OBSERVATORY_DEMO_STEPS", str(DEFAULT_STEPS))
     runs_dir.mkdir(parents=True, exist_ok=True)
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "OBSERVATORY_RUNS": str(runs_dir), "OBSERVATORY_DB": str(db)}
 
     n = seed_samples(runs_dir)
-    print(f"demo: {n} sample runs copied into {runs_dir}" if n else f"demo: runs dir {runs_dir}")
+    print(f"demo: {n} sample runs copied or updated in {runs_dir}" if n else f"demo: runs dir {runs_dir}")
     subprocess.run([bin_dir / "observatory", "ingest"], env=env, check=True)
     subprocess.run([bin_dir / "observatory", "runs"], env=env, check=False)
 
@@ -62,20 +94,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _stop)
     run_id = "demo-" + time.strftime("%Y%m%d-%H%M%S")
     procs = {
-        "trainer": subprocess.Popen(
-            [
-                bin_dir / "trainer",
-                "train",
-                "--config",
-                str(ROOT / "trainer" / "configs" / "tiny.yaml"),
-                "--run-id",
-                run_id,
-                f"steps={steps}",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(runs_dir / f"{run_id}.trainer.log", "w"),
-        ),
+        "trainer": _trainer(bin_dir, runs_dir, run_id, steps, env),
         "ingest": subprocess.Popen([bin_dir / "observatory", "ingest", "--follow"], env=env),
         "dashboard": subprocess.Popen(
             [bin_dir / "observatory", "dashboard", "--port", str(port)], env=env, stdout=subprocess.DEVNULL
@@ -83,11 +102,15 @@ def main() -> int:
     }
     print(
         f"\n  Dashboard:  http://localhost:{port}/live?run={run_id}\n"
-        f"  Live run:   {run_id} (trainer log: {runs_dir / (run_id + '.trainer.log')})\n"
-        f"  Store:      {db}   try: observatory sql \"SELECT * FROM latest_metrics LIMIT 10\"\n"
+        f"  Live run:   {run_id}, {steps} steps (trainer log: {runs_dir / (run_id + '.trainer.log')});\n"
+        "              when it ends the next demo run starts (OBSERVATORY_DEMO_STEPS sets the steps)\n"
+        f'  Store:      {db}   try: observatory sql "SELECT * FROM latest_metrics LIMIT 10"\n'
+        "  Decisions:  the sample ladder's decision history, http://localhost:"
+        f"{port}/decisions\n"
         "  Ctrl-C stops the demo.\n",
         flush=True,
     )
+    failed = False
     try:
         while True:
             time.sleep(1)
@@ -95,6 +118,15 @@ def main() -> int:
                 if procs[name].poll() is not None:
                     print(f"demo: {name} exited with {procs[name].returncode}", file=sys.stderr)
                     return 1
+            rc = procs["trainer"].poll()
+            if rc is not None and rc != 0 and not failed:
+                failed = True  # no restart loop on a trainer that cannot run; the rest stays up
+                print(f"demo: trainer exited with {rc}; see {runs_dir / (run_id + '.trainer.log')}", file=sys.stderr)
+            elif rc == 0:
+                time.sleep(1)  # the next run id is a second later
+                run_id = "demo-" + time.strftime("%Y%m%d-%H%M%S")
+                print(f"demo: next live run {run_id}: http://localhost:{port}/live?run={run_id}", flush=True)
+                procs["trainer"] = _trainer(bin_dir, runs_dir, run_id, steps, env)
     except KeyboardInterrupt:
         pass
     finally:

@@ -17,6 +17,7 @@ from dashboard_fixtures import BASE_STEPS, make_store
 from streamlit.testing.v1 import AppTest
 
 from observatory.dashboard.charts import marker_text
+from observatory.dashboard.pages import runs as runs_page
 
 TIMEOUT = 60
 
@@ -252,3 +253,90 @@ def test_sql_console_interrupted_names_the_setting(store, monkeypatch):
 def test_marker_hover_text_is_escaped():
     s = marker_text("note", {"text": "<script>alert(1)</script>"})
     assert "<script>" not in s and "&lt;script&gt;" in s
+
+
+def test_runs_page_groups_a_ladder(store):
+    """'Group by ladder': a ladder's runs together, with a line per rung and rung/seed columns."""
+    at = page("runs")
+    at.toggle(key="runs_group").set_value(True).run()
+    assert not at.exception
+    assert at.query_params["group"] in ("ladder", ["ladder"])  # the grouped view is a link too
+    assert [s.value for s in at.subheader] == ["Ladder tiny", "Not in a ladder"]
+    rungs, runs, rest = (d.value for d in at.dataframe)
+    assert list(rungs["rung"]) == ["d32"] and list(rungs["runs"]) == [1]
+    assert list(runs["run"]) == ["live?run=base-run"] and list(runs["rung"]) == ["d32"]
+    assert sorted(rest["run"]) == ["live?run=crashed-run", "live?run=fork-run"]
+
+
+def test_ladder_groups_order_rungs_and_seeds():
+    def row(run, loss):
+        return {"run": run, "last_loss": loss, "ladder": "lad / x"}
+
+    shown = [row("lad-a", 2.0), row("lad-a-s1", 2.2), row("lad-b", 1.5), row("lad-t", 1.2)]
+    lruns = {
+        "lad": [
+            {"run": "lad-b", "rung": "b", "ladder": {"seed": 0}, "target": False},
+            {"run": "lad-t", "rung": "t", "ladder": {"seed": 0, "target": True}, "target": True},
+            {"run": "lad-a-s1", "rung": "a", "ladder": {"seed": 1}, "target": False},
+            {"run": "lad-a", "rung": "a", "ladder": {"seed": 0}, "target": False},
+            {"run": "lad-gone", "rung": "a", "ladder": {"seed": 2}, "target": False},  # filtered out
+        ]
+    }
+    (g,) = runs_page.ladder_groups(shown, lruns)
+    assert [r["run"] for r in g["runs"]] == ["lad-b", "lad-a", "lad-a-s1", "lad-t"]
+    assert [(x["rung"], x["seeds"]) for x in g["rungs"]] == [("b", 1), ("a", 2), ("t (target)", 1)]
+    a = g["rungs"][1]
+    assert a["mean"] == pytest.approx(2.1) and a["spread"] == pytest.approx(0.1414 / 2.1, rel=1e-3)
+
+
+def test_sql_schema_list_has_no_emoji(store):
+    """The schema list's labels are plain names with Material icons (no emoji: boxes without an emoji font)."""
+    at = page("sql")
+    assert not at.exception
+    labels = [e.label for e in at.expander]
+    assert "runs" in labels and "metrics" in labels
+    assert all(label.isascii() for label in labels), labels
+    assert {e.proto.icon for e in at.expander} == {":material/table_chart:", ":material/visibility:"}
+
+
+def test_live_page_finds_the_previous_run_of_the_same_recipe():
+    """A demo run is drawn against the newest earlier run with its name and planned steps."""
+    from observatory.dashboard.pages import live
+
+    def row(run, name, steps, start):
+        return {"run": run, "name": name, "steps": steps, "start_time": start}
+
+    rows = [
+        row("demo-3", "tiny", 30000, 300.0),
+        row("demo-2", "tiny", 30000, 200.0),
+        row("demo-short", "tiny", 20, 250.0),  # another length: not the same recipe
+        row("demo-1", "tiny", 30000, 100.0),
+        row("lad-a", "lad-a", 200, 50.0),  # a name that is only the id
+        row("lad-a-s1", "lad-a-s1", 200, 60.0),
+    ]
+    assert live.previous_run(rows, "demo-3") == "demo-2"
+    assert live.previous_run(rows, "demo-1") is None
+    assert live.previous_run(rows, "lad-a-s1") is None
+    assert live.previous_run(rows, "nope") is None
+
+
+def test_live_page_draws_the_previous_run_of_the_same_recipe(tmp_path, monkeypatch):
+    import time
+
+    import observatory
+    from observatory.ingest import ingest
+
+    runs, db = tmp_path / "runs", tmp_path / "o.duckdb"
+    for rid, n in (("demo-a", 100), ("demo-b", 40)):
+        with observatory.init(
+            run_id=rid, name="tiny", config={"steps": 100}, runs_dir=runs, install_signal_handlers=False
+        ) as r:
+            for s in range(n):
+                r.log({"train/loss": 3 - s * 0.01}, step=s)
+        time.sleep(0.05)
+    ingest(runs, db, emit=None)
+    monkeypatch.setenv("OBSERVATORY_DB", str(db))
+    at = page("live", run="demo-b")
+    assert not at.exception
+    (prev,) = traces(specs(at)[0], "previous run")
+    assert prev["name"] == "previous run demo-a"

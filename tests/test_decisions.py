@@ -330,3 +330,23 @@ def test_decisions_page_renders(store):
     assert not at.exception
     text = " ".join(m.value for m in at.markdown) + " ".join(str(df.value) for df in at.dataframe)
     assert "zloss" in text
+
+
+def test_at_sets_when_a_decision_was_made_and_changed(store):
+    """`--at ISO` records a decision with the times it was made, for a history written down later."""
+    invoke(
+        "decide", "new", "--title", "Lower the LR", "--id", "lower-lr", "--run", "r1@3",
+        "--at", "2026-11-29T12:21:03Z",
+    )  # fmt: skip
+    # a time without a zone is UTC
+    invoke("decide", "update", "lower-lr", "--status", "running", "--at", "2026-11-29T13:00:00")
+    d = json.loads(invoke("decide", "show", "lower-lr", "--json").output)
+    assert d["created"] == 1795954863.0
+    assert d["updated"] == 1795957200.0
+    assert [h["data"].get("updated") for h in d["history"]] == [1795954863.0, 1795957200.0]
+    early = invoke(
+        "decide", "update", "lower-lr", "--status", "succeeded", "--at", "2026-11-29T12:00:00Z", ok=False
+    )
+    assert early.exit_code != 0 and "before its last change" in early.output
+    bad = invoke("decide", "new", "--title", "x", "--at", "yesterday", ok=False)
+    assert bad.exit_code == 2 and "ISO 8601" in bad.output

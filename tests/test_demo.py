@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+import pytest
+
+from observatory import decisions as dec
 from observatory import demo
 from observatory.ingest import ingest
+from observatory.queries import dashboard as qd
 from observatory.queries.core import list_runs
 from observatory.store import connect
 
@@ -24,3 +30,37 @@ def test_samples_seed_and_ingest_without_rejections(tmp_path):
     assert ladders[0] == ladders[1] == n
     assert forecasts >= 1, "the target's pre-registered forecast is part of the sample"
     assert statuses == {"completed"}
+
+
+def test_samples_carry_the_ladders_decision_history(tmp_path):
+    """The sample ladder's decisions (data/samples/decisions.sh) reach the store with their dates."""
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    demo.seed_samples(runs)
+    # a runs dir seeded before the samples had decision records gets them on the next seeding
+    (runs / "ladder-cpu-d48" / "events.1000.jsonl.gz").unlink()
+    assert demo.seed_samples(runs) == 1
+    ingest(runs, db, hooks=False)
+    with connect(db) as con:
+        ds = {d.id: d for d in dec.list_decisions(con)}
+        run_ids = {r["run"] for r in list_runs(con)}
+        marks = qd.markers(con, "ladder-cpu-d72")
+    assert set(ds) == {
+        "lr-one-over-width",
+        "seeds-4-to-12",
+        "fit-version-4-forward-band",
+        "first-target-d72",
+        "seeds-24-second-target",
+    }
+    first, second = ds["first-target-d72"], ds["seeds-24-second-target"]
+    assert first.status == "failed" and second.status == "succeeded"
+    assert first.forecast.value == pytest.approx(1.9067) and second.forecast.value == pytest.approx(1.8903)
+    assert first.created == datetime(2026, 11, 29, 14, 2, 3, tzinfo=UTC).timestamp()
+    assert second.updated == datetime(2026, 11, 29, 14, 34, 47, tzinfo=UTC).timestamp()
+    assert ds["seeds-4-to-12"].config_diff == {"seeds": [4, 12]}
+    assert ds["lr-one-over-width"].config_diff["rungs.d48.optimizer.lr"] == [0.00755, 0.0045]
+    for d in ds.values():
+        assert d.hypothesis and d.outcome and d.follow_up and d.runs, d.id
+        assert {link.run for link in d.runs} <= run_ids, d.id
+    # the Live page's markers for the first target include its decision at step 0
+    steps = marks.filter(marks["kind"] == "decision")["step"].to_list()
+    assert 0 in steps

@@ -18,6 +18,7 @@ pytest.importorskip("wandb")
 from observatory.cli import main as cli  # noqa: E402
 from observatory.interop.wandb_import import convert_wandb_file, find_wandb_files, import_wandb  # noqa: E402
 from observatory.interop.wandb_reader import BLOCK, FILE_HEADER, WandbLogReader, parse_record  # noqa: E402
+from observatory.store import connect  # noqa: E402
 
 # Runs a real W&B offline run in a child process (wandb starts its own service; keep it out
 # of the test process) and dumps exactly what was logged, to compare against.
@@ -286,8 +287,6 @@ def test_reader_rejects_nothing_in_an_empty_or_missing_file(tmp_path):
 
 
 def _store(db):
-    from observatory.store import connect
-
     with connect(db) as con:
         runs = dict(con.execute("SELECT run, status FROM runs").fetchall())
         rows = con.execute("SELECT run, step, name, value FROM metrics ORDER BY ALL").fetchall()
@@ -326,3 +325,32 @@ def test_imported_runs_land_in_the_store_and_reimport_adds_nothing(wandb_runs, t
     assert status["wandb-good1"] == "crashed"  # no exit record: the run died
     kept = {s for start, end, p in spans if end <= cut.stat().st_size and (s := _history_step(p)) is not None}
     assert _same(metrics["wandb-good1"], {s: v for s, v in wandb_runs["logged"].items() if s in kept})
+
+
+def _import_cut_run(wandb_runs, tmp_path, monkeypatch) -> Path:
+    monkeypatch.delenv("OBSERVATORY_STALE_AFTER_S", raising=False)  # the default grace period
+    spans = _spans(wandb_runs["good"])
+    cut = tmp_path / "cut" / "run-good1.wandb"
+    cut.parent.mkdir()
+    cut.write_bytes(wandb_runs["good"].read_bytes()[: spans[len(spans) // 2][0] + 5])
+    runs, db = tmp_path / "runs", tmp_path / "o.duckdb"
+    r = CliRunner().invoke(cli, ["import", "wandb", str(cut), "--runs-dir", str(runs), "--db", str(db)])
+    assert r.exit_code == 0 and "status crashed" in r.output, r.output
+    return db
+
+
+@pytest.mark.slow  # a real W&B run is made once for the module (wandb.init ~1-2 s each)
+def test_a_truncated_import_is_crashed_in_the_store_at_once(wandb_runs, tmp_path, monkeypatch):
+    """The import says `status crashed` for a run cut short (a recent one); the store says so at once."""
+    db = _import_cut_run(wandb_runs, tmp_path, monkeypatch)
+    assert _store(db)[0] == {"wandb-good1": "crashed"}
+    with connect(db) as con:
+        end, last = con.execute("SELECT end_time, last_event_t FROM runs").fetchall()[0]
+    assert end == last  # a crash known for certain: it ended at its last event
+
+
+@pytest.mark.slow
+def test_a_truncated_import_is_crashed_in_observatory_runs_at_once(wandb_runs, tmp_path, monkeypatch):
+    db = _import_cut_run(wandb_runs, tmp_path, monkeypatch)
+    r = CliRunner().invoke(cli, ["runs", "--db", str(db), "--format", "json"])
+    assert r.exit_code == 0 and json.loads(r.output)[0]["status"] == "crashed", r.output

@@ -316,3 +316,16 @@ def test_cli_resume_and_fork_take_the_checkpoint_config(base):
     assert f.optimizer.lr == 0.002 and f.checkpoint.every == 20 and f.tags == ("base",)
     with pytest.raises(ValueError, match="no checkpoint at step 7"):
         resolve_config(None, [], runs_dir=runs, fork=f"{run_id}@7")
+
+
+def test_ladder_runs_get_a_readable_name_besides_their_id():
+    """run_start's `name` says what a ladder run's id encodes (`observatory runs` shows it when it differs)."""
+    from trainer.ladder import load_ladder_spec, plan
+    from trainer.train import run_name
+
+    rungs, target = plan(load_ladder_spec("trainer/configs/ladder_cpu.yaml"), target_seed=1)
+    first = rungs[0]
+    assert first.cfg.name == first.run_id == "ladder-cpu-d24"
+    assert run_name(first.cfg.name, first.ladder) == "ladder-cpu d24 seed 0"
+    assert run_name(target.cfg.name, target.ladder) == "ladder-cpu d72 target seed 1"
+    assert run_name("tiny", None) == "tiny"

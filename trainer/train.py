@@ -49,7 +49,7 @@ from trainer.step import (
     train_step,
 )
 
-__all__ = ["train", "train_with_status"]
+__all__ = ["train", "train_with_status", "run_name"]
 
 
 # ------------------------------------------------------------------ setup
@@ -125,6 +125,17 @@ def train(cfg: TrainConfig, runs_dir: str | Path | None = None, **options: Any) 
     return train_with_status(cfg, runs_dir, **options)[0]
 
 
+def run_name(config_name: str, ladder: dict | None) -> str:
+    """The run's readable name in run_start: '<ladder> <rung> seed <k>' for a ladder run, else the config's name.
+
+    A ladder run's config is named after its run id; the readable name says what the id encodes.
+    """
+    if ladder and ladder.get("name") and ladder.get("rung"):
+        kind = " target" if ladder.get("target") else ""
+        return f"{ladder['name']} {ladder['rung']}{kind} seed {ladder.get('seed', 0)}"
+    return config_name
+
+
 def train_with_status(
     cfg: TrainConfig,
     runs_dir: str | Path | None = None,
@@ -170,7 +181,7 @@ def train_with_status(
     model_info = _model_counts(cfg)
     run = observatory.init(
         run_id=run_id,
-        name=cfg.name,
+        name=run_name(cfg.name, ladder),
         config=cfg.to_dict(),
         runs_dir=runs_dir,
         host=pid,

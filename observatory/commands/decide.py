@@ -3,7 +3,7 @@
     observatory decide new --title "Enable z-loss" --kind intervention --run d512@1200 \\
         --trigger-metric grad/norm/total --trigger-rule "> 4 for 50 steps" --action "z_loss=1e-4"
     observatory decide new plan.md              # front matter + '## Hypothesis' sections
-    observatory decide update enable-z-loss --status running
+    observatory decide update enable-z-loss --status running --at 2026-11-29T14:11:45Z
     observatory decide list --status running --json
     observatory decide export decisions/ && observatory decide import decisions/
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,19 @@ def _fail(e: Exception) -> click.ClickException:
 def _echo_written(d: dec.Decision, as_json: bool, text: str) -> None:
     """What `new` and `update` print: the record as JSON, or one line."""
     click.echo(json.dumps(d.to_dict(), indent=2, sort_keys=True) if as_json else text)
+
+
+def _parse_at(ctx, param, value: str | None) -> float | None:
+    """`--at 2026-11-29T14:11:45Z` as Unix seconds (a time without a zone is UTC)."""
+    if value is None:
+        return None
+    try:
+        t = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r}: expected an ISO 8601 time such as 2026-11-29T14:11:45Z", param_hint="--at"
+        ) from None
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
 def _record_options(f):
@@ -70,6 +84,13 @@ def _record_options(f):
         click.option("--outcome"),
         click.option("--follow-up", "follow_up"),
         click.option("--author"),
+        click.option(
+            "--at",
+            "at",
+            callback=_parse_at,
+            metavar="ISO-TIME",
+            help="when the decision was made or changed (ISO 8601, UTC unless a zone is given); default now",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -169,7 +190,7 @@ def decide():
 @_record_options
 @common_options
 @click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
-def new_cmd(file, decision_id, runs_dir, db, as_json, **opts):
+def new_cmd(file, decision_id, runs_dir, db, as_json, at, **opts):
     """Record a new decision from flags, or from a Markdown FILE with YAML front matter (flags win)."""
     fields: dict[str, Any] = {}
     try:
@@ -181,7 +202,9 @@ def new_cmd(file, decision_id, runs_dir, db, as_json, **opts):
         if not fields.get("title"):
             raise ValueError("a decision needs a title (--title, or `title:` in the front matter)")
         fields.setdefault("author", os.environ.get("USER", ""))
-        d = dec.new(runs_dir, db, ingest=ingest, **fields)
+        if at is not None:  # --at wins over created/updated in the file, like every flag
+            fields["created"] = fields["updated"] = at
+        d = dec.new(runs_dir, db, ingest=ingest, now=at, **fields)
     except ValueError as e:
         raise _fail(e) from None
     _echo_written(d, as_json, f"recorded decision {d.id}")
@@ -192,7 +215,7 @@ def new_cmd(file, decision_id, runs_dir, db, as_json, **opts):
 @_record_options
 @common_options
 @click.option("--json", "as_json", is_flag=True)
-def update_cmd(decision_id, runs_dir, db, as_json, **opts):
+def update_cmd(decision_id, runs_dir, db, as_json, at, **opts):
     """Change a decision's fields; --run, --alternative, --evidence and --config-change add to the lists."""
     try:
         cur = dec.get(db, decision_id)
@@ -201,7 +224,7 @@ def update_cmd(decision_id, runs_dir, db, as_json, **opts):
         changes = _fields_from_flags(opts, cur)
         if not changes:
             raise ValueError("nothing to update: give at least one field flag, e.g. --status running")
-        d = dec.update(runs_dir, db, decision_id, ingest=ingest, **changes)
+        d = dec.update(runs_dir, db, decision_id, ingest=ingest, now=at, **changes)
     except ValueError as e:
         raise _fail(e) from None
     _echo_written(d, as_json, f"updated decision {d.id}: {d.status}")

@@ -41,9 +41,10 @@ def _report(results, verbose: bool, runs_dir, db, ingest: bool) -> None:
     runs = {r.run for r in results if not r.error}
     click.echo(f"{len(runs)} run(s) imported from {len(results) - failed} source(s), {failed} failed")
     if ingest and any(r.written for r in results):
-        from observatory.interop import ingest_runs
+        from observatory.interop import crashed_runs, ingest_runs
 
-        report = ingest_runs(runs_dir, db, rebuild=any(r.written == "replaced" for r in results))
+        rebuild = any(r.written == "replaced" for r in results)
+        report = ingest_runs(runs_dir, db, rebuild=rebuild, crashed=crashed_runs(results))
         click.echo(f"store {db}: {report.summary()}")
     if failed:
         sys.exit(1)

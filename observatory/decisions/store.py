@@ -159,6 +159,11 @@ def update(
     if "status" in changes:
         cur.check_transition(changes["status"])
     now = time.time() if now is None else now
+    if cur.updated is not None and now < cur.updated:
+        raise ValueError(
+            f"decision {decision_id}: an update at {now:.0f} would come before its last change "
+            f"(at {cur.updated:.0f}); changes are recorded in order"
+        )
     nxt = replace(cur, **changes, updated=now)
     delta = diff_fields(cur, nxt)
     if not delta:

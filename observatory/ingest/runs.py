@@ -29,6 +29,7 @@ def update_runs(con, b: _Batch) -> None:
                 r[c] = json.loads(r[c])
         if r["status"] in (None, "crashed"):
             r["status"] = "running"  # new events from a run shown as crashed: it is alive after all
+            r["end_time"] = None
         for e in sorted((e for e in b.lifecycle if e["run"] == run and e["host"] != OBSERVATORY_HOST), key=lambda e: e["t"]):
             d = e["data"]
             if e["kind"] == "run_start":

@@ -29,6 +29,7 @@ import os
 import re
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from typing import Any
 from observatory.events import RUN_ID_RE, VERSION, encode_nonfinite, encode_value, validate_event
 from observatory.redact import redact
 
-__all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "put_file", "settle", "ingest_runs"]
+__all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "put_file", "settle", "ingest_runs", "crashed_runs"]
 
 
 def safe_run_id(prefix: str, source_id: str) -> str:
@@ -221,16 +222,41 @@ def settle(res: ImportResult, state: str) -> None:
         res.written = state
 
 
-def ingest_runs(runs_dir: str | os.PathLike, db: str | os.PathLike | None, rebuild: bool = False) -> Any:
+def ingest_runs(
+    runs_dir: str | os.PathLike,
+    db: str | os.PathLike | None,
+    rebuild: bool = False,
+    crashed: Iterable[str] = (),
+) -> Any:
     """Bring the store up to date with the runs dir (imported runs are ordinary runs).
 
     Ingest only appends; if an import replaced a run's file (`rebuild`), the store is
-    rebuilt from the logs instead.
+    rebuilt from the logs instead. `crashed`: runs the import found cut short (no end
+    record). Their `runs` row gets status `crashed` and `end_time` = their last event's time
+    at once, as the import reported them: ingest alone keeps a run `running` until
+    `stale_after_s` after its last event, and an imported run's last event may be recent.
+    A crashed row with an `end_time` is a crash known for certain, not a silence. New events
+    from such a run (a source that grew and was imported again) bring it back to running,
+    as for any run.
     """
     from observatory import ingest as ing
-    from observatory.store import default_db
+    from observatory.store import default_db, write_connection
 
     db = Path(db) if db is not None else default_db()
-    if rebuild:
-        return ing.rebuild(Path(runs_dir), db)
-    return ing.ingest(Path(runs_dir), db)
+    report = ing.rebuild(Path(runs_dir), db) if rebuild else ing.ingest(Path(runs_dir), db)
+    crashed = sorted(set(crashed))
+    if crashed:
+        with write_connection(db) as con:
+            con.execute(
+                """
+                UPDATE runs SET status = 'crashed', end_time = coalesce(end_time, last_event_t)
+                WHERE status IN ('running', 'crashed') AND run IN (SELECT unnest($r))
+                """,
+                {"r": crashed},
+            )
+    return report
+
+
+def crashed_runs(results: Iterable[ImportResult]) -> list[str]:
+    """The runs of `results` that were imported and found cut short (for `ingest_runs`)."""
+    return sorted({r.run for r in results if r.run and not r.error and r.written and r.status == "crashed"})

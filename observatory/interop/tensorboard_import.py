@@ -178,7 +178,9 @@ def import_tensorboard(
             res = ImportResult(source=directory, run=run_id, error=f"{type(e).__name__}: {e}")
         results.append(res)
     if ingest and any(r.written for r in results):
-        from observatory.interop import ingest_runs
+        from observatory.interop import crashed_runs, ingest_runs
 
-        ingest_runs(runs_dir, db, rebuild=any(r.written == "replaced" for r in results))
+        ingest_runs(
+            runs_dir, db, rebuild=any(r.written == "replaced" for r in results), crashed=crashed_runs(results)
+        )
     return results

@@ -12,7 +12,7 @@ Mapping (one W&B run -> one run `wandb-<W&B run id>`, host 0):
 - `summary` records are merged; `exit` -> `run_end` with status `completed` (exit code 0)
   or `failed`, `final_step`, the scalar `summary` and the `exit_code`.
 - No `exit` record (the run crashed, or the file is truncated) -> no `run_end`: the store
-  shows the run as crashed.
+  shows the run as crashed, from the import on (`interop.ingest_runs`).
 
 Damaged files import what is valid; every unreadable region is reported with its byte
 offset (see `wandb_reader`). One bad file never stops the import of the others.
@@ -360,7 +360,9 @@ def import_wandb(
                 res.note = f"session {i + 1} of {len(parts)} of a resumed W&B run, imported as one run"
     results = [res for _, res in converted]
     if ingest and any(r.written for r in results):
-        from observatory.interop import ingest_runs
+        from observatory.interop import crashed_runs, ingest_runs
 
-        ingest_runs(runs_dir, db, rebuild=any(r.written == "replaced" for r in results))
+        ingest_runs(
+            runs_dir, db, rebuild=any(r.written == "replaced" for r in results), crashed=crashed_runs(results)
+        )
     return results

@@ -5,7 +5,9 @@ re-runs a handful of cached queries, not the page. Loss comes first (with eval
 points, the ladder forecast band and event markers), then the MoE and optimiser
 health charts (on a first view of a run, once the browser has drawn the loss
 chart: `dashboard.after_paint`). A run that has gone silent without `run_end`
-gets a banner.
+gets a banner. The loss chart also draws, thin and grey, the newest earlier run with the
+same name and planned steps (the same recipe: e.g. the previous `make demo` run), so a
+live run is seen against where the last one went.
 """
 
 from __future__ import annotations
@@ -93,6 +95,36 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[dict]:
                 )
             )
     return out
+
+
+def previous_run(rows: list[dict], run: str) -> str | None:
+    """The newest run started before `run` with its name and planned steps (runs_table rows), or None."""
+    me = next((r for r in rows if r["run"] == run), None)
+    if me is None or not me["steps"] or me["start_time"] is None:
+        return None
+    earlier = [
+        r
+        for r in rows
+        if r["run"] != run
+        and r["name"] == me["name"]
+        and r["name"] != r["run"]  # a name that is only the id says nothing about the recipe
+        and r["steps"] == me["steps"]
+        and r["start_time"] is not None
+        and r["start_time"] < me["start_time"]
+    ]
+    return max(earlier, key=lambda r: r["start_time"])["run"] if earlier else None
+
+
+def previous_trace(prev: str, d) -> dict:
+    """The previous run's loss (bucket means) as a thin grey line."""
+    return scatter(
+        x=d["step"].to_list(),
+        y=d["mean"].to_list(),
+        mode="lines",
+        name=f"previous run {prev}",
+        line={"color": "rgba(120,120,120,0.7)", "width": 1},
+        hovertemplate="%{x}: %{y:.4g}<extra>" + prev + "</extra>",
+    )
 
 
 def _banner(row: dict, now: float) -> None:
@@ -191,6 +223,11 @@ def _panel(run: str) -> None:
                     )
                 )
         fig["data"].extend(forecast_traces(fcs))
+        prev = previous_run(list(rows.values()), run)
+        if prev is not None:
+            pd_ = query(qd.downsample, prev, [loss_name], lo, hi, 1000)
+            if pd_.height:
+                fig["data"].insert(0, previous_trace(prev, pd_))
         finite = d["max"].drop_nulls()
         add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None)
         fig["layout"]["xaxis"]["range"] = [lo, hi]

@@ -1,17 +1,22 @@
 """Runs: every run with its status, progress, last loss, tokens, ladder and tags; search and filters.
 
 Filters live in the URL (`?q=...&status=running`) so a filtered view is a link.
-A run's name links to its Live page (`live?run=ID`).
+A run's name links to its Live page (`live?run=ID`). "Group by ladder" shows each
+ladder's runs together: a line per rung (seeds, mean and spread of the last loss) and
+the runs with their rung and seed.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import polars as pl
 import streamlit as st
 
+from observatory.dashboard.cache import query_all
 from observatory.dashboard.runs_table import ago, runs_table
+from observatory.queries import ladder as ql
 
 STATUSES = ("running", "completed", "failed", "crashed", "preempted", "killed")
 
@@ -67,15 +72,99 @@ def render() -> None:
         qp["status"] = statuses
 
     shown = filter_runs(runs, text, statuses, ladders, tags)
+    grouped = bool(ladder_names) and st.toggle(
+        "Group by ladder", value=qp.get("group") == "ladder", key="runs_group",
+        help="each ladder's runs together, with their rung and seed",
+    )  # fmt: skip
+    if grouped != (qp.get("group") == "ladder"):
+        if grouped:
+            qp["group"] = "ladder"
+        else:
+            del qp["group"]
     st.write(f"{len(shown)} of {len(runs)} runs")
     if not shown:
         st.info("No run matches these filters.")
         return
+    if grouped:
+        _by_ladder(shown)
+        return
+    _table(shown, key="runs_table")
+
+
+def ladder_groups(shown: list[dict], ladder_runs: dict[str, list[dict]]) -> list[dict]:
+    """Per ladder among `shown`: {name, rungs: [{rung, seeds, runs, mean, spread}], runs: [row + rung, seed, target]}.
+
+    `ladder_runs` is `queries.ladder.ladder_runs` per ladder name. Rungs are in the order of
+    their first run, targets last; a rung's spread is the relative standard deviation of
+    its seeds' last loss (None with fewer than two).
+    """
+    by_run = {r["run"]: r for r in shown}
+    out = []
+    for name, lruns in ladder_runs.items():
+        rows = []
+        for lr in lruns:
+            r = by_run.get(lr["run"])
+            if r is None:
+                continue
+            seed = lr["ladder"].get("seed")
+            rows.append({**r, "rung": lr["rung"] or "", "seed": seed if isinstance(seed, int) else None,
+                         "target": lr["target"]})  # fmt: skip
+        if not rows:
+            continue
+        order = list(dict.fromkeys(r["rung"] for r in sorted(rows, key=lambda r: r["target"])))
+        rows.sort(key=lambda r: (r["target"], order.index(r["rung"]), r["seed"] or 0, r["run"]))
+        rungs = []
+        for rung in order:
+            rr = [r for r in rows if r["rung"] == rung]
+            losses = [r["last_loss"] for r in rr if r["last_loss"] is not None]
+            mean = statistics.fmean(losses) if losses else None
+            spread = statistics.stdev(losses) / mean if len(losses) > 1 and mean else None
+            rungs.append({"rung": rung + (" (target)" if rr[0]["target"] else ""), "runs": len(rr),
+                          "seeds": len({r["seed"] for r in rr}), "mean": mean, "spread": spread})  # fmt: skip
+        out.append({"name": name, "rungs": rungs, "runs": rows})
+    return out
+
+
+def _by_ladder(shown: list[dict]) -> None:
+    names = sorted({r["ladder"].split(" / ")[0] for r in shown if r["ladder"]})
+    lruns = query_all(*((ql.ladder_runs, n) for n in names))
+    groups = ladder_groups(shown, dict(zip(names, lruns, strict=True)))
+    for g in groups:
+        st.subheader(f"Ladder {g['name']}")
+        st.caption(f"{len(g['runs'])} runs · [open the Ladder page](ladder?ladder={g['name']})")
+        st.dataframe(
+            pl.DataFrame(
+                {
+                    "rung": [x["rung"] for x in g["rungs"]],
+                    "runs": [x["runs"] for x in g["rungs"]],
+                    "seeds": [x["seeds"] for x in g["rungs"]],
+                    "mean last loss": [x["mean"] for x in g["rungs"]],
+                    "seed spread": [x["spread"] for x in g["rungs"]],
+                },
+                schema_overrides={"mean last loss": pl.Float64, "seed spread": pl.Float64},
+            ),
+            hide_index=True,
+            column_config={
+                "mean last loss": st.column_config.NumberColumn(format="%.4f"),
+                "seed spread": st.column_config.NumberColumn(format="percent", help="1 sigma of the seeds"),
+            },
+            key=f"runs_ladder_{g['name']}_rungs",
+        )
+        _table(g["runs"], key=f"runs_ladder_{g['name']}", ladder_cols=True)
+    rest = [r for r in shown if not r["ladder"]]
+    if rest:
+        st.subheader("Not in a ladder")
+        _table(rest, key="runs_table")
+
+
+def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
     now = time.time()
+    extra = {"rung": [r["rung"] for r in shown], "seed": [r["seed"] for r in shown]} if ladder_cols else {}
     df = pl.DataFrame(
         {
             "run": [f"live?run={r['run']}" for r in shown],
             "status": [r["status"] for r in shown],
+            **extra,
             "progress": [r["progress"] for r in shown],
             "step": [r["last_step"] for r in shown],
             "last loss": [r["last_loss"] for r in shown],
@@ -90,6 +179,7 @@ def render() -> None:
             "step": pl.Int64,
             "last loss": pl.Float64,
             "tokens": pl.Float64,
+            **({"seed": pl.Int64} if ladder_cols else {}),
         },
     )
     st.dataframe(
@@ -106,5 +196,5 @@ def render() -> None:
             "last loss": st.column_config.NumberColumn(format="%.4f"),
             "tokens": st.column_config.NumberColumn(format="compact"),
         },
-        key="runs_table",
+        key=key,
     )

@@ -47,6 +47,11 @@ def _plain(v: Any) -> Any:
     return v.to_list() if isinstance(v, pl.Series) else v
 
 
+# Material icons ship with Streamlit's own font; emoji need a system emoji font (Debian's
+# chromium without one draws missing-glyph boxes)
+SCHEMA_ICONS = {"table": ":material/table_chart:", "view": ":material/visibility:"}
+
+
 def _schema_browser() -> None:
     sch = query(qd.schema)
     st.subheader("Schema")
@@ -54,7 +59,7 @@ def _schema_browser() -> None:
         part = sch.filter(pl.col("kind") == kind)
         for table in part["table"].unique(maintain_order=True).to_list():
             cols = part.filter(pl.col("table") == table)
-            with st.expander(f"{'📄' if kind == 'table' else '👁️'} {table}"):
+            with st.expander(table, icon=SCHEMA_ICONS[kind]):
                 st.dataframe(cols.select("column", "type"), hide_index=True, key=f"sql_schema_{table}")
 
 
