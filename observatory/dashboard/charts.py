@@ -196,7 +196,7 @@ def series_figure(
     return {"data": data, "layout": layout}
 
 
-def layer_band(bands, label: str, color: str = "#8c564b") -> list[dict[str, Any]]:
+def layer_band(bands, label: str = "layers", color: str = "#8c564b") -> list[dict[str, Any]]:
     """One metric of every layer as a band across layers (min-max) and their mean; the worst layer on hover.
 
     bands: frame of `queries.dashboard.layer_bands` for one family (step, min, max,
@@ -208,13 +208,13 @@ def layer_band(bands, label: str, color: str = "#8c564b") -> list[dict[str, Any]
     lo = bands["min"].cast(pl.Float64).to_numpy()
     hi = bands["max"].cast(pl.Float64).to_numpy()
     n = int(bands["n_layers"].max())
-    out = band(xs, lo, hi, _rgba(color, 0.2), f"{label}: {n} layers min-max", f"layers {label}", True)
+    out = band(xs, lo, hi, _rgba(color, 0.2), f"{n} {label}, min-max", f"layers {label}", True)
     out.append(
         scatter(
             x=xs,
             y=bands["mean"].cast(pl.Float64).to_numpy(),
             mode="lines",
-            name=f"{label}: layer mean",
+            name=f"{n} {label}, mean",
             line={"color": color, "width": 1.2, "dash": "dot"},
             legendgroup=f"layers {label}",
             customdata=np.stack([lo, hi, bands["worst_layer"].cast(pl.Float64).to_numpy()], axis=-1),

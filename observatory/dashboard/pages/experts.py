@@ -179,7 +179,7 @@ def _findings_table(findings: pl.DataFrame, layer: int) -> None:
             },
             key="experts_findings",
         )
-    others = findings.filter(pl.col("layer") != layer).group_by("layer", "detector").len().sort("layer")
+    others = findings.filter(pl.col("layer") != layer).group_by("layer", "detector").len().sort("layer", "detector")
     if others.height:
         per = {}
         for lay, det, n in others.iter_rows():
