@@ -87,7 +87,7 @@ def test_experts_page_at_384_experts(store):
     z = arr(overview["data"][0]["z"])
     assert z.shape[0] == LAYERS
     assert int(np.nanargmax(np.nanmean(z, axis=1))) == WORST_DROP_LAYER
-    assert overview["layout"]["height"] >= 12 * LAYERS  # sized to its rows
+    assert overview["layout"]["height"] >= 9 * LAYERS  # sized to its rows
     assert overview["layout"]["shapes"][0]["y0"] == HOT_LAYER - 0.5  # the open layer is outlined
 
     share = chart(at, f"Layer {HOT_LAYER}: load share")
@@ -98,7 +98,9 @@ def test_experts_page_at_384_experts(store):
     ticks = share["layout"]["yaxis"]
     assert 20 <= len(ticks["tickvals"]) <= 100  # thinned, not 384 overlapping labels
     text = dict(zip(ticks["tickvals"], ticks["ticktext"], strict=True))
-    assert "hot" in text[str(HOT_EXPERT)] and all("dead" in text[str(e)] for e in DEAD_EXPERTS)
+    assert "hot" in text[str(HOT_EXPERT)]
+    first_dead = str(DEAD_EXPERTS[0])  # adjacent rows share one label: "300 dead +2"
+    assert "dead" in text[first_dead] and text[first_dead].endswith(f"+{len(DEAD_EXPERTS) - 1}")
     assert "expert %{y}" in hm["hovertemplate"] and "dropped" in hm["hovertemplate"]
     drop = chart(at, f"Layer {HOT_LAYER}: dropped / routed")
     assert drop["data"][0]["y"] == hm["y"]  # the same row order in both heatmaps

@@ -236,16 +236,25 @@ def _logged(mask: np.ndarray, steps: np.ndarray, *mats: np.ndarray) -> tuple[np.
 def _ticks(labels: list[str], marked: dict[int, str], plot_px: int, px_per_label: int = 13) -> dict[str, Any]:
     """Category-axis ticks thinned to one per `px_per_label` pixels; rows in `marked` always labelled.
 
-    marked: row index -> tick text (HTML allowed); other labels within a row of a
-    marked one are left out so they do not overlap it.
+    marked: row index -> tick text (HTML allowed). Marked rows closer than one
+    label apart share the first one's label ("300 dead +2"); other labels that
+    close to a marked one are left out, so no two labels overlap.
     """
     k = max(1, math.ceil(len(labels) / max(1, plot_px // px_per_label)))
-    near = {j for i in marked for j in range(i - k + 1, i + k)}
-    rows = sorted({*(i for i in range(0, len(labels), k) if i not in near), *marked})
+    kept: dict[int, list[int]] = {}
+    for i in sorted(marked):
+        last = max(kept) if kept else None
+        if last is not None and i - kept[last][-1] < k:
+            kept[last].append(i)
+        else:
+            kept[i] = [i]
+    text = {i: marked[i] + (f" +{len(rows) - 1}" if len(rows) > 1 else "") for i, rows in kept.items()}
+    near = {j for rows in kept.values() for j in range(rows[0] - k + 1, rows[-1] + k)}
+    rows = sorted({*(i for i in range(0, len(labels), k) if i not in near), *kept})
     return {
         "tickmode": "array",
         "tickvals": [labels[i] for i in rows],
-        "ticktext": [marked.get(i, labels[i]) for i in rows],
+        "ticktext": [text.get(i, labels[i]) for i in rows],
     }
 
 
@@ -258,7 +267,7 @@ def layer_heatmap(ov: dict[str, Any], selected: int | None, title: str) -> dict[
     layers = [str(x) for x in ov["layers"]]
     steps, z, hot = _logged(np.isfinite(ov["drop_frac"]).any(axis=0), ov["steps"], ov["drop_frac"], ov["hot_max"])
     peak = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
-    height = int(min(900, max(260, 12 * len(layers) + 110)))
+    height = int(min(800, max(260, 9 * len(layers) + 110)))
     layout: dict[str, Any] = {
         "title": {"text": title, "font": {"size": 14}},
         "height": height,

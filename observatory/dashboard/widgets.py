@@ -12,7 +12,6 @@ selection on a chart into the next window (`K_box`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import plotly.graph_objects as go
@@ -91,11 +90,8 @@ def step_window(first: int, last: int, key: str, used: tuple[int, int] | None = 
     return int(window[0]), int(window[1])
 
 
-def show_chart(fig, key: str, window_key: str | None = None, on_point: Callable[[dict], None] | None = None) -> None:
+def show_chart(fig, key: str, window_key: str | None = None) -> None:
     """Render a figure (dict or plotly Figure); a box selection on it zooms `window_key`'s step window.
-
-    on_point: called once with each new clicked point ({x, y}), then the page reruns;
-    the chart then takes clicks as well as boxes.
 
     A dict is wrapped without plotly's property validation (`_validate=False`): our
     figures are built by the tested helpers in `dashboard.charts`, and validating
@@ -106,19 +102,11 @@ def show_chart(fig, key: str, window_key: str | None = None, on_point: Callable[
     if window_key is None:
         st.plotly_chart(fig, key=key, config={"displaylogo": False})
         return
-    mode = ("points", "box") if on_point is not None else "box"
-    ev = st.plotly_chart(fig, key=key, on_select="rerun", selection_mode=mode, config={"displaylogo": False})
+    ev = st.plotly_chart(fig, key=key, on_select="rerun", selection_mode="box", config={"displaylogo": False})
     try:
         boxes = ev["selection"]["box"] if ev else []
-        points = ev["selection"]["points"] if ev and on_point is not None else []
     except (KeyError, TypeError):
-        boxes, points = [], []
-    if points and not boxes:
-        point = {k: v for k, v in points[0].items() if k in ("x", "y")}
-        if st.session_state.get(f"{key}_clicked") != point:  # the selection persists: act once per click
-            st.session_state[f"{key}_clicked"] = point
-            on_point(point)
-            st.rerun()
+        boxes = []
     if boxes:
         xs = boxes[0].get("x") or []
         box = (min(xs), max(xs)) if len(xs) == 2 and all(isinstance(v, (int, float)) for v in xs) else None

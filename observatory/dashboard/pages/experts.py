@@ -1,8 +1,9 @@
 """Experts: where the router sends tokens, per layer, and where capacity cuts them.
 
 First the drop fraction of every layer over the step window (layer x step
-heatmap: 48 rows for the reference run); a click on a row, the layer picker or
-`?layer=` opens that layer: its experts x steps heatmaps of load share and of
+heatmap: 48 rows for the reference run, the open layer outlined); the layer
+picker (its labels give each layer's drop fraction and findings) or `?layer=`
+opens a layer: its experts x steps heatmaps of load share and of
 dropped / routed, experts ordered by load (busiest on top) with the hot and dead
 experts marked; the busiest experts of the window, and the hot/dead-expert
 detectors' findings with their thresholds; then drop fraction and hot-expert
@@ -124,13 +125,6 @@ def _view_call(run: str) -> tuple:
     return (qe.experts_view, run, layer, *requested_window(f"experts_window_{run}"), 400, 500)
 
 
-def _pick_layer(point: dict) -> None:
-    """A click on the overview heatmap: that row's layer becomes the chosen one."""
-    y = str(point.get("y", ""))
-    if y.isdigit():
-        st.session_state[LAYER_KEY] = int(y)
-
-
 def _resolution(width: int) -> str:
     return "every step" if width == 1 else f"{width} steps per column"
 
@@ -211,12 +205,9 @@ def render() -> None:
         f"{len(layers)} layers × {ext['experts']} experts, steps {ext['first_step']:,}–{ext['last_step']:,}"
     )
     show_chart(
-        layer_heatmap(
-            ov, view["layer"], f"Drop fraction, every layer ({_resolution(ov['width'])}): click a row to open it"
-        ),
+        layer_heatmap(ov, view["layer"], f"Drop fraction, every layer ({_resolution(ov['width'])})"),
         key=f"experts_overview_{run}",
         window_key=wkey,
-        on_point=_pick_layer,
     )
     c1, c2 = st.columns([1, 3])
     with c1:
