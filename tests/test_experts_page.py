@@ -7,7 +7,6 @@ the detectors' findings), 80 steps with expert_load every 4: few steps, all the 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -26,34 +25,19 @@ from scale_fixtures import (
     make_scale_store,
 )
 from streamlit.testing.v1 import AppTest
-from test_dashboard import arr
+from test_dashboard import arr, page
 
 from observatory.queries import dashboard as qd
 from observatory.queries import experts as qe
 from observatory.store import connect
 
-TIMEOUT = 120
-
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    runs_dir, db = make_scale_store(tmp_path_factory.mktemp("scale"))
-    old = os.environ.get("OBSERVATORY_DB")
-    os.environ["OBSERVATORY_DB"] = str(db)
-    yield db
-    if old is None:
-        os.environ.pop("OBSERVATORY_DB", None)
-    else:
-        os.environ["OBSERVATORY_DB"] = old
-
-
-def page(name: str, **query) -> AppTest:
-    at = AppTest.from_string(
-        f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=TIMEOUT
-    )
-    for k, v in query.items():
-        at.query_params[k] = v
-    return at.run()
+    _, db = make_scale_store(tmp_path_factory.mktemp("scale"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OBSERVATORY_DB", str(db))
+        yield db
 
 
 def charts(at: AppTest) -> dict[str, dict]:
