@@ -49,7 +49,7 @@ def page_batches(run: str, fork: str) -> dict[str, list[list[tuple]]]:
     """Per page view, its batches of (label, fn, args), as the page issues them."""
     # lazy for start-up time: the pages bring Streamlit, which `--help` does not need
     from observatory.dashboard.pages import compare
-    from observatory.dashboard.pages.live import HEALTH_NAMES, LOSS
+    from observatory.dashboard.pages.live import HEALTH_NAMES, LAYER_FAMILIES, LOSS
 
     runs = [("list_runs", core.list_runs, ()), ("runs_extras", qd.runs_extras, ())]
     panel = [
@@ -59,7 +59,7 @@ def page_batches(run: str, fork: str) -> dict[str, list[list[tuple]]]:
     ]
 
     def live(lo, hi):  # a deep link (?run=) fetches the run list and the whole panel on one connection
-        view = (run, list(LOSS), HEALTH_NAMES, lo, hi, 1000, 300)
+        view = (run, list(LOSS), HEALTH_NAMES, lo, hi, 1000, 300, list(LAYER_FAMILIES.values()))
         return runs + [("live_view: 9 series", qd.live_view, view), *panel]
 
     def experts(lo, hi):

@@ -47,8 +47,17 @@ METRICS = (
 )
 
 
-def generate(db: Path, steps: int, layers: int, experts: int, n_metrics: int) -> dict[str, float]:
-    """Write the store at `db` (replaced) and return timings in seconds."""
+LAYER_METRICS = ("router/layer_{}/z_loss", "router/layer_{}/lb_loss", "router/layer_{}/entropy",
+                 "moe/layer_{}/drop_fraction")  # fmt: skip
+
+
+def generate(
+    db: Path, steps: int, layers: int, experts: int, n_metrics: int, layer_metrics: bool = False
+) -> dict[str, float]:
+    """Write the store at `db` (replaced) and return timings in seconds.
+
+    layer_metrics: also the trainer's per-layer names (LAYER_METRICS) for every layer.
+    """
     if db.exists():
         db.unlink()
     times = {}
@@ -88,6 +97,8 @@ def generate(db: Path, steps: int, layers: int, experts: int, n_metrics: int) ->
             ],
         )
     names = METRICS[:n_metrics] + [f"extra/m{i}" for i in range(max(0, n_metrics - len(METRICS)))]
+    if layer_metrics:
+        names += [m.format(i) for i in range(layers) for m in LAYER_METRICS]
     con.execute(
         "CREATE TEMP TABLE names AS SELECT name, row_number() OVER () - 1 AS k FROM (SELECT unnest(?) AS name)",
         [names],
@@ -222,8 +233,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--metrics", type=int, default=30)
+    ap.add_argument("--layer-metrics", action="store_true", help="also router/layer_<i>/... per layer")
     a = ap.parse_args()
-    t = generate(a.db, a.steps, a.layers, a.experts, a.metrics)
+    t = generate(a.db, a.steps, a.layers, a.experts, a.metrics, a.layer_metrics)
     size = a.db.stat().st_size / 2**20
     print(
         f"store {a.db}: {t['metric_rows']:,} metric rows in {t['metrics']:.1f} s, "

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from dashboard_fixtures import make_store, metrics_at
+from scale_fixtures import HOT_EXPERT, HOT_LAYER, RUN, make_scale_store
 
 import observatory
 from observatory import report
@@ -130,8 +131,8 @@ def browser():
         b.close()
 
 
-def open_page(browser, url: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+def open_page(browser, url: str, height: int = 1000):
+    page = browser.new_page(viewport={"width": 1400, "height": height})
     page.set_default_timeout(LOAD_MS)
     page.goto(url)
     page.wait_for_selector('[data-testid="stApp"]')
@@ -185,6 +186,43 @@ def test_every_page_opens(server, browser, path, title, min_charts):
                 page.locator(".js-plotly-plot .scatterlayer .trace, .js-plotly-plot .heatmaplayer").count()
                 > 0
             )
+    finally:
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def scale_server(tmp_path_factory):
+    """A server over a run of the reference shape: 48 layers x 384 experts."""
+    _, db = make_scale_store(tmp_path_factory.mktemp("scale"))
+    port = free_port()
+    proc = start_server(ROOT / "app.py", db, port, tmp_path_factory.mktemp("log") / "streamlit-scale.log")
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
+
+
+def test_experts_page_at_384_experts(scale_server, browser, tmp_path):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    # a tall window: Streamlit scrolls inside the page, so a full-page screenshot is one window high
+    page = open_page(browser, f"{scale_server}/experts?run={RUN}&layer={HOT_LAYER}", height=3000)
+    try:
+        page.get_by_role("heading", name="Experts").first.wait_for()
+        page.wait_for_function(
+            "() => document.querySelectorAll('.js-plotly-plot .heatmaplayer image').length >= 3", timeout=LOAD_MS
+        )
+        wait_idle(page)
+        shot = tmp_path / "experts-384.png"
+        page.screenshot(path=str(shot), full_page=True)
+        (ARTIFACTS / "experts-384.png").write_bytes(shot.read_bytes())
+        assert_no_exception(page, "experts 384")
+        ticks = page.eval_on_selector_all(".js-plotly-plot .ytick text", "els => els.map(e => e.textContent)")
+        assert f"{HOT_EXPERT} hot" in ticks and any(" dead" in t for t in ticks)
+        assert len(ticks) < 250  # 48 layer rows + 2 x 384 expert rows, thinned
+        # hovering the top row of the load-share heatmap names the busiest expert, its step, share and drop
+        box = page.locator(".js-plotly-plot").nth(1).locator(".nsewdrag").first.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 1)
+        page.wait_for_function("() => document.querySelectorAll('.hoverlayer text').length > 0")
+        hover = " ".join(page.eval_on_selector_all(".hoverlayer text", "els => els.map(e => e.textContent)"))
+        assert f"expert {HOT_EXPERT}" in hover and "step" in hover and "load share" in hover and "dropped" in hover
     finally:
         page.close()
 

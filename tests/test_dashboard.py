@@ -159,7 +159,8 @@ def test_live_page_crashed_banner(store):
 def test_experts_page_heatmaps_and_layers(store):
     at = page("experts", run="base-run")
     assert not at.exception
-    share, drop, layers_drop, layers_hot = specs(at)
+    overview, share, drop, layers_drop, layers_hot = specs(at)  # the all-layers overview comes first
+    assert overview["data"][0]["y"] == ["0", "1"]
     z = arr(share["data"][0]["z"])
     assert z.shape == (8, BASE_STEPS)  # experts x steps (short run: every step its own column)
     assert np.nansum(z, axis=0) == pytest.approx(np.ones(BASE_STEPS))  # shares of a step add up to 1
@@ -170,13 +171,15 @@ def test_experts_page_heatmaps_and_layers(store):
     at.selectbox(key="experts_layer").set_value(1).run()
     assert not at.exception
     assert at.query_params["layer"] in ("1", ["1"])
-    drop1 = arr(specs(at)[1]["data"][0]["z"])
-    assert np.nanmin(drop1[3]) > 0.5  # the hot expert loses most of its assignments
-    assert np.nansum(drop1[0]) == 0
+    drop1_spec = specs(at)[2]["data"][0]
+    rows = drop1_spec["y"]  # experts in load order: the row of expert e is rows.index(str(e))
+    drop1 = arr(drop1_spec["z"])
+    assert np.nanmin(drop1[rows.index("3")]) > 0.5  # the hot expert loses most of its assignments
+    assert np.nansum(drop1[rows.index("0")]) == 0
     assert len(layers_drop["data"]) == 2  # one line per layer
     # a narrower step window re-queries
     at.slider(key="experts_window_base-run").set_value((10, 20)).run()
-    assert list(arr(specs(at)[0]["data"][0]["x"])) == list(range(10, 21))
+    assert list(arr(specs(at)[1]["data"][0]["x"])) == list(range(10, 21))
 
 
 def test_compare_overlay_diff_lineage(store):

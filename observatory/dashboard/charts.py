@@ -1,8 +1,12 @@
 """Plotly figures as plain dicts: downsampled series as min-max bands, and event markers.
 
 `series_figure` draws a downsampled series as a min-max band with the last value
-per bucket as the line (a spike stays visible at any zoom); `add_markers` adds
-event markers carrying their text (`observatory.events.describe`) on hover.
+per bucket as the line (a spike stays visible at any zoom); `layer_band` sums up
+one metric of every MoE layer as a band across layers with their mean and the
+worst layer on hover; `layer_heatmap` and `expert_heatmap` are the Experts page's
+layer x step and expert x step heatmaps, sized to their row count (48 layers,
+384 experts) with thinned tick labels; `add_markers` adds event markers carrying
+their text (`observatory.events.describe`) on hover.
 Figures are dicts, not plotly objects: `widgets.show_chart` wraps each once,
 without validating it again.
 """
@@ -19,7 +23,17 @@ import polars as pl
 
 from observatory.events import describe
 
-__all__ = ["smooth", "scatter", "band", "series_figure", "marker_text", "add_markers"]
+__all__ = [
+    "smooth",
+    "scatter",
+    "band",
+    "series_figure",
+    "layer_band",
+    "layer_heatmap",
+    "expert_heatmap",
+    "marker_text",
+    "add_markers",
+]
 
 MARKER_STYLE = {  # kind -> (symbol, colour)
     "failure": ("x", "#d62728"),
@@ -180,6 +194,173 @@ def series_figure(
         "shapes": [],
     }
     return {"data": data, "layout": layout}
+
+
+def layer_band(bands, label: str = "layers", color: str = "#8c564b") -> list[dict[str, Any]]:
+    """One metric of every layer as a band across layers (min-max) and their mean; the worst layer on hover.
+
+    bands: frame of `queries.dashboard.layer_bands` for one family (step, min, max,
+    mean, worst_layer, n_layers). Two legend entries, however many layers.
+    """
+    if bands is None or bands.height == 0:
+        return []
+    xs = bands["step"].cast(pl.Float64).to_numpy()
+    lo = bands["min"].cast(pl.Float64).to_numpy()
+    hi = bands["max"].cast(pl.Float64).to_numpy()
+    n = int(bands["n_layers"].max())
+    out = band(xs, lo, hi, _rgba(color, 0.2), f"{n} {label}, min-max", f"layers {label}", True)
+    out.append(
+        scatter(
+            x=xs,
+            y=bands["mean"].cast(pl.Float64).to_numpy(),
+            mode="lines",
+            name=f"{n} {label}, mean",
+            line={"color": color, "width": 1.2, "dash": "dot"},
+            legendgroup=f"layers {label}",
+            customdata=np.stack([lo, hi, bands["worst_layer"].cast(pl.Float64).to_numpy()], axis=-1),
+            hovertemplate="%{x}: layer mean %{y:.4g}, min %{customdata[0]:.4g}, "
+            "max %{customdata[1]:.4g} (layer %{customdata[2]})" + f"<extra>{label}</extra>",
+        )
+    )
+    return out
+
+
+def _logged(mask: np.ndarray, steps: np.ndarray, *mats: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Only the columns some row has data in (runs log expert_load every K steps; empty columns would
+    draw as blank stripes, and plotly stretches the remaining cells over the gaps instead)."""
+    if mask.any() and not mask.all():
+        return (steps[mask], *(m[:, mask] for m in mats))
+    return (steps, *mats)
+
+
+def _ticks(labels: list[str], marked: dict[int, str], plot_px: int, px_per_label: int = 13) -> dict[str, Any]:
+    """Category-axis ticks thinned to one per `px_per_label` pixels; rows in `marked` always labelled.
+
+    marked: row index -> tick text (HTML allowed). Marked rows closer than one
+    label apart share the first one's label ("300 dead +2"); other labels that
+    close to a marked one are left out, so no two labels overlap.
+    """
+    k = max(1, math.ceil(len(labels) / max(1, plot_px // px_per_label)))
+    kept: dict[int, list[int]] = {}
+    for i in sorted(marked):
+        last = max(kept) if kept else None
+        if last is not None and i - kept[last][-1] < k:
+            kept[last].append(i)
+        else:
+            kept[i] = [i]
+    text = {i: marked[i] + (f" +{len(rows) - 1}" if len(rows) > 1 else "") for i, rows in kept.items()}
+    near = {j for rows in kept.values() for j in range(rows[0] - k + 1, rows[-1] + k)}
+    rows = sorted({*(i for i in range(0, len(labels), k) if i not in near), *kept})
+    return {
+        "tickmode": "array",
+        "tickvals": [labels[i] for i in rows],
+        "ticktext": [text.get(i, labels[i]) for i in rows],
+    }
+
+
+def layer_heatmap(ov: dict[str, Any], selected: int | None, title: str) -> dict[str, Any]:
+    """Drop fraction of every layer over the step buckets: layers down, steps across; a figure dict.
+
+    ov: `queries.experts.layer_matrix`. The selected layer's row is outlined. Hover:
+    layer, step, drop fraction, and the busiest expert's load over the mean.
+    """
+    layers = [str(x) for x in ov["layers"]]
+    steps, z, hot = _logged(np.isfinite(ov["drop_frac"]).any(axis=0), ov["steps"], ov["drop_frac"], ov["hot_max"])
+    peak = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
+    height = int(min(800, max(260, 9 * len(layers) + 110)))
+    layout: dict[str, Any] = {
+        "title": {"text": title, "font": {"size": 14}},
+        "height": height,
+        "margin": {"l": 50, "r": 10, "t": 36, "b": 30},
+        "dragmode": "select",
+        "yaxis": {
+            "title": "layer",
+            "type": "category",
+            "autorange": "reversed",
+            **_ticks(layers, {}, height - 66, 14),
+        },
+        "xaxis": {"title": None},
+        "shapes": [],
+    }
+    if selected is not None and str(selected) in layers:
+        k = layers.index(str(selected))
+        layout["shapes"].append(
+            {
+                "type": "rect",
+                "xref": "paper",
+                "x0": 0,
+                "x1": 1,
+                "yref": "y",
+                "y0": k - 0.5,
+                "y1": k + 0.5,
+                "line": {"color": "#1f77b4", "width": 2},
+            }
+        )
+    trace = {
+        "type": "heatmap",
+        "z": z.astype(np.float32),
+        "x": steps,
+        "y": layers,
+        "customdata": hot.astype(np.float32),
+        "colorscale": "Reds",
+        "zmin": 0,
+        "zmax": max(peak, 0.01),
+        "colorbar": {"title": {"text": "dropped"}, "tickformat": ".1%"},
+        "hovertemplate": "layer %{y} · step %{x}<br>dropped %{z:.2%}"
+        "<br>busiest expert %{customdata:.1f}× mean (worst step)<extra></extra>",
+    }
+    return {"data": [trace], "layout": layout}
+
+
+def expert_heatmap(
+    hm: dict[str, Any], which: str, order: np.ndarray, marked: dict[int, str], title: str
+) -> dict[str, Any]:
+    """One layer's experts x step buckets, rows in `order` (busiest first); a figure dict.
+
+    hm: `queries.experts.heatmap`; which: "share" (load share of the layer's
+    assignments) or "drop_frac" (dropped / routed). marked: expert id -> tick text
+    (the hot and dead experts), always labelled; other labels are thinned to fit.
+    Hover: expert, step, load share and drop fraction of the cell. The share's
+    colour scale tops out at the 99.5th percentile, so one hot expert does not
+    flatten the rest (its cells are the darkest; hover gives the value).
+    """
+    other = "drop_frac" if which == "share" else "share"
+    ids = hm["experts"][order] if len(order) else hm["experts"]
+    z, w = hm[which][order], hm[other][order]
+    steps, z, w = _logged(np.isfinite(hm["routed"]).any(axis=0), hm["steps"], z, w)
+    labels = [str(e) for e in ids]
+    finite = z[np.isfinite(z)]
+    top = float(np.percentile(finite, 99.5) if which == "share" else finite.max()) if finite.size else 0.0
+    height = int(min(1300, max(360, 2.2 * len(labels) + 130)))
+    rows = {int(e): i for i, e in enumerate(ids)}
+    ticks = _ticks(labels, {rows[e]: t for e, t in marked.items() if e in rows}, height - 66)
+    share_first = which == "share"
+    return {
+        "data": [
+            {
+                "type": "heatmap",
+                "z": z.astype(np.float32),
+                "x": steps,
+                "y": labels,
+                "customdata": w.astype(np.float32),
+                "colorscale": "Viridis" if share_first else "Reds",
+                "zmin": 0,
+                "zmax": max(top, 0.01),  # an all-zero matrix (no drops) reads as zero, not as mid-scale
+                "colorbar": {"title": {"text": "share" if share_first else "dropped"}, "tickformat": ".1%"},
+                "hovertemplate": "expert %{y} · step %{x}<br>"
+                + ("load share %{z:.2%}<br>dropped %{customdata:.1%}" if share_first
+                   else "dropped %{z:.1%}<br>load share %{customdata:.2%}")
+                + "<extra></extra>",
+            }  # fmt: skip
+        ],
+        "layout": {
+            "title": {"text": title, "font": {"size": 14}},
+            "height": height,
+            "margin": {"l": 70, "r": 10, "t": 36, "b": 30},
+            "dragmode": "select",
+            "yaxis": {"title": "expert (busiest first)", "type": "category", "autorange": "reversed", **ticks},
+        },
+    }
 
 
 def _rgba(hex_color: str, alpha: float) -> str:

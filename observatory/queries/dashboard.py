@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import polars as pl
@@ -27,6 +28,7 @@ __all__ = [
     "downsample_runs",
     "series_view",
     "live_view",
+    "layer_bands",
     "runs_view",
     "metric_names_for",
     "markers",
@@ -154,19 +156,79 @@ def series_view(
 
 def live_view(
     con, run: str, main: list[str], small: list[str], lo: int | None, hi: int | None,
-    main_points: int = 1000, small_points: int = 300,
+    main_points: int = 1000, small_points: int = 300, families=(),
 ) -> dict[str, Any]:
     """The Live panel's series in one call: `main` names at `main_points` buckets (the big loss chart),
-    `small` names at `small_points` (the half-width health charts), over one window of the union's extent."""
+    `small` names at `small_points` (the half-width health charts), over one window of the union's extent.
+
+    families: per-layer metric patterns (`router/layer_*/lb_loss`); `bands` is then
+    `layer_bands` of them over the same window at `small_points` (None without families).
+    """
     extent = metric_extent(con, [run], [*main, *small])
     window = _window(extent, lo, hi)
     if window is None:
-        return {"extent": None, "window": None, "data": None}
+        return {"extent": None, "window": None, "data": None, "bands": None}
     data = pl.concat(
         [downsample(con, run, main, *window, main_points), downsample(con, run, small, *window, small_points)],
         how="vertical_relaxed",
     )
-    return {"extent": extent, "window": window, "data": data}
+    bands = layer_bands(con, run, families, *window, small_points) if families else None
+    return {"extent": extent, "window": window, "data": data, "bands": bands}
+
+
+_LAYER = re.compile(r"/layer_(\d+)/")
+
+
+def layer_bands(con, run: str, families, lo: int, hi: int, max_points: int = 300) -> dict[str, Any]:
+    """Per-layer metrics summed up across layers: a band per step bucket and the worst layer.
+
+    families: patterns with `*` for the layer index, e.g. `moe/layer_*/drop_fraction`
+    (names as the trainer logs them). Returns {"data": frame of family, step,
+    step_lo, min, max (over layers of the bucket's min / max), mean (of the layers'
+    bucket means), worst_layer (the layer holding `max`), n_layers; "worst":
+    {family: {"layer", "mean"}}: the layer with the highest mean over the window}.
+    Reads the same rollups as `downsample` (one statement for every family's layers).
+    """
+    families = list(families)
+    names: dict[str, str] = {}
+    for fam in families:
+        for (name,) in con.execute(
+            "SELECT name FROM metric_series WHERE run = ? AND name LIKE ?", [run, fam.replace("*", "%")]
+        ).fetchall():
+            m = _LAYER.search(name)
+            if m and name == fam.replace("*", m.group(1), 1):
+                names[name] = fam
+    schema = {
+        "family": pl.String, "step": pl.Int64, "step_lo": pl.Int64, "min": pl.Float64, "max": pl.Float64,
+        "mean": pl.Float64, "worst_layer": pl.Int64, "n_layers": pl.UInt32,
+    }  # fmt: skip
+    if not names:
+        return {"data": pl.DataFrame(schema=schema), "worst": {}}
+    df = _bucketed(con, [run], list(names), lo, hi, max_points).with_columns(
+        family=pl.col("name").replace_strict(names),
+        layer=pl.col("name").str.extract(r"/layer_(\d+)/").cast(pl.Int64),
+    )
+    data = (
+        df.group_by("family", "i")
+        .agg(
+            pl.col("step").max(),
+            pl.col("step_lo").min(),
+            pl.col("min").min(),
+            pl.col("max").max(),
+            pl.col("mean").mean(),
+            pl.col("layer").sort_by(pl.col("max").fill_null(-math.inf)).last().alias("worst_layer"),
+            pl.col("layer").n_unique().alias("n_layers"),
+        )
+        .sort("family", "step")
+        .drop("i")
+        .cast(schema)
+    )
+    per_layer = df.group_by("family", "layer").agg(pl.col("mean").mean()).drop_nulls("mean")
+    worst = {
+        f: {"layer": int(g.row(0, named=True)["layer"]), "mean": float(g.row(0, named=True)["mean"])}
+        for (f,), g in per_layer.sort("mean", descending=True).group_by("family", maintain_order=True)
+    }
+    return {"data": data, "worst": worst}
 
 
 def runs_view(con, runs, name: str, lo: int | None, hi: int | None, max_points: int = 1000) -> dict[str, Any]:

@@ -28,6 +28,10 @@ __all__ = [
     "expert_extent",
     "experts_view",
     "bucket_width",
+    "by_load",
+    "EXPERT_DETECTORS",
+    "expert_findings",
+    "layer_matrix",
     "heatmap",
     "hot_experts",
     "layer_series",
@@ -72,10 +76,15 @@ def experts_view(
     hi: int | None,
     max_buckets: int = 400,
     series_buckets: int = 500,
+    max_cells: int = 80_000,
 ) -> dict[str, Any] | None:
-    """The Experts page's data in one call: extent, the layer used, window, heatmap, per-layer series.
+    """The Experts page's data in one call: extent, the layer used, window, heatmap, per-layer data.
 
     layer None (or a layer the run lacks) is its first layer; lo/hi None are the ends.
+    The layer heatmap has at most `max_buckets` columns and `max_cells` cells (384
+    experts get ~200 columns: what a browser draws without lag). `overview` is the
+    layer x step matrix of every layer (`layer_matrix`, from the same rows as
+    `series`); `findings` the hot/dead-expert findings of the window (`expert_findings`).
     """
     ext = expert_extent(con, run)
     if ext is None:
@@ -85,12 +94,16 @@ def experts_view(
     b = ext["last_step"] if hi is None else min(ext["last_step"], int(hi))
     if a > b:
         a, b = ext["first_step"], ext["last_step"]
+    buckets = max(1, min(max_buckets, max_cells // max(1, ext["experts"])))
+    rows, lo_al, width = _layer_buckets(con, run, a, b, series_buckets)
     return {
         "extent": ext,
         "layer": layer,
         "window": (a, b),
-        "heatmap": heatmap(con, run, layer, a, b, max_buckets),
-        "series": layer_series(con, run, a, b, series_buckets),
+        "heatmap": heatmap(con, run, layer, a, b, buckets),
+        "series": rows.drop("i"),
+        "overview": layer_matrix(rows, lo_al, width, b, ext["layers"]),
+        "findings": expert_findings(con, run, a, b),
     }
 
 
@@ -200,38 +213,105 @@ def layer_series(con, run: str, lo: int, hi: int, max_buckets: int = 1000) -> pl
     steps of busiest expert / mean expert), hot_max (worst step). Reads
     `expert_layer_r64` when buckets are at least 32 steps wide, else per-step rows.
     """
+    return _layer_buckets(con, run, lo, hi, max_buckets)[0].drop("i")
+
+
+def _layer_buckets(con, run: str, lo: int, hi: int, max_buckets: int) -> tuple[pl.DataFrame, int, int]:
+    """(`layer_series` columns plus bucket index i, first step of bucket 0, bucket width)."""
     width = bucket_width(lo, hi, max_buckets)
     res = LAYER_RESOLUTION
     if 2 * width < res:  # buckets up to 2x wider than asked come from the rollup
-        return _frame(
+        df = _frame(
             con,
             """
-            SELECT layer, max(step) AS step, min(step) AS step_lo,
+            SELECT layer, (step - ?) // ? AS i, max(step) AS step, min(step) AS step_lo,
                    sum(dropped) / nullif(sum(routed), 0) AS drop_fraction,
                    max(dropped / nullif(routed, 0)) AS drop_max,
                    avg(routed_max * n_experts / nullif(routed, 0)) AS hot_ratio,
                    max(routed_max * n_experts / nullif(routed, 0)) AS hot_max
             FROM expert_layer_step
             WHERE run = ? AND step BETWEEN ? AND ?
-            GROUP BY layer, (step - ?) // ?
+            GROUP BY layer, i
             ORDER BY layer, step
             """,
-            [run, lo, hi, lo, width],
+            [lo, width, run, lo, hi],
         )
+        return df, lo, width
     width = math.ceil(width / res) * res
     lo_al = (lo // res) * res
-    return _frame(
+    df = _frame(
         con,
         f"""
-        SELECT layer, max(last_step) AS step, min(first_step) AS step_lo,
+        SELECT layer, (bucket * {res} - ?) // ? AS i, max(last_step) AS step, min(first_step) AS step_lo,
                sum(dropped) / nullif(sum(routed), 0) AS drop_fraction,
                max(drop_max) AS drop_max, sum(hot_sum) / sum(steps) AS hot_ratio, max(hot_max) AS hot_max
         FROM expert_layer_r{res}
         WHERE run = ? AND bucket BETWEEN ? AND ?
-        GROUP BY layer, (bucket * {res} - ?) // ?
+        GROUP BY layer, i
         ORDER BY layer, step
         """,
-        [run, lo // res, hi // res, lo_al, width],
+        [lo_al, width, run, lo // res, hi // res],
+    )
+    return df, lo_al, width
+
+
+def layer_matrix(df: pl.DataFrame, lo_al: int, width: int, hi: int, layers: list[int]) -> dict[str, Any]:
+    """The layer x step-bucket matrices of `_layer_buckets` rows: every layer of the run at once.
+
+    Returns {layers: (L,), steps: (B,) first step of each bucket, width, drop_frac,
+    drop_max, hot_max: (L, B)}; a bucket a layer has no rows in is NaN.
+    """
+    n_b = max(0, (hi - lo_al) // width + 1)
+    row = {layer: k for k, layer in enumerate(layers)}
+    out: dict[str, Any] = {
+        "layers": np.asarray(layers, dtype=np.int64),
+        "steps": lo_al + np.arange(n_b) * width,
+        "width": width,
+    }
+    k = df["layer"].replace_strict(row, default=None).to_numpy() if df.height else np.zeros(0, int)
+    i = df["i"].to_numpy() if df.height else np.zeros(0, int)
+    for name, col in (("drop_frac", "drop_fraction"), ("drop_max", "drop_max"), ("hot_max", "hot_max")):
+        m = np.full((len(layers), n_b), np.nan)
+        if df.height:
+            m[k, i] = df[col].cast(pl.Float64).fill_null(np.nan).to_numpy()
+        out[name] = m
+    return out
+
+
+def by_load(hm: dict[str, Any]) -> np.ndarray:
+    """Row indices of a `heatmap` with the busiest expert (most routed in the window) first; ties by id."""
+    tot = np.nansum(hm["routed"], axis=1) if hm["routed"].size else np.zeros(0)
+    return np.lexsort((hm["experts"], -tot)) if tot.size else np.zeros(0, np.int64)
+
+
+EXPERT_DETECTORS = ("hot_expert", "dead_expert")
+
+
+def expert_findings(con, run: str, lo: int | None = None, hi: int | None = None) -> pl.DataFrame:
+    """The hot- and dead-expert detectors' findings (`anomaly` events) whose window meets [lo, hi].
+
+    These are the detectors' own verdicts (`observatory.detect.detectors.hot_experts`
+    / `dead_experts`), not a second definition. Columns: detector, layer, expert,
+    first_step, last_step, value, severity, message; sorted by layer, detector, expert.
+    """
+    return _frame(
+        con,
+        """
+        SELECT data->>'$.detector' AS detector,
+               TRY_CAST(data->>'$.layer' AS INTEGER) AS layer,
+               TRY_CAST(data->>'$.expert' AS INTEGER) AS expert,
+               TRY_CAST(data->'$.window'->>0 AS BIGINT) AS first_step,
+               TRY_CAST(data->'$.window'->>1 AS BIGINT) AS last_step,
+               TRY_CAST(data->>'$.value' AS DOUBLE) AS value,
+               data->>'$.severity' AS severity,
+               data->>'$.message' AS message
+        FROM events
+        WHERE run = ? AND kind = 'anomaly' AND data->>'$.detector' IN (?, ?)
+          AND coalesce(TRY_CAST(data->'$.window'->>1 AS BIGINT), step) >= coalesce(?, -1)
+          AND coalesce(TRY_CAST(data->'$.window'->>0 AS BIGINT), step) <= coalesce(?, 9223372036854775807)
+        ORDER BY layer, detector DESC, expert, first_step
+        """,
+        [run, *EXPERT_DETECTORS, lo, hi],
     )
 
 

@@ -1,54 +1,33 @@
 """Experts: where the router sends tokens, per layer, and where capacity cuts them.
 
-For one layer and step window: heatmaps of expert x step of load share and of
-the fraction of each expert's assignments that were dropped; the hot experts
-(max/mean load); and, for every layer, drop fraction and hot-expert ratio over
-time. All read ingest-time rollups, so a 10^8-row store answers in milliseconds.
+First the drop fraction of every layer over the step window (layer x step
+heatmap: 48 rows for the reference run, the open layer outlined); the layer
+picker (its labels give each layer's drop fraction and findings) or `?layer=`
+opens a layer: its experts x steps heatmaps of load share and of
+dropped / routed, experts ordered by load (busiest on top) with the hot and dead
+experts marked; the busiest experts of the window, and the hot/dead-expert
+detectors' findings with their thresholds; then drop fraction and hot-expert
+ratio over time for every layer. All read ingest-time rollups, so a 10^9-row
+store answers in milliseconds.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
 from observatory.dashboard.cache import query, query_all
-from observatory.dashboard.charts import scatter
+from observatory.dashboard.charts import expert_heatmap, layer_band, layer_heatmap, scatter
 from observatory.dashboard.runs_table import runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
+from observatory.detect.thresholds import Thresholds
 from observatory.queries import experts as qe
 
-
-def heatmap_figure(hm: dict, which: str, title: str) -> go.Figure:
-    """A plotly heatmap of an (E, B) matrix from `queries.experts.heatmap` (x = bucket first step)."""
-    z, steps = hm[which], hm["steps"]
-    # buckets with no expert_load at all (runs log it every `expert_load_every` steps) would
-    # draw as blank stripes; plotly stretches the remaining cells over the gaps instead
-    logged = np.isfinite(hm["routed"]).any(axis=0) if z.size else np.zeros(0, bool)
-    if logged.any() and not logged.all():
-        z, steps = z[:, logged], steps[logged]
-    peak = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=steps,
-            y=hm["experts"],
-            colorscale="Viridis" if which == "share" else "Reds",
-            zmin=0,
-            zmax=max(peak, 0.01),  # an all-zero matrix (no drops) reads as zero, not as mid-scale
-            colorbar={"title": {"text": "share" if which == "share" else "dropped"}, "tickformat": ".1%"},
-            hovertemplate="step %{x}<br>expert %{y}<br>%{z:.2%}<extra></extra>",
-        )
-    )
-    fig.update_layout(
-        title={"text": title, "font": {"size": 14}},
-        height=360,
-        margin={"l": 40, "r": 10, "t": 36, "b": 30},
-        dragmode="select",
-    )
-    fig.update_yaxes(title="expert", dtick=max(1, len(hm["experts"]) // 16))  # whole experts only
-    return fig
+LAYER_KEY = "experts_layer"
+MANY_LAYERS = 8  # more layers than this: the per-layer charts draw a band across layers, not a line each
 
 
 def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) -> dict:
@@ -77,13 +56,133 @@ def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) ->
     return {"data": data, "layout": layout}
 
 
+def layer_summary(df: pl.DataFrame, column: str, title: str, layer: int) -> dict:
+    """`column` of every layer: a line each for a few layers; for many, a band across layers and the chosen one.
+
+    The band's hover names the worst layer of each bucket; the title names the
+    layer with the highest mean over the window.
+    """
+    if df["layer"].n_unique() <= MANY_LAYERS:
+        return layer_lines(df, column, title, [layer])
+    d = df.filter(pl.col(column).is_not_null()).with_columns(pl.col(column).cast(pl.Float64))
+    per = (
+        d.group_by("step_lo")
+        .agg(
+            pl.col("step").max(),
+            pl.col(column).min().alias("min"),
+            pl.col(column).max().alias("max"),
+            pl.col(column).mean().alias("mean"),
+            pl.col("layer").sort_by(column).last().cast(pl.Int64).alias("worst_layer"),
+            pl.col("layer").n_unique().alias("n_layers"),
+        )
+        .sort("step")
+    )
+    means = d.group_by("layer").agg(pl.col(column).mean()).sort(column, descending=True)
+    worst = f" · worst: layer {means['layer'][0]}" if means.height else ""
+    mine = d.filter(pl.col("layer") == layer)
+    fig = {
+        "data": [
+            *layer_band(per, "layers"),
+            scatter(
+                x=mine["step"].to_numpy(),
+                y=mine[column].to_numpy(),
+                mode="lines",
+                name=f"layer {layer}",
+                line={"color": "#1f77b4", "width": 2},
+                hovertemplate="step %{x}: %{y:.4g}<extra>layer " + str(layer) + "</extra>",
+            ),
+        ],
+        "layout": {
+            "title": {"text": title + worst, "font": {"size": 14}},
+            "height": 300,
+            "margin": {"l": 40, "r": 10, "t": 36, "b": 30},
+            "dragmode": "select",
+            "legend": {"orientation": "h", "y": -0.2},
+        },
+    }
+    return fig
+
+
+def _marked(findings: pl.DataFrame) -> dict[int, str]:
+    """Expert id -> y tick text for one layer's findings: hot in red, dead in grey (hot wins)."""
+    out: dict[int, str] = {}
+    for det, e in findings.select("detector", "expert").iter_rows():
+        if e is None:
+            continue
+        if det == "hot_expert":
+            out[int(e)] = f'<span style="color:#d62728"><b>{e} hot</b></span>'
+        else:
+            out.setdefault(int(e), f'<span style="color:#555555">{e} dead</span>')
+    return out
+
+
 def _view_call(run: str) -> tuple:
     """The page's one data query for `run`: layer from the widget or ?layer=, window from the slider."""
     qp_layer = st.query_params.get("layer")
-    layer = st.session_state.get("experts_layer")
+    layer = st.session_state.get(LAYER_KEY)
     if layer is None and qp_layer and qp_layer.isdigit():
         layer = int(qp_layer)
     return (qe.experts_view, run, layer, *requested_window(f"experts_window_{run}"), 400, 500)
+
+
+def _resolution(width: int) -> str:
+    return "every step" if width == 1 else f"{width} steps per column"
+
+
+def _layer_format(ov: dict, findings: pl.DataFrame):
+    """Layer picker labels: the layer's mean drop fraction over the window and its findings."""
+    with np.errstate(all="ignore"):
+        mean = {int(x): float(np.nanmean(r)) for x, r in zip(ov["layers"], ov["drop_frac"], strict=True)}
+    counts = {}
+    for layer, det, n in findings.group_by("layer", "detector").len().iter_rows():
+        counts.setdefault(layer, []).append(f"{n} {det.split('_')[0]}")
+
+    def fmt(layer: int) -> str:
+        drop = mean.get(int(layer), math.nan)
+        text = f"layer {layer}" + (f" · {drop:.1%} dropped" if math.isfinite(drop) else "")
+        return text + (f" · {', '.join(sorted(counts[layer]))}" if layer in counts else "")
+
+    return fmt
+
+
+def _findings_table(findings: pl.DataFrame, layer: int) -> None:
+    th = Thresholds.from_settings()
+    st.subheader("Hot and dead experts")
+    st.caption(
+        f"Findings of the detectors (`anomaly` events): **hot**: the busiest expert takes more than "
+        f"{th.hot_ratio:g}× the mean load; **dead**: an expert gets no tokens; each for "
+        f"{th.expert_steps} logged steps in a row (settings `anomaly_hot_ratio`, `anomaly_expert_steps`)."
+    )
+    mine = findings.filter(pl.col("layer") == layer)
+    if mine.height == 0:
+        st.caption(f"None in layer {layer} in this window.")
+    else:
+        st.dataframe(
+            mine.select(
+                pl.col("detector").str.replace("_expert", "").alias("finding"),
+                "expert",
+                "first_step",
+                "last_step",
+                pl.when(pl.col("detector") == "hot_expert").then(pl.col("value")).alias("load_over_mean"),
+            ),
+            hide_index=True,
+            column_config={
+                "first_step": st.column_config.NumberColumn("from step", format="%d"),
+                "last_step": st.column_config.NumberColumn("to step", format="%d"),
+                "load_over_mean": st.column_config.NumberColumn("load / mean", format="%.1f×"),
+            },
+            key="experts_findings",
+        )
+    others = findings.filter(pl.col("layer") != layer).group_by("layer", "detector").len().sort("layer", "detector")
+    if others.height:
+        per = {}
+        for lay, det, n in others.iter_rows():
+            per.setdefault(lay, []).append(f"{n} {det.split('_')[0]}")
+        shown = list(per.items())[:12]
+        more = f" and {len(per) - len(shown)} more layers" if len(per) > len(shown) else ""
+        st.caption(
+            "Other layers: " + "; ".join(f"layer {k}: {', '.join(v)}" for k, v in shown) + more + "."
+        )
 
 
 def render() -> None:
@@ -101,59 +200,70 @@ def render() -> None:
         st.info("This run logged no `expert_load` events.")
         return
     ext, layers = view["extent"], view["extent"]["layers"]
-    c1, c2 = st.columns([1, 4])
+    ov, findings = view["overview"], view["findings"]
+    st.caption(
+        f"{len(layers)} layers × {ext['experts']} experts, steps {ext['first_step']:,}–{ext['last_step']:,}"
+    )
+    show_chart(
+        layer_heatmap(ov, view["layer"], f"Drop fraction, every layer ({_resolution(ov['width'])})"),
+        key=f"experts_overview_{run}",
+        window_key=wkey,
+    )
+    c1, c2 = st.columns([1, 3])
     with c1:
-        st.session_state["experts_layer"] = view["layer"]
-        layer = st.selectbox("Layer", layers, key="experts_layer")
+        st.session_state[LAYER_KEY] = view["layer"]
+        layer = st.selectbox("Layer", layers, key=LAYER_KEY, format_func=_layer_format(ov, findings))
         if st.query_params.get("layer") != str(layer):
             st.query_params["layer"] = str(layer)
     with c2:
         step_window(ext["first_step"], ext["last_step"], key=wkey, used=view["window"])
-    st.caption(
-        f"{len(layers)} layers × {ext['experts']} experts, steps {ext['first_step']:,}–{ext['last_step']:,}"
-    )
+
     hm, series = view["heatmap"], view["series"]
-    res = "every step" if hm["width"] == 1 else f"{hm['width']} steps per column"
+    order = qe.by_load(hm)
+    marked = _marked(findings.filter(pl.col("layer") == layer))
+    res = _resolution(hm["width"])
     left, right = st.columns(2)
     with left:
         show_chart(
-            heatmap_figure(hm, "share", f"Layer {layer}: load share ({res})"),
+            expert_heatmap(hm, "share", order, marked, f"Layer {layer}: load share ({res})"),
             key=f"experts_share_{run}",
             window_key=wkey,
         )
     with right:
         show_chart(
-            heatmap_figure(hm, "drop_frac", f"Layer {layer}: dropped / routed ({res})"),
+            expert_heatmap(hm, "drop_frac", order, marked, f"Layer {layer}: dropped / routed ({res})"),
             key=f"experts_drop_{run}",
             window_key=wkey,
         )
 
-    st.subheader("Hot experts")
-    hot = qe.hot_experts(hm, top=10)
-    st.dataframe(
-        hot,
-        hide_index=True,
-        column_config={
-            "share": st.column_config.NumberColumn("load share", format="percent"),
-            "max_over_mean": st.column_config.NumberColumn("load / mean", format="%.2f×"),
-            "peak_over_mean": st.column_config.NumberColumn("peak / mean", format="%.2f×"),
-            "drop_fraction": st.column_config.NumberColumn("dropped", format="percent"),
-        },
-        key="experts_hot",
-    )
+    busy, flagged = st.columns(2)
+    with busy:
+        st.subheader("Busiest experts")
+        st.caption(f"Layer {layer}, this window: load over the mean expert's.")
+        st.dataframe(
+            qe.hot_experts(hm, top=10),
+            hide_index=True,
+            column_config={
+                "share": st.column_config.NumberColumn("load share", format="percent"),
+                "max_over_mean": st.column_config.NumberColumn("load / mean", format="%.2f×"),
+                "peak_over_mean": st.column_config.NumberColumn("peak / mean", format="%.2f×"),
+                "drop_fraction": st.column_config.NumberColumn("dropped", format="percent"),
+            },
+            key="experts_hot",
+        )
+    with flagged:
+        _findings_table(findings, int(layer))
 
     a, b = st.columns(2)
     with a:
         show_chart(
-            layer_lines(series, "drop_fraction", "Drop fraction per layer", [int(layer)]),
+            layer_summary(series, "drop_fraction", "Drop fraction per layer", int(layer)),
             key=f"experts_layers_drop_{run}",
             window_key=wkey,
         )
     with b:
         show_chart(
-            layer_lines(
-                series, "hot_max", "Hot expert: max / mean load per layer (worst step)", [int(layer)]
-            ),
+            layer_summary(series, "hot_max", "Hot expert: max / mean load per layer (worst step)", int(layer)),
             key=f"experts_layers_hot_{run}",
             window_key=wkey,
         )

@@ -4,10 +4,12 @@ Only the live panel is a fragment (`st.fragment(run_every=2)`), so a refresh
 re-runs a handful of cached queries, not the page. Loss comes first (with eval
 points, the ladder forecast band and event markers), then the MoE and optimiser
 health charts (on a first view of a run, once the browser has drawn the loss
-chart: `dashboard.after_paint`). A run that has gone silent without `run_end`
-gets a banner. The loss chart also draws, thin and grey, the newest earlier run with the
-same name and planned steps (the same recipe: e.g. the previous `make demo` run), so a
-live run is seen against where the last one went.
+chart: `dashboard.after_paint`), where per-layer router stats and drop fractions
+(`router/layer_<i>/…`, `moe/layer_<i>/drop_fraction`) are one band across layers
+with the worst layer named, however many layers the model has. A run that has
+gone silent without `run_end` gets a banner. The loss chart also draws, thin and grey,
+the newest earlier run with the same name and planned steps (the same recipe: e.g. the
+previous `make demo` run), so a live run is seen against where the last one went.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import polars as pl
 import streamlit as st
 
 from observatory import settings
 from observatory.dashboard.after_paint import after_first_paint
 from observatory.dashboard.cache import query, query_all
-from observatory.dashboard.charts import add_markers, band, scatter, series_figure
+from observatory.dashboard.charts import add_markers, band, layer_band, scatter, series_figure
 from observatory.dashboard.runs_table import ago, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.queries import dashboard as qd
@@ -38,6 +41,13 @@ HEALTH = (
     ("Drop fraction", ("moe/drop_fraction",), False),
 )
 HEALTH_NAMES = [n for _, names, _ in HEALTH for n in names if n not in LOSS]
+# per-layer metrics drawn as one band across layers (min-max, the layers' mean, the worst layer named)
+# in the health chart of the same title: 48 layers make two legend entries, not 48
+LAYER_FAMILIES = {
+    "Z-losses": "router/layer_*/z_loss",
+    "Load-balancing loss": "router/layer_*/lb_loss",
+    "Drop fraction": "moe/layer_*/drop_fraction",
+}
 ALL_NAMES = tuple(dict.fromkeys(LOSS + tuple(HEALTH_NAMES)))
 # a running run silent for this long gets a warning (it is `crashed` after settings.stale_after_s)
 QUIET_S = 30.0
@@ -148,7 +158,10 @@ def panel_calls(run: str) -> list[tuple]:
     """The live panel's queries (one batch, one connection): series in the window, markers, evals, forecasts."""
     return [
         # the loss at 1,000 buckets, the half-width health charts at 300 (each point costs the browser)
-        (qd.live_view, run, list(LOSS), HEALTH_NAMES, *requested_window(f"live_window_{run}"), 1000, 300),
+        (
+            qd.live_view, run, list(LOSS), HEALTH_NAMES, *requested_window(f"live_window_{run}"), 1000, 300,
+            list(LAYER_FAMILIES.values()),
+        ),  # fmt: skip
         (qd.markers, run),
         (qd.evals, run),
         (qd.forecasts, run),
@@ -247,7 +260,7 @@ def _panel(run: str) -> None:
         after_first_paint(f"live_painted_{run}")
         return
     _controls(*view["extent"], wkey, (lo, hi))
-    _health(run, data, marks, lo, hi, smoothing, wkey)
+    _health(run, data, view["bands"], marks, lo, hi, smoothing, wkey)
 
 
 def status_line(row: dict, now: float) -> str:
@@ -264,8 +277,8 @@ def status_line(row: dict, now: float) -> str:
     )
 
 
-def _health(run: str, data, marks, lo: int, hi: int, smoothing: float, wkey: str) -> None:
-    """The six MoE and optimiser health charts, two per row."""
+def _health(run: str, data, bands, marks, lo: int, hi: int, smoothing: float, wkey: str) -> None:
+    """The six MoE and optimiser health charts, two per row; per-layer metrics as a band across layers."""
     cols = st.columns(2)
     for i, (title, names, log_y) in enumerate(HEALTH):
         d = data.filter(data["name"].is_in(list(names)))
@@ -274,12 +287,16 @@ def _health(run: str, data, marks, lo: int, hi: int, smoothing: float, wkey: str
             dd = query(qe.run_drop_series, run, lo, hi, 300)
             if dd.height:
                 d = dd
+        fam = LAYER_FAMILIES.get(title)
+        layers = bands["data"].filter(bands["data"]["family"] == fam) if bands and fam else None
         with cols[i % 2]:
-            if d.height == 0:
+            if d.height == 0 and (layers is None or layers.height == 0):
                 st.caption(f"{title}: not logged")
                 continue
             group = "name" if "name" in d.columns and d["name"].n_unique() > 1 else None
             positive = d["min"].drop_nulls()
+            if layers is not None and layers.height:
+                positive = pl.concat([positive, layers["min"].drop_nulls()])
             fig = series_figure(
                 d,
                 title,
@@ -288,10 +305,17 @@ def _health(run: str, data, marks, lo: int, hi: int, smoothing: float, wkey: str
                 height=260,
                 log_y=log_y and positive.len() > 0 and float(positive.min()) > 0,
             )
+            top = d["max"].drop_nulls()
+            if layers is not None and layers.height:
+                fig["data"][:0] = layer_band(layers, "layers")  # behind the run-level line
+                worst = bands["worst"].get(fam)
+                if worst:
+                    fig["layout"]["title"]["text"] = f"{title} · worst: layer {worst['layer']} ({worst['mean']:.3g})"
+                top = pl.concat([top.cast(pl.Float64), layers["max"].drop_nulls()])
             add_markers(  # small charts: failures and config changes only, no lines
                 fig,
                 marks.filter(marks["kind"].is_in(["failure", "config_diff"])),
-                y_at=float(np.nanmax(d["max"].to_numpy())) if d["max"].drop_nulls().len() else None,
+                y_at=float(np.nanmax(top.to_numpy())) if top.len() else None,
                 lines=False,
             )
             fig["layout"]["xaxis"]["range"] = [lo, hi]
