@@ -48,18 +48,27 @@ def start_server(app: Path, db: Path, port: int, log: Path) -> subprocess.Popen:
          "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
         cwd=app.parent, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
-    deadline = time.time() + 90
+    try:
+        wait_healthy(proc, port, log, 90, "streamlit")
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, log: Path, seconds: float, what: str) -> None:
+    """Until the Streamlit server on localhost:port answers its health check; raise with the log's tail."""
+    deadline = time.time() + seconds
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited: {log.read_text()[-2000:]}")
+            raise RuntimeError(f"{what} exited: {log.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
                 if r.status == 200:
-                    return proc
+                    return
         except OSError:
             time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("streamlit did not become healthy in 90 s")
+    raise RuntimeError(f"{what} did not become healthy in {seconds:.0f} s: {log.read_text()[-3000:]}")
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -12,11 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from test_browser import CHROMIUM, CHROMIUM_ARGS, LOAD_MS, free_port
+from test_browser import CHROMIUM, CHROMIUM_ARGS, LOAD_MS, free_port, wait_healthy
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -28,20 +27,6 @@ TITLES = (
     "First target ladder-cpu-d72 (3.9x the largest rung's compute) against its pre-registered forecast",
     "24 seeds per rung and a second target (seed 1), forecast from all 96 rung runs",
 )
-
-
-def _wait_healthy(proc: subprocess.Popen, port: int, log: Path, seconds: float) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"demo exited: {log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise RuntimeError(f"the demo's dashboard did not come up in {seconds:.0f} s: {log.read_text()[-3000:]}")
 
 
 def test_demo_shows_the_sample_decisions_and_keeps_training(tmp_path):
@@ -67,7 +52,7 @@ def test_demo_shows_the_sample_decisions_and_keeps_training(tmp_path):
         start_new_session=True,
     )
     try:
-        _wait_healthy(proc, port, log, 240)
+        wait_healthy(proc, port, log, 240, "the demo")
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             page = b.new_page(viewport={"width": 1400, "height": 1000})
