@@ -22,45 +22,39 @@ __all__ = [
 ]
 
 
+def _dicts(con, sql: str, params: list[Any], json_cols: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Rows as dicts keyed by column name, with the JSON columns decoded."""
+    cur = con.execute(sql, params)
+    cols = [d[0] for d in cur.description]
+    return [
+        {c: json.loads(v) if c in json_cols and v is not None else v for c, v in zip(cols, r, strict=True)}
+        for r in cur.fetchall()
+    ]
+
 
 def current_states(con, ids: list[str] | None = None) -> list[dict[str, Any]]:
     """Folded state of every decision (or of `ids`), ordered by creation time then id."""
-    sql = f"SELECT * FROM ({DECISIONS_SQL}) d"
-    params: list[Any] = []
-    if ids is not None:
-        if not ids:
-            return []
-        sql += " WHERE id IN (SELECT unnest(?::VARCHAR[]))"
-        params.append(list(ids))
-    sql += " ORDER BY created, id"
-    rows = con.execute(sql, params).fetchall()
-    return [
-        {
-            "id": r[0],
-            "state": json.loads(r[1]),
-            "home_run": r[2],
-            "created": r[3],
-            "updated": r[4],
-            "n_events": r[5],
-        }
-        for r in rows
-    ]
+    if ids is not None and not ids:
+        return []
+    only = "" if ids is None else "WHERE id IN (SELECT unnest(?::VARCHAR[]))"
+    return _dicts(
+        con,
+        f"""SELECT id, state, home_run, created, updated, n_events FROM ({DECISIONS_SQL}) d {only}
+            ORDER BY created, id""",
+        [] if ids is None else [list(ids)],
+        ("state",),
+    )
 
 
 def decision_events(con, decision_id: str) -> list[dict[str, Any]]:
     """Every event of one decision, in fold order: its visible history."""
-    rows = con.execute(
-        """
-        SELECT run, host, seq, step, t, data FROM events
-        WHERE kind = 'decision' AND data->>'$.id' = ?
-        ORDER BY t, run, host, seq
-        """,
+    return _dicts(
+        con,
+        """SELECT run, host, seq, step, t, data FROM events
+           WHERE kind = 'decision' AND data->>'$.id' = ? ORDER BY t, run, host, seq""",
         [decision_id],
-    ).fetchall()
-    return [
-        {"run": r[0], "host": r[1], "seq": r[2], "step": r[3], "t": r[4], "data": json.loads(r[5])}
-        for r in rows
-    ]
+        ("data",),
+    )
 
 
 def decision_ids(con) -> set[str]:
@@ -72,26 +66,13 @@ def decision_ids(con) -> set[str]:
 
 def auto_sources(con, runs: list[str] | None) -> list[dict[str, Any]]:
     """`config_diff` and `failure` events (of `runs`, or all) that may need a decision record."""
-    sql = """
-        SELECT run, host, seq, kind, step, t, data FROM events
-        WHERE kind IN ('config_diff', 'failure')
-    """
-    params: list[Any] = []
-    if runs is not None:
-        if not runs:
-            return []
-        sql += " AND run IN (SELECT unnest(?::VARCHAR[]))"
-        params.append(list(runs))
-    sql += " ORDER BY run, host, seq"
-    return [
-        {
-            "run": r[0],
-            "host": r[1],
-            "seq": r[2],
-            "kind": r[3],
-            "step": r[4],
-            "t": r[5],
-            "data": json.loads(r[6]),
-        }
-        for r in con.execute(sql, params).fetchall()
-    ]
+    if runs is not None and not runs:
+        return []
+    only = "" if runs is None else "AND run IN (SELECT unnest(?::VARCHAR[]))"
+    return _dicts(
+        con,
+        f"""SELECT run, host, seq, kind, step, t, data FROM events
+            WHERE kind IN ('config_diff', 'failure') {only} ORDER BY run, host, seq""",
+        [] if runs is None else [list(runs)],
+        ("data",),
+    )
