@@ -127,7 +127,7 @@ def sql(query, db, fmt, out, max_rows, time_limit_ms):
     Tables: runs, metrics, expert_load, events, rejected_events, ingest_files; views
     latest_metrics, run_drop_fraction (see the README for the schema).
     """
-    from observatory.queries.core import QueryError, run_user_sql
+    from observatory.queries.user_sql import QueryError, run_user_sql
     from observatory.store import StoreBusy
 
     try:

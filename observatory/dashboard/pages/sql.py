@@ -1,9 +1,9 @@
 """SQL: a read-only console over the store, with a schema browser, examples and CSV download.
 
-Every statement goes through `observatory.queries.core.run_user_sql`, the one
-safe entry point (read-only connection, external access off, no ATTACH /
-INSTALL / LOAD / COPY / SET, a time limit and a row cap). Its typed errors are
-shown as they are: each names what was refused, or the setting that stopped it.
+Every statement goes through `observatory.queries.user_sql.run_user_sql`, the one
+safe entry point (a guarded worker process: read-only, no ATTACH / INSTALL / LOAD /
+COPY / SET, limits on time, memory, concurrency, rows and result size). Its typed
+errors are shown as they are: each names what was refused, or the setting that stopped it.
 """
 
 from __future__ import annotations
@@ -18,14 +18,8 @@ import streamlit as st
 from observatory import settings
 from observatory.dashboard import common
 from observatory.queries import dashboard as qd
-
-
-def _core():
-    try:
-        from observatory.queries import core
-    except ImportError:
-        return None
-    return core if hasattr(core, "run_user_sql") else None
+from observatory.queries import user_sql
+from observatory.store import StoreBusy
 
 
 def to_frame(result: Any) -> tuple[pl.DataFrame, bool]:
@@ -107,18 +101,12 @@ def render() -> None:
         with st.form("sql_form"):
             sql = st.text_area("Query", key="sql_text", height=180)
             submitted = st.form_submit_button("Run", type="primary")
-        core = _core()
-        if core is None:
-            st.warning(
-                "The SQL console needs `observatory.queries.core.run_user_sql`, which is not installed here."
-            )
-            return
         if submitted:
             t0 = time.perf_counter()
             try:
-                result = core.run_user_sql(common.db_path(), sql, max_rows, limit_ms)
+                result = user_sql.run_user_sql(common.db_path(), sql, max_rows, limit_ms)
             except Exception as e:  # the typed errors carry the user-facing message
-                st.session_state["sql_result"] = {"sql": sql, "error": _describe(core, e)}
+                st.session_state["sql_result"] = {"sql": sql, "error": _describe(e)}
             else:
                 frame, truncated = to_frame(result)
                 st.session_state["sql_result"] = {
@@ -150,14 +138,14 @@ def render() -> None:
         )
 
 
-def _describe(core, e: Exception) -> tuple[str, str]:
+def _describe(e: Exception) -> tuple[str, str]:
     """('interrupted' | 'refused' | 'error', message) for an exception from run_user_sql."""
-    interrupted = getattr(core, "QueryInterrupted", None)
-    refused = getattr(core, "QueryError", None)
-    if interrupted is not None and isinstance(e, interrupted):
+    if isinstance(e, user_sql.QueryInterrupted):
         return "interrupted", f"Interrupted: {e}"
-    if refused is not None and isinstance(e, refused):
+    if isinstance(e, user_sql.QueryBusy):
+        return "interrupted", f"Busy: {e}"
+    if isinstance(e, user_sql.QueryError):
         return "refused", f"Refused: {e}"
-    if type(e).__name__ == "StoreBusy":
+    if isinstance(e, StoreBusy):
         return "interrupted", "The store is busy being written; run the query again in a moment."
     return "error", f"{type(e).__name__}: {e}"
