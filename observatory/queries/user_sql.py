@@ -43,7 +43,15 @@ from typing import Any
 from observatory import settings, store
 from observatory.queries.user_sql_worker import scrub, write_frame
 
-__all__ = ["QueryError", "QueryInterrupted", "QueryBusy", "QueryResult", "KILL_AFTER", "run_user_sql"]
+__all__ = [
+    "QueryError",
+    "QueryInterrupted",
+    "QueryBusy",
+    "QueryResult",
+    "KILL_AFTER",
+    "run_user_sql",
+    "warm_up",
+]
 
 KILL_AFTER = 1.25  # a worker still running at this many times the time limit is killed
 MAX_SQL_CHARS = 100_000  # a longer statement is refused before it reaches a worker
@@ -102,7 +110,7 @@ def run_user_sql(db, sql: str, max_rows: int | None = None, time_limit_ms: int |
     sql = (sql or "").strip()
     max_rows = settings.get("sql_max_rows") if max_rows is None else int(max_rows)
     limit_ms = settings.get("sql_time_limit_ms") if time_limit_ms is None else int(time_limit_ms)
-    memory_mb = settings.get("sql_memory_limit_mb")
+    memory_mb, threads = _key()
     if len(sql) > MAX_SQL_CHARS:
         raise QueryError(f"the statement is longer than {MAX_SQL_CHARS:,} characters", sql)
     path = Path(os.path.abspath(db if db is not None else store.default_db()))
@@ -116,7 +124,7 @@ def run_user_sql(db, sql: str, max_rows: int | None = None, time_limit_ms: int |
         "max_rows": max_rows,
         "limit_ms": limit_ms,
         "memory_mb": memory_mb,
-        "threads": settings.get("sql_threads"),
+        "threads": threads,
         "lock_timeout_s": settings.get("lock_timeout_s"),
         "max_result_bytes": settings.get("sql_max_result_mb") << 20,
         "scrub": paths,
@@ -143,6 +151,15 @@ def run_user_sql(db, sql: str, max_rows: int | None = None, time_limit_ms: int |
     raise err
 
 
+def warm_up(n: int = 1) -> None:
+    """Have `n` workers started and ready (at most `sql_max_concurrent`), so no query waits for one."""
+    _POOL.warm(_key(), min(n, max(1, settings.get("sql_max_concurrent"))))
+
+
+def _key() -> tuple[int, int]:
+    return int(settings.get("sql_memory_limit_mb")), int(settings.get("sql_threads"))
+
+
 def _error(kind: str, message: str, sql: str, limit_ms: int, memory_mb: int, reply: dict) -> QueryError:
     if kind == "interrupted":
         return QueryInterrupted(
@@ -158,6 +175,8 @@ def _error(kind: str, message: str, sql: str, limit_ms: int, memory_mb: int, rep
             sql,
             "sql_memory_limit_mb",
         )
+    if kind == "settings_changed":
+        return QueryError("the query changed the connection's locked settings; its result is withheld", sql)
     if kind == "too_big":
         return QueryError(
             f"the result is larger than {settings.get('sql_max_result_mb')} MB "
@@ -360,6 +379,21 @@ class _Pool:
                 w.kill()
             return self._new(key)
 
+    def warm(self, key: tuple[int, int], n: int) -> None:
+        with self._lock:
+            stale = [w for w in self.idle if w.key != key or not w.alive()]
+            for w in stale:
+                w.kill()
+            self.idle = [w for w in self.idle if w not in stale]
+            while len(self.idle) < n:
+                self.idle.append(self._new(key))
+            waiting = list(self.idle)
+        for w in waiting:
+            try:
+                w.start()
+            except (_Died, OSError):
+                pass
+
     def give_back(self, w: _Worker, healthy: bool) -> None:
         with self._lock:
             keep = max(1, settings.get("sql_max_concurrent"))
@@ -372,7 +406,7 @@ class _Pool:
 
     def run(self, req: dict) -> dict:
         """The worker's reply to `req`; a worker found dead before it took the query is replaced once."""
-        key = (int(req["memory_mb"]), int(req["threads"]))
+        key = (req["memory_mb"], req["threads"])
         for attempt in (0, 1):
             w = self.take(key)
             healthy = False

@@ -48,6 +48,7 @@ __all__ = [
     "SCALAR_DENY_PREFIXES",
     "SYSTEM_VIEWS",
     "SHOW_SPECIAL",
+    "QUERY_NODES",
     "Refused",
     "Policy",
     "scrub",
@@ -88,6 +89,9 @@ SYSTEM_VIEWS = frozenset({
     "schemata", "table_constraints", "tables", "views",
 })  # fmt: skip
 
+# Query nodes a statement may hold: no INSERT/UPDATE/DELETE inside a CTE.
+QUERY_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"})
+
 # `SHOW TABLES`, `SHOW ALL TABLES` and `SHOW DATABASES` (names only).
 SHOW_SPECIAL = frozenset({"tables", "__show_tables_expanded", "databases"})
 
@@ -116,6 +120,9 @@ class Policy:
             "UNION SELECT table_name FROM duckdb_tables() WHERE database_name IN ('system', 'temp')"
         ).fetchall()
         self.system_relations = frozenset(r[0].lower() for r in rels) - SYSTEM_VIEWS
+        self.settings = frozenset(
+            r[0].lower() for r in con.execute("SELECT name FROM duckdb_settings()").fetchall()
+        )
         macros = con.execute(
             "SELECT DISTINCT function_name, macro_definition FROM duckdb_functions() "
             "WHERE function_type IN ('macro', 'table_macro') AND macro_definition IS NOT NULL"
@@ -190,6 +197,9 @@ class Policy:
             if not isinstance(node, dict):
                 continue
             kind = node.get("type")
+            if isinstance(kind, str) and kind.endswith("_NODE") and kind not in QUERY_NODES:
+                what = kind.removesuffix("_NODE").removesuffix("_QUERY")
+                raise Refused(f"{what} inside a query is refused: the store is read-only here")
             if kind == "TABLE_FUNCTION":
                 fn = node.get("function") or {}
                 table_function_nodes.add(id(fn))
@@ -232,6 +242,8 @@ class Policy:
                 raise Refused(
                     f"SHOW {name} is refused: SHOW TABLES, SHOW ALL TABLES and SHOW DATABASES run here"
                 )
+        elif _folds(name) & self.settings:
+            raise Refused(f"SHOW {name} is refused: the server's settings are not shown here")
         elif name:
             self._relation(name)
 
@@ -374,6 +386,21 @@ def _settings_sql(memory_mb: int, threads: int) -> list[str]:
     ]
 
 
+_GUARDED = (
+    "enable_external_access", "lock_configuration", "memory_limit", "threads", "temp_directory",
+    "enable_progress_bar", "enable_progress_bar_print", "python_enable_replacements",
+    "autoload_known_extensions", "autoinstall_known_extensions", "allowed_directories", "allowed_paths",
+)  # fmt: skip
+
+
+def _fingerprint(con) -> list[tuple]:
+    """The settings the lockdown sets, as this connection has them now."""
+    return con.execute(
+        "SELECT name, value FROM duckdb_settings() WHERE list_contains($names, name) ORDER BY name",
+        {"names": list(_GUARDED)},
+    ).fetchall()
+
+
 def main() -> None:
     """Serve queries on stdin/stdout until stdin closes; argv: memory limit (MB), threads."""
     out = os.fdopen(os.dup(1), "wb")
@@ -449,25 +476,36 @@ def _serve(req: dict, policy: Policy, out: BinaryIO, store, duckdb) -> dict:
     with con:
         for s in _settings_sql(req["memory_mb"], req["threads"]):
             con.execute(s)
+        before = _fingerprint(con)
         timer = threading.Timer(limit_s, con.interrupt)
         timer.start()
+        failed = None
         try:
             cur = con.execute(req["sql"])
             columns = [d[0] for d in cur.description] if cur.description else []
             types = [str(d[1]) for d in cur.description] if cur.description else []
             rows = cur.fetchmany(req["max_rows"] + 1) if columns else []
         except duckdb.InterruptException:
-            return done({"kind": "interrupted"})
+            failed = {"kind": "interrupted"}
         except duckdb.OutOfMemoryException as e:
-            return done({"kind": "memory", "message": _first_line(e), "retire": True})
+            failed = {"kind": "memory", "message": _first_line(e), "retire": True}
         except MemoryError:
-            return done({"kind": "memory", "message": "out of memory", "retire": True})
+            failed = {"kind": "memory", "message": "out of memory", "retire": True}
         except duckdb.Error as e:
             if timer.finished.is_set() and "interrupt" in str(e).lower():
-                return done({"kind": "interrupted"})
-            return done({"kind": "error", "message": f"{type(e).__name__}: {_first_line(e)}"})
+                failed = {"kind": "interrupted"}
+            else:
+                failed = {"kind": "error", "message": f"{type(e).__name__}: {_first_line(e)}"}
         finally:
             timer.cancel()
+        try:
+            after = _fingerprint(con)
+        except (duckdb.Error, MemoryError):
+            after = None
+        if after != before:  # the lock held, or this worker is not to be trusted again
+            return done({"kind": "settings_changed", "retire": True})
+    if failed is not None:
+        return done(failed)
     try:
         return done({
             "kind": "ok",
