@@ -142,9 +142,12 @@ def run_user_sql(db, sql: str, max_rows: int | None = None, time_limit_ms: int |
             types=reply["types"],
             peak_memory_mb=reply.get("peak_kb", 0) / 1024,
         )
-    message = scrub(str(reply.get("message", "")), paths)
     if kind == "store_busy":
-        raise store.StoreBusy(message)
+        raise store.StoreBusy(
+            f"the store stayed busy for {req['lock_timeout_s']} s waiting to read; another process holds it "
+            f"({_env_hint('lock_timeout_s')})"
+        )
+    message = scrub(str(reply.get("message", "")), paths)
     err = _error(kind, message, sql, limit_ms, memory_mb, reply)
     err.peak_memory_mb = reply.get("peak_kb", 0) / 1024 if "peak_kb" in reply else None
     err.elapsed_ms = reply.get("elapsed_ms")
@@ -254,6 +257,7 @@ class _Worker:
         self.queries = 0
         self.ready = False
         self.began = False  # it took a query: its death from here on is that query's doing
+        self.phase = "idle"  # of the query in hand: "checking", "connecting", "running"
         env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -309,7 +313,7 @@ class _Worker:
         """Send one query and follow it to its reply; kills the worker at KILL_AFTER x the limit."""
         self.start()
         self.queries += 1
-        self.began = False
+        self.began, self.phase = False, "sent"
         write_frame(self.proc.stdin, req)
         max_bytes = req["max_result_bytes"] + (4 << 20)
         budget = req["limit_ms"] / 1000 * KILL_AFTER
@@ -323,21 +327,31 @@ class _Worker:
                 return {"kind": "interrupted", "peak_kb": peak, "elapsed_ms": budget * 1000, "retire": True}
             kind = msg.get("kind")
             if kind == "begin":
-                self.began = True
+                self.began, self.phase = True, "checking"
                 base_kb = int(msg.get("rss_kb", 0))
             elif kind == "waiting":  # the store lock wait is not the query's time
+                self.phase = "connecting"
                 budget = deadline - time.monotonic()
                 deadline = time.monotonic() + req["lock_timeout_s"] + 10
             elif kind == "connected":
+                self.phase = "running"
                 deadline = time.monotonic() + budget
             else:
+                self.phase = "idle"
                 return msg
 
     def kill(self) -> None:
+        """SIGKILL now; the reaping and the pipes' closing happen off the caller's path."""
         try:
             self.proc.kill()
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
+        except OSError:
+            pass
+        threading.Thread(target=self._reap, daemon=True).start()
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             pass
         for f in (self.proc.stdin, self.proc.stdout):
             try:
@@ -401,8 +415,17 @@ class _Pool:
                 self.idle.append(w)
                 return
             w.kill()
-            if w.ready and len(self.idle) < keep:
-                self.idle.append(self._new(w.key))  # the replacement warms up while nobody waits for it
+            if w.ready and len(self.idle) < keep:  # replaced off the caller's path; it warms up unwatched
+                threading.Thread(target=self._replace, args=(w.key, keep), daemon=True).start()
+
+    def _replace(self, key: tuple[int, int], keep: int) -> None:
+        w = _Worker(key)  # the fork and exec happen outside the lock
+        with self._lock:
+            self.all = [x for x in self.all if x.alive()] + [w]
+            if len(self.idle) < keep:
+                self.idle.append(w)
+                return
+        w.kill()
 
     def run(self, req: dict) -> dict:
         """The worker's reply to `req`; a worker found dead before it took the query is replaced once."""
