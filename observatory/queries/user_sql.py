@@ -444,10 +444,11 @@ class _Pool:
                         "message": "the SQL worker process did not start (see the server's log)",
                     }
                 if w.began or attempt:
-                    return {"kind": "died", "message": "", "retire": True}  # the query took it down
+                    break  # the query took it down
+                # else an idle worker that had died: a fresh one runs the query
             finally:
                 self.give_back(w, healthy)
-        raise AssertionError("unreachable")
+        return {"kind": "died", "message": "", "retire": True}
 
     def close(self) -> None:
         with self._lock:
