@@ -384,21 +384,21 @@ class _Pool:
         self.all = [x for x in self.all if x.alive()] + [w]
         return w
 
+    def _purge(self, key: tuple[int, int]) -> None:
+        """Drop (and kill) idle workers that died or were started for other limits; under the lock."""
+        stale = [w for w in self.idle if w.key != key or not w.alive()]
+        for w in stale:
+            w.kill()
+        self.idle = [w for w in self.idle if w not in stale]
+
     def take(self, key: tuple[int, int]) -> _Worker:
         with self._lock:
-            while self.idle:
-                w = self.idle.pop()
-                if w.key == key and w.alive():
-                    return w
-                w.kill()
-            return self._new(key)
+            self._purge(key)
+            return self.idle.pop() if self.idle else self._new(key)
 
     def warm(self, key: tuple[int, int], n: int) -> None:
         with self._lock:
-            stale = [w for w in self.idle if w.key != key or not w.alive()]
-            for w in stale:
-                w.kill()
-            self.idle = [w for w in self.idle if w not in stale]
+            self._purge(key)
             while len(self.idle) < n:
                 self.idle.append(self._new(key))
             waiting = list(self.idle)
