@@ -36,7 +36,7 @@ WRITER = textwrap.dedent(
 READER = textwrap.dedent(
     """
     import sys, time, json
-    from observatory.queries.core import run_user_sql
+    from observatory.queries.user_sql import run_user_sql
     db, seconds = sys.argv[1], float(sys.argv[2])
     t_end = time.time() + seconds
     while time.time() < t_end:

@@ -107,8 +107,8 @@ def test_decisions_view_on_an_empty_store_and_after_ingest(runs_dir, db_path):
     """`SELECT * FROM decisions` works through the user-SQL door, empty or not, and agrees with the query."""
     from observatory import decisions
     from observatory.ingest import ingest
-    from observatory.queries.core import run_user_sql
     from observatory.queries.decisions import current_states
+    from observatory.queries.user_sql import run_user_sql
 
     empty = run_user_sql(db_path, "SELECT * FROM decisions")
     assert empty.rows == [] and empty.columns[:3] == ["id", "state", "home_run"] and "status" in empty.columns

@@ -11,7 +11,8 @@ import click
 
 from observatory import settings
 from observatory.commands import db_option
-from observatory.queries.core import QueryError, list_runs, run_user_sql
+from observatory.queries.core import list_runs
+from observatory.queries.user_sql import QueryError, run_user_sql
 from observatory.store import StoreBusy, connect
 
 __all__ = ["runs", "sql", "settings_cmd"]

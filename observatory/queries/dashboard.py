@@ -358,7 +358,7 @@ def schema(con) -> pl.DataFrame:
     )
 
 
-# Example queries for the SQL console (read-only; run through queries.core.run_user_sql).
+# Example queries for the SQL console (read-only; run through queries.user_sql.run_user_sql).
 SQL_EXAMPLES = {
     "Runs and their status": "SELECT run, status, last_step, ladder_name, ladder_rung, tags\nFROM runs\nORDER BY start_time DESC",
     "Last value of every metric of a run": "SELECT name, step, value\nFROM latest_metrics\nWHERE run = (SELECT run FROM runs ORDER BY start_time DESC LIMIT 1)\nORDER BY name",

@@ -1,9 +1,9 @@
 """SQL: a read-only console over the store, with a schema browser, examples and CSV download.
 
-Every statement goes through `observatory.queries.core.run_user_sql`, the one
-safe entry point (read-only connection, external access off, no ATTACH /
-INSTALL / LOAD / COPY / SET, a time limit and a row cap). Its typed errors are
-shown as they are: each names what was refused, or the setting that stopped it.
+Every statement goes through `observatory.queries.user_sql.run_user_sql`, the one
+safe entry point (a guarded worker process: read-only, no ATTACH / INSTALL / LOAD /
+COPY / SET, limits on time, memory, concurrency, rows and result size). Its typed
+errors are shown as they are: each names what was refused, or the setting that stopped it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import streamlit as st
 
 from observatory import settings, store
 from observatory.dashboard.cache import db_path, query
-from observatory.queries import core
 from observatory.queries import dashboard as qd
+from observatory.queries import user_sql
 
 
-def to_frame(result: core.QueryResult) -> pl.DataFrame:
+def to_frame(result: user_sql.QueryResult) -> pl.DataFrame:
     """The rows of a `run_user_sql` result as a frame (a column of mixed types is shown as text)."""
     if not result.columns:
         return pl.DataFrame()
@@ -97,7 +97,7 @@ def render() -> None:
         if submitted:
             t0 = time.perf_counter()
             try:
-                result = core.run_user_sql(db_path(), sql, max_rows, limit_ms)
+                result = user_sql.run_user_sql(db_path(), sql, max_rows, limit_ms)
             except Exception as e:  # the typed errors carry the user-facing message
                 st.session_state["sql_result"] = {"sql": sql, "error": _describe(e)}
             else:
@@ -132,9 +132,11 @@ def render() -> None:
 
 def _describe(e: Exception) -> tuple[str, str]:
     """('interrupted' | 'refused' | 'error', message) for an exception from run_user_sql."""
-    if isinstance(e, core.QueryInterrupted):
+    if isinstance(e, user_sql.QueryInterrupted):
         return "interrupted", f"Interrupted: {e}"
-    if isinstance(e, core.QueryError):
+    if isinstance(e, user_sql.QueryBusy):
+        return "interrupted", f"Busy: {e}"
+    if isinstance(e, user_sql.QueryError):
         return "refused", f"Refused: {e}"
     if isinstance(e, store.StoreBusy):
         return "interrupted", "The store is busy being written; run the query again in a moment."
