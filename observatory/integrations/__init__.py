@@ -1,0 +1,1 @@
+"""Integrations: ways other tools' training runs write the observatory's event log."""
