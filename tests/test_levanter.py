@@ -77,7 +77,8 @@ def calls(tmp_path_factory):
     out = tmp_path_factory.mktemp("levanter-calls")
     info = levanter_run(out, "calls")
     path = Path(info["runs_dir"]) / info["run_id"] / "events.0.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return {"events": [json.loads(line) for line in path.read_text().splitlines()],
+            "names": (out / "names.md").read_text()}
 
 
 def page(db: Path, name: str, run: str, monkeypatch) -> AppTest:
@@ -170,7 +171,8 @@ def test_mixtral_run_reaches_the_experts_page(mixtral, monkeypatch):
     # 4 sequences x 64 tokens x top-2 = 512 assignments per layer per step, over 4 experts
     for _, _, routed in loads:
         assert len(routed) == 4 and abs(sum(routed) - 512) <= 4
-    assert series(mixtral["db"], mixtral["run_id"], "router/lb_loss")
+    lb = [v for _, v in series(mixtral["db"], mixtral["run_id"], "router/lb_loss")]
+    assert lb and all(0.5 < v < 4.0 for v in lb)  # our normalisation: about 1.0 at perfect balance
     assert series(mixtral["db"], mixtral["run_id"], "train/load_balancing_loss")
 
     at = page(mixtral["db"], "experts", mixtral["run_id"], monkeypatch)
@@ -181,7 +183,12 @@ def test_mixtral_run_reaches_the_experts_page(mixtral, monkeypatch):
     np.testing.assert_allclose(np.nansum(z, axis=0), 1.0, atol=1e-6)
 
 
+def test_readme_has_the_name_table(calls):
+    assert calls["names"].strip() in (ROOT / "README.md").read_text(), "README's Levanter name table is stale"
+
+
 def test_tracker_calls_map_onto_events(calls):
+    calls = calls["events"]
     by_kind: dict[str, list[dict]] = {}
     for ev in calls:
         by_kind.setdefault(ev["kind"], []).append(ev)

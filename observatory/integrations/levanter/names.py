@@ -29,6 +29,7 @@ class Name:
     kind: str  # "metric", "expert_load" or "eval"
     origin: str  # who logs it
     note: str = ""
+    divide_by: tuple[str, ...] = ()  # dotted config keys whose product divides the value ("metric" rows)
 
     @property
     def pattern(self) -> re.Pattern:
@@ -55,9 +56,11 @@ NAMES: tuple[Name, ...] = (
     Name(r"throughput/tokens_per_second", "throughput/tokens_per_s", "metric", "Levanter"),
     Name(r"throughput/total_tokens", "data/tokens", "metric", "Levanter"),
     Name(r"train/load_balancing_loss", "router/lb_loss", "metric", "Levanter Mixtral",
-         "coefficient-weighted, summed over layers"),
+         "Levanter's is weighted by lbl_coef and summed over layers: ours is it / (lbl_coef x layers)",
+         ("model.lbl_coef", "model.num_layers")),
     Name(r"train/router_z_loss", "router/z_loss", "metric", "Levanter Mixtral",
-         "coefficient-weighted, summed over layers"),
+         "Levanter's is weighted by rzl_coef and summed over layers: ours is it / (rzl_coef x layers)",
+         ("model.rzl_coef", "model.num_layers")),
     Name(r"(?:train/)?moe/layer(?P<layer>\d+)/expert(?P<expert>\d+)_load", "expert_load.routed", "expert_load",
          "Levanter Mixtral", "a share of the layer's assignments; counts = share x tokens per step x top-k"),
     Name(r"train/router/load_balancing_loss", "router/lb_loss", "metric", "Marin grug MoE", "mean over layers"),
@@ -85,10 +88,14 @@ class Translated:
     claimed: set[str]  # names of `arrays` a row read
 
 
-def translate(flat: dict[str, float], arrays: dict[str, object] | None = None) -> Translated:
+def translate(
+    flat: dict[str, float], arrays: dict[str, object] | None = None, config: dict[str, object] | None = None
+) -> Translated:
     """Apply `NAMES` to one log payload: `flat` scalar metrics, `arrays` non-scalar values by name.
 
     `arrays` holds numpy arrays (routing counts per layer) and (limits, counts) pairs of histograms.
+    `config` is the run's config flattened to dotted keys (for the rows that divide by config
+    values); a row whose divisors are missing writes only the source name.
     """
     out = Translated(dict(flat), {}, {}, {}, set())
     arrays = arrays or {}
@@ -99,8 +106,9 @@ def translate(flat: dict[str, float], arrays: dict[str, object] | None = None) -
         m = row.pattern.match(name)
         if row.kind == "metric":
             target = row.target.format(**m.groupdict())
-            if target != name:
-                out.metrics[target] = value
+            divisor = _divisor(row, config or {})
+            if target != name and divisor:
+                out.metrics[target] = value / divisor
         elif row.kind == "expert_load":
             out.loads.setdefault(int(m["layer"]), {})[int(m["expert"])] = value
         elif row.kind == "eval":
@@ -122,6 +130,16 @@ def translate(flat: dict[str, float], arrays: dict[str, object] | None = None) -
             for layer, row_counts in enumerate(value):
                 out.counts.setdefault(layer, _counts(row_counts))
     return out
+
+
+def _divisor(row: Name, config: dict[str, object]) -> float | None:
+    d = 1.0
+    for key in row.divide_by:
+        v = config.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v:
+            return None
+        d *= v
+    return d
 
 
 def _counts(values) -> list[int]:

@@ -225,6 +225,7 @@ class ObservatoryTracker(Tracker):
         self.run_name = name
         self.tags = list(tags or [])
         self._config: dict[str, Any] = {}
+        self._flat: dict[str, Any] = {}  # the config as dotted keys, for the name table's divisors
         self._started = False
         self._step: int | None = None
         self._pending = _Payload()  # step=None values, written with the next step
@@ -249,6 +250,7 @@ class ObservatoryTracker(Tracker):
         changes = {k: [old.get(k), v] for k, v in new.items() if old.get(k) != v}
         changes.update({k: [v, None] for k, v in old.items() if k not in new})
         self._config = merged
+        self._flat = _flat_config(merged)
         if changes:
             self.run.event("config_diff", {"against": {"run": self.run.id, "step": self._step},
                                            "changes": changes}, step=self._step)
@@ -301,6 +303,7 @@ class ObservatoryTracker(Tracker):
     def _start(self, config: dict[str, Any]) -> None:
         self._started = True
         self._config = config
+        self._flat = _flat_config(config)
         data: dict[str, Any] = {
             "config": redact(config),
             "source": {"trainer": "levanter", "version": _levanter_version()},
@@ -321,7 +324,7 @@ class ObservatoryTracker(Tracker):
         return p
 
     def _write(self, step: int, p: _Payload, *, loads: bool) -> None:
-        tr = translate(p.scalars, p.arrays)
+        tr = translate(p.scalars, p.arrays, self._flat)
         if tr.metrics:
             self.run.log(tr.metrics, step=step)
         for ds, ev in tr.evals.items():
