@@ -10,7 +10,6 @@ wrote is then ingested, drawn by the Live and Experts pages and compared with W&
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from streamlit.testing.v1 import AppTest
+from test_dashboard import arr, specs
 
 from observatory.cli import main as cli
 from observatory.ingest import ingest
@@ -52,10 +52,10 @@ def levanter_run(out: Path, model: str) -> dict:
     return json.loads((out / "run.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    out = tmp_path_factory.mktemp("levanter-llama")
-    info = levanter_run(out, "llama")
+def trained(tmp_path_factory, model: str) -> dict:
+    """A real train_lm run of `model`, ingested into a store of its own."""
+    out = tmp_path_factory.mktemp(f"levanter-{model}")
+    info = levanter_run(out, model)
     db = out / "store.duckdb"
     report = ingest(info["runs_dir"], db, emit=None)
     assert report.rejected == 0, report.messages[:5]
@@ -63,13 +63,13 @@ def llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return trained(tmp_path_factory, "llama")
+
+
+@pytest.fixture(scope="module")
 def mixtral(tmp_path_factory):
-    out = tmp_path_factory.mktemp("levanter-mixtral")
-    info = levanter_run(out, "mixtral")
-    db = out / "store.duckdb"
-    report = ingest(info["runs_dir"], db, emit=None)
-    assert report.rejected == 0, report.messages[:5]
-    return {**info, "db": db}
+    return trained(tmp_path_factory, "mixtral")
 
 
 @pytest.fixture(scope="module")
@@ -88,18 +88,6 @@ def page(db: Path, name: str, run: str, monkeypatch) -> AppTest:
     )
     at.query_params["run"] = run
     return at.run()
-
-
-def specs(at: AppTest) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-
-
-def arr(v) -> np.ndarray:
-    """A plotly spec array: nested lists, or plotly's base64 typed array {dtype, bdata, shape}."""
-    if isinstance(v, dict) and "bdata" in v:
-        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
-        return a.reshape([int(x) for x in str(v.get("shape", len(a))).split(",")])
-    return np.array(v, dtype=float)
 
 
 def series(db: Path, run: str, name: str) -> list[tuple[int, float]]:

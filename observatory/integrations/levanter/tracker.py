@@ -344,13 +344,12 @@ class ObservatoryTracker(Tracker):
             self._expert_loads(step, tr.loads, tr.counts)
 
     def _expert_loads(self, step: int, shares: dict[int, dict[int, float]], counts: dict[int, list[int]]) -> None:
-        layers = {layer: c for layer, c in counts.items()}
+        layers = dict(counts)
         scale = self._assignments or SHARE_SCALE
         for layer, by_expert in shares.items():
             if layer not in layers and by_expert:
-                n = max(by_expert) + 1
-                layers[layer] = [max(0, round(by_expert.get(j, 0.0) * scale)) if math.isfinite(by_expert.get(j, 0.0))
-                                 else 0 for j in range(n)]
+                got = [by_expert.get(j, 0.0) for j in range(max(by_expert) + 1)]
+                layers[layer] = [max(0, round(x * scale)) if math.isfinite(x) else 0 for x in got]
         self._loads_written = {k for k in self._loads_written if k[0] >= step}
         for layer in sorted(layers):
             if (step, layer) in self._loads_written:
