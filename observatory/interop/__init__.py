@@ -29,6 +29,7 @@ import os
 import re
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,16 +222,17 @@ def settle(res: ImportResult, state: str) -> None:
         res.written = state
 
 
-def ingest_runs(runs_dir: str | os.PathLike, db: str | os.PathLike | None, rebuild: bool = False) -> Any:
+def ingest_runs(runs_dir: str | os.PathLike, db: str | os.PathLike | None, rebuild: bool = False,
+                progress: Callable[[dict], None] | None = None) -> Any:  # fmt: skip
     """Bring the store up to date with the runs dir (imported runs are ordinary runs).
 
     Ingest only appends; if an import replaced a run's file (`rebuild`), the store is
-    rebuilt from the logs instead.
+    rebuilt from the logs instead. `progress`: the ingest's progress callback.
     """
     from observatory import ingest as ing
     from observatory.store import default_db
 
     db = Path(db) if db is not None else default_db()
     if rebuild:
-        return ing.rebuild(Path(runs_dir), db)
-    return ing.ingest(Path(runs_dir), db)
+        return ing.rebuild(Path(runs_dir), db, progress=progress)
+    return ing.ingest(Path(runs_dir), db, progress=progress)
