@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from observatory.commands import dashboard, decide, detect, ingest, interop, ladder, read, report, simulate
+from observatory.store import StoreBusy
 
 # command name -> click command or group, in the order `--help` lists them
 COMMANDS: dict[str, click.Command] = {
@@ -49,6 +50,8 @@ HELP = {
 
 def one_line(e: BaseException) -> str:
     """An unexpected error as one line: `path: reason` for a file, else `Type: first line of the message`."""
+    if isinstance(e, StoreBusy):
+        return str(e)
     if isinstance(e, OSError) and e.filename is not None and e.strerror:
         return f"{e.filename}: {e.strerror}"
     text = str(e).strip()

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import event, write_lines
 
-from observatory import decisions, store
+from observatory import decisions, docs, store
 from observatory.cli import COMMANDS, main
 from observatory.commands import common_options, progress
 from observatory.ingest import ingest, passes
@@ -152,20 +152,13 @@ def test_traceback_flag_shows_the_traceback(tmp_path):
 # ------------------------------------------------------------------ one set of store flags
 
 
-def _leaves(cmds: dict[str, click.Command], prefix: str = ""):
-    for name, cmd in cmds.items():
-        if isinstance(cmd, click.Group):
-            yield from _leaves(cmd.commands, f"{prefix}{name} ")
-        else:
-            yield f"{prefix}{name}", cmd
-
-
 # commands that neither read nor write a store or a runs dir
-NO_STORE = {"settings"}
+NO_STORE = {"observatory settings"}
+LEAVES = list(docs._commands(COMMANDS))  # every command, a group's subcommands in its place
 SHARED = {p.name: p for p in click.command()(common_options(lambda **_: None)).params}
 
 
-@pytest.mark.parametrize("name,cmd", list(_leaves(COMMANDS)), ids=[n for n, _ in _leaves(COMMANDS)])
+@pytest.mark.parametrize("name,cmd", LEAVES, ids=[n for n, _ in LEAVES])
 def test_every_command_takes_the_shared_store_flags(name, cmd):
     params = {p.name: p for p in cmd.params}
     if name in NO_STORE:
@@ -273,10 +266,10 @@ def test_ladder_fit_reports_progress_per_round(tmp_path, tty):
     assert run("simulate", "--preset", "ladder", "--steps", "40", "--runs-dir", runs_dir, "--db", db,
                "--ingest").exit_code == 0  # fmt: skip
     name = json.loads(run("ladder", "list", "--json", "--db", db).stdout)[0]["name"]
-    res = run("ladder", "fit", name, "--n-boot", "20", "--runs-dir", runs_dir, "--db", db)
+    res = run("ladder", "fit", name, "--n-boot", "5", "--runs-dir", runs_dir, "--db", db)
     assert res.exit_code == 0, res.output
-    assert "fit" in res.stderr and "rounds" in res.stderr
-    res = run("ladder", "fit", name, "--n-boot", "20", "-q", "--runs-dir", runs_dir, "--db", db)
+    assert "fit" in res.stderr and "backtest" in res.stderr and "rounds" in res.stderr
+    res = run("ladder", "fit", name, "--n-boot", "5", "--no-backtest", "-q", "--runs-dir", runs_dir, "--db", db)
     assert res.exit_code == 0 and res.stderr == ""
 
     from observatory.ladder.fit import FitConfig, fit_ladder
@@ -285,6 +278,6 @@ def test_ladder_fit_reports_progress_per_round(tmp_path, tty):
     with store.connect(db) as con:
         rungs, _, _ = load_ladder(con, name, None)
     calls: list[dict] = []
-    fit_ladder(rungs, FitConfig(n_boot=20), name=name, progress=calls.append)
+    fit_ladder(rungs, FitConfig(n_boot=5), name=name, progress=calls.append)
     done = [c["done"] for c in calls]
     assert done == sorted(done) and calls[-1]["done"] == calls[-1]["total"] > 1
