@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from observatory.commands import dashboard, decide, detect, ingest, interop, ladder, read, report, simulate
+from observatory.store import StoreBusy
 
 # command name -> click command or group, in the order `--help` lists them
 COMMANDS: dict[str, click.Command] = {
@@ -47,8 +48,33 @@ HELP = {
 }
 
 
+def one_line(e: BaseException) -> str:
+    """An unexpected error as one line: `path: reason` for a file, else `Type: first line of the message`."""
+    if isinstance(e, StoreBusy):
+        return str(e)
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
 class Commands(click.Group):
-    """The commands of COMMANDS in its order, each listed with its line of HELP."""
+    """The commands of COMMANDS in its order, each listed with its line of HELP.
+
+    An error no command turned into a message is still one line and exit status 1,
+    not a traceback; `observatory --traceback ...` shows the traceback instead.
+    """
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as e:
+            if ctx.params.get("traceback"):
+                raise
+            raise click.ClickException(one_line(e)) from None
 
     def list_commands(self, ctx):
         return list(COMMANDS)
@@ -61,12 +87,13 @@ class Commands(click.Group):
 
 @click.group(cls=Commands, commands=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="observatory")
-def main():
+@click.option("--traceback", is_flag=True, help="Show the Python traceback of an unexpected error.")
+def main(traceback):
     """Observatory: a transparent training-log observatory for MoE language models.
 
     Event logs (the source of truth) live in the runs dir; the DuckDB store is an
-    index over them. Every command takes --runs-dir and --db (env OBSERVATORY_RUNS,
-    OBSERVATORY_DB).
+    index over them. Every command that reads or writes them takes --runs-dir and
+    --db (env OBSERVATORY_RUNS, OBSERVATORY_DB).
     """
 
 

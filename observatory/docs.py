@@ -1,16 +1,21 @@
 """Regenerate the README sections that follow from code: `python -m observatory.docs`.
 
-The settings table comes from `observatory.settings.SETTINGS` and the SQL schema
-from `observatory.store.SCHEMA_DOC` (itself generated from the DDL), so the README
-cannot drift from them; `tests/test_docs.py` checks the README is up to date.
+The settings table comes from `observatory.settings.SETTINGS`, the SQL schema
+from `observatory.store.SCHEMA_DOC` (itself generated from the DDL) and the CLI
+table from the click commands of `observatory.cli.COMMANDS`, so the README cannot
+drift from them; `tests/test_docs.py` checks the README is up to date.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import click
+
+from observatory.cli import COMMANDS
 from observatory.settings import SETTINGS
 from observatory.store import SCHEMA_DOC
 
@@ -27,7 +32,54 @@ def schema_doc() -> str:
     return re.sub(r"^## ", "### ", SCHEMA_DOC.strip(), flags=re.M)
 
 
-SECTIONS = {"settings": settings_table, "schema": schema_doc}
+# described once, in the prose above the CLI table
+SHARED_OPTIONS = {"runs_dir", "db", "help"}
+
+
+def _commands(cmds: dict[str, click.Command], prefix: str = "observatory") -> Iterator[tuple[str, click.Command]]:
+    """(`observatory name [sub]`, command) for every command, a group's subcommands in its place."""
+    for name, cmd in cmds.items():
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd.commands, f"{prefix} {name}")
+        else:
+            yield f"{prefix} {name}", cmd
+
+
+def _argument(p: click.Argument) -> str:
+    name = p.human_readable_name.upper() + ("..." if p.nargs == -1 else "")
+    return name if p.required else f"[{name}]"
+
+
+def _option(p: click.Option, ctx: click.Context) -> str:
+    flags = "/".join(sorted(p.opts, key=len, reverse=True) + p.secondary_opts)
+    if p.is_flag or p.count:
+        return flags
+    if isinstance(p.type, click.Choice):
+        return f"{flags} {'|'.join(map(str, p.type.choices))}"
+    # a range's metavar reads "INTEGER RANGE": its number type says enough here
+    metavar = p.metavar or {"integer range": "INTEGER", "float range": "FLOAT"}.get(p.type.name)
+    return f"{flags} {metavar or p.make_metavar(ctx)}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def cli_table() -> str:
+    """One row per command: its arguments, its own options (not the shared --runs-dir/--db) and its help line."""
+    rows = []
+    for name, cmd in _commands(COMMANDS):
+        ctx = click.Context(cmd, info_name=name)
+        args = " ".join(_argument(p) for p in cmd.params if isinstance(p, click.Argument))
+        opts = [_option(p, ctx) for p in cmd.params
+                if isinstance(p, click.Option) and not p.hidden and p.name not in SHARED_OPTIONS]  # fmt: skip
+        options = ", ".join(f"`{_cell(o)}`" for o in opts) or "-"
+        usage = f"{name} {args}".strip()
+        rows.append(f"| `{_cell(usage)}` | {options} | {_cell(cmd.get_short_help_str(limit=300))} |")
+    return "| command | options | what it does |\n|---|---|---|\n" + "\n".join(rows)
+
+
+SECTIONS = {"settings": settings_table, "schema": schema_doc, "cli": cli_table}
 
 
 def render(text: str) -> str:

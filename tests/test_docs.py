@@ -65,3 +65,41 @@ def test_generated_readme_sections_are_up_to_date():
     from observatory import docs
 
     assert docs.render(README) == README, "README is stale: run `python -m observatory.docs`"
+
+
+def _cli_rows() -> dict[str, str]:
+    parts = README.split("<!-- BEGIN cli -->", 1)
+    assert len(parts) == 2, "README's CLI reference needs a generated <!-- BEGIN cli --> table"
+    assert "## CLI reference" in parts[0] and "\n## " not in parts[0].split("## CLI reference", 1)[1]
+    section = parts[1].split("<!-- END cli -->", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"\| `(observatory [a-z ]+?)(?: [A-Z\[][^`]*)?` \|", line)
+        if m:
+            rows[m.group(1)] = line
+    return rows
+
+
+def test_cli_table_has_every_command_and_its_options():
+    """Walks the click commands, groups included: a new command, subcommand or option shows up."""
+    import click
+
+    from observatory import docs
+
+    rows = _cli_rows()
+    leaves = dict(docs._commands(COMMANDS))
+    assert set(rows) == set(leaves)
+    for name, cmd in leaves.items():
+        for p in cmd.params:
+            if isinstance(p, click.Option) and p.name not in docs.SHARED_OPTIONS:
+                assert max(p.opts, key=len) in rows[name], f"{name}: {p.opts} missing from the README's CLI table"
+            if isinstance(p, click.Argument):
+                assert p.human_readable_name.upper() in rows[name]
+        assert cmd.get_short_help_str(limit=300).split("(")[0].strip() in rows[name].replace("\\|", "|")
+
+
+def test_cli_table_is_regenerated_from_the_commands():
+    from observatory import docs
+
+    stale = README.replace("| `observatory ingest` |", "| `observatory ingest --old-flag` |", 1)
+    assert stale != README and docs.render(stale) == README

@@ -21,7 +21,7 @@ import yaml
 
 from observatory import decisions as dec
 from observatory import lineage as lin
-from observatory.commands import common_options, db_option
+from observatory.commands import common_options
 from observatory.decisions import markdown as decisions_md
 from observatory.ingest import ingest
 from observatory.report.format import fmt_time
@@ -232,9 +232,9 @@ def update_cmd(decision_id, runs_dir, db, as_json, at, **opts):
 
 @decide.command("show")
 @click.argument("decision_id")
-@db_option
+@common_options
 @click.option("--json", "as_json", is_flag=True, help="the record plus its event history")
-def show_cmd(decision_id, db, as_json):
+def show_cmd(decision_id, runs_dir, db, as_json):
     """Show a decision's current state and its history."""
     d = dec.get(db, decision_id)
     if d is None:
@@ -250,9 +250,9 @@ def show_cmd(decision_id, db, as_json):
 @click.option("--status", type=click.Choice(dec.STATUSES))
 @click.option("--kind", type=click.Choice(dec.KINDS))
 @click.option("--run", help="only decisions linked to this run")
-@db_option
+@common_options
 @click.option("--json", "as_json", is_flag=True)
-def list_cmd(status, kind, run, db, as_json):
+def list_cmd(status, kind, run, runs_dir, db, as_json):
     """List decisions (oldest first) with their current status."""
     ds = dec.list_decisions(db, status=status, kind=kind, run=run)
     if as_json:
@@ -269,8 +269,8 @@ def list_cmd(status, kind, run, db, as_json):
 
 @decide.command("export")
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
-@db_option
-def export_cmd(out_dir, db):
+@common_options
+def export_cmd(out_dir, runs_dir, db):
     """Write one Markdown file per decision (front matter + sections + history) into OUT_DIR."""
     paths = decisions_md.export_dir(db, out_dir)
     click.echo(f"exported {len(paths)} decisions to {out_dir}")
@@ -293,9 +293,9 @@ def import_cmd(in_dir, runs_dir, db):
 @click.command("lineage")
 @click.argument("run")
 @click.option("--metric", default="train/loss", show_default=True, help="metric for the stitched curve")
-@db_option
+@common_options
 @click.option("--json", "as_json", is_flag=True, help="the chain, children and stitched curve as JSON")
-def lineage(run, metric, db, as_json):
+def lineage(run, metric, runs_dir, db, as_json):
     """Show RUN's ancestors (through forks and resumes), its children and the stitched curve's extent."""
     try:
         li = lin.lineage(db, run, metric=metric)

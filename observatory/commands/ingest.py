@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from observatory.commands import common_options
+from observatory.commands.progress import bar, quiet_option
 from observatory.store import StoreBusy
 
 __all__ = ["ingest", "rebuild"]
@@ -13,19 +14,21 @@ __all__ = ["ingest", "rebuild"]
 @click.command("ingest")
 @common_options
 @click.option("--follow", "-f", is_flag=True, help="Keep tailing live runs (every follow_interval_s) until Ctrl-C.")
-@click.option("--quiet", "-q", is_flag=True, help="Print only the summary, not each rejected line.")
+@quiet_option("No progress bar, nor each rejected line: only the summary and errors.")
 def ingest(runs_dir, db, follow, quiet):
     """Load every event log under the runs dir into the store (incremental, exactly-once).
 
     Lines that break the event format are stored in `rejected_events` and printed
-    as `file:line: reason`; the rest of each file is ingested.
+    as `file:line: reason`; the rest of each file is ingested. On a terminal a
+    progress bar shows the bytes read and the time left (not with --follow).
     """
     from observatory.ingest import ingest as run_ingest  # lazy for start-up time (pyarrow, the hooks' polars)
 
     if follow:
         click.echo(f"following {runs_dir} into {db} (Ctrl-C to stop)", err=True)
     try:
-        report = run_ingest(runs_dir, db, follow=follow, emit=None if quiet else _err)
+        with bar("ingest", quiet or follow) as progress:
+            report = run_ingest(runs_dir, db, follow=follow, emit=None if quiet else _err, progress=progress)
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(report.summary(), err=True)
@@ -33,13 +36,14 @@ def ingest(runs_dir, db, follow, quiet):
 
 @click.command("rebuild")
 @common_options
-@click.option("--quiet", "-q", is_flag=True, help="Print only the summary.")
+@quiet_option("No progress bar, nor each rejected line: only the summary and errors.")
 def rebuild(runs_dir, db, quiet):
     """Recreate the store from the event logs (built aside, then swapped in atomically)."""
     from observatory.ingest import rebuild as run_rebuild  # lazy for start-up time (see `ingest`)
 
     try:
-        report = run_rebuild(runs_dir, db, emit=None if quiet else _err)
+        with bar("rebuild", quiet) as progress:
+            report = run_rebuild(runs_dir, db, emit=None if quiet else _err, progress=progress)
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rebuilt {db}: {report.summary()}", err=True)

@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 
 from observatory.commands import common_options
+from observatory.commands.progress import bar, quiet_option
+from observatory.interop import CONFLICT, crashed_runs, ingest_runs
 
 __all__ = ["import_group", "export"]
 
@@ -23,15 +25,15 @@ def import_group():
     """
 
 
-def _report(results, verbose: bool, runs_dir, db, ingest: bool) -> None:
-    """Print one line per source run and its problems, update the store, set the exit code."""
+def _report(results, verbose: bool, runs_dir, db, ingest: bool, quiet: bool = False) -> None:
+    """Print one line per source run (-q: only failed ones) and its problems, update the store, set the exit code."""
     failed = 0
     for r in results:
         line = r.summary_line()
         if r.error:
             failed += 1
             click.secho(line, fg="red", err=True)
-        else:
+        elif not quiet:
             click.echo(line)
         shown = r.problems if verbose else r.problems[:10]
         for p in shown:
@@ -41,13 +43,19 @@ def _report(results, verbose: bool, runs_dir, db, ingest: bool) -> None:
     runs = {r.run for r in results if not r.error}
     click.echo(f"{len(runs)} run(s) imported from {len(results) - failed} source(s), {failed} failed")
     if ingest and any(r.written for r in results):
-        from observatory.interop import crashed_runs, ingest_runs
-
-        rebuild = any(r.written == "replaced" for r in results)
-        report = ingest_runs(runs_dir, db, rebuild=rebuild, crashed=crashed_runs(results))
-        click.echo(f"store {db}: {report.summary()}")
+        _store(runs_dir, db, any(r.written == "replaced" for r in results), quiet, crashed_runs(results))
     if failed:
         sys.exit(1)
+
+
+def _store(runs_dir, db, rebuild: bool, quiet: bool, crashed: list[str] = ()) -> None:
+    """Bring the store up to date with what was imported (a progress bar on a terminal).
+
+    `crashed`: runs the import found cut short, stored as crashed at once.
+    """
+    with bar("rebuild" if rebuild else "ingest", quiet) as progress:
+        report = ingest_runs(runs_dir, db, rebuild=rebuild, crashed=crashed, progress=progress)
+    click.echo(f"store {db}: {report.summary()}")
 
 
 @import_group.command("wandb")
@@ -56,7 +64,8 @@ def _report(results, verbose: bool, runs_dir, db, ingest: bool) -> None:
 @click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
 @click.option("--replace", is_flag=True, help=REPLACE_HELP)
 @click.option("-v", "--verbose", is_flag=True, help="List every unreadable region.")
-def wandb_cmd(paths, runs_dir, db, no_ingest, replace, verbose):
+@quiet_option()
+def wandb_cmd(paths, runs_dir, db, no_ingest, replace, verbose, quiet):
     """Import W&B offline runs: `wandb/` folders, `offline-run-*` folders or `run-*.wandb` files.
 
     Each W&B run becomes run `wandb-<W&B id>`: history -> metrics at their steps, config ->
@@ -68,9 +77,9 @@ def wandb_cmd(paths, runs_dir, db, no_ingest, replace, verbose):
 
     if not find_wandb_files(paths):
         raise click.UsageError(f"no .wandb files under {', '.join(map(str, paths))}")
-    _report(
-        import_wandb(paths, runs_dir, db, ingest=False, replace=replace), verbose, runs_dir, db, not no_ingest
-    )
+    with bar("import", quiet, unit="files") as progress:
+        results = import_wandb(paths, runs_dir, db, ingest=False, replace=replace, progress=progress)
+    _report(results, verbose, runs_dir, db, not no_ingest, quiet)
 
 
 @import_group.command("tensorboard")
@@ -86,7 +95,8 @@ def wandb_cmd(paths, runs_dir, db, no_ingest, replace, verbose):
 @click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
 @click.option("--replace", is_flag=True, help=REPLACE_HELP)
 @click.option("-v", "--verbose", is_flag=True, help="List every problem.")
-def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, replace, verbose):
+@quiet_option()
+def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, replace, verbose, quiet):
     """Import TensorBoard logs: one run per folder holding events.out.tfevents.* files.
 
     Scalars become metrics at their steps (run id `tb-<folder>`); histograms, images and
@@ -97,8 +107,9 @@ def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, replace, verbose):
     if not find_tfevents_dirs(paths):
         raise click.UsageError(f"no tfevents files under {', '.join(map(str, paths))}")
     st = None if status == "none" else status
-    results = import_tensorboard(paths, runs_dir, db, status=st, ingest=False, replace=replace)
-    _report(results, verbose, runs_dir, db, not no_ingest)
+    with bar("import", quiet, unit="runs") as progress:
+        results = import_tensorboard(paths, runs_dir, db, status=st, ingest=False, replace=replace, progress=progress)
+    _report(results, verbose, runs_dir, db, not no_ingest, quiet)
 
 
 @import_group.command("jsonl")
@@ -108,26 +119,34 @@ def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, replace, verbose):
 @common_options
 @click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
 @click.option("--replace", is_flag=True, help=REPLACE_HELP)
-def jsonl_cmd(files, runs_dir, db, no_ingest, replace):
+@quiet_option()
+def jsonl_cmd(files, runs_dir, db, no_ingest, replace, quiet):
     """Import event logs exported with `observatory export RUN --format jsonl` (any runs, any hosts)."""
-    from observatory.interop import CONFLICT, ingest_runs
     from observatory.interop.export import import_events_jsonl
 
     states: dict = {}
-    for f in files:
-        try:
-            got = import_events_jsonl(f, runs_dir, replace=replace)
-        except ValueError as e:
-            raise click.ClickException(str(e)) from None
-        for (run, host), state in sorted(got.items()):
-            if state == "conflict":
-                click.secho(f"FAILED {f}: " + CONFLICT.format(run=f"{run} (host {host})"), fg="red", err=True)
-            else:
-                click.echo(f"{run} host {host} <- {f}: file {state}")
-            states[(run, host)] = state
+    lines: list[tuple[str, bool]] = []  # printed after the bar: (line, is an error)
+    with bar("import", quiet, unit="files") as progress:
+        for i, f in enumerate(files):
+            try:
+                got = import_events_jsonl(f, runs_dir, replace=replace)
+            except ValueError as e:
+                raise click.ClickException(str(e)) from None
+            for (run, host), state in sorted(got.items()):
+                if state == "conflict":
+                    lines.append((f"FAILED {f}: " + CONFLICT.format(run=f"{run} (host {host})"), True))
+                else:
+                    lines.append((f"{run} host {host} <- {f}: file {state}", False))
+                states[(run, host)] = state
+            if progress is not None:
+                progress({"done": i + 1, "total": len(files), "unit": "files", "what": Path(f).name})
+    for line, error in lines:
+        if error:
+            click.secho(line, fg="red", err=True)
+        elif not quiet:
+            click.echo(line)
     if not no_ingest and set(states.values()) - {"conflict"}:
-        report = ingest_runs(runs_dir, db, rebuild="replaced" in states.values())
-        click.echo(f"store {db}: {report.summary()}")
+        _store(runs_dir, db, "replaced" in states.values(), quiet)
     if "conflict" in states.values():
         sys.exit(1)
 

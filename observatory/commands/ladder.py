@@ -15,7 +15,8 @@ from pathlib import Path
 
 import click
 
-from observatory.commands import common_options, db_option
+from observatory.commands import common_options
+from observatory.commands.progress import bar, quiet_option
 from observatory.events import RUN_ID_RE
 from observatory.ladder.watch import (
     check_targets,
@@ -75,9 +76,9 @@ def ladder():
 
 
 @ladder.command("list")
-@db_option
+@common_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def list_cmd(db, as_json):
+def list_cmd(runs_dir, db, as_json):
     """Every ladder in the store, with its rung count and target runs."""
     with connect(db) as con:
         rows = ladders(con)
@@ -106,7 +107,9 @@ def list_cmd(db, as_json):
 @click.option("--no-backtest", is_flag=True, help="Skip the leave-largest-rung-out backtest.")
 @click.option("--independent-e", is_flag=True, help="Fit E separately at every schedule fraction (default: shared).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit, the forecast and the backtest as JSON.")
-def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, band, no_backtest, independent_e, as_json):
+@quiet_option("No progress bar (the bootstrap and held-out rounds of the fit and the backtest).")
+def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, band, no_backtest, independent_e, as_json,
+            quiet):  # fmt: skip
     """Fit ladder NAME; backtest it; forecast a target's whole eval-loss curve."""
     from observatory.ladder.backtest import backtest, compare  # lazy for start-up time: scipy
     from observatory.ladder.fit import fit_ladder
@@ -114,8 +117,12 @@ def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, band, no_
     cfg = _config(fix_e, n_boot, level, independent_e, band)
     rungs, targets, ds = _load(db, name, dataset)
     try:
-        fit = fit_ladder(rungs, cfg, name=name)
-        bt = None if no_backtest or len(rungs) < 4 else backtest(rungs, cfg, name=name)
+        with bar("fit", quiet, unit="rounds") as progress:
+            fit = fit_ladder(rungs, cfg, name=name, progress=progress)
+        bt = None
+        if not no_backtest and len(rungs) >= 4:
+            with bar("backtest", quiet, unit="rounds") as progress:
+                bt = backtest(rungs, cfg, name=name, progress=progress)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     spec = None

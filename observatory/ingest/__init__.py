@@ -50,6 +50,7 @@ def ingest(
     *,
     hooks: bool = True,
     emit: Callable[[str], None] | None = _stderr,
+    progress: Callable[[dict], None] | None = None,
 ) -> IngestReport:
     """Load every event log under `runs_dir` into the store `db`; return what happened.
 
@@ -57,7 +58,9 @@ def ingest(
     With `follow`, keep polling every `follow_interval_s` until `stop_event` is set
     or SIGINT/SIGTERM arrives (when called from the main thread). `emit` receives
     each `file:line: reason` message (default: stderr; None to stay quiet).
-    `hooks=False` runs none of `observatory.ingest.hooks`.
+    `hooks=False` runs none of `observatory.ingest.hooks`. `progress`, if given, is called
+    after each batch with `{"done", "total", "unit": "bytes", "files", "events"}`: bytes
+    read so far and bytes to read in all (the total grows when a pass finds more).
     """
     runs_dir = Path(runs_dir) if runs_dir is not None else store.default_runs_dir()
     db = Path(db) if db is not None else store.default_db()
@@ -75,7 +78,7 @@ def ingest(
     try:
         while True:
             try:
-                one_pass(runs_dir, db, report, fol, hooks, emit)
+                one_pass(runs_dir, db, report, fol, hooks, emit, progress)
             except Exception as e:
                 if not follow:
                     raise
@@ -92,12 +95,13 @@ def ingest(
 
 
 def rebuild(runs_dir: str | os.PathLike | None = None, db: str | os.PathLike | None = None, *,
-            emit: Callable[[str], None] | None = _stderr) -> IngestReport:  # fmt: skip
+            emit: Callable[[str], None] | None = _stderr,
+            progress: Callable[[dict], None] | None = None) -> IngestReport:  # fmt: skip
     """Recreate the store from the event logs: build a fresh file beside it, then swap it in atomically.
 
     Readers see the old store until the swap and the new one after; neither half-built.
     Rollups are rebuilt with it; the after-commit hooks are not run (what they wrote is
-    already events, so the new store holds it too).
+    already events, so the new store holds it too). `progress`: as for `ingest`.
     """
     runs_dir = Path(runs_dir) if runs_dir is not None else store.default_runs_dir()
     db = Path(db) if db is not None else store.default_db()
@@ -106,7 +110,7 @@ def rebuild(runs_dir: str | os.PathLike | None = None, db: str | os.PathLike | N
     for p in (tmp, tmp.with_name(tmp.name + ".wal")):
         p.unlink(missing_ok=True)
     try:
-        report = ingest(runs_dir, tmp, hooks=False, emit=emit)
+        report = ingest(runs_dir, tmp, hooks=False, emit=emit, progress=progress)
         with store.write_connection(tmp) as con:
             con.execute("BEGIN TRANSACTION")
             rollups.rebuild_rollups(con)

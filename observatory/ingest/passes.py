@@ -147,7 +147,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
 
 
 def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_hooks: bool,
-             emit: Callable[[str], None]) -> None:  # fmt: skip
+             emit: Callable[[str], None], progress: Callable[[dict], None] | None = None) -> None:  # fmt: skip
     """Ingest what the files have that the store has not; skip the lock when nothing changed on disk."""
     files = fs.readable(runs_dir, fol.skip, emit)
     sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
@@ -155,14 +155,14 @@ def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_
     if sig == fol.sig and now - fol.last_crash_check < min(5.0, settings.get("stale_after_s") / 4):
         return  # nothing changed on disk: do not even take the lock
     fol.last_crash_check = now
-    wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit)
+    wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit, progress=progress)
     if wrote:
         # the hooks wrote findings into run folders: ingest them in this call, so that one command
         # leaves the store with everything it found (the hooks run again on this round's new
         # activity only: the observatory's own events are not activity, so this round ends it)
         files = fs.readable(runs_dir, fol.skip, emit)
         sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
-        wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit, findings=True)
+        wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit, findings=True, progress=progress)
     # the files as they were when this pass read them, not a scan taken now: a writer that appended
     # meanwhile (its last flush, say) must make the next pass read, not wait for the 5 s check
     fol.sig = (sig[0], _db_sig(db))
@@ -171,11 +171,16 @@ def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_
 
 
 def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestReport, fol: Follower, use_hooks: bool,
-             emit: Callable[[str], None], findings: bool = False) -> set[str]:  # fmt: skip
+             emit: Callable[[str], None], findings: bool = False,
+             progress: Callable[[dict], None] | None = None) -> set[str]:  # fmt: skip
     """Write transactions until `files` have no work left; returns the hooks that wrote events meanwhile.
 
     `findings`: this round ingests what the hooks just wrote; count the observatory's events as findings.
+    `progress`: called at the start and after each batch with the bytes done and to do (`_progress`).
     """
+    total = report.bytes + _pending_bytes(db, files) if progress is not None else 0
+    if progress is not None:
+        progress(_progress(report, total))
     wrote: set[str] = set()
     only: str | None = None
     queue = None  # set when isolating files after a failure
@@ -210,6 +215,8 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
                     continue
             break
         _add(report, b, emit)
+        if progress is not None:
+            progress(_progress(report, total))
         if findings:
             report.findings += sum(1 for e in b.events if e[1] == OBSERVATORY_HOST)
         if use_hooks and b.activity:
@@ -218,6 +225,23 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
             break
         time.sleep(0.02)  # let readers waiting at the gate in between two batches
     return wrote
+
+
+def _pending_bytes(db: Path, files: list[LogFile]) -> int:
+    """Bytes of `files` past what the store has read of them: the work a progress bar counts down."""
+    stored: dict[str, int] = {}
+    if db.exists():
+        try:
+            with store.connect(db, timeout_s=1.0) as con:
+                stored = dict(con.execute("SELECT path, byte_offset FROM ingest_files").fetchall())
+        except Exception:  # busy, or a store without tables yet: every byte is to do (only a bar's estimate)
+            stored = {}
+    return sum(max(lf.size - stored.get(lf.rel, 0), 0) for lf in files)
+
+
+def _progress(report: IngestReport, total: int) -> dict:
+    return {"done": report.bytes, "total": max(total, report.bytes), "unit": "bytes",
+            "files": report.files, "events": report.events}  # fmt: skip
 
 
 def _add(report: IngestReport, b: _Batch, emit: Callable[[str], None]) -> None:

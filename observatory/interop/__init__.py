@@ -29,7 +29,7 @@ import os
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,6 +227,7 @@ def ingest_runs(
     db: str | os.PathLike | None,
     rebuild: bool = False,
     crashed: Iterable[str] = (),
+    progress: Callable[[dict], None] | None = None,
 ) -> Any:
     """Bring the store up to date with the runs dir (imported runs are ordinary runs).
 
@@ -237,13 +238,13 @@ def ingest_runs(
     `stale_after_s` after its last event, and an imported run's last event may be recent.
     A crashed row with an `end_time` is a crash known for certain, not a silence. New events
     from such a run (a source that grew and was imported again) bring it back to running,
-    as for any run.
+    as for any run. `progress`: the ingest's progress callback.
     """
     from observatory import ingest as ing
     from observatory.store import default_db, write_connection
 
     db = Path(db) if db is not None else default_db()
-    report = ing.rebuild(Path(runs_dir), db) if rebuild else ing.ingest(Path(runs_dir), db)
+    report = (ing.rebuild if rebuild else ing.ingest)(Path(runs_dir), db, progress=progress)
     crashed = sorted(set(crashed))
     if crashed:
         with write_connection(db) as con:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from observatory.interop import ImportResult, RunLogBuilder, safe_run_id, settle
@@ -166,10 +166,15 @@ def import_tensorboard(
     status: str | None = "completed",
     ingest: bool = True,
     replace: bool = False,
+    progress: Callable[[dict], None] | None = None,
 ) -> list[ImportResult]:
-    """Import every tfevents directory under `paths` into `runs_dir`, then ingest into `db`."""
+    """Import every tfevents directory under `paths` into `runs_dir`, then ingest into `db`.
+
+    `progress` is called after each directory (one run) with `{"done", "total", "unit": "runs"}`.
+    """
     results = []
-    for directory, run_id in find_tfevents_dirs(paths):
+    dirs = find_tfevents_dirs(paths)
+    for directory, run_id in dirs:
         try:
             log, res = convert_tensorboard_dir(directory, run_id, status)
             if res.error is None:
@@ -177,6 +182,8 @@ def import_tensorboard(
         except Exception as e:
             res = ImportResult(source=directory, run=run_id, error=f"{type(e).__name__}: {e}")
         results.append(res)
+        if progress is not None:
+            progress({"done": len(results), "total": len(dirs), "unit": "runs", "what": run_id})
     if ingest and any(r.written for r in results):
         from observatory.interop import crashed_runs, ingest_runs
 

@@ -25,7 +25,7 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -327,18 +327,23 @@ def import_wandb(
     *,
     ingest: bool = True,
     replace: bool = False,
+    progress: Callable[[dict], None] | None = None,
 ) -> list[ImportResult]:
     """Import every `.wandb` file under `paths` into `runs_dir`, then ingest into `db`.
 
     Returns one `ImportResult` per file, in order. A file that cannot be read at all gets
-    `error` set; the others are imported regardless.
+    `error` set; the others are imported regardless. `progress` is called after each file
+    with `{"done", "total", "unit": "files"}`.
     """
     converted: list[tuple[RunLogBuilder | None, ImportResult]] = []
-    for f in find_wandb_files(paths):
+    files = find_wandb_files(paths)
+    for i, f in enumerate(files):
         try:
             converted.append(convert_wandb_file(f))
         except Exception as e:  # one bad file never stops the others
             converted.append((None, ImportResult(source=f, error=f"{type(e).__name__}: {e}")))
+        if progress is not None:
+            progress({"done": i + 1, "total": len(files), "unit": "files", "what": f.name})
     # a resumed W&B run is several files (one per session) with one run id: one run here
     sessions: dict[str, list[tuple[RunLogBuilder, ImportResult]]] = {}
     for log, res in converted:

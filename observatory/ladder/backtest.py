@@ -5,7 +5,7 @@ Reports the final-loss error in % and the share of its curve points inside the b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from observatory.ladder.fit import FitConfig, fit_ladder
@@ -41,15 +41,16 @@ def compare(forecast: Forecast, curve: dict[float, float]) -> list[dict]:
     return rows
 
 
-def backtest(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder") -> Backtest:
+def backtest(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder",
+             progress: Callable[[dict], None] | None = None) -> Backtest:  # fmt: skip
     """Leave the largest rung (all its seeds) out, fit the rest, forecast its (seed-mean) curve, score it.
 
     The band is for the held-out rung as observed: the mean of its seeds, so the forecast's
-    own-noise term is noise / sqrt(seeds).
+    own-noise term is noise / sqrt(seeds). `progress`: as for `fit_ladder`, of that fit.
     """
     held = average_seeds(rungs)[-1]
     rest = [r for r in rungs if r.rung != held.rung]
-    fit = fit_ladder(rest, config, name=name)
+    fit = fit_ladder(rest, config, name=name, progress=progress)
     fc = fit.forecast(held.flops, held.steps, seeds=held.n_seeds)
     rows = compare(fc, held.curve)
     scored = [r for r in rows if r["inside"] is not None]

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -251,7 +251,8 @@ def _noise(rungs: Sequence[Rung], cfg: FitConfig) -> tuple[float, str]:
     return NOISE_DEFAULT, "default"
 
 
-def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder") -> LadderFit:
+def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder",
+               progress: Callable[[dict], None] | None = None) -> LadderFit:  # fmt: skip
     """Fit every schedule fraction, bootstrap over whole rungs, leave-one-rung-out and forward errors.
 
     `rungs` may hold several seeds of a rung (same `rung` label): they are averaged at
@@ -259,6 +260,8 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
     is fit when at least two rungs have an eval there. Each fraction has its own
     (E, A, alpha) unless `config.shared_e`. Resamples and leave-one-out subsets with
     fewer than three distinct rungs cannot determine E: they keep the full fit's.
+    `progress` is called before each bootstrap resample and each held-out rung, and at
+    the end, with `{"done", "total", "unit": "rounds"}`.
     """
     cfg = config or FitConfig()
     noise, noise_source = _noise(rungs, cfg)
@@ -310,7 +313,10 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
         sigma = noise / np.sqrt([r.n_seeds for r in rungs])  # (n,) a rung's mean of k seeds: noise / sqrt(k)
         boot: dict[float, list] = {f: [] for f in fractions}
         boot_w: dict[float, list] = {f: [] for f in fractions}
-        for w, pr in zip(counts, prob, strict=True):
+        rounds = len(counts) + (n if n >= 3 else 0)
+        for k, (w, pr) in enumerate(zip(counts, prob, strict=True)):
+            if progress is not None:
+                progress({"done": k, "total": rounds, "unit": "rounds"})
             for _ in range(reps):
                 eps = rng.normal(0.0, 1.0, n) * sigma if noise > 0 else np.zeros(n)
                 th, ok = sub(w, Y * np.exp(eps)[None, :])
@@ -331,6 +337,8 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
         fwd: dict[float, dict[str, float]] = {f: {} for f in fractions}
         if n >= 3:
             for i, held in enumerate(rungs):
+                if progress is not None:
+                    progress({"done": len(counts) + i, "total": rounds, "unit": "rounds"})
                 w = np.ones(n)
                 w[i] = 0
                 held_out(i, w, loo)
@@ -344,6 +352,8 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
                 else:
                     held_out(i, smaller, fwd)
 
+    if progress is not None:
+        progress({"done": rounds, "total": rounds, "unit": "rounds"})
     laws = {f: PowerLaw(float(full[j, 0]), float(full[j, 1]), float(full[j, 2]), c_ref)
             for j, f in enumerate(fractions)}
     return LadderFit(
