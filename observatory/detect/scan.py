@@ -11,8 +11,11 @@ their thresholds (the `anomaly_*` settings) in `observatory.detect.thresholds`.
 
 Incremental and idempotent: a flag at a step depends only on a bounded trailing
 window, so `scan_run` re-reads `Thresholds.lookback` logged steps before the last
-step it scanned (kept per process, and as `scanned_through` in every finding
-written), ignores episodes that began before its windows were whole (an earlier
+step it scanned (the hot / dead expert detectors: `2 * expert_steps + 2` logged
+expert steps, `observatory.detect.expert_scan`). Where each scan stopped is kept per
+run and detector group in the store's `detector_state` (and per process, and as
+`scanned_through` in every finding written), so a new process also reads only what
+is new. It ignores episodes that began before its windows were whole (an earlier
 scan saw their start: `detect_frame(truncated=True)`) and dedupes by (detector,
 metric, window start) against anomaly events in the store and in events.1000.jsonl.
 """
