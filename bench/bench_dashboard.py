@@ -14,6 +14,13 @@
     nice .venv/bin/python bench/bench_dashboard.py                 # generates, measures, deletes the store
     nice .venv/bin/python bench/bench_dashboard.py --db /tmp/b.duckdb --keep
     nice .venv/bin/python bench/bench_dashboard.py --only browser --db /tmp/small.duckdb  # gen_store --steps 20000
+    nice .venv/bin/python bench/bench_dashboard.py --real 10000 --db /tmp/real.duckdb --keep  # the real path
+
+`--real STEPS` builds the store through the real path instead: `observatory simulate --preset
+535b --steps STEPS` (48 layers x 384 experts, expert_load every 10 steps) and `observatory ingest`
+in a child process (its peak RSS printed); the pages then show run `sim-535b`. Each dashboard
+process's peak RSS is printed too: the streamlit servers' (`ru_maxrss` from `os.wait4`) and this
+process's after the page queries.
 """
 
 from __future__ import annotations
@@ -40,6 +47,24 @@ from observatory.queries import dashboard as qd  # noqa: E402
 from observatory.queries import experts as qe  # noqa: E402
 
 CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
+RSS_MB: list[float] = []  # peak RSS of each streamlit server, app first
+
+
+def build_real(db: Path, steps: int) -> None:
+    """The store through the real path: simulate the 535b preset, then `observatory ingest` it (a child)."""
+    from observatory.interop.simulate import simulate
+
+    runs = db.with_name(db.name + ".runs")
+    if not runs.exists():
+        simulate("535b", runs, steps=steps, expert_load_every=10)
+    t = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "observatory.cli", "ingest", "-q", "--runs-dir", str(runs), "--db",
+                          str(db)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    _, status, ru = os.wait4(p.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError("observatory ingest failed")
+    print(f"built {db} through simulate + observatory ingest ({steps} steps) in {time.perf_counter() - t:.0f} s; "
+          f"ingester peak RSS {ru.ru_maxrss / 1024:.0f} MB")
 
 
 # ---------------------------------------------------------------- 1. queries
@@ -226,7 +251,8 @@ def bench_browser(db: Path, repeats: int) -> tuple[float, float]:
         finally:
             for s in servers:
                 s.terminate()
-                s.wait(10)
+                _, _, ru = os.wait4(s.pid, 0)
+                RSS_MB.append(ru.ru_maxrss / 1024)
     live, bare_t = statistics.median(times["live"]), statistics.median(times["bare"])
     print(
         f"\n## First chart in chromium (median of {repeats}, fresh browser context and cold query cache each)\n"
@@ -248,18 +274,32 @@ def main() -> None:
         choices=("queries", "browser"),
         help="one part only (e.g. the browser part against a small store from bench/gen_store.py)",
     )
+    ap.add_argument("--real", type=int, metavar="STEPS", help="build the store by simulate + ingest (535b preset)")
+    ap.add_argument("--run", default=None, help="the run the pages show (default: bench-moe; sim-535b with --real)")
     a = ap.parse_args()
+    global RUN
+    RUN = a.run or ("sim-535b" if a.real else RUN)
     made = None
     db = a.db
-    if db is None or not db.exists():
+    if a.real and (db is None or not db.exists()):
+        db = db or Path(tempfile.gettempdir()) / "observatory-bench-dashboard-real.duckdb"
+        build_real(db, a.real)
+        made = db
+    elif db is None or not db.exists():
         db = db or Path(tempfile.gettempdir()) / "observatory-bench-dashboard.duckdb"
         t = time.time()
         info = generate(db, 100_000, 16, 64, 30)
         print(f"generated {db}: {info['expert_load_rows']:,} expert_load rows, {info['metric_rows']:,} metric rows "
               f"in {time.time() - t:.0f} s (rollups {info['rollups']:.0f} s)")  # fmt: skip
         made = db
+    with store.connect(db) as con:
+        n_rows = con.execute("SELECT count(*) FROM expert_load").fetchall()[0][0]
     try:
         worst = None if a.only == "browser" else bench_queries(db)
+        import resource
+
+        self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"\npeak RSS of this process after the page queries: {self_mb:.0f} MB")
         browser = None if a.no_browser or a.only == "queries" else bench_browser(db, a.repeats)
     finally:
         if made is not None and not a.keep:
@@ -271,8 +311,15 @@ def main() -> None:
     print("| target | measured | goal | command |")
     print("|---|---|---|---|")
     if worst is not None:
-        print(f"| dashboard: slowest page's queries on 1e8 expert_load rows | {worst:.0f} ms ({worst / GOAL_MS:.2f}x of 500 ms) "
+        print(f"| dashboard: slowest page's queries on {n_rows / 1e6:.0f}M expert_load rows | {worst:.0f} ms ({worst / GOAL_MS:.2f}x of 500 ms) "
               f"| <= 500 ms | `{cmd}` |")  # fmt: skip
+    if worst is not None:
+        print(f"| dashboard process peak RSS, page queries ({n_rows / 1e6:.0f}M expert_load rows) | {self_mb:.0f} MB "
+              f"| <= 1.5 GB | `{cmd}` |")  # fmt: skip
+    if RSS_MB:
+        print(f"| dashboard: streamlit server peak RSS ({n_rows / 1e6:.0f}M expert_load rows) | app {RSS_MB[0]:.0f} MB, "
+              f"bare page {RSS_MB[1]:.0f} MB "
+              f"| <= 1.5 GB | `{cmd}` |")  # fmt: skip
     if browser:
         live, bare = browser
         print(f"| dashboard: Live page first chart vs bare plotly page | {live:.2f} s vs {bare:.2f} s ({live / bare:.2f}x) "

@@ -15,6 +15,14 @@ Each side runs `--repeat` times (default 3), alternating; the best wall time of 
 counts (the machine is shared: the best run is the one least disturbed).
 
     python bench/bench_ingest.py [--steps 20000] [--scalars 50] [--repeat 3]
+
+`--preset 535b` measures the reference run's shape end to end instead (`bench/ingest_535b.py`):
+logs from `observatory simulate --preset 535b`, the real `observatory ingest` / `rebuild` as child
+processes (hooks included), each ratio against DuckDB's own Arrow append of the same rows, the
+append-10-steps time, `--follow` freshness and the ingester's peak RSS.
+
+    python bench/bench_ingest.py --preset 535b [--expert-steps 500] [--metric-steps 20000]
+        [--rebuild-steps 10000] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -94,7 +102,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20_000)
     ap.add_argument("--scalars", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--preset", choices=["535b"], help="the reference run's shape, end to end (bench/ingest_535b.py)")
+    ap.add_argument("--expert-steps", type=int, default=500, help="535b: steps of the expert_load-every-step log")
+    ap.add_argument("--metric-steps", type=int, default=20_000, help="535b: steps of the metrics-only log")
+    ap.add_argument("--rebuild-steps", type=int, default=10_000, help="535b: steps of the rebuilt run (load every 10)")
+    ap.add_argument("--keep", type=Path, help="535b: build in this folder and keep it")
     args = ap.parse_args()
+    if args.preset:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from bench.ingest_535b import run_535b  # only for the preset
+
+        run_535b(args)
+        return
     best: dict[str, tuple[float, float]] = {}  # side -> (wall s, CPU s) of its fastest run
     reps, sums = {}, {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -47,27 +47,10 @@ import polars as pl
 
 from observatory.detect.thresholds import Thresholds
 
-__all__ = [
-    "Finding",
-    "loss_spikes",
-    "loss_dips",
-    "grad_spikes",
-    "update_spikes",
-    "grad_growth",
-    "incomplete_recovery",
-    "drop_jumps",
-    "hot_experts",
-    "dead_experts",
-    "nonfinite",
-    "throughput_drops",
-    "stalled",
-    "LOSS",
-    "GRAD",
-    "UPDATE",
-    "DROP",
-    "THROUGHPUT",
-    "SPIKE_GAP",
-]
+__all__ = ["Finding", "loss_spikes", "loss_dips", "grad_spikes", "update_spikes", "grad_growth",
+           "incomplete_recovery", "drop_jumps", "hot_experts", "hot_from_ratio", "dead_experts",
+           "dead_from_zeros", "nonfinite", "throughput_drops", "stalled", "LOSS", "GRAD", "UPDATE", "DROP",
+           "THROUGHPUT", "SPIKE_GAP"]  # fmt: skip
 
 LOSS = "train/loss"
 GRAD = "grad/norm/total"
@@ -458,26 +441,34 @@ def _streaks(steps, flags: np.ndarray, n: int) -> list[tuple[int, int]]:
 
 def hot_experts(steps, layer: int, routed: np.ndarray, th: Thresholds) -> list[Finding]:
     """Max/mean routed load of one layer over `hot_ratio` for `expert_steps` logged steps. routed: (T, E)."""
-    steps = np.asarray(steps)
-    routed = np.asarray(routed, dtype=float)
-    mean = routed.mean(axis=1)
+    routed, mean = np.asarray(routed, dtype=float), np.asarray(routed, dtype=float).mean(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(mean > 0, routed.max(axis=1) / mean, np.nan)
+    return hot_from_ratio(steps, layer, ratio, lambda i0, i1: np.bincount(routed[i0 : i1 + 1].argmax(axis=1)).argmax(), th)
+
+
+def hot_from_ratio(steps, layer: int, ratio: np.ndarray, hottest, th: Thresholds) -> list[Finding]:
+    """`hot_experts` from the layer's max/mean ratio per logged step (T,), NaN where nothing was routed.
+
+    hottest(i0, i1): the expert most often the busiest over rows i0..i1 (asked only for an episode).
+    """
+    steps = np.asarray(steps)
+    ratio = np.asarray(ratio, dtype=float)
     flags = _gt(ratio, np.full_like(ratio, th.hot_ratio))
     out = []
     for i0, i1 in _streaks(steps, flags, th.expert_steps):
-        hottest = int(np.bincount(routed[i0 : i1 + 1].argmax(axis=1)).argmax())
+        top = int(hottest(i0, i1))
         out.append(
             Finding(
                 "hot_expert",
                 f"expert_load/layer_{layer}",
                 "warn",
-                f"layer {layer}: expert {hottest} takes {float(np.nanmax(ratio[i0 : i1 + 1])):.1f}x the mean load "
+                f"layer {layer}: expert {top} takes {float(np.nanmax(ratio[i0 : i1 + 1])):.1f}x the mean load "
                 f"(max/mean above {th.hot_ratio}) for {i1 - i0 + 1} logged steps from step {steps[i0]}",
                 (int(steps[i0]), int(steps[i1])),
                 int(steps[i0 + th.expert_steps - 1]),
                 float(np.nanmax(ratio[i0 : i1 + 1])),
-                {"layer": int(layer), "expert": hottest},
+                {"layer": int(layer), "expert": top},
             )
         )
     return out
@@ -485,26 +476,45 @@ def hot_experts(steps, layer: int, routed: np.ndarray, th: Thresholds) -> list[F
 
 def dead_experts(steps, layer: int, routed: np.ndarray, th: Thresholds) -> list[Finding]:
     """Experts of one layer routed nothing for `expert_steps` logged steps. routed: (T, E)."""
-    steps = np.asarray(steps)
     routed = np.asarray(routed)
-    out = []
     if routed.size == 0 or routed.sum() == 0:
-        return out  # nothing routed at all in this layer: no expert is singled out
-    for e in range(routed.shape[1]):
-        for i0, i1 in _streaks(steps, routed[:, e] == 0, th.expert_steps):
-            out.append(
-                Finding(
-                    "dead_expert",
-                    f"expert_load/layer_{layer}/expert_{e}",
-                    "warn",
-                    f"layer {layer}: expert {e} received no tokens for {i1 - i0 + 1} logged steps from step "
-                    f"{steps[i0]}",
-                    (int(steps[i0]), int(steps[i1])),
-                    int(steps[i0 + th.expert_steps - 1]),
-                    0.0,
-                    {"layer": int(layer), "expert": e},
-                )
+        return []  # nothing routed at all in this layer: no expert is singled out
+    rows, experts = np.nonzero(routed == 0)
+    return dead_from_zeros(steps, layer, rows, experts, th)
+
+
+def dead_from_zeros(steps, layer: int, rows: np.ndarray, experts: np.ndarray, th: Thresholds) -> list[Finding]:
+    """`dead_experts` from the (row, expert) cells of a layer that routed nothing (rows index `steps`).
+
+    The caller checks that the layer routed something at all. One finding per streak of `expert_steps`+ steps.
+    """
+    steps, rows, experts = np.asarray(steps), np.asarray(rows, np.int64), np.asarray(experts, np.int64)
+    if rows.size < th.expert_steps:
+        return []
+    order = np.lexsort((rows, experts))
+    rows, experts = rows[order], experts[order]
+    # a streak breaks where the expert changes or a logged step is skipped
+    brk = np.flatnonzero((np.diff(experts) != 0) | (np.diff(rows) != 1)) + 1
+    starts = np.concatenate(([0], brk))
+    ends = np.concatenate((brk, [rows.size])) - 1
+    out = []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if b - a + 1 < th.expert_steps:
+            continue
+        e, i0, i1 = int(experts[a]), int(rows[a]), int(rows[b])
+        out.append(
+            Finding(
+                "dead_expert",
+                f"expert_load/layer_{layer}/expert_{e}",
+                "warn",
+                f"layer {layer}: expert {e} received no tokens for {i1 - i0 + 1} logged steps from step "
+                f"{steps[i0]}",
+                (int(steps[i0]), int(steps[i1])),
+                int(steps[i0 + th.expert_steps - 1]),
+                0.0,
+                {"layer": int(layer), "expert": e},
             )
+        )
     return out
 
 

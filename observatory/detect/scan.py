@@ -11,8 +11,11 @@ their thresholds (the `anomaly_*` settings) in `observatory.detect.thresholds`.
 
 Incremental and idempotent: a flag at a step depends only on a bounded trailing
 window, so `scan_run` re-reads `Thresholds.lookback` logged steps before the last
-step it scanned (kept per process, and as `scanned_through` in every finding
-written), ignores episodes that began before its windows were whole (an earlier
+step it scanned (the hot / dead expert detectors: `2 * expert_steps + 2` logged
+expert steps, `observatory.detect.expert_scan`). Where each scan stopped is kept per
+run and detector group in the store's `detector_state` (and per process, and as
+`scanned_through` in every finding written), so a new process also reads only what
+is new. It ignores episodes that began before its windows were whole (an earlier
 scan saw their start: `detect_frame(truncated=True)`) and dedupes by (detector,
 metric, window start) against anomaly events in the store and in events.1000.jsonl.
 """
@@ -22,10 +25,12 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import polars as pl
 
@@ -51,19 +56,21 @@ from observatory.detect.detectors import (
     throughput_drops,
     update_spikes,
 )
+from observatory.detect.expert_scan import expert_findings
 from observatory.detect.thresholds import Thresholds
 from observatory.events import OBSERVATORY_HOST
 from observatory.queries.anomalies import (
     anomaly_events,
     cut_step,
-    expert_load_series,
+    detector_state,
+    expert_cut_step,
     metric_series,
     nonfinite_values,
     run_activity,
     run_ids,
     silent_runs,
 )
-from observatory.store import using
+from observatory.store import StoreBusy, using, write_connection
 
 __all__ = [
     "SERIES",
@@ -108,14 +115,18 @@ def detect_frame(
     th: Thresholds,
     truncated: bool = False,
     bad: pl.DataFrame | None = None,
+    load_drop: tuple[np.ndarray, np.ndarray, bool] | None = None,
 ) -> list[Finding]:
     """Every series detector over one run's frames.
 
     frame: wide metrics (`step` + one column per metric, null where not logged);
-    load: long expert load (step, layer, expert, routed, dropped) or None;
+    load: long expert load (step, layer, expert, routed, dropped) or None; the hot and
+    dead expert detectors run on it (the store's scan uses `expert_findings` instead);
     bad: long (step, name, value) of every non-finite metric value; None: look for
     them in `frame` (then only its columns are checked).
     truncated: the frame starts after the run's first step (incremental scan).
+    load_drop: (steps, dropped / routed, truncated): the drop fraction from expert load,
+    used when `frame` has no drop fraction metric (else it comes from `load`).
     """
     out: list[Finding] = []
     spike_dep = th.window + SPIKE_GAP
@@ -131,14 +142,16 @@ def detect_frame(
         out += _keep(grad_growth(steps, g, th), steps, 2 * th.window + th.growth_steps + 1, truncated)
     if (s := _series(frame, UPDATE)) is not None:
         out += _keep(update_spikes(s[0], s[1], th), s[0], spike_dep, truncated)
-    drop = _series(frame, DROP)
+    drop, drop_truncated = _series(frame, DROP), truncated
+    if drop is None and load_drop is not None and len(load_drop[0]):
+        drop, drop_truncated = (load_drop[0], load_drop[1]), load_drop[2]
     if drop is None and load is not None and load.height:
         per = load.group_by("step").agg(pl.col("dropped").sum(), pl.col("routed").sum()).sort("step")
         per = per.filter(pl.col("routed") > 0)
         if per.height:
             drop = per["step"].to_numpy(), (per["dropped"] / per["routed"]).to_numpy()
     if drop is not None:
-        out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, truncated)
+        out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, drop_truncated)
     if (s := _series(frame, THROUGHPUT)) is not None:
         out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window, truncated)
     if bad is None:
@@ -194,8 +207,20 @@ def existing_findings(con, runs_dir: Path, run: str) -> tuple[set[tuple[str, str
     return keys, (max(scanned) if scanned else None)
 
 
-# (runs dir, run) -> last step scanned by this process; the store-derived value is the fallback
-_STATE: dict[tuple[str, str], int] = {}
+# (runs dir, run) -> {"series": last metrics step scanned, "experts": last expert_load step scanned}
+# by this process; the store's `detector_state` (and the findings' `scanned_through`) is the fallback
+_STATE: dict[tuple[str, str], dict[str, int]] = {}
+
+
+def _through(con, state_key: tuple[str, str], run: str, stored_through: int | None) -> dict[str, int]:
+    """Where the last scan of a run stopped, per detector group: this process's, else the store's."""
+    mine = _STATE.get(state_key)
+    if mine is not None:
+        return dict(mine)
+    kept = detector_state(con, run)
+    if stored_through is not None:
+        kept["series"] = max(kept.get("series", stored_through), stored_through)
+    return kept
 
 
 def scan_run(
@@ -208,15 +233,28 @@ def scan_run(
     activity: dict | None = None,
     now: float | None = None,
 ) -> tuple[list[Finding], int | None]:
-    """New findings for one run (deduped) and the last step scanned. Writes nothing."""
+    """New findings for one run (deduped) and the last step scanned. Writes nothing.
+
+    Incremental unless `full`: the metric series are re-read from `Thresholds.lookback`
+    logged steps before the last step scanned, the expert load from `2 * expert_steps + 2`
+    logged expert steps before (or `lookback` of them when the drop fraction comes from
+    the load). Either way the result equals a scan from the run's first step.
+    """
     keys, stored_through = existing_findings(con, runs_dir, run)
     state_key = (str(Path(runs_dir).resolve()), run)
-    through = None if full else _STATE.get(state_key, stored_through)
+    was = {} if full else _through(con, state_key, run, stored_through)
+    through = was.get("series")
     since = cut_step(con, run, through, th.lookback) if through is not None else None
     frame = metric_series(con, run, since, list(SERIES))
-    load = expert_load_series(con, run, since)
     bad = nonfinite_values(con, run, since)
-    found = detect_frame(frame, load, th, truncated=since is not None, bad=bad)
+    has_drop = DROP in frame.columns and frame[DROP].null_count() < frame.height
+    through_x = was.get("experts")
+    lookback_x = 2 * th.expert_steps + 2 if has_drop else th.lookback
+    since_x = expert_cut_step(con, run, through_x, lookback_x) if through_x is not None else None
+    experts, drop, last_x = expert_findings(con, run, since_x, th)
+    found = detect_frame(frame, None, th, truncated=since is not None, bad=bad,
+                         load_drop=(drop[0], drop[1], since_x is not None))  # fmt: skip
+    found = sorted(found + experts, key=lambda f: (f.step, f.detector, f.metric))
     if activity is not None:
         found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now)
     new, fresh = [], set()
@@ -225,9 +263,36 @@ def scan_run(
             fresh.add(f.key)
             new.append(replace(f, run=run))
     last = int(frame["step"].max()) if frame.height else through
+    now_state = dict(was)
     if last is not None:
-        _STATE[state_key] = max(last, through or last)
+        now_state["series"] = max(last, through if through is not None else last)
+    if last_x is not None:
+        now_state["experts"] = max(last_x, through_x if through_x is not None else last_x)
+    _PENDING[state_key] = now_state
     return new, last
+
+
+# state_key -> the state a scan reached, made current (`_STATE`, the store) once its findings are written
+_PENDING: dict[tuple[str, str], dict[str, int]] = {}
+
+
+def _commit_state(db, runs_dir: Path, runs: list[str]) -> None:
+    """The scanned runs' state: into this process's `_STATE` and the store's `detector_state`."""
+    rows = []
+    for run in runs:
+        key = (str(Path(runs_dir).resolve()), run)
+        st = _PENDING.pop(key, None)
+        if st is None:
+            continue
+        _STATE[key] = st
+        rows += [(run, group, through) for group, through in st.items()]
+    if not rows or (hasattr(db, "execute") and getattr(db, "read_only", True)):
+        return  # an open read-only connection: the process's state has to do
+    try:
+        with nullcontext(db) if hasattr(db, "execute") else write_connection(db) as con:
+            con.executemany("INSERT OR REPLACE INTO detector_state VALUES (?, ?, ?)", rows)
+    except (StoreBusy, duckdb.Error) as e:  # a cache: the next scan re-reads a little more, never misses
+        print(f"observatory anomalies: detector state not saved ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def write_findings(runs_dir: Path, run: str, found: list[Finding], scanned_through: int | None) -> None:
@@ -268,7 +333,7 @@ def detect(
                 )
                 continue
             results.append((run, new, last))
-    out = []
+    out, done = [], []
     for run, new, last in results:
         if write and new:
             if not (runs_dir / run).is_dir():
@@ -278,7 +343,12 @@ def detect(
                 )
                 continue
             write_findings(runs_dir, run, new, last)
+        done.append(run)
         out += new
+    if write:
+        _commit_state(db, runs_dir, done)  # after the findings are in their files: a crash re-finds, never loses
+    for run in wanted:
+        _PENDING.pop((str(runs_dir.resolve()), run), None)
     return out
 
 

@@ -100,8 +100,10 @@ def rebuild(runs_dir: str | os.PathLike | None = None, db: str | os.PathLike | N
     """Recreate the store from the event logs: build a fresh file beside it, then swap it in atomically.
 
     Readers see the old store until the swap and the new one after; neither half-built.
-    Rollups are rebuilt with it; the after-commit hooks are not run (what they wrote is
-    already events, so the new store holds it too). `progress`: as for `ingest`.
+    The hooks run as in `ingest`, batch by batch: rollups in each transaction (caught up
+    at the end if one was switched off), and the detectors, so the new store holds their
+    state and the next `ingest` reads only what is new. What the hooks wrote before is
+    already events (the new store holds it too), so they find nothing they said already. `progress`: as for `ingest`.
     """
     runs_dir = Path(runs_dir) if runs_dir is not None else store.default_runs_dir()
     db = Path(db) if db is not None else store.default_db()
@@ -110,10 +112,11 @@ def rebuild(runs_dir: str | os.PathLike | None = None, db: str | os.PathLike | N
     for p in (tmp, tmp.with_name(tmp.name + ".wal")):
         p.unlink(missing_ok=True)
     try:
-        report = ingest(runs_dir, tmp, hooks=False, emit=emit, progress=progress)
+        report = ingest(runs_dir, tmp, emit=emit, progress=progress)
         with store.write_connection(tmp) as con:
+            store.ensure_schema(con)
             con.execute("BEGIN TRANSACTION")
-            rollups.rebuild_rollups(con)
+            rollups.after_ingest(con, {"metrics": {"*"}, "expert_load": {"*"}})  # rows the hook left, if any
             con.execute("COMMIT")
         with store.write_connection(db) as con:  # hold the store's locks: nobody opens it mid-swap
             con.duckdb.close()

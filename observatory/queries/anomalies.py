@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from observatory.events import OBSERVATORY_HOST
@@ -19,6 +20,12 @@ __all__ = [
     "metric_series",
     "nonfinite_values",
     "expert_load_series",
+    "expert_layer_stats",
+    "expert_zero_cells",
+    "expert_rows_at",
+    "expert_busiest",
+    "expert_cut_step",
+    "detector_state",
     "cut_step",
     "anomaly_events",
     "run_activity",
@@ -86,17 +93,107 @@ def nonfinite_values(con, run: str, since_step: int | None = None) -> pl.DataFra
     return pl.from_arrow(tbl)
 
 
-def expert_load_series(con, run: str, since_step: int | None = None) -> pl.DataFrame:
-    """Routed load per (step, layer, expert), sorted; columns step, layer, expert, routed, dropped."""
+def expert_load_series(con, run: str, since_step: int | None = None, layers: list[int] | None = None) -> pl.DataFrame:
+    """Routed load per (step, layer, expert), sorted; columns step, layer, expert, routed, dropped (Int64).
+
+    layers: only these layers. Sums are cast to BIGINT in SQL: DuckDB's sum of an integer
+    column is a HUGEINT, which would arrive as Python Decimals, one object per value.
+    """
+    only = "" if layers is None else "AND layer IN (SELECT unnest(?::USMALLINT[]))"
     tbl = con.sql(
-        """
-        SELECT step, layer, expert, sum(routed) AS routed, sum(dropped) AS dropped
-        FROM expert_load WHERE run = ? AND step >= ?
+        f"""
+        SELECT step, layer, expert, sum(routed)::BIGINT AS routed, sum(dropped)::BIGINT AS dropped
+        FROM expert_load WHERE run = ? AND step >= ? {only}
         GROUP BY step, layer, expert ORDER BY step, layer, expert
         """,
-        params=[run, -1 if since_step is None else since_step],
+        params=[run, -1 if since_step is None else since_step] + ([list(layers)] if layers is not None else []),
     ).to_arrow_table()
     return pl.from_arrow(tbl)
+
+
+def expert_layer_stats(con, run: str, since_step: int | None = None) -> dict[str, np.ndarray]:
+    """Per (step, layer), sorted: rows, largest expert index, routed sum and max, dropped sum, zero cells.
+
+    Numpy arrays (int64), one aggregate over few groups: what the hot / dead expert
+    detectors need without fetching 384 values per layer and step. `rows == max_expert + 1`
+    says the (step, layer) came from one event (expert = index in its list), so its
+    `routed_max` is the busiest expert's load.
+    """
+    return con.execute(
+        """
+        SELECT step::BIGINT AS step, layer::BIGINT AS layer, count(*)::BIGINT AS rows,
+               max(expert)::BIGINT AS max_expert, sum(routed)::BIGINT AS routed,
+               max(routed)::BIGINT AS routed_max, sum(dropped)::BIGINT AS dropped,
+               count(*) FILTER (WHERE routed = 0)::BIGINT AS zeros
+        FROM expert_load WHERE run = ? AND step >= ?
+        GROUP BY step, layer ORDER BY step, layer
+        """,
+        [run, -1 if since_step is None else since_step],
+    ).fetchnumpy()
+
+
+def expert_rows_at(con, run: str, steps: np.ndarray) -> dict[str, np.ndarray]:
+    """The raw (step, layer, expert, routed) rows of a run at some steps (int64 arrays, unsorted)."""
+    return con.execute(
+        """
+        SELECT step::BIGINT AS step, layer::BIGINT AS layer, expert::BIGINT AS expert, routed::BIGINT AS routed
+        FROM expert_load WHERE run = ? AND step BETWEEN ? AND ? AND step IN (SELECT unnest(?::INTEGER[]))
+        """,
+        [run, int(steps.min()), int(steps.max()), [int(s) for s in steps]],
+    ).fetchnumpy()
+
+
+def expert_zero_cells(con, run: str, since_step: int | None = None) -> dict[str, np.ndarray]:
+    """(step, layer, expert) of every expert_load row that routed nothing (int64 arrays, unsorted)."""
+    return con.execute(
+        """
+        SELECT step::BIGINT AS step, layer::BIGINT AS layer, expert::BIGINT AS expert
+        FROM expert_load WHERE run = ? AND step >= ? AND routed = 0
+        """,
+        [run, -1 if since_step is None else since_step],
+    ).fetchnumpy()
+
+
+def expert_busiest(con, run: str, layer: int, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """Per step of [lo, hi] of one layer: the busiest expert (summed over events; lowest index on ties)."""
+    return con.execute(
+        """
+        WITH s AS (
+            SELECT step, expert, sum(routed)::BIGINT AS r FROM expert_load
+            WHERE run = ? AND layer = ? AND step BETWEEN ? AND ? GROUP BY step, expert
+        )
+        SELECT step::BIGINT AS step, arg_max(expert, r * 65536 + (65535 - expert))::BIGINT AS expert
+        FROM s GROUP BY step ORDER BY step
+        """,
+        [run, layer, lo, hi],
+    ).fetchnumpy()
+
+
+def expert_cut_step(con, run: str, through: int, lookback: int) -> int | None:
+    """The expert_load step `lookback` logged expert steps before `through`; None when there are fewer.
+
+    Read from the `expert_run_step` rollup (one row per run and step). Where that rollup
+    lags (its hook switched off), it knows fewer steps: the cut comes earlier or is None
+    (a full scan), which reads more, never less.
+    """
+    rows = con.execute(
+        "SELECT step FROM expert_run_step WHERE run = ? AND step <= ? ORDER BY step DESC LIMIT ?",
+        [run, through, lookback + 1],
+    ).fetchall()
+    if len(rows) <= lookback:
+        return None
+    return int(rows[-1][0])
+
+
+def detector_state(con, run: str) -> dict[str, int]:
+    """{detector group: last step scanned} kept in the store for a run; {} for a store without the table."""
+    import duckdb
+
+    try:
+        rows = con.execute("SELECT detector, through FROM detector_state WHERE run = ?", [run]).fetchall()
+    except duckdb.CatalogException:
+        return {}
+    return {d: int(t) for d, t in rows if t is not None}
 
 
 def anomaly_events(con, run: str | None = None, detector: str | None = None) -> list[dict[str, Any]]:

@@ -6,7 +6,8 @@
 - `VIEWS` and `DECISIONS_VIEW_DDL`: `latest_metrics`, `run_drop_fraction`, and
   `decisions` (the fold of `decision` events, `DECISIONS_SQL`).
 - `ROLLUP_DDL`: the tables `observatory.store.rollups` keeps up to date at ingest
-  time for the dashboard (internal: not in the README).
+  time for the dashboard, and `detector_state`, where the detectors' scans stopped
+  (`observatory.detect.scan`); internal: not in the README.
 - `run_status_sql(cut)`: the one definition of a run's status as every reader
   shows it (`crashed` after `stale_after_s` of silence).
 
@@ -270,6 +271,12 @@ CREATE TABLE IF NOT EXISTS metric_series (
     last_value DOUBLE,
     last_t     DOUBLE,
     PRIMARY KEY (run, name)
+);
+CREATE TABLE IF NOT EXISTS detector_state (
+    run      VARCHAR NOT NULL,
+    detector VARCHAR NOT NULL,        -- a detector group: series | experts
+    through  BIGINT,                  -- the last step its scan read (the next re-reads a trailing window)
+    PRIMARY KEY (run, detector)
 );
 CREATE TABLE IF NOT EXISTS rollup_state (
     source      VARCHAR PRIMARY KEY,  -- expert_load | metrics

@@ -1,0 +1,243 @@
+"""`bench/bench_ingest.py --preset 535b`: the reference run's shape through the real path, against the engine.
+
+Every log comes from `observatory.interop.simulate` (what `observatory simulate --preset 535b`
+writes); every ingest is the real command in a child process (`python -m observatory.cli
+ingest|rebuild`, hooks included), timed by wall clock with its peak RSS (`ru_maxrss` from
+`os.wait4`). The engine side is DuckDB's own Arrow append of the same rows: the rows our
+ingest stored, fetched as Arrow outside the clock, `INSERT INTO <table> SELECT * FROM arrow`
+into a fresh store with the same schema, in the same run. Sides alternate `--repeat` times;
+medians count.
+
+1. expert_load: a 535b log with expert_load every step (`--expert-steps`): expert rows/s.
+2. metrics: a 535b log without expert_load (`--metric-steps`): metric values/s.
+3. rebuild: `observatory rebuild` of a 535b run of `--rebuild-steps` steps, expert_load every
+   10 steps; extrapolated linearly to 100k steps (the rows grow linearly with the steps).
+4. append: 10 more steps appended to that run, then `observatory ingest`; next to it the same
+   command with nothing new (process start-up plus an idle pass).
+5. --follow: `observatory ingest --follow` on a fresh 60-step run and on the rebuilt run; one
+   step appended; seconds until a read-only query sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+
+from observatory import store
+from observatory.interop.simulate import simulate
+
+RUN = "sim-535b"
+TARGETS = {"expert": 0.25, "metrics": 0.3, "rebuild_s": 600.0, "append_s": 2.0, "follow_s": 2.0,
+           "ingest_rss_mb": 2048.0}  # fmt: skip
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
+CPU: dict[str, list[float]] = {}  # label -> CPU seconds (user + system, all threads) of each measured run
+
+
+def child(args: list[str], env: dict | None = None, label: str | None = None) -> tuple[float, float, str]:
+    """(wall s, peak RSS MB, stderr) of `python -m observatory.cli ARGS` in a child process.
+
+    Its CPU seconds go to `CPU[label]`: on a shared, loaded machine wall time is partly waiting."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "observatory.cli", *args], env=env or ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    err = p.stderr.read().decode()
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    CPU.setdefault(label or args[0], []).append(ru.ru_utime + ru.ru_stime)
+    if p.returncode:
+        raise RuntimeError(f"{args}: exit {p.returncode}: {err[-2000:]}")
+    return wall, ru.ru_maxrss / 1024, err
+
+
+def engine_append(src: Path, table: str, tmp: Path) -> float:
+    """Seconds DuckDB takes to append `table`'s rows of the store `src` from Arrow into a fresh store."""
+    with duckdb.connect(str(src), read_only=True) as con:
+        arrow = con.sql(f"SELECT * FROM {table}").to_arrow_table()  # noqa: F841 (read by DuckDB below)
+    db = tmp / "engine.duckdb"
+    for p in (db, db.with_name(db.name + ".wal")):
+        p.unlink(missing_ok=True)
+    with duckdb.connect(str(db)) as con:
+        con.execute("SET enable_progress_bar = false")
+        store.ensure_schema(con)
+        t0, c0 = time.perf_counter(), time.process_time()
+        con.execute(f"INSERT INTO {table} SELECT * FROM arrow")
+        secs = time.perf_counter() - t0
+        CPU.setdefault(f"engine {table}", []).append(time.process_time() - c0)
+    for p in (db, db.with_name(db.name + ".wal")):
+        p.unlink(missing_ok=True)
+    return secs
+
+
+def count(db: Path, sql: str):
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(sql).fetchall()[0][0]
+
+
+def side_by_side(runs: Path, tmp: Path, table: str, repeat: int) -> dict:
+    """Our `observatory ingest` of `runs` into a fresh store vs the engine appending the same `table` rows."""
+    ours, rss, engine = [], [], []
+    for i in range(repeat):
+        db = tmp / f"ours-{table}-{i}.duckdb"
+        for f in runs.glob("*/events.1000.jsonl"):
+            f.unlink()  # the hooks' findings of the previous repeat: each repeat finds them anew
+        wall, mb, _ = child(["ingest", "--runs-dir", str(runs), "--db", str(db), "-q"], label=f"ours {table}")
+        ours.append(wall)
+        rss.append(mb)
+        engine.append(engine_append(db, table, tmp))
+        n = count(db, f"SELECT count(*) FROM {table}")
+        if i < repeat - 1:
+            for p in (db, db.with_name(db.name + ".wal")):
+                p.unlink(missing_ok=True)
+    o, e = statistics.median(ours), statistics.median(engine)
+    oc, ec = statistics.median(CPU[f"ours {table}"]), statistics.median(CPU[f"engine {table}"])
+    return {"rows": n, "ours_s": o, "engine_s": e, "ours_rate": n / o, "engine_rate": n / e, "ratio": e / o,
+            "cpu_ratio": ec / oc, "ours_cpu": oc, "engine_cpu": ec, "rss_mb": max(rss), "db": db}  # fmt: skip
+
+
+def append_steps(log: Path, k: int, at_step: int | None = None) -> int:
+    """Append `k` steps to a log: the metrics and expert_load lines of its last `k` logged steps again,
+    with the steps moved past the last one (or to `at_step` on), seqs continued, times moved on."""
+    lines = log.read_bytes().splitlines()
+    last = json.loads(lines[-1])
+    evs = [json.loads(x) for x in lines[-4000:]]
+    bulk = [e for e in evs if e["kind"] in ("metrics", "expert_load")]
+    top = max(e["step"] for e in bulk)
+    steps = sorted({e["step"] for e in bulk})[-k:]
+    first = top + 1 if at_step is None else at_step
+    seq, dt = last["seq"] + 1, max(e["t"] for e in evs) - min(e["t"] for e in evs) + 1.0
+    out = []
+    for e in bulk:
+        if e["step"] in steps:
+            e = {**e, "step": first + steps.index(e["step"]), "seq": seq, "t": e["t"] + dt}
+            seq += 1
+            out.append(json.dumps(e, separators=(",", ":")).encode())
+    with open(log, "ab") as f:
+        f.write(b"\n".join(out) + b"\n")
+    return first + len(steps) - 1
+
+
+def freshness(runs: Path, db: Path, log: Path, tries: int = 3) -> list[float]:
+    """Seconds from appending a step to `log` until a read-only query sees it, under `ingest --follow`."""
+    p = subprocess.Popen([sys.executable, "-m", "observatory.cli", "ingest", "--follow", "-q", "--runs-dir",
+                          str(runs), "--db", str(db)], env=ENV, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)  # fmt: skip
+    out = []
+    try:
+        time.sleep(1.0)
+        for _ in range(200):  # until it has caught up with what is there
+            with store.connect(db) as con:
+                have = con.execute("SELECT max(step) FROM metrics WHERE run = ?", [RUN]).fetchall()[0][0]
+            if have is not None and have >= append_target(log):
+                break
+            time.sleep(0.5)
+        for _ in range(tries):
+            time.sleep(1.0)
+            step = append_steps(log, 1)
+            t0 = time.perf_counter()
+            while True:
+                with store.connect(db) as con:
+                    have = con.execute("SELECT max(step) FROM metrics WHERE run = ?", [RUN]).fetchall()[0][0]
+                if have is not None and have >= step:
+                    break
+                if time.perf_counter() - t0 > 60:
+                    raise RuntimeError("follow: step not visible after 60 s")
+                time.sleep(0.05)
+            out.append(time.perf_counter() - t0)
+    finally:
+        p.terminate()
+        p.wait(30)
+    return out
+
+
+def append_target(log: Path) -> int:
+    lines = log.read_bytes().splitlines()
+    return max(json.loads(x).get("step") or 0 for x in lines[-200:] if b'"metrics"' in x)
+
+
+def run_535b(args) -> None:
+    tmp_ctx = None if args.keep else tempfile.TemporaryDirectory()
+    tmp = Path(args.keep or tmp_ctx.name)
+    tmp.mkdir(parents=True, exist_ok=True)
+    res: dict = {}
+    try:
+        # 1. expert_load every step
+        rx = tmp / "runs-expert"
+        if not rx.exists():
+            simulate("535b", rx, steps=args.expert_steps, expert_load_every=1)
+        res["expert"] = x = side_by_side(rx, tmp, "expert_load", args.repeat)
+        mb_x = sum(f.stat().st_size for f in rx.glob("*/events.0.jsonl")) / 1e6
+        print(f"expert_load: {args.expert_steps} steps, every step, {mb_x:.0f} MB, {x['rows']:,} rows: ours "
+              f"{x['ours_s']:.2f} s ({x['ours_rate'] / 1e6:.2f} M rows/s, peak RSS {x['rss_mb']:.0f} MB), engine "
+              f"{x['engine_s']:.2f} s ({x['engine_rate'] / 1e6:.2f} M rows/s): {x['ratio']:.3f}x; CPU s ours "
+              f"{x['ours_cpu']:.2f}, engine {x['engine_cpu']:.2f}: {x['cpu_ratio']:.3f}x", flush=True)  # fmt: skip
+        # 2. metrics only
+        rm = tmp / "runs-metrics"
+        if not rm.exists():
+            simulate("535b", rm, steps=args.metric_steps, expert_load_every=0)
+        res["metrics"] = m = side_by_side(rm, tmp, "metrics", args.repeat)
+        print(f"metrics: {args.metric_steps} steps, {m['rows']:,} values: ours {m['ours_s']:.2f} s "
+              f"({m['ours_rate'] / 1e6:.2f} M values/s, peak RSS {m['rss_mb']:.0f} MB), engine {m['engine_s']:.2f} s "
+              f"({m['engine_rate'] / 1e6:.2f} M values/s): {m['ratio']:.3f}x; CPU s ours {m['ours_cpu']:.2f}, engine "
+              f"{m['engine_cpu']:.2f}: {m['cpu_ratio']:.3f}x", flush=True)  # fmt: skip
+        # 3. rebuild
+        rr, db = tmp / "runs-rebuild", tmp / "rebuild.duckdb"
+        if not rr.exists():
+            simulate("535b", rr, steps=args.rebuild_steps, expert_load_every=10)
+        wall, mb, _ = child(["rebuild", "--runs-dir", str(rr), "--db", str(db), "-q"])
+        rows = count(db, "SELECT count(*) FROM expert_load")
+        vals = count(db, "SELECT count(*) FROM metrics")
+        scale = 100_000 / args.rebuild_steps
+        res["rebuild"] = {"s": wall, "rss_mb": mb, "rows": rows, "values": vals, "s_100k": wall * scale}
+        print(f"rebuild: {args.rebuild_steps} steps, expert_load every 10: {rows:,} expert rows + {vals:,} "
+              f"metric values in {wall:.1f} s, {CPU['rebuild'][-1]:.1f} CPU s (peak RSS {mb:.0f} MB); x{scale:g} to 100k steps: "
+              f"{wall * scale / 60:.1f} min (extrapolated)", flush=True)  # fmt: skip
+        # 4. append 10 steps
+        log = rr / RUN / "events.0.jsonl"
+        noop = [child(["ingest", "--runs-dir", str(rr), "--db", str(db), "-q"])[0] for _ in range(args.repeat)]
+        app = []
+        for _ in range(args.repeat):
+            append_steps(log, 10)
+            app.append(child(["ingest", "--runs-dir", str(rr), "--db", str(db), "-q"])[0])
+        start = [child(["--help"])[0] for _ in range(args.repeat)]
+        res["append"] = {"s": statistics.median(app), "noop_s": statistics.median(noop),
+                         "startup_s": statistics.median(start)}  # fmt: skip
+        a = res["append"]
+        print(f"append 10 steps at step {args.rebuild_steps}: observatory ingest {a['s']:.2f} s; with nothing "
+              f"new {a['noop_s']:.2f} s; `observatory --help` (start-up) {a['startup_s']:.2f} s; "
+              f"append - start-up {a['s'] - a['startup_s']:.2f} s", flush=True)  # fmt: skip
+        # 5. --follow freshness, small run and big run
+        rs, dbs = tmp / "runs-small", tmp / "small.duckdb"
+        if not rs.exists():
+            simulate("535b", rs, steps=60, expert_load_every=10)
+        small = freshness(rs, dbs, rs / RUN / "events.0.jsonl")
+        big = freshness(rr, db, log)
+        res["follow"] = {"small": statistics.median(small), "big": statistics.median(big)}
+        print(f"--follow: a new step visible after {res['follow']['small']:.2f} s at step ~60, "
+              f"{res['follow']['big']:.2f} s at step ~{args.rebuild_steps} (medians of {len(small)})", flush=True)  # fmt: skip
+    finally:
+        if tmp_ctx is not None:
+            tmp_ctx.cleanup()
+    x, m, r, a, f = res["expert"], res["metrics"], res["rebuild"], res["append"], res["follow"]
+    cmd = "python bench/bench_ingest.py --preset 535b"
+    print(f"| ingest, expert_load (535b, every step) | {x['ours_rate'] / 1e6:.2f} M rows/s, {x['ratio']:.2f}x "
+          f"DuckDB's Arrow append ({x['engine_rate'] / 1e6:.1f} M/s) | >= {TARGETS['expert']}x | {cmd} |")  # fmt: skip
+    print(f"| ingest, metrics (535b) | {m['ours_rate'] / 1e6:.2f} M values/s, {m['ratio']:.2f}x DuckDB's Arrow "
+          f"append ({m['engine_rate'] / 1e6:.1f} M/s) | >= {TARGETS['metrics']}x | {cmd} |")  # fmt: skip
+    print(f"| rebuild, 535b run, expert_load every 10 | {r['s']:.0f} s at {args.rebuild_steps} steps "
+          f"({r['rows'] / 1e6:.1f}M rows): {r['s_100k'] / 60:.1f} min at 100k steps, extrapolated | < 10 min | {cmd} |")  # fmt: skip
+    print(f"| append 10 steps + observatory ingest | {a['s']:.2f} s at step {args.rebuild_steps} (start-up "
+          f"{a['startup_s']:.2f} s) | <= 2 s + start-up | {cmd} |")  # fmt: skip
+    print(f"| ingest --follow: new step visible | {f['small']:.2f} s at step 60, {f['big']:.2f} s at step "
+          f"{args.rebuild_steps} | <= 2 s | {cmd} |")  # fmt: skip
+    print(f"| ingester peak RSS | {max(x['rss_mb'], m['rss_mb'], r['rss_mb']):.0f} MB | <= 2 GB | {cmd} |")

@@ -1,0 +1,131 @@
+"""Hooks cost what is new: a run ingested in 50 pieces ends with what one full recomputation gives.
+
+Real simulator logs (`observatory.interop.simulate`, the tiny preset: the 535b story at
+4 layers x 16 experts, with a spike, a NaN and its rollback that re-logs steps, a hot
+expert, a fork), real ingest with every hook, real DuckDB files in tmp_path.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+
+import observatory
+from observatory.detect import scan as A
+from observatory.detect.expert_scan import expert_findings
+from observatory.detect.thresholds import Thresholds
+from observatory.ingest import ingest
+from observatory.interop.simulate import simulate
+from observatory.queries import anomalies as qa
+from observatory.store import connect, rollups, schema
+
+TABLES = (*schema.EXPERT_TABLES, *schema.METRIC_TABLES)
+TH = Thresholds()
+
+
+def _r(v):
+    return float(f"{v:.12g}") if isinstance(v, float) else v  # float sums depend on the order rows arrive in
+
+
+def snapshot(db) -> dict[str, list]:
+    with connect(db) as con:
+        return {t: sorted(repr(tuple(map(_r, row))) for row in con.execute(f"SELECT * FROM {t}").fetchall())
+                for t in TABLES}  # fmt: skip
+
+
+def anomalies(db) -> list[tuple]:
+    with connect(db) as con:
+        return sorted((a["run"], a["detector"], a["metric"], a["window"][0], a["step"]) for a in qa.anomaly_events(con))
+
+
+@pytest.fixture
+def no_stall(monkeypatch):
+    # the simulated clock is in the past: a stall check would fire at whatever step each piece ends
+    monkeypatch.setenv("OBSERVATORY_ANOMALY_STALL_S", "1e12")
+    A._STATE.clear()
+    yield
+    A._STATE.clear()
+
+
+@pytest.mark.slow
+def test_fifty_pieces_give_the_anomalies_and_rollups_of_one_full_recomputation(tmp_path, no_stall):
+    src = tmp_path / "src"
+    simulate("tiny", src, steps=400, expert_load_every=1)
+    logs = sorted(src.glob("*/events.*.jsonl"))
+    # the whole logs at once, fresh store: the full recomputation
+    full_runs, full_db = tmp_path / "full", tmp_path / "full.duckdb"
+    shutil.copytree(src, full_runs)
+    ingest(full_runs, full_db, emit=None)
+    ingest(full_runs, full_db, emit=None)  # stores what the last pass's hooks wrote
+    want = anomalies(full_db)
+    assert {a[1] for a in want} >= {"grad_spike", "loss_spike", "nonfinite", "hot_expert"}
+    # the same bytes in 50 pieces, cut at line ends, every hook on each ingest
+    runs, db = tmp_path / "runs", tmp_path / "pieces.duckdb"
+    datas = {p: p.read_bytes() for p in logs}
+    for k in range(1, 51):
+        for p, data in datas.items():
+            cut = data.rfind(b"\n", 0, len(data) * k // 50) + 1 if k < 50 else len(data)
+            dst = runs / p.relative_to(src)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            done = dst.stat().st_size if dst.exists() else 0
+            with open(dst, "ab") as f:
+                f.write(data[done:cut])
+        ingest(runs, db, emit=None)
+    ingest(runs, db, emit=None)
+    assert anomalies(db) == want
+    # a full scan of the pieced store finds nothing the incremental scans did not
+    A._STATE.clear()
+    assert A.detect(db, runs, full=True, write=False) == []
+    # rollups kept batch by batch equal the one-pass rollups, and a rebuild from scratch
+    assert snapshot(db) == snapshot(full_db)
+    copy = tmp_path / "copy.duckdb"
+    shutil.copy(db, copy)
+    with duckdb.connect(str(copy)) as con:
+        con.execute("BEGIN")
+        rollups.rebuild_rollups(con)
+        con.execute("COMMIT")
+    assert snapshot(copy) == snapshot(db)
+    # the state each run's scans stopped at is in the store
+    with connect(db) as con:
+        st = qa.detector_state(con, "sim-tiny")
+        assert set(st) == {"series", "experts"} and st["series"] >= 390
+
+
+def test_expert_scan_equals_the_pivot_of_per_expert_sums(tmp_path):
+    """The per (step, layer) shortcut and its dense fix-up give what `detect_frame` gives on the pivot."""
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    rng = np.random.default_rng(3)
+    r = observatory.init(run_id="x", runs_dir=runs, install_signal_handlers=False)
+    e = 12
+    for s in list(range(0, 120)) + list(range(60, 90)):  # steps 60..89 logged twice (a rollback)
+        for layer in range(3):
+            routed = rng.integers(900, 1100, size=e)
+            if layer == 1 and 30 <= s < 100:
+                routed[4] = 30_000  # hot
+            if layer == 2 and s >= 40:
+                routed[7] = 0  # dead
+            n = e - 1 if (layer == 0 and s == 50) else e  # one short list: expert 11 missing = 0
+            r.log_expert_load(s, layer, routed[:n].tolist(), [0] * n)
+        r.log({"train/loss": 2.0}, step=s)
+    r.finish()
+    ingest(runs, db, hooks=False, emit=None)
+    with connect(db) as con:
+        stats = qa.expert_layer_stats(con, "x")
+        assert all(v.dtype == np.int64 for v in stats.values())  # no Decimal, no object arrays
+        load = qa.expert_load_series(con, "x")
+        assert load.schema["routed"] == pl.Int64 and load.schema["dropped"] == pl.Int64
+        assert qa.metric_series(con, "x", None, ["train/loss"]).schema["train/loss"] == pl.Float64
+        ref = A.detect_frame(pl.DataFrame({"step": pl.Series([], dtype=pl.Int64)}), load, TH)
+        for since in (None, 35):
+            got, drop, last = expert_findings(con, "x", since, TH)
+            assert drop[1].dtype == np.float64 and last == 119
+            want = ref if since is None else [f for f in ref if f.window[0] > since]
+            assert sorted((f.key, f.step, f.extra.get("expert")) for f in got) == sorted(
+                (f.key, f.step, f.extra.get("expert")) for f in want
+            )
+    assert {f.detector for f in ref} == {"hot_expert", "dead_expert"}
+
