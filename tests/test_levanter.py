@@ -165,7 +165,7 @@ def test_mixtral_run_reaches_the_experts_page(mixtral, monkeypatch):
 
     at = page(mixtral["db"], "experts", mixtral["run_id"], monkeypatch)
     assert not at.exception
-    share = specs(at)[0]
+    share = next(s for s in specs(at) if "load share" in s["layout"]["title"]["text"])
     z = arr(share["data"][0]["z"])
     assert z.shape[0] == 4  # experts x steps
     np.testing.assert_allclose(np.nansum(z, axis=0), 1.0, atol=1e-6)
