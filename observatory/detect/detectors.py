@@ -138,6 +138,18 @@ def _level_noise(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarr
     return level, (q75 - q25) / (1.349 * math.sqrt(2))
 
 
+def _peak(detector: str, metric: str, severity: str, message: str, steps, x, i0: int, i1: int, ip: int,
+          base: float, raised_at: int | None = None, **extra: Any) -> Finding:
+    """A finding over the episode steps[i0..i1] that peaks at ip, against a baseline level."""
+    return Finding(
+        detector, metric, severity, message,
+        (int(steps[i0]), int(steps[i1])),
+        int(steps[i0 if raised_at is None else raised_at]),
+        float(x[ip]),
+        {"peak_step": int(steps[ip]), "baseline": float(base), **extra},
+    )  # fmt: skip
+
+
 def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
@@ -206,19 +218,12 @@ def _spikes(
         zp = float(np.nanmax(z[i0 : i1 + 1]))
         critical = zp > 2 * z_thr or ratio > (10 if log else 1.5)
         what = "grad norm" if log else metric
-        out.append(
-            Finding(
-                detector,
-                metric,
-                "critical" if critical else "warn",
-                f"{what} spiked to {_fmt(x[ip])} at step {steps[ip]} ({ratio:.2f}x its recent level "
-                f"{_fmt(base)}, {zp:.1f} robust sigma)",
-                (int(steps[i0]), int(steps[i1])),
-                int(steps[conf]),
-                float(x[ip]),
-                {"peak_step": int(steps[ip]), "baseline": float(base), "z": round(zp, 2)},
-            )
-        )
+        out.append(_peak(
+            detector, metric, "critical" if critical else "warn",
+            f"{what} spiked to {_fmt(x[ip])} at step {steps[ip]} ({ratio:.2f}x its recent level "
+            f"{_fmt(base)}, {zp:.1f} robust sigma)",
+            steps, x, i0, i1, ip, base, raised_at=conf, z=round(zp, 2),
+        ))  # fmt: skip
     return out
 
 
@@ -270,19 +275,12 @@ def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
     out = []
     for i0, i1 in _episodes(flags, 0):
         ip = i0 + int(np.nanargmin(x[i0 : i1 + 1]))
-        out.append(
-            Finding(
-                "loss_dip",
-                metric,
-                "warn",
-                f"{metric} fell to {_fmt(x[ip])} at step {steps[ip]}, {100 * x[ip] / med[i0]:.0f}% of its recent "
-                f"level {_fmt(med[i0])}: a batch unlike the others (repeated or duplicated data?)",
-                (int(steps[i0]), int(steps[i1])),
-                int(steps[i0]),
-                float(x[ip]),
-                {"peak_step": int(steps[ip]), "baseline": float(med[i0])},
-            )
-        )
+        out.append(_peak(
+            "loss_dip", metric, "warn",
+            f"{metric} fell to {_fmt(x[ip])} at step {steps[ip]}, {100 * x[ip] / med[i0]:.0f}% of its recent "
+            f"level {_fmt(med[i0])}: a batch unlike the others (repeated or duplicated data?)",
+            steps, x, i0, i1, ip, med[i0],
+        ))  # fmt: skip
     return out
 
 
@@ -419,19 +417,12 @@ def drop_jumps(steps, drop, th: Thresholds, metric: str = DROP) -> list[Finding]
     out = []
     for i0, i1 in _episodes(flags, SPIKE_GAP):
         ip = i0 + int(np.nanargmax(x[i0 : i1 + 1]))
-        out.append(
-            Finding(
-                "drop_jump",
-                metric,
-                "critical" if x[ip] - med[i0] > 3 * th.drop_jump else "warn",
-                f"drop fraction jumped to {x[ip]:.3f} at step {steps[ip]} from a recent level of {med[i0]:.3f} "
-                f"({float(np.nanmax(z[i0 : i1 + 1])):.1f} robust sigma)",
-                (int(steps[i0]), int(steps[i1])),
-                int(steps[i0]),
-                float(x[ip]),
-                {"peak_step": int(steps[ip]), "baseline": float(med[i0])},
-            )
-        )
+        out.append(_peak(
+            "drop_jump", metric, "critical" if x[ip] - med[i0] > 3 * th.drop_jump else "warn",
+            f"drop fraction jumped to {x[ip]:.3f} at step {steps[ip]} from a recent level of {med[i0]:.3f} "
+            f"({float(np.nanmax(z[i0 : i1 + 1])):.1f} robust sigma)",
+            steps, x, i0, i1, ip, med[i0],
+        ))  # fmt: skip
     return out
 
 
