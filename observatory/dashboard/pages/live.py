@@ -5,7 +5,8 @@ re-runs a handful of cached queries, not the page. Loss comes first (with eval
 points, the ladder forecast band and event markers), then the MoE and optimiser
 health charts (on a first view of a run, once the browser has drawn the loss
 chart: `dashboard.after_paint`). A run that has gone silent without `run_end`
-gets a banner.
+gets a banner. Below the panel, an expander holds the run's details: project, group,
+source, summary, histograms and artifacts (`dashboard.run_details`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from observatory import settings
 from observatory.dashboard.after_paint import after_first_paint
 from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.charts import add_markers, band, scatter, series_figure
+from observatory.dashboard.run_details import render_details
 from observatory.dashboard.runs_table import ago, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.queries import dashboard as qd
@@ -276,3 +278,4 @@ def render() -> None:
     st.caption(f"Refreshing every {REFRESH_S} s." if live else "Not running: shown as of its last event.")
     # only the panel refreshes; a finished run does not poll
     st.fragment(run_every=REFRESH_S if live else None)(_panel)(run)
+    render_details(run)
