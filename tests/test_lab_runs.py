@@ -179,3 +179,25 @@ def test_live_page_shows_summary_histogram_and_artifacts(store):
     assert list(arts["path"]) == ["/tmp/cfg.yaml"]
     assert any("Project** mnist" in m.value and "Group** sweep-a" in m.value for m in at.markdown)
     assert at.selectbox(key="details_hist_mnist-a1").value == "grad/hist"
+
+
+def test_a_small_ingest_and_query_do_not_import_pandas(tmp_path):
+    """The fixed cost of reading a run back: ingest + a query never load pandas (~0.5-1.3 s of import)."""
+    import subprocess
+    import sys
+
+    runs_dir, db = tmp_path / "runs", tmp_path / "s.duckdb"
+    run = wandb.init(project="p", id="small", dir=runs_dir)
+    for _ in range(20):
+        run.log({"train/loss": 2.0, "grad/norm/total": 1.0})
+    run.event("note", {"text": "hello"})
+    run.finish()
+    code = (
+        "import sys; from observatory.ingest import ingest; from observatory.store import connect\n"
+        "from observatory.queries.core import metric_series\n"
+        f"ingest({str(runs_dir)!r}, {str(db)!r}, emit=None)\n"
+        f"con = connect({str(db)!r}); n = len(metric_series(con, 'small', 'train/loss')['step']); con.close()\n"
+        "print(n, 'pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)
+    assert out.stdout.split() == ["20", "False"], out.stderr
