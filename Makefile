@@ -53,6 +53,7 @@ demo: setup
 	$(BIN)/python -m observatory.demo
 
 bench: setup
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:

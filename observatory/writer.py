@@ -30,9 +30,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 from observatory import settings
 from observatory.events import OBSERVATORY_HOST, RUN_ID_RE, STATUSES, VERSION, encode_value
 from observatory.redact import redact
+
+# Encodes a clean event (finite floats, ints, str keys: `metrics` and `expert_load`) ~15x faster
+# than json.dumps, as the same JSON values (floats round-trip; `1e16` rather than `1e+16`).
+_CLEAN = msgspec.json.Encoder()
 
 __all__ = ["init", "Run", "Sink", "new_run_id"]
 
@@ -306,6 +312,11 @@ class Run:
         self._seq += 1
         ev = {"v": VERSION, "run": self.id, "kind": kind, "step": step, "t": t, "host": self.host, "seq": seq}
         ev["data"] = data if clean else encode_value(data)
+        if clean:  # the hot path (metrics, expert_load)
+            try:
+                return _CLEAN.encode(ev) + b"\n"
+            except (TypeError, OverflowError, msgspec.EncodeError):
+                pass  # an int beyond 64 bits, an odd type: json.dumps below says what it can
         return (json.dumps(ev, separators=(",", ":"), allow_nan=False, default=_json_default) + "\n").encode()
 
     def _loop(self) -> None:

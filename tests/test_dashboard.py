@@ -263,7 +263,7 @@ def test_runs_page_groups_a_ladder(store):
     at = page("runs")
     at.toggle(key="runs_group").set_value(True).run()
     assert not at.exception
-    assert at.query_params["group"] in ("ladder", ["ladder"])  # the grouped view is a link too
+    assert at.query_params["by"] in ("ladder", ["ladder"])  # the grouped view is a link too
     assert [s.value for s in at.subheader] == ["Ladder tiny", "Not in a ladder"]
     rungs, runs, rest = (d.value for d in at.dataframe)
     assert list(rungs["rung"]) == ["d32"] and list(rungs["runs"]) == [1]

@@ -24,22 +24,26 @@ def _when(t: float | None) -> str | None:
 @click.command("runs")
 @common_options
 @click.option("--status", type=click.Choice(["running", "completed", "failed", "preempted", "killed", "crashed"]))
+@click.option("--project", "projects", multiple=True, help="Only runs of this project (repeat for several).")
+@click.option("--group", "groups", multiple=True, help="Only runs of this group (repeat for several).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), help="Write to this file instead of stdout.")
-def runs(runs_dir, db, status, fmt, out):
+def runs(runs_dir, db, status, projects, groups, fmt, out):
     """List runs with their status (a run silent for stale_after_s without run_end is `crashed`)."""
     try:
         with connect(db) as con:
-            rows = list_runs(con, status=status)
+            rows = list_runs(con, status=status, projects=projects, groups=groups)
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     if fmt == "table":
-        cols = ["run", "name", "status", "last_step", "started", "ended", "parent", "ladder", "tags"]
+        cols = ["run", "name", "status", "project", "group", "last_step", "started", "ended", "parent", "ladder", "tags"]
         data = [
             (
                 r["run"],
                 r["name"] if r["name"] != r["run"] else "",
                 r["status"],
+                r["project"],
+                r["run_group"],
                 r["last_step"],
                 _when(r["start_time"]),
                 _when(r["end_time"]),

@@ -12,9 +12,11 @@ implementation is a module's `after_ingest` function:
     hook for the rest of the `ingest` call, which says so (`HookFailed`).
 
 `after_commit`: `after_ingest(db, runs_dir, runs: set[str]) -> set[str]`
-    Runs after the batch's commit, with the store's locks released, on the runs
-    whose own writers sent events in the batch. It reads the store with its own
-    connections and writes findings as host-1000 events into run folders; it
+    Runs after the batch's commit, with the write lock released, on the runs
+    whose own writers sent events in the batch. `db` is one read-only connection
+    the after-commit hooks share (opening the store costs more than most of their
+    queries; every implementation takes a path or a connection through
+    `observatory.store.using`). It writes findings as host-1000 events into run folders; it
     returns the runs whose folders got new events (read by truthiness, so a bool
     works too). If it raises, ingest reports it and goes on. When a hook wrote, the
     pass ingests once more, so one `observatory ingest` leaves its findings in the store.
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from observatory import decisions
+from observatory import decisions, store
 from observatory.detect import scan
 from observatory.ladder import watch
 from observatory.store import rollups
@@ -52,15 +54,15 @@ def _rollups(con, touched: Mapping[str, set[str]]) -> None:
     rollups.after_ingest(con, touched)
 
 
-def _anomalies(db: Path, runs_dir: Path, runs: set[str]) -> Any:
+def _anomalies(db, runs_dir: Path, runs: set[str]) -> Any:
     return scan.after_ingest(db, runs_dir, runs)
 
 
-def _ladder_watch(db: Path, runs_dir: Path, runs: set[str]) -> Any:
+def _ladder_watch(db, runs_dir: Path, runs: set[str]) -> Any:
     return watch.after_ingest(db, runs_dir, runs)
 
 
-def _decisions(db: Path, runs_dir: Path, runs: set[str]) -> Any:
+def _decisions(db, runs_dir: Path, runs: set[str]) -> Any:
     return decisions.after_ingest(db, runs_dir, runs)
 
 
@@ -94,14 +96,20 @@ def run_in_transaction(con, touched: Mapping[str, set[str]], skip: set[str]) -> 
 
 
 def run_after_commit(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[str], None]) -> set[str]:
-    """The after-commit hooks on `runs`, in order; the names of those that wrote events."""
+    """The after-commit hooks on `runs`, in order, on one read-only connection; the names of those that wrote events."""
     wrote = set()
-    for hook in BUILTIN:
-        if hook.point != AFTER_COMMIT:
-            continue
-        try:
-            if hook.call(db, runs_dir, set(runs)):
-                wrote.add(hook.name)
-        except Exception as e:  # a detector or record keeper must never take ingest down
-            emit(f"observatory ingest: {hook.name}.after_ingest failed: {type(e).__name__}: {e}")
+    try:
+        con = store.connect(db)
+    except store.StoreBusy as e:
+        emit(f"observatory ingest: after-commit hooks skipped this batch: {e}")
+        return wrote
+    with con:
+        for hook in BUILTIN:
+            if hook.point != AFTER_COMMIT:
+                continue
+            try:
+                if hook.call(con, runs_dir, set(runs)):
+                    wrote.add(hook.name)
+            except Exception as e:  # a detector or record keeper must never take ingest down
+                emit(f"observatory ingest: {hook.name}.after_ingest failed: {type(e).__name__}: {e}")
     return wrote

@@ -12,6 +12,9 @@ from observatory.store import RUN_COLUMNS, RUN_JSON_COLUMNS, crashed_sql
 
 __all__ = ["update_runs", "mark_crashed"]
 
+# run_start's free-text fields and the `runs` column each fills (`group` is an SQL keyword)
+_TEXT_FIELDS = (("project", "project"), ("group", "run_group"), ("notes", "notes"))
+
 
 def update_runs(con, b: _Batch) -> None:
     """Fold this batch's lifecycle events and activity into `runs` (one row per touched run)."""
@@ -36,9 +39,12 @@ def update_runs(con, b: _Batch) -> None:
                 if r["end_time"] is not None and e["t"] >= r["end_time"]:
                     r["status"], r["end_time"], r["final_step"] = "running", None, None  # resumed
                 r["start_time"] = e["t"] if r["start_time"] is None else min(r["start_time"], e["t"])
-                for key in ("name", "config", "ladder", "code", "data", "mesh", "model", "tags"):
+                for key in ("name", "config", "ladder", "code", "data", "mesh", "model", "tags", "source"):
                     if d.get(key) is not None:
                         r[key] = d[key]
+                for key, col in _TEXT_FIELDS:
+                    if d.get(key) is not None:
+                        r[col] = str(d[key])
                 parent = d.get("parent") or {}
                 if isinstance(parent, dict) and parent.get("run") is not None:
                     r["parent_run"], r["parent_step"] = str(parent["run"]), _int_or_none(parent.get("step"))

@@ -501,53 +501,62 @@ def _is_utf8(raw: bytes) -> bool:
 # ------------------------------------------------------------------ writing
 
 
+_STR = "text"  # `_column`'s dtype for text (an Arrow large_string)
+
+
+def _column(values: list, dtype) -> pa.Array:
+    """A Python list as an Arrow array, None as null; `dtype` a numpy dtype, or `_STR` for text.
+
+    Not `pa.array`: its first call imports pandas (~0.5-1.3 s, the whole fixed cost of a small
+    ingest), and every ingest flushes run_start events here. Built from buffers, as `_arrow`.
+    """
+    n = len(values)
+    validity = None
+    if None in values:
+        validity = pa.py_buffer(np.packbits(np.fromiter((v is not None for v in values), np.bool_, n), bitorder="little"))
+    if dtype is _STR:
+        encoded = [b"" if v is None else v.encode("utf-8", "surrogatepass") for v in values]
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), np.int64, n), out=offsets[1:])
+        buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+        return pa.Array.from_buffers(pa.large_string(), n, buffers)
+    dtype = np.dtype(dtype)
+    filled = np.array([0 if v is None else v for v in values] if validity is not None else values, dtype)
+    if dtype == np.bool_:
+        return pa.Array.from_buffers(pa.bool_(), n, [validity, pa.py_buffer(np.packbits(filled, bitorder="little"))])
+    return pa.Array.from_buffers(pa.from_numpy_dtype(dtype), n, [validity, pa.py_buffer(filled)])
+
+
+def _table(names: tuple[str, ...], cols, dtypes: tuple) -> pa.Table:
+    """Columns (lists) as an Arrow table (see `_column`)."""
+    return pa.table({k: _column(list(c), t) for k, c, t in zip(names, cols, dtypes, strict=True)})
+
+
 def _flush(con, b: _Batch) -> None:
     """Bulk-append everything `_check_line` produced."""
     m = b.metrics
     if m["run"]:
-        con.register(
-            "_m",
-            pa.table(
-                {
-                    "run": pa.array(m["run"], pa.string()),
-                    "step": pa.array(m["step"], pa.int64()),
-                    "name": pa.array(m["name"], pa.string()),
-                    "value": pa.array(m["value"], pa.float64()),
-                    "t": pa.array(m["t"], pa.float64()),
-                    "host": pa.array(m["host"], pa.uint16()),
-                }
-            ),
-        )
+        names = ("run", "step", "name", "value", "t", "host")
+        dtypes = (_STR, np.int64, _STR, np.float64, np.float64, np.uint16)
+        con.register("_m", _table(names, [m[k] for k in names], dtypes))
         con.execute("INSERT INTO metrics SELECT * FROM _m")
         con.unregister("_m")
     x = b.experts
     if x["run"]:
-        con.register(
-            "_x",
-            pa.table(
-                {
-                    "run": pa.array(x["run"], pa.string()),
-                    "step": pa.array(x["step"], pa.int32()),
-                    "layer": pa.array(x["layer"], pa.uint16()),
-                    "expert": pa.array(x["expert"], pa.uint16()),
-                    "routed": pa.array(x["routed"], pa.uint32()),
-                    "dropped": pa.array(x["dropped"], pa.uint32()),
-                }
-            ),
-        )
+        names = ("run", "step", "layer", "expert", "routed", "dropped")
+        dtypes = (_STR, np.int32, np.uint16, np.uint16, np.uint32, np.uint32)
+        con.register("_x", _table(names, [x[k] for k in names], dtypes))
         con.execute("INSERT INTO expert_load SELECT * FROM _x")
         con.unregister("_x")
     if b.events:
-        cols = list(zip(*b.events, strict=True))
         names = ("run", "host", "seq", "kind", "step", "t", "v", "known", "data")
-        types = (pa.string(), pa.uint16(), pa.int64(), pa.string(), pa.int64(), pa.float64(), pa.uint16(), pa.bool_(), pa.string())
-        con.register("_e", pa.table({k: pa.array(c, t) for k, c, t in zip(names, cols, types, strict=True)}))
+        dtypes = (_STR, np.uint16, np.int64, _STR, np.int64, np.float64, np.uint16, np.bool_, _STR)
+        con.register("_e", _table(names, zip(*b.events, strict=True), dtypes))
         con.execute("INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _e")
         con.unregister("_e")
     if b.rejected:  # a file of random bytes can reject 10^5 lines: bulk, not executemany
         names = ("file", "run", "line", "field", "reason", "raw", "ingested_at")
-        types = (pa.string(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.float64())
-        cols = list(zip(*b.rejected, strict=True))
-        con.register("_r", pa.table({k: pa.array(c, t) for k, c, t in zip(names, cols, types, strict=True)}))
+        dtypes = (_STR, _STR, np.int64, _STR, _STR, _STR, np.float64)
+        con.register("_r", _table(names, zip(*b.rejected, strict=True), dtypes))
         con.execute(f"INSERT INTO rejected_events ({', '.join(names)}) SELECT * FROM _r")
         con.unregister("_r")

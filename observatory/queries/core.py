@@ -23,17 +23,32 @@ __all__ = [
 # Columns `list_runs` returns, in order.
 RUN_COLUMNS = (
     "run", "name", "status", "start_time", "end_time", "last_event_t", "last_step", "final_step",
-    "parent_run", "parent_step", "ladder_name", "ladder_rung", "tags",
+    "parent_run", "parent_step", "ladder_name", "ladder_rung", "tags", "project", "run_group",
 )  # fmt: skip
 
 
-def list_runs(con, status: str | None = None, now: float | None = None) -> list[dict[str, Any]]:
-    """Every run, newest first, with `status` computed now (`crashed` after `stale_after_s` of silence)."""
+def list_runs(
+    con,
+    status: str | None = None,
+    now: float | None = None,
+    projects: list[str] | tuple[str, ...] = (),
+    groups: list[str] | tuple[str, ...] = (),
+) -> list[dict[str, Any]]:
+    """Every run, newest first, with `status` computed now (`crashed` after `stale_after_s` of silence).
+
+    `status`, `projects` and `groups` filter (a run matches one of the projects given, and one
+    of the groups given; an empty list does not filter).
+    """
     now = time.time() if now is None else now
     cols = ", ".join(f"{run_status_sql('$cut')} AS status" if c == "status" else c for c in RUN_COLUMNS)
-    sql = f"SELECT * FROM (SELECT {cols} FROM runs) WHERE $status IS NULL OR status = $status"
-    sql += " ORDER BY coalesce(start_time, last_event_t) DESC NULLS LAST, run"
-    cur = con.execute(sql, {"status": status, "cut": now - settings.get("stale_after_s")})
+    sql = (
+        f"SELECT * FROM (SELECT {cols} FROM runs) WHERE ($status IS NULL OR status = $status)"
+        " AND (len($projects::VARCHAR[]) = 0 OR list_contains($projects::VARCHAR[], project))"
+        " AND (len($groups::VARCHAR[]) = 0 OR list_contains($groups::VARCHAR[], run_group))"
+        " ORDER BY coalesce(start_time, last_event_t) DESC NULLS LAST, run"
+    )
+    params = {"status": status, "cut": now - settings.get("stale_after_s"), "projects": list(projects), "groups": list(groups)}
+    cur = con.execute(sql, params)
     return [dict(zip(RUN_COLUMNS, r, strict=True)) for r in cur.fetchall()]
 
 

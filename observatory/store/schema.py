@@ -3,8 +3,9 @@
 - `DDL`: the tables ingest fills (`runs`, `metrics`, `expert_load`, `events`,
   `rejected_events`, `ingest_files`); its column comments are the README's docs
   (`SCHEMA_DOC`, from `TABLE_DOCS` and `schema_columns()`), so the two cannot drift.
-- `VIEWS` and `DECISIONS_VIEW_DDL`: `latest_metrics`, `run_drop_fraction`, and
-  `decisions` (the fold of `decision` events, `DECISIONS_SQL`).
+- `VIEWS` and `DECISIONS_VIEW_DDL`: `latest_metrics`, `run_drop_fraction`, `run_summary`
+  (metrics' latest values overridden by `summary` events), `histograms`, and `decisions`
+  (the fold of `decision` events, `DECISIONS_SQL`).
 - `ROLLUP_DDL`: the tables `observatory.store.rollups` keeps up to date at ingest
   time for the dashboard, and `detector_state`, where the detectors' scans stopped
   (`observatory.detect.scan`); internal: not in the README.
@@ -44,6 +45,8 @@ DDL = """
 CREATE TABLE IF NOT EXISTS runs (
     run          VARCHAR PRIMARY KEY, -- run id (the run folder's name)
     name         VARCHAR,        -- human-readable name from run_start (the id when none)
+    project      VARCHAR,        -- project from run_start (wandb's project), NULL when none
+    run_group    VARCHAR,        -- group from run_start (wandb's group; `group` is an SQL keyword)
     status       VARCHAR,        -- running | completed | failed | preempted | killed | crashed
     start_time   DOUBLE,         -- Unix seconds of the first run_start
     end_time     DOUBLE,         -- Unix seconds of run_end (NULL while running)
@@ -57,6 +60,8 @@ CREATE TABLE IF NOT EXISTS runs (
     ladder       JSON,           -- the whole ladder object from run_start
     config       JSON,           -- resolved config, secrets redacted
     tags         VARCHAR[],      -- free-form labels
+    notes        VARCHAR,        -- notes from run_start (wandb's notes)
+    source       JSON,           -- {trainer, version}: who wrote the log (e.g. levanter, wandb-api)
     code         JSON,           -- {commit, dirty}
     data         JSON,           -- {name, fingerprint, tokens}
     mesh         JSON,           -- {data, expert, processes, devices}
@@ -120,6 +125,29 @@ CREATE OR REPLACE VIEW run_drop_fraction AS
     SELECT run, sum(dropped)::DOUBLE / nullif(sum(routed), 0) AS drop_fraction,
            sum(routed) AS routed, sum(dropped) AS dropped
     FROM expert_load GROUP BY run;
+CREATE OR REPLACE VIEW run_summary AS
+    WITH kv AS (
+        SELECT run, host, seq, t, unnest(map_entries(CAST(data AS MAP(VARCHAR, JSON)))) AS e
+        FROM events WHERE kind = 'summary' AND known AND json_type(data) = 'OBJECT'
+    ),
+    logged AS (  -- key by key, the value of the last summary event that set it
+        SELECT run, e.key AS key, arg_max(e.value, (t, host, seq)) AS value, max(t) AS t
+        FROM kv GROUP BY run, e.key
+    )
+    SELECT run, key, value, t, 'summary' AS origin FROM logged
+    UNION ALL
+    -- every other metric's latest value (metric_series: the ingest-time rollup of latest_metrics)
+    SELECT s.run, s.name, to_json(s.last_value), s.last_t, 'metric' FROM metric_series s
+    WHERE NOT EXISTS (SELECT 1 FROM logged l WHERE l.run = s.run AND l.key = s.name);
+CREATE OR REPLACE VIEW histograms AS
+    SELECT run, step, t, data->>'$.name' AS name,
+           CAST(data->'$.bucket_limits' AS DOUBLE[]) AS bucket_limits,
+           CAST(data->'$.bucket_counts' AS BIGINT[]) AS bucket_counts,
+           TRY_CAST(data->>'$.min' AS DOUBLE) AS min, TRY_CAST(data->>'$.max' AS DOUBLE) AS max,
+           TRY_CAST(data->>'$.sum' AS DOUBLE) AS sum,
+           TRY_CAST(data->>'$.sum_squares' AS DOUBLE) AS sum_squares,
+           TRY_CAST(data->>'$.count' AS DOUBLE) AS count
+    FROM events WHERE kind = 'histogram' AND known;
 """
 
 # Columns added after a store may already exist; ensure_schema adds them to old files.
@@ -127,6 +155,10 @@ _ADDED_COLUMNS = (
     ("ingest_files", "first_seq", "BIGINT"),
     ("ingest_files", "cursor_seq", "BIGINT"),
     ("rejected_events", "run", "VARCHAR"),
+    ("runs", "project", "VARCHAR"),
+    ("runs", "run_group", "VARCHAR"),
+    ("runs", "notes", "VARCHAR"),
+    ("runs", "source", "JSON"),
 )
 
 TABLE_DOCS = {
@@ -137,7 +169,8 @@ TABLE_DOCS = {
     "expert_load": "One row per (run, step, layer, expert) from `expert_load` events; narrow "
     "integer types so that 10^9 rows stay small.",
     "events": "Every event that is not `metrics` or `expert_load` (run_start, run_end, eval, "
-    "checkpoint, config_diff, decision, forecast, anomaly, failure, note, unknown kinds), "
+    "checkpoint, config_diff, decision, forecast, anomaly, failure, note, summary, histogram, "
+    "artifact, unknown kinds), "
     "payload as JSON. `(run, host, seq)` identifies an event.",
     "rejected_events": "Lines ingest could not accept, with file, line, field and reason; the rest "
     "of the file is ingested. Torn final lines of ended or crashed runs appear here as `truncated`.",
@@ -145,10 +178,15 @@ TABLE_DOCS = {
     "covers (exactly-once ingest).",
     "latest_metrics": "View: each run's latest value of each metric.",
     "run_drop_fraction": "View: each run's overall token drop fraction (dropped / routed).",
+    "run_summary": "View: each run's summary, one row per key (`run`, `key`, `value` JSON, `t`, "
+    "`origin`): the run's latest value of each metric (`origin` = `metric`), overridden key by key "
+    "by its `summary` events, the last event that set a key winning (`origin` = `summary`).",
+    "histograms": "View: `histogram` events as columns (`run`, `step`, `t`, `name`, `bucket_limits` "
+    "DOUBLE[], `bucket_counts` BIGINT[], `min`, `max`, `sum`, `sum_squares`, `count`).",
     "decisions": "View: each decision's current state, folded from its `decision` events in order "
     "(`id`, `state` JSON, `home_run`, `created`, `updated`, `n_events`, `title`, `kind`, `status`).",
 }
-VIEW_NAMES = ("latest_metrics", "run_drop_fraction", "decisions")
+VIEW_NAMES = ("latest_metrics", "run_drop_fraction", "run_summary", "histograms", "decisions")
 
 _COL_RE = re.compile(r"^\s+(\w+)\s+([A-Z][A-Z0-9\[\]]*)[^-]*?(?:--\s*(.*))?$")
 

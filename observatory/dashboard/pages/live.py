@@ -10,6 +10,8 @@ with the worst layer named, however many layers the model has. A run that has
 gone silent without `run_end` gets a banner. The loss chart also draws, thin and grey,
 the newest earlier run with the same name and planned steps (the same recipe: e.g. the
 previous `make demo` run), so a live run is seen against where the last one went.
+Below the panel, an expander holds the run's details: project, group, source,
+summary, histograms and artifacts (`dashboard.run_details`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from observatory import settings
 from observatory.dashboard.after_paint import after_first_paint
 from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.charts import add_markers, band, layer_band, scatter, series_figure
+from observatory.dashboard.run_details import render_details
 from observatory.dashboard.runs_table import ago, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.queries import dashboard as qd
@@ -337,3 +340,4 @@ def render() -> None:
     st.caption(f"Refreshing every {REFRESH_S} s." if live else "Not running: shown as of its last event.")
     # only the panel refreshes; a finished run does not poll
     st.fragment(run_every=REFRESH_S if live else None)(_panel)(run)
+    render_details(run)

@@ -1,9 +1,10 @@
 """Runs: every run with its status, progress, last loss, tokens, ladder and tags; search and filters.
 
-Filters live in the URL (`?q=...&status=running`) so a filtered view is a link.
-A run's name links to its Live page (`live?run=ID`). "Group by ladder" shows each
-ladder's runs together: a line per rung (seeds, mean and spread of the last loss) and
-the runs with their rung and seed.
+Filters live in the URL (`?q=...&status=running&project=mnist&group=sweep-1`) so a filtered
+view is a link. The project and group filters appear once some run has a project or a group
+(wandb's `init(project=, group=)`). A run's name links to its Live page (`live?run=ID`).
+"Group by ladder" (`?by=ladder`) shows each ladder's runs together: a line per rung (seeds,
+mean and spread of the last loss) and the runs with their rung and seed.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from observatory.queries import ladder as ql
 STATUSES = ("running", "completed", "failed", "crashed", "preempted", "killed")
 
 
-def filter_runs(runs: list[dict], text: str = "", statuses=(), ladders=(), tags=()) -> list[dict]:
-    """Runs matching a free-text search (run id, name, tags, ladder) and the chosen facets."""
+def filter_runs(
+    runs: list[dict], text: str = "", statuses=(), ladders=(), tags=(), projects=(), groups=()
+) -> list[dict]:
+    """Runs matching a free-text search (run id, name, tags, ladder, project, group) and the chosen facets."""
     text = text.strip().lower()
     out = []
     for r in runs:
-        hay = " ".join([r["run"], r["name"] or "", r["ladder"] or "", *r["tags"]]).lower()
+        words = [r["run"], r["name"] or "", r["ladder"] or "", r.get("project") or "", r.get("group") or ""]
+        hay = " ".join([*words, *r["tags"]]).lower()
         if text and not all(w in hay for w in text.split()):
             continue
         if statuses and r["status"] not in statuses:
@@ -34,6 +38,10 @@ def filter_runs(runs: list[dict], text: str = "", statuses=(), ladders=(), tags=
         if ladders and (r["ladder"] or "").split(" / ")[0] not in ladders:
             continue
         if tags and not set(tags) & set(r["tags"]):
+            continue
+        if projects and r.get("project") not in projects:
+            continue
+        if groups and r.get("group") not in groups:
             continue
         out.append(r)
     return out
@@ -70,17 +78,18 @@ def render() -> None:
             del qp["q"]
     if statuses != qp.get_all("status"):
         qp["status"] = statuses
+    projects, groups = _lab_filters(runs)
 
-    shown = filter_runs(runs, text, statuses, ladders, tags)
+    shown = filter_runs(runs, text, statuses, ladders, tags, projects, groups)
     grouped = bool(ladder_names) and st.toggle(
-        "Group by ladder", value=qp.get("group") == "ladder", key="runs_group",
+        "Group by ladder", value=qp.get("by") == "ladder", key="runs_group",
         help="each ladder's runs together, with their rung and seed",
     )  # fmt: skip
-    if grouped != (qp.get("group") == "ladder"):
+    if grouped != (qp.get("by") == "ladder"):
         if grouped:
-            qp["group"] = "ladder"
+            qp["by"] = "ladder"
         else:
-            del qp["group"]
+            del qp["by"]
     st.write(f"{len(shown)} of {len(runs)} runs")
     if not shown:
         st.info("No run matches these filters.")
@@ -171,6 +180,11 @@ def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
             "tokens": [r["tokens"] for r in shown],
             "ladder": [r["ladder"] or "" for r in shown],
             "tags": [", ".join(r["tags"]) for r in shown],
+            **{
+                label: [r[label] or "" for r in shown]
+                for label in ("project", "group")
+                if any(r[label] for r in shown)
+            },
             "parent": [r["parent"] or "" for r in shown],
             "last event": [ago(r["last_event_t"], now) for r in shown],
         },
@@ -198,3 +212,21 @@ def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
         },
         key=key,
     )
+
+
+def _lab_filters(runs: list[dict]) -> tuple[list[str], list[str]]:
+    """The Project and Group multiselects, synced with `?project=` and `?group=`; each shown when some run has one."""
+    qp = st.query_params
+    facets = {label: sorted({r[label] for r in runs if r[label]}) for label in ("project", "group")}
+    facets = {label: values for label, values in facets.items() if values}
+    chosen: dict[str, list[str]] = {"project": [], "group": []}
+    for col, (label, values) in zip(st.columns(4)[: len(facets)], facets.items(), strict=False):
+        chosen[label] = col.multiselect(
+            label.capitalize(),
+            values,
+            default=[v for v in qp.get_all(label) if v in values],
+            key=f"runs_{label}",
+        )
+        if chosen[label] != qp.get_all(label):
+            qp[label] = chosen[label]
+    return chosen["project"], chosen["group"]
