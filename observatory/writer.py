@@ -168,7 +168,7 @@ class Run:
     def _put_metrics(self, data: dict[str, float], step: int) -> None:
         """Queue a `metrics` event of checked floats, with the queue's drop count when it grew."""
         # NaN/inf need their string form on disk; finite values can be dumped as they are
-        clean = math.isfinite(math.fsum(data.values())) if data else True
+        clean = all(map(math.isfinite, data.values()))
         dropped = self._dropped
         if dropped > self._dropped_reported:
             data["writer/dropped_events"] = float(dropped)  # cumulative count of events the full queue dropped

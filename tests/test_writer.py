@@ -279,3 +279,11 @@ def test_two_processes_share_the_observatory_file(tmp_path, runs_dir, db_path):
     assert rep.events == 1001 and rep.rejected == 0 and rep.duplicates == 0
     with connect(db_path) as con:
         assert con.execute("SELECT count(DISTINCT seq) FROM events WHERE host = 1000").fetchall() == [(1001,)]
+
+
+def test_huge_finite_values_are_logged(runs_dir):
+    """Values near the float limit are finite: each is written as it is (a sum of them would overflow)."""
+    with observatory.writer.init(run_id="big", runs_dir=runs_dir) as run:
+        run.log({"a": 1e308, "b": 1e308, "c": float("nan")}, step=1)
+    line = [json.loads(x) for x in (runs_dir / "big" / "events.0.jsonl").read_text().splitlines()][1]
+    assert line["data"] == {"a": 1e308, "b": 1e308, "c": "nan"}
