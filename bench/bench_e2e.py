@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from peers import version
+
 TOOLS = {
     "observatory": "Observatory (log, ingest, query)",
     "observatory-log": "Observatory, logging only",
@@ -199,15 +201,6 @@ def child(tool: str, steps: int, n_metrics: int) -> dict:
     return {"tool": tool, "log_s": t1 - t0, "read_s": t2 - t1, "total_s": t2 - t0, "points": steps * n_metrics}
 
 
-def _version(tool: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("observatory" if tool.startswith("observatory") else tool)
-    except metadata.PackageNotFoundError:
-        return "missing"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--steps", type=int, default=20000)
@@ -248,10 +241,10 @@ def main() -> None:
     for tool in tools:
         m = med[tool]
         if "missing" in m:
-            print(f"{TOOLS[tool]:36} {_version(tool):>9}  {m['missing']}")
+            print(f"{TOOLS[tool]:36} {version(tool):>9}  {m['missing']}")
             continue
         ratio = f"{m['total_s'] / base:.1f}×" if base and tool != "observatory" else ""
-        print(f"{TOOLS[tool]:36} {_version(tool):>9} {m['log_s']:7.2f}s {m['read_s']:7.2f}s {m['total_s']:7.2f}s "
+        print(f"{TOOLS[tool]:36} {version(tool):>9} {m['log_s']:7.2f}s {m['read_s']:7.2f}s {m['total_s']:7.2f}s "
               f"{points / m['total_s'] / 1000:9.1f}k {ratio:>14} {sum('total_s' in r for r in runs[tool]):4}")  # fmt: skip
 
 

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from peers import version
+
 TOOLS = {
     "observatory": "Observatory (`import observatory as wandb`)",
     "observatory-writer": "Observatory writer (`run.log(d, step=i)`)",
@@ -91,15 +93,6 @@ def child(tool: str, steps: int, compute_s: float) -> dict:
             "p99_us": times[int(0.99 * (len(times) - 1))] * 1e6, "finish_s": finish_s, "calls": steps}  # fmt: skip
 
 
-def _version(tool: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("observatory" if tool.startswith("observatory") else tool)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--steps", type=int, default=3000)
@@ -127,10 +120,10 @@ def main() -> None:
     for r in results:
         name = TOOLS[r["tool"]]
         if "missing" in r:
-            print(f"{name:46} {_version(r['tool']):>9}  {r['missing']}")
+            print(f"{name:46} {version(r['tool']):>9}  {r['missing']}")
             continue
         ratio = f"{r['median_us'] / base:.1f}×" if base else "-"
-        print(f"{name:46} {_version(r['tool']):>9} {r['median_us']:8.1f}µs {r['p99_us']:8.1f}µs {ratio:>14} "
+        print(f"{name:46} {version(r['tool']):>9} {r['median_us']:8.1f}µs {r['p99_us']:8.1f}µs {ratio:>14} "
               f"{r['finish_s']:8.2f}s")  # fmt: skip
 
 
