@@ -52,7 +52,7 @@ def _parse_at(ctx, param, value: str | None) -> float | None:
 
 
 def _record_options(f):
-    """Flags shared by `new` and `update`; each maps onto one Decision field."""
+    """Flags shared by `new` and `update`: one per Decision field, then --runs-dir/--db and --json."""
     opts = [
         click.option("--title"),
         click.option("--kind", type=click.Choice(dec.KINDS)),
@@ -94,7 +94,7 @@ def _record_options(f):
     ]
     for opt in reversed(opts):
         f = opt(f)
-    return f
+    return click.option("--json", "as_json", is_flag=True, help="print the record as JSON")(common_options(f))
 
 
 def _parse_change(text: str) -> tuple[str, list]:
@@ -188,8 +188,6 @@ def decide():
 @click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--id", "decision_id", help="defaults to a slug of the title")
 @_record_options
-@common_options
-@click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
 def new_cmd(file, decision_id, runs_dir, db, as_json, at, **opts):
     """Record a new decision from flags, or from a Markdown FILE with YAML front matter (flags win)."""
     fields: dict[str, Any] = {}
@@ -213,8 +211,6 @@ def new_cmd(file, decision_id, runs_dir, db, as_json, at, **opts):
 @decide.command("update")
 @click.argument("decision_id")
 @_record_options
-@common_options
-@click.option("--json", "as_json", is_flag=True)
 def update_cmd(decision_id, runs_dir, db, as_json, at, **opts):
     """Change a decision's fields; --run, --alternative, --evidence and --config-change add to the lists."""
     try:
