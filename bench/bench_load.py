@@ -194,7 +194,7 @@ async def viewer(port: int, stop_at: float, seed: int, out: list[View], sqls: li
     """One viewer until `stop_at`: page after page (Live, Experts, SQL in turn from a random start)."""
     rng = random.Random(seed)
     i = rng.randrange(len(PAGES))
-    while (left := stop_at - time.time()) > 1.0:
+    while (left := stop_at - time.time()) > dwell[0]:  # no view cut shorter than the shortest dwell
         page = PAGES[i % len(PAGES)]
         i += 1
         sql = sqls[rng.randrange(len(sqls))] if page == "sql" else None
@@ -407,6 +407,8 @@ class Figures:
     rss_peak_mb: float
     rss_growth_mb_min: float
     rss_idle_mb: float
+    cpu: dict[str, float] = field(default_factory=dict)  # % of one core during the load: server, viewers
+    load_avg: float = 0.0
 
     def ratio(self, page: str | None = None) -> float:
         pages = [page] if page else [p for p in PAGES if self.load.get(p) and self.single.get(p)]
@@ -432,8 +434,12 @@ class Figures:
                     f" {self.ratio(p):6.2f}  ({len(s)} / {len(n)} views)"
                 )
         out.append(f"  errors: {len(self.errors)}   busy: {len(self.busy)}")
-        for e in sorted(set(self.errors))[:10]:
-            out.append(f"    error: {e}")
+        kinds: dict[str, int] = {}
+        for e in self.errors:
+            k = re.sub(r"within \d+ s", "within the view", e)
+            kinds[k] = kinds.get(k, 0) + 1
+        for e, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:8]:
+            out.append(f"    {n:4d} x {e}")
         for b in sorted(set(self.busy))[:5]:
             out.append(f"    busy: {b}")
         sa, sb = self.stale_at, self.stale_before
@@ -444,6 +450,10 @@ class Figures:
         out.append(
             f"  dashboard RSS: {self.rss_idle_mb:.0f} MB before load, peak {self.rss_peak_mb:.0f} MB, "
             f"growth over the second half {self.rss_growth_mb_min:+.1f} MB/min"
+        )
+        out.append(
+            f"  CPU during the load (% of one core): dashboard {self.cpu.get('server', 0):.0f}, "
+            f"viewers {self.cpu.get('viewers', 0):.0f}; machine load average {self.load_avg:.1f} (2 cores)"
         )
         for name, good in self.ok().items():
             out.append(f"  {'PASS' if good else 'FAIL'}  {name}")
@@ -470,8 +480,15 @@ def measure(world: World, viewers: int, duration_s: float, single_views: int = 4
                     single[p].append(v.first)
         t_idle = time.time()
         idle = [mb for _, mb in rss.samples[-5:]] or [0.0]
+        c0, r0 = rss.proc.cpu_times(), os.times()
         views = asyncio.run(run_viewers(world.port, viewers, duration_s, sqls, dwell))
         t_end = time.time()
+        c1, r1 = rss.proc.cpu_times(), os.times()
+        span = t_end - t_idle
+        cpu = {
+            "server": 100 * (c1.user + c1.system - c0.user - c0.system) / span,
+            "viewers": 100 * (r1.user + r1.system - r0.user - r0.system) / span,
+        }
         time.sleep(0.5)  # the clock reads the last steps shown
     finally:
         clock.stop()
@@ -492,6 +509,8 @@ def measure(world: World, viewers: int, duration_s: float, single_views: int = 4
         rss_peak_mb=max((mb for _, mb in rss.samples), default=0.0),
         rss_growth_mb_min=growth_mb_per_min(during),
         rss_idle_mb=statistics.median(idle),
+        cpu=cpu,
+        load_avg=os.getloadavg()[0],
     )
 
 

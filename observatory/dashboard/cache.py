@@ -4,7 +4,7 @@
 functions on ONE fresh read-only connection per batch (`observatory.store.connect`,
 which waits out a busy store) and cache each result for `cache_ttl_s` seconds
 across ALL sessions, one fill at a time, so a hundred viewers of a live run cost
-one round of queries every couple of seconds. While one viewer fills, the others
+one round of queries a second. While one viewer fills, the others
 do not queue behind it: a result at most one `cache_ttl_s` past due is served as
 it is (the fill under way, or the next viewer's, renews it), so a page waits for
 the store only when it has nothing recent to show. If the store stays busy past
