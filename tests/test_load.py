@@ -44,6 +44,10 @@ def slow_answer(con, tag: str) -> str:
     return f"answer {tag} #{len(CALLS)}"
 
 
+def quick_answer(con, tag: str) -> str:
+    return f"quick {tag} {time.monotonic()}"
+
+
 def test_a_recent_answer_does_not_wait_for_a_fill(empty_store):
     CALLS.clear()
     GATE.set()
@@ -83,6 +87,21 @@ def test_an_old_answer_waits_for_the_fill(empty_store):
     filler.join(10)
     waiter.join(10)
     assert got and got[0] != first and len(CALLS) == 2  # and then served by it: still one query
+
+
+def test_a_slow_fill_serves_the_viewers_queued_behind_it(empty_store):
+    """A fill slower than the TTL: the viewers that waited for it take its answer, they do not refill."""
+    CALLS.clear()
+    GATE.clear()
+    batch = ((quick_answer, "q"), (slow_answer, "s"))  # the quick answer is past due when the slow one lands
+    threads = [threading.Thread(target=cache.query_all, args=batch) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # > TTL 0.3 s: the one filling is slow
+    GATE.set()
+    for t in threads:
+        t.join(10)
+    assert len(CALLS) == 1
 
 
 def test_a_batch_is_filled_whole(empty_store):

@@ -73,11 +73,14 @@ def query_all(*calls) -> list[Any]:
     out = _lookup(keys, ttl)
     if len(out) < len(keys):
         recent = _lookup(keys, 2 * ttl)
+        asked = time.monotonic()
         filling = not _FILL_LOCK.acquire(blocking=len(recent) < len(keys))
         if filling:  # another viewer is filling: answers one TTL past due do, rather than queue behind it
             return [recent[i] for i in range(len(keys))]
         try:
-            out.update(_lookup(keys, ttl))  # filled while we waited?
+            # filled while we waited (by the viewer we queued behind): that answer will do, even when
+            # the fill took longer than the TTL; else every viewer in the queue would fill in turn
+            out.update(_lookup(keys, max(ttl, time.monotonic() - asked)))
             # the whole batch, not only its stale part: its entries then age together, and
             # the next fill is again one connection rather than one per part
             missing = list(range(len(keys))) if len(out) < len(keys) else []
