@@ -84,7 +84,7 @@ def page_batches(run: str, fork: str) -> dict[str, list[list[tuple]]]:
     ]
 
     def live(lo, hi):  # a deep link (?run=) fetches the run list and the whole panel on one connection
-        view = (run, list(LOSS), HEALTH_NAMES, lo, hi, 1000, 300, list(LAYER_FAMILIES.values()))
+        view = (run, list(LOSS), HEALTH_NAMES, lo, hi, 1000, 300, list(LAYER_FAMILIES.values()), True)
         return runs + [("live_view: 9 series", qd.live_view, view), *panel]
 
     def experts(lo, hi):

@@ -53,7 +53,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("lock_timeout_s", 30.0, "how long a reader or writer retries a busy store before giving up"),
         Setting("follow_interval_s", 0.5, "how often `ingest --follow` polls the runs dir"),
         Setting("max_line_bytes", 8 << 20, "ingest rejects an event line longer than this many bytes"),
-        Setting("cache_ttl_s", 2.0, "dashboard query cache lifetime"),
+        Setting("cache_ttl_s", 1.0, "dashboard query cache lifetime"),
         Setting("anomaly_window", 128, "anomaly detectors: trailing window (logged steps) for rolling baselines"),
         Setting("anomaly_min_history", 16, "anomaly detectors: logged steps of history needed before flagging"),
         Setting("anomaly_loss_z", 6.0, "loss spike: robust sigmas above the recent level (noise: IQR of step-to-step changes over the window)"),

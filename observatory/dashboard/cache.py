@@ -4,9 +4,12 @@
 functions on ONE fresh read-only connection per batch (`observatory.store.connect`,
 which waits out a busy store) and cache each result for `cache_ttl_s` seconds
 across ALL sessions, one fill at a time, so a hundred viewers of a live run cost
-one round of queries every couple of seconds. If the store stays busy past the
-retry budget, the page shows the last good result (or a calm "store busy" note);
-a lock error never reaches the page.
+one round of queries a second. While one viewer fills, the others
+do not queue behind it: a result at most one `cache_ttl_s` past due is served as
+it is (the fill under way, or the next viewer's, renews it), so a page waits for
+the store only when it has nothing recent to show. If the store stays busy past
+the retry budget, the page shows the last good result (or a calm "store busy"
+note); a lock error never reaches the page.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +26,7 @@ import numpy as np
 
 from observatory import settings, store
 
-__all__ = ["StoreBusy", "db_path", "query", "query_all"]
+__all__ = ["StoreBusy", "db_path", "derive", "query", "query_all"]
 
 
 class StoreBusy(RuntimeError):
@@ -33,7 +37,7 @@ def db_path() -> str:
     return str(settings.get("db"))
 
 
-# key -> (monotonic time it goes stale, value). Shared by every session of this server process;
+# key -> (monotonic time it was filled, value). Shared by every session of this server process;
 # stale entries stay as the last good answer for when the store is busy.
 _CACHE: dict[str, tuple[float, Any]] = {}
 _CACHE_LOCK = threading.Lock()
@@ -48,9 +52,11 @@ def _key(fn: Callable, args: tuple, kwargs: dict) -> str:
     return f"{db_path()}|{name}|{json.dumps([list(args), kwargs], sort_keys=True, default=_jsonable)}"
 
 
-def _lookup(keys: list[str], now: float) -> dict[int, Any]:
+def _lookup(keys: list[str], max_age_s: float) -> dict[int, Any]:
+    """The cached results of `keys` filled less than `max_age_s` ago, by position."""
+    since = time.monotonic() - max_age_s
     with _CACHE_LOCK:
-        return {i: _CACHE[k][1] for i, k in enumerate(keys) if k in _CACHE and _CACHE[k][0] > now}
+        return {i: _CACHE[k][1] for i, k in enumerate(keys) if k in _CACHE and _CACHE[k][0] > since}
 
 
 def query_all(*calls) -> list[Any]:
@@ -63,11 +69,21 @@ def query_all(*calls) -> list[Any]:
     """
     parsed = [(c[0], tuple(c[1:])) for c in calls]
     keys = [_key(fn, args, {}) for fn, args in parsed]
-    out = _lookup(keys, time.monotonic())
+    ttl = float(settings.get("cache_ttl_s"))
+    out = _lookup(keys, ttl)
     if len(out) < len(keys):
-        with _FILL_LOCK:
-            out.update(_lookup(keys, time.monotonic()))  # filled while we waited?
-            missing = [i for i in range(len(keys)) if i not in out]
+        recent = _lookup(keys, 2 * ttl)
+        asked = time.monotonic()
+        filling = not _FILL_LOCK.acquire(blocking=len(recent) < len(keys))
+        if filling:  # another viewer is filling: answers one TTL past due do, rather than queue behind it
+            return [recent[i] for i in range(len(keys))]
+        try:
+            # filled while we waited (by the viewer we queued behind): that answer will do, even when
+            # the fill took longer than the TTL; else every viewer in the queue would fill in turn
+            out.update(_lookup(keys, max(ttl, time.monotonic() - asked)))
+            # the whole batch, not only its stale part: its entries then age together, and
+            # the next fill is again one connection rather than one per part
+            missing = list(range(len(keys))) if len(out) < len(keys) else []
             if missing:
                 try:
                     with store.connect(db_path()) as con:
@@ -85,13 +101,15 @@ def query_all(*calls) -> list[Any]:
                             "the store is being written right now; this view refreshes by itself"
                         ) from None
                     out.update(stale)
+        finally:
+            _FILL_LOCK.release()
     return [out[i] for i in range(len(keys))]
 
 
 def _put(key: str, value: Any) -> None:
     now = time.monotonic()
     with _CACHE_LOCK:
-        _CACHE[key] = (now + float(settings.get("cache_ttl_s")), value)
+        _CACHE[key] = (now, value)
         if len(_CACHE) > 4096:
             for k in [k for k, (t, _) in _CACHE.items() if t < now - _KEEP_S]:
                 del _CACHE[k]
@@ -100,6 +118,49 @@ def _put(key: str, value: Any) -> None:
 def query(fn: Callable, *args) -> Any:
     """`fn(con, *args)` on a read-only connection, cached for cache_ttl_s across sessions."""
     return query_all((fn, *args))[0]
+
+
+# (fn, args by identity or value) -> (args, result): the newest derived results, shared by every session
+_DERIVED: OrderedDict[tuple, tuple[tuple, Any]] = OrderedDict()
+_DERIVED_MAX = 64
+_BUILDING: dict[tuple, threading.Event] = {}  # keys being derived right now, set when done
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def derive(fn: Callable, *args) -> Any:
+    """`fn(*args)` once for all sessions while its arguments are the same objects; the result is shared.
+
+    For pure functions of cached results, such as a page's figures built from a query's
+    frames: twenty viewers of one live run then build its charts once per refresh, not
+    twenty times (each build is many small frame operations, and under load their thread
+    hand-offs cost more than the queries). Arguments match by identity (the objects
+    `query_all` hands out) or, for numbers and strings, by value. Callers must not mutate
+    the result.
+    """
+    key = (fn.__module__, fn.__qualname__, *(a if isinstance(a, _PLAIN) else ("id", id(a)) for a in args))
+    with _CACHE_LOCK:
+        hit = _DERIVED.get(key)
+        if hit is not None:
+            _DERIVED.move_to_end(key)
+            return hit[1]
+        building = _BUILDING.get(key)
+        if building is None:
+            _BUILDING[key] = threading.Event()
+    if building is not None:  # another session is building it: wait for that one, not build it too
+        building.wait(30)
+        with _CACHE_LOCK:
+            hit = _DERIVED.get(key)
+        return hit[1] if hit is not None else fn(*args)
+    try:
+        value = fn(*args)
+        with _CACHE_LOCK:
+            _DERIVED[key] = (args, value)  # holding the args keeps their ids theirs while the entry lives
+            while len(_DERIVED) > _DERIVED_MAX:
+                _DERIVED.popitem(last=False)
+    finally:
+        with _CACHE_LOCK:
+            _BUILDING.pop(key).set()
+    return value
 
 
 def _jsonable(o: Any) -> Any:

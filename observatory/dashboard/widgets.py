@@ -49,9 +49,11 @@ def requested_window(key: str) -> tuple[int | None, int | None]:
     """The step window to query for a chart group, from the widget state, BEFORE querying.
 
     (None, None) is "everything"; hi None is "to the newest step" (a window that
-    reached the end keeps following a live run). A box selection on a chart
-    (see `show_chart`) wins. The query returns the window it used, and
-    `step_window` then shows exactly that.
+    reached the end keeps following a live run), lo None "from the first step". A
+    box selection on a chart (see `show_chart`) wins. The query returns the window
+    it used, and `step_window` then shows exactly that. A window at both ends is
+    (None, None) on a first view and on every refresh, so all the viewers of the
+    whole run ask the same query and share one cached answer.
     """
     box = st.session_state.get(f"{key}_box")
     if box is not None:
@@ -59,10 +61,9 @@ def requested_window(key: str) -> tuple[int | None, int | None]:
     cur = st.session_state.get(key)
     if cur is None:
         return None, None
-    prev_hi = st.session_state.get(f"{key}_hi")
-    if prev_hi is not None and cur[1] >= prev_hi:
-        return int(cur[0]), None
-    return int(cur[0]), int(cur[1])
+    prev_lo, prev_hi = st.session_state.get(f"{key}_lo"), st.session_state.get(f"{key}_hi")
+    lo = None if prev_lo is not None and cur[0] <= prev_lo else int(cur[0])
+    return lo, None if prev_hi is not None and cur[1] >= prev_hi else int(cur[1])
 
 
 def step_window(first: int, last: int, key: str, used: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -76,7 +77,7 @@ def step_window(first: int, last: int, key: str, used: tuple[int, int] | None = 
     lo, hi = max(first, lo), min(last, hi)
     if hi < lo:
         lo, hi = first, last
-    st.session_state[f"{key}_hi"] = last
+    st.session_state[f"{key}_lo"], st.session_state[f"{key}_hi"] = first, last
     if last <= first:
         return first, last
     st.session_state[key] = (lo, hi)
@@ -96,9 +97,11 @@ def show_chart(fig, key: str, window_key: str | None = None) -> None:
     A dict is wrapped without plotly's property validation (`_validate=False`): our
     figures are built by the tested helpers in `dashboard.charts`, and validating
     ~10^4 points per chart again on every 2 s refresh costs more than the queries.
+    The dict is left as it is (plotly pops each trace's `type`: it gets copies), so
+    one figure can serve many sessions at once (`cache.derive`).
     """
     if isinstance(fig, dict):
-        fig = go.Figure(data=fig["data"], layout=fig["layout"], _validate=False)
+        fig = go.Figure(data=[dict(t) for t in fig["data"]], layout=fig["layout"], _validate=False)
     if window_key is None:
         st.plotly_chart(fig, key=key, config={"displaylogo": False})
         return

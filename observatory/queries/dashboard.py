@@ -19,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from observatory.queries import experts
 from observatory.store.schema import METRIC_RESOLUTIONS
 
 __all__ = [
@@ -156,24 +157,28 @@ def series_view(
 
 def live_view(
     con, run: str, main: list[str], small: list[str], lo: int | None, hi: int | None,
-    main_points: int = 1000, small_points: int = 300, families=(),
+    main_points: int = 1000, small_points: int = 300, families=(), drops: bool = False,
 ) -> dict[str, Any]:
     """The Live panel's series in one call: `main` names at `main_points` buckets (the big loss chart),
     `small` names at `small_points` (the half-width health charts), over one window of the union's extent.
 
     families: per-layer metric patterns (`router/layer_*/lb_loss`); `bands` is then
     `layer_bands` of them over the same window at `small_points` (None without families).
+    drops: `drop` is then the run's drop fraction from the expert-load rollup
+    (`experts.run_drop_series`) over the same window: in the same call, because its
+    window is only known here and a second call would cost every viewer a round trip.
     """
     extent = metric_extent(con, [run], [*main, *small])
     window = _window(extent, lo, hi)
     if window is None:
-        return {"extent": None, "window": None, "data": None, "bands": None}
+        return {"extent": None, "window": None, "data": None, "bands": None, "drop": None}
     data = pl.concat(
         [downsample(con, run, main, *window, main_points), downsample(con, run, small, *window, small_points)],
         how="vertical_relaxed",
     )
     bands = layer_bands(con, run, families, *window, small_points) if families else None
-    return {"extent": extent, "window": window, "data": data, "bands": bands}
+    drop = experts.run_drop_series(con, run, *window, small_points) if drops else None
+    return {"extent": extent, "window": window, "data": data, "bands": bands, "drop": drop}
 
 
 _LAYER = re.compile(r"/layer_(\d+)/")

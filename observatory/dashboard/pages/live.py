@@ -24,13 +24,12 @@ import streamlit as st
 
 from observatory import settings
 from observatory.dashboard.after_paint import after_first_paint
-from observatory.dashboard.cache import query, query_all
+from observatory.dashboard.cache import derive, query, query_all
 from observatory.dashboard.charts import add_markers, band, layer_band, scatter, series_figure
 from observatory.dashboard.run_details import render_details
 from observatory.dashboard.runs_table import ago, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.queries import dashboard as qd
-from observatory.queries import experts as qe
 
 REFRESH_S = 2
 LOSS = ("train/loss", "train/ce_loss")
@@ -163,7 +162,7 @@ def panel_calls(run: str) -> list[tuple]:
         # the loss at 1,000 buckets, the half-width health charts at 300 (each point costs the browser)
         (
             qd.live_view, run, list(LOSS), HEALTH_NAMES, *requested_window(f"live_window_{run}"), 1000, 300,
-            list(LAYER_FAMILIES.values()),
+            list(LAYER_FAMILIES.values()), True,
         ),  # fmt: skip
         (qd.markers, run),
         (qd.evals, run),
@@ -202,51 +201,27 @@ def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None
 
 def _panel(run: str) -> None:
     now = time.time()
-    rows = {r["run"]: r for r in runs_table()}
+    # one connection for the whole refresh: the run list, the window's series, markers, evals, forecasts
+    view, all_marks, evals, fcs = query_all(*runs_calls(), *panel_calls(run))[len(runs_calls()) :]
+    rows = {r["run"]: r for r in runs_table()}  # from the batch above
     row = rows.get(run)
     if row is None:
         st.warning(f"Run {run!r} is not in the store.")
         return
     _banner(row, now)
-    # one connection for the whole panel: the window's series, markers, evals and forecasts
     wkey = f"live_window_{run}"
-    view, all_marks, evals, fcs = query_all(*panel_calls(run))
     st.markdown(status_line(row, now))
     if view["extent"] is None:
         st.info("No metrics logged yet for this run.")
         return
     lo, hi = view["window"]
     smoothing = _smoothing()
-    data = view["data"]
-    marks = all_marks.filter(all_marks["step"].is_null() | all_marks["step"].is_between(lo, hi))
-
-    loss_name = next((n for n in LOSS if data.filter(data["name"] == n).height), None)
+    # the figures are pure functions of the shared cached results: built once for all viewers
+    loss_name = derive(_loss_name, view)
     if loss_name is not None:
-        d = data.filter(data["name"] == loss_name)
-        fig = series_figure(d, loss_name, smoothing, height=420)
-        if evals.height:
-            ev = evals.filter((evals["step"] >= lo) & (evals["step"] <= hi))
-            for ds in ev["dataset"].unique(maintain_order=True).to_list():
-                e = ev.filter(ev["dataset"] == ds)
-                fig["data"].append(
-                    scatter(
-                        x=e["step"].to_list(),
-                        y=e["loss"].to_list(),
-                        mode="lines+markers",
-                        name=f"eval {ds}",
-                        line={"dash": "dot"},
-                        hovertemplate="%{x}: eval %{y:.4g}<extra>" + str(ds) + "</extra>",
-                    )
-                )
-        fig["data"].extend(forecast_traces(fcs))
         prev = previous_run(list(rows.values()), run)
-        if prev is not None:
-            pd_ = query(qd.downsample, prev, [loss_name], lo, hi, 1000)
-            if pd_.height:
-                fig["data"].insert(0, previous_trace(prev, pd_))
-        finite = d["max"].drop_nulls()
-        add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None)
-        fig["layout"]["xaxis"]["range"] = [lo, hi]
+        pd_ = query(qd.downsample, prev, [loss_name], lo, hi, 1000) if prev is not None else None
+        fig = derive(loss_figure, view, all_marks, evals, fcs, prev, pd_, smoothing)
         show_chart(fig, key=f"live_loss_{run}", window_key=wkey)
     else:
         st.info("No `train/loss` logged in this window.")
@@ -263,7 +238,53 @@ def _panel(run: str) -> None:
         after_first_paint(f"live_painted_{run}")
         return
     _controls(*view["extent"], wkey, (lo, hi))
-    _health(run, data, view["bands"], marks, lo, hi, smoothing, wkey)
+    cols = st.columns(2)
+    for i, (title, fig) in enumerate(derive(health_figures, view, all_marks, smoothing)):
+        with cols[i % 2]:
+            if fig is None:
+                st.caption(f"{title}: not logged")
+            else:
+                show_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
+
+
+def _loss_name(view: dict) -> str | None:
+    data = view["data"]
+    return next((n for n in LOSS if data.filter(data["name"] == n).height), None)
+
+
+def _window_marks(view: dict, all_marks):
+    lo, hi = view["window"]
+    return all_marks.filter(all_marks["step"].is_null() | all_marks["step"].is_between(lo, hi))
+
+
+def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, smoothing: float) -> dict:
+    """The loss chart: the run's loss in the window, eval points, forecasts, the previous run, markers."""
+    lo, hi = view["window"]
+    data = view["data"]
+    loss_name = _loss_name(view)
+    d = data.filter(data["name"] == loss_name)
+    fig = series_figure(d, loss_name, smoothing, height=420)
+    if evals.height:
+        ev = evals.filter((evals["step"] >= lo) & (evals["step"] <= hi))
+        for ds in ev["dataset"].unique(maintain_order=True).to_list():
+            e = ev.filter(ev["dataset"] == ds)
+            fig["data"].append(
+                scatter(
+                    x=e["step"].to_list(),
+                    y=e["loss"].to_list(),
+                    mode="lines+markers",
+                    name=f"eval {ds}",
+                    line={"dash": "dot"},
+                    hovertemplate="%{x}: eval %{y:.4g}<extra>" + str(ds) + "</extra>",
+                )
+            )
+    fig["data"].extend(forecast_traces(fcs))
+    if prev_data is not None and prev_data.height:
+        fig["data"].insert(0, previous_trace(prev, prev_data))
+    finite = d["max"].drop_nulls()
+    add_markers(fig, _window_marks(view, all_marks), y_at=float(finite.max()) if finite.len() else None)
+    fig["layout"]["xaxis"]["range"] = [lo, hi]
+    return fig
 
 
 def status_line(row: dict, now: float) -> str:
@@ -280,49 +301,50 @@ def status_line(row: dict, now: float) -> str:
     )
 
 
-def _health(run: str, data, bands, marks, lo: int, hi: int, smoothing: float, wkey: str) -> None:
-    """The six MoE and optimiser health charts, two per row; per-layer metrics as a band across layers."""
-    cols = st.columns(2)
-    for i, (title, names, log_y) in enumerate(HEALTH):
+def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, dict | None]]:
+    """The six MoE and optimiser health charts as (title, figure or None when not logged);
+    per-layer metrics as a band across layers."""
+    lo, hi = view["window"]
+    data, bands, drop = view["data"], view["bands"], view["drop"]
+    marks = _window_marks(view, all_marks)
+    out: list[tuple[str, dict | None]] = []
+    for title, names, log_y in HEALTH:
         d = data.filter(data["name"].is_in(list(names)))
-        if d.height == 0 and "moe/drop_fraction" in names:
-            # no drop fraction metric: compute it from the expert loads (rollup)
-            dd = query(qe.run_drop_series, run, lo, hi, 300)
-            if dd.height:
-                d = dd
+        if d.height == 0 and "moe/drop_fraction" in names and drop is not None and drop.height:
+            d = drop  # no drop fraction metric: the one computed from the expert loads (rollup)
         fam = LAYER_FAMILIES.get(title)
         layers = bands["data"].filter(bands["data"]["family"] == fam) if bands and fam else None
-        with cols[i % 2]:
-            if d.height == 0 and (layers is None or layers.height == 0):
-                st.caption(f"{title}: not logged")
-                continue
-            group = "name" if "name" in d.columns and d["name"].n_unique() > 1 else None
-            positive = d["min"].drop_nulls()
-            if layers is not None and layers.height:
-                positive = pl.concat([positive, layers["min"].drop_nulls()])
-            fig = series_figure(
-                d,
-                title,
-                smoothing,
-                group=group,
-                height=260,
-                log_y=log_y and positive.len() > 0 and float(positive.min()) > 0,
-            )
-            top = d["max"].drop_nulls()
-            if layers is not None and layers.height:
-                fig["data"][:0] = layer_band(layers, "layers")  # behind the run-level line
-                worst = bands["worst"].get(fam)
-                if worst:
-                    fig["layout"]["title"]["text"] = f"{title} · worst: layer {worst['layer']} ({worst['mean']:.3g})"
-                top = pl.concat([top.cast(pl.Float64), layers["max"].drop_nulls()])
-            add_markers(  # small charts: failures and config changes only, no lines
-                fig,
-                marks.filter(marks["kind"].is_in(["failure", "config_diff"])),
-                y_at=float(np.nanmax(top.to_numpy())) if top.len() else None,
-                lines=False,
-            )
-            fig["layout"]["xaxis"]["range"] = [lo, hi]
-            show_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
+        if d.height == 0 and (layers is None or layers.height == 0):
+            out.append((title, None))
+            continue
+        group = "name" if "name" in d.columns and d["name"].n_unique() > 1 else None
+        positive = d["min"].drop_nulls()
+        if layers is not None and layers.height:
+            positive = pl.concat([positive, layers["min"].drop_nulls()])
+        fig = series_figure(
+            d,
+            title,
+            smoothing,
+            group=group,
+            height=260,
+            log_y=log_y and positive.len() > 0 and float(positive.min()) > 0,
+        )
+        top = d["max"].drop_nulls()
+        if layers is not None and layers.height:
+            fig["data"][:0] = layer_band(layers, "layers")  # behind the run-level line
+            worst = bands["worst"].get(fam)
+            if worst:
+                fig["layout"]["title"]["text"] = f"{title} · worst: layer {worst['layer']} ({worst['mean']:.3g})"
+            top = pl.concat([top.cast(pl.Float64), layers["max"].drop_nulls()])
+        add_markers(  # small charts: failures and config changes only, no lines
+            fig,
+            marks.filter(marks["kind"].is_in(["failure", "config_diff"])),
+            y_at=float(np.nanmax(top.to_numpy())) if top.len() else None,
+            lines=False,
+        )
+        fig["layout"]["xaxis"]["range"] = [lo, hi]
+        out.append((title, fig))
+    return out
 
 
 def render() -> None:

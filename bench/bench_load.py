@@ -1,0 +1,541 @@
+"""Load bench: 20 concurrent viewers on the Live, Experts and SQL pages for 2 minutes, while a run trains.
+
+A bounded load generator on 127.0.0.1 only. It starts, in a temp dir, a trainer
+(`trainer train --config trainer/configs/tiny.yaml`, many steps), `observatory
+ingest --follow` and `observatory dashboard`, then speaks Streamlit's own
+websocket protocol (`/_stcore/stream`, the protobufs `streamlit.proto` ships) as
+a browser would: each viewer opens a page (a `rerun_script` BackMsg with the
+page name and query string), answers the Live panel's `auto_rerun` by rerunning
+its fragment every interval, submits the SQL form, stays a few seconds and opens
+the next page, so exactly N sessions are open at any time until the hard stop.
+The server does all its real work; only the browser's drawing is left out.
+
+Figures, first with ONE viewer (the baseline, same store, trainer writing), then
+with N at once:
+
+- time to first chart: from opening a page to its first plotly chart (Live,
+  Experts) or, on SQL, to the result of the example query submitted as soon as the
+  form arrives; p50/p95 per page, and the ratio p95(N) / p50(1) (goal <= 3);
+- errors: exceptions, error alerts, page-not-found, dropped connections, views
+  with no first chart, anything a viewer would see as broken (goal 0); "busy"
+  messages (the SQL executor's concurrency cap, the calm "store busy" note) are
+  counted apart;
+- staleness: each Live view's "Last step" against the event log's own times:
+  the age of the oldest step the viewer is not yet shown, at each refresh and just
+  before the next one (the worst moment; goal <= 5 s);
+- the dashboard process's RSS, sampled every second: peak, and its growth over
+  the second half (MB/min), goal peak < 1500 MB.
+
+    nice .venv/bin/python bench/bench_load.py                      # 20 viewers x 120 s
+    nice .venv/bin/python bench/bench_load.py --viewers 5 --duration 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+RUN = "load-run"
+PAGES = ("live", "experts", "sql")
+GOALS = {"ratio": 3.0, "staleness_s": 5.0, "rss_mb": 1500.0}
+LAST_STEP = re.compile(r"\*\*Last step\*\* ([\d,]+)")
+SQL_DONE = re.compile(r"rows in \d+ ms")
+
+
+# ---------------------------------------------------------------- one viewer over the protocol
+
+
+@dataclass
+class View:
+    """One page view by one viewer: what it saw, and when."""
+
+    page: str
+    opened: float
+    first: float | None = None  # seconds from opening to the first chart (SQL: the query result)
+    errors: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+    steps: list[tuple[float, int]] = field(default_factory=list)  # (wall time, "Last step" shown)
+
+
+def _client_state(page: str, query: str, page_hash: str = "", fragment: str = "", widgets=()):
+    # lazy: streamlit's protobufs, which --help does not need
+    from streamlit.proto.ClientState_pb2 import ClientState
+
+    cs = ClientState(query_string=query, page_name=page, page_script_hash=page_hash, fragment_id=fragment)
+    cs.is_auto_rerun = bool(fragment)
+    cs.context_info.timezone = "UTC"
+    cs.context_info.url = f"http://127.0.0.1/{page}?{query}"
+    for w in widgets:
+        cs.widget_states.widgets.append(w)
+    return cs
+
+
+def _rerun(page: str, query: str, **kw) -> bytes:
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+
+    msg = BackMsg()
+    msg.rerun_script.CopyFrom(_client_state(page, query, **kw))
+    return msg.SerializeToString()
+
+
+def _sql_submit(page_hash: str, area_id: str, button_id: str, sql: str) -> bytes:
+    from streamlit.proto.WidgetStates_pb2 import WidgetState
+
+    area = WidgetState(id=area_id, string_value=sql)
+    button = WidgetState(id=button_id, trigger_value=True)
+    return _rerun("sql", "", page_hash=page_hash, widgets=(area, button))
+
+
+async def view_page(port: int, page: str, query: str, dwell_s: float, sql: str | None = None) -> View:
+    """Open `page?query` as a new session, follow it for `dwell_s` seconds, close it."""
+    import websockets
+    from streamlit.proto.Alert_pb2 import Alert
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    v = View(page, time.time())
+    t0 = time.perf_counter()
+    end = t0 + dwell_s
+    page_hash = ""
+    ids: dict[str, str] = {}
+    submitted = False
+    refresher: asyncio.Task | None = None
+    try:
+        async with websockets.connect(
+            f"ws://127.0.0.1:{port}/_stcore/stream",
+            subprotocols=["streamlit"],
+            origin=f"http://127.0.0.1:{port}",
+            max_size=None,
+            open_timeout=60,
+        ) as ws:
+            await ws.send(_rerun(page, query))
+
+            async def refresh(interval: float, fragment: str) -> None:
+                while True:  # the browser's side of st.fragment(run_every=...)
+                    await asyncio.sleep(interval)
+                    await ws.send(_rerun(page, query, page_hash=page_hash, fragment=fragment))
+
+            while (left := end - time.perf_counter()) > 0:
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), timeout=left)
+                except TimeoutError:
+                    break
+                msg = ForwardMsg()
+                msg.ParseFromString(raw)
+                kind = msg.WhichOneof("type")
+                now = time.perf_counter()
+                if kind == "new_session":
+                    page_hash = msg.new_session.page_script_hash
+                elif kind == "page_info_changed" or kind == "navigation":
+                    page_hash = getattr(msg.navigation, "page_script_hash", "") or page_hash
+                elif kind == "page_not_found":
+                    v.errors.append(f"page not found: {msg.page_not_found.page_name}")
+                elif kind == "auto_rerun" and refresher is None:
+                    refresher = asyncio.create_task(refresh(msg.auto_rerun.interval, msg.auto_rerun.fragment_id))
+                elif kind == "script_finished" and page == "sql" and not submitted and len(ids) == 2:
+                    submitted = True
+                    await ws.send(_sql_submit(page_hash, ids["area"], ids["button"], sql or "SELECT 1"))
+                elif kind == "delta" and msg.delta.HasField("new_element"):
+                    el = msg.delta.new_element
+                    what = el.WhichOneof("type")
+                    if what == "plotly_chart" and page != "sql" and v.first is None:
+                        v.first = now - t0
+                    elif what == "markdown":
+                        body = el.markdown.body
+                        if m := LAST_STEP.search(body):
+                            v.steps.append((time.time(), int(m.group(1).replace(",", ""))))
+                        elif page == "sql" and submitted and v.first is None and SQL_DONE.search(body):
+                            v.first = now - t0
+                    elif what == "exception":
+                        v.errors.append(f"exception {el.exception.type}: {el.exception.message[:200]}")
+                    elif what == "alert":
+                        body = el.alert.body
+                        if "busy" in body.lower():
+                            v.busy.append(body[:200])
+                        elif el.alert.format == Alert.ERROR:
+                            v.errors.append(f"error: {body[:200]}")
+                    elif what == "text_area":
+                        ids["area"] = el.text_area.id
+                    elif what == "button" and el.button.is_form_submitter:
+                        ids["button"] = el.button.id
+    except Exception as e:  # a dropped or refused connection is an error the viewer sees
+        v.errors.append(f"connection: {type(e).__name__}: {e}")
+    finally:
+        if refresher is not None:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await refresher
+    if v.first is None and not v.errors and not v.busy:
+        v.errors.append(f"no first chart within {dwell_s:.0f} s")
+    return v
+
+
+def page_query(page: str) -> str:
+    return {"live": f"run={RUN}", "experts": f"run={RUN}", "sql": ""}[page]
+
+
+async def viewer(port: int, stop_at: float, seed: int, out: list[View], sqls: list[str], dwell=(8.0, 16.0)):
+    """One viewer until `stop_at`: page after page (Live, Experts, SQL in turn from a random start)."""
+    rng = random.Random(seed)
+    i = rng.randrange(len(PAGES))
+    while (left := stop_at - time.time()) > dwell[0]:  # no view cut shorter than the shortest dwell
+        page = PAGES[i % len(PAGES)]
+        i += 1
+        sql = sqls[rng.randrange(len(sqls))] if page == "sql" else None
+        out.append(await view_page(port, page, page_query(page), min(rng.uniform(*dwell), left), sql))
+
+
+async def run_viewers(port: int, n: int, duration_s: float, sqls: list[str], dwell=(8.0, 16.0)) -> list[View]:
+    out: list[View] = []
+    stop_at = time.time() + duration_s
+    await asyncio.gather(*(viewer(port, stop_at, k, out, sqls, dwell) for k in range(n)))
+    return out
+
+
+# ---------------------------------------------------------------- the world around the viewers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StepClock:
+    """When each step was logged, read from the run's event log as it grows (the `t` of its metrics event)."""
+
+    def __init__(self, runs_dir: Path):
+        self.runs_dir = runs_dir
+        self.t: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tail, daemon=True)
+        self._thread.start()
+
+    def _tail(self) -> None:
+        pos: dict[Path, int] = {}
+        while not self._stop.wait(0.1):
+            for path in self.runs_dir.glob(f"{RUN}/events.*.jsonl"):
+                with path.open("rb") as f:
+                    f.seek(pos.get(path, 0))
+                    chunk = f.read()
+                    cut = chunk.rfind(b"\n") + 1
+                    pos[path] = pos.get(path, 0) + cut
+                for line in chunk[:cut].splitlines():
+                    if b'"metrics"' not in line:
+                        continue
+                    ev = json.loads(line)
+                    if ev.get("kind") == "metrics" and ev.get("step") is not None:
+                        self.t.setdefault(int(ev["step"]), float(ev["t"]))
+
+    def first_after(self, step: int) -> float | None:
+        """When the first step after `step` was logged, None if none yet."""
+        later = [t for s, t in self.t.items() if s > step]
+        return min(later) if later else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def staleness(views: list[View], clock: StepClock) -> tuple[list[float], list[float]]:
+    """(at each refresh, just before the next) ages in s of the oldest step a Live viewer was not shown."""
+    steps = sorted(clock.t.items())
+    at, before = [], []
+
+    def newer_than(step: int) -> float | None:
+        # steps are logged in order: the first one after `step` is the oldest not shown
+        import bisect
+
+        i = bisect.bisect_right(steps, (step, float("inf")))
+        return steps[i][1] if i < len(steps) else None
+
+    for v in views:
+        for k, (t, step) in enumerate(v.steps):
+            nxt = newer_than(step)
+            at.append(max(0.0, t - nxt) if nxt is not None and nxt < t else 0.0)
+            until = v.steps[k + 1][0] if k + 1 < len(v.steps) else None
+            if until is not None:
+                before.append(max(0.0, until - nxt) if nxt is not None and nxt < until else 0.0)
+    return at, before
+
+
+class RssSampler:
+    """The dashboard process's resident memory, every second."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self.proc = psutil.Process(pid)
+        self.samples: list[tuple[float, float]] = []  # (time, MB)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            with contextlib.suppress(Exception):
+                self.samples.append((time.time(), self.proc.memory_info().rss / 2**20))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def between(self, t0: float, t1: float) -> list[tuple[float, float]]:
+        return [(t, mb) for t, mb in self.samples if t0 <= t <= t1]
+
+
+def growth_mb_per_min(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of RSS over the second half of the samples, MB/min."""
+    half = samples[len(samples) // 2 :]
+    if len(half) < 3:
+        return 0.0
+    ts = [t for t, _ in half]
+    ms = [m for _, m in half]
+    return statistics.linear_regression(ts, ms).slope * 60
+
+
+class World:
+    """Trainer, follower and dashboard over one temp runs dir and store; all on 127.0.0.1, all stopped at exit."""
+
+    def __init__(self, tmp: Path, steps: int = 1_000_000):
+        self.runs_dir, self.db, self.tmp = tmp / "runs", tmp / "store.duckdb", tmp
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen] = []
+        self.env = dict(os.environ, OBSERVATORY_RUNS=str(self.runs_dir), OBSERVATORY_DB=str(self.db))
+        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), self.env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self.steps = steps
+        self.port = free_port()
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = (self.tmp / f"{name}.log").open("wb")
+        p = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def start(self, timeout_s: float = 240.0) -> None:
+        obs = [str(BIN / "observatory")]
+        where = ["--runs-dir", str(self.runs_dir), "--db", str(self.db)]
+        self.trainer = self._spawn(
+            "trainer",
+            [str(BIN / "trainer"), "train", "--config", "trainer/configs/tiny.yaml", "--runs-dir", str(self.runs_dir),
+             "--run-id", RUN, f"steps={self.steps}", "checkpoint.every=1000000"],
+        )  # fmt: skip
+        deadline = time.time() + timeout_s
+        while not list(self.runs_dir.glob(f"{RUN}/events.*.jsonl")):
+            self._alive(deadline, "trainer", self.trainer)
+        while True:  # wait for the first steps (the JAX compile), then ingest once so the run is in the store
+            with contextlib.suppress(OSError):
+                if any(b'"metrics"' in p.read_bytes() for p in self.runs_dir.glob(f"{RUN}/events.*.jsonl")):
+                    break
+            self._alive(deadline, "trainer", self.trainer)
+        subprocess.run([*obs, "ingest", *where, "--quiet"], cwd=ROOT, env=self.env, check=True, capture_output=True)
+        self.follower = self._spawn("follow", [*obs, "ingest", *where, "--follow", "--quiet"])
+        self.server = self._spawn("dashboard", [*obs, "dashboard", *where, "--port", str(self.port)])
+        while True:
+            self._alive(deadline, "dashboard", self.server)
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+
+    def _alive(self, deadline: float, name: str, p: subprocess.Popen) -> None:
+        if p.poll() is not None:
+            raise RuntimeError(f"{name} exited: {self.log(name)[-2000:]}")
+        if time.time() > deadline:
+            raise RuntimeError(f"{name} not ready in time: {self.log(name)[-2000:]}")
+        time.sleep(0.3)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def __enter__(self) -> World:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------- figures
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+@dataclass
+class Figures:
+    viewers: int
+    duration_s: float
+    single: dict[str, list[float]]
+    load: dict[str, list[float]]
+    views: int
+    errors: list[str]
+    busy: list[str]
+    stale_at: list[float]
+    stale_before: list[float]
+    rss_peak_mb: float
+    rss_growth_mb_min: float
+    rss_idle_mb: float
+    cpu: dict[str, float] = field(default_factory=dict)  # % of one core during the load: server, viewers
+    load_avg: float = 0.0
+
+    def ratio(self, page: str | None = None) -> float:
+        pages = [page] if page else [p for p in PAGES if self.load.get(p) and self.single.get(p)]
+        return max(pct(self.load[p], 95) / statistics.median(self.single[p]) for p in pages)
+
+    def ok(self) -> dict[str, bool]:
+        return {
+            "no errors": not self.errors,
+            f"p95 first chart <= {GOALS['ratio']:g}x single": self.ratio() <= GOALS["ratio"],
+            f"staleness <= {GOALS['staleness_s']:g} s": max(self.stale_before + self.stale_at, default=0)
+            <= GOALS["staleness_s"],
+            f"peak RSS < {GOALS['rss_mb']:g} MB": self.rss_peak_mb < GOALS["rss_mb"],
+        }
+
+    def lines(self) -> list[str]:
+        out = [f"load: {self.viewers} viewers x {self.duration_s:.0f} s on Live/Experts/SQL, {self.views} views"]
+        out.append(f"  {'page':<8} {'1 p50':>7} {'1 p95':>7} {'N p50':>7} {'N p95':>7} {'ratio':>6}  (first chart, s)")
+        for p in PAGES:
+            s, n = self.single.get(p, []), self.load.get(p, [])
+            if s and n:
+                out.append(
+                    f"  {p:<8} {pct(s, 50):7.2f} {pct(s, 95):7.2f} {pct(n, 50):7.2f} {pct(n, 95):7.2f}"
+                    f" {self.ratio(p):6.2f}  ({len(s)} / {len(n)} views)"
+                )
+        out.append(f"  errors: {len(self.errors)}   busy: {len(self.busy)}")
+        kinds: dict[str, int] = {}
+        for e in self.errors:
+            k = re.sub(r"within \d+ s", "within the view", e)
+            kinds[k] = kinds.get(k, 0) + 1
+        for e, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:8]:
+            out.append(f"    {n:4d} x {e}")
+        for b in sorted(set(self.busy))[:5]:
+            out.append(f"    busy: {b}")
+        sa, sb = self.stale_at, self.stale_before
+        out.append(
+            f"  staleness (s): at refresh p95 {pct(sa, 95):.2f} max {max(sa, default=0):.2f}; "
+            f"just before the next p95 {pct(sb, 95):.2f} max {max(sb, default=0):.2f}  ({len(sa)} refreshes)"
+        )
+        out.append(
+            f"  dashboard RSS: {self.rss_idle_mb:.0f} MB before load, peak {self.rss_peak_mb:.0f} MB, "
+            f"growth over the second half {self.rss_growth_mb_min:+.1f} MB/min"
+        )
+        out.append(
+            f"  CPU during the load (% of one core): dashboard {self.cpu.get('server', 0):.0f}, "
+            f"viewers {self.cpu.get('viewers', 0):.0f}; machine load average {self.load_avg:.1f} (2 cores)"
+        )
+        for name, good in self.ok().items():
+            out.append(f"  {'PASS' if good else 'FAIL'}  {name}")
+        return out
+
+
+def measure(world: World, viewers: int, duration_s: float, single_views: int = 4, dwell=(8.0, 16.0)) -> Figures:
+    """The single-viewer baseline, then `viewers` at once for `duration_s`, with staleness and RSS."""
+    from observatory.queries.dashboard import SQL_EXAMPLES
+
+    sqls = list(SQL_EXAMPLES.values())
+    clock = StepClock(world.runs_dir)
+    rss = RssSampler(world.server.pid)
+    try:
+        # warm-up: the server's first page view imports the pages' modules and plotly
+        asyncio.run(view_page(world.port, "live", page_query("live"), 10.0))
+        single: dict[str, list[float]] = {p: [] for p in PAGES}
+        single_err: list[str] = []
+        for k in range(single_views):
+            for p in PAGES:
+                v = asyncio.run(view_page(world.port, p, page_query(p), 6.0, sqls[k % len(sqls)]))
+                single_err += v.errors
+                if v.first is not None:
+                    single[p].append(v.first)
+        t_idle = time.time()
+        idle = [mb for _, mb in rss.samples[-5:]] or [0.0]
+        c0, r0 = rss.proc.cpu_times(), os.times()
+        views = asyncio.run(run_viewers(world.port, viewers, duration_s, sqls, dwell))
+        t_end = time.time()
+        c1, r1 = rss.proc.cpu_times(), os.times()
+        span = t_end - t_idle
+        cpu = {
+            "server": 100 * (c1.user + c1.system - c0.user - c0.system) / span,
+            "viewers": 100 * (r1.user + r1.system - r0.user - r0.system) / span,
+        }
+        time.sleep(0.5)  # the clock reads the last steps shown
+    finally:
+        clock.stop()
+        rss.stop()
+    load = {p: [v.first for v in views if v.page == p and v.first is not None] for p in PAGES}
+    at, before = staleness([v for v in views if v.page == "live"], clock)
+    during = rss.between(t_idle, t_end)
+    return Figures(
+        viewers=viewers,
+        duration_s=duration_s,
+        single=single,
+        load=load,
+        views=len(views),
+        errors=single_err + [e for v in views for e in v.errors],
+        busy=[b for v in views for b in v.busy],
+        stale_at=at,
+        stale_before=before,
+        rss_peak_mb=max((mb for _, mb in rss.samples), default=0.0),
+        rss_growth_mb_min=growth_mb_per_min(during),
+        rss_idle_mb=statistics.median(idle),
+        cpu=cpu,
+        load_avg=os.getloadavg()[0],
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--viewers", type=int, default=20)
+    ap.add_argument("--duration", type=float, default=120.0, help="seconds of load (hard stop)")
+    ap.add_argument("--single-views", type=int, default=4, help="baseline views per page with one viewer")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, store)")
+    args = ap.parse_args()
+    if args.viewers > 50 or args.duration > 600:
+        ap.error("bounded: at most 50 viewers and 600 s")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    try:
+        with World(tmp) as world:
+            figs = measure(world, args.viewers, args.duration, args.single_views)
+        print("\n".join(figs.lines()))
+    finally:
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Many viewers at once: the dashboard's shared cache, and a short run of `bench/bench_load.py`.
+
+The cache tests check the two rules that let N viewers cost one query: a viewer
+with a recent answer never queues behind another's fill, and figures derived
+from a cached answer are built once for all sessions. The load test holds 5
+viewers (Streamlit's own websocket protocol) on the Live, Experts and SQL pages
+for 20 s while a trainer writes and `ingest --follow` runs, and asserts what holds
+whatever the machine's load: no error reaches a viewer, every page is drawn, the Live
+page refreshes itself, RSS stays bounded. The time figures (first chart against one
+viewer, staleness) are the bench's: `python bench/bench_load.py`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from observatory.dashboard import cache
+from observatory.ingest import ingest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def empty_store(tmp_path, monkeypatch):
+    (tmp_path / "runs").mkdir()
+    db = tmp_path / "store.duckdb"
+    ingest(tmp_path / "runs", db, emit=None)
+    monkeypatch.setenv("OBSERVATORY_DB", str(db))
+    monkeypatch.setenv("OBSERVATORY_CACHE_TTL_S", "0.3")
+    return db
+
+
+CALLS: list[float] = []
+GATE = threading.Event()
+
+
+def slow_answer(con, tag: str) -> str:
+    """A query that waits for GATE (a fill in progress) and counts its runs."""
+    CALLS.append(time.monotonic())
+    GATE.wait(10)
+    return f"answer {tag} #{len(CALLS)}"
+
+
+def quick_answer(con, tag: str) -> str:
+    return f"quick {tag} {time.monotonic()}"
+
+
+def test_a_recent_answer_does_not_wait_for_a_fill(empty_store):
+    CALLS.clear()
+    GATE.set()
+    first = cache.query(slow_answer, "a")
+    assert cache.query(slow_answer, "a") == first and len(CALLS) == 1  # fresh: one query for both
+    time.sleep(0.35)  # past due, but less than one TTL past: recent
+    GATE.clear()
+    filler = threading.Thread(target=cache.query, args=(slow_answer, "a"))
+    filler.start()  # this viewer fills, and waits on the store
+    while len(CALLS) < 2:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    assert cache.query(slow_answer, "a") == first  # the others take the recent answer at once
+    assert time.monotonic() - t0 < 0.2
+    GATE.set()
+    filler.join(10)
+    assert cache.query(slow_answer, "a") != first  # the fill renewed it
+    assert len(CALLS) == 2
+
+
+def test_an_old_answer_waits_for_the_fill(empty_store):
+    CALLS.clear()
+    GATE.set()
+    first = cache.query(slow_answer, "b")
+    time.sleep(0.7)  # more than one TTL past due: too old to show while a fill runs
+    GATE.clear()
+    filler = threading.Thread(target=cache.query, args=(slow_answer, "b"))
+    filler.start()
+    while len(CALLS) < 2:
+        time.sleep(0.01)
+    got: list[str] = []
+    waiter = threading.Thread(target=lambda: got.append(cache.query(slow_answer, "b")))
+    waiter.start()
+    time.sleep(0.2)
+    assert not got  # queued behind the fill
+    GATE.set()
+    filler.join(10)
+    waiter.join(10)
+    assert got and got[0] != first and len(CALLS) == 2  # and then served by it: still one query
+
+
+def test_a_slow_fill_serves_the_viewers_queued_behind_it(empty_store):
+    """A fill slower than the TTL: the viewers that waited for it take its answer, they do not refill."""
+    CALLS.clear()
+    GATE.clear()
+    batch = ((quick_answer, "q"), (slow_answer, "s"))  # the quick answer is past due when the slow one lands
+    threads = [threading.Thread(target=cache.query_all, args=batch) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # > TTL 0.3 s: the one filling is slow
+    GATE.set()
+    for t in threads:
+        t.join(10)
+    assert len(CALLS) == 1
+
+
+def test_a_batch_is_filled_whole(empty_store):
+    """Entries of one batch age together: the next fill of the batch is one connection again."""
+    CALLS.clear()
+    GATE.set()
+    cache.query_all((slow_answer, "c1"), (slow_answer, "c2"))
+    cache.query(slow_answer, "c2")  # fresh
+    time.sleep(0.35)
+    cache.query(slow_answer, "c1")  # c1 alone renewed
+    n = len(CALLS)
+    time.sleep(0.1)  # c1 fresh, c2 past due
+    cache.query_all((slow_answer, "c1"), (slow_answer, "c2"))
+    assert len(CALLS) == n + 2
+
+
+def test_derive_builds_once_per_cached_answer():
+    built: list[int] = []
+
+    def figure(frame, smoothing):
+        built.append(1)
+        return {"n": len(frame), "smoothing": smoothing}
+
+    a, b = [1, 2, 3], [1, 2, 3]
+    assert cache.derive(figure, a, 0.5) is cache.derive(figure, a, 0.5)
+    assert len(built) == 1
+    cache.derive(figure, b, 0.5)  # an equal but new answer (a new fill): built again
+    cache.derive(figure, a, 0.0)  # another smoothing: built again
+    assert len(built) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_five_viewers_for_20_s_while_training(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from bench import bench_load
+
+    with bench_load.World(tmp_path) as world:
+        figs = bench_load.measure(world, viewers=5, duration_s=20.0, single_views=3, dwell=(5.0, 8.0))
+    report = "\n".join(figs.lines())
+    print(report)
+    assert not figs.errors, report
+    assert all(figs.load[p] for p in bench_load.PAGES), report  # every page was viewed under load
+    assert figs.stale_at, report  # the Live page refreshed by itself
+    # the time figures (first chart vs one viewer, staleness) are the bench's to measure:
+    # `python bench/bench_load.py`; here, what must hold whatever the machine's load
+    assert figs.rss_peak_mb < bench_load.GOALS["rss_mb"], report
