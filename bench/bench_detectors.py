@@ -169,7 +169,7 @@ def timing(tmp: Path, n: int = 10_000, tail: int = 100, reps: int = 5) -> tuple[
             t0 = time.perf_counter()
             A.detect(con, runs, ["long"], write=False, full=True, stall=False)
             full.append(time.perf_counter() - t0)
-            A._STATE[key] = n - tail - 1  # as if the previous pass had scanned up to there
+            A._STATE[key] = {"series": n - tail - 1}  # as if the previous pass had scanned up to there
             t0 = time.perf_counter()
             A.detect(con, runs, ["long"], write=False, stall=False)
             inc.append(time.perf_counter() - t0)
