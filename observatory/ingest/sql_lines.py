@@ -235,6 +235,40 @@ def _i64(a: np.ndarray) -> pa.Array:
     return _arrow(np.asarray(a, np.int64))
 
 
+def _validity(nulls: np.ndarray) -> pa.Buffer | None:
+    """Arrow's validity bitmap (1 = a value, LSB first) of a (N,) bool mask of nulls; None when there are none."""
+    return pa.py_buffer(np.packbits(~nulls, bitorder="little")) if nulls.any() else None
+
+
+_NUMPY = {pa.int64(): np.int64, pa.int32(): np.int32, pa.uint16(): np.uint16, pa.uint32(): np.uint32,
+          pa.float64(): np.float64}  # fmt: skip
+
+
+def _column(values: list, typ: pa.DataType) -> pa.Array:
+    """A Python list (None for null) as an Arrow array of `typ`: numbers, bool or string.
+
+    Not `pa.array`, whose first call imports pandas (~0.5 s, see `_arrow`). Numbers out
+    of `typ`'s range raise OverflowError, as `pa.array` raises on them.
+    """
+    n = len(values)
+    nulls = np.fromiter((v is None for v in values), bool, n)
+    if pa.types.is_string(typ):
+        encoded = [b"" if v is None else v.encode("utf-8") for v in values]
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), np.int64, n), out=offsets[1:])
+        if offsets[-1] > I32:
+            raise OverflowError("string column over 2 GiB")
+        buffers = [_validity(nulls), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))]
+        return pa.Array.from_buffers(typ, n, buffers)
+    if nulls.any():
+        values = [0 if v is None else v for v in values]
+    if pa.types.is_boolean(typ):
+        data = pa.py_buffer(np.packbits(np.array(values, bool), bitorder="little"))
+    else:
+        data = pa.py_buffer(np.array(values, _NUMPY[typ]))
+    return pa.Array.from_buffers(typ, n, [_validity(nulls), data])
+
+
 # --------------------------------------------------------------- a batch
 
 
@@ -419,7 +453,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
         big |= np.array([not _is_utf8(ch.data[offs[i] : offs[i + 1]]) for i in range(n)])
     if big.any():
         # oversized and non-UTF-8 lines go to _check_line (which rejects them); the rest is staged
-        keep = pa.array(~big)
+        keep = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(~big, bitorder="little"))])
         tbl = tbl.filter(keep)
         tbl = tbl.set_column(1, "line", tbl.column("line").cast(pa.large_string()))
     con.register("_lines", tbl)
@@ -509,12 +543,12 @@ def _flush(con, b: _Batch) -> None:
             "_m",
             pa.table(
                 {
-                    "run": pa.array(m["run"], pa.string()),
-                    "step": pa.array(m["step"], pa.int64()),
-                    "name": pa.array(m["name"], pa.string()),
-                    "value": pa.array(m["value"], pa.float64()),
-                    "t": pa.array(m["t"], pa.float64()),
-                    "host": pa.array(m["host"], pa.uint16()),
+                    "run": _column(m["run"], pa.string()),
+                    "step": _column(m["step"], pa.int64()),
+                    "name": _column(m["name"], pa.string()),
+                    "value": _column(m["value"], pa.float64()),
+                    "t": _column(m["t"], pa.float64()),
+                    "host": _column(m["host"], pa.uint16()),
                 }
             ),
         )
@@ -526,12 +560,12 @@ def _flush(con, b: _Batch) -> None:
             "_x",
             pa.table(
                 {
-                    "run": pa.array(x["run"], pa.string()),
-                    "step": pa.array(x["step"], pa.int32()),
-                    "layer": pa.array(x["layer"], pa.uint16()),
-                    "expert": pa.array(x["expert"], pa.uint16()),
-                    "routed": pa.array(x["routed"], pa.uint32()),
-                    "dropped": pa.array(x["dropped"], pa.uint32()),
+                    "run": _column(x["run"], pa.string()),
+                    "step": _column(x["step"], pa.int32()),
+                    "layer": _column(x["layer"], pa.uint16()),
+                    "expert": _column(x["expert"], pa.uint16()),
+                    "routed": _column(x["routed"], pa.uint32()),
+                    "dropped": _column(x["dropped"], pa.uint32()),
                 }
             ),
         )
@@ -541,13 +575,13 @@ def _flush(con, b: _Batch) -> None:
         cols = list(zip(*b.events, strict=True))
         names = ("run", "host", "seq", "kind", "step", "t", "v", "known", "data")
         types = (pa.string(), pa.uint16(), pa.int64(), pa.string(), pa.int64(), pa.float64(), pa.uint16(), pa.bool_(), pa.string())
-        con.register("_e", pa.table({k: pa.array(c, t) for k, c, t in zip(names, cols, types, strict=True)}))
+        con.register("_e", pa.table({k: _column(list(c), t) for k, c, t in zip(names, cols, types, strict=True)}))
         con.execute("INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _e")
         con.unregister("_e")
     if b.rejected:  # a file of random bytes can reject 10^5 lines: bulk, not executemany
         names = ("file", "run", "line", "field", "reason", "raw", "ingested_at")
         types = (pa.string(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.float64())
         cols = list(zip(*b.rejected, strict=True))
-        con.register("_r", pa.table({k: pa.array(c, t) for k, c, t in zip(names, cols, types, strict=True)}))
+        con.register("_r", pa.table({k: _column(list(c), t) for k, c, t in zip(names, cols, types, strict=True)}))
         con.execute(f"INSERT INTO rejected_events ({', '.join(names)}) SELECT * FROM _r")
         con.unregister("_r")
