@@ -7,10 +7,16 @@ lines and, for each piece:
 1. checks the bytes: UTF-8, no line over `max_line_bytes`; lines that do not start
    with `{` and end with `}` (blank, torn, junk) go to `_check_line` one by one;
 2. decodes the other lines with one `msgspec` `decode_lines` call into typed
-   Structs (a tagged union on `kind`); msgspec is strict (no bool for int, no
-   float for int, no NaN literals, no strings for numbers), so a decode error means
-   "something unusual here": the whole piece goes to the SQL path
-   (`_ingest_chunk`: DuckDB staging + `validate_event`), which decides it;
+   Structs (a tagged union on `kind`). A metrics line's `data` goes into the run's
+   `_Layout` (its metric names as the float fields of a Struct built at run time,
+   learnt from the first piece decoded with dict `data`): the values of a piece come
+   out as one (lines x names) matrix, with no per-value Python objects. msgspec is
+   strict (no bool for int, no float for int, no NaN literals, no strings for
+   numbers), so a decode error means "something unusual here": the piece is decoded
+   again with dicts (new names outgrow the layout), then line by line, and a line
+   that still does not decode (a "nan" string, say) goes to `_check_line`; a piece
+   with many such lines goes whole to the SQL path (`_ingest_chunk`: DuckDB staging
+   + `validate_event`), which judges them in bulk;
 3. certifies each decoded event with the checks `validate_event` and the store's
    ranges would make (v, run == folder, host == file's host, step/seq ranges,
    finite t and values, no empty name, routed/dropped shapes); an event that fails,
@@ -48,6 +54,7 @@ from observatory.ingest.sql_lines import (
     _Batch,
     _check_line,
     _Chunk,
+    _column,
     _FileState,
     _ingest_chunk,
     _seq_ok,
@@ -479,11 +486,8 @@ def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray) -> pa.Table
 
 
 def _strings(names: list[str]) -> pa.Array:
-    """An Arrow string array built from buffers (`pa.array` would import pandas: ~0.5 s, once)."""
-    encoded = [n.encode("utf-8", "surrogatepass") for n in names]
-    offsets = np.zeros(len(encoded) + 1, np.int32)
-    np.cumsum(np.fromiter(map(len, encoded), np.int32, len(encoded)), out=offsets[1:])
-    return pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)))
+    """An Arrow string array of the names (not `pa.array`, which would import pandas: see `_column`)."""
+    return _column(names, pa.string())
 
 
 def _insert(con, lf: LogFile, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
