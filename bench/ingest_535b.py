@@ -9,7 +9,9 @@ into a fresh store with the same schema, in the same run. Sides alternate `--rep
 medians count.
 
 1. expert_load: a 535b log with expert_load every step (`--expert-steps`): expert rows/s.
-2. metrics: a 535b log without expert_load (`--metric-steps`): metric values/s.
+2. metrics: a 535b log without expert_load (`--metric-steps`): metric values/s. Next to it the line
+   path alone: `observatory.ingest.ingest(hooks=False)` in this process (no start-up, no hooks)
+   against the same engine append, to tell the lines' cost from the fixed costs around them.
 3. rebuild: `observatory rebuild` of a 535b run of `--rebuild-steps` steps, expert_load every
    10 steps; extrapolated linearly to 100k steps (the rows grow linearly with the steps).
 4. append: 10 more steps appended to that run, then `observatory ingest`; next to it the same
@@ -77,6 +79,24 @@ def engine_append(src: Path, table: str, tmp: Path) -> float:
     for p in (db, db.with_name(db.name + ".wal")):
         p.unlink(missing_ok=True)
     return secs
+
+
+def core_side_by_side(runs: Path, tmp: Path, table: str, repeat: int) -> dict:
+    """The line path alone (in this process, hooks off) vs the engine appending the same `table` rows."""
+    from observatory.ingest import ingest  # only here: the other sides run the CLI in child processes
+
+    ingest(tmp / "warm-runs", tmp / "warm.duckdb", hooks=False, emit=None)  # imports, outside the clock
+    ours, engine = [], []
+    for i in range(repeat):
+        db = tmp / f"core-{table}-{i}.duckdb"
+        t0 = time.perf_counter()
+        ingest(runs, db, hooks=False, emit=None)
+        ours.append(time.perf_counter() - t0)
+        engine.append(engine_append(db, table, tmp))
+        for p in (db, db.with_name(db.name + ".wal")):
+            p.unlink(missing_ok=True)
+    return {"ours_s": statistics.median(ours), "engine_s": statistics.median(engine),
+            "ratio": statistics.median(engine) / statistics.median(ours)}  # fmt: skip
 
 
 def count(db: Path, sql: str):
@@ -190,6 +210,9 @@ def run_535b(args) -> None:
               f"({m['ours_rate'] / 1e6:.2f} M values/s, peak RSS {m['rss_mb']:.0f} MB), engine {m['engine_s']:.2f} s "
               f"({m['engine_rate'] / 1e6:.2f} M values/s): {m['ratio']:.3f}x; CPU s ours {m['ours_cpu']:.2f}, engine "
               f"{m['engine_cpu']:.2f}: {m['cpu_ratio']:.3f}x", flush=True)  # fmt: skip
+        res["core"] = c = core_side_by_side(rm, tmp, "metrics", args.repeat)
+        print(f"metrics, line path alone (in-process ingest, hooks off): {c['ours_s']:.2f} s vs engine "
+              f"{c['engine_s']:.2f} s: {c['ratio']:.3f}x", flush=True)  # fmt: skip
         # 3. rebuild
         rr, db = tmp / "runs-rebuild", tmp / "rebuild.duckdb"
         if not rr.exists():
@@ -228,12 +251,13 @@ def run_535b(args) -> None:
     finally:
         if tmp_ctx is not None:
             tmp_ctx.cleanup()
-    x, m, r, a, f = res["expert"], res["metrics"], res["rebuild"], res["append"], res["follow"]
+    x, m, r, a, f, c = res["expert"], res["metrics"], res["rebuild"], res["append"], res["follow"], res["core"]
     cmd = "python bench/bench_ingest.py --preset 535b"
     print(f"| ingest, expert_load (535b, every step) | {x['ours_rate'] / 1e6:.2f} M rows/s, {x['ratio']:.2f}x "
           f"DuckDB's Arrow append ({x['engine_rate'] / 1e6:.1f} M/s) | >= {TARGETS['expert']}x | {cmd} |")  # fmt: skip
     print(f"| ingest, metrics (535b) | {m['ours_rate'] / 1e6:.2f} M values/s, {m['ratio']:.2f}x DuckDB's Arrow "
-          f"append ({m['engine_rate'] / 1e6:.1f} M/s) | >= {TARGETS['metrics']}x | {cmd} |")  # fmt: skip
+          f"append ({m['engine_rate'] / 1e6:.1f} M/s); the line path alone (no start-up, no hooks) "
+          f"{c['ratio']:.2f}x | >= {TARGETS['metrics']}x | {cmd} |")  # fmt: skip
     print(f"| rebuild, 535b run, expert_load every 10 | {r['s']:.0f} s at {args.rebuild_steps} steps "
           f"({r['rows'] / 1e6:.1f}M rows): {r['s_100k'] / 60:.1f} min at 100k steps, extrapolated | < 10 min | {cmd} |")  # fmt: skip
     print(f"| append 10 steps + observatory ingest | {a['s']:.2f} s at step {args.rebuild_steps} (start-up "

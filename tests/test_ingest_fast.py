@@ -299,20 +299,65 @@ def test_clean_log_never_takes_the_old_path(tmp_path, monkeypatch):
     assert rep.events == len(lines) and rep.fast_events == len(lines) - n_other
 
 
-def test_an_undecodable_piece_goes_to_the_old_path(tmp_path, monkeypatch):
-    """A NaN string in one piece: that piece takes the SQL path, the others do not."""
-    seen = []
-    real = ingest_fast._ingest_chunk
-    monkeypatch.setattr(ingest_fast, "_ingest_chunk", lambda con, b, lf, st, ch, m: (seen.append(ch.data), real(con, b, lf, st, ch, m)))
+def test_a_line_that_does_not_fit_is_judged_alone(tmp_path, monkeypatch):
+    """A NaN string in one piece: that line alone goes to validate_event (`_check_line`), no piece to the SQL path."""
+    pieces, checked = [], []
+    real_check = ingest_fast._check_line
+    monkeypatch.setattr(ingest_fast, "_ingest_chunk", lambda *a: pieces.append(a))
+    monkeypatch.setattr(ingest_fast, "_check_line", lambda b, lf, st, n, raw: (checked.append(raw), real_check(b, lf, st, n, raw)))
     monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 1000)
     lines = [event("a", "metrics", {"loss": 1.0 + i}, i, i) for i in range(100)]
     lines[50]["data"]["loss"] = "nan"
     write_lines(tmp_path / "runs" / "a" / "events.0.jsonl", lines)
     rep = ingest(tmp_path / "runs", tmp_path / "s.duckdb", hooks=False, emit=None)
     assert rep.events == 100 and rep.rejected == 0
-    assert len(seen) == 1 and b'"nan"' in seen[0] and seen[0].count(b"\n") < 20
+    assert pieces == [] and len(checked) == 1 and b'"nan"' in checked[0]
     with store.connect(tmp_path / "s.duckdb") as con:
         assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [(100, 1)]
+
+
+def test_a_piece_of_many_odd_lines_goes_to_the_old_path(tmp_path, monkeypatch):
+    """Every other line with a NaN string: the SQL path judges that piece in bulk; the store is the same."""
+    seen = []
+    real = ingest_fast._ingest_chunk
+    monkeypatch.setattr(ingest_fast, "_ingest_chunk", lambda con, b, lf, st, ch, m: (seen.append(ch.data), real(con, b, lf, st, ch, m)))
+    lines = [event("a", "metrics", {"loss": "nan" if i % 2 else 1.0 + i}, i, i) for i in range(100)]
+    write_lines(tmp_path / "runs" / "a" / "events.0.jsonl", lines)
+    rep = ingest(tmp_path / "runs", tmp_path / "s.duckdb", hooks=False, emit=None)
+    assert rep.events == 100 and rep.rejected == 0 and len(seen) == 1
+    with store.connect(tmp_path / "s.duckdb") as con:
+        assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [(100, 50)]
+
+
+def test_changing_key_sets_give_the_same_store(tmp_path, monkeypatch):
+    """Metric names that come and go, change order, repeat in a line, or are odd: a run's layout (its names as
+    a Struct) is learnt, outgrown and relearnt, and the store equals the SQL path's, row by row."""
+    monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 700)
+    rng = random.Random(5)
+    base = [f"train/m{i}" for i in range(6)]
+    lines: list = []
+    for i in range(400):
+        names = base[: rng.randrange(1, 7)] if i % 9 else base + [f"late/n{i // 50}"]  # subsets, new names
+        if i % 11 == 0:
+            names = names[::-1]  # another order
+        data = {n: rng.choice([rng.random(), rng.randrange(-5, 5), -0.0, 1e300, 5e-324]) for n in names}
+        lines.append(event("lay", "metrics", data, i, i, t=1.7e9))
+    raw = json.dumps(event("lay", "metrics", {"train/m0": 1.0}, 400, 400, t=1.7e9), separators=(",", ":"))
+    extra = [raw.replace('"data":{', '"data":{"train/m1":5.0,"train/m1":6.0,'),  # a duplicate key: the last wins
+             raw.replace('"seq":400', '"seq":401').replace('"train/m0":1.0', '"train/m0":1e999'),  # inf
+             raw.replace('"seq":400', '"seq":402').replace('"train/m0"', '""'),  # an empty name
+             raw.replace('"seq":400', '"seq":403').replace("1.0", "true"),  # a bool
+             raw.replace('"seq":400', '"seq":404').replace('{"train/m0":1.0}', "{}")]  # fmt: skip
+    lines += extra
+    write_lines(tmp_path / "runs" / "lay" / "events.0.jsonl", lines)
+    ingest_fast._LAYOUTS.pop("lay", None)
+    out = _ingest_both(tmp_path, monkeypatch, tmp_path / "runs")
+    _assert_same(out)
+    assert "late/n7" in ingest_fast._LAYOUTS["lay"].names  # the layout grew with the names
+    got = {(r[1], r[2]): r[3] for r in out["fast"][0]["metrics"]}
+    assert got[(400, "train/m1")] == 6.0
+    assert len(out["fast"][0]["rejected_events"]) == 2  # the empty name and the bool; 1e999 is inf, kept
+    assert any(r[3] == math.inf for r in out["fast"][0]["metrics"])
 
 
 @pytest.mark.slow

@@ -7,10 +7,16 @@ lines and, for each piece:
 1. checks the bytes: UTF-8, no line over `max_line_bytes`; lines that do not start
    with `{` and end with `}` (blank, torn, junk) go to `_check_line` one by one;
 2. decodes the other lines with one `msgspec` `decode_lines` call into typed
-   Structs (a tagged union on `kind`); msgspec is strict (no bool for int, no
-   float for int, no NaN literals, no strings for numbers), so a decode error means
-   "something unusual here": the whole piece goes to the SQL path
-   (`_ingest_chunk`: DuckDB staging + `validate_event`), which decides it;
+   Structs (a tagged union on `kind`). A metrics line's `data` goes into the run's
+   `_Layout` (its metric names as the float fields of a Struct built at run time,
+   learnt from the first piece decoded with dict `data`): the values of a piece come
+   out as one (lines x names) matrix, with no per-value Python objects. msgspec is
+   strict (no bool for int, no float for int, no NaN literals, no strings for
+   numbers), so a decode error means "something unusual here": the piece is decoded
+   again with dicts (new names outgrow the layout), then line by line, and a line
+   that still does not decode (a "nan" string, say) goes to `_check_line`; a piece
+   with many such lines goes whole to the SQL path (`_ingest_chunk`: DuckDB staging
+   + `validate_event`), which judges them in bulk;
 3. certifies each decoded event with the checks `validate_event` and the store's
    ranges would make (v, run == folder, host == file's host, step/seq ranges,
    finite t and values, no empty name, routed/dropped shapes); an event that fails,
@@ -48,6 +54,7 @@ from observatory.ingest.sql_lines import (
     _Batch,
     _check_line,
     _Chunk,
+    _column,
     _FileState,
     _ingest_chunk,
     _seq_ok,
@@ -106,6 +113,36 @@ if msgspec is not None:
     _DECODER = msgspec.json.Decoder(Union[(_Metrics, _Expert, *_OTHERS)])  # noqa: UP007 (a built union)
     _DECODE_ERRORS: tuple = (msgspec.MsgspecError, RecursionError)
     _STEP_MAX = {_Metrics: I64, _Expert: I32}  # the store's step columns: metrics BIGINT, expert_load INTEGER
+    _METRIC_CLASSES = {_Metrics}  # + each _Layout's metrics Struct
+    _NAMES: dict[type, tuple[str, ...]] = {}  # a _Layout's data Struct -> its metric names, by field
+    astuple = msgspec.structs.astuple
+
+
+class _Layout:
+    """A run's metric names as a Struct: `data` decoded straight into K float fields, no dict, no name strings.
+
+    Each field defaults to NaN, which marks an absent name: a JSON number never decodes
+    to NaN (msgspec has no NaN literal), so NaN in a field can only mean "not in this
+    line". Names outside the layout make the decode fail (`forbid_unknown_fields`), and
+    the piece is decoded with dicts again. A duplicate key keeps its last value, as
+    json.loads and the dict decoder do.
+    """
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = names
+        fields = [(f"f{i}", float, math.nan) for i in range(len(names))]
+        data = msgspec.defstruct("_LayoutData", fields, rename=dict(zip((f[0] for f in fields), names, strict=True)),
+                                 forbid_unknown_fields=True, gc=False)  # fmt: skip
+        _NAMES[data] = names
+        line = msgspec.defstruct("_LayoutMetrics", [("v", int), ("run", str), ("t", float), ("host", int), ("seq", int),
+                                 ("data", data), ("step", int | None, None)], tag_field="kind", tag="metrics")  # fmt: skip
+        _STEP_MAX[line] = I64
+        _METRIC_CLASSES.add(line)
+        self.decoder = msgspec.json.Decoder(Union[(line, _Expert, *_OTHERS)])  # noqa: UP007 (a built union)
+
+
+LAYOUT_MAX = 1024  # names in a run's layout; past that its metrics lines decode into dicts
+_LAYOUTS: dict[str, _Layout | None] = {}  # run -> its layout (None: too many names, or an empty one)
 
 
 def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_line: int) -> None:
@@ -219,10 +256,11 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
         text = piece
     else:
         text = b"".join(piece[s : e + 1] for s, e in zip(starts[good].tolist(), ends[good].tolist(), strict=True))
-    try:
-        decoded = _DECODER.decode_lines(text)
-    except _DECODE_ERRORS:
-        return None
+    decoded = _decode(text, run)
+    if decoded is None:  # some line does not fit the types (a "nan" string, say): decode line by line
+        decoded = [_decode_line(piece[s : e + 1]) for s, e in zip(starts[good].tolist(), ends[good].tolist(), strict=True)]
+        if sum(e is None for e in decoded) > len(decoded) // 8 + 1:
+            return None  # many odd lines: the SQL path judges them in bulk
     if len(decoded) != len(good):
         return None  # cannot happen for lines shaped {...} (see the module docstring); be safe anyway
     events: list = [None] * len(ends)  # (L,) the certified events, None for _check_line
@@ -233,13 +271,12 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
                 and 0 <= step <= step_max and 0 <= e.seq <= I64 and -math.inf < e.t < math.inf):  # fmt: skip
             events[i] = e
     # payload checks the decoder's types cannot make: finite values, no empty metric name, count lists
-    m_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ is _Metrics]
+    m_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ in _METRIC_CLASSES]
     metrics = _metric_columns([events[i] for i in m_lines])
     if not np.isfinite(metrics[1]).all() or "" in metrics[2]:
         for i in m_lines:
-            d = events[i].data
-            if "" in d or not all(math.isfinite(v) for v in d.values()):
-                events[i] = None  # validate_event decides (nan/inf as JSON numbers, an empty name)
+            if not _finite_named(events[i].data):
+                events[i] = None  # validate_event decides (inf as a JSON number, an empty name)
         m_lines = [i for i in m_lines if events[i] is not None]
         metrics = _metric_columns([events[i] for i in m_lines])
     x_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ is _Expert]
@@ -264,8 +301,53 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
     return _Plan(starts, ends, cls, seq, step, t, metrics, (counts[0], layers, counts[1], counts[2]))
 
 
+def _decode(text: bytes, run: str) -> list | None:
+    """Every line of `text` decoded (None if some line does not fit): into the run's layout when it has one
+    that fits, else with dict `data`, from which the layout is learnt for the next pieces."""
+    layout = _LAYOUTS.get(run)
+    if layout is not None:
+        try:
+            return layout.decoder.decode_lines(text)
+        except _DECODE_ERRORS:
+            pass
+    try:
+        decoded = _DECODER.decode_lines(text)
+    except _DECODE_ERRORS:
+        return None
+    if run not in _LAYOUTS or layout is not None:  # none yet, or this piece has names outside it
+        _learn(run, decoded, layout)
+    return decoded
+
+
+def _learn(run: str, decoded: list, old: _Layout | None) -> None:
+    """The run's layout: the names of this piece, in their order, then the old layout's others."""
+    names = dict.fromkeys(k for e in decoded if e.__class__ is _Metrics for k in e.data)
+    if not names:
+        return  # no metrics here: look again at the next piece
+    names.update(dict.fromkeys(old.names if old is not None else ()))
+    if len(_LAYOUTS) > 64:
+        _LAYOUTS.clear()
+    _LAYOUTS[run] = _Layout(tuple(names)) if len(names) <= LAYOUT_MAX and "" not in names else None
+
+
+def _decode_line(line: bytes):
+    try:
+        return _DECODER.decode(line)
+    except _DECODE_ERRORS:
+        return None  # validate_event decides
+
+
+def _finite_named(d) -> bool:
+    """No empty name and every value finite (a layout's NaN fields are absent names)."""
+    if d.__class__ is dict:
+        return "" not in d and all(math.isfinite(v) for v in d.values())
+    return all(v != v or math.isfinite(v) for v in astuple(d))
+
+
 def _metric_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
     """(E,) events -> (lens (E,), values (N,), names dictionary, codes (N,) into it)."""
+    if evs and evs[0].data.__class__ is not dict:
+        return _layout_columns(evs)
     datas = [e.data for e in evs]
     lens = np.fromiter(map(len, datas), np.int64, len(datas))
     n = int(lens.sum())
@@ -281,6 +363,15 @@ def _metric_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.nd
         parts.append(codes)
     codes = np.concatenate(parts) if parts else np.empty(0, np.int32)
     return lens, values, list(index), codes
+
+
+def _layout_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """`_metric_columns` of events decoded into one layout: an (E, K) matrix, NaN where a name is absent."""
+    names = _NAMES[evs[0].data.__class__]
+    mat = np.array([astuple(e.data) for e in evs], np.float64).reshape(len(evs), len(names))
+    present = ~np.isnan(mat)
+    codes = np.nonzero(present)[1]  # row-major: line by line, each line's names in layout order
+    return present.sum(1, dtype=np.int64), mat[present], list(names), codes.astype(np.int32)
 
 
 def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
@@ -395,11 +486,8 @@ def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray) -> pa.Table
 
 
 def _strings(names: list[str]) -> pa.Array:
-    """An Arrow string array built from buffers (`pa.array` would import pandas: ~0.5 s, once)."""
-    encoded = [n.encode("utf-8", "surrogatepass") for n in names]
-    offsets = np.zeros(len(encoded) + 1, np.int32)
-    np.cumsum(np.fromiter(map(len, encoded), np.int32, len(encoded)), out=offsets[1:])
-    return pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)))
+    """An Arrow string array of the names (not `pa.array`, which would import pandas: see `_column`)."""
+    return _column(names, pa.string())
 
 
 def _insert(con, lf: LogFile, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:

@@ -235,6 +235,41 @@ def _i64(a: np.ndarray) -> pa.Array:
     return _arrow(np.asarray(a, np.int64))
 
 
+def _validity(nulls: np.ndarray) -> pa.Buffer | None:
+    """Arrow's validity bitmap (1 = a value, LSB first) of a (N,) bool mask of nulls; None when there are none."""
+    return pa.py_buffer(np.packbits(~nulls, bitorder="little")) if nulls.any() else None
+
+
+_NUMPY = {pa.int64(): np.int64, pa.int32(): np.int32, pa.uint16(): np.uint16, pa.uint32(): np.uint32,
+          pa.float64(): np.float64}  # fmt: skip
+
+
+def _column(values: list, typ: pa.DataType) -> pa.Array:
+    """A Python list (None for null) as an Arrow array of `typ`: numbers, bool or string.
+
+    Not `pa.array`, whose first call imports pandas (~0.5 s, see `_arrow`). Numbers out
+    of `typ`'s range raise OverflowError, as `pa.array` raises on them.
+    """
+    n = len(values)
+    nulls = np.fromiter((v is None for v in values), bool, n)
+    if pa.types.is_string(typ):
+        # a lone surrogate (JSON allows "\ud800") has no UTF-8 form: store "?", not fail the batch
+        encoded = [b"" if v is None else v.encode("utf-8", "replace") for v in values]
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), np.int64, n), out=offsets[1:])
+        if offsets[-1] > I32:
+            raise OverflowError("string column over 2 GiB")
+        buffers = [_validity(nulls), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))]
+        return pa.Array.from_buffers(typ, n, buffers)
+    if nulls.any():
+        values = [0 if v is None else v for v in values]
+    if pa.types.is_boolean(typ):
+        data = pa.py_buffer(np.packbits(np.array(values, bool), bitorder="little"))
+    else:
+        data = pa.py_buffer(np.array(values, _NUMPY[typ]))
+    return pa.Array.from_buffers(typ, n, [_validity(nulls), data])
+
+
 # --------------------------------------------------------------- a batch
 
 
@@ -419,7 +454,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
         big |= np.array([not _is_utf8(ch.data[offs[i] : offs[i + 1]]) for i in range(n)])
     if big.any():
         # oversized and non-UTF-8 lines go to _check_line (which rejects them); the rest is staged
-        keep = pa.array(~big)
+        keep = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(~big, bitorder="little"))])
         tbl = tbl.filter(keep)
         tbl = tbl.set_column(1, "line", tbl.column("line").cast(pa.large_string()))
     con.register("_lines", tbl)
@@ -501,62 +536,53 @@ def _is_utf8(raw: bytes) -> bool:
 # ------------------------------------------------------------------ writing
 
 
-_STR = "text"  # `_column`'s dtype for text (an Arrow large_string)
-
-
-def _column(values: list, dtype) -> pa.Array:
-    """A Python list as an Arrow array, None as null; `dtype` a numpy dtype, or `_STR` for text.
-
-    Not `pa.array`: its first call imports pandas (~0.5-1.3 s, the whole fixed cost of a small
-    ingest), and every ingest flushes run_start events here. Built from buffers, as `_arrow`.
-    """
-    n = len(values)
-    validity = None
-    if None in values:
-        validity = pa.py_buffer(np.packbits(np.fromiter((v is not None for v in values), np.bool_, n), bitorder="little"))
-    if dtype is _STR:
-        encoded = [b"" if v is None else v.encode("utf-8", "surrogatepass") for v in values]
-        offsets = np.zeros(n + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, encoded), np.int64, n), out=offsets[1:])
-        buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
-        return pa.Array.from_buffers(pa.large_string(), n, buffers)
-    dtype = np.dtype(dtype)
-    filled = np.array([0 if v is None else v for v in values] if validity is not None else values, dtype)
-    if dtype == np.bool_:
-        return pa.Array.from_buffers(pa.bool_(), n, [validity, pa.py_buffer(np.packbits(filled, bitorder="little"))])
-    return pa.Array.from_buffers(pa.from_numpy_dtype(dtype), n, [validity, pa.py_buffer(filled)])
-
-
-def _table(names: tuple[str, ...], cols, dtypes: tuple) -> pa.Table:
-    """Columns (lists) as an Arrow table (see `_column`)."""
-    return pa.table({k: _column(list(c), t) for k, c, t in zip(names, cols, dtypes, strict=True)})
-
-
 def _flush(con, b: _Batch) -> None:
     """Bulk-append everything `_check_line` produced."""
     m = b.metrics
     if m["run"]:
-        names = ("run", "step", "name", "value", "t", "host")
-        dtypes = (_STR, np.int64, _STR, np.float64, np.float64, np.uint16)
-        con.register("_m", _table(names, [m[k] for k in names], dtypes))
+        con.register(
+            "_m",
+            pa.table(
+                {
+                    "run": _column(m["run"], pa.string()),
+                    "step": _column(m["step"], pa.int64()),
+                    "name": _column(m["name"], pa.string()),
+                    "value": _column(m["value"], pa.float64()),
+                    "t": _column(m["t"], pa.float64()),
+                    "host": _column(m["host"], pa.uint16()),
+                }
+            ),
+        )
         con.execute("INSERT INTO metrics SELECT * FROM _m")
         con.unregister("_m")
     x = b.experts
     if x["run"]:
-        names = ("run", "step", "layer", "expert", "routed", "dropped")
-        dtypes = (_STR, np.int32, np.uint16, np.uint16, np.uint32, np.uint32)
-        con.register("_x", _table(names, [x[k] for k in names], dtypes))
+        con.register(
+            "_x",
+            pa.table(
+                {
+                    "run": _column(x["run"], pa.string()),
+                    "step": _column(x["step"], pa.int32()),
+                    "layer": _column(x["layer"], pa.uint16()),
+                    "expert": _column(x["expert"], pa.uint16()),
+                    "routed": _column(x["routed"], pa.uint32()),
+                    "dropped": _column(x["dropped"], pa.uint32()),
+                }
+            ),
+        )
         con.execute("INSERT INTO expert_load SELECT * FROM _x")
         con.unregister("_x")
     if b.events:
+        cols = list(zip(*b.events, strict=True))
         names = ("run", "host", "seq", "kind", "step", "t", "v", "known", "data")
-        dtypes = (_STR, np.uint16, np.int64, _STR, np.int64, np.float64, np.uint16, np.bool_, _STR)
-        con.register("_e", _table(names, zip(*b.events, strict=True), dtypes))
+        types = (pa.string(), pa.uint16(), pa.int64(), pa.string(), pa.int64(), pa.float64(), pa.uint16(), pa.bool_(), pa.string())
+        con.register("_e", pa.table({k: _column(list(c), t) for k, c, t in zip(names, cols, types, strict=True)}))
         con.execute("INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _e")
         con.unregister("_e")
     if b.rejected:  # a file of random bytes can reject 10^5 lines: bulk, not executemany
         names = ("file", "run", "line", "field", "reason", "raw", "ingested_at")
-        dtypes = (_STR, _STR, np.int64, _STR, _STR, _STR, np.float64)
-        con.register("_r", _table(names, zip(*b.rejected, strict=True), dtypes))
+        types = (pa.string(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.float64())
+        cols = list(zip(*b.rejected, strict=True))
+        con.register("_r", pa.table({k: _column(list(c), t) for k, c, t in zip(names, cols, types, strict=True)}))
         con.execute(f"INSERT INTO rejected_events ({', '.join(names)}) SELECT * FROM _r")
         con.unregister("_r")
