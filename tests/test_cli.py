@@ -281,3 +281,16 @@ def test_ladder_fit_reports_progress_per_round(tmp_path, tty):
     fit_ladder(rungs, FitConfig(n_boot=5), name=name, progress=calls.append)
     done = [c["done"] for c in calls]
     assert done == sorted(done) and calls[-1]["done"] == calls[-1]["total"] > 1
+
+
+def test_runs_table_shows_every_runs_name(runs_dir, db_path):
+    """A run named after its id (every sample ladder run) still shows its name, not an empty cell."""
+    write_lines(runs_dir / "ladder-cpu-d24" / "events.0.jsonl", [
+        event("ladder-cpu-d24", "run_start", {"config": {}, "name": "ladder-cpu-d24",
+                                              "ladder": {"name": "ladder-cpu", "rung": "d24"}}, 0),
+        event("ladder-cpu-d24", "run_end", {"status": "completed", "final_step": 0}, 1),
+    ])  # fmt: skip
+    ingest(runs_dir, db_path, emit=None)
+    out = run("runs", "--db", db_path, "--format", "table", env={"COLUMNS": "300"}).output
+    row = next(line for line in out.splitlines() if "ladder-cpu-d24" in line and "completed" in line)
+    assert row.count("ladder-cpu-d24") == 2, out  # the run column and the name column

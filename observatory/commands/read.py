@@ -40,7 +40,7 @@ def runs(runs_dir, db, status, projects, groups, fmt, out):
         data = [
             (
                 r["run"],
-                r["name"] if r["name"] != r["run"] else "",
+                r["name"],
                 r["status"],
                 r["project"],
                 r["run_group"],
