@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["REDACTED", "is_secret_key", "redact", "scrub", "scrub_text"]
+__all__ = ["REDACTED", "is_secret_key", "redact", "redacted_note", "scrub", "scrub_text"]
 
 REDACTED = "<redacted>"
 
@@ -122,3 +122,8 @@ def scrub(value: Any) -> tuple[Any, int]:
 def redact(value: Any) -> Any:
     """`scrub` without the count: what writers call before writing a config."""
     return scrub(value)[0]
+
+
+def redacted_note(n: int) -> str:
+    """What pages and reports say of a run whose `runs.redactions` is n: that something was hidden."""
+    return f"{n} value{' was' if n == 1 else 's were'} redacted (secrets hidden at ingest)"

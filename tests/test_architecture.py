@@ -121,7 +121,7 @@ LAYERS = [
     {"observatory.queries"},
     {"observatory.detect", "observatory.ladder", "observatory.decisions"},
     {"observatory.ingest"},
-    {"observatory.report", "observatory.interop", "observatory.lineage", "observatory.docs"},
+    {"observatory.report", "observatory.interop", "observatory.lineage", "observatory.docs", "observatory.markup"},
     {"observatory.dashboard", "observatory.integrations"},
     {"observatory.commands", "observatory.cli", "observatory.demo", "observatory"},
 ]

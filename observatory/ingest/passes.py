@@ -25,7 +25,14 @@ from observatory.events import OBSERVATORY_HOST, STATUSES
 from observatory.ingest import files as fs
 from observatory.ingest import hooks
 from observatory.ingest.runs import mark_crashed, update_runs
-from observatory.ingest.sql_lines import MESSAGE_LIMIT, LogFile, _Batch, _FileState, _flush
+from observatory.ingest.sql_lines import (
+    MESSAGE_LIMIT,
+    LogFile,
+    _Batch,
+    _FileState,
+    _flush,
+    redact_metric_names,
+)
 
 __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass"]
 
@@ -132,6 +139,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
                 con.execute("COMMIT")
                 return None, False
             _flush(con, b)
+            redact_metric_names(con, b)
             update_runs(con, b)
             mark_crashed(con, now)
             if skip_hooks is not None:

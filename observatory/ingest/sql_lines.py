@@ -34,6 +34,8 @@ from observatory.events import (
     encode_value,
     validate_event,
 )
+from observatory.redact import scrub, scrub_text
+from observatory.store.rollups import LOCAL_ROWID
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
 MESSAGE_LIMIT = 200  # rejection messages kept per batch and report (all of them are in rejected_events)
@@ -256,10 +258,19 @@ class _Batch:
         self.n_duplicates = self.n_truncated = 0
         self.n_bytes = self.n_files = 0
         self.n_fast = 0  # events accepted by a vectorised check (SQL or msgspec), not one by one
+        self.redactions: dict[str, int] = {}  # run -> values hidden by `observatory.redact` in this batch
+
+    def hid(self, run: str, n: int) -> None:
+        if n:
+            self.redactions[run] = self.redactions.get(run, 0) + n
 
     def reject(self, lf: LogFile, line: int, fld: str | None, reason: str, raw: bytes | str) -> None:
         if isinstance(raw, bytes):
             raw = raw[:RAW_CAP].decode("utf-8", "replace")
+        # the raw line and the reason (which may quote a value) are public text: secrets hidden
+        raw, n_raw = scrub_text(raw[:RAW_CAP])
+        reason, n_reason = scrub_text(reason)
+        self.hid(lf.run, n_raw + n_reason)
         self.rejected.append((lf.rel, lf.run, line, fld, reason, raw[:RAW_CAP], self.now))
         if len(self.messages) < MESSAGE_LIMIT:
             self.messages.append(f"{lf.path}:{line}: {reason}")
@@ -375,6 +386,8 @@ def _check_line(b: _Batch, lf: LogFile, st: _FileState, lineno: int, raw: bytes)
         b.n_expert_rows += n
         b.touched["expert_load"].add(run)
     else:
+        data, n = scrub(data)  # every writer's secrets, by key and by pattern (ours already hid its own)
+        b.hid(run, n)
         dj = json.dumps(encode_value(data), separators=(",", ":"))
         b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
         if kind in ("run_start", "run_end"):
@@ -499,6 +512,33 @@ def _is_utf8(raw: bytes) -> bool:
 
 
 # ------------------------------------------------------------------ writing
+
+_CLEAN_NAMES: set[str] = set()  # metric names known to hold no secret (bounded: cleared when large)
+
+
+def redact_metric_names(con, b: _Batch) -> None:
+    """Hide credential-shaped text in the metric names this transaction added (values are numbers).
+
+    Every path (msgspec, the vectorised SQL check, `_check_line`) appends to `metrics`; the
+    names it added are the distinct names of the transaction's local rows (rowid >=
+    LOCAL_ROWID), so one query covers them all. Each hidden name counts once per row.
+    """
+    if not b.touched["metrics"]:
+        return
+    names = [r[0] for r in con.execute(f"SELECT DISTINCT name FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchall()]
+    for name in names:
+        if name in _CLEAN_NAMES:
+            continue
+        clean, n = scrub_text(name)
+        if not n:
+            if len(_CLEAN_NAMES) > 100_000:
+                _CLEAN_NAMES.clear()
+            _CLEAN_NAMES.add(name)
+            continue
+        where = f"rowid >= {LOCAL_ROWID} AND name = $old"
+        for run, rows in con.execute(f"SELECT run, count(*) FROM metrics WHERE {where} GROUP BY run", {"old": name}).fetchall():
+            b.hid(run, rows)
+        con.execute(f"UPDATE metrics SET name = $new WHERE {where}", {"old": name, "new": clean})
 
 
 def _flush(con, b: _Batch) -> None:

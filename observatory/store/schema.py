@@ -59,7 +59,8 @@ CREATE TABLE IF NOT EXISTS runs (
     code         JSON,           -- {commit, dirty}
     data         JSON,           -- {name, fingerprint, tokens}
     mesh         JSON,           -- {data, expert, processes, devices}
-    model        JSON            -- {params_total, params_active, flops_per_token}
+    model        JSON,           -- {params_total, params_active, flops_per_token}
+    redactions   BIGINT          -- values ingest hid as secrets (config, text, metric names, rejected lines)
 );
 CREATE TABLE IF NOT EXISTS metrics (
     run   VARCHAR NOT NULL,      -- run id
@@ -126,6 +127,7 @@ _ADDED_COLUMNS = (
     ("ingest_files", "first_seq", "BIGINT"),
     ("ingest_files", "cursor_seq", "BIGINT"),
     ("rejected_events", "run", "VARCHAR"),
+    ("runs", "redactions", "BIGINT"),
 )
 
 TABLE_DOCS = {

@@ -21,8 +21,10 @@ from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.charts import add_markers, band, scatter, series_figure
 from observatory.dashboard.runs_table import ago, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
+from observatory.markup import md_escape
 from observatory.queries import dashboard as qd
 from observatory.queries import experts as qe
+from observatory.redact import redacted_note
 
 REFRESH_S = 2
 LOSS = ("train/loss", "train/ce_loss")
@@ -157,7 +159,7 @@ def _panel(run: str) -> None:
     rows = {r["run"]: r for r in runs_table()}
     row = rows.get(run)
     if row is None:
-        st.warning(f"Run {run!r} is not in the store.")
+        st.warning(f"Run {md_escape(repr(run))} is not in the store.")
         return
     _banner(row, now)
     # one connection for the whole panel: the window's series, markers, evals and forecasts
@@ -224,6 +226,7 @@ def status_line(row: dict, now: float) -> str:
     return (
         f"**Status** :{color}-badge[{row['status']}] · **Last step** {step} · "
         f"**Last loss** {loss} · **Since last event** {ago(row['last_event_t'], now)}"
+        + (f" · {redacted_note(row['redactions'])}" if row.get("redactions") else "")
     )
 
 
