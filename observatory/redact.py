@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["REDACTED", "is_secret_key", "redact", "redacted_note", "scrub", "scrub_text"]
+__all__ = ["REDACTED", "is_secret_key", "redact", "redacted_note", "scrub", "scrub_event", "scrub_text"]
 
 REDACTED = "<redacted>"
 
@@ -89,8 +89,9 @@ def scrub_text(text: str) -> tuple[str, int]:
 def scrub(value: Any) -> tuple[Any, int]:
     """A copy of a nested value with secrets hidden by key and by pattern; and how many were.
 
-    Mapping keys that are secret have their whole value replaced (whatever its type);
-    every string, keys included, is scrubbed by pattern. Numbers, bools and None pass.
+    Mapping keys that are secret have their whole value replaced (whatever its type; a
+    list element by element, so it keeps its length); every string, keys included, is
+    scrubbed by pattern. Numbers, bools and None pass.
     """
     if isinstance(value, str):
         return scrub_text(value)
@@ -102,7 +103,11 @@ def scrub(value: Any) -> tuple[Any, int]:
                 n += nk
             else:
                 k2 = k
-            if isinstance(k, str) and is_secret_key(k) and v is not None and v != REDACTED:
+            if isinstance(k, str) and is_secret_key(k) and isinstance(v, (list, tuple)):
+                # a list keeps its shape (a config_diff's [old, new] stays a pair)
+                out[k2] = [None if x is None else REDACTED for x in v]
+                n += any(x is not None and x != REDACTED for x in v)
+            elif isinstance(k, str) and is_secret_key(k) and v is not None and v != REDACTED:
                 out[k2] = REDACTED
                 n += 1
             else:
@@ -117,6 +122,25 @@ def scrub(value: Any) -> tuple[Any, int]:
             n += nv
         return out_l, n
     return value, 0
+
+
+def scrub_event(kind: str, data: Any) -> tuple[Any, int]:
+    """An event payload with its secrets hidden, as ingest stores it; and how many were.
+
+    A `metrics` payload keeps its values (numbers) and has its names scrubbed by pattern
+    only (a metric named `auth/retries` is not a secret); `expert_load` is all numbers;
+    every other kind is `scrub`bed by key and by pattern.
+    """
+    if kind == "expert_load" or not isinstance(data, Mapping):
+        return data, 0
+    if kind == "metrics":
+        out, n = {}, 0
+        for k, v in data.items():
+            k2, nk = scrub_text(k) if isinstance(k, str) else (k, 0)
+            out[k2] = v
+            n += nk
+        return out, n
+    return scrub(data)
 
 
 def redact(value: Any) -> Any:

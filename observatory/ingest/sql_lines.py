@@ -34,7 +34,7 @@ from observatory.events import (
     encode_value,
     validate_event,
 )
-from observatory.redact import scrub, scrub_text
+from observatory.redact import scrub_event, scrub_text
 from observatory.store.rollups import LOCAL_ROWID
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
@@ -386,7 +386,7 @@ def _check_line(b: _Batch, lf: LogFile, st: _FileState, lineno: int, raw: bytes)
         b.n_expert_rows += n
         b.touched["expert_load"].add(run)
     else:
-        data, n = scrub(data)  # every writer's secrets, by key and by pattern (ours already hid its own)
+        data, n = scrub_event(kind, data)  # every writer's secrets, by key and by pattern (ours already hid its own)
         b.hid(run, n)
         dj = json.dumps(encode_value(data), separators=(",", ":"))
         b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
