@@ -20,8 +20,11 @@ recorded as `truncated` once it ended or went quiet for `stale_after_s`.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -72,14 +75,29 @@ def ingest(
             old[sig] = signal.signal(sig, lambda *_: stop.set())
     if not runs_dir.is_dir():
         emit(f"{runs_dir}: runs dir does not exist{' (yet); waiting for it' if follow else ''}")
+    lock = None
     try:
+        if follow:
+            lock = _follower_lock(db, stop, emit)
+            if lock is None:
+                return report  # stopped while waiting for the other follower
+        failing = None
         while True:
             try:
                 one_pass(runs_dir, db, report, fol, hooks, emit)
+                if failing:
+                    emit(f"observatory ingest: {db}: writing again ({failing} resolved); caught up from the last commit")
+                failing = None
             except Exception as e:
                 if not follow:
                     raise
-                emit(f"observatory ingest: pass failed ({type(e).__name__}: {e}); retrying")
+                why = _write_failure(e)
+                if why is None or failing != why:
+                    emit(f"observatory ingest: pass failed ({type(e).__name__}: {e}); retrying"
+                         if why is None else f"observatory ingest: {db}: cannot write the store: {why} "
+                         f"({type(e).__name__}: {e}); retrying every {settings.get('follow_interval_s')} s. "
+                         "Nothing is lost: the logs are read again from the last committed batch")  # fmt: skip
+                failing = why
                 fol.sig = None
             report.passes += 1
             if not follow or stop.wait(settings.get("follow_interval_s")):
@@ -87,8 +105,54 @@ def ingest(
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+        if lock is not None:
+            lock.close()
         report.seconds = time.perf_counter() - t0
     return report
+
+
+def _write_failure(e: BaseException) -> str | None:
+    """'the disk is full' (or the file size limit) when `e` says so; else None."""
+    text = str(e).lower()
+    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)) or any(
+        w in text for w in ("no space left", "file too large", "disk quota")
+    ):
+        return "the disk is full (or a file size limit was reached)"
+    return None
+
+
+def _follower_lock(db: Path, stop: threading.Event, emit: Callable[[str], None]):
+    """Hold `<db>.follower` (an flock) for as long as this follower runs; one follower per store.
+
+    A second follower says who holds it and waits (polling `follow_interval_s`) until the
+    first exits or `stop` is set (then None). One-off `ingest` calls take no such lock: their
+    batches are safe beside a follower (each takes the store's write lock).
+    """
+    db.parent.mkdir(parents=True, exist_ok=True)
+    path = db.with_name(db.name + ".follower")
+    f = open(path, "a+")
+    said = False
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not said:
+                f.seek(0)
+                who = f.read().strip() or "another process"
+                emit(f"observatory ingest: {db} is already followed by {who}; waiting for it to exit "
+                     f"(lock file {path})")  # fmt: skip
+                said = True
+            if stop.wait(settings.get("follow_interval_s")):
+                f.close()
+                return None
+            continue
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush()
+        if said:
+            emit(f"observatory ingest: {db}: the other follower exited; following now")
+        return f
 
 
 def rebuild(runs_dir: str | os.PathLike | None = None, db: str | os.PathLike | None = None, *,

@@ -123,6 +123,11 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
                     more = True
                     break
                 st = _FileState(rows.get(lf.rel), lf, fs.siblings(lf, rows))
+                if st.restarted_from is not None:
+                    b.messages.append(
+                        f"{lf.path}: the file shrank or was replaced under the ingester (read up to byte "
+                        f"{st.restarted_from:,}, now {lf.size:,} bytes); reading it again from the start: "
+                        "events already stored are skipped as duplicates, new ones are added")
                 ended = lf.gz or status.get(lf.run) in STATUSES or now - lf.mtime > stale
                 n, done = fs.process_file(con, b, lf, st, BATCH_BYTES - used, ended, max_line)
                 used += n

@@ -15,10 +15,13 @@ valid -- decides (tests check the vectorised check never accepts what it rejects
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import math
+import os
 import re
+import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +81,11 @@ def _read_error(lf: LogFile, e: BaseException) -> str:
 
 
 def _open(lf: LogFile):
+    # only regular files: opening a FIFO named like a log would block the ingester forever
+    mode = os.stat(lf.path).st_mode
+    if not stat.S_ISREG(mode):
+        what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+        raise OSError(errno.EINVAL, f"not a regular file ({what})")
     return gzip.open(lf.path, "rb") if lf.gz else open(lf.path, "rb")
 
 
@@ -298,12 +306,18 @@ class _FileState:
         self.last_seq = row.get("last_seq")
         self.cursor = row.get("cursor_seq")
         self.siblings = sibling_ranges
+        self.restarted_from: int | None = None  # the offset it had when the file shrank or was replaced
         if self.offset > (lf.size if not lf.gz else math.inf) or (lf.gz and row and row.get("size") != lf.size):
             # the file shrank or was replaced: read it again; seqs already stored count as duplicates
             if self.first_seq is not None:
                 self.siblings = [*self.siblings, (self.first_seq, self.last_seq)]
+            self.restarted_from = self.offset
             self.offset = self.line = 0
             self.cursor = None
+        elif self.last_seq is not None and (self.cursor is None or self.cursor < self.last_seq):
+            # read again after it shrank, and not past what was stored before: those seqs are duplicates
+            # (in order, the cursor is never below the highest stored seq)
+            self.siblings = [*self.siblings, (self.first_seq, self.last_seq)]
 
     def accept_all(self, seqs: np.ndarray) -> bool:
         """`check_seq` of every seq in order accepts them all: then record them, as it would; else change nothing."""
