@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import select
 import subprocess
 import sys
 import textwrap
@@ -133,6 +134,24 @@ def wait_for(cond, timeout: float = 60.0, every: float = 0.05) -> bool:
             return True
         time.sleep(every)
     return False
+
+
+def read_until(p: subprocess.Popen, prefix: str, n: int = 1, timeout: float = 60.0) -> str | None:
+    """Read the child's output until the n-th line starting with `prefix` (returned); None at timeout or EOF."""
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return None
+        line = p.stdout.readline()
+        if not line:
+            return None
+        if line.startswith(prefix):
+            seen += 1
+            if seen == n:
+                return line
+    return None
 
 
 def fsize_unlimited(pid: int) -> None:
