@@ -77,7 +77,7 @@ def test_sigkill_of_the_follower_at_10_random_points(runs, clean, tmp_path):
 def test_full_disk_is_reported_and_the_follower_resumes_when_space_returns(runs, clean, tmp_path):
     db = tmp_path / "full.duckdb"
     # room for the empty store and a little more, far less than the logs need
-    p = child(runs, db, True, FSIZE_LIMIT=3 << 20, SMALL_BATCHES=256 << 10)
+    p = child(runs, db, True, FSIZE_LIMIT=1 << 20, SMALL_BATCHES=256 << 10)
     out = []
     try:
         for line in p.stdout:
@@ -88,7 +88,7 @@ def test_full_disk_is_reported_and_the_follower_resumes_when_space_returns(runs,
         fsize_unlimited(p.pid)
         for line in p.stdout:
             out.append(line)
-            if "writing again" in line:
+            if "writable again" in line:
                 break
         assert wait_for(lambda: same_store(db, clean) == {}, timeout=120, every=1.0), same_store(db, clean)
     finally:

@@ -20,7 +20,6 @@ recorded as `truncated` once it ended or went quiet for `stale_after_s`.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import signal
@@ -34,7 +33,7 @@ from typing import Any
 
 from observatory import settings, store
 from observatory.ingest.files import scan
-from observatory.ingest.passes import Follower, IngestReport, one_pass
+from observatory.ingest.passes import Follower, IngestReport, one_pass, write_failure
 from observatory.ingest.sql_lines import LogFile
 from observatory.store import rollups
 
@@ -86,12 +85,12 @@ def ingest(
             try:
                 one_pass(runs_dir, db, report, fol, hooks, emit)
                 if failing:
-                    emit(f"observatory ingest: {db}: writing again ({failing} resolved); caught up from the last commit")
+                    emit(f"observatory ingest: {db}: the store is writable again; caught up from the last committed batch")
                 failing = None
             except Exception as e:
                 if not follow:
                     raise
-                why = _write_failure(e)
+                why = write_failure(e)
                 if why is None or failing != why:
                     emit(f"observatory ingest: pass failed ({type(e).__name__}: {e}); retrying"
                          if why is None else f"observatory ingest: {db}: cannot write the store: {why} "
@@ -109,16 +108,6 @@ def ingest(
             lock.close()
         report.seconds = time.perf_counter() - t0
     return report
-
-
-def _write_failure(e: BaseException) -> str | None:
-    """'the disk is full' (or the file size limit) when `e` says so; else None."""
-    text = str(e).lower()
-    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)) or any(
-        w in text for w in ("no space left", "file too large", "disk quota")
-    ):
-        return "the disk is full (or a file size limit was reached)"
-    return None
 
 
 def _follower_lock(db: Path, stop: threading.Event, emit: Callable[[str], None]):

@@ -14,6 +14,7 @@ One pass: scan the runs dir (`files.readable`); while files have work, run a bat
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from observatory.ingest.sql_lines import (
     redact_metric_names,
 )
 
-__all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass"]
+__all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]
 
 BATCH_BYTES = 32 << 20  # input bytes per write transaction: keeps each lock hold well under a second or two
 
@@ -96,6 +97,16 @@ def _has_schema(con) -> bool:
         return True
     except duckdb.CatalogException:
         return False
+
+
+def write_failure(e: BaseException) -> str | None:
+    """'the disk is full' (or the file size limit) when `e` says so; else None."""
+    text = str(e).lower()
+    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)) or any(
+        w in text for w in ("no space left", "file too large", "disk quota")
+    ):
+        return "the disk is full (or a file size limit was reached)"
+    return None
 
 
 def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set[str] | None) -> tuple[_Batch | None, bool]:
@@ -206,6 +217,8 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
             fol.off.add(name)
             continue
         except Exception as e:
+            if write_failure(e):
+                raise  # the store cannot be written (full disk): no file is to blame; the caller retries
             if only is not None:
                 emit(f"{runs_dir / only}: cannot ingest ({type(e).__name__}: {e}); skipped until the next ingest")
                 fol.skip.add(only)
