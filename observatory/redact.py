@@ -37,11 +37,25 @@ def _words(key: str) -> list[str]:
     return [w for w in re.split(r"[^a-z0-9]+", snake) if w]
 
 
+# "token" in a model's vocabulary, not a credential: flops_per_token, pad_token_id, eos_token, token_count
+_VOCAB_BEFORE = frozenset("per pad bos eos unk sep cls mask start end special max min num".split())
+_VOCAB_AFTER = frozenset("id ids count counts len length budget limit type types index embedding embeddings".split())
+
+
+def _is_secret_word(words: list[str], i: int) -> bool:
+    w = words[i]
+    if w not in SECRET_WORDS:
+        return False
+    if w == "token" and ((i > 0 and words[i - 1] in _VOCAB_BEFORE) or (i + 1 < len(words) and words[i + 1] in _VOCAB_AFTER)):
+        return False
+    return True
+
+
 def is_secret_key(key: str) -> bool:
     """True for keys whose values must not be stored (see SECRET_WORDS and SECRET_PAIRS)."""
     words = _words(key)
     joined = "_".join(words)
-    return any(w in SECRET_WORDS for w in words) or any(p in joined for p in SECRET_PAIRS)
+    return any(_is_secret_word(words, i) for i in range(len(words))) or any(p in joined for p in SECRET_PAIRS)
 
 
 # Credential shapes that are secret wherever they appear. Each keeps a harmless prefix (group 1).

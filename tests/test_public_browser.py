@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from public_secrets import RUN as SECRET_RUN
 from public_secrets import leaks, write_foreign_run
-from test_browser import CHROMIUM, CHROMIUM_ARGS, ROOT, free_port, start_server, stop, wait_idle
+from test_browser import ROOT, browser, free_port, start_server, stop, wait_idle  # noqa: F401 - browser: a fixture
 
 from observatory import report
 from observatory.ingest import ingest
@@ -90,16 +90,6 @@ def server(xss_store, tmp_path_factory):
     stop(proc)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
-
-
 # what a payload would leave behind if it were live: a script with our alert in it, an element with
 # an inline event handler, a javascript:/vbscript:/data: URL in a link, image, frame or form
 INJECTED_JS = """() => {
@@ -156,7 +146,7 @@ def _check(page, dialogs: list, scripts_before: int, what: str) -> None:
         (f"compare?runs={SECRET_RUN},{XSS}", "Config diff"),
     ],
 )
-def test_payloads_stay_text_on_every_page(server, browser, path, wait_text):
+def test_payloads_stay_text_on_every_page(server, browser, path, wait_text):  # noqa: F811 - the fixture
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
@@ -176,7 +166,7 @@ def test_payloads_stay_text_on_every_page(server, browser, path, wait_text):
         page.close()
 
 
-def test_html_report_stays_inert(xss_store, browser, tmp_path):
+def test_html_report_stays_inert(xss_store, browser, tmp_path):  # noqa: F811 - the fixture
     _, db = xss_store
     path = report.write(db, XSS, tmp_path, "html")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
