@@ -10,6 +10,7 @@
   the rest decoded in Python and checked by `observatory.events.validate_event`, the
   one definition of "valid" (tests check both paths give the same store);
 - `runs`: the `runs` table, folded from lifecycle events;
+- `redaction`: secrets in metric names hidden in the batch (`sql_lines` scrubs the rest);
 - `passes`: passes and batches, one short write transaction each;
 - `hooks`: what other stages run on each batch (rollups in the transaction; the
   detectors, the ladder watch and the decision records after it).

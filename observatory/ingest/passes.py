@@ -25,6 +25,7 @@ from observatory import settings, store
 from observatory.events import OBSERVATORY_HOST, STATUSES
 from observatory.ingest import files as fs
 from observatory.ingest import hooks
+from observatory.ingest.redaction import redact_metric_names
 from observatory.ingest.runs import mark_crashed, update_runs
 from observatory.ingest.sql_lines import (
     MESSAGE_LIMIT,
@@ -32,7 +33,6 @@ from observatory.ingest.sql_lines import (
     _Batch,
     _FileState,
     _flush,
-    redact_metric_names,
 )
 
 __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]

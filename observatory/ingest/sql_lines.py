@@ -38,7 +38,6 @@ from observatory.events import (
     validate_event,
 )
 from observatory.redact import scrub_event, scrub_text
-from observatory.store.rollups import LOCAL_ROWID
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
 MESSAGE_LIMIT = 200  # rejection messages kept per batch and report (all of them are in rejected_events)
@@ -526,34 +525,6 @@ def _is_utf8(raw: bytes) -> bool:
 
 
 # ------------------------------------------------------------------ writing
-
-_CLEAN_NAMES: set[str] = set()  # metric names known to hold no secret (bounded: cleared when large)
-
-
-def redact_metric_names(con, b: _Batch) -> None:
-    """Hide credential-shaped text in the metric names this transaction added (values are numbers).
-
-    Every path (msgspec, the vectorised SQL check, `_check_line`) appends to `metrics`; the
-    names it added are the distinct names of the transaction's local rows (rowid >=
-    LOCAL_ROWID), so one query covers them all. Each hidden name counts once per row.
-    """
-    if not b.touched["metrics"]:
-        return
-    names = [r[0] for r in con.execute(f"SELECT DISTINCT name FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchall()]
-    for name in names:
-        if name in _CLEAN_NAMES:
-            continue
-        clean, n = scrub_text(name)
-        if not n:
-            if len(_CLEAN_NAMES) > 100_000:
-                _CLEAN_NAMES.clear()
-            _CLEAN_NAMES.add(name)
-            continue
-        where = f"rowid >= {LOCAL_ROWID} AND name = $old"
-        for run, rows in con.execute(f"SELECT run, count(*) FROM metrics WHERE {where} GROUP BY run", {"old": name}).fetchall():
-            b.hid(run, rows)
-        con.execute(f"UPDATE metrics SET name = $new WHERE {where}", {"old": name, "new": clean})
-
 
 def _flush(con, b: _Batch) -> None:
     """Bulk-append everything `_check_line` produced."""
