@@ -16,7 +16,8 @@ The layout, one stage of the flow per package; each imports only itself and the 
     queries/                    every SQL read the CLI, reports and pages make
     detect/ ladder/ decisions/  findings: instability detectors, ladder fits and watch, decision records
     ingest/                     logs -> store in short transactions; hooks run the findings stages
-    report/ interop/ lineage    post-mortems; imports, exports, simulator, W&B mirror; run lineage
+    report/ interop/ lineage    post-mortems; imports, exports, simulator, W&B mirror; run lineage;
+      markup                    log text made inert for Markdown and HTML
     dashboard/ integrations/    Streamlit pages over queries; wandb-compatible API, Levanter tracker
     commands/ cli demo          the `observatory` command line and `make demo`
     docs                        the README's generated sections (settings, schema, CLI table)

@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["REDACTED", "is_secret_key", "redact", "scrub", "scrub_text"]
+__all__ = ["REDACTED", "is_secret_key", "redact", "redacted_note", "scrub", "scrub_event", "scrub_text"]
 
 REDACTED = "<redacted>"
 
@@ -37,11 +37,25 @@ def _words(key: str) -> list[str]:
     return [w for w in re.split(r"[^a-z0-9]+", snake) if w]
 
 
+# "token" in a model's vocabulary, not a credential: flops_per_token, pad_token_id, eos_token, token_count
+_VOCAB_BEFORE = frozenset("per pad bos eos unk sep cls mask start end special max min num".split())
+_VOCAB_AFTER = frozenset("id ids count counts len length budget limit type types index embedding embeddings".split())
+
+
+def _is_secret_word(words: list[str], i: int) -> bool:
+    w = words[i]
+    if w not in SECRET_WORDS:
+        return False
+    if w == "token" and ((i > 0 and words[i - 1] in _VOCAB_BEFORE) or (i + 1 < len(words) and words[i + 1] in _VOCAB_AFTER)):
+        return False
+    return True
+
+
 def is_secret_key(key: str) -> bool:
     """True for keys whose values must not be stored (see SECRET_WORDS and SECRET_PAIRS)."""
     words = _words(key)
     joined = "_".join(words)
-    return any(w in SECRET_WORDS for w in words) or any(p in joined for p in SECRET_PAIRS)
+    return any(_is_secret_word(words, i) for i in range(len(words))) or any(p in joined for p in SECRET_PAIRS)
 
 
 # Credential shapes that are secret wherever they appear. Each keeps a harmless prefix (group 1).
@@ -89,8 +103,9 @@ def scrub_text(text: str) -> tuple[str, int]:
 def scrub(value: Any) -> tuple[Any, int]:
     """A copy of a nested value with secrets hidden by key and by pattern; and how many were.
 
-    Mapping keys that are secret have their whole value replaced (whatever its type);
-    every string, keys included, is scrubbed by pattern. Numbers, bools and None pass.
+    Mapping keys that are secret have their whole value replaced (whatever its type; a
+    list element by element, so it keeps its length); every string, keys included, is
+    scrubbed by pattern. Numbers, bools and None pass.
     """
     if isinstance(value, str):
         return scrub_text(value)
@@ -102,7 +117,11 @@ def scrub(value: Any) -> tuple[Any, int]:
                 n += nk
             else:
                 k2 = k
-            if isinstance(k, str) and is_secret_key(k) and v is not None and v != REDACTED:
+            if isinstance(k, str) and is_secret_key(k) and isinstance(v, (list, tuple)):
+                # a list keeps its shape (a config_diff's [old, new] stays a pair)
+                out[k2] = [None if x is None else REDACTED for x in v]
+                n += any(x is not None and x != REDACTED for x in v)
+            elif isinstance(k, str) and is_secret_key(k) and v is not None and v != REDACTED:
                 out[k2] = REDACTED
                 n += 1
             else:
@@ -119,6 +138,30 @@ def scrub(value: Any) -> tuple[Any, int]:
     return value, 0
 
 
+def scrub_event(kind: str, data: Any) -> tuple[Any, int]:
+    """An event payload with its secrets hidden, as ingest stores it; and how many were.
+
+    A `metrics` payload keeps its values (numbers) and has its names scrubbed by pattern
+    only (a metric named `auth/retries` is not a secret); `expert_load` is all numbers;
+    every other kind is `scrub`bed by key and by pattern.
+    """
+    if kind == "expert_load" or not isinstance(data, Mapping):
+        return data, 0
+    if kind == "metrics":
+        out, n = {}, 0
+        for k, v in data.items():
+            k2, nk = scrub_text(k) if isinstance(k, str) else (k, 0)
+            out[k2] = v
+            n += nk
+        return out, n
+    return scrub(data)
+
+
 def redact(value: Any) -> Any:
     """`scrub` without the count: what writers call before writing a config."""
     return scrub(value)[0]
+
+
+def redacted_note(n: int) -> str:
+    """What pages and reports say of a run whose `runs.redactions` is n: that something was hidden."""
+    return f"{n} value{' was' if n == 1 else 's were'} redacted (secrets hidden at ingest)"

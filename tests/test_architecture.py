@@ -122,7 +122,7 @@ LAYERS = [
     {"observatory.queries"},
     {"observatory.detect", "observatory.ladder", "observatory.decisions"},
     {"observatory.ingest"},
-    {"observatory.report", "observatory.interop", "observatory.lineage"},
+    {"observatory.report", "observatory.interop", "observatory.lineage", "observatory.markup"},
     {"observatory.dashboard", "observatory.integrations"},
     {"observatory.commands", "observatory.cli", "observatory.demo", "observatory"},
     {"observatory.docs"},  # the README's generated sections: from settings, the schema and the CLI

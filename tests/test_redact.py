@@ -28,7 +28,8 @@ def test_secret_keys(key):
     assert is_secret_key(key)
 
 
-@pytest.mark.parametrize("key", ["tokenizer", "max_tokens", "author", "tokens_per_s", "lr", "passage", "keys"])
+@pytest.mark.parametrize("key", ["tokenizer", "max_tokens", "author", "tokens_per_s", "lr", "passage", "keys",
+                                 "flops_per_token", "model.flops_per_token", "pad_token_id", "eos_token", "token_count"])
 def test_ordinary_keys(key):
     assert not is_secret_key(key)
 

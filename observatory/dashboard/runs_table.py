@@ -23,7 +23,7 @@ def runs_calls() -> tuple[tuple, ...]:
 
 def runs_table() -> list[dict[str, Any]]:
     """Every run as a dict: run, name, status (crashed when stale), last_step, steps, progress,
-    last_loss, tokens, ladder, tags, project, group, start_time, last_event_t, parent; newest first."""
+    last_loss, tokens, ladder, tags, project, group, start_time, last_event_t, parent, redactions; newest first."""
 
     rows, extras = query_all(*runs_calls())
     extras = {r["run"]: r for r in extras.to_dicts()}
@@ -52,6 +52,7 @@ def runs_table() -> list[dict[str, Any]]:
                 "start_time": r.get("start_time"),
                 "last_event_t": r.get("last_event_t") or x.get("last_metric_t"),
                 "parent": r.get("parent_run"),
+                "redactions": x.get("redactions") or 0,
             }
         )
     out.sort(key=lambda r: -(r["start_time"] or r["last_event_t"] or 0))

@@ -10,6 +10,7 @@
   the rest decoded in Python and checked by `observatory.events.validate_event`, the
   one definition of "valid" (tests check both paths give the same store);
 - `runs`: the `runs` table, folded from lifecycle events;
+- `redaction`: secrets in metric names hidden in the batch (`sql_lines` scrubs the rest);
 - `passes`: passes and batches, one short write transaction each;
 - `hooks`: what other stages run on each batch (rollups in the transaction; the
   detectors, the ladder watch and the decision records after it).
@@ -20,8 +21,10 @@ recorded as `truncated` once it ended or went quiet for `stale_after_s`.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -31,7 +34,7 @@ from typing import Any
 
 from observatory import settings, store
 from observatory.ingest.files import scan
-from observatory.ingest.passes import Follower, IngestReport, one_pass
+from observatory.ingest.passes import Follower, IngestReport, one_pass, write_failure
 from observatory.ingest.sql_lines import LogFile
 from observatory.store import rollups
 
@@ -75,14 +78,29 @@ def ingest(
             old[sig] = signal.signal(sig, lambda *_: stop.set())
     if not runs_dir.is_dir():
         emit(f"{runs_dir}: runs dir does not exist{' (yet); waiting for it' if follow else ''}")
+    lock = None
     try:
+        if follow:
+            lock = _follower_lock(db, stop, emit)
+            if lock is None:
+                return report  # stopped while waiting for the other follower
+        failing = None
         while True:
             try:
                 one_pass(runs_dir, db, report, fol, hooks, emit, progress)
+                if failing:
+                    emit(f"observatory ingest: {db}: the store is writable again; caught up from the last committed batch")
+                failing = None
             except Exception as e:
                 if not follow:
                     raise
-                emit(f"observatory ingest: pass failed ({type(e).__name__}: {e}); retrying")
+                why = write_failure(e)
+                if why is None or failing != why:
+                    emit(f"observatory ingest: pass failed ({type(e).__name__}: {e}); retrying"
+                         if why is None else f"observatory ingest: {db}: cannot write the store: {why} "
+                         f"({type(e).__name__}: {e}); retrying every {settings.get('follow_interval_s')} s. "
+                         "Nothing is lost: the logs are read again from the last committed batch")  # fmt: skip
+                failing = why
                 fol.sig = None
             report.passes += 1
             if not follow or stop.wait(settings.get("follow_interval_s")):
@@ -90,8 +108,44 @@ def ingest(
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+        if lock is not None:
+            lock.close()
         report.seconds = time.perf_counter() - t0
     return report
+
+
+def _follower_lock(db: Path, stop: threading.Event, emit: Callable[[str], None]):
+    """Hold `<db>.follower` (an flock) for as long as this follower runs; one follower per store.
+
+    A second follower says who holds it and waits (polling `follow_interval_s`) until the
+    first exits or `stop` is set (then None). One-off `ingest` calls take no such lock: their
+    batches are safe beside a follower (each takes the store's write lock).
+    """
+    db.parent.mkdir(parents=True, exist_ok=True)
+    path = db.with_name(db.name + ".follower")
+    f = open(path, "a+")
+    said = False
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not said:
+                f.seek(0)
+                who = f.read().strip() or "another process"
+                emit(f"observatory ingest: {db} is already followed by {who}; waiting for it to exit "
+                     f"(lock file {path})")  # fmt: skip
+                said = True
+            if stop.wait(settings.get("follow_interval_s")):
+                f.close()
+                return None
+            continue
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush()
+        if said:
+            emit(f"observatory ingest: {db}: the other follower exited; following now")
+        return f
 
 
 def rebuild(runs_dir: str | os.PathLike | None = None, db: str | os.PathLike | None = None, *,

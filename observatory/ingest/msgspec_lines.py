@@ -44,17 +44,16 @@ import numpy as np
 import pyarrow as pa
 
 from observatory.events import KINDS, RUN_ID_RE
+from observatory.ingest.arrow import column, numeric
 from observatory.ingest.sql_lines import (
     I32,
     I64,
     U16,
     U32,
     LogFile,
-    _arrow,
     _Batch,
     _check_line,
     _Chunk,
-    _column,
     _FileState,
     _ingest_chunk,
     _seq_ok,
@@ -419,9 +418,9 @@ def _metrics_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndar
         steps, ts, lens = steps[keep], ts[keep], lens[keep]
     if int(lens.sum()) == 0:
         return None  # only empty `data` objects: events, but no values
-    name = pa.DictionaryArray.from_arrays(_arrow(codes), _strings(plan.m_names))
-    return pa.table({"step": _arrow(np.repeat(steps, lens)), "name": name, "value": _arrow(values),
-                     "t": _arrow(np.repeat(ts, lens))})  # fmt: skip
+    name = pa.DictionaryArray.from_arrays(numeric(codes), _strings(plan.m_names))
+    return pa.table({"step": numeric(np.repeat(steps, lens)), "name": name, "value": numeric(values),
+                     "t": numeric(np.repeat(ts, lens))})  # fmt: skip
 
 
 _COUNT_CHARS = b"0123456789,"
@@ -482,12 +481,12 @@ def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray) -> pa.Table
         "routed": routed,
         "dropped": dropped,
     }
-    return pa.table({k: _arrow(v) for k, v in cols.items()})
+    return pa.table({k: numeric(v) for k, v in cols.items()})
 
 
 def _strings(names: list[str]) -> pa.Array:
     """An Arrow string array of the names (not `pa.array`, which would import pandas: see `_column`)."""
-    return _column(names, pa.string())
+    return column(names, pa.string())
 
 
 def _insert(con, lf: LogFile, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:

@@ -14,6 +14,7 @@ One pass: scan the runs dir (`files.readable`); while files have work, run a bat
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,10 +25,17 @@ from observatory import settings, store
 from observatory.events import OBSERVATORY_HOST, STATUSES
 from observatory.ingest import files as fs
 from observatory.ingest import hooks
+from observatory.ingest.redaction import redact_metric_names
 from observatory.ingest.runs import mark_crashed, update_runs
-from observatory.ingest.sql_lines import MESSAGE_LIMIT, LogFile, _Batch, _FileState, _flush
+from observatory.ingest.sql_lines import (
+    MESSAGE_LIMIT,
+    LogFile,
+    _Batch,
+    _FileState,
+    _flush,
+)
 
-__all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass"]
+__all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]
 
 BATCH_BYTES = 32 << 20  # input bytes per write transaction: keeps each lock hold well under a second or two
 
@@ -91,6 +99,16 @@ def _has_schema(con) -> bool:
         return False
 
 
+def write_failure(e: BaseException) -> str | None:
+    """'the disk is full' (or the file size limit) when `e` says so; else None."""
+    text = str(e).lower()
+    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)) or any(
+        w in text for w in ("no space left", "file too large", "disk quota")
+    ):
+        return "the disk is full (or a file size limit was reached)"
+    return None
+
+
 def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set[str] | None) -> tuple[_Batch | None, bool]:
     """One write transaction over files with work. Returns (batch or None if idle, more work left).
 
@@ -116,6 +134,11 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
                     more = True
                     break
                 st = _FileState(rows.get(lf.rel), lf, fs.siblings(lf, rows))
+                if st.restarted_from is not None:
+                    b.messages.append(
+                        f"{lf.path}: the file shrank or was replaced under the ingester (read up to byte "
+                        f"{st.restarted_from:,}, now {lf.size:,} bytes); reading it again from the start: "
+                        "events already stored are skipped as duplicates, new ones are added")
                 ended = lf.gz or status.get(lf.run) in STATUSES or now - lf.mtime > stale
                 n, done = fs.process_file(con, b, lf, st, BATCH_BYTES - used, ended, max_line)
                 used += n
@@ -132,6 +155,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
                 con.execute("COMMIT")
                 return None, False
             _flush(con, b)
+            redact_metric_names(con, b)
             update_runs(con, b)
             mark_crashed(con, now)
             if skip_hooks is not None:
@@ -198,6 +222,8 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
             fol.off.add(name)
             continue
         except Exception as e:
+            if write_failure(e):
+                raise  # the store cannot be written (full disk): no file is to blame; the caller retries
             if only is not None:
                 emit(f"{runs_dir / only}: cannot ingest ({type(e).__name__}: {e}); skipped until the next ingest")
                 fol.skip.add(only)

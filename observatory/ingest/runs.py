@@ -19,6 +19,10 @@ _TEXT_FIELDS = (("project", "project"), ("group", "run_group"), ("notes", "notes
 def update_runs(con, b: _Batch) -> None:
     """Fold this batch's lifecycle events and activity into `runs` (one row per touched run)."""
     touched = sorted(set(b.activity) | {e["run"] for e in b.lifecycle if e["host"] != OBSERVATORY_HOST})
+    # secrets hidden in lines of runs this batch did not otherwise touch (rejected lines, findings)
+    rest = [(n, run) for run, n in b.redactions.items() if run not in touched]
+    if rest:
+        con.executemany("UPDATE runs SET redactions = coalesce(redactions, 0) + ? WHERE run = ?", rest)
     if not touched:
         return
     rows = con.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE run IN (SELECT unnest($r))", {"r": touched}).fetchall()
@@ -64,6 +68,8 @@ def update_runs(con, b: _Batch) -> None:
             r["last_step"] = step
         if r["name"] is None:
             r["name"] = run
+        if b.redactions.get(run) or r["redactions"] is None:
+            r["redactions"] = (r["redactions"] or 0) + b.redactions.get(run, 0)
         for c in RUN_JSON_COLUMNS:
             r[c] = None if r[c] is None else json.dumps(encode_value(r[c]))
         out.append(tuple(r[c] for c in RUN_COLUMNS))

@@ -15,10 +15,13 @@ valid -- decides (tests check the vectorised check never accepts what it rejects
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import math
+import os
 import re
+import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,8 @@ from observatory.events import (
     encode_value,
     validate_event,
 )
+from observatory.ingest.arrow import column, int64s
+from observatory.redact import scrub_event, scrub_text
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
 MESSAGE_LIMIT = 200  # rejection messages kept per batch and report (all of them are in rejected_events)
@@ -76,6 +81,11 @@ def _read_error(lf: LogFile, e: BaseException) -> str:
 
 
 def _open(lf: LogFile):
+    # only regular files: opening a FIFO named like a log would block the ingester forever
+    mode = os.stat(lf.path).st_mode
+    if not stat.S_ISREG(mode):
+        what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+        raise OSError(errno.EINVAL, f"not a regular file ({what})")
     return gzip.open(lf.path, "rb") if lf.gz else open(lf.path, "rb")
 
 
@@ -216,58 +226,10 @@ def _lines_table(data: bytes, base_line: int) -> tuple[pa.Table, np.ndarray]:
     offs[0] = 0
     offs[1:] = nl + 1
     lines = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(nl), [None, pa.py_buffer(offs), pa.py_buffer(data)])
-    lineno = _i64(np.arange(base_line + 1, base_line + 1 + len(nl), dtype=np.int64))
+    lineno = int64s(np.arange(base_line + 1, base_line + 1 + len(nl), dtype=np.int64))
     return pa.table({"lineno": lineno, "line": lines}), offs
 
 
-def _arrow(a: np.ndarray) -> pa.Array:
-    """A zero-copy Arrow array of a 1-D numeric numpy array.
-
-    Not `pa.array`: its first call imports pandas (~0.5 s of CPU, as much as
-    ingesting 10 MB), which a metrics-only ingest never needs.
-    """
-    a = np.ascontiguousarray(a)
-    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [None, pa.py_buffer(a)])
-
-
-def _i64(a: np.ndarray) -> pa.Array:
-    """A zero-copy Arrow int64 array (see `_arrow`)."""
-    return _arrow(np.asarray(a, np.int64))
-
-
-def _validity(nulls: np.ndarray) -> pa.Buffer | None:
-    """Arrow's validity bitmap (1 = a value, LSB first) of a (N,) bool mask of nulls; None when there are none."""
-    return pa.py_buffer(np.packbits(~nulls, bitorder="little")) if nulls.any() else None
-
-
-_NUMPY = {pa.int64(): np.int64, pa.int32(): np.int32, pa.uint16(): np.uint16, pa.uint32(): np.uint32,
-          pa.float64(): np.float64}  # fmt: skip
-
-
-def _column(values: list, typ: pa.DataType) -> pa.Array:
-    """A Python list (None for null) as an Arrow array of `typ`: numbers, bool or string.
-
-    Not `pa.array`, whose first call imports pandas (~0.5 s, see `_arrow`). Numbers out
-    of `typ`'s range raise OverflowError, as `pa.array` raises on them.
-    """
-    n = len(values)
-    nulls = np.fromiter((v is None for v in values), bool, n)
-    if pa.types.is_string(typ):
-        # a lone surrogate (JSON allows "\ud800") has no UTF-8 form: store "?", not fail the batch
-        encoded = [b"" if v is None else v.encode("utf-8", "replace") for v in values]
-        offsets = np.zeros(n + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, encoded), np.int64, n), out=offsets[1:])
-        if offsets[-1] > I32:
-            raise OverflowError("string column over 2 GiB")
-        buffers = [_validity(nulls), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))]
-        return pa.Array.from_buffers(typ, n, buffers)
-    if nulls.any():
-        values = [0 if v is None else v for v in values]
-    if pa.types.is_boolean(typ):
-        data = pa.py_buffer(np.packbits(np.array(values, bool), bitorder="little"))
-    else:
-        data = pa.py_buffer(np.array(values, _NUMPY[typ]))
-    return pa.Array.from_buffers(typ, n, [_validity(nulls), data])
 
 
 # --------------------------------------------------------------- a batch
@@ -291,10 +253,19 @@ class _Batch:
         self.n_duplicates = self.n_truncated = 0
         self.n_bytes = self.n_files = 0
         self.n_fast = 0  # events accepted by a vectorised check (SQL or msgspec), not one by one
+        self.redactions: dict[str, int] = {}  # run -> values hidden by `observatory.redact` in this batch
+
+    def hid(self, run: str, n: int) -> None:
+        if n:
+            self.redactions[run] = self.redactions.get(run, 0) + n
 
     def reject(self, lf: LogFile, line: int, fld: str | None, reason: str, raw: bytes | str) -> None:
         if isinstance(raw, bytes):
             raw = raw[:RAW_CAP].decode("utf-8", "replace")
+        # the raw line and the reason (which may quote a value) are public text: secrets hidden
+        raw, n_raw = scrub_text(raw[:RAW_CAP])
+        reason, n_reason = scrub_text(reason)
+        self.hid(lf.run, n_raw + n_reason)
         self.rejected.append((lf.rel, lf.run, line, fld, reason, raw[:RAW_CAP], self.now))
         if len(self.messages) < MESSAGE_LIMIT:
             self.messages.append(f"{lf.path}:{line}: {reason}")
@@ -322,12 +293,18 @@ class _FileState:
         self.last_seq = row.get("last_seq")
         self.cursor = row.get("cursor_seq")
         self.siblings = sibling_ranges
+        self.restarted_from: int | None = None  # the offset it had when the file shrank or was replaced
         if self.offset > (lf.size if not lf.gz else math.inf) or (lf.gz and row and row.get("size") != lf.size):
             # the file shrank or was replaced: read it again; seqs already stored count as duplicates
             if self.first_seq is not None:
                 self.siblings = [*self.siblings, (self.first_seq, self.last_seq)]
+            self.restarted_from = self.offset
             self.offset = self.line = 0
             self.cursor = None
+        elif self.last_seq is not None and (self.cursor is None or self.cursor < self.last_seq):
+            # read again after it shrank, and not past what was stored before: those seqs are duplicates
+            # (in order, the cursor is never below the highest stored seq)
+            self.siblings = [*self.siblings, (self.first_seq, self.last_seq)]
 
     def accept_all(self, seqs: np.ndarray) -> bool:
         """`check_seq` of every seq in order accepts them all: then record them, as it would; else change nothing."""
@@ -410,6 +387,8 @@ def _check_line(b: _Batch, lf: LogFile, st: _FileState, lineno: int, raw: bytes)
         b.n_expert_rows += n
         b.touched["expert_load"].add(run)
     else:
+        data, n = scrub_event(kind, data)  # every writer's secrets, by key and by pattern (ours already hid its own)
+        b.hid(run, n)
         dj = json.dumps(encode_value(data), separators=(",", ":"))
         b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
         if kind in ("run_start", "run_end"):
@@ -471,7 +450,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
         accepted = _accept_lines(b, lf, st, ch, staged, big, lengths, offs, base, max_line)
         accepted_sql, n_accepted = "SEMI JOIN _acc USING (lineno) WHERE", len(accepted)
         if accepted:
-            con.register("_acc", pa.table({"lineno": _i64(np.array(accepted, np.int64))}))
+            con.register("_acc", pa.table({"lineno": int64s(np.array(accepted, np.int64))}))
     if n_accepted:
         params = {"run": lf.run, "host": lf.host}
         n_metric = con.execute(insert_struct.replace("{accepted}", accepted_sql), params).fetchall()[0][0]
@@ -535,7 +514,6 @@ def _is_utf8(raw: bytes) -> bool:
 
 # ------------------------------------------------------------------ writing
 
-
 def _flush(con, b: _Batch) -> None:
     """Bulk-append everything `_check_line` produced."""
     m = b.metrics
@@ -544,12 +522,12 @@ def _flush(con, b: _Batch) -> None:
             "_m",
             pa.table(
                 {
-                    "run": _column(m["run"], pa.string()),
-                    "step": _column(m["step"], pa.int64()),
-                    "name": _column(m["name"], pa.string()),
-                    "value": _column(m["value"], pa.float64()),
-                    "t": _column(m["t"], pa.float64()),
-                    "host": _column(m["host"], pa.uint16()),
+                    "run": column(m["run"], pa.string()),
+                    "step": column(m["step"], pa.int64()),
+                    "name": column(m["name"], pa.string()),
+                    "value": column(m["value"], pa.float64()),
+                    "t": column(m["t"], pa.float64()),
+                    "host": column(m["host"], pa.uint16()),
                 }
             ),
         )
@@ -561,12 +539,12 @@ def _flush(con, b: _Batch) -> None:
             "_x",
             pa.table(
                 {
-                    "run": _column(x["run"], pa.string()),
-                    "step": _column(x["step"], pa.int32()),
-                    "layer": _column(x["layer"], pa.uint16()),
-                    "expert": _column(x["expert"], pa.uint16()),
-                    "routed": _column(x["routed"], pa.uint32()),
-                    "dropped": _column(x["dropped"], pa.uint32()),
+                    "run": column(x["run"], pa.string()),
+                    "step": column(x["step"], pa.int32()),
+                    "layer": column(x["layer"], pa.uint16()),
+                    "expert": column(x["expert"], pa.uint16()),
+                    "routed": column(x["routed"], pa.uint32()),
+                    "dropped": column(x["dropped"], pa.uint32()),
                 }
             ),
         )
@@ -576,13 +554,13 @@ def _flush(con, b: _Batch) -> None:
         cols = list(zip(*b.events, strict=True))
         names = ("run", "host", "seq", "kind", "step", "t", "v", "known", "data")
         types = (pa.string(), pa.uint16(), pa.int64(), pa.string(), pa.int64(), pa.float64(), pa.uint16(), pa.bool_(), pa.string())
-        con.register("_e", pa.table({k: _column(list(c), t) for k, c, t in zip(names, cols, types, strict=True)}))
+        con.register("_e", pa.table({k: column(list(c), t) for k, c, t in zip(names, cols, types, strict=True)}))
         con.execute("INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _e")
         con.unregister("_e")
     if b.rejected:  # a file of random bytes can reject 10^5 lines: bulk, not executemany
         names = ("file", "run", "line", "field", "reason", "raw", "ingested_at")
         types = (pa.string(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.float64())
         cols = list(zip(*b.rejected, strict=True))
-        con.register("_r", pa.table({k: _column(list(c), t) for k, c, t in zip(names, cols, types, strict=True)}))
+        con.register("_r", pa.table({k: column(list(c), t) for k, c, t in zip(names, cols, types, strict=True)}))
         con.execute(f"INSERT INTO rejected_events ({', '.join(names)}) SELECT * FROM _r")
         con.unregister("_r")

@@ -1,7 +1,8 @@
 """Export a run: its event log as one JSON Lines file, or its metrics as parquet / csv.
 
 - `jsonl`: every event of the run, all hosts merged in time order, each line exactly as it
-  is in the run's event files (so nothing is re-encoded and nothing is lost). Read from the
+  is in the run's event files (so nothing is re-encoded and nothing is lost), except that a
+  line holding a secret is re-encoded with it hidden, as ingest stores it. Read from the
   runs dir, the source of truth. Lines that break the contract (the ones ingest rejects)
   and a torn final line are left out and counted. `import_events_jsonl` is the inverse: it
   splits such a file back into `<runs dir>/<run>/events.<host>.jsonl`, ready to ingest.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from observatory.events import RUN_ID_RE, ValidationError, validate_event
+from observatory.redact import scrub_event
 
 __all__ = [
     "FORMATS",
@@ -84,6 +86,9 @@ def _valid_lines(run: str, host: int, path: Path, counts: dict) -> Iterator[tupl
             except (ValueError, ValidationError):
                 counts["skipped"] += 1
                 continue
+            data, n = scrub_event(ev["kind"], ev["data"])
+            if n:  # the log keeps the secret (the runs dir is private); what leaves it does not
+                raw = json.dumps({**ev, "data": data}, separators=(",", ":")).encode() + b"\n"
             yield (float(ev["t"]), host, ev["seq"]), raw
 
 

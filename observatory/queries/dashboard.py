@@ -319,7 +319,8 @@ def forecasts(con, run: str) -> list[dict[str, Any]]:
 
 
 def runs_extras(con) -> pl.DataFrame:
-    """Per run: planned steps (config `steps` or `train.steps`), last loss, tokens seen, last metric step/time."""
+    """Per run: planned steps (config `steps` or `train.steps`), last loss, tokens seen, last metric step/time,
+    values redacted at ingest."""
     return _frame(
         con,
         """
@@ -333,7 +334,7 @@ def runs_extras(con) -> pl.DataFrame:
         SELECT r.run,
                coalesce(TRY_CAST(r.config->>'$.steps' AS BIGINT), TRY_CAST(r.config->>'$.train.steps' AS BIGINT),
                         TRY_CAST(r.config->>'$.trainer.steps' AS BIGINT)) AS planned_steps,
-               m.last_loss, m.tokens, m.last_metric_step, m.last_metric_t
+               m.last_loss, m.tokens, m.last_metric_step, m.last_metric_t, r.redactions
         FROM runs r LEFT JOIN m USING (run)
         """,
         [],

@@ -19,6 +19,7 @@ from observatory import lineage as lin
 from observatory import settings
 from observatory.events import OBSERVATORY_HOST, describe
 from observatory.queries import report as q
+from observatory.redact import redacted_note
 from observatory.report.format import fmt_time, fmt_value
 from observatory.store import run_status_sql, using
 
@@ -281,6 +282,8 @@ def build(db, run: str, *, now: float | None = None) -> Report:
                 f"{info['ladder_name']} rung {info.get('ladder_rung')}" if info.get("ladder_name") else "-",
             ),
         ]
+        if info.get("redactions"):
+            summary.append(("secrets", redacted_note(info["redactions"])))
         for f in forecasts:
             summary.append(
                 (

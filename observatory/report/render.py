@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from observatory.lineage import format_text
+from observatory.markup import Markup, markdown_html, md_escape
 from observatory.report.collect import Report, build
 from observatory.report.format import flatten, fmt_time, fmt_value
 
@@ -213,9 +215,17 @@ def _table(head: list[str], rows: list[list[str]], classes: list[str] | None = N
     body = []
     for i, r in enumerate(rows):
         cls = f' class="{escape(classes[i])}"' if classes else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{escape(str(c))}</td>" for c in r) + "</tr>")
+        body.append(f"<tr{cls}>" + "".join(f"<td>{_html_cell(c)}</td>" for c in r) + "</tr>")
     thead = f"<thead><tr>{th}</tr></thead>" if th else ""
     return f"<table>{thead}<tbody>{''.join(body)}</tbody></table>"
+
+
+PROSE = ("hypothesis", "goal", "action", "outcome", "follow-up")  # decision fields rendered as Markdown
+
+
+def _html_cell(c: Any) -> str:
+    """A table cell: sanitised HTML as is (`Markup`), anything else escaped."""
+    return c if isinstance(c, Markup) else escape(str(c))
 
 
 def render_html(rep: Report) -> str:
@@ -262,7 +272,8 @@ def render_html(rep: Report) -> str:
         s.append("<p><em>no decisions linked to this run</em></p>")
     for d in rep.decisions:
         s.append(f'<h3 id="decision-{escape(d.id)}">{escape(d.id)}: {escape(d.title)}</h3>')
-        s.append(_table(["field", "value"], [list(x) for x in _decision_fields(d)]))
+        rows = [[k, markdown_html(v) if k in PROSE else v] for k, v in _decision_fields(d)]
+        s.append(_table(["field", "value"], rows))
     s.append("</section>")
     s.append('<section id="lineage"><h2>Lineage</h2>')
     s.append(f"<pre>{escape(_lineage_text(rep))}</pre>")
@@ -298,7 +309,13 @@ def render_html(rep: Report) -> str:
 
 
 def _md_cell(x: str) -> str:
-    return str(x).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+    return "<br>".join(md_escape(line) for line in str(x).split("\n"))
+
+
+def _md_fence(text: str) -> str:
+    """`text` in a code fence longer than any backtick run inside it (so it cannot close it)."""
+    fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+    return f"{fence}\n{text}\n{fence}\n"
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -342,9 +359,9 @@ def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
     def fig(name: str) -> str:
         return f"![{name}]({fig_folder}/{name}.png)\n" if name in figs else ""
 
-    s = [f"# Post-mortem: {rep.run} ({rep.status})\n"]
+    s = [f"# Post-mortem: {md_escape(rep.run)} ({md_escape(rep.status)})\n"]
     s.append("## Summary\n")
-    s += [f"- {x}" for x in rep.story]
+    s += [f"- {md_escape(x)}" for x in rep.story]
     s.append("")
     s.append(_md_table(["", ""], [[k, v] for k, v in rep.summary]))
     s.append("## Timeline\n")
@@ -357,7 +374,7 @@ def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
     if not rep.windows:
         s.append("_no failures or anomalies recorded_\n")
     for i, w in enumerate(rep.windows):
-        s.append(f"**{w['title']}** (steps {w['lo']}-{w['hi']})\n")
+        s.append(f"**{md_escape(w['title'])}** (steps {w['lo']}-{w['hi']})\n")
         s.append(fig(f"window-{i + 1}"))
     s.append("## Expert load and token drops\n")
     s.append(_md_table(EXPERT_HEAD, _expert_rows(rep)))
@@ -366,10 +383,10 @@ def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
     if not rep.decisions:
         s.append("_no decisions linked to this run_\n")
     for d in rep.decisions:
-        s.append(f"### {d.id}: {d.title}\n")
+        s.append(f"### {md_escape(d.id)}: {md_escape(d.title)}\n")
         s.append(_md_table(["field", "value"], [list(x) for x in _decision_fields(d)]))
     s.append("## Lineage\n")
-    s.append("```\n" + _lineage_text(rep) + "\n```\n")
+    s.append(_md_fence(_lineage_text(rep)))
     s.append(fig("lineage"))
     s.append("## Config and its diffs\n")
     s.append(_md_table(["step", "against", "key", "old", "new"], _diff_rows(rep)))
@@ -381,7 +398,7 @@ def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
     else:
         s.append("_no forecast recorded for this run_\n")
     if rep.ladder:
-        s.append(f"### Ladder {rep.info.get('ladder_name')}\n")
+        s.append(f"### Ladder {md_escape(rep.info.get('ladder_name'))}\n")
         s.append(_md_table(LADDER_HEAD, _ladder_rows(rep)))
     return "\n".join(x for x in s if x is not None).rstrip("\n") + "\n"
 

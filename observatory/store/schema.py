@@ -65,7 +65,8 @@ CREATE TABLE IF NOT EXISTS runs (
     code         JSON,           -- {commit, dirty}
     data         JSON,           -- {name, fingerprint, tokens}
     mesh         JSON,           -- {data, expert, processes, devices}
-    model        JSON            -- {params_total, params_active, flops_per_token}
+    model        JSON,           -- {params_total, params_active, flops_per_token}
+    redactions   BIGINT          -- values ingest hid as secrets (config, text, metric names, rejected lines)
 );
 CREATE TABLE IF NOT EXISTS metrics (
     run   VARCHAR NOT NULL,      -- run id
@@ -159,6 +160,7 @@ _ADDED_COLUMNS = (
     ("runs", "run_group", "VARCHAR"),
     ("runs", "notes", "VARCHAR"),
     ("runs", "source", "JSON"),
+    ("runs", "redactions", "BIGINT"),
 )
 
 TABLE_DOCS = {

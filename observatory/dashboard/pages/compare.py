@@ -19,8 +19,10 @@ from observatory.dashboard.charts import series_figure
 from observatory.dashboard.runs_table import runs_table
 from observatory.dashboard.widgets import requested_window, show_chart, step_window
 from observatory.lineage import Lineage
+from observatory.markup import md_escape
 from observatory.queries import dashboard as qd
 from observatory.queries import lineage as ql
+from observatory.redact import redacted_note
 
 X_AXES = {"step": "step", "tokens": "tokens", "FLOPs": "flops"}
 
@@ -56,7 +58,7 @@ def _show(v: Any) -> str:
 def _overlay(runs: list[str], metric: str, x: str, smoothing: float) -> None:
     view = query(qd.runs_view, runs, metric, *requested_window("compare_window"), 1000)
     if view["extent"] is None:
-        st.info(f"None of these runs logged `{metric}`.")
+        st.info(f"None of these runs logged {md_escape(metric)}.")
         return
     step_window(*view["extent"], key="compare_window", used=view["window"])
     df = view["data"]
@@ -78,7 +80,7 @@ def _overlay(runs: list[str], metric: str, x: str, smoothing: float) -> None:
 def _lineage(run: str, metric: str) -> None:
     info = query(lineage_view, run, metric)
     if info is None:
-        st.info(f"Run {run!r} is not in the store.")
+        st.info(f"Run {md_escape(repr(run))} is not in the store.")
         return
     st.plotly_chart(
         lineage_graph(info["tree"], run), key="compare_lineage_graph", config={"displaylogo": False}
@@ -244,7 +246,9 @@ def render() -> None:
         elif not rows:
             st.success("Same config (every key equal).")
         else:
-            st.caption(f"{len(rows)} keys differ (secrets were redacted by the writer before logging).")
+            hidden = {r["run"]: r["redactions"] for r in runs_table()}
+            notes = [f"{r}: {redacted_note(hidden[r])}" for r in (a, b) if hidden.get(r)]
+            st.caption(f"{len(rows)} keys differ." + "".join(f" {md_escape(n)}." for n in notes))
             st.dataframe(pl.DataFrame(rows).rename({"a": a, "b": b}), hide_index=True, key="compare_diff")
     with tab_lineage:
         target = st.selectbox("Run", chosen, key="compare_lineage_run")

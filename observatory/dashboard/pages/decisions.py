@@ -14,6 +14,7 @@ import streamlit as st
 from observatory import decisions as dec
 from observatory.dashboard.cache import StoreBusy, query
 from observatory.decisions import markdown as decisions_md
+from observatory.markup import md_escape
 
 STATUS_ICON = {"proposed": "📝", "running": "🟢", "succeeded": "✅", "failed": "❌", "abandoned": "⏹️"}
 
@@ -53,7 +54,7 @@ def filter_decisions(ds: list[dict], statuses=(), kinds=(), text: str = "") -> l
 
 
 def _detail(d: dict) -> None:
-    st.subheader(f"{STATUS_ICON.get(d['status'], '•')} {d['title']}")
+    st.subheader(f"{STATUS_ICON.get(d['status'], '•')} {md_escape(d['title'])}")
     st.caption(
         f"`{d['id']}` · {d['kind']} · {d['status']} · by {d.get('author') or '-'} · "
         f"created {_when(d.get('created'))} · updated {_when(d.get('updated'))}"
@@ -109,7 +110,7 @@ def render() -> None:
     try:
         ds = query(_all)
     except StoreBusy as e:
-        st.info(str(e))
+        st.info(md_escape(e))
         return
     if not ds:
         st.info("No decisions yet. Record one: `observatory decide new --title ... --run RUN@STEP`.")

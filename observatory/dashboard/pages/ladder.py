@@ -24,6 +24,7 @@ from observatory.ladder.backtest import backtest
 from observatory.ladder.fit import fit_ladder
 from observatory.ladder.rungs import Rung, average_seeds, fit_version
 from observatory.ladder.watch import load_ladder
+from observatory.markup import md_escape
 from observatory.queries import ladder as ql
 
 BAND = "rgba(31, 119, 180, 0.18)"
@@ -152,13 +153,13 @@ def render() -> None:
     try:
         data = query(ladder_data, name)
     except ValueError as e:
-        st.error(str(e))
+        st.error(md_escape(e))
         return
     rungs = _rungs(data)
     try:
         fit, bt = _fit(name, fit_version(rungs), rungs)
     except ValueError as e:
-        st.warning(f"Cannot fit this ladder yet: {e}")
+        st.warning(f"Cannot fit this ladder yet: {md_escape(e)}")
         st.plotly_chart(rung_curves_figure(rungs, data["targets"]), key="ladder_rungs")
         return
     targets = data["targets"]
@@ -198,7 +199,7 @@ def render() -> None:
         forecasts, evals, devs = query_all(
             (ql.forecast_events, t["run"]), (ql.eval_points, [t["run"]]), (ql.deviation_anomalies, t["run"]))
         if not forecasts:
-            st.info(f"{t['run']}: no forecast event (not pre-registered).")
+            st.info(f"{md_escape(t['run'])}: no forecast event (not pre-registered).")
             continue
         fc = forecasts[-1]
         obs = [(e["step"], e["loss"]) for e in evals if e["dataset"] in (None, fc.get("dataset"))]

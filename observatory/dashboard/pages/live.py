@@ -29,7 +29,9 @@ from observatory.dashboard.charts import add_markers, band, layer_band, scatter,
 from observatory.dashboard.run_details import render_details
 from observatory.dashboard.runs_table import ago, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
+from observatory.markup import md_escape
 from observatory.queries import dashboard as qd
+from observatory.redact import redacted_note
 
 REFRESH_S = 2
 LOSS = ("train/loss", "train/ce_loss")
@@ -206,7 +208,7 @@ def _panel(run: str) -> None:
     rows = {r["run"]: r for r in runs_table()}  # from the batch above
     row = rows.get(run)
     if row is None:
-        st.warning(f"Run {run!r} is not in the store.")
+        st.warning(f"Run {md_escape(repr(run))} is not in the store.")
         return
     _banner(row, now)
     wkey = f"live_window_{run}"
@@ -298,6 +300,7 @@ def status_line(row: dict, now: float) -> str:
     return (
         f"**Status** :{color}-badge[{row['status']}] · **Last step** {step} · "
         f"**Last loss** {loss} · **Since last event** {ago(row['last_event_t'], now)}"
+        + (f" · {redacted_note(row['redactions'])}" if row.get("redactions") else "")
     )
 
 

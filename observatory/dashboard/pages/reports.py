@@ -13,6 +13,7 @@ from observatory import report
 from observatory.dashboard.cache import StoreBusy, query
 from observatory.dashboard.widgets import pick_run
 from observatory.events import OBSERVATORY_HOST
+from observatory.markup import md_escape
 from observatory.queries import report as q
 from observatory.report import render_html
 
@@ -41,7 +42,7 @@ def render() -> None:
     try:
         runs = query(_runs)
     except StoreBusy as e:
-        st.info(str(e))
+        st.info(md_escape(e))
         return
     run = pick_run(runs, prefer_running=False)
     if run is None:
@@ -50,12 +51,12 @@ def render() -> None:
         with st.spinner("Building the report…"):
             rep = query(_report, run)
     except StoreBusy as e:
-        st.info(str(e))
+        st.info(md_escape(e))
         return
     except ValueError as e:
-        st.warning(str(e))
+        st.warning(md_escape(e))
         return
-    st.markdown("\n".join(f"- {line}" for line in rep["story"]))
+    st.markdown("\n".join(f"- {md_escape(line)}" for line in rep["story"]))
     st.download_button(
         "Download the report (HTML, works offline)",
         rep["html"],

@@ -1,0 +1,168 @@
+"""The fault matrix of a public store (issue 16, part 5): each fault, recovered or not, events lost.
+
+Runs the scenarios of tests/test_faults.py (their helpers, `tests/faults.py`) once each and
+prints one row per fault: whether the store ended identical to a clean ingest of the same
+logs (`recovered`), how many rows it lacks or has twice (`lost`), the clear message the
+ingester gave and, for hostile lines, the child's peak RSS.
+
+    python bench/bench_public_faults.py [--kills 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from faults import (  # noqa: E402
+    child,
+    clean_store,
+    dump,
+    event,
+    fsize_unlimited,
+    read_until,
+    run_once_measured,
+    wait_for,
+    write_runs,
+)
+
+from observatory.ingest import ingest  # noqa: E402
+
+
+def _lost(db: Path, clean: Path) -> int:
+    """Rows the store lacks (or has twice) against the clean one, over every table ingest fills."""
+    a, b = dump(db), dump(clean)
+    return sum(abs(len(set(b[t]) ^ set(a[t]))) + abs(len(a[t]) - len(set(a[t]))) for t in a)
+
+
+def _stop(p) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+
+
+def sigkill(tmp: Path, runs: Path, clean: Path, kills: int) -> tuple[int, str]:
+    db, rng = tmp / "killed.duckdb", random.Random(16)
+    for i in range(kills):
+        p = child(runs, db, True, SMALL_BATCHES=32 << 10, IN_TX_SLEEP_S=0.1, OBSERVATORY_MAX_LINE_BYTES=16 << 10)
+        if i % 2 == 0:
+            read_until(p, "IN_TX", rng.randint(1, 3), 30)
+        else:
+            time.sleep(rng.uniform(0.3, 2.5))
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    ingest(runs, db, hooks=False, emit=None)
+    return _lost(db, clean), f"{kills} kills, half inside a transaction"
+
+
+def full_disk(tmp: Path, runs: Path, clean: Path) -> tuple[int, str]:
+    db = tmp / "full.duckdb"
+    p = child(runs, db, True, FSIZE_LIMIT=1 << 20, SMALL_BATCHES=256 << 10)
+    try:
+        said = read_until(p, "MSG observatory ingest: " + str(db) + ": cannot write", 1, 120) or "(nothing said)"
+        fsize_unlimited(p.pid)
+        read_until(p, "MSG", 1, 120)
+        wait_for(lambda: _quiet_lost(db, clean) == 0, timeout=120, every=1.0)
+    finally:
+        _stop(p)
+    return _lost(db, clean), said.split(": cannot write the store: ")[-1].split(" (")[0]
+
+
+def _quiet_lost(db, clean) -> int:
+    try:
+        return _lost(db, clean)
+    except Exception:
+        return -1
+
+
+def replaced(tmp: Path, runs: Path, clean: Path) -> tuple[int, str]:
+    db = tmp / "replaced.duckdb"
+    p = child(runs, db, True, SMALL_BATCHES=128 << 10)
+    try:
+        wait_for(lambda: db.exists() and os.path.getsize(db) > 0, timeout=60)
+        time.sleep(1.0)
+        snap = tmp / "snap.duckdb"
+        ingest(runs / "run0", snap, hooks=False, emit=None)
+        os.replace(snap, db)
+        wait_for(lambda: _quiet_lost(db, clean) == 0, timeout=120, every=1.0)
+    finally:
+        _stop(p)
+    return _lost(db, clean), "replaced by another store; caught up"
+
+
+def truncated(tmp: Path, runs: Path, clean: Path) -> tuple[int, str]:
+    db, msgs = tmp / "trunc.duckdb", []
+    path = runs / "run1" / "events.0.jsonl"
+    text = path.read_text()
+    ingest(runs, db, hooks=False, emit=None)
+    path.write_text("".join(text.splitlines(keepends=True)[:100]))
+    ingest(runs, db, hooks=False, emit=msgs.append)
+    path.write_text(text)  # rewritten whole: the writer restarted and rewrote it
+    ingest(runs, db, hooks=False, emit=msgs.append)
+    said = next((m for m in msgs if "shrank" in m), "(nothing said)")
+    return _lost(db, clean), said.split(": ", 1)[-1][:60] + "..."
+
+
+def two_followers(tmp: Path, runs: Path, clean: Path) -> tuple[int, str]:
+    db = tmp / "two.duckdb"
+    first = child(runs, db, True)
+    second = None
+    try:
+        wait_for(lambda: "pid" in (db.with_name(db.name + ".follower").read_text()
+                                   if db.with_name(db.name + ".follower").exists() else ""), timeout=60)  # fmt: skip
+        second = child(runs, db, True)
+        said = read_until(second, "MSG", 1, 60) or "(nothing said)"
+        _stop(first)
+        read_until(second, "MSG", 1, 60)
+        wait_for(lambda: _quiet_lost(db, clean) == 0, timeout=120, every=1.0)
+    finally:
+        for p in (first, second):
+            if p is not None:
+                _stop(p)
+    return _lost(db, clean), said.split(" is ", 1)[-1].split(";")[0]
+
+
+def hostile(tmp: Path) -> tuple[int, str]:
+    runs, db = tmp / "hostile-runs", tmp / "hostile.duckdb"
+    for name, raw in (("dotdot", event("../etc", "metrics", {"x": 1.0}, 1, 1)),
+                      ("deep", '{"v":1,"run":"deep","kind":"note","data":' + "[" * 10_000 + "]" * 10_000 + "}"),
+                      ("keys", event("keys", "metrics", {f"k{i}": 1.0 for i in range(1_000_000)}, 1, 1))):  # fmt: skip
+        (runs / name).mkdir(parents=True)
+        good = [event(name, "metrics", {"x": float(s)}, s, s) for s in (0, 2)]
+        (runs / name / "events.0.jsonl").write_text(f"{good[0]}\n{raw}\n{good[1]}\n")
+    _, peak = run_once_measured(runs, db)
+    got = len([r for r in dump(db)["metrics"] if r[2] == "x"])  # the good lines around each hostile one
+    return 6 - got, f"../, 10k-deep, 1M keys: rejected with reasons; peak RSS {peak / 2**20:.0f} MB"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kills", type=int, default=10)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        runs = tmp / "runs"
+        write_runs(runs)
+        clean = clean_store(runs, tmp / "clean.duckdb")
+        rows = [
+            ("SIGKILL of ingest --follow", *sigkill(tmp, runs, clean, args.kills)),
+            ("full disk (RLIMIT_FSIZE)", *full_disk(tmp, runs, clean)),
+            ("store replaced mid-follow", *replaced(tmp, runs, clean)),
+            ("log truncated, rewritten", *truncated(tmp, runs, clean)),
+            ("two followers", *two_followers(tmp, runs, clean)),
+            ("hostile lines", *hostile(tmp)),
+        ]
+    print(f"{'fault':30} {'recovered':>9} {'lost':>6}  what it said / did")
+    for name, lost, note in rows:
+        print(f"{name:30} {'yes' if lost == 0 else 'NO':>9} {lost:>6}  {note}")
+
+
+if __name__ == "__main__":
+    main()

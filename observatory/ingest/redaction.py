@@ -1,0 +1,41 @@
+"""Secrets in what the vectorised paths store: metric names, hidden in the batch's transaction.
+
+The SQL path's `_check_line` scrubs every event payload it stores (`observatory.redact.
+scrub_event`); metrics and expert loads are numbers, so the only text the vectorised
+paths (msgspec, DuckDB staging) store is metric names, and this scrubs those.
+"""
+
+from __future__ import annotations
+
+from observatory.ingest.sql_lines import _Batch
+from observatory.redact import scrub_text
+from observatory.store.rollups import LOCAL_ROWID
+
+__all__ = ["redact_metric_names"]
+
+_CLEAN_NAMES: set[str] = set()  # metric names known to hold no secret (bounded: cleared when large)
+
+
+def redact_metric_names(con, b: _Batch) -> None:
+    """Hide credential-shaped text in the metric names this transaction added (values are numbers).
+
+    Every path (msgspec, the vectorised SQL check, `_check_line`) appends to `metrics`; the
+    names it added are the distinct names of the transaction's local rows (rowid >=
+    LOCAL_ROWID), so one query covers them all. Each hidden name counts once per row.
+    """
+    if not b.touched["metrics"]:
+        return
+    names = [r[0] for r in con.execute(f"SELECT DISTINCT name FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchall()]
+    for name in names:
+        if name in _CLEAN_NAMES:
+            continue
+        clean, n = scrub_text(name)
+        if not n:
+            if len(_CLEAN_NAMES) > 100_000:
+                _CLEAN_NAMES.clear()
+            _CLEAN_NAMES.add(name)
+            continue
+        where = f"rowid >= {LOCAL_ROWID} AND name = $old"
+        for run, rows in con.execute(f"SELECT run, count(*) FROM metrics WHERE {where} GROUP BY run", {"old": name}).fetchall():
+            b.hid(run, rows)
+        con.execute(f"UPDATE metrics SET name = $new WHERE {where}", {"old": name, "new": clean})

@@ -1,0 +1,73 @@
+"""Text from logs stays inert: the one place that turns it into Markdown or HTML.
+
+Decision texts, notes, run names, tags, config values and failure messages come from
+anyone who can write an event log, and pages and reports show them to anyone who can
+open the dashboard. None of it may run script or inject links:
+
+- `md_escape(text)`: the text as Markdown that renders as exactly that text -- every
+  Markdown and HTML special character backslash-escaped, Streamlit's `:color[...]`,
+  `:emoji:` and `$math$` syntax included, newlines folded. For the pages' `st.markdown`,
+  captions, subheaders and alerts, and for Markdown reports.
+- `markdown_html(text)`: Markdown prose (a decision's hypothesis, say) rendered to HTML
+  with markdown-it-py, raw HTML disabled (it is shown as text) and only `http:`,
+  `https:`, `mailto:` and relative links and images (`safe_url`): no `javascript:`,
+  `data:`, `vbscript:` or `file:`, however they are spelled or entity-encoded.
+- `Markup`: a str that is already HTML (what `markdown_html` returns); HTML builders
+  escape every other str.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import unicodedata
+from urllib.parse import unquote
+
+from markdown_it import MarkdownIt
+
+__all__ = ["Markup", "md_escape", "markdown_html", "safe_url"]
+
+
+class Markup(str):
+    """A string that is HTML already (escaped or sanitised); builders insert it as is."""
+
+
+# what makes HTML, links, images, code spans, emphasis, tables, Streamlit's `:red[...]` and `$math$`
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]()<>&~:$|!])")
+_MD_BLOCK_START = re.compile(r"^([#+\-=>]|\d+[.)])")  # a heading, list, rule or quote at the line's start
+
+
+def md_escape(text: object) -> str:
+    """`text` (any value, shown with str) as Markdown that renders literally, on one line."""
+    s = " ".join(str(text).split())  # newlines would start blocks (headings, lists, code)
+    s = _MD_SPECIAL.sub(r"\\\1", s)
+    return _MD_BLOCK_START.sub(lambda m: m.group(1)[:-1] + "\\" + m.group(1)[-1], s)
+
+
+_SAFE_SCHEMES = ("http", "https", "mailto")
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*):")
+
+
+def safe_url(url: str) -> bool:
+    """True for http(s)/mailto URLs and relative ones; False for every other scheme.
+
+    The URL is decoded first (HTML entities, %-escapes) and stripped of whitespace and
+    control characters, the way browsers read `java&#x09;script:` or `%6Aavascript:`.
+    """
+    s = url
+    for _ in range(3):  # nested encodings
+        s = unquote(html.unescape(s))
+    s = "".join(c for c in s if not (c.isspace() or unicodedata.category(c).startswith("C")))
+    m = _SCHEME.match(s)
+    if m is None:
+        return ":" not in s.split("/", 1)[0]  # relative (a colon before any slash reads as a scheme)
+    return m.group(1).lower() in _SAFE_SCHEMES
+
+
+_MD = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
+_MD.validateLink = safe_url  # links and images with any other scheme stay text
+
+
+def markdown_html(text: str) -> Markup:
+    """Markdown prose as sanitised HTML: raw HTML escaped, unsafe links left as text."""
+    return Markup(_MD.render(str(text)))

@@ -1,0 +1,98 @@
+"""A corpus of secrets planted in foreign logs, for the tests that check none reaches the public.
+
+`SECRETS` are the needles: each is a credential (or the secret part of one) that must
+appear nowhere a visitor can see. `write_foreign_run(runs_dir)` hand-writes a run the way
+a foreign trainer would, with the needles in its config, name, tags, notes, project and
+group, note and failure texts, a traceback, a decision, a config diff, a checkpoint
+path, an artifact, an unknown kind, a metric name and rejected lines.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WANDB_HEX = "f00dfeed" * 5  # 40 hex: a W&B key
+SECRETS = {
+    "wandb_hex": WANDB_HEX,
+    "wandb_hex_text": "beefcafe" * 5,
+    "hf": "hf_PlantedHfToken0123456789abcdef",
+    "hf_tag": "hf_PlantedInATag9876543210zyxwv",
+    "hf_metric": "hf_PlantedInAMetricName01234567",
+    "ghp": "ghp_PlantedGithubToken0123456789ABCDEF",
+    "gpat": "github_pat_11PLANTED0123456789_abcdefghijklmnopqrstuv",
+    "sk": "sk-proj-PlantedOpenAiKey0123456789",
+    "sk_rejected": "sk-PlantedInARejectedLine012345",
+    "akia": "AKIAPLANTEDEXAMPLE12",
+    "akia_bad_json": "AKIABADJSONEXAMPLE34",
+    "bearer": "eyJPlantedBearer.payload.signature",
+    "pem": "MIIEpAIBAAKCAQEAplantedPemBody",
+    "password": "hunter2-planted-pw",
+    "by_key": "value-hidden-only-by-its-key",
+    "by_key_nested": "nested-client-secret-value",
+    "diff_old": "old-api-key-in-a-config-diff",
+    "diff_new": "new-api-key-in-a-config-diff",
+    "unknown_kind": "unknown-kind-auth-token-value",
+    "decision": "ghp_PlantedInADecisionText0123456789",
+    "ckpt": "hf_PlantedInACheckpointPath0123456",
+    "artifact": "sk-PlantedInAnArtifactPath0123456",
+}
+PEM = f"-----BEGIN RSA PRIVATE KEY-----\n{SECRETS['pem']}\n-----END RSA PRIVATE KEY-----"
+RUN = "foreign"
+DECISION = "dec-secret"
+T0 = 1.7e9
+
+
+def _line(seq: int, kind: str, data: dict, step: int | None = None) -> str:
+    return json.dumps({"v": 1, "run": RUN, "kind": kind, "step": step, "t": T0 + seq, "host": 0, "seq": seq,
+                       "data": data})  # fmt: skip
+
+
+def write_foreign_run(runs_dir: Path) -> Path:
+    """`<runs_dir>/foreign/events.0.jsonl`, every needle in it; returns the file."""
+    s = SECRETS
+    config = {
+        "wandb": {"api_key": s["wandb_hex"], "project": "p"},
+        "optimizer": {"lr": 3e-4, "client_secret": s["by_key_nested"]},
+        "db": {"password": s["by_key"]},
+        "env": f"WANDB_API_KEY={s['wandb_hex_text']} HF_TOKEN={s['hf']}",
+        "steps": 20,
+    }
+    lines = [
+        _line(0, "run_start", {"config": config, "name": f"run with {s['ghp']}", "tags": ["ok", s["hf_tag"]],
+                               "notes": f"launched with {s['sk']}", "project": f"Bearer {s['bearer']}",
+                               "group": s["akia"]}),  # fmt: skip
+    ]
+    seq = 1
+    for step in range(20):
+        lines.append(_line(seq, "metrics", {"train/loss": 3.0 - 0.1 * step, f"debug/{s['hf_metric']}": 1.0}, step))
+        seq += 1
+    events = [
+        ("note", {"text": f"rotated password={s['password']} today", "author": f"ci {s['gpat']}"}, 3),
+        ("failure", {"type": "exception", "message": f"401 for Authorization: Bearer {s['bearer']}",
+                     "traceback": f"Traceback:\n  key = load()\n{PEM}"}, 5),  # fmt: skip
+        ("config_diff", {"against": {"run": RUN, "step": 0},
+                         "changes": {"wandb.api_key": [s["diff_old"], s["diff_new"]], "optimizer.lr": [3e-4, 1e-4]}}, 6),
+        ("checkpoint", {"path": f"/ckpt/{s['ckpt']}/step6"}, 6),
+        ("artifact", {"name": "weights", "type": "model", "path": f"s3://bucket/{s['artifact']}"}, 7),
+        ("weird_kind", {"nested": {"auth_token": s["unknown_kind"]}}, 7),
+        ("decision", {"id": DECISION, "title": f"Rotate {s['decision']} after the leak", "kind": "intervention",
+                      "status": "running", "hypothesis": f"the key {s['decision']} leaked",
+                      "runs": [{"run": RUN, "step": 7}]}, 7),  # fmt: skip
+        ("run_end", {"status": "failed", "final_step": 19}, 19),
+    ]
+    for kind, data, step in events:
+        lines.append(_line(seq, kind, data, step))
+        seq += 1
+    # rejected lines: the raw line is stored (capped), so it must be scrubbed too
+    lines.append(_line(seq, "note", {"text": f"bad seq {s['sk_rejected']}"}).replace(f'"seq": {seq}', '"seq": "x"'))
+    lines.append('{"v": 1, "run": "foreign", "kind": "note", "data": {"text": "' + s["akia_bad_json"] + '"')
+    path = runs_dir / RUN / "events.0.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def leaks(text: str, needles: dict[str, str] = SECRETS) -> list[str]:
+    """The names of the needles that appear in `text`."""
+    return [name for name, v in needles.items() if v in text]
