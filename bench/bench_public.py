@@ -7,13 +7,19 @@ Sections (each prints its own figures; `--only NAME` runs one):
   statement with its reasons, and the worst time and peak memory of any statement as a
   ratio to its limit (goal: 0 harmful, both ratios at most 1.5).
 
-    python bench/bench_public.py [--only sql] [--verbose]
+- `load`: `bench/bench_load.py` (20 viewers on Live, Experts and SQL for 2 minutes while a
+  run trains: time to first chart against one viewer, errors, busy, staleness, RSS).
+- `faults`: `bench/bench_public_faults.py` (the fault matrix: each scenario, recovered or
+  not, events lost).
+
+    python bench/bench_public.py [--only sql|load|faults] [--verbose]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -59,7 +65,20 @@ def section_sql(verbose: bool) -> bool:
     return counts["harmful"] == 0 and t_ratio <= 1.5 and m_ratio <= 1.5
 
 
-SECTIONS = {"sql": section_sql}
+def _script(name: str) -> bool:
+    """Another bench script of this folder, in a process of its own; True when it met its goals."""
+    return subprocess.run([sys.executable, str(ROOT / "bench" / name)]).returncode == 0
+
+
+def section_load(verbose: bool) -> bool:
+    return _script("bench_load.py")
+
+
+def section_faults(verbose: bool) -> bool:
+    return _script("bench_public_faults.py")
+
+
+SECTIONS = {"sql": section_sql, "load": section_load, "faults": section_faults}
 
 
 def main() -> None:
