@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+import observatory
 from observatory import decisions as dec
 from observatory import demo
+from observatory.dashboard.pages import live
+from observatory.dashboard.runs_table import runs_table
 from observatory.ingest import ingest
 from observatory.queries import dashboard as qd
 from observatory.queries.core import list_runs
 from observatory.store import connect
+from trainer.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_samples_seed_and_ingest_without_rejections(tmp_path):
@@ -27,9 +34,24 @@ def test_samples_seed_and_ingest_without_rejections(tmp_path):
         ).fetchall()[0]
         forecasts = con.execute("SELECT count(*) FROM events WHERE kind = 'forecast'").fetchall()[0][0]
         statuses = {r["status"] for r in list_runs(con)}
-    assert ladders[0] == ladders[1] == n
+    assert ladders[0] == ladders[1] - 1 == n - 1  # every sample run is a ladder run but the previous demo run
     assert forecasts >= 1, "the target's pre-registered forecast is part of the sample"
-    assert statuses == {"completed"}
+    assert statuses == {"completed", "preempted"}  # the previous demo run was stopped with Ctrl-C
+
+
+def test_a_first_demo_run_is_drawn_against_the_samples_previous_demo_run(tmp_path, monkeypatch):
+    """On a fresh clone the Live page has a previous demo run to show the live one against."""
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    demo.seed_samples(runs)
+    # the demo's live run as demo.py starts it: tiny.yaml (named "tiny"), DEFAULT_STEPS steps
+    cfg = load_config(ROOT / "trainer" / "configs" / "tiny.yaml", [f"steps={demo.DEFAULT_STEPS}", *demo.LONG_RUN])
+    with observatory.writer.init(run_id="demo-new", runs_dir=runs, name=cfg.name, config=cfg.to_dict()) as run:
+        run.log({"train/loss": 5.0}, step=0)
+    ingest(runs, db, hooks=False)
+    monkeypatch.setenv("OBSERVATORY_DB", str(db))
+    rows = runs_table()
+    assert live.previous_run(rows, "demo-new") == "demo-sample"
+    assert next(r for r in rows if r["run"] == "demo-sample")["last_step"] >= 2000
 
 
 def test_samples_carry_the_ladders_decision_history(tmp_path):
