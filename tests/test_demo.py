@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -86,3 +87,23 @@ def test_samples_carry_the_ladders_decision_history(tmp_path):
     # the Live page's markers for the first target include its decision at step 0
     steps = marks.filter(marks["kind"] == "decision")["step"].to_list()
     assert 0 in steps
+
+
+def test_ladder_page_marks_the_samples_decisions(tmp_path, monkeypatch):
+    """The sample ladder's decision history shows on the Ladder page's target charts, at their steps."""
+    from streamlit.testing.v1 import AppTest
+
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    demo.seed_samples(runs)
+    ingest(runs, db, hooks=False)
+    monkeypatch.setenv("OBSERVATORY_DB", str(db))
+    at = AppTest.from_string("from observatory.dashboard.pages import ladder\nladder.render()\n",
+                             default_timeout=180).run()  # fmt: skip
+    assert not at.exception, at.exception
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    targets = [c for c in charts if "against its" in c["layout"].get("title", {}).get("text", "")]
+    assert len(targets) == 2
+    for c in targets:
+        marks = [t for t in c["data"] if t.get("name") == "decision"]
+        assert marks and len(marks[0]["x"]) == 5, c["layout"]["title"]["text"]
+        assert any("first-target-d72" in s for s in marks[0]["text"])

@@ -124,3 +124,18 @@ def deviation_anomalies(con, run: str, detector: str = "ladder_deviation") -> li
         [run, detector],
     ).fetchall()
     return [{"step": s, "t": t, **(_json(d) or {})} for s, t, d in rows]
+
+
+def decision_markers(con, name: str):
+    """`decision` events stored in any run of ladder `name`, as chart markers (kind, step, t, host, data)."""
+    import polars as pl  # lazy for start-up time: the ladder CLI reads this module without polars
+
+    rows = con.execute(
+        """SELECT e.kind, e.step, e.t, e.host, e.data::VARCHAR FROM events e JOIN runs r USING (run)
+           WHERE e.kind = 'decision' AND r.ladder_name = ? ORDER BY coalesce(e.step, -1), e.t, e.seq""",
+        [name],
+    ).fetchall()
+    cols = ("kind", "step", "t", "host", "data")
+    return pl.DataFrame([dict(zip(cols, r, strict=True)) for r in rows],
+                        schema={"kind": pl.String, "step": pl.Int64, "t": pl.Float64, "host": pl.Int64,
+                                "data": pl.String})  # fmt: skip

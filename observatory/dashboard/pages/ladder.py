@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from observatory.dashboard.cache import query, query_all
+from observatory.dashboard.charts import add_markers
 from observatory.ladder.backtest import backtest
 from observatory.ladder.fit import fit_ladder
 from observatory.ladder.rungs import Rung, average_seeds, fit_version
@@ -196,18 +197,21 @@ def render() -> None:
     if not targets:
         st.info("No target run yet: `trainer ladder --config ... --target` pre-registers a forecast and trains one.")
     for t in targets:
-        forecasts, evals, devs = query_all(
-            (ql.forecast_events, t["run"]), (ql.eval_points, [t["run"]]), (ql.deviation_anomalies, t["run"]))
+        forecasts, evals, devs, decided = query_all(
+            (ql.forecast_events, t["run"]), (ql.eval_points, [t["run"]]), (ql.deviation_anomalies, t["run"]),
+            (ql.decision_markers, name))  # fmt: skip
         if not forecasts:
             st.info(f"{md_escape(t['run'])}: no forecast event (not pre-registered).")
             continue
         fc = forecasts[-1]
         obs = [(e["step"], e["loss"]) for e in evals if e["dataset"] in (None, fc.get("dataset"))]
         pre = "pre-registered" if fc.get("pre_registered") else "NOT pre-registered"
-        st.plotly_chart(band_figure(fc.get("points") or [], obs, f"{t['run']} against its {pre} forecast "
-                                    f"({fc.get('value', float('nan')):.4f} [{fc.get('low', 0):.4f}, "
-                                    f"{fc.get('high', 0):.4f}])", devs),
-                        key=f"ladder_target_{t['run']}", config={"displaylogo": False})
+        fig = band_figure(fc.get("points") or [], obs, f"{t['run']} against its {pre} forecast "
+                          f"({fc.get('value', float('nan')):.4f} [{fc.get('low', 0):.4f}, "
+                          f"{fc.get('high', 0):.4f}])", devs).to_dict()
+        # the ladder's decisions (recipe changes, forecasts, outcomes) at their steps, as on the Live page
+        add_markers(fig, decided, y_at=max((v for _, v in obs), default=fc.get("high")))
+        st.plotly_chart(fig, key=f"ladder_target_{t['run']}", config={"displaylogo": False})
         final = t["curve"].get("1.0")
         if final is not None:
             inside = fc["low"] <= final <= fc["high"]
