@@ -15,6 +15,7 @@ import streamlit as st
 from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.runs_table import ago
 from observatory.dashboard.widgets import show_chart
+from observatory.markup import md_escape
 from observatory.queries import details as qdet
 
 __all__ = ["render_details", "details_calls"]
@@ -44,7 +45,7 @@ def render_details(run: str) -> None:
     with st.expander(f"Run details: summary ({len(summary)} keys), {len(hist_names)} histograms, {len(arts)} artifacts"):
         source = info["source"] or {}
         facts = [
-            f"**{label}** {value}"
+            f"**{label}** {md_escape(value)}"  # someone else's text: shown literally
             for label, value in (
                 ("Project", info["project"]),
                 ("Group", info["group"]),
@@ -56,7 +57,7 @@ def render_details(run: str) -> None:
         if facts:
             st.markdown(" · ".join(facts))
         if info["notes"]:
-            st.caption(info["notes"])
+            st.caption(md_escape(info["notes"]))
         st.markdown(f"**Summary**: {n_logged} set by summary events, the rest the metrics' latest values")
         if summary:
             st.dataframe(
