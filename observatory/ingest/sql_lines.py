@@ -514,53 +514,32 @@ def _is_utf8(raw: bytes) -> bool:
 
 # ------------------------------------------------------------------ writing
 
+_S, _F64, _I64, _U16 = pa.string(), pa.float64(), pa.int64(), pa.uint16()
+_METRICS = {"run": _S, "step": _I64, "name": _S, "value": _F64, "t": _F64, "host": _U16}
+_EXPERTS = {"run": _S, "step": pa.int32(), "layer": _U16, "expert": _U16, "routed": pa.uint32(), "dropped": pa.uint32()}
+_EVENTS = {"run": _S, "host": _U16, "seq": _I64, "kind": _S, "step": _I64, "t": _F64, "v": _U16, "known": pa.bool_(),
+           "data": _S}  # fmt: skip
+_REJECTED = {"file": _S, "run": _S, "line": _I64, "field": _S, "reason": _S, "raw": _S, "ingested_at": _F64}
+
+
+def _append(con, columns: dict[str, list], types: dict[str, pa.DataType], insert: str) -> None:
+    """Register `columns` (lists, typed by `types`) as `_staged` and run `insert` over it."""
+    con.register("_staged", pa.table({k: column(list(columns[k]), t) for k, t in types.items()}))
+    try:
+        con.execute(insert)
+    finally:
+        con.unregister("_staged")
+
+
 def _flush(con, b: _Batch) -> None:
     """Bulk-append everything `_check_line` produced."""
-    m = b.metrics
-    if m["run"]:
-        con.register(
-            "_m",
-            pa.table(
-                {
-                    "run": column(m["run"], pa.string()),
-                    "step": column(m["step"], pa.int64()),
-                    "name": column(m["name"], pa.string()),
-                    "value": column(m["value"], pa.float64()),
-                    "t": column(m["t"], pa.float64()),
-                    "host": column(m["host"], pa.uint16()),
-                }
-            ),
-        )
-        con.execute("INSERT INTO metrics SELECT * FROM _m")
-        con.unregister("_m")
-    x = b.experts
-    if x["run"]:
-        con.register(
-            "_x",
-            pa.table(
-                {
-                    "run": column(x["run"], pa.string()),
-                    "step": column(x["step"], pa.int32()),
-                    "layer": column(x["layer"], pa.uint16()),
-                    "expert": column(x["expert"], pa.uint16()),
-                    "routed": column(x["routed"], pa.uint32()),
-                    "dropped": column(x["dropped"], pa.uint32()),
-                }
-            ),
-        )
-        con.execute("INSERT INTO expert_load SELECT * FROM _x")
-        con.unregister("_x")
+    if b.metrics["run"]:
+        _append(con, b.metrics, _METRICS, "INSERT INTO metrics SELECT * FROM _staged")
+    if b.experts["run"]:
+        _append(con, b.experts, _EXPERTS, "INSERT INTO expert_load SELECT * FROM _staged")
     if b.events:
-        cols = list(zip(*b.events, strict=True))
-        names = ("run", "host", "seq", "kind", "step", "t", "v", "known", "data")
-        types = (pa.string(), pa.uint16(), pa.int64(), pa.string(), pa.int64(), pa.float64(), pa.uint16(), pa.bool_(), pa.string())
-        con.register("_e", pa.table({k: column(list(c), t) for k, c, t in zip(names, cols, types, strict=True)}))
-        con.execute("INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _e")
-        con.unregister("_e")
+        _append(con, dict(zip(_EVENTS, zip(*b.events, strict=True), strict=True)), _EVENTS,
+                "INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _staged")
     if b.rejected:  # a file of random bytes can reject 10^5 lines: bulk, not executemany
-        names = ("file", "run", "line", "field", "reason", "raw", "ingested_at")
-        types = (pa.string(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.float64())
-        cols = list(zip(*b.rejected, strict=True))
-        con.register("_r", pa.table({k: column(list(c), t) for k, c, t in zip(names, cols, types, strict=True)}))
-        con.execute(f"INSERT INTO rejected_events ({', '.join(names)}) SELECT * FROM _r")
-        con.unregister("_r")
+        _append(con, dict(zip(_REJECTED, zip(*b.rejected, strict=True), strict=True)), _REJECTED,
+                f"INSERT INTO rejected_events ({', '.join(_REJECTED)}) SELECT * FROM _staged")
