@@ -156,7 +156,9 @@ def wait_idle(page) -> None:
 
 
 def assert_no_exception(page, name: str) -> None:
-    assert page.locator('[data-testid="stException"]').count() == 0, f"{name}: exception on the page"
+    exceptions = page.locator('[data-testid="stException"]')
+    if exceptions.count():
+        raise AssertionError(f"{name}: exception on the page: {exceptions.first.inner_text()[:3000]}")
     assert "Traceback" not in page.inner_text("body"), name
 
 
