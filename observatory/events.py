@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
@@ -74,148 +74,101 @@ class Kind:
     table: str = "events"  # the store table its rows land in
 
 
-KINDS: dict[str, Kind] = {
-    k.name: k
-    for k in (
-        Kind(
-            "run_start",
-            "A run begins: its resolved config and where it came from.",
-            (
-                Field("config", "object", doc="full resolved config, nested; secrets redacted"),
-                Field("name", "str", doc="human-readable name"),
-                Field("parent", "object", doc="{run, step} when forked or resumed from a checkpoint"),
-                Field("ladder", "object", doc="{name, rung, ...} when part of a scaling ladder"),
-                Field("code", "object", doc="{commit, dirty}"),
-                Field("data", "object", doc="{name, fingerprint, tokens}"),
-                Field("mesh", "object", doc="{data, expert, processes, devices}"),
-                Field("model", "object", doc="{params_total, params_active, flops_per_token}"),
-                Field("tags", "str_list", doc="free-form labels"),
-                Field("project", "str", doc="project the run belongs to (wandb's `project`)"),
-                Field("group", "str", doc="group of runs it belongs to (wandb's `group`)"),
-                Field("notes", "str", doc="free text about the run"),
-                Field("source", "object", doc="{trainer, version}: who wrote the log, e.g. levanter"),
-            ),
-            table="runs",
-        ),
-        Kind(
-            "metrics",
-            "Flat map of `/`-namespaced scalar name to number.",
-            (),
-            table="metrics",
-        ),
-        Kind(
-            "expert_load",
-            "Per-expert routed and dropped assignment counts for one layer at one step.",
-            (
-                Field("layer", "int", True, "layer index"),
-                Field("routed", "int_list", True, "assignments the router made, per expert"),
-                Field("dropped", "int_list", True, "assignments cut by capacity, per expert"),
-            ),
-            table="expert_load",
-        ),
-        Kind(
-            "eval",
-            "Held-out evaluation.",
-            (
-                Field("dataset", "str", True, "name of the eval set"),
-                Field("loss", "number", True, "mean loss"),
-                Field("bpb", "number", doc="bits per byte"),
-            ),
-        ),
-        Kind(
-            "checkpoint",
-            "A checkpoint was written.",
-            (Field("path", "str", True, "where it lives"), Field("bytes", "int", doc="size on disk")),
-        ),
-        Kind(
-            "config_diff",
-            "What changed against another run's config.",
-            (
-                Field("against", "object", True, "{run, step}"),
-                Field("changes", "object", True, '{"dotted.key": [old, new]}'),
-            ),
-        ),
-        Kind(
-            "decision",
-            "A decision record or an update to one; later events with the same id update it.",
-            (Field("id", "str", True, "decision id"),),
-        ),
-        Kind(
-            "forecast",
-            "A pre-registered prediction.",
-            (
-                Field("metric", "str", True, "the predicted metric"),
-                Field("target_step", "int", doc="step the value is for"),
-                Field("points", "list", doc="curve points [{step, value, low, high}, ...]"),
-                Field("value", "number", doc="predicted value"),
-                Field("low", "number", doc="band low"),
-                Field("high", "number", doc="band high"),
-                Field("method", "str", doc="how it was made"),
-                Field("source", "object", doc="ladder name and fit version"),
-            ),
-        ),
-        Kind(
-            "anomaly",
-            "A detector's finding.",
-            (
-                Field("detector", "str", True, "detector name"),
-                Field("metric", "str", doc="metric it looked at"),
-                Field("severity", "str", True, "info, warn or critical"),
-                Field("message", "str", True, "what was seen"),
-                Field("window", "int_list", doc="[first_step, last_step]"),
-            ),
-        ),
-        Kind(
-            "failure",
-            "Something went wrong, and what was done about it.",
-            (
-                Field("type", "str", True, "nan_loss, exception, signal, hardware, data, ..."),
-                Field("message", "str", True, "what happened"),
-                Field("traceback", "str", doc="Python traceback"),
-                Field("action", "str", doc="halt, skip_batch, rollback, ..."),
-            ),
-        ),
-        Kind("note", "Free text.", (Field("text", "str", True, "Markdown"), Field("author", "str"))),
-        Kind(
-            "summary",
-            "The run's summary values, name to number, string or bool; later ones override key by key.",
-            (),
-        ),
-        Kind(
-            "histogram",
-            "A distribution at one step (bucket i holds values in [limits[i], limits[i+1])).",
-            (
-                Field("name", "str", True, "what is distributed, a metric-like name"),
-                Field("bucket_limits", "number_list", True, "n + 1 bucket edges"),
-                Field("bucket_counts", "int_list", True, "n counts"),
-                Field("min", "number"),
-                Field("max", "number"),
-                Field("sum", "number"),
-                Field("sum_squares", "number"),
-                Field("count", "number"),
-            ),
-        ),
-        Kind(
-            "artifact",
-            "A file the run produced: a config, an HLO dump, a checkpoint manifest.",
-            (
-                Field("name", "str", True, "artifact name"),
-                Field("type", "str", True, "artifact type"),
-                Field("path", "str", True, "where it lives"),
-                Field("bytes", "int", doc="size on disk"),
-                Field("digest", "str", doc="content digest"),
-            ),
-        ),
-        Kind(
-            "run_end",
-            "A run ended.",
-            (
-                Field("status", "str", True, "completed, failed, preempted or killed"),
-                Field("final_step", "int", doc="last optimizer step"),
-            ),
-        ),
-    )
-}
+# The kinds, one line each ("name [-> table]: doc"), each followed by its data fields, indented
+# ("name type[!][: doc]", "!" marking a required field). `_kinds` reads this into `KINDS`.
+_KIND_SPEC = """
+run_start -> runs: A run begins: its resolved config and where it came from.
+    config object: full resolved config, nested; secrets redacted
+    name str: human-readable name
+    parent object: {run, step} when forked or resumed from a checkpoint
+    ladder object: {name, rung, ...} when part of a scaling ladder
+    code object: {commit, dirty}
+    data object: {name, fingerprint, tokens}
+    mesh object: {data, expert, processes, devices}
+    model object: {params_total, params_active, flops_per_token}
+    tags str_list: free-form labels
+    project str: project the run belongs to (wandb's `project`)
+    group str: group of runs it belongs to (wandb's `group`)
+    notes str: free text about the run
+    source object: {trainer, version}: who wrote the log, e.g. levanter
+metrics -> metrics: Flat map of `/`-namespaced scalar name to number.
+expert_load -> expert_load: Per-expert routed and dropped assignment counts for one layer at one step.
+    layer int!: layer index
+    routed int_list!: assignments the router made, per expert
+    dropped int_list!: assignments cut by capacity, per expert
+eval: Held-out evaluation.
+    dataset str!: name of the eval set
+    loss number!: mean loss
+    bpb number: bits per byte
+checkpoint: A checkpoint was written.
+    path str!: where it lives
+    bytes int: size on disk
+config_diff: What changed against another run's config.
+    against object!: {run, step}
+    changes object!: {"dotted.key": [old, new]}
+decision: A decision record or an update to one; later events with the same id update it.
+    id str!: decision id
+forecast: A pre-registered prediction.
+    metric str!: the predicted metric
+    target_step int: step the value is for
+    points list: curve points [{step, value, low, high}, ...]
+    value number: predicted value
+    low number: band low
+    high number: band high
+    method str: how it was made
+    source object: ladder name and fit version
+anomaly: A detector's finding.
+    detector str!: detector name
+    metric str: metric it looked at
+    severity str!: info, warn or critical
+    message str!: what was seen
+    window int_list: [first_step, last_step]
+failure: Something went wrong, and what was done about it.
+    type str!: nan_loss, exception, signal, hardware, data, ...
+    message str!: what happened
+    traceback str: Python traceback
+    action str: halt, skip_batch, rollback, ...
+note: Free text.
+    text str!: Markdown
+    author str
+summary: The run's summary values, name to number, string or bool; later ones override key by key.
+histogram: A distribution at one step (bucket i holds values in [limits[i], limits[i+1])).
+    name str!: what is distributed, a metric-like name
+    bucket_limits number_list!: n + 1 bucket edges
+    bucket_counts int_list!: n counts
+    min number
+    max number
+    sum number
+    sum_squares number
+    count number
+artifact: A file the run produced: a config, an HLO dump, a checkpoint manifest.
+    name str!: artifact name
+    type str!: artifact type
+    path str!: where it lives
+    bytes int: size on disk
+    digest str: content digest
+run_end: A run ended.
+    status str!: completed, failed, preempted or killed
+    final_step int: last optimizer step
+"""
+
+
+def _kinds(spec: str) -> dict[str, Kind]:
+    """`_KIND_SPEC` as {name: Kind}, in its order."""
+    kinds: list[Kind] = []
+    for line in spec.strip("\n").splitlines():
+        head, _, doc = line.partition(":")
+        if not line.startswith(" "):  # a kind: "name [-> table]: doc"
+            name, _, table = head.partition(" -> ")
+            kinds.append(Kind(name, doc.strip(), (), table or "events"))
+            continue
+        name, typ = head.split()  # a field of the kind above: "name type[!][: doc]"
+        field = Field(name, typ.rstrip("!"), typ.endswith("!"), doc.strip())
+        kinds[-1] = replace(kinds[-1], fields=(*kinds[-1].fields, field))
+    return {k.name: k for k in kinds}
+
+
+KINDS: dict[str, Kind] = _kinds(_KIND_SPEC)
 KIND_NAMES = tuple(KINDS)
 
 
