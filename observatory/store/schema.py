@@ -236,6 +236,44 @@ RESOLUTIONS = (16, 128, 1024)  # expert_load buckets (steps), finest first; each
 METRIC_RESOLUTIONS = (8, 64, 512)  # metrics buckets
 LAYER_RESOLUTION = 64  # expert_layer_step buckets
 
+
+def _bucketed(table: str, res: int, key: tuple[str, str], step: str, columns: str) -> str:
+    """DDL of a rollup table `<table>_r<res>`: per run and `key` column, one row per `res` steps (`bucket`)."""
+    return f"""
+CREATE TABLE IF NOT EXISTS {table}_r{res} (
+    run         VARCHAR NOT NULL,
+    {key[0]:<11} {key[1]} NOT NULL,
+    bucket      {step} NOT NULL,    -- step // {res}
+{columns}
+);
+"""
+
+
+# Each bucketed rollup's columns after (run, key, bucket).
+_EXPERT_LAYER_COLUMNS = """\
+    first_step  INTEGER NOT NULL,
+    last_step   INTEGER NOT NULL,
+    routed      UBIGINT NOT NULL,
+    dropped     UBIGINT NOT NULL,
+    drop_max    DOUBLE,             -- worst single step's dropped / routed
+    hot_sum     DOUBLE,             -- sum over steps of busiest / mean expert
+    hot_max     DOUBLE,             -- worst step's busiest / mean expert
+    steps       UINTEGER NOT NULL"""
+_EXPERT_LOAD_COLUMNS = """\
+    expert      USMALLINT NOT NULL,
+    routed      UBIGINT NOT NULL,
+    dropped     UBIGINT NOT NULL,
+    steps       UINTEGER NOT NULL    -- rows summed"""
+_METRICS_COLUMNS = """\
+    first_step  BIGINT NOT NULL,
+    last_step   BIGINT NOT NULL,
+    min         DOUBLE,             -- finite values only
+    max         DOUBLE,
+    last        DOUBLE,             -- value at last_step (NaN kept)
+    sum         DOUBLE,             -- of finite values
+    n           BIGINT NOT NULL,
+    n_nonfinite BIGINT NOT NULL"""
+
 ROLLUP_DDL = (
     """
 CREATE TABLE IF NOT EXISTS expert_layer_step (
@@ -254,52 +292,14 @@ CREATE TABLE IF NOT EXISTS expert_run_step (
     dropped UBIGINT NOT NULL
 );
 """
-    + f"""
-CREATE TABLE IF NOT EXISTS expert_layer_r{LAYER_RESOLUTION} (
-    run        VARCHAR NOT NULL,
-    layer      USMALLINT NOT NULL,
-    bucket     INTEGER NOT NULL,    -- step // {LAYER_RESOLUTION}
-    first_step INTEGER NOT NULL,
-    last_step  INTEGER NOT NULL,
-    routed     UBIGINT NOT NULL,
-    dropped    UBIGINT NOT NULL,
-    drop_max   DOUBLE,              -- worst single step's dropped / routed
-    hot_sum    DOUBLE,              -- sum over steps of busiest / mean expert
-    hot_max    DOUBLE,              -- worst step's busiest / mean expert
-    steps      UINTEGER NOT NULL
-);
-"""
     + "".join(
-        f"""
-CREATE TABLE IF NOT EXISTS expert_load_r{res} (
-    run     VARCHAR NOT NULL,
-    layer   USMALLINT NOT NULL,
-    bucket  INTEGER NOT NULL,       -- step // {res}
-    expert  USMALLINT NOT NULL,
-    routed  UBIGINT NOT NULL,
-    dropped UBIGINT NOT NULL,
-    steps   UINTEGER NOT NULL       -- rows summed
-);
-"""
-        for res in RESOLUTIONS
-    )
-    + "".join(
-        f"""
-CREATE TABLE IF NOT EXISTS metrics_r{res} (
-    run         VARCHAR NOT NULL,
-    name        VARCHAR NOT NULL,
-    bucket      BIGINT NOT NULL,    -- step // {res}
-    first_step  BIGINT NOT NULL,
-    last_step   BIGINT NOT NULL,
-    min         DOUBLE,             -- finite values only
-    max         DOUBLE,
-    last        DOUBLE,             -- value at last_step (NaN kept)
-    sum         DOUBLE,             -- of finite values
-    n           BIGINT NOT NULL,
-    n_nonfinite BIGINT NOT NULL
-);
-"""
-        for res in METRIC_RESOLUTIONS
+        _bucketed(table, res, key, step, columns)
+        for table, resolutions, key, step, columns in (
+            ("expert_layer", (LAYER_RESOLUTION,), ("layer", "USMALLINT"), "INTEGER", _EXPERT_LAYER_COLUMNS),
+            ("expert_load", RESOLUTIONS, ("layer", "USMALLINT"), "INTEGER", _EXPERT_LOAD_COLUMNS),
+            ("metrics", METRIC_RESOLUTIONS, ("name", "VARCHAR"), "BIGINT", _METRICS_COLUMNS),
+        )
+        for res in resolutions
     )
     + """
 CREATE TABLE IF NOT EXISTS metric_series (
