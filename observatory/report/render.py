@@ -1,6 +1,7 @@
 """Renderers for a `Report`: one self-contained HTML file, Markdown with PNG figures, or PDF.
 
-HTML and Markdown walk the same sections in the same order. HTML inlines plotly.js
+HTML and Markdown come from one walk over the sections (`_walk`), which tells each
+element to a per-format writer (`_Html`, `_Markdown`). HTML inlines plotly.js
 once in <head> and gives every figure a fixed div id, so the file works offline and
 two renders of one store are identical. Markdown's PNGs come from kaleido, which
 drives the system chromium (`BROWSER_PATH` overrides where it is); PDF is the HTML
@@ -42,6 +43,7 @@ SECTIONS = (
     ("config", "Config and its diffs"),
     ("ladder", "Forecasts and ladder"),
 )
+_TITLES = dict(SECTIONS)
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 
 CSS = """
@@ -205,6 +207,49 @@ def _lineage_text(rep: Report) -> str:
     return format_text(rep.lineage)
 
 
+def _walk(rep: Report, out) -> None:
+    """The report's sections, in `SECTIONS` order, told to `out` (an `_Html` or a `_Markdown`)."""
+    out.section("summary")
+    out.bullets(rep.story)
+    out.table(["", ""], [[k, v] for k, v in rep.summary])
+    out.section("timeline")
+    out.fig("overview")
+    events, left_out = _timeline_view(rep)
+    out.table(TIMELINE_HEAD, _rows_timeline(events), [f"k-{e['kind']}" for e in events])
+    if left_out:
+        out.note(_left_out_note(left_out))
+    out.section("windows")
+    if not rep.windows:
+        out.note("no failures or anomalies recorded")
+    for i, w in enumerate(rep.windows):
+        out.window(w, f"window-{i + 1}")
+    out.section("experts")
+    out.table(EXPERT_HEAD, _expert_rows(rep))
+    out.fig("experts")
+    out.fig("drops")
+    out.section("decisions")
+    if not rep.decisions:
+        out.note("no decisions linked to this run")
+    for d in rep.decisions:
+        out.decision(d)
+    out.section("lineage")
+    out.pre(_lineage_text(rep))
+    out.fig("lineage")
+    out.section("config")
+    out.table(["step", "against", "key", "old", "new"], _diff_rows(rep))
+    out.details("Resolved config", ["key", "value"], [[k, _cell(v)] for k, v in flatten(rep.config)])
+    out.section("ladder")
+    if rep.forecasts:
+        out.table(FORECAST_HEAD, _forecast_rows(rep))
+        out.fig("forecast")
+    else:
+        out.note("no forecast recorded for this run")
+    if rep.ladder:
+        out.subheading("Ladder ", rep.info.get("ladder_name"))
+        out.table(LADDER_HEAD, _ladder_rows(rep))
+    out.end()
+
+
 # ------------------------------------------------------------------ HTML
 
 
@@ -228,6 +273,57 @@ def _html_cell(c: Any) -> str:
     return c if isinstance(c, Markup) else escape(str(c))
 
 
+class _Html:
+    """The report's sections as HTML pieces (`parts`), one `<section>` each; see `_walk`."""
+
+    def __init__(self, fig):
+        self.parts: list[str] = []
+        self._fig = fig  # figure name -> its HTML ("" for a figure the report lacks)
+        self._close = ""  # what ends the open section
+
+    def fig(self, name: str) -> None:
+        self.parts.append(self._fig(name))
+
+    def section(self, key: str) -> None:
+        self.end()
+        self.parts.append(f'<section id="{key}"><h2>{escape(_TITLES[key])}</h2>')
+        self._close = "</section>"
+
+    def end(self) -> None:
+        if self._close:
+            self.parts.append(self._close)
+        self._close = ""
+
+    def bullets(self, items: list[str]) -> None:
+        self.parts.append('<ul class="story">' + "".join(f"<li>{escape(x)}</li>" for x in items) + "</ul>")
+
+    def table(self, head: list[str], rows: list[list[str]], classes: list[str] | None = None) -> None:
+        self.parts.append(_table(head, rows, classes))
+
+    def note(self, text: str) -> None:
+        self.parts.append(f"<p><em>{escape(text)}</em></p>")
+
+    def window(self, w: dict, name: str) -> None:
+        self.fig(name)
+
+    def decision(self, d) -> None:
+        self.parts.append(f'<h3 id="decision-{escape(d.id)}">{escape(d.id)}: {escape(d.title)}</h3>')
+        rows = [[k, markdown_html(v) if k in PROSE else v] for k, v in _decision_fields(d)]
+        self.table(["field", "value"], rows)
+
+    def pre(self, text: str) -> None:
+        self.parts.append(f"<pre>{escape(text)}</pre>")
+
+    def details(self, summary: str, head: list[str], rows: list[list[str]]) -> None:
+        """A table folded under `summary` (open), to the end of the section."""
+        self.parts.append(f"<details open><summary>{escape(summary)}</summary>")
+        self.table(head, rows)
+        self._close = "</details>" + self._close
+
+    def subheading(self, label: str, value: Any) -> None:
+        self.parts.append(f"<h3>{label}{escape(str(value))}</h3>")
+
+
 def render_html(rep: Report) -> str:
     # lazy for start-up time: plotly is slow to import
     import plotly.io as pio
@@ -245,55 +341,8 @@ def render_html(rep: Report) -> str:
         )
         return f'<div class="figure" data-figure="{escape(name)}">{div}</div>'
 
-    s = []
-    s.append('<section id="summary"><h2>Summary</h2>')
-    s.append('<ul class="story">' + "".join(f"<li>{escape(x)}</li>" for x in rep.story) + "</ul>")
-    s.append(_table(["", ""], [[k, v] for k, v in rep.summary]))
-    s.append("</section>")
-    s.append('<section id="timeline"><h2>Timeline</h2>')
-    s.append(fig("overview"))
-    events, left_out = _timeline_view(rep)
-    s.append(_table(TIMELINE_HEAD, _rows_timeline(events), [f"k-{e['kind']}" for e in events]))
-    if left_out:
-        s.append(f"<p><em>{escape(_left_out_note(left_out))}</em></p>")
-    s.append("</section>")
-    s.append('<section id="windows"><h2>Around each failure and anomaly</h2>')
-    if rep.windows:
-        s += [fig(f"window-{i + 1}") for i in range(len(rep.windows))]
-    else:
-        s.append("<p><em>no failures or anomalies recorded</em></p>")
-    s.append("</section>")
-    s.append('<section id="experts"><h2>Expert load and token drops</h2>')
-    s.append(_table(EXPERT_HEAD, _expert_rows(rep)))
-    s += [fig("experts"), fig("drops")]
-    s.append("</section>")
-    s.append('<section id="decisions"><h2>Decisions</h2>')
-    if not rep.decisions:
-        s.append("<p><em>no decisions linked to this run</em></p>")
-    for d in rep.decisions:
-        s.append(f'<h3 id="decision-{escape(d.id)}">{escape(d.id)}: {escape(d.title)}</h3>')
-        rows = [[k, markdown_html(v) if k in PROSE else v] for k, v in _decision_fields(d)]
-        s.append(_table(["field", "value"], rows))
-    s.append("</section>")
-    s.append('<section id="lineage"><h2>Lineage</h2>')
-    s.append(f"<pre>{escape(_lineage_text(rep))}</pre>")
-    s.append(fig("lineage"))
-    s.append("</section>")
-    s.append('<section id="config"><h2>Config and its diffs</h2>')
-    s.append(_table(["step", "against", "key", "old", "new"], _diff_rows(rep)))
-    s.append("<details open><summary>Resolved config</summary>")
-    s.append(_table(["key", "value"], [[k, _cell(v)] for k, v in flatten(rep.config)]))
-    s.append("</details></section>")
-    s.append('<section id="ladder"><h2>Forecasts and ladder</h2>')
-    if rep.forecasts:
-        s.append(_table(FORECAST_HEAD, _forecast_rows(rep)))
-        s.append(fig("forecast"))
-    else:
-        s.append("<p><em>no forecast recorded for this run</em></p>")
-    if rep.ladder:
-        s.append(f"<h3>Ladder {escape(str(rep.info.get('ladder_name')))}</h3>")
-        s.append(_table(LADDER_HEAD, _ladder_rows(rep)))
-    s.append("</section>")
+    out = _Html(fig)
+    _walk(rep, out)
     nav = " ".join(f'<a href="#{k}">{escape(v)}</a>' for k, v in SECTIONS)
     status = escape(rep.status)
     return (
@@ -301,7 +350,7 @@ def render_html(rep: Report) -> str:
         f"<title>Post-mortem: {escape(rep.run)}</title><style>{CSS}</style>"
         f'<script type="text/javascript">{get_plotlyjs()}</script></head>\n<body>'
         f'<h1>Post-mortem: {escape(rep.run)} <span class="status status-{status}">{status}</span></h1>'
-        f"<nav>{nav}</nav>\n" + "\n".join(x for x in s if x) + "\n</body></html>\n"
+        f"<nav>{nav}</nav>\n" + "\n".join(x for x in out.parts if x) + "\n</body></html>\n"
     )
 
 
@@ -324,6 +373,51 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(_md_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
     return "\n".join(out) + "\n"
+
+
+class _Markdown:
+    """The report's sections as Markdown pieces (`parts`), one `##` heading each; see `_walk`."""
+
+    def __init__(self, fig):
+        self.parts: list[str] = []
+        self._fig = fig  # figure name -> its image link ("" for a figure the report lacks)
+
+    def fig(self, name: str) -> None:
+        self.parts.append(self._fig(name))
+
+    def section(self, key: str) -> None:
+        self.parts.append(f"## {_TITLES[key]}\n")
+
+    def end(self) -> None:
+        """A Markdown section ends where the next heading starts."""
+
+    def bullets(self, items: list[str]) -> None:
+        self.parts += [f"- {md_escape(x)}" for x in items]
+        self.parts.append("")
+
+    def table(self, head: list[str], rows: list[list[str]], classes: list[str] | None = None) -> None:
+        self.parts.append(_md_table(head, rows))
+
+    def note(self, text: str) -> None:
+        self.parts.append(f"_{text}_\n")
+
+    def window(self, w: dict, name: str) -> None:
+        self.parts.append(f"**{md_escape(w['title'])}** (steps {w['lo']}-{w['hi']})\n")
+        self.fig(name)
+
+    def decision(self, d) -> None:
+        self.parts.append(f"### {md_escape(d.id)}: {md_escape(d.title)}\n")
+        self.table(["field", "value"], [list(x) for x in _decision_fields(d)])
+
+    def pre(self, text: str) -> None:
+        self.parts.append(_md_fence(text))
+
+    def details(self, summary: str, head: list[str], rows: list[list[str]]) -> None:
+        """Markdown has no folding: the table as is."""
+        self.table(head, rows)
+
+    def subheading(self, label: str, value: Any) -> None:
+        self.parts.append(f"### {label}{md_escape(value)}\n")
 
 
 def write_pngs(figs: dict, folder: Path) -> dict[str, Path]:
@@ -359,48 +453,10 @@ def render_markdown(rep: Report, out_dir, fig_folder: str) -> str:
     def fig(name: str) -> str:
         return f"![{name}]({fig_folder}/{name}.png)\n" if name in figs else ""
 
-    s = [f"# Post-mortem: {md_escape(rep.run)} ({md_escape(rep.status)})\n"]
-    s.append("## Summary\n")
-    s += [f"- {md_escape(x)}" for x in rep.story]
-    s.append("")
-    s.append(_md_table(["", ""], [[k, v] for k, v in rep.summary]))
-    s.append("## Timeline\n")
-    s.append(fig("overview"))
-    events, left_out = _timeline_view(rep)
-    s.append(_md_table(TIMELINE_HEAD, _rows_timeline(events)))
-    if left_out:
-        s.append(f"_{_left_out_note(left_out)}_\n")
-    s.append("## Around each failure and anomaly\n")
-    if not rep.windows:
-        s.append("_no failures or anomalies recorded_\n")
-    for i, w in enumerate(rep.windows):
-        s.append(f"**{md_escape(w['title'])}** (steps {w['lo']}-{w['hi']})\n")
-        s.append(fig(f"window-{i + 1}"))
-    s.append("## Expert load and token drops\n")
-    s.append(_md_table(EXPERT_HEAD, _expert_rows(rep)))
-    s += [fig("experts"), fig("drops")]
-    s.append("## Decisions\n")
-    if not rep.decisions:
-        s.append("_no decisions linked to this run_\n")
-    for d in rep.decisions:
-        s.append(f"### {md_escape(d.id)}: {md_escape(d.title)}\n")
-        s.append(_md_table(["field", "value"], [list(x) for x in _decision_fields(d)]))
-    s.append("## Lineage\n")
-    s.append(_md_fence(_lineage_text(rep)))
-    s.append(fig("lineage"))
-    s.append("## Config and its diffs\n")
-    s.append(_md_table(["step", "against", "key", "old", "new"], _diff_rows(rep)))
-    s.append(_md_table(["key", "value"], [[k, _cell(v)] for k, v in flatten(rep.config)]))
-    s.append("## Forecasts and ladder\n")
-    if rep.forecasts:
-        s.append(_md_table(FORECAST_HEAD, _forecast_rows(rep)))
-        s.append(fig("forecast"))
-    else:
-        s.append("_no forecast recorded for this run_\n")
-    if rep.ladder:
-        s.append(f"### Ladder {md_escape(rep.info.get('ladder_name'))}\n")
-        s.append(_md_table(LADDER_HEAD, _ladder_rows(rep)))
-    return "\n".join(x for x in s if x is not None).rstrip("\n") + "\n"
+    out = _Markdown(fig)
+    out.parts.append(f"# Post-mortem: {md_escape(rep.run)} ({md_escape(rep.status)})\n")
+    _walk(rep, out)
+    return "\n".join(out.parts).rstrip("\n") + "\n"
 
 
 # ------------------------------------------------------------------ PDF and files
