@@ -1,4 +1,5 @@
-"""Widget state shared by the pages: the run picker bound to the URL, the step window, and charts that zoom it.
+"""Widgets shared by the pages: a page's opening, the run picker bound to the URL, the step window,
+and charts that zoom it.
 
 Deep links: the chosen run lives in the URL (`?run=ID`, `?runs=a,b` on Compare),
 so a link pastes into an issue and opens the same view.
@@ -12,12 +13,35 @@ selection on a chart into the next window (`K_box`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import plotly.graph_objects as go
 import streamlit as st
 
-__all__ = ["pick_run", "requested_window", "step_window", "show_chart"]
+from observatory.dashboard.cache import StoreBusy, query
+from observatory.markup import md_escape
+
+__all__ = ["page_opening", "pick_run", "requested_window", "step_window", "show_chart"]
+
+
+def page_opening(title: str, caption: str, fn: Callable, *args, empty: str | None = None) -> Any | None:
+    """A page's title and caption, then `query(fn, *args)`: the page's first answer.
+
+    None, after a note saying why, when the page has nothing to show: the store is
+    busy, or `empty` (the note) is given and the answer is empty.
+    """
+    st.title(title)
+    st.caption(caption)
+    try:
+        answer = query(fn, *args)
+    except StoreBusy as e:
+        st.info(md_escape(e))
+        return None
+    if empty is not None and not answer:
+        st.info(empty)
+        return None
+    return answer
 
 
 def pick_run(

@@ -12,7 +12,8 @@ import json
 import streamlit as st
 
 from observatory import decisions as dec
-from observatory.dashboard.cache import StoreBusy, query
+from observatory.dashboard.cache import query
+from observatory.dashboard.widgets import page_opening
 from observatory.decisions import markdown as decisions_md
 from observatory.markup import md_escape
 
@@ -102,18 +103,14 @@ def _detail(d: dict) -> None:
 
 
 def render() -> None:
-    st.title("Decisions")
-    st.caption(
+    ds = page_opening(
+        "Decisions",
         "Experiments, interventions and policies, recorded as events: each change is kept. "
-        "Write them with `observatory decide new|update`; keep them in git with `decide export`."
+        "Write them with `observatory decide new|update`; keep them in git with `decide export`.",
+        _all,
+        empty="No decisions yet. Record one: `observatory decide new --title ... --run RUN@STEP`.",
     )
-    try:
-        ds = query(_all)
-    except StoreBusy as e:
-        st.info(md_escape(e))
-        return
-    if not ds:
-        st.info("No decisions yet. Record one: `observatory decide new --title ... --run RUN@STEP`.")
+    if ds is None:
         return
     c1, c2, c3 = st.columns([2, 2, 3])
     statuses = c1.multiselect("Status", dec.STATUSES, key="dec_status")

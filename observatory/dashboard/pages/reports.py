@@ -11,7 +11,7 @@ import streamlit as st
 
 from observatory import report
 from observatory.dashboard.cache import StoreBusy, query
-from observatory.dashboard.widgets import pick_run
+from observatory.dashboard.widgets import page_opening, pick_run
 from observatory.events import OBSERVATORY_HOST
 from observatory.markup import md_escape
 from observatory.queries import report as q
@@ -34,15 +34,13 @@ def _runs(con) -> list[dict]:
 
 
 def render() -> None:
-    st.title("Reports")
-    st.caption(
+    runs = page_opening(
+        "Reports",
         "A post-mortem of one run: what happened and when, with figures. "
-        "The same report from the command line: `observatory report RUN --format html|md|pdf`."
+        "The same report from the command line: `observatory report RUN --format html|md|pdf`.",
+        _runs,
     )
-    try:
-        runs = query(_runs)
-    except StoreBusy as e:
-        st.info(md_escape(e))
+    if runs is None:
         return
     run = pick_run(runs, prefer_running=False)
     if run is None:
