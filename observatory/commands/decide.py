@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from datetime import UTC, datetime
@@ -184,46 +185,63 @@ def decide():
     """Decision history: experiments, interventions and policies, as events."""
 
 
-@decide.command("new")
-@click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--id", "decision_id", help="defaults to a slug of the title")
-@_record_options
-def new_cmd(file, decision_id, runs_dir, db, as_json, at, **opts):
+def _record_command(name: str, *params):
+    """A `decide` command that writes a record: `params`, then the record flags (`_record_options`).
+
+    The function returns the decision it wrote and the line to print; a ValueError it
+    raises becomes the command's error message.
+    """
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def command(*args, as_json, **kwargs):
+            try:
+                d, text = fn(*args, **kwargs)
+            except ValueError as e:
+                raise _fail(e) from None
+            _echo_written(d, as_json, text)
+
+        f = _record_options(command)
+        for param in reversed(params):
+            f = param(f)
+        return decide.command(name)(f)
+
+    return wrap
+
+
+@_record_command(
+    "new",
+    click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path)),
+    click.option("--id", "decision_id", help="defaults to a slug of the title"),
+)
+def new_cmd(file, decision_id, runs_dir, db, at, **opts):
     """Record a new decision from flags, or from a Markdown FILE with YAML front matter (flags win)."""
     fields: dict[str, Any] = {}
-    try:
-        if file is not None:
-            fields, _ = decisions_md.read_file(file)
-        fields.update(_fields_from_flags(opts, None))
-        if decision_id:
-            fields["id"] = decision_id
-        if not fields.get("title"):
-            raise ValueError("a decision needs a title (--title, or `title:` in the front matter)")
-        fields.setdefault("author", os.environ.get("USER", ""))
-        if at is not None:  # --at wins over created/updated in the file, like every flag
-            fields["created"] = fields["updated"] = at
-        d = dec.new(runs_dir, db, ingest=ingest, now=at, **fields)
-    except ValueError as e:
-        raise _fail(e) from None
-    _echo_written(d, as_json, f"recorded decision {d.id}")
+    if file is not None:
+        fields, _ = decisions_md.read_file(file)
+    fields.update(_fields_from_flags(opts, None))
+    if decision_id:
+        fields["id"] = decision_id
+    if not fields.get("title"):
+        raise ValueError("a decision needs a title (--title, or `title:` in the front matter)")
+    fields.setdefault("author", os.environ.get("USER", ""))
+    if at is not None:  # --at wins over created/updated in the file, like every flag
+        fields["created"] = fields["updated"] = at
+    d = dec.new(runs_dir, db, ingest=ingest, now=at, **fields)
+    return d, f"recorded decision {d.id}"
 
 
-@decide.command("update")
-@click.argument("decision_id")
-@_record_options
-def update_cmd(decision_id, runs_dir, db, as_json, at, **opts):
+@_record_command("update", click.argument("decision_id"))
+def update_cmd(decision_id, runs_dir, db, at, **opts):
     """Change a decision's fields; --run, --alternative, --evidence and --config-change add to the lists."""
-    try:
-        cur = dec.get(db, decision_id)
-        if cur is None:
-            raise ValueError(f"no decision {decision_id!r} (see `observatory decide list`)")
-        changes = _fields_from_flags(opts, cur)
-        if not changes:
-            raise ValueError("nothing to update: give at least one field flag, e.g. --status running")
-        d = dec.update(runs_dir, db, decision_id, ingest=ingest, now=at, **changes)
-    except ValueError as e:
-        raise _fail(e) from None
-    _echo_written(d, as_json, f"updated decision {d.id}: {d.status}")
+    cur = dec.get(db, decision_id)
+    if cur is None:
+        raise ValueError(f"no decision {decision_id!r} (see `observatory decide list`)")
+    changes = _fields_from_flags(opts, cur)
+    if not changes:
+        raise ValueError("nothing to update: give at least one field flag, e.g. --status running")
+    d = dec.update(runs_dir, db, decision_id, ingest=ingest, now=at, **changes)
+    return d, f"updated decision {d.id}: {d.status}"
 
 
 @decide.command("show")
