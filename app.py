@@ -4,6 +4,7 @@ A router only: pages live in `observatory.dashboard.pages`, each a module with
 `render()` over `observatory` queries. Public by design: nothing here writes,
 Markdown renders with raw HTML off, the store is opened read-only per query.
 Settings come from the environment (OBSERVATORY_DB, OBSERVATORY_CACHE_TTL_S, ...).
+The first script run of a server process starts the SQL console's worker pool warming.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import streamlit as st
 
 from observatory.dashboard.cache import StoreBusy
 from observatory.dashboard.pages import PAGES, compare, decisions, experts, live, reports, runs, sql
+from observatory.queries import user_sql
 
 st.set_page_config(page_title="Observatory", page_icon="🔭", layout="wide")
+# the SQL console's first worker starts with the server's first script run, on a thread of its own
+# (once per process; reruns find it started), so no visitor's first query waits for DuckDB to load
+user_sql.warm_up_in_background()
 
 
 def _ladder() -> None:

@@ -23,8 +23,13 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def settings_table() -> str:
-    rows = [f"| `{s.name}` | `{s.env}` | `{s.default}` | {s.help} |" for s in SETTINGS.values()]
+    rows = [f"| `{s.name}` | `{s.env}` | `{s.default}` | {s.help}{_bounds(s)} |" for s in SETTINGS.values()]
     return "| setting | env | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows)
+
+
+def _bounds(s) -> str:
+    text = s.range_text()
+    return f" (must be {text})" if text else ""
 
 
 def schema_doc() -> str:

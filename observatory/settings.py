@@ -1,8 +1,9 @@
 """Settings as one declarative table, shared by the CLI, the environment and the dashboard.
 
 Each setting has a name, a default, the environment variable that overrides it,
-and a line of help. `get(name)` reads the environment each time, so a test or a
-dashboard can change a setting without re-importing anything.
+and a line of help; a numeric one may have a range (`low`..`high`, inclusive), and
+`get` refuses a value outside it. `get(name)` reads the environment each time, so a
+test or a dashboard can change a setting without re-importing anything.
 
 The `anomaly_*` rows are the detector thresholds: `observatory.detect.thresholds`
 takes each `Thresholds` field's default from its row here.
@@ -22,6 +23,8 @@ class Setting:
     name: str
     default: Any
     help: str
+    low: float | None = None  # inclusive bounds of a numeric setting (None: unbounded)
+    high: float | None = None
 
     @property
     def env(self) -> str:
@@ -35,6 +38,20 @@ class Setting:
         if isinstance(self.default, float):
             return float(raw)
         return raw
+
+    def check(self, value: Any, raw: str) -> Any:
+        """`value` (parsed from `raw`), or ValueError naming the env var when it is outside the range."""
+        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+            raise ValueError(f"{self.env}={raw!r} is out of range: {self.name} must be {self.range_text()}")
+        return value
+
+    def range_text(self) -> str:
+        """'between 1.0 and 1.5', 'at least 0', ... ('' when unbounded)."""
+        if self.low is not None and self.high is not None:
+            return f"between {self.low} and {self.high}"
+        if self.low is not None:
+            return f"at least {self.low}"
+        return f"at most {self.high}" if self.high is not None else ""
 
 
 SETTINGS: dict[str, Setting] = {
@@ -50,9 +67,11 @@ SETTINGS: dict[str, Setting] = {
         Setting("sql_max_concurrent", 4, "user SQL queries that run at once per server process; more wait sql_queue_wait_ms, then are told the server is busy"),
         Setting("sql_queue_wait_ms", 1000, "how long a user SQL query waits for a free slot (sql_max_concurrent) before it is told to try again"),
         Setting("sql_max_result_mb", 64, "largest result one user SQL query may return (after the row cap)"),
+        Setting("sql_kill_after", 1.25, "a user SQL worker still running at this multiple of sql_time_limit_ms (DuckDB's interrupt did not land: a long scalar function, a frozen process) is SIGKILLed and replaced; 1.5 at most keeps every query under 1.5x its limit", low=1.0, high=1.5),
         Setting("lock_timeout_s", 30.0, "how long a reader or writer retries a busy store before giving up"),
         Setting("follow_interval_s", 0.5, "how often `ingest --follow` polls the runs dir"),
         Setting("max_line_bytes", 8 << 20, "ingest rejects an event line longer than this many bytes"),
+        Setting("max_rejected_per_file", 1000, "rejected lines of one event log stored with their text in rejected_events; past it they are only counted (ingest_files.rejected), so a hostile log cannot fill the store", low=0),
         Setting("cache_ttl_s", 1.0, "dashboard query cache lifetime"),
         Setting("anomaly_window", 128, "anomaly detectors: trailing window (logged steps) for rolling baselines"),
         Setting("anomaly_min_history", 16, "anomaly detectors: logged steps of history needed before flagging"),
@@ -81,7 +100,7 @@ SETTINGS: dict[str, Setting] = {
 def get(name: str) -> Any:
     s = SETTINGS[name]
     raw = os.environ.get(s.env)
-    return s.default if raw is None or raw == "" else s.parse(raw)
+    return s.default if raw is None or raw == "" else s.check(s.parse(raw), raw)
 
 
 def describe() -> list[tuple[str, Any, str, str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from observatory.dashboard.charts import marker_text
 from observatory.dashboard.pages import runs as runs_page
+from observatory.queries import user_sql
 
 TIMEOUT = 60
 
@@ -68,6 +70,31 @@ def test_app_routes_to_runs_page(store):
     at = AppTest.from_file("../app.py", default_timeout=TIMEOUT).run()
     assert not at.exception
     assert [t.value for t in at.title] == ["Runs"]
+
+
+def test_app_start_warms_one_sql_worker_in_the_background(store, monkeypatch):
+    """The first page paints while the SQL console's first worker starts; reruns start no more."""
+    user_sql._POOL.close()
+    user_sql._WARMING.clear()  # as in a fresh server process
+    assert user_sql.pool_status() == {"alive": 0, "ready": 0}
+    called, release = threading.Event(), threading.Event()
+    real_warm = user_sql._POOL.warm
+
+    def held_warm(key, n):
+        called.set()
+        release.wait(120)
+        real_warm(key, n)
+
+    monkeypatch.setattr(user_sql._POOL, "warm", held_warm)
+    at = AppTest.from_file("../app.py", default_timeout=TIMEOUT).run()
+    assert not at.exception and [t.value for t in at.title] == ["Runs"]  # painted while the warm-up waits
+    assert called.wait(10) and user_sql.pool_status() == {"alive": 0, "ready": 0}  # the app started it
+    release.set()
+    user_sql.warm_up_in_background().join(60)  # the app's thread: a later call starts none
+    assert user_sql.pool_status() == {"alive": 1, "ready": 1}  # alive before any query
+    at.run()
+    AppTest.from_file("../app.py", default_timeout=TIMEOUT).run()  # a second visitor
+    assert user_sql.pool_status() == {"alive": 1, "ready": 1}
 
 
 def test_runs_page_lists_runs_and_filters(store):

@@ -88,6 +88,26 @@ def test_time_limit_interrupts_and_kills(db):
 
 def test_a_worker_that_stops_answering_is_killed_at_the_limit(db):
     """A worker frozen mid-query (SIGSTOP: not even DuckDB's interrupt can land) is killed at 1.25x."""
+    error, elapsed = _frozen_query(db)
+    assert isinstance(error, QueryInterrupted) and elapsed < 1.5 * TIME_LIMIT_MS / 1000
+    assert run_user_sql(db, "SELECT 3").rows == [(3,)]
+
+
+def test_the_kill_factor_is_a_setting_within_its_range(db, monkeypatch):
+    for bad in ("1.6", "0.9"):
+        monkeypatch.setenv("OBSERVATORY_SQL_KILL_AFTER", bad)
+        with pytest.raises(ValueError, match=r"OBSERVATORY_SQL_KILL_AFTER=.* sql_kill_after must be between 1.0 and 1.5"):
+            run_user_sql(db, "SELECT 1")
+    monkeypatch.setenv("OBSERVATORY_SQL_KILL_AFTER", "1.5")
+    error, elapsed = _frozen_query(db)
+    # killed at 1.5x, not at the default 1.25x
+    assert isinstance(error, QueryInterrupted) and 1.5 * TIME_LIMIT_MS / 1000 <= elapsed < 2.5 * TIME_LIMIT_MS / 1000
+    monkeypatch.delenv("OBSERVATORY_SQL_KILL_AFTER")
+    assert run_user_sql(db, "SELECT 4").rows == [(4,)]
+
+
+def _frozen_query(db) -> tuple[Exception | None, float]:
+    """(error, seconds) of a long query whose worker is frozen with SIGSTOP once it runs; checks it was killed."""
     user_sql.warm_up()
     out: dict = {}
 
@@ -108,9 +128,8 @@ def test_a_worker_that_stops_answering_is_killed_at_the_limit(db):
         time.sleep(0.01)
     os.kill(busy[0].proc.pid, signal.SIGSTOP)
     t.join(timeout=10)
-    assert isinstance(out["error"], QueryInterrupted) and out["elapsed"] < 1.5 * TIME_LIMIT_MS / 1000
     busy[0].proc.wait(timeout=5)  # killed, not left stopped
-    assert run_user_sql(db, "SELECT 3").rows == [(3,)]
+    return out.get("error"), out["elapsed"]
 
 
 def test_memory_limit_names_the_setting(db):

@@ -66,7 +66,8 @@ def readable(runs_dir: Path, skip: set[str], emit: Callable[[str], None]) -> lis
 
 def load_state(con) -> tuple[dict[str, dict], dict[str, str]]:
     """({path: its ingest_files row}, {run: stored status})."""
-    cols = ("path", "run", "host", "byte_offset", "line", "first_seq", "last_seq", "cursor_seq", "size", "mtime")
+    cols = ("path", "run", "host", "byte_offset", "line", "first_seq", "last_seq", "cursor_seq", "size", "mtime",
+            "rejected", "rejected_dropped")  # fmt: skip
     rows = {r[0]: dict(zip(cols, r, strict=True)) for r in con.execute(f"SELECT {', '.join(cols)} FROM ingest_files").fetchall()}
     status = dict(con.execute("SELECT run, status FROM runs").fetchall())
     return rows, status
@@ -96,6 +97,7 @@ def process_file(con, b: _Batch, lf: LogFile, st: _FileState, budget: int, ended
     `truncated` once it `ended` (or ended in this batch).
     """
     read_size = max(GZ_BATCH_BYTES if lf.gz else budget, max_line + 2)
+    b.track(lf, st)
     used = 0
     while used < budget or lf.gz:  # a .gz counts as read only at its end (else it is re-read from 0, forever)
         start = st.offset
@@ -130,6 +132,8 @@ def _ended_in_batch(b: _Batch, run: str) -> bool:
 def save_file(con, lf: LogFile, st: _FileState, done: bool) -> None:
     size = lf.size if (done or not lf.gz) else None  # a .gz counts as read only when read to its end
     con.execute(
-        "INSERT OR REPLACE INTO ingest_files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (lf.rel, lf.run, lf.host, st.offset, st.line, st.first_seq, st.last_seq, st.cursor, size, lf.mtime),
-    )
+        "INSERT OR REPLACE INTO ingest_files (path, run, host, byte_offset, line, first_seq, last_seq, cursor_seq, "
+        "size, mtime, rejected, rejected_dropped) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (lf.rel, lf.run, lf.host, st.offset, st.line, st.first_seq, st.last_seq, st.cursor, size, lf.mtime,
+         st.rejected, st.rejected_dropped),
+    )  # fmt: skip

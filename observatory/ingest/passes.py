@@ -48,7 +48,8 @@ class IngestReport:
     events: int = 0
     metric_values: int = 0
     expert_rows: int = 0
-    rejected: int = 0
+    rejected: int = 0  # rejected lines, stored in rejected_events or not
+    rejected_dropped: int = 0  # of those, past max_rejected_per_file: counted in ingest_files, text not stored
     duplicates: int = 0
     truncated: int = 0
     bytes: int = 0
@@ -63,9 +64,14 @@ class IngestReport:
         return (
             f"ingested {self.events} events ({self.metric_values} metric values, {self.expert_rows} "
             f"expert-load rows) from {self.files} file reads, {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s; "
-            f"{self.rejected} rejected, {self.duplicates} duplicates skipped, {self.truncated} truncated; "
+            f"{self.rejected} rejected{self._dropped_text()}, {self.duplicates} duplicates skipped, "
+            f"{self.truncated} truncated; "
             f"{self.findings} findings written"
         )
+
+
+    def _dropped_text(self) -> str:
+        return f" ({self.rejected_dropped} of them not stored: max_rejected_per_file)" if self.rejected_dropped else ""
 
 
 class Follower:
@@ -275,7 +281,8 @@ def _add(report: IngestReport, b: _Batch, emit: Callable[[str], None]) -> None:
     report.events += b.n_events
     report.metric_values += b.n_metric_values
     report.expert_rows += b.n_expert_rows
-    report.rejected += len(b.rejected)
+    report.rejected += b.n_rejected
+    report.rejected_dropped += b.n_rejected - len(b.rejected)
     report.duplicates += b.n_duplicates
     report.truncated += b.n_truncated
     report.runs |= set(b.activity) | b.observed
@@ -287,5 +294,8 @@ def _add(report: IngestReport, b: _Batch, emit: Callable[[str], None]) -> None:
     if len(b.rejected) > len(b.messages):
         emit(f"... and {len(b.rejected) - len(b.messages)} more rejected lines: "
              "observatory sql \"SELECT file, line, reason FROM rejected_events\"")  # fmt: skip
+    for msg in b.dropped_messages():
+        emit(msg)
+        report.messages.append(msg)  # one per file and batch: past MESSAGE_LIMIT too, a count is never hidden
     if len(report.messages) < MESSAGE_LIMIT:
         report.messages.extend(b.messages[: MESSAGE_LIMIT - len(report.messages)])

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from observatory import settings
 from observatory.events import (
     KINDS,
     OBSERVATORY_HOST,
@@ -41,7 +42,7 @@ from observatory.ingest.arrow import column, int64s
 from observatory.redact import scrub_event, scrub_text
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
-MESSAGE_LIMIT = 200  # rejection messages kept per batch and report (all of them are in rejected_events)
+MESSAGE_LIMIT = 200  # rejection messages kept per batch and report (the rest: rejected_events, ingest_files)
 U16, U32, I32, I64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 31) - 1, (1 << 63) - 1
 
 @dataclass(frozen=True)
@@ -238,9 +239,14 @@ def _lines_table(data: bytes, base_line: int) -> tuple[pa.Table, np.ndarray]:
 class _Batch:
     """Everything one transaction adds, gathered in Python lists and staged Arrow tables."""
 
-    def __init__(self, now: float):
+    def __init__(self, now: float, max_rejected: int | None = None):
         self.now = now
+        # rejected lines stored per file, in all passes (`max_rejected_per_file`); past it they are counted only
+        self.max_rejected = int(settings.get("max_rejected_per_file") if max_rejected is None else max_rejected)
         self.rejected: list[tuple] = []  # (file, run, line, field, reason, raw, ingested_at)
+        self.n_rejected = 0  # rejected lines, stored or not
+        self.files: dict[str, _FileState] = {}  # rel -> the state of each file this batch reads (`track`)
+        self.dropped: dict[str, tuple[LogFile, int]] = {}  # rel -> (file, rejected lines not stored in this batch)
         self.events: list[tuple] = []  # (run, host, seq, kind, step, t, v, known, data_json)
         self.metrics: dict[str, list] = {k: [] for k in ("run", "step", "name", "value", "t", "host")}
         self.experts: dict[str, list] = {k: [] for k in ("run", "step", "layer", "expert", "routed", "dropped")}
@@ -259,7 +265,20 @@ class _Batch:
         if n:
             self.redactions[run] = self.redactions.get(run, 0) + n
 
+    def track(self, lf: LogFile, st: _FileState) -> None:
+        """Count `lf`'s rejections on `st` (its row of `ingest_files`): the per-file cap spans passes."""
+        self.files[lf.rel] = st
+
     def reject(self, lf: LogFile, line: int, fld: str | None, reason: str, raw: bytes | str) -> None:
+        self.n_rejected += 1
+        st = self.files.get(lf.rel)
+        if st is not None:
+            st.rejected += 1
+            if st.rejected - st.rejected_dropped > self.max_rejected:
+                # a hostile log (a gzip bomb of bad lines) must not fill the store: count it, keep no text
+                st.rejected_dropped += 1
+                self.dropped[lf.rel] = (lf, self.dropped.get(lf.rel, (lf, 0))[1] + 1)
+                return
         if isinstance(raw, bytes):
             raw = raw[:RAW_CAP].decode("utf-8", "replace")
         # the raw line and the reason (which may quote a value) are public text: secrets hidden
@@ -269,6 +288,19 @@ class _Batch:
         self.rejected.append((lf.rel, lf.run, line, fld, reason, raw[:RAW_CAP], self.now))
         if len(self.messages) < MESSAGE_LIMIT:
             self.messages.append(f"{lf.path}:{line}: {reason}")
+
+    def dropped_messages(self) -> list[str]:
+        """One line per file whose rejected lines went past `max_rejected` in this batch."""
+        out = []
+        for rel, (lf, n) in self.dropped.items():
+            st = self.files[rel]
+            out.append(
+                f"{lf.path}: {n:,} more rejected lines not stored in rejected_events: this file has "
+                f"{st.rejected:,} rejected lines, the first {st.rejected - st.rejected_dropped:,} stored "
+                f"(max_rejected_per_file, env {settings.SETTINGS['max_rejected_per_file'].env}; "
+                "counts: observatory sql \"SELECT path, rejected, rejected_dropped FROM ingest_files\")"
+            )
+        return out
 
     def saw(self, run: str, t: float | None, step: int | None, host: int = 0) -> None:
         if host == OBSERVATORY_HOST:
@@ -292,6 +324,8 @@ class _FileState:
         self.first_seq = row.get("first_seq")
         self.last_seq = row.get("last_seq")
         self.cursor = row.get("cursor_seq")
+        self.rejected = row.get("rejected") or 0  # rejected lines so far, stored or not (`_Batch.reject`)
+        self.rejected_dropped = row.get("rejected_dropped") or 0  # of those, not stored in rejected_events
         self.siblings = sibling_ranges
         self.restarted_from: int | None = None  # the offset it had when the file shrank or was replaced
         if self.offset > (lf.size if not lf.gz else math.inf) or (lf.gz and row and row.get("size") != lf.size):

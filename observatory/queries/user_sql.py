@@ -11,7 +11,7 @@
   `sql_threads`), no spilling to disk, and an address-space rlimit on the worker, so
   even one huge string or list fails cleanly;
 - **time**: DuckDB is interrupted at `sql_time_limit_ms`; a worker that has not
-  answered by `KILL_AFTER` times the limit (a long scalar function) is killed and
+  answered by `sql_kill_after` times the limit (a long scalar function) is killed and
   replaced;
 - **concurrency**: at most `sql_max_concurrent` queries at once per process; the rest
   wait up to `sql_queue_wait_ms`, then get `QueryBusy`;
@@ -20,6 +20,11 @@
 - **no disclosure**: every message and every string of a result is scrubbed of the
   server's paths (store, its folder, home, temp dir, working directory), as a second
   net behind the policy.
+
+`warm_up_in_background` starts the pool's first worker once per process without
+waiting for it (the dashboard calls it as it starts), so the first visitor's query
+does not pay a worker's start-up; `pool_status` says how many workers are alive
+and ready.
 """
 
 from __future__ import annotations
@@ -48,12 +53,12 @@ __all__ = [
     "QueryInterrupted",
     "QueryBusy",
     "QueryResult",
-    "KILL_AFTER",
     "run_user_sql",
     "warm_up",
+    "warm_up_in_background",
+    "pool_status",
 ]
 
-KILL_AFTER = 1.25  # a worker still running at this many times the time limit is killed
 MAX_SQL_CHARS = 100_000  # a longer statement is refused before it reaches a worker
 _START_TIMEOUT_S = 60.0  # a new worker has this long to import DuckDB and warm up
 _MAX_QUERIES_PER_WORKER = 200  # then it is replaced, so fragmentation cannot eat its memory room
@@ -123,6 +128,7 @@ def run_user_sql(db, sql: str, max_rows: int | None = None, time_limit_ms: int |
         "sql": sql,
         "max_rows": max_rows,
         "limit_ms": limit_ms,
+        "kill_after": float(settings.get("sql_kill_after")),
         "memory_mb": memory_mb,
         "threads": threads,
         "lock_timeout_s": settings.get("lock_timeout_s"),
@@ -157,6 +163,28 @@ def run_user_sql(db, sql: str, max_rows: int | None = None, time_limit_ms: int |
 def warm_up(n: int = 1) -> None:
     """Have `n` workers started and ready (at most `sql_max_concurrent`), so no query waits for one."""
     _POOL.warm(_key(), min(n, max(1, settings.get("sql_max_concurrent"))))
+
+
+_WARMING: list[threading.Thread] = []  # the one background warm-up of this process, once started
+_WARMING_LOCK = threading.Lock()
+
+
+def warm_up_in_background(n: int = 1) -> threading.Thread:
+    """`warm_up(n)` on a daemon thread, once per process: later calls return the same thread.
+
+    For a server's start: the caller does not wait for the worker to import DuckDB.
+    """
+    with _WARMING_LOCK:
+        if not _WARMING:
+            t = threading.Thread(target=warm_up, args=(n,), name="observatory-sql-warm-up", daemon=True)
+            t.start()
+            _WARMING.append(t)
+        return _WARMING[0]
+
+
+def pool_status() -> dict[str, int]:
+    """{"alive": worker processes running, "ready": of the idle ones, those started and waiting for a query}."""
+    return _POOL.status()
 
 
 def _key() -> tuple[int, int]:
@@ -258,6 +286,7 @@ class _Worker:
         self.ready = False
         self.began = False  # it took a query: its death from here on is that query's doing
         self.phase = "idle"  # of the query in hand: "checking", "connecting", "running"
+        self._starting = threading.Lock()  # a warm-up thread and a query may both wait for the ready message
         env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -303,20 +332,21 @@ class _Worker:
             self._buf += chunk
 
     def start(self) -> None:
-        if not self.ready:
-            reply = self.read(time.monotonic() + _START_TIMEOUT_S, 1 << 16)
-            if not reply or reply.get("kind") != "ready":
-                raise _Died("no ready message")
-            self.ready = True
+        with self._starting:
+            if not self.ready:
+                reply = self.read(time.monotonic() + _START_TIMEOUT_S, 1 << 16)
+                if not reply or reply.get("kind") != "ready":
+                    raise _Died("no ready message")
+                self.ready = True
 
     def query(self, req: dict) -> dict:
-        """Send one query and follow it to its reply; kills the worker at KILL_AFTER x the limit."""
+        """Send one query and follow it to its reply; kills the worker at `sql_kill_after` x the limit."""
         self.start()
         self.queries += 1
         self.began, self.phase = False, "sent"
         write_frame(self.proc.stdin, req)
         max_bytes = req["max_result_bytes"] + (4 << 20)
-        budget = req["limit_ms"] / 1000 * KILL_AFTER
+        budget = req["limit_ms"] / 1000 * req["kill_after"]
         deadline = time.monotonic() + budget
         base_kb = 0
         while True:
@@ -407,6 +437,10 @@ class _Pool:
                 w.start()
             except (_Died, OSError):
                 pass
+
+    def status(self) -> dict[str, int]:
+        with self._lock:
+            return {"alive": sum(w.alive() for w in self.all), "ready": sum(w.ready and w.alive() for w in self.idle)}
 
     def give_back(self, w: _Worker, healthy: bool) -> None:
         with self._lock:

@@ -114,7 +114,9 @@ CREATE TABLE IF NOT EXISTS ingest_files (
     last_seq   BIGINT,           -- highest seq stored from this file
     cursor_seq BIGINT,           -- last seq read in file order (the next must be higher)
     size       BIGINT,           -- file size when last read
-    mtime      DOUBLE            -- file mtime when last read
+    mtime      DOUBLE,           -- file mtime when last read
+    rejected   BIGINT,           -- lines of this file rejected so far, stored in rejected_events or not
+    rejected_dropped BIGINT      -- of those, lines past max_rejected_per_file: counted, their text not stored
 );
 """
 
@@ -161,6 +163,8 @@ _ADDED_COLUMNS = (
     ("runs", "notes", "VARCHAR"),
     ("runs", "source", "JSON"),
     ("runs", "redactions", "BIGINT"),
+    ("ingest_files", "rejected", "BIGINT"),
+    ("ingest_files", "rejected_dropped", "BIGINT"),
 )
 
 TABLE_DOCS = {
@@ -175,7 +179,9 @@ TABLE_DOCS = {
     "artifact, unknown kinds), "
     "payload as JSON. `(run, host, seq)` identifies an event.",
     "rejected_events": "Lines ingest could not accept, with file, line, field and reason; the rest "
-    "of the file is ingested. Torn final lines of ended or crashed runs appear here as `truncated`.",
+    "of the file is ingested. Torn final lines of ended or crashed runs appear here as `truncated`. "
+    "At most `max_rejected_per_file` lines of one file are stored; `ingest_files.rejected` counts "
+    "them all.",
     "ingest_files": "Per-file ingest progress, committed in the same transaction as the rows it "
     "covers (exactly-once ingest).",
     "latest_metrics": "View: each run's latest value of each metric.",
@@ -402,6 +408,12 @@ def ensure_schema(con) -> None:
     con.execute(DDL)
     for table, col, typ in _ADDED_COLUMNS:
         con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {typ}")
+    if con.execute("SELECT count(*) FROM ingest_files WHERE rejected IS NULL").fetchall()[0][0]:
+        # a store from before the per-file count: its stored rejections are the count so far
+        con.execute(
+            "UPDATE ingest_files SET rejected_dropped = 0, rejected = "
+            "(SELECT count(*) FROM rejected_events r WHERE r.file = ingest_files.path) WHERE rejected IS NULL"
+        )
     con.execute(ROLLUP_DDL)
     con.execute(VIEWS)
     con.execute(DECISIONS_VIEW_DDL)

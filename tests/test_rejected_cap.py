@@ -1,0 +1,132 @@
+"""A hostile log cannot fill `rejected_events`: past `max_rejected_per_file` rejected lines are counted, not stored.
+
+Each file keeps its count in `ingest_files` (`rejected`, `rejected_dropped`), across
+passes over a growing file; the good lines around the bad ones are still ingested,
+on both line paths (msgspec and SQL), plain and gzip.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+
+import duckdb
+import pytest
+from conftest import event, write_lines
+
+from observatory import store
+from observatory.ingest import ingest as _ingest
+from observatory.ingest import msgspec_lines, passes
+
+CAP = 50
+
+
+@pytest.fixture(autouse=True)
+def cap(monkeypatch):
+    monkeypatch.setenv("OBSERVATORY_MAX_REJECTED_PER_FILE", str(CAP))
+
+
+def ingest(runs_dir, db):
+    msgs: list[str] = []
+    rep = _ingest(runs_dir, db, hooks=False, emit=msgs.append)
+    return rep, msgs
+
+
+def q(db, sql):
+    with store.connect(db) as con:
+        return con.execute(sql).fetchall()
+
+
+def bad(i: int) -> bytes:
+    """Three kinds of short bad line: junk, an object that is no event, an event of another run."""
+    return [b"junk %d" % i, b'{"v":1,"run":"a","kind":"metrics","n":%d}' % i,
+            b'{"v":1,"run":"b","kind":"metrics","step":1,"t":1.7e9,"host":0,"seq":%d,"data":{}}' % (i + 5)][i % 3]  # fmt: skip
+
+
+def good(seq: int) -> bytes:
+    return json.dumps(event("a", "metrics", {"train/loss": float(seq)}, seq, seq), separators=(",", ":")).encode()
+
+
+def counts(db, rel: str) -> tuple[int, int, int]:
+    """(rows stored in rejected_events, ingest_files.rejected, ingest_files.rejected_dropped) of one file."""
+    stored = q(db, f"SELECT count(*) FROM rejected_events WHERE file = '{rel}'")[0][0]
+    return (stored, *q(db, f"SELECT rejected, rejected_dropped FROM ingest_files WHERE path = '{rel}'")[0])
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+@pytest.mark.parametrize("fast", [True, False], ids=["msgspec-path", "sql-path"])
+def test_rejected_lines_past_the_cap_are_counted_not_stored(runs_dir, db_path, monkeypatch, gz, fast):
+    monkeypatch.setattr(msgspec_lines, "ENABLED", fast)
+    n_bad = 3000
+    data = b"\n".join([good(0), *(bad(i) for i in range(n_bad)), good(1)]) + b"\n"
+    name = "events.0.jsonl.gz" if gz else "events.0.jsonl"
+    path = runs_dir / "a" / name
+    path.parent.mkdir()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    rep, msgs = ingest(runs_dir, db_path)
+    assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [(0,), (1,)]  # the line after the bad ones too
+    assert counts(db_path, f"a/{name}") == (CAP, n_bad, n_bad - CAP)
+    assert rep.rejected == n_bad and rep.rejected_dropped == n_bad - CAP
+    said = [m for m in msgs if "not stored in rejected_events" in m]
+    assert said == [
+        f"{path}: {n_bad - CAP:,} more rejected lines not stored in rejected_events: this file has {n_bad:,} "
+        f"rejected lines, the first {CAP} stored (max_rejected_per_file, env OBSERVATORY_MAX_REJECTED_PER_FILE; "
+        'counts: observatory sql "SELECT path, rejected, rejected_dropped FROM ingest_files")'
+    ], msgs[-3:]
+    assert f"{n_bad} rejected ({n_bad - CAP} of them not stored" in rep.summary()
+    assert len([m for m in msgs if m.startswith(f"{path}:") and "not stored" not in m]) == CAP  # one per stored
+
+
+@pytest.mark.slow  # ~40 s: a million lines judged one by one
+def test_a_gzip_bomb_of_short_bad_lines_stores_at_most_the_cap(runs_dir, db_path):
+    """A few hundred KB on disk, 10^6 short bad lines inside: the store keeps CAP rows and the count."""
+    n_bad = 1_000_000
+    folder = runs_dir / "a"
+    folder.mkdir()
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(folder / "events.0.jsonl.gz", "wb") as f:
+        f.write(c.compress(good(0) + b"\n"))
+        for _ in range(n_bad // 1000):
+            f.write(c.compress(b"x\n" * 1000))
+        f.write(c.compress(good(1) + b"\n"))
+        f.write(c.flush())
+    assert (folder / "events.0.jsonl.gz").stat().st_size < 1 << 20
+    rep, _ = ingest(runs_dir, db_path)
+    assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [(0,), (1,)]
+    assert counts(db_path, "a/events.0.jsonl.gz") == (CAP, n_bad, n_bad - CAP)
+    assert rep.rejected == n_bad
+
+
+def test_the_cap_holds_across_passes_over_a_growing_file(runs_dir, db_path):
+    path = runs_dir / "a" / "events.0.jsonl"
+    write_lines(path, [good(0), *(bad(i) for i in range(30))])
+    ingest(runs_dir, db_path)
+    assert counts(db_path, "a/events.0.jsonl") == (30, 30, 0)
+    write_lines(path, [*(bad(i) for i in range(30, 70)), good(1)])
+    _, msgs = ingest(runs_dir, db_path)
+    assert counts(db_path, "a/events.0.jsonl") == (CAP, 70, 20)
+    assert any(m.startswith(f"{path}: 20 more rejected lines not stored") for m in msgs), msgs[-3:]
+    write_lines(path, [*(bad(i) for i in range(70, 80)), good(2)])
+    rep, _ = ingest(runs_dir, db_path)
+    assert counts(db_path, "a/events.0.jsonl") == (CAP, 80, 30) and rep.rejected == 10
+    assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [(0,), (1,), (2,)]
+    # another file has its own count
+    write_lines(runs_dir / "c" / "events.0.jsonl", [b"junk"] * 5)
+    ingest(runs_dir, db_path)
+    assert counts(db_path, "c/events.0.jsonl") == (5, 5, 0)
+
+
+def test_a_store_from_before_the_count_starts_from_its_stored_rejections(runs_dir, db_path):
+    path = runs_dir / "a" / "events.0.jsonl"
+    write_lines(path, [good(0), *(bad(i) for i in range(40))])
+    ingest(runs_dir, db_path)
+    con = duckdb.connect(str(db_path))  # as an older observatory left it: no per-file count
+    con.execute("ALTER TABLE ingest_files DROP COLUMN rejected")
+    con.execute("ALTER TABLE ingest_files DROP COLUMN rejected_dropped")
+    con.close()
+    passes._ENSURED.clear()  # a new process: it makes sure of the schema again
+    write_lines(path, [*(bad(i) for i in range(40, 60)), good(1)])
+    ingest(runs_dir, db_path)
+    assert counts(db_path, "a/events.0.jsonl") == (CAP, 60, 10)
+    assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [(0,), (1,)]
