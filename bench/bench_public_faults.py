@@ -21,24 +21,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from faults import (  # noqa: E402
-    child,
-    clean_store,
-    dump,
-    event,
-    fsize_unlimited,
-    read_until,
-    run_once_measured,
-    wait_for,
-    write_runs,
-)
+import faults  # noqa: E402  (after the sys.path line)
 
 from observatory.ingest import ingest  # noqa: E402
 
 
 def _lost(db: Path, clean: Path) -> int:
     """Rows the store lacks (or has twice) against the clean one, over every table ingest fills."""
-    a, b = dump(db), dump(clean)
+    a, b = faults.dump(db), faults.dump(clean)
     return sum(abs(len(set(b[t]) ^ set(a[t]))) + abs(len(a[t]) - len(set(a[t]))) for t in a)
 
 
@@ -51,9 +41,11 @@ def _stop(p) -> None:
 def sigkill(tmp: Path, runs: Path, clean: Path, kills: int) -> tuple[int, str]:
     db, rng = tmp / "killed.duckdb", random.Random(16)
     for i in range(kills):
-        p = child(runs, db, True, SMALL_BATCHES=32 << 10, IN_TX_SLEEP_S=0.1, OBSERVATORY_MAX_LINE_BYTES=16 << 10)
+        p = faults.child(
+            runs, db, True, SMALL_BATCHES=32 << 10, IN_TX_SLEEP_S=0.1, OBSERVATORY_MAX_LINE_BYTES=16 << 10
+        )
         if i % 2 == 0:
-            read_until(p, "IN_TX", rng.randint(1, 3), 30)
+            faults.read_until(p, "IN_TX", rng.randint(1, 3), 30)
         else:
             time.sleep(rng.uniform(0.3, 2.5))
         p.send_signal(signal.SIGKILL)
@@ -64,12 +56,12 @@ def sigkill(tmp: Path, runs: Path, clean: Path, kills: int) -> tuple[int, str]:
 
 def full_disk(tmp: Path, runs: Path, clean: Path) -> tuple[int, str]:
     db = tmp / "full.duckdb"
-    p = child(runs, db, True, FSIZE_LIMIT=1 << 20, SMALL_BATCHES=256 << 10)
+    p = faults.child(runs, db, True, FSIZE_LIMIT=1 << 20, SMALL_BATCHES=256 << 10)
     try:
-        said = read_until(p, "MSG observatory ingest: " + str(db) + ": cannot write", 1, 120) or "(nothing said)"
-        fsize_unlimited(p.pid)
-        read_until(p, "MSG", 1, 120)
-        wait_for(lambda: _quiet_lost(db, clean) == 0, timeout=120, every=1.0)
+        said = faults.read_until(p, f"MSG observatory ingest: {db}: cannot write", 1, 120) or "(nothing said)"
+        faults.fsize_unlimited(p.pid)
+        faults.read_until(p, "MSG", 1, 120)
+        faults.wait_for(lambda: _quiet_lost(db, clean) == 0, timeout=120, every=1.0)
     finally:
         _stop(p)
     return _lost(db, clean), said.split(": cannot write the store: ")[-1].split(" (")[0]
@@ -84,14 +76,14 @@ def _quiet_lost(db, clean) -> int:
 
 def replaced(tmp: Path, runs: Path, clean: Path) -> tuple[int, str]:
     db = tmp / "replaced.duckdb"
-    p = child(runs, db, True, SMALL_BATCHES=128 << 10)
+    p = faults.child(runs, db, True, SMALL_BATCHES=128 << 10)
     try:
-        wait_for(lambda: db.exists() and os.path.getsize(db) > 0, timeout=60)
+        faults.wait_for(lambda: db.exists() and os.path.getsize(db) > 0, timeout=60)
         time.sleep(1.0)
         snap = tmp / "snap.duckdb"
         ingest(runs / "run0", snap, hooks=False, emit=None)
         os.replace(snap, db)
-        wait_for(lambda: _quiet_lost(db, clean) == 0, timeout=120, every=1.0)
+        faults.wait_for(lambda: _quiet_lost(db, clean) == 0, timeout=120, every=1.0)
     finally:
         _stop(p)
     return _lost(db, clean), "replaced by another store; caught up"
@@ -112,16 +104,16 @@ def truncated(tmp: Path, runs: Path, clean: Path) -> tuple[int, str]:
 
 def two_followers(tmp: Path, runs: Path, clean: Path) -> tuple[int, str]:
     db = tmp / "two.duckdb"
-    first = child(runs, db, True)
+    first = faults.child(runs, db, True)
     second = None
     try:
-        wait_for(lambda: "pid" in (db.with_name(db.name + ".follower").read_text()
-                                   if db.with_name(db.name + ".follower").exists() else ""), timeout=60)  # fmt: skip
-        second = child(runs, db, True)
-        said = read_until(second, "MSG", 1, 60) or "(nothing said)"
+        mark = db.with_name(db.name + ".follower")
+        faults.wait_for(lambda: mark.exists() and "pid" in mark.read_text(), timeout=60)
+        second = faults.child(runs, db, True)
+        said = faults.read_until(second, "MSG", 1, 60) or "(nothing said)"
         _stop(first)
-        read_until(second, "MSG", 1, 60)
-        wait_for(lambda: _quiet_lost(db, clean) == 0, timeout=120, every=1.0)
+        faults.read_until(second, "MSG", 1, 60)
+        faults.wait_for(lambda: _quiet_lost(db, clean) == 0, timeout=120, every=1.0)
     finally:
         for p in (first, second):
             if p is not None:
@@ -131,14 +123,16 @@ def two_followers(tmp: Path, runs: Path, clean: Path) -> tuple[int, str]:
 
 def hostile(tmp: Path) -> tuple[int, str]:
     runs, db = tmp / "hostile-runs", tmp / "hostile.duckdb"
+    event = faults.event
     for name, raw in (("dotdot", event("../etc", "metrics", {"x": 1.0}, 1, 1)),
                       ("deep", '{"v":1,"run":"deep","kind":"note","data":' + "[" * 10_000 + "]" * 10_000 + "}"),
                       ("keys", event("keys", "metrics", {f"k{i}": 1.0 for i in range(1_000_000)}, 1, 1))):  # fmt: skip
         (runs / name).mkdir(parents=True)
         good = [event(name, "metrics", {"x": float(s)}, s, s) for s in (0, 2)]
         (runs / name / "events.0.jsonl").write_text(f"{good[0]}\n{raw}\n{good[1]}\n")
-    _, peak = run_once_measured(runs, db)
-    got = len([r for r in dump(db)["metrics"] if r[2] == "x"])  # the good lines around each hostile one
+    _, peak = faults.run_once_measured(runs, db)
+    # the good lines around each hostile one
+    got = len([r for r in faults.dump(db)["metrics"] if r[2] == "x"])
     return 6 - got, f"../, 10k-deep, 1M keys: rejected with reasons; peak RSS {peak / 2**20:.0f} MB"
 
 
@@ -149,8 +143,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         runs = tmp / "runs"
-        write_runs(runs)
-        clean = clean_store(runs, tmp / "clean.duckdb")
+        faults.write_runs(runs)
+        clean = faults.clean_store(runs, tmp / "clean.duckdb")
         rows = [
             ("SIGKILL of ingest --follow", *sigkill(tmp, runs, clean, args.kills)),
             ("full disk (RLIMIT_FSIZE)", *full_disk(tmp, runs, clean)),

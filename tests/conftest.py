@@ -17,6 +17,16 @@ import pytest
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian chromium (tests/browser_fixtures.py), one per test module that asks for it."""
+    # imported here, not at the top: the browser helpers (playwright, the report module) load only for browser tests
+    from browser_fixtures import chromium
+
+    with chromium() as b:
+        yield b
+
+
 @pytest.fixture
 def runs_dir(tmp_path) -> Path:
     d = tmp_path / "runs"

@@ -7,77 +7,21 @@ follows: the Live page's "Last step" must advance by itself.
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
+from browser_fixtures import LOAD_MS, ROOT, assert_no_exception, dashboard, open_page, wait_idle
 from dashboard_fixtures import make_store, metrics_at
 from scale_fixtures import HOT_EXPERT, HOT_LAYER, RUN, make_scale_store
 
 import observatory
-from observatory import report
 from observatory.ingest import ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts" / "browser"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
-LOAD_MS = 90_000  # two shared CPU cores: a cold page can take a while
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(app: Path, db: Path, port: int, log: Path) -> subprocess.Popen:
-    """`streamlit run` on localhost:port (headless, the repo's .streamlit/config.toml), ready when healthy."""
-    env = dict(os.environ, OBSERVATORY_DB=str(db), OBSERVATORY_CACHE_TTL_S="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=app.parent, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        wait_healthy(proc, port, log, 90, "streamlit")
-    except RuntimeError:
-        proc.kill()
-        raise
-    return proc
-
-
-def wait_healthy(proc: subprocess.Popen, port: int, log: Path, seconds: float, what: str) -> None:
-    """Until the Streamlit server on localhost:port answers its health check; raise with the log's tail."""
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited: {log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"{what} did not become healthy in {seconds:.0f} s: {log.read_text()[-3000:]}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -123,43 +67,8 @@ def live_run(live_store):
 
 @pytest.fixture(scope="module")
 def server(live_store, tmp_path_factory):
-    _, db = live_store
-    port = free_port()
-    proc = start_server(ROOT / "app.py", db, port, tmp_path_factory.mktemp("log") / "streamlit.log")
-    yield f"http://127.0.0.1:{port}"
-    stop(proc)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
-
-
-def open_page(browser, url: str, height: int = 1000):
-    page = browser.new_page(viewport={"width": 1400, "height": height})
-    page.set_default_timeout(LOAD_MS)
-    page.goto(url)
-    page.wait_for_selector('[data-testid="stApp"]')
-    return page
-
-
-def wait_idle(page) -> None:
-    """Until Streamlit reports the script finished (the status widget goes away)."""
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=LOAD_MS
-    )
-
-
-def assert_no_exception(page, name: str) -> None:
-    exceptions = page.locator('[data-testid="stException"]')
-    if exceptions.count():
-        raise AssertionError(f"{name}: exception on the page: {exceptions.first.inner_text()[:3000]}")
-    assert "Traceback" not in page.inner_text("body"), name
+    with dashboard(live_store[1], tmp_path_factory.mktemp("log") / "streamlit.log") as url:
+        yield url
 
 
 @pytest.mark.parametrize(
@@ -205,10 +114,8 @@ def test_every_page_opens(server, browser, path, title, min_charts):
 def scale_server(tmp_path_factory):
     """A server over a run of the reference shape: 48 layers x 384 experts."""
     _, db = make_scale_store(tmp_path_factory.mktemp("scale"))
-    port = free_port()
-    proc = start_server(ROOT / "app.py", db, port, tmp_path_factory.mktemp("log") / "streamlit-scale.log")
-    yield f"http://127.0.0.1:{port}"
-    stop(proc)
+    with dashboard(db, tmp_path_factory.mktemp("log") / "streamlit-scale.log") as url:
+        yield url
 
 
 def test_experts_page_at_384_experts(scale_server, browser, tmp_path):

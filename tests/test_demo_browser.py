@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_browser import CHROMIUM, CHROMIUM_ARGS, LOAD_MS, free_port, wait_healthy
+from browser_fixtures import LOAD_MS, ROOT, chromium, free_port, wait_healthy
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
 TITLES = (
     "Learning rate 0.009*24/d (1/width) instead of 0.009*(24/d)^0.25",
     "12 seeds per rung instead of 4",
@@ -30,8 +29,6 @@ TITLES = (
 
 
 def test_demo_shows_the_sample_decisions_and_keeps_training(tmp_path):
-    from playwright.sync_api import sync_playwright
-
     runs, db, port = tmp_path / "runs", tmp_path / "obs.duckdb", free_port()
     env = dict(
         os.environ,
@@ -53,8 +50,7 @@ def test_demo_shows_the_sample_decisions_and_keeps_training(tmp_path):
     )
     try:
         wait_healthy(proc, port, log, 240, "the demo")
-        with sync_playwright() as p:
-            b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        with chromium() as b:
             page = b.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(LOAD_MS)
             page.goto(f"http://127.0.0.1:{port}/decisions")
@@ -66,7 +62,6 @@ def test_demo_shows_the_sample_decisions_and_keeps_training(tmp_path):
             for title in TITLES:
                 grid.get_by_text(title, exact=True).first.wait_for(state="attached")
             assert page.locator('[data-testid="stException"]').count() == 0
-            b.close()
         # a 20-step demo run ends soon; the demo then starts the next one
         deadline = time.time() + 300
         while time.time() < deadline and len(list(runs.glob("demo-*/events.0.jsonl"))) < 2:

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from browser_fixtures import LOAD_MS, dashboard, wait_idle
 from public_secrets import RUN as SECRET_RUN
 from public_secrets import leaks, write_foreign_run
-from test_browser import ROOT, browser, free_port, start_server, stop, wait_idle  # noqa: F401 - browser: a fixture
 
 from observatory import report
 from observatory.ingest import ingest
@@ -83,11 +83,8 @@ def xss_store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(xss_store, tmp_path_factory):
-    _, db = xss_store
-    port = free_port()
-    proc = start_server(ROOT / "app.py", db, port, tmp_path_factory.mktemp("log") / "streamlit.log")
-    yield f"http://127.0.0.1:{port}"
-    stop(proc)
+    with dashboard(xss_store[1], tmp_path_factory.mktemp("log") / "streamlit.log") as url:
+        yield url
 
 
 # what a payload would leave behind if it were live: a script with our alert in it, an element with
@@ -146,12 +143,12 @@ def _check(page, dialogs: list, scripts_before: int, what: str) -> None:
         (f"compare?runs={SECRET_RUN},{XSS}", "Config diff"),
     ],
 )
-def test_payloads_stay_text_on_every_page(server, browser, path, wait_text):  # noqa: F811 - the fixture
+def test_payloads_stay_text_on_every_page(server, browser, path, wait_text):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     try:
-        page.set_default_timeout(90_000)
+        page.set_default_timeout(LOAD_MS)
         page.goto(f"{server}/{path}")
         page.wait_for_selector('[data-testid="stApp"]')
         before = page.evaluate("() => [...document.querySelectorAll('script:not([src])')].length")
@@ -166,7 +163,7 @@ def test_payloads_stay_text_on_every_page(server, browser, path, wait_text):  # 
         page.close()
 
 
-def test_html_report_stays_inert(xss_store, browser, tmp_path):  # noqa: F811 - the fixture
+def test_html_report_stays_inert(xss_store, browser, tmp_path):
     _, db = xss_store
     path = report.write(db, XSS, tmp_path, "html")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})

@@ -1,6 +1,6 @@
 """The HTML reports opened in headless Debian chromium: no console errors, every figure drawn, offline.
 
-Playwright drives /usr/bin/chromium (it cannot download its own browser here).
+Playwright drives /usr/bin/chromium (the `browser` fixture of tests/conftest.py).
 Every request that is not the report file itself is blocked and recorded, so a
 report that needed the network would show up as a failure, not as a slow page.
 """
@@ -13,8 +13,6 @@ from observatory import report
 from observatory.report.figures import figures
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +28,6 @@ def reports(tmp_path_factory):
             rep = report.build(db, run)
             out[run] = (report.write(db, run, root / "out", "html"), rep.status, len(figures(rep)))
     return out
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.mark.parametrize("run", ["done", "nan", "crash"])

@@ -1,0 +1,118 @@
+"""Helpers for the real-browser tests: a `streamlit run` server, Debian chromium, pages that open.
+
+Used by tests/test_browser.py, tests/test_public_browser.py, tests/test_demo_browser.py and,
+through the `browser` fixture of tests/conftest.py, tests/test_report_browser.py. Playwright
+drives /usr/bin/chromium (it cannot download its own browser here).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from observatory import report
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
+LOAD_MS = 90_000  # two shared CPU cores: a cold page can take a while
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(app: Path, db: Path, port: int, log: Path) -> subprocess.Popen:
+    """`streamlit run` on localhost:port (headless, the repo's .streamlit/config.toml), ready when healthy."""
+    env = dict(os.environ, OBSERVATORY_DB=str(db), OBSERVATORY_CACHE_TTL_S="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        cwd=app.parent, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_healthy(proc, port, log, 90, "streamlit")
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, log: Path, seconds: float, what: str) -> None:
+    """Until the Streamlit server on localhost:port answers its health check; raise with the log's tail."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited: {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{what} did not become healthy in {seconds:.0f} s: {log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def dashboard(db: Path, log: Path) -> Iterator[str]:
+    """The dashboard (the repo's app.py) over `db` on a free port: its URL, the server stopped after."""
+    port = free_port()
+    proc = start_server(ROOT / "app.py", db, port, log)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+@contextmanager
+def chromium() -> Iterator:
+    """Headless Debian chromium driven by Playwright; tests/conftest.py's `browser` fixture is one per module."""
+    from playwright.sync_api import sync_playwright  # lazy: collecting the browser tests needs no playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def open_page(browser, url: str, height: int = 1000):
+    page = browser.new_page(viewport={"width": 1400, "height": height})
+    page.set_default_timeout(LOAD_MS)
+    page.goto(url)
+    page.wait_for_selector('[data-testid="stApp"]')
+    return page
+
+
+def wait_idle(page) -> None:
+    """Until Streamlit reports the script finished (the status widget goes away)."""
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=LOAD_MS
+    )
+
+
+def assert_no_exception(page, name: str) -> None:
+    """No Streamlit exception box and no traceback on the page; a failure shows the exception's text."""
+    exceptions = page.locator('[data-testid="stException"]')
+    if exceptions.count():
+        raise AssertionError(f"{name}: exception on the page: {exceptions.first.inner_text()[:3000]}")
+    assert "Traceback" not in page.inner_text("body"), name
