@@ -350,3 +350,34 @@ def test_at_sets_when_a_decision_was_made_and_changed(store):
     assert early.exit_code != 0 and "before its last change" in early.output
     bad = invoke("decide", "new", "--title", "x", "--at", "yesterday", ok=False)
     assert bad.exit_code == 2 and "ISO 8601" in bad.output
+
+
+# ---------------------------------------------------------------- someone else's records
+
+
+def test_an_invalid_foreign_record_is_named_and_the_rest_still_listed(store, tmp_path):
+    """A decision event from another writer with a status no record allows does not take the list down."""
+    from observatory import report
+
+    runs, db = store
+    invoke("decide", "new", "--title", "keep the LR", "--run", "r1@3", "--id", "D-ok")
+    with observatory.init(run_id="r1", runs_dir=runs, host=5, write_start=False, install_signal_handlers=False) as r:
+        r.event("decision", {"id": "D-bad", "title": "lower the LR", "status": "accepted"}, step=4)
+    _ingest(runs, db)
+
+    unreadable: list = []
+    ids = [d.id for d in dec.list_decisions(db, unreadable=unreadable)]
+    assert "D-ok" in ids and "D-bad" not in ids
+    assert unreadable == [("D-bad", unreadable[0][1])] and "'accepted'" in unreadable[0][1]
+
+    res = CliRunner().invoke(main, ["decide", "list"])
+    assert res.exit_code == 0 and "D-ok" in res.stdout
+    assert "D-bad" in res.stderr and "not valid" in res.stderr
+
+    res = invoke("decide", "export", tmp_path / "md")
+    assert (tmp_path / "md" / "D-ok.md").exists() and not (tmp_path / "md" / "D-bad.md").exists()
+    assert "D-bad" in res.stderr
+
+    rep = report.build(db, "r1")  # the run's report is still built, and says what it left out
+    assert any(d.id == "D-ok" for d in rep.decisions)
+    assert any(k == "decision D-bad (not shown)" and "'accepted'" in v for k, v in rep.summary)

@@ -52,6 +52,7 @@ def test_hostile_statement_is_refused_or_harmless(probe, case):
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # a wall-clock bound: judged in `make test`'s quiet first pass, not among other tests
 @pytest.mark.parametrize("case", [c for c in CORPUS if c.slow], ids=lambda c: c.label)
 def test_resource_bomb_is_stopped_within_the_limits(probe, case):
     v = probe.judge(case)
@@ -75,6 +76,7 @@ def test_refusals_say_what_and_why(db):
         assert words in str(e.value), (sql, str(e.value))
 
 
+@pytest.mark.timing
 def test_time_limit_interrupts_and_kills(db):
     for sql in ("SELECT count(*) FROM range(1000000000000)", "SELECT sleep_ms(30000)"):
         user_sql.warm_up()
@@ -86,6 +88,7 @@ def test_time_limit_interrupts_and_kills(db):
     assert run_user_sql(db, "SELECT 42").rows == [(42,)]  # the killed worker was replaced
 
 
+@pytest.mark.timing
 def test_a_worker_that_stops_answering_is_killed_at_the_limit(db):
     """A worker frozen mid-query (SIGSTOP: not even DuckDB's interrupt can land) is killed at 1.25x."""
     error, elapsed = _frozen_query(db)
@@ -93,6 +96,7 @@ def test_a_worker_that_stops_answering_is_killed_at_the_limit(db):
     assert run_user_sql(db, "SELECT 3").rows == [(3,)]
 
 
+@pytest.mark.timing
 def test_the_kill_factor_is_a_setting_within_its_range(db, monkeypatch):
     for bad in ("1.6", "0.9"):
         monkeypatch.setenv("OBSERVATORY_SQL_KILL_AFTER", bad)

@@ -260,6 +260,12 @@ def show_cmd(decision_id, runs_dir, db, as_json):
         _print_decision(d, events)
 
 
+def _warn_unreadable(unreadable: list[tuple[str, str]]) -> None:
+    """One stderr line per decision record left out because it is not valid."""
+    for did, reason in unreadable:
+        click.echo(f"warning: decision {did!r} left out, its record is not valid: {reason}", err=True)
+
+
 @decide.command("list")
 @click.option("--status", type=click.Choice(dec.STATUSES))
 @click.option("--kind", type=click.Choice(dec.KINDS))
@@ -268,7 +274,9 @@ def show_cmd(decision_id, runs_dir, db, as_json):
 @click.option("--json", "as_json", is_flag=True)
 def list_cmd(status, kind, run, runs_dir, db, as_json):
     """List decisions (oldest first) with their current status."""
-    ds = dec.list_decisions(db, status=status, kind=kind, run=run)
+    unreadable: list[tuple[str, str]] = []
+    ds = dec.list_decisions(db, status=status, kind=kind, run=run, unreadable=unreadable)
+    _warn_unreadable(unreadable)
     if as_json:
         click.echo(json.dumps([d.to_dict() for d in ds], indent=2, sort_keys=True))
         return
@@ -286,7 +294,9 @@ def list_cmd(status, kind, run, runs_dir, db, as_json):
 @common_options
 def export_cmd(out_dir, runs_dir, db):
     """Write one Markdown file per decision (front matter + sections + history) into OUT_DIR."""
-    paths = decisions_md.export_dir(db, out_dir)
+    unreadable: list[tuple[str, str]] = []
+    paths = decisions_md.export_dir(db, out_dir, unreadable)
+    _warn_unreadable(unreadable)
     click.echo(f"exported {len(paths)} decisions to {out_dir}")
 
 

@@ -125,12 +125,15 @@ def read_file(path: Path) -> tuple[dict[str, Any], list[dict] | None]:
     return loads(Path(path).read_text(encoding="utf-8"), source=str(path))
 
 
-def export_dir(db, out_dir) -> list[Path]:
-    """Write <out_dir>/<id>.md for every decision (with its history); returns the paths."""
+def export_dir(db, out_dir, unreadable: list[tuple[str, str]] | None = None) -> list[Path]:
+    """Write <out_dir>/<id>.md for every decision (with its history); returns the paths.
+
+    Records that are not valid decisions are not written; their `(id, reason)` goes to `unreadable`.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for d in ds.list_decisions(db):
+    for d in ds.list_decisions(db, unreadable=unreadable):
         events = [e["data"] for e in ds.history(db, d.id)]
         p = out / f"{d.id}.md"
         p.write_text(dumps(d, events), encoding="utf-8")

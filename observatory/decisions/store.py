@@ -60,11 +60,27 @@ def get(db, decision_id: str) -> Decision | None:
 
 
 def list_decisions(
-    db, *, status: str | None = None, kind: str | None = None, run: str | None = None
+    db,
+    *,
+    status: str | None = None,
+    kind: str | None = None,
+    run: str | None = None,
+    unreadable: list[tuple[str, str]] | None = None,
 ) -> list[Decision]:
-    """Every decision's current state, oldest first, optionally filtered."""
+    """Every decision's current state, oldest first, optionally filtered.
+
+    A folded state that is not a valid record (a foreign log's decision event with an
+    unknown status, say) is left out rather than failing the whole list: its
+    `(id, reason)` is appended to `unreadable` when a list is given, so callers can show it.
+    """
+    out = []
     with using(db) as con:
-        out = [_state_to_decision(r) for r in q.current_states(con)]
+        for r in q.current_states(con):
+            try:
+                out.append(_state_to_decision(r))
+            except ValueError as e:
+                if unreadable is not None:
+                    unreadable.append((str(r["id"]), str(e)))
     return [
         d
         for d in out

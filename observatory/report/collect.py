@@ -255,9 +255,11 @@ def build(db, run: str, *, now: float | None = None) -> Report:
         series = q.metric_series(con, run, [n for n in OVERVIEW_METRICS if n in names], max_points=MAX_POINTS)
         nonfinite = q.nonfinite_steps(con, run, "train/loss")
         last_step = info.get("final_step") if info.get("final_step") is not None else info.get("last_step")
-        decisions = dec.list_decisions(con, run=run)
+        unreadable: list[tuple[str, str]] = []
+        every = dec.list_decisions(con, unreadable=unreadable)
+        decisions = [d for d in every if any(link.run == run for link in d.runs)]
         linked = {d.id for d in decisions}
-        decisions += [d for d in dec.list_decisions(con) if d.id not in linked and dec.home_run(con, d.id) == run]
+        decisions += [d for d in every if d.id not in linked and dec.home_run(con, d.id) == run]
         forecasts, actuals = _forecasts(con, run, events, decisions)
         li = lin.lineage(con, run) if info.get("start_time") is not None else None
         ladder = q.ladder_runs(con, info["ladder_name"]) if info.get("ladder_name") else []
@@ -284,6 +286,9 @@ def build(db, run: str, *, now: float | None = None) -> Report:
         ]
         if info.get("redactions"):
             summary.append(("secrets", redacted_note(info["redactions"])))
+        for did, reason in unreadable:  # a foreign log's decision record that is not valid: named, not fatal
+            if dec.home_run(con, did) == run:
+                summary.append((f"decision {did} (not shown)", reason))
         for f in forecasts:
             summary.append(
                 (

@@ -20,9 +20,11 @@ from observatory.markup import md_escape
 STATUS_ICON = {"proposed": "📝", "running": "🟢", "succeeded": "✅", "failed": "❌", "abandoned": "⏹️"}
 
 
-def _all(con) -> list[dict]:
-    """Every decision as a plain dict (cacheable), oldest first."""
-    return [d.to_dict() for d in dec.list_decisions(con)]
+def _all(con) -> dict:
+    """Every decision as a plain dict (cacheable), oldest first, and the records that are not valid."""
+    unreadable: list[tuple[str, str]] = []
+    ds = [d.to_dict() for d in dec.list_decisions(con, unreadable=unreadable)]
+    return {"decisions": ds, "unreadable": unreadable}
 
 
 def _history(con, decision_id: str) -> list[dict]:
@@ -103,14 +105,22 @@ def _detail(d: dict) -> None:
 
 
 def render() -> None:
-    ds = page_opening(
+    found = page_opening(
         "Decisions",
         "Experiments, interventions and policies, recorded as events: each change is kept. "
         "Write them with `observatory decide new|update`; keep them in git with `decide export`.",
         _all,
-        empty="No decisions yet. Record one: `observatory decide new --title ... --run RUN@STEP`.",
     )
-    if ds is None:
+    if found is None:
+        return
+    bad = found["unreadable"]  # someone else's records: named, escaped, bounded, and the rest still shown
+    if bad:
+        lines = [f"- {md_escape(did[:128])}: {md_escape(reason[:300])}" for did, reason in bad[:5]]
+        more = f"\n- and {len(bad) - 5} more" if len(bad) > 5 else ""
+        st.warning(f"{len(bad)} decision record(s) not shown, not valid:\n" + "\n".join(lines) + more)
+    ds = found["decisions"]
+    if not ds:
+        st.info("No decisions yet. Record one: `observatory decide new --title ... --run RUN@STEP`.")
         return
     c1, c2, c3 = st.columns([2, 2, 3])
     statuses = c1.multiselect("Status", dec.STATUSES, key="dec_status")
