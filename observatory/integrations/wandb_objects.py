@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from observatory.redact import REDACTED, is_secret_key, redact
+from observatory.redact import redact
 
 if TYPE_CHECKING:
     from observatory.writer import Run
@@ -172,17 +172,6 @@ def config_changes(old: Mapping, new: Mapping) -> dict[str, list]:
     return changes
 
 
-def redact_changes(changes: Mapping[str, list]) -> dict[str, list]:
-    """A config_diff's changes with secrets hidden: both sides of a secret key, credential shapes anywhere."""
-    out = {}
-    for key, (a, b) in changes.items():
-        if any(is_secret_key(part) for part in key.split(".")):
-            out[key] = [None if a is None else REDACTED, None if b is None else REDACTED]
-        else:
-            out[key] = redact([a, b])
-    return out
-
-
 # ------------------------------------------------------ config and summary
 
 
@@ -266,7 +255,7 @@ class Config(_Values):
         run = self._run
         if changes and run is not None:
             step = getattr(run, "step", None)
-            run.event("config_diff", {"against": {"run": run.id, "step": step}, "changes": redact_changes(changes)},
+            run.event("config_diff", {"against": {"run": run.id, "step": step}, "changes": redact(changes)},
                       step=step)  # fmt: skip
 
 
