@@ -438,3 +438,23 @@ def test_nonfinite_in_any_metric_through_the_store(tmp_path, ingest):
         [200, 201],
         "critical",
     )
+
+
+def test_rolling_quantiles_equal_polars_bit_for_bit():
+    """The detectors' numpy rolling windows give polars' rolling_quantile / median / min exactly (nulls skipped)."""
+    import numpy as np
+    import polars as pl
+
+    from observatory.detect.rolling import rolling
+
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        x = rng.standard_normal(2500) * 10.0 ** rng.integers(-3, 3)
+        x[rng.random(x.size) < 0.1] = np.nan
+        s = pl.Series(x).fill_nan(None)
+        for window, least in ((128, 16), (16, 8), (32, 1)):
+            med, q25, lo = rolling(x, window, least, (0.5, 0.25, 0.0))
+            kw = {"window_size": window, "min_samples": least}
+            ref = (s.rolling_median(**kw), s.rolling_quantile(0.25, interpolation="linear", **kw), s.rolling_min(**kw))
+            for got, want in zip((med, q25, lo), ref, strict=True):
+                assert np.array_equal(got, want.fill_null(np.nan).to_numpy(), equal_nan=True)

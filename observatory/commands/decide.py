@@ -25,9 +25,16 @@ from observatory import lineage as lin
 from observatory.commands import common_options
 from observatory.decisions import markdown as decisions_md
 from observatory.ingest import ingest
-from observatory.report.format import fmt_time
 
 __all__ = ["decide", "lineage"]
+
+
+def fmt_time(t: float | None) -> str:
+    """`observatory.report.format.fmt_time`, loaded when first needed: the report package is heavy
+    and every command loads this module (start-up time)."""
+    from observatory.report.format import fmt_time as fmt  # lazy for start-up time
+
+    return fmt(t)
 
 
 def _fail(e: Exception) -> click.ClickException:

@@ -11,7 +11,6 @@ from observatory import settings
 from observatory.commands import common_options
 from observatory.commands.output import FORMATS, emit
 from observatory.queries.core import list_runs
-from observatory.queries.user_sql import QueryError, run_user_sql
 from observatory.store import StoreBusy, connect
 
 __all__ = ["runs", "sql", "settings_cmd"]
@@ -76,6 +75,11 @@ def sql(query, runs_dir, db, fmt, out, max_rows, time_limit_ms):
     schema). Every format takes every column type: table and csv write lists, structs,
     maps and JSON as JSON text, json embeds them, parquet keeps their types.
     """
+    from observatory.queries.user_sql import (  # lazy for start-up time (every command)
+        QueryError,
+        run_user_sql,
+    )
+
     try:
         res = run_user_sql(db, query, max_rows, time_limit_ms)
     except (QueryError, StoreBusy) as e:

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from observatory import decisions
-from observatory import report as rep
 from observatory.commands import common_options
 from observatory.ingest import ingest
 
@@ -46,6 +45,8 @@ def report(run, out_dir, fmt, do_ingest, runs_dir, db):
     HTML is one self-contained file that works offline; Markdown comes with PNG
     figures; PDF is the HTML printed by headless chromium.
     """
+    from observatory import report as rep  # lazy for start-up time: every command loads this module
+
     if do_ingest:
         _refresh(runs_dir, db)
     try:

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import polars as pl
 
+from observatory.detect.rolling import rolling, shift
 from observatory.detect.thresholds import Thresholds
 
 __all__ = ["Finding", "loss_spikes", "loss_dips", "grad_spikes", "update_spikes", "grad_growth",
@@ -110,11 +110,8 @@ def _episodes(flags: np.ndarray, gap: int = 0) -> list[tuple[int, int]]:
 
 def _trailing(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarray, np.ndarray]:
     """Median and robust sigma (IQR / 1.349) of the previous `window` finite values; NaN before min_history."""
-    s = pl.Series(np.where(np.isfinite(x), x, np.nan)).fill_nan(None).shift(1)
-    kw = {"window_size": window, "min_samples": min_history}
-    med = s.rolling_median(**kw).fill_null(np.nan).to_numpy()
-    q25 = s.rolling_quantile(0.25, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
-    q75 = s.rolling_quantile(0.75, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
+    prev = shift(np.where(np.isfinite(x), x, np.nan), 1)
+    med, q25, q75 = rolling(prev, window, min_history, (0.5, 0.25, 0.75))
     return med, (q75 - q25) / 1.349
 
 
@@ -126,15 +123,11 @@ def _level_noise(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarr
     `window` (IQR / 1.349 / sqrt 2), which a falling loss does not inflate the way
     the spread of the values themselves would.
     """
-    s = pl.Series(np.where(np.isfinite(x), x, np.nan)).fill_nan(None)
-    prev = s.shift(1)
+    prev = shift(np.where(np.isfinite(x), x, np.nan), 1)
     # half the window may be missing (a skipped NaN step, sparse logging) without blinding it
-    level = prev.rolling_median(window_size=min_history, min_samples=max(1, min_history // 2))
-    level = level.fill_null(np.nan).to_numpy()
-    d = prev.diff()
-    kw = {"window_size": window, "min_samples": min_history}
-    q25 = d.rolling_quantile(0.25, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
-    q75 = d.rolling_quantile(0.75, interpolation="linear", **kw).fill_null(np.nan).to_numpy()
+    (level,) = rolling(prev, min_history, max(1, min_history // 2), (0.5,))
+    d = prev - shift(prev, 1)  # NaN next to a missing value
+    q25, q75 = rolling(d, window, min_history, (0.25, 0.75))
     return level, (q75 - q25) / (1.349 * math.sqrt(2))
 
 
@@ -324,12 +317,11 @@ def update_spikes(steps, update, th: Thresholds, metric: str = UPDATE) -> list[F
 def grad_growth(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
     """Rolling median grad norm (`growth_steps`) over its lowest level in the `window` before."""
     steps = np.asarray(steps)
-    g = pl.Series(np.where(np.isfinite(grad) & (np.asarray(grad) > 0), grad, np.nan)).fill_nan(None)
+    grad = np.asarray(grad, dtype=float)
+    g = np.where(np.isfinite(grad) & (grad > 0), grad, np.nan)
     k = th.growth_steps
-    level = g.rolling_median(window_size=k, min_samples=max(1, k // 2))
-    base = level.shift(k).rolling_min(window_size=th.window, min_samples=th.min_history)
-    level_np = level.fill_null(np.nan).to_numpy()
-    base_np = base.fill_null(np.nan).to_numpy()
+    (level_np,) = rolling(g, k, max(1, k // 2), (0.5,))
+    (base_np,) = rolling(shift(level_np, k), th.window, th.min_history, (0.0,))
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = level_np / base_np
     flags = _gt(ratio, np.full_like(ratio, th.grad_growth))

@@ -28,11 +28,13 @@ from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
-import polars as pl
+
+if TYPE_CHECKING:  # annotations only: polars loads lazily (start-up time of `observatory ingest`)
+    import polars as pl
 
 from observatory import findings
 from observatory.detect.detectors import (
@@ -64,8 +66,8 @@ from observatory.queries.anomalies import (
     cut_step,
     detector_state,
     expert_cut_step,
-    metric_series,
-    nonfinite_values,
+    metric_arrays,
+    nonfinite_arrays,
     run_activity,
     run_ids,
     silent_runs,
@@ -75,6 +77,7 @@ from observatory.store import StoreBusy, using, write_connection
 __all__ = [
     "SERIES",
     "detect_frame",
+    "detect_series",
     "after_ingest",
     "detect",
     "scan_run",
@@ -101,6 +104,8 @@ def _keep(found: list[Finding], sub_steps: np.ndarray, dep: int, truncated: bool
 
 def _series(frame: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray] | None:
     """(steps, values) of one metric at the steps where it was logged; None if never."""
+    import polars as pl  # lazy for start-up time: ingest's scan (`scan_run`) reads numpy arrays, not frames
+
     if name not in frame.columns:
         return None
     sub = frame.select("step", pl.col(name).cast(pl.Float64)).filter(pl.col(name).is_not_null())
@@ -117,7 +122,7 @@ def detect_frame(
     bad: pl.DataFrame | None = None,
     load_drop: tuple[np.ndarray, np.ndarray, bool] | None = None,
 ) -> list[Finding]:
-    """Every series detector over one run's frames.
+    """Every series detector over one run's frames (`detect_series` over their arrays).
 
     frame: wide metrics (`step` + one column per metric, null where not logged);
     load: long expert load (step, layer, expert, routed, dropped) or None; the hot and
@@ -128,57 +133,83 @@ def detect_frame(
     load_drop: (steps, dropped / routed, truncated): the drop fraction from expert load,
     used when `frame` has no drop fraction metric (else it comes from `load`).
     """
+    import polars as pl  # lazy for start-up time: ingest's scan (`scan_run`) reads numpy arrays, not frames
+
+    series = {name: s for name in SERIES if (s := _series(frame, name)) is not None}
+    steps = frame["step"].to_numpy() if frame.height else np.empty(0, np.int64)
     out: list[Finding] = []
-    spike_dep = th.window + SPIKE_GAP
-    if (s := _series(frame, LOSS)) is not None:
-        steps, x = s
-        spikes = loss_spikes(steps, x, th)
-        out += _keep(spikes, steps, spike_dep, truncated)
-        out += _keep(incomplete_recovery(steps, x, spikes, th), steps, spike_dep, truncated)
-        out += _keep(loss_dips(steps, x, th), steps, spike_dep, truncated)
-    if (s := _series(frame, GRAD)) is not None:
-        steps, g = s
-        out += _keep(grad_spikes(steps, g, th), steps, spike_dep, truncated)
-        out += _keep(grad_growth(steps, g, th), steps, 2 * th.window + th.growth_steps + 1, truncated)
-    if (s := _series(frame, UPDATE)) is not None:
-        out += _keep(update_spikes(s[0], s[1], th), s[0], spike_dep, truncated)
-    drop, drop_truncated = _series(frame, DROP), truncated
-    if drop is None and load_drop is not None and len(load_drop[0]):
-        drop, drop_truncated = (load_drop[0], load_drop[1]), load_drop[2]
-    if drop is None and load is not None and load.height:
+    no_load_drop = load_drop is None or not len(load_drop[0])
+    if DROP not in series and no_load_drop and load is not None and load.height:
         per = load.group_by("step").agg(pl.col("dropped").sum(), pl.col("routed").sum()).sort("step")
         per = per.filter(pl.col("routed") > 0)
         if per.height:
-            drop = per["step"].to_numpy(), (per["dropped"] / per["routed"]).to_numpy()
-    if drop is not None:
-        out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, drop_truncated)
-    if (s := _series(frame, THROUGHPUT)) is not None:
-        out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window, truncated)
+            load_drop = (per["step"].to_numpy(), (per["dropped"] / per["routed"]).to_numpy(), truncated)
     if bad is None:
         metric_cols = [c for c in frame.columns if c != "step"]
         if metric_cols and frame.height:
-            steps = frame["step"].to_numpy()
             cols = {c: frame[c].cast(pl.Float64).fill_null(0.0).to_numpy() for c in metric_cols}
             out += _keep(nonfinite(steps, cols), steps, 0, truncated)
-    elif bad.height:
-        # the logged steps (for which non-finite steps are consecutive), 0 where a value was fine
-        steps = np.union1d(frame["step"].to_numpy() if frame.height else [], bad["step"].to_numpy()).astype(
-            np.int64
-        )
-        cols = {}
-        for (name,), part in bad.group_by("name", maintain_order=True):
-            col = np.zeros(steps.size)
-            col[np.searchsorted(steps, part["step"].to_numpy())] = part["value"].to_numpy()
-            cols[name] = col
-        out += _keep(nonfinite(steps, cols), steps, 0, truncated)
+        bad_arrays = None
+    else:
+        bad_arrays = {c: bad[c].to_numpy() for c in ("step", "name", "value")} if bad.height else None
+    out += detect_series(series, steps, th, truncated, bad_arrays, load_drop)
     if load is not None and load.height:
         for (layer,), part in load.sort("step", "expert").group_by("layer", maintain_order=True):
             wide = part.pivot(on="expert", index="step", values="routed").sort("step").fill_null(0)
-            steps = wide["step"].to_numpy()
+            wide_steps = wide["step"].to_numpy()
             routed = wide.drop("step").to_numpy()  # (T, E)
-            out += _keep(hot_experts(steps, int(layer), routed, th), steps, 0, truncated)
-            out += _keep(dead_experts(steps, int(layer), routed, th), steps, 0, truncated)
+            out += _keep(hot_experts(wide_steps, int(layer), routed, th), wide_steps, 0, truncated)
+            out += _keep(dead_experts(wide_steps, int(layer), routed, th), wide_steps, 0, truncated)
     return sorted(out, key=lambda f: (f.step, f.detector, f.metric))
+
+
+def detect_series(
+    series: dict[str, tuple[np.ndarray, np.ndarray]],
+    steps: np.ndarray,
+    th: Thresholds,
+    truncated: bool = False,
+    bad: dict[str, np.ndarray] | None = None,
+    load_drop: tuple[np.ndarray, np.ndarray, bool] | None = None,
+) -> list[Finding]:
+    """Every series detector over numpy arrays, unsorted.
+
+    series: metric name -> (steps, values) where it was logged (`queries.anomalies.metric_arrays`);
+    steps: every logged step of the frame, sorted; bad: step, name, value (sorted by step) of every
+    non-finite value, or None when there are none; load_drop as in `detect_frame`.
+    """
+    out: list[Finding] = []
+    spike_dep = th.window + SPIKE_GAP
+    if (s := series.get(LOSS)) is not None:
+        st, x = s
+        spikes = loss_spikes(st, x, th)
+        out += _keep(spikes, st, spike_dep, truncated)
+        out += _keep(incomplete_recovery(st, x, spikes, th), st, spike_dep, truncated)
+        out += _keep(loss_dips(st, x, th), st, spike_dep, truncated)
+    if (s := series.get(GRAD)) is not None:
+        st, g = s
+        out += _keep(grad_spikes(st, g, th), st, spike_dep, truncated)
+        out += _keep(grad_growth(st, g, th), st, 2 * th.window + th.growth_steps + 1, truncated)
+    if (s := series.get(UPDATE)) is not None:
+        out += _keep(update_spikes(s[0], s[1], th), s[0], spike_dep, truncated)
+    drop, drop_truncated = series.get(DROP), truncated
+    if drop is None and load_drop is not None and len(load_drop[0]):
+        drop, drop_truncated = (load_drop[0], load_drop[1]), load_drop[2]
+    if drop is not None:
+        out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, drop_truncated)
+    if (s := series.get(THROUGHPUT)) is not None:
+        out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window, truncated)
+    if bad is not None and len(bad["step"]):
+        # the logged steps (for which non-finite steps are consecutive), 0 where a value was fine
+        all_steps = np.union1d(steps, bad["step"]).astype(np.int64)
+        names, first = np.unique(bad["name"], return_index=True)
+        cols = {}
+        for name in names[np.argsort(first, kind="stable")]:  # in order of first appearance
+            at = bad["name"] == name
+            col = np.zeros(all_steps.size)
+            col[np.searchsorted(all_steps, bad["step"][at])] = bad["value"][at]
+            cols[str(name)] = col
+        out += _keep(nonfinite(all_steps, cols), all_steps, 0, truncated)
+    return out
 
 
 # ------------------------------------------------------------ over the store
@@ -245,15 +276,15 @@ def scan_run(
     was = {} if full else _through(con, state_key, run, stored_through)
     through = was.get("series")
     since = cut_step(con, run, through, th.lookback) if through is not None else None
-    frame = metric_series(con, run, since, list(SERIES))
-    bad = nonfinite_values(con, run, since)
-    has_drop = DROP in frame.columns and frame[DROP].null_count() < frame.height
+    steps, series = metric_arrays(con, run, since, list(SERIES))
+    bad = nonfinite_arrays(con, run, since)
+    has_drop = DROP in series
     through_x = was.get("experts")
     lookback_x = 2 * th.expert_steps + 2 if has_drop else th.lookback
     since_x = expert_cut_step(con, run, through_x, lookback_x) if through_x is not None else None
     experts, drop, last_x = expert_findings(con, run, since_x, th)
-    found = detect_frame(frame, None, th, truncated=since is not None, bad=bad,
-                         load_drop=(drop[0], drop[1], since_x is not None))  # fmt: skip
+    found = detect_series(series, steps, th, truncated=since is not None, bad=bad,
+                          load_drop=(drop[0], drop[1], since_x is not None))  # fmt: skip
     found = sorted(found + experts, key=lambda f: (f.step, f.detector, f.metric))
     if activity is not None:
         found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now)
@@ -262,7 +293,7 @@ def scan_run(
         if f.key not in keys and f.key not in fresh:
             fresh.add(f.key)
             new.append(replace(f, run=run))
-    last = int(frame["step"].max()) if frame.height else through
+    last = int(steps[-1]) if len(steps) else through
     now_state = dict(was)
     if last is not None:
         now_state["series"] = max(last, through if through is not None else last)

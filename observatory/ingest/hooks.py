@@ -12,14 +12,18 @@ implementation is a module's `after_ingest` function:
     hook for the rest of the `ingest` call, which says so (`HookFailed`).
 
 `after_commit`: `after_ingest(db, runs_dir, runs: set[str]) -> set[str]`
-    Runs after the batch's commit, with the store's locks released, on the runs
-    whose own writers sent events in the batch. It reads the store with its own
-    connections and writes findings as host-1000 events into run folders; it
-    returns the runs whose folders got new events (read by truthiness, so a bool
-    works too). A hook marked `reads_store_only` gets, instead of the path, one
-    read-only connection that such hooks share (opening a DuckDB store costs ~20 ms
-    of CPU, a few times per batch). If it raises, ingest reports it and goes on. When a hook wrote, the
-    pass ingests once more, so one `observatory ingest` leaves its findings in the store.
+    Runs after the batch's commit, outside its transaction, on the runs whose own
+    writers sent events in the batch. `db` is one open connection that every
+    after-commit hook of the batch shares (opening a DuckDB store costs ~20 ms of
+    CPU, and closing a written one a checkpoint; a batch would otherwise pay that
+    four times): a read-write one, so the detectors can keep their state in the
+    store, held for the hooks' run only (they read what is new, so it is short),
+    then closed, which lets readers in before the next batch. A hook reads the
+    store through it (`store.using`) and writes findings as host-1000 events into
+    run folders; it returns the runs whose folders got new events (read by
+    truthiness, so a bool works too). If it raises, ingest reports it and goes on.
+    When a hook wrote, the pass ingests once more, so one `observatory ingest`
+    leaves its findings in the store.
 
 `BUILTIN` lists the built-in implementations, in the order they run.
 """
@@ -49,30 +53,29 @@ class Hook:
     name: str  # in messages: "<name>.after_ingest failed ..."
     point: str  # IN_TRANSACTION or AFTER_COMMIT
     call: Callable[..., Any]  # calls the module's `after_ingest` (looked up at call time)
-    reads_store_only: bool = False  # after_commit: only reads the store (through `store.using`), writes files
 
 
 def _rollups(con, touched: Mapping[str, set[str]]) -> None:
     rollups.after_ingest(con, touched)
 
 
-def _anomalies(db: Path, runs_dir: Path, runs: set[str]) -> Any:
-    return scan.after_ingest(db, runs_dir, runs)
+def _anomalies(con, runs_dir: Path, runs: set[str]) -> Any:
+    return scan.after_ingest(con, runs_dir, runs)
 
 
-def _ladder_watch(db: Path, runs_dir: Path, runs: set[str]) -> Any:
-    return watch.after_ingest(db, runs_dir, runs)
+def _ladder_watch(con, runs_dir: Path, runs: set[str]) -> Any:
+    return watch.after_ingest(con, runs_dir, runs)
 
 
-def _decisions(db: Path, runs_dir: Path, runs: set[str]) -> Any:
-    return decisions.after_ingest(db, runs_dir, runs)
+def _decisions(con, runs_dir: Path, runs: set[str]) -> Any:
+    return decisions.after_ingest(con, runs_dir, runs)
 
 
 BUILTIN = (
     Hook("rollups", IN_TRANSACTION, _rollups),  # observatory.store.rollups.after_ingest
     Hook("anomalies", AFTER_COMMIT, _anomalies),  # observatory.detect.scan.after_ingest
-    Hook("ladder_watch", AFTER_COMMIT, _ladder_watch, reads_store_only=True),  # observatory.ladder.watch.after_ingest
-    Hook("decisions", AFTER_COMMIT, _decisions, reads_store_only=True),  # observatory.decisions.after_ingest
+    Hook("ladder_watch", AFTER_COMMIT, _ladder_watch),  # observatory.ladder.watch.after_ingest
+    Hook("decisions", AFTER_COMMIT, _decisions),  # observatory.decisions.after_ingest
 )
 
 
@@ -101,14 +104,14 @@ def run_after_commit(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[s
     """The after-commit hooks on `runs`, in order; the names of those that wrote events."""
     wrote = set()
     with ExitStack() as stack:
-        shared = None  # the read-only hooks' connection, opened at the first of them
+        shared = None  # the hooks' one connection, opened at the first of them
         for hook in BUILTIN:
             if hook.point != AFTER_COMMIT:
                 continue
             try:
-                if hook.reads_store_only and shared is None:
-                    shared = stack.enter_context(store.connect(db))
-                if hook.call(shared if hook.reads_store_only else db, runs_dir, set(runs)):
+                if shared is None:
+                    shared = stack.enter_context(store.write_connection(db))
+                if hook.call(shared, runs_dir, set(runs)):
                     wrote.add(hook.name)
             except Exception as e:  # a detector or record keeper must never take ingest down
                 emit(f"observatory ingest: {hook.name}.after_ingest failed: {type(e).__name__}: {e}")

@@ -382,13 +382,20 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
     if certified.all() and st.accept_all(seqs):
         accepted = certified  # the common case: no per-line bookkeeping at all
     else:
+        # in file order: each run of consecutive certified lines at once where `accept_all` takes it
+        # whole (as many `check_seq` calls would), line by line where it does not; other lines one by one
         accepted = np.zeros(n, bool)
-        for i in range(n):
-            lineno = base + 1 + i
-            if certified[i]:
-                accepted[i] = _seq_ok(b, lf, st, lineno, int(seqs[i]), piece, int(starts[i]), int(ends[i]))
-            else:
-                _check_line(b, lf, st, lineno, piece[starts[i] : ends[i]])
+        edges = np.flatnonzero(np.diff(certified.astype(np.int8))) + 1
+        for lo, hi in zip([0, *edges.tolist()], [*edges.tolist(), n], strict=True) if n else ():
+            if certified[lo] and st.accept_all(seqs[lo:hi]):
+                accepted[lo:hi] = True
+                continue
+            for i in range(lo, hi):
+                lineno = base + 1 + i
+                if certified[i]:
+                    accepted[i] = _seq_ok(b, lf, st, lineno, int(seqs[i]), piece, int(starts[i]), int(ends[i]))
+                else:
+                    _check_line(b, lf, st, lineno, piece[starts[i] : ends[i]])
     st.line += n
     n_acc = int(accepted.sum())
     if not n_acc:

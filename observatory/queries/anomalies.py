@@ -9,16 +9,20 @@ Python / polars objects; callers own the connection's lifetime.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
+
+if TYPE_CHECKING:  # annotations only: polars loads lazily (start-up time of `observatory ingest`)
+    import polars as pl
 
 from observatory.events import OBSERVATORY_HOST
 
 __all__ = [
     "metric_series",
+    "metric_arrays",
     "nonfinite_values",
+    "nonfinite_arrays",
     "expert_load_series",
     "expert_layer_stats",
     "expert_zero_cells",
@@ -63,6 +67,8 @@ def metric_series(
     detectors never look at). Several hosts logging the same name at one step are
     averaged (a NaN stays NaN). Rows are sorted by step; a metric missing at a step is null.
     """
+    import polars as pl  # lazy for start-up time: ingest's detectors read `metric_arrays`
+
     only = "" if names is None else "AND name IN (SELECT unnest(?::VARCHAR[]))"
     params: list[Any] = [run, OBSERVATORY_HOST, -1 if since_step is None else since_step]
     tbl = con.sql(
@@ -80,14 +86,50 @@ def metric_series(
     return wide.with_columns(pl.col("step").cast(pl.Int64))
 
 
-def nonfinite_values(con, run: str, since_step: int | None = None) -> pl.DataFrame:
-    """Every NaN or infinite metric value of a run: columns step, name, value (long form, sorted)."""
-    tbl = con.sql(
+def metric_arrays(
+    con, run: str, since_step: int | None, names: list[str]
+) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """`metric_series` of some metrics as numpy arrays: (every step the frame would have, sorted;
+    {name: (steps, values) where it has a value}), names never logged left out. No frame, no pivot."""
+    got = con.execute(
         """
+        SELECT name, step, coalesce(avg(value), 0) AS value, count(value) = 0 AS missing FROM metrics
+        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? AND name IN (SELECT unnest(?::VARCHAR[]))
+        GROUP BY name, step ORDER BY name, step
+        """,
+        [run, OBSERVATORY_HOST, -1 if since_step is None else since_step, list(names)],
+    ).fetchnumpy()
+    name, step = got["name"], np.asarray(got["step"], np.int64)
+    value, keep = np.asarray(got["value"], np.float64), ~np.asarray(got["missing"], bool)
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if len(name):
+        cuts = np.flatnonzero(name[1:] != name[:-1]) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(name)], strict=True):
+            k = keep[lo:hi]
+            if k.any():
+                out[str(name[lo])] = step[lo:hi][k], value[lo:hi][k]
+    return np.unique(step), out
+
+
+def nonfinite_arrays(con, run: str, since_step: int | None = None) -> dict[str, np.ndarray] | None:
+    """`nonfinite_values` as numpy arrays (step, name, value), or None when the run has none."""
+    got = con.execute(NONFINITE_SQL, [run, OBSERVATORY_HOST, -1 if since_step is None else since_step]).fetchnumpy()
+    return {k: np.asarray(v) for k, v in got.items()} if len(got["step"]) else None
+
+
+NONFINITE_SQL = """
         SELECT step, name, value FROM metrics
         WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? AND (isnan(value) OR isinf(value))
         ORDER BY step, name
-        """,
+        """
+
+
+def nonfinite_values(con, run: str, since_step: int | None = None) -> pl.DataFrame:
+    """Every NaN or infinite metric value of a run: columns step, name, value (long form, sorted)."""
+    import polars as pl  # lazy for start-up time: ingest's detectors read `nonfinite_arrays`
+
+    tbl = con.sql(
+        NONFINITE_SQL,
         params=[run, OBSERVATORY_HOST, -1 if since_step is None else since_step],
     ).to_arrow_table()
     return pl.from_arrow(tbl)
@@ -99,6 +141,7 @@ def expert_load_series(con, run: str, since_step: int | None = None, layers: lis
     layers: only these layers. Sums are cast to BIGINT in SQL: DuckDB's sum of an integer
     column is a HUGEINT, which would arrive as Python Decimals, one object per value.
     """
+    import polars as pl  # lazy for start-up time: ingest loads this module for its detectors
     only = "" if layers is None else "AND layer IN (SELECT unnest(?::USMALLINT[]))"
     tbl = con.sql(
         f"""
