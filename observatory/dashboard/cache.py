@@ -122,7 +122,7 @@ def query(fn: Callable, *args) -> Any:
 
 # (fn, args by identity or value) -> (args, result): the newest derived results, shared by every session
 _DERIVED: OrderedDict[tuple, tuple[tuple, Any]] = OrderedDict()
-_DERIVED_MAX = 64
+_DERIVED_MAX = 128  # a Live view's version is ~10 entries (figures and their wire forms)
 _BUILDING: dict[tuple, threading.Event] = {}  # keys being derived right now, set when done
 _PLAIN = (str, int, float, bool, type(None))
 
