@@ -154,12 +154,13 @@ def wire_figure(fig: dict) -> dict:
 class _Wired(go.Figure):
     """A figure already in wire form (`wire_figure`): `st.plotly_chart` takes its `to_dict()` as it is.
 
-    The wire dict is shared by every session showing the figure; nothing writes to it.
+    `st.plotly_chart` only asks a Figure for `to_dict()`, so this one skips plotly's
+    `Figure.__init__` (its validators and template cost more than the chart's JSON). The wire
+    dict is shared by every session showing the figure; nothing writes to it.
     """
 
-    def __init__(self, wired: dict):
-        super().__init__()
-        self._wired = wired
+    def __init__(self, wired: dict):  # noqa: D107 -- no Figure.__init__: see the class doc
+        object.__setattr__(self, "_wired", wired)
 
     def to_dict(self) -> dict:
         return self._wired
