@@ -106,6 +106,21 @@ def test_a_slow_fill_serves_the_viewers_queued_behind_it(empty_store):
     assert len(CALLS) == 1
 
 
+def test_a_slow_fill_holds_up_only_its_own_batch(empty_store):
+    """Another page's (another batch's) first query does not queue behind a slow fill."""
+    CALLS.clear()
+    GATE.clear()
+    filler = threading.Thread(target=cache.query, args=(slow_answer, "slow-page"))
+    filler.start()
+    while not CALLS:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    assert cache.query(quick_answer, "other-page").startswith("quick other-page")
+    assert time.monotonic() - t0 < 1.0  # not the 10 s the slow fill waits for its gate
+    GATE.set()
+    filler.join(10)
+
+
 def test_a_batch_is_filled_whole(empty_store):
     """Entries of one batch age together: the next fill of the batch is one connection again."""
     CALLS.clear()

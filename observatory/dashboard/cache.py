@@ -3,7 +3,7 @@
 `query(fn, *args)` / `query_all((fn, *args), ...)` run `observatory.queries`
 functions on ONE fresh read-only connection per batch (`observatory.store.connect`,
 which waits out a busy store) and cache each result for `cache_ttl_s` seconds
-across ALL sessions, one fill at a time, so a hundred viewers of a live run cost
+across ALL sessions, one fill of a batch at a time, so a hundred viewers of a live run cost
 one round of queries a second. While one viewer fills, the others
 do not queue behind it: a result at most one `cache_ttl_s` past due is served as
 it is (the fill under way, or the next viewer's, renews it), so a page waits for
@@ -41,15 +41,29 @@ def db_path() -> str:
 # stale entries stay as the last good answer for when the store is busy.
 _CACHE: dict[str, tuple[float, Any]] = {}
 _CACHE_LOCK = threading.Lock()
-# One fill at a time per process: concurrent viewers that miss together wait for the first
-# one's connection and then find its results cached (N viewers, one query).
-_FILL_LOCK = threading.Lock()
+# One fill at a time per batch: concurrent viewers that miss the same batch together wait for the
+# first one's connection and then find its results cached (N viewers, one query). Other batches
+# (another page's, another run's) fill beside it: one slow fill holds up only its own viewers.
+_FILL_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
 _KEEP_S = 600.0  # how long a stale entry may serve as the "last good" answer
 
 
 def _key(fn: Callable, args: tuple, kwargs: dict) -> str:
     name = f"{fn.__module__}:{fn.__qualname__}"
     return f"{db_path()}|{name}|{json.dumps([list(args), kwargs], sort_keys=True, default=_jsonable)}"
+
+
+def _fill_lock(keys: list[str]) -> threading.Lock:
+    """The lock that one fill of this batch holds."""
+    batch = tuple(keys)
+    with _CACHE_LOCK:
+        lock = _FILL_LOCKS.get(batch)
+        if lock is None:
+            if len(_FILL_LOCKS) > 1024:  # forget idle batches' locks
+                for b in [b for b, x in _FILL_LOCKS.items() if not x.locked()]:
+                    del _FILL_LOCKS[b]
+            lock = _FILL_LOCKS[batch] = threading.Lock()
+        return lock
 
 
 def _lookup(keys: list[str], max_age_s: float) -> dict[int, Any]:
@@ -74,7 +88,8 @@ def query_all(*calls) -> list[Any]:
     if len(out) < len(keys):
         recent = _lookup(keys, 2 * ttl)
         asked = time.monotonic()
-        filling = not _FILL_LOCK.acquire(blocking=len(recent) < len(keys))
+        fill_lock = _fill_lock(keys)
+        filling = not fill_lock.acquire(blocking=len(recent) < len(keys))
         if filling:  # another viewer is filling: answers one TTL past due do, rather than queue behind it
             return [recent[i] for i in range(len(keys))]
         try:
@@ -102,7 +117,7 @@ def query_all(*calls) -> list[Any]:
                         ) from None
                     out.update(stale)
         finally:
-            _FILL_LOCK.release()
+            fill_lock.release()
     return [out[i] for i in range(len(keys))]
 
 
