@@ -121,6 +121,30 @@ def test_a_slow_fill_holds_up_only_its_own_batch(empty_store):
     filler.join(10)
 
 
+KEPT: list[float] = []
+
+
+def kept_answer(con, tag: str) -> str:
+    KEPT.append(time.monotonic())
+    return f"kept {tag} #{len(KEPT)}"
+
+
+def test_a_live_batch_is_kept_fresh_while_asked_for(empty_store, monkeypatch):
+    """keep_fresh: refilled in the background just before it falls due, until nobody asks for it."""
+    monkeypatch.setattr(cache, "_HOT_FOR_S", 1.0)
+    KEPT.clear()
+    first = cache.query_all((kept_answer, "live"), keep_fresh=True)[0]
+    time.sleep(0.9)  # three TTLs, nobody asking: the keeper refilled it
+    assert len(KEPT) >= 2
+    t0 = time.monotonic()
+    now = cache.query_all((kept_answer, "live"), keep_fresh=True)[0]
+    assert now != first and time.monotonic() - t0 < 0.05  # a fresh answer, found, not filled
+    time.sleep(1.5)  # past _HOT_FOR_S since the last ask: no longer refilled
+    n = len(KEPT)
+    time.sleep(0.6)
+    assert len(KEPT) == n
+
+
 def test_a_batch_is_filled_whole(empty_store):
     """Entries of one batch age together: the next fill of the batch is one connection again."""
     CALLS.clear()

@@ -73,17 +73,24 @@ def _lookup(keys: list[str], max_age_s: float) -> dict[int, Any]:
         return {i: _CACHE[k][1] for i, k in enumerate(keys) if k in _CACHE and _CACHE[k][0] > since}
 
 
-def query_all(*calls) -> list[Any]:
+def query_all(*calls, keep_fresh: bool = False) -> list[Any]:
     """Several queries as one unit of work: cache hits are free, all misses share ONE connection.
 
     Each call is a tuple `(fn, arg1, arg2, ...)`; fn(con, *args) must be a module-level
     function and the args JSON-serialisable (they form the cache key). Results are cached
     for `cache_ttl_s` across all sessions. Opening the store costs more than most of these
     queries, hence the batching.
+
+    keep_fresh: the batch of a view that refreshes by itself (a live run). A background
+    thread then refills it just before it falls due, for as long as some viewer keeps asking
+    (`_HOT_FOR_S`), so its viewers find a fresh answer and none waits for the store: its
+    data is at most about one `cache_ttl_s` old when shown.
     """
     parsed = [(c[0], tuple(c[1:])) for c in calls]
     keys = [_key(fn, args, {}) for fn, args in parsed]
     ttl = float(settings.get("cache_ttl_s"))
+    if keep_fresh:
+        _keep(keys, parsed)
     out = _lookup(keys, ttl)
     if len(out) < len(keys):
         recent = _lookup(keys, 2 * ttl)
@@ -98,20 +105,13 @@ def query_all(*calls) -> list[Any]:
             out.update(_lookup(keys, max(ttl, time.monotonic() - asked)))
             # the whole batch, not only its stale part: its entries then age together, and
             # the next fill is again one connection rather than one per part
-            missing = list(range(len(keys))) if len(out) < len(keys) else []
-            if missing:
+            if len(out) < len(keys):
                 try:
-                    with store.connect(db_path()) as con:
-                        for i in missing:
-                            fn, args = parsed[i]
-                            out[i] = fn(con, *args)
-                            _put(keys[i], out[i])
-                except (duckdb.IOException, store.StoreBusy) as e:  # busy past the retry budget
-                    if isinstance(e, duckdb.IOException) and "lock" not in str(e).lower():
-                        raise
+                    out.update(_fill(keys, parsed))
+                except store.StoreBusy:  # busy past the retry budget
                     with _CACHE_LOCK:
-                        stale = {i: _CACHE[keys[i]][1] for i in missing if keys[i] in _CACHE}
-                    if len(stale) < len(missing):
+                        stale = {i: _CACHE[k][1] for i, k in enumerate(keys) if k in _CACHE}
+                    if len(stale) < len(keys):
                         raise StoreBusy(
                             "the store is being written right now; this view refreshes by itself"
                         ) from None
@@ -119,6 +119,70 @@ def query_all(*calls) -> list[Any]:
         finally:
             fill_lock.release()
     return [out[i] for i in range(len(keys))]
+
+
+def _fill(keys: list[str], parsed: list[tuple[Callable, tuple]], db: str | None = None) -> dict[int, Any]:
+    """Run the whole batch on one connection to `db` (default: the store's path now) and cache each
+    result; the caller holds its fill lock.
+
+    Raises `store.StoreBusy` when the store stays busy past the retry budget.
+    """
+    out: dict[int, Any] = {}
+    try:
+        with store.connect(db or db_path()) as con:
+            for i, (fn, args) in enumerate(parsed):
+                out[i] = fn(con, *args)
+                _put(keys[i], out[i])
+    except duckdb.IOException as e:
+        if "lock" not in str(e).lower():
+            raise
+        raise store.StoreBusy(str(e)) from None
+    return out
+
+
+# batch -> (when a viewer last asked for it, its calls, its store): the keep_fresh batches the keeper
+# refills, each from the store its keys name
+_HOT: dict[tuple[str, ...], tuple[float, list, str]] = {}
+_HOT_FOR_S = 5.0  # a batch nobody asked for in this long is no longer refilled
+_HOT_MAX = 8  # at most this many batches are kept fresh (the most recently asked)
+_KEEPER: list[threading.Thread] = []
+
+
+def _keep(keys: list[str], parsed: list) -> None:
+    with _CACHE_LOCK:
+        _HOT[tuple(keys)] = (time.monotonic(), parsed, db_path())
+        if len(_HOT) > _HOT_MAX:
+            del _HOT[min(_HOT, key=lambda b: _HOT[b][0])]
+        if not _KEEPER:
+            t = threading.Thread(target=_keeper, name="observatory-cache-keeper", daemon=True)
+            t.start()
+            _KEEPER.append(t)
+
+
+def _keeper() -> None:
+    """Refill each hot batch when its oldest entry is three quarters of a TTL old; forever (a daemon)."""
+    while True:
+        ttl = float(settings.get("cache_ttl_s"))
+        time.sleep(ttl / 4)
+        now = time.monotonic()
+        with _CACHE_LOCK:
+            for b in [b for b, (t, _, _) in _HOT.items() if now - t > _HOT_FOR_S]:
+                del _HOT[b]
+            due = [
+                (list(b), parsed, db)
+                for b, (_, parsed, db) in _HOT.items()
+                if any(k not in _CACHE or now - _CACHE[k][0] >= 0.75 * ttl for k in b)
+            ]
+        for keys, parsed, db in due:
+            lock = _fill_lock(keys)
+            if not lock.acquire(blocking=False):  # a viewer is filling it
+                continue
+            try:
+                _fill(keys, parsed, db)
+            except Exception:  # busy, or an error the next viewer's own fill will show
+                pass
+            finally:
+                lock.release()
 
 
 def _put(key: str, value: Any) -> None:
