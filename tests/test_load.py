@@ -145,6 +145,23 @@ def test_a_live_batch_is_kept_fresh_while_asked_for(empty_store, monkeypatch):
     assert len(KEPT) == n
 
 
+def test_a_live_batch_is_refilled_when_the_store_changes(empty_store, monkeypatch):
+    """The keeper refills a hot batch soon after a commit (the store's stamp changes), not only by age."""
+    import os
+
+    monkeypatch.setenv("OBSERVATORY_CACHE_TTL_S", "30")
+    KEPT.clear()
+    cache.query_all((kept_answer, "stamp"), keep_fresh=True)
+    time.sleep(0.8)
+    assert len(KEPT) == 1  # the store unchanged, the answer young: not refilled
+    st = os.stat(empty_store)
+    os.utime(empty_store, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # what a commit does to it
+    deadline = time.monotonic() + 3
+    while len(KEPT) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(KEPT) == 2
+
+
 def test_a_batch_is_filled_whole(empty_store):
     """Entries of one batch age together: the next fill of the batch is one connection again."""
     CALLS.clear()

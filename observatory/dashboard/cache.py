@@ -14,7 +14,10 @@ note); a lock error never reaches the page.
 
 from __future__ import annotations
 
+import atexit
 import json
+import math
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -145,7 +148,17 @@ def _fill(keys: list[str], parsed: list[tuple[Callable, tuple]], db: str | None 
 _HOT: dict[tuple[str, ...], tuple[float, list, str]] = {}
 _HOT_FOR_S = 5.0  # a batch nobody asked for in this long is no longer refilled
 _HOT_MAX = 8  # at most this many batches are kept fresh (the most recently asked)
+_MIN_REFILL_S = 0.5  # on the store's changes, a hot batch is refilled at most this often
 _KEEPER: list[threading.Thread] = []
+_STOP = threading.Event()
+
+
+@atexit.register
+def _stop_keeper() -> None:
+    # before the interpreter stops its daemon threads: one stopped inside DuckDB aborts the process
+    _STOP.set()
+    for t in _KEEPER:
+        t.join(10)
 
 
 def _keep(keys: list[str], parsed: list) -> None:
@@ -159,26 +172,49 @@ def _keep(keys: list[str], parsed: list) -> None:
             _KEEPER.append(t)
 
 
+def _stamp(db: str) -> tuple:
+    """(mtime, size) of the store and its WAL: changes with each commit of the ingester. A stat, no lock."""
+    out = []
+    for p in (db, db + ".wal"):
+        try:
+            st = os.stat(p)
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
 def _keeper() -> None:
-    """Refill each hot batch when its oldest entry is three quarters of a TTL old; forever (a daemon)."""
-    while True:
+    """Refill each hot batch soon after the store changes (a commit), and when its oldest entry is three
+    quarters of a TTL old; forever (a daemon). So a live run's answer is about one fill behind the
+    ingester's last commit, and at most about one TTL old."""
+    filled: dict[tuple[str, ...], tuple] = {}  # batch -> the store's stamp when last refilled here
+    while not _STOP.wait(min(0.1, float(settings.get("cache_ttl_s")) / 4)):
         ttl = float(settings.get("cache_ttl_s"))
-        time.sleep(ttl / 4)
         now = time.monotonic()
         with _CACHE_LOCK:
             for b in [b for b, (t, _, _) in _HOT.items() if now - t > _HOT_FOR_S]:
                 del _HOT[b]
-            due = [
-                (list(b), parsed, db)
-                for b, (_, parsed, db) in _HOT.items()
-                if any(k not in _CACHE or now - _CACHE[k][0] >= 0.75 * ttl for k in b)
-            ]
-        for keys, parsed, db in due:
+            hot = {b: (parsed, db, [_CACHE[k][0] if k in _CACHE else -math.inf for k in b])
+                   for b, (_, parsed, db) in _HOT.items()}  # fmt: skip
+        for b in [b for b in filled if b not in hot]:
+            del filled[b]
+        due = []
+        for b, (parsed, db, times) in hot.items():
+            age = now - min(times)
+            stamp = _stamp(db)
+            filled.setdefault(b, stamp)  # first seen: a viewer has just filled it
+            if age >= 0.75 * ttl or (stamp != filled[b] and age >= _MIN_REFILL_S):
+                due.append((list(b), parsed, db, stamp))
+        for keys, parsed, db, stamp in due:
+            if _STOP.is_set():
+                return
             lock = _fill_lock(keys)
             if not lock.acquire(blocking=False):  # a viewer is filling it
                 continue
             try:
                 _fill(keys, parsed, db)
+                filled[tuple(keys)] = stamp  # the stamp from before the fill: a commit during it is seen next
             except Exception:  # busy, or an error the next viewer's own fill will show
                 pass
             finally:
