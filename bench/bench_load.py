@@ -47,6 +47,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,11 @@ class View:
     errors: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
     steps: list[tuple[float, int]] = field(default_factory=list)  # (wall time, "Last step" shown)
+    # the server's CPU seconds (given a `cpu` clock, one viewer at a time): from opening to the end of
+    # the script run that drew the first chart, and for each auto-refresh from its request to its end
+    cpu_view: float | None = None
+    cpu_refresh: list[float] = field(default_factory=list)
+    refreshes: int = 0
 
 
 def _client_state(page: str, query: str, page_hash: str = "", fragment: str = "", widgets=()):
@@ -103,8 +109,13 @@ def _sql_submit(page_hash: str, area_id: str, button_id: str, sql: str) -> bytes
     return _rerun("sql", "", page_hash=page_hash, widgets=(area, button))
 
 
-async def view_page(port: int, page: str, query: str, dwell_s: float, sql: str | None = None) -> View:
-    """Open `page?query` as a new session, follow it for `dwell_s` seconds, close it."""
+async def view_page(
+    port: int, page: str, query: str, dwell_s: float, sql: str | None = None, cpu: Callable[[], float] | None = None
+) -> View:
+    """Open `page?query` as a new session, follow it for `dwell_s` seconds, close it.
+
+    `cpu`, the server's CPU clock, is read at the view's opening and script ends (one viewer only).
+    """
     import websockets
     from streamlit.proto.Alert_pb2 import Alert
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
@@ -116,6 +127,8 @@ async def view_page(port: int, page: str, query: str, dwell_s: float, sql: str |
     ids: dict[str, str] = {}
     submitted = False
     refresher: asyncio.Task | None = None
+    cpu0 = cpu() if cpu else 0.0
+    refresh_cpu: list[float] = []  # the server's CPU clock when the refresh in flight was asked for
     try:
         async with websockets.connect(
             f"ws://127.0.0.1:{port}/_stcore/stream",
@@ -129,6 +142,9 @@ async def view_page(port: int, page: str, query: str, dwell_s: float, sql: str |
             async def refresh(interval: float, fragment: str) -> None:
                 while True:  # the browser's side of st.fragment(run_every=...)
                     await asyncio.sleep(interval)
+                    if cpu:
+                        refresh_cpu[:] = [cpu()]
+                    v.refreshes += 1
                     await ws.send(_rerun(page, query, page_hash=page_hash, fragment=fragment))
 
             while (left := end - time.perf_counter()) > 0:
@@ -148,9 +164,14 @@ async def view_page(port: int, page: str, query: str, dwell_s: float, sql: str |
                     v.errors.append(f"page not found: {msg.page_not_found.page_name}")
                 elif kind == "auto_rerun" and refresher is None:
                     refresher = asyncio.create_task(refresh(msg.auto_rerun.interval, msg.auto_rerun.fragment_id))
-                elif kind == "script_finished" and page == "sql" and not submitted and len(ids) == 2:
-                    submitted = True
-                    await ws.send(_sql_submit(page_hash, ids["area"], ids["button"], sql or "SELECT 1"))
+                elif kind == "script_finished":
+                    if cpu and v.first is not None and v.cpu_view is None:
+                        v.cpu_view = cpu() - cpu0
+                    elif cpu and refresh_cpu and msg.script_finished == ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY:
+                        v.cpu_refresh.append(cpu() - refresh_cpu.pop())
+                    if page == "sql" and not submitted and len(ids) == 2:
+                        submitted = True
+                        await ws.send(_sql_submit(page_hash, ids["area"], ids["button"], sql or "SELECT 1"))
                 elif kind == "delta" and msg.delta.HasField("new_element"):
                     el = msg.delta.new_element
                     what = el.WhichOneof("type")
@@ -357,6 +378,17 @@ class World:
                     if r.status == 200:
                         return
 
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds so far of the trainer and the follower (with their children)."""
+        import psutil
+
+        out = {}
+        for name, p in (("trainer", self.trainer), ("follower", self.follower)):
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(p.pid)
+                out[name] = sum(sum(c.cpu_times()[:2]) for c in [proc, *proc.children(recursive=True)])
+        return out
+
     def _alive(self, deadline: float, name: str, p: subprocess.Popen) -> None:
         if p.poll() is not None:
             raise RuntimeError(f"{name} exited: {self.log(name)[-2000:]}")
@@ -409,6 +441,11 @@ class Figures:
     rss_idle_mb: float
     cpu: dict[str, float] = field(default_factory=dict)  # % of one core during the load: server, viewers
     load_avg: float = 0.0
+    # one viewer: the server's CPU seconds per view (by page) and per Live auto-refresh
+    cpu_view: dict[str, list[float]] = field(default_factory=dict)
+    cpu_refresh: list[float] = field(default_factory=list)
+    server_cpu_s: float = 0.0  # under load: the server's CPU seconds in all
+    refreshes: int = 0  # under load: the Live auto-refreshes asked for
 
     def ratio(self, page: str | None = None) -> float:
         pages = [page] if page else [p for p in PAGES if self.load.get(p) and self.single.get(p)]
@@ -451,17 +488,34 @@ class Figures:
             f"  dashboard RSS: {self.rss_idle_mb:.0f} MB before load, peak {self.rss_peak_mb:.0f} MB, "
             f"growth over the second half {self.rss_growth_mb_min:+.1f} MB/min"
         )
+        med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+        out.append(
+            "  server CPU-s, one viewer: per view "
+            + ", ".join(f"{p} {med(self.cpu_view.get(p, [])):.3f}" for p in PAGES)
+            + f"; per Live refresh {med(self.cpu_refresh):.3f} ({len(self.cpu_refresh)} refreshes)"
+        )
+        out.append(
+            f"  server CPU-s under load: {self.server_cpu_s:.1f} for {self.views} views and {self.refreshes} "
+            f"refreshes ({self.server_cpu_s / max(1, self.views):.3f} per view with its refreshes)"
+        )
         out.append(
             f"  CPU during the load (% of one core): dashboard {self.cpu.get('server', 0):.0f}, "
-            f"viewers {self.cpu.get('viewers', 0):.0f}; machine load average {self.load_avg:.1f} (2 cores)"
+            f"viewers {self.cpu.get('viewers', 0):.0f}, trainer {self.cpu.get('trainer', 0):.0f}, "
+            f"follower {self.cpu.get('follower', 0):.0f}; machine load average {self.load_avg:.1f} "
+            f"({os.cpu_count()} cores)"
         )
         for name, good in self.ok().items():
             out.append(f"  {'PASS' if good else 'FAIL'}  {name}")
         return out
 
 
-def measure(world: World, viewers: int, duration_s: float, single_views: int = 4, dwell=(8.0, 16.0)) -> Figures:
-    """The single-viewer baseline, then `viewers` at once for `duration_s`, with staleness and RSS."""
+def measure(
+    world: World, viewers: int, duration_s: float, single_views: int = 4, dwell=(8.0, 16.0), profile: Path | None = None
+) -> Figures:
+    """The single-viewer baseline, then `viewers` at once for `duration_s`, with staleness and RSS.
+
+    `profile`: a file for py-spy's collapsed stacks of the dashboard during the load (py-spy on PATH).
+    """
     from observatory.queries.dashboard import SQL_EXAMPLES
 
     sqls = list(SQL_EXAMPLES.values())
@@ -471,23 +525,43 @@ def measure(world: World, viewers: int, duration_s: float, single_views: int = 4
         # warm-up: the server's first page view imports the pages' modules and plotly
         asyncio.run(view_page(world.port, "live", page_query("live"), 10.0))
         single: dict[str, list[float]] = {p: [] for p in PAGES}
+        cpu_view: dict[str, list[float]] = {p: [] for p in PAGES}
+        cpu_refresh: list[float] = []
         single_err: list[str] = []
+
+        def server_cpu() -> float:
+            t = rss.proc.cpu_times()
+            return t.user + t.system
+
         for k in range(single_views):
             for p in PAGES:
-                v = asyncio.run(view_page(world.port, p, page_query(p), 6.0, sqls[k % len(sqls)]))
+                v = asyncio.run(view_page(world.port, p, page_query(p), 6.0, sqls[k % len(sqls)], cpu=server_cpu))
                 single_err += v.errors
                 if v.first is not None:
                     single[p].append(v.first)
+                if v.cpu_view is not None:
+                    cpu_view[p].append(v.cpu_view)
+                cpu_refresh += v.cpu_refresh
         t_idle = time.time()
         idle = [mb for _, mb in rss.samples[-5:]] or [0.0]
-        c0, r0 = rss.proc.cpu_times(), os.times()
+        spy = None
+        if profile is not None:
+            spy = subprocess.Popen(
+                ["py-spy", "record", "--pid", str(world.server.pid), "--duration", str(int(duration_s)),
+                 "--rate", "50", "--nonblocking", "--gil", "--format", "raw", "--output", str(profile)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        c0, r0, o0 = rss.proc.cpu_times(), os.times(), world.cpu_s()
         views = asyncio.run(run_viewers(world.port, viewers, duration_s, sqls, dwell))
+        if spy is not None:
+            spy.wait(60)
         t_end = time.time()
-        c1, r1 = rss.proc.cpu_times(), os.times()
+        c1, r1, o1 = rss.proc.cpu_times(), os.times(), world.cpu_s()
         span = t_end - t_idle
         cpu = {
             "server": 100 * (c1.user + c1.system - c0.user - c0.system) / span,
             "viewers": 100 * (r1.user + r1.system - r0.user - r0.system) / span,
+            **{k: 100 * (o1[k] - o0.get(k, 0.0)) / span for k in o1},
         }
         time.sleep(0.5)  # the clock reads the last steps shown
     finally:
@@ -511,6 +585,10 @@ def measure(world: World, viewers: int, duration_s: float, single_views: int = 4
         rss_idle_mb=statistics.median(idle),
         cpu=cpu,
         load_avg=os.getloadavg()[0],
+        cpu_view=cpu_view,
+        cpu_refresh=cpu_refresh,
+        server_cpu_s=c1.user + c1.system - c0.user - c0.system,
+        refreshes=sum(v.refreshes for v in views),
     )
 
 
@@ -520,13 +598,14 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of load (hard stop)")
     ap.add_argument("--single-views", type=int, default=4, help="baseline views per page with one viewer")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, store)")
+    ap.add_argument("--profile", type=Path, help="write py-spy's collapsed stacks of the dashboard under load here")
     args = ap.parse_args()
     if args.viewers > 50 or args.duration > 600:
         ap.error("bounded: at most 50 viewers and 600 s")
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
     try:
         with World(tmp) as world:
-            figs = measure(world, args.viewers, args.duration, args.single_views)
+            figs = measure(world, args.viewers, args.duration, args.single_views, profile=args.profile)
         print("\n".join(figs.lines()))
     finally:
         if args.keep:

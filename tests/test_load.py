@@ -106,6 +106,62 @@ def test_a_slow_fill_serves_the_viewers_queued_behind_it(empty_store):
     assert len(CALLS) == 1
 
 
+def test_a_slow_fill_holds_up_only_its_own_batch(empty_store):
+    """Another page's (another batch's) first query does not queue behind a slow fill."""
+    CALLS.clear()
+    GATE.clear()
+    filler = threading.Thread(target=cache.query, args=(slow_answer, "slow-page"))
+    filler.start()
+    while not CALLS:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    assert cache.query(quick_answer, "other-page").startswith("quick other-page")
+    assert time.monotonic() - t0 < 1.0  # not the 10 s the slow fill waits for its gate
+    GATE.set()
+    filler.join(10)
+
+
+KEPT: list[float] = []
+
+
+def kept_answer(con, tag: str) -> str:
+    KEPT.append(time.monotonic())
+    return f"kept {tag} #{len(KEPT)}"
+
+
+def test_a_live_batch_is_kept_fresh_while_asked_for(empty_store, monkeypatch):
+    """keep_fresh: refilled in the background just before it falls due, until nobody asks for it."""
+    monkeypatch.setattr(cache, "_HOT_FOR_S", 1.0)
+    KEPT.clear()
+    first = cache.query_all((kept_answer, "live"), keep_fresh=True)[0]
+    time.sleep(0.9)  # three TTLs, nobody asking: the keeper refilled it
+    assert len(KEPT) >= 2
+    t0 = time.monotonic()
+    now = cache.query_all((kept_answer, "live"), keep_fresh=True)[0]
+    assert now != first and time.monotonic() - t0 < 0.05  # a fresh answer, found, not filled
+    time.sleep(1.5)  # past _HOT_FOR_S since the last ask: no longer refilled
+    n = len(KEPT)
+    time.sleep(0.6)
+    assert len(KEPT) == n
+
+
+def test_a_live_batch_is_refilled_when_the_store_changes(empty_store, monkeypatch):
+    """The keeper refills a hot batch soon after a commit (the store's stamp changes), not only by age."""
+    import os
+
+    monkeypatch.setenv("OBSERVATORY_CACHE_TTL_S", "30")
+    KEPT.clear()
+    cache.query_all((kept_answer, "stamp"), keep_fresh=True)
+    time.sleep(0.8)
+    assert len(KEPT) == 1  # the store unchanged, the answer young: not refilled
+    st = os.stat(empty_store)
+    os.utime(empty_store, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # what a commit does to it
+    deadline = time.monotonic() + 3
+    while len(KEPT) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(KEPT) == 2
+
+
 def test_a_batch_is_filled_whole(empty_store):
     """Entries of one batch age together: the next fill of the batch is one connection again."""
     CALLS.clear()

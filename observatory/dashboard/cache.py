@@ -3,7 +3,7 @@
 `query(fn, *args)` / `query_all((fn, *args), ...)` run `observatory.queries`
 functions on ONE fresh read-only connection per batch (`observatory.store.connect`,
 which waits out a busy store) and cache each result for `cache_ttl_s` seconds
-across ALL sessions, one fill at a time, so a hundred viewers of a live run cost
+across ALL sessions, one fill of a batch at a time, so a hundred viewers of a live run cost
 one round of queries a second. While one viewer fills, the others
 do not queue behind it: a result at most one `cache_ttl_s` past due is served as
 it is (the fill under way, or the next viewer's, renews it), so a page waits for
@@ -14,7 +14,10 @@ note); a lock error never reaches the page.
 
 from __future__ import annotations
 
+import atexit
 import json
+import math
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -41,15 +44,29 @@ def db_path() -> str:
 # stale entries stay as the last good answer for when the store is busy.
 _CACHE: dict[str, tuple[float, Any]] = {}
 _CACHE_LOCK = threading.Lock()
-# One fill at a time per process: concurrent viewers that miss together wait for the first
-# one's connection and then find its results cached (N viewers, one query).
-_FILL_LOCK = threading.Lock()
+# One fill at a time per batch: concurrent viewers that miss the same batch together wait for the
+# first one's connection and then find its results cached (N viewers, one query). Other batches
+# (another page's, another run's) fill beside it: one slow fill holds up only its own viewers.
+_FILL_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
 _KEEP_S = 600.0  # how long a stale entry may serve as the "last good" answer
 
 
 def _key(fn: Callable, args: tuple, kwargs: dict) -> str:
     name = f"{fn.__module__}:{fn.__qualname__}"
     return f"{db_path()}|{name}|{json.dumps([list(args), kwargs], sort_keys=True, default=_jsonable)}"
+
+
+def _fill_lock(keys: list[str]) -> threading.Lock:
+    """The lock that one fill of this batch holds."""
+    batch = tuple(keys)
+    with _CACHE_LOCK:
+        lock = _FILL_LOCKS.get(batch)
+        if lock is None:
+            if len(_FILL_LOCKS) > 1024:  # forget idle batches' locks
+                for b in [b for b, x in _FILL_LOCKS.items() if not x.locked()]:
+                    del _FILL_LOCKS[b]
+            lock = _FILL_LOCKS[batch] = threading.Lock()
+        return lock
 
 
 def _lookup(keys: list[str], max_age_s: float) -> dict[int, Any]:
@@ -59,22 +76,30 @@ def _lookup(keys: list[str], max_age_s: float) -> dict[int, Any]:
         return {i: _CACHE[k][1] for i, k in enumerate(keys) if k in _CACHE and _CACHE[k][0] > since}
 
 
-def query_all(*calls) -> list[Any]:
+def query_all(*calls, keep_fresh: bool = False) -> list[Any]:
     """Several queries as one unit of work: cache hits are free, all misses share ONE connection.
 
     Each call is a tuple `(fn, arg1, arg2, ...)`; fn(con, *args) must be a module-level
     function and the args JSON-serialisable (they form the cache key). Results are cached
     for `cache_ttl_s` across all sessions. Opening the store costs more than most of these
     queries, hence the batching.
+
+    keep_fresh: the batch of a view that refreshes by itself (a live run). A background
+    thread then refills it just before it falls due, for as long as some viewer keeps asking
+    (`_HOT_FOR_S`), so its viewers find a fresh answer and none waits for the store: its
+    data is at most about one `cache_ttl_s` old when shown.
     """
     parsed = [(c[0], tuple(c[1:])) for c in calls]
     keys = [_key(fn, args, {}) for fn, args in parsed]
     ttl = float(settings.get("cache_ttl_s"))
+    if keep_fresh:
+        _keep(keys, parsed)
     out = _lookup(keys, ttl)
     if len(out) < len(keys):
         recent = _lookup(keys, 2 * ttl)
         asked = time.monotonic()
-        filling = not _FILL_LOCK.acquire(blocking=len(recent) < len(keys))
+        fill_lock = _fill_lock(keys)
+        filling = not fill_lock.acquire(blocking=len(recent) < len(keys))
         if filling:  # another viewer is filling: answers one TTL past due do, rather than queue behind it
             return [recent[i] for i in range(len(keys))]
         try:
@@ -83,27 +108,117 @@ def query_all(*calls) -> list[Any]:
             out.update(_lookup(keys, max(ttl, time.monotonic() - asked)))
             # the whole batch, not only its stale part: its entries then age together, and
             # the next fill is again one connection rather than one per part
-            missing = list(range(len(keys))) if len(out) < len(keys) else []
-            if missing:
+            if len(out) < len(keys):
                 try:
-                    with store.connect(db_path()) as con:
-                        for i in missing:
-                            fn, args = parsed[i]
-                            out[i] = fn(con, *args)
-                            _put(keys[i], out[i])
-                except (duckdb.IOException, store.StoreBusy) as e:  # busy past the retry budget
-                    if isinstance(e, duckdb.IOException) and "lock" not in str(e).lower():
-                        raise
+                    out.update(_fill(keys, parsed))
+                except store.StoreBusy:  # busy past the retry budget
                     with _CACHE_LOCK:
-                        stale = {i: _CACHE[keys[i]][1] for i in missing if keys[i] in _CACHE}
-                    if len(stale) < len(missing):
+                        stale = {i: _CACHE[k][1] for i, k in enumerate(keys) if k in _CACHE}
+                    if len(stale) < len(keys):
                         raise StoreBusy(
                             "the store is being written right now; this view refreshes by itself"
                         ) from None
                     out.update(stale)
         finally:
-            _FILL_LOCK.release()
+            fill_lock.release()
     return [out[i] for i in range(len(keys))]
+
+
+def _fill(keys: list[str], parsed: list[tuple[Callable, tuple]], db: str | None = None) -> dict[int, Any]:
+    """Run the whole batch on one connection to `db` (default: the store's path now) and cache each
+    result; the caller holds its fill lock.
+
+    Raises `store.StoreBusy` when the store stays busy past the retry budget.
+    """
+    out: dict[int, Any] = {}
+    try:
+        with store.connect(db or db_path()) as con:
+            for i, (fn, args) in enumerate(parsed):
+                out[i] = fn(con, *args)
+                _put(keys[i], out[i])
+    except duckdb.IOException as e:
+        if "lock" not in str(e).lower():
+            raise
+        raise store.StoreBusy(str(e)) from None
+    return out
+
+
+# batch -> (when a viewer last asked for it, its calls, its store): the keep_fresh batches the keeper
+# refills, each from the store its keys name
+_HOT: dict[tuple[str, ...], tuple[float, list, str]] = {}
+_HOT_FOR_S = 5.0  # a batch nobody asked for in this long is no longer refilled
+_HOT_MAX = 8  # at most this many batches are kept fresh (the most recently asked)
+_MIN_REFILL_S = 0.5  # on the store's changes, a hot batch is refilled at most this often
+_KEEPER: list[threading.Thread] = []
+_STOP = threading.Event()
+
+
+@atexit.register
+def _stop_keeper() -> None:
+    # before the interpreter stops its daemon threads: one stopped inside DuckDB aborts the process
+    _STOP.set()
+    for t in _KEEPER:
+        t.join(10)
+
+
+def _keep(keys: list[str], parsed: list) -> None:
+    with _CACHE_LOCK:
+        _HOT[tuple(keys)] = (time.monotonic(), parsed, db_path())
+        if len(_HOT) > _HOT_MAX:
+            del _HOT[min(_HOT, key=lambda b: _HOT[b][0])]
+        if not _KEEPER:
+            t = threading.Thread(target=_keeper, name="observatory-cache-keeper", daemon=True)
+            t.start()
+            _KEEPER.append(t)
+
+
+def _stamp(db: str) -> tuple:
+    """(mtime, size) of the store and its WAL: changes with each commit of the ingester. A stat, no lock."""
+    out = []
+    for p in (db, db + ".wal"):
+        try:
+            st = os.stat(p)
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _keeper() -> None:
+    """Refill each hot batch soon after the store changes (a commit), and when its oldest entry is three
+    quarters of a TTL old; forever (a daemon). So a live run's answer is about one fill behind the
+    ingester's last commit, and at most about one TTL old."""
+    filled: dict[tuple[str, ...], tuple] = {}  # batch -> the store's stamp when last refilled here
+    while not _STOP.wait(min(0.1, float(settings.get("cache_ttl_s")) / 4)):
+        ttl = float(settings.get("cache_ttl_s"))
+        now = time.monotonic()
+        with _CACHE_LOCK:
+            for b in [b for b, (t, _, _) in _HOT.items() if now - t > _HOT_FOR_S]:
+                del _HOT[b]
+            hot = {b: (parsed, db, [_CACHE[k][0] if k in _CACHE else -math.inf for k in b])
+                   for b, (_, parsed, db) in _HOT.items()}  # fmt: skip
+        for b in [b for b in filled if b not in hot]:
+            del filled[b]
+        due = []
+        for b, (parsed, db, times) in hot.items():
+            age = now - min(times)
+            stamp = _stamp(db)
+            filled.setdefault(b, stamp)  # first seen: a viewer has just filled it
+            if age >= 0.75 * ttl or (stamp != filled[b] and age >= _MIN_REFILL_S):
+                due.append((list(b), parsed, db, stamp))
+        for keys, parsed, db, stamp in due:
+            if _STOP.is_set():
+                return
+            lock = _fill_lock(keys)
+            if not lock.acquire(blocking=False):  # a viewer is filling it
+                continue
+            try:
+                _fill(keys, parsed, db)
+                filled[tuple(keys)] = stamp  # the stamp from before the fill: a commit during it is seen next
+            except Exception:  # busy, or an error the next viewer's own fill will show
+                pass
+            finally:
+                lock.release()
 
 
 def _put(key: str, value: Any) -> None:
@@ -122,7 +237,7 @@ def query(fn: Callable, *args) -> Any:
 
 # (fn, args by identity or value) -> (args, result): the newest derived results, shared by every session
 _DERIVED: OrderedDict[tuple, tuple[tuple, Any]] = OrderedDict()
-_DERIVED_MAX = 64
+_DERIVED_MAX = 128  # a Live view's version is ~10 entries (figures and their wire forms)
 _BUILDING: dict[tuple, threading.Event] = {}  # keys being derived right now, set when done
 _PLAIN = (str, int, float, bool, type(None))
 

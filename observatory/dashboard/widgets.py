@@ -19,10 +19,10 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
-from observatory.dashboard.cache import StoreBusy, query
+from observatory.dashboard.cache import StoreBusy, derive, query
 from observatory.markup import md_escape
 
-__all__ = ["page_opening", "pick_run", "requested_window", "step_window", "show_chart"]
+__all__ = ["page_opening", "pick_run", "requested_window", "step_window", "show_chart", "wire_figure"]
 
 
 def page_opening(title: str, caption: str, fn: Callable, *args, empty: str | None = None) -> Any | None:
@@ -118,14 +118,16 @@ def step_window(first: int, last: int, key: str, used: tuple[int, int] | None = 
 def show_chart(fig, key: str, window_key: str | None = None) -> None:
     """Render a figure (dict or plotly Figure); a box selection on it zooms `window_key`'s step window.
 
-    A dict is wrapped without plotly's property validation (`_validate=False`): our
-    figures are built by the tested helpers in `dashboard.charts`, and validating
-    ~10^4 points per chart again on every 2 s refresh costs more than the queries.
-    The dict is left as it is (plotly pops each trace's `type`: it gets copies), so
-    one figure can serve many sessions at once (`cache.derive`).
+    A dict is put in plotly's wire form (`wire_figure`: every array base64-encoded, as
+    `to_dict()` gives it) once for all sessions (`cache.derive`), and each session hands
+    that to `st.plotly_chart` as it is: twenty viewers of a refreshing chart cost one
+    conversion, not twenty (plotly's copy of every trace and its encoding of every array are
+    most of a Live refresh's CPU). Our figures are built by the tested helpers in
+    `dashboard.charts`, so plotly's property validation is skipped. The dict is left as it
+    is, so one figure can serve many sessions at once.
     """
     if isinstance(fig, dict):
-        fig = go.Figure(data=[dict(t) for t in fig["data"]], layout=fig["layout"], _validate=False)
+        fig = _Wired(derive(wire_figure, fig))
     if window_key is None:
         st.plotly_chart(fig, key=key, config={"displaylogo": False})
         return
@@ -142,3 +144,23 @@ def show_chart(fig, key: str, window_key: str | None = None) -> None:
             st.session_state[f"{key}_applied"] = box
             st.session_state[f"{window_key}_box"] = box
             st.rerun()
+
+
+def wire_figure(fig: dict) -> dict:
+    """A figure dict as plotly's `Figure.to_dict()` gives it (arrays base64-encoded), unvalidated."""
+    return go.Figure(data=[dict(t) for t in fig["data"]], layout=fig["layout"], _validate=False).to_dict()
+
+
+class _Wired(go.Figure):
+    """A figure already in wire form (`wire_figure`): `st.plotly_chart` takes its `to_dict()` as it is.
+
+    `st.plotly_chart` only asks a Figure for `to_dict()`, so this one skips plotly's
+    `Figure.__init__` (its validators and template cost more than the chart's JSON). The wire
+    dict is shared by every session showing the figure; nothing writes to it.
+    """
+
+    def __init__(self, wired: dict):  # noqa: D107 -- no Figure.__init__: see the class doc
+        object.__setattr__(self, "_wired", wired)
+
+    def to_dict(self) -> dict:
+        return self._wired

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import streamlit as st
 
-from observatory.dashboard.cache import query, query_all
+from observatory.dashboard.cache import derive, query, query_all
 from observatory.dashboard.charts import expert_heatmap, layer_band, layer_heatmap, scatter
 from observatory.dashboard.runs_table import runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
@@ -185,6 +185,30 @@ def _findings_table(findings: pl.DataFrame, layer: int) -> None:
         )
 
 
+def overview_figure(view: dict) -> dict:
+    """The layer x step heatmap of drop fraction, the open layer outlined."""
+    ov = view["overview"]
+    return layer_heatmap(ov, view["layer"], f"Drop fraction, every layer ({_resolution(ov['width'])})")
+
+
+def layer_figures(view: dict, layer: int) -> dict:
+    """The open layer's heatmaps, its busiest experts and the per-layer summaries, from the cached view.
+
+    A pure function of the shared answer: built once for all viewers (`cache.derive`).
+    """
+    hm, series, findings = view["heatmap"], view["series"], view["findings"]
+    order = qe.by_load(hm)
+    marked = _marked(findings.filter(pl.col("layer") == layer))
+    res = _resolution(hm["width"])
+    return {
+        "share": expert_heatmap(hm, "share", order, marked, f"Layer {layer}: load share ({res})"),
+        "drop": expert_heatmap(hm, "drop_frac", order, marked, f"Layer {layer}: dropped / routed ({res})"),
+        "hot": qe.hot_experts(hm, top=10).to_arrow(),  # Arrow: st.dataframe sends it as it is
+        "layers_drop": layer_summary(series, "drop_fraction", "Drop fraction per layer", layer),
+        "layers_hot": layer_summary(series, "hot_max", "Hot expert: max / mean load per layer (worst step)", layer),
+    }
+
+
 def render() -> None:
     st.title("Experts")
     wanted = st.query_params.get("run")
@@ -204,11 +228,7 @@ def render() -> None:
     st.caption(
         f"{len(layers)} layers × {ext['experts']} experts, steps {ext['first_step']:,}–{ext['last_step']:,}"
     )
-    show_chart(
-        layer_heatmap(ov, view["layer"], f"Drop fraction, every layer ({_resolution(ov['width'])})"),
-        key=f"experts_overview_{run}",
-        window_key=wkey,
-    )
+    show_chart(derive(overview_figure, view), key=f"experts_overview_{run}", window_key=wkey)
     c1, c2 = st.columns([1, 3])
     with c1:
         st.session_state[LAYER_KEY] = view["layer"]
@@ -218,30 +238,19 @@ def render() -> None:
     with c2:
         step_window(ext["first_step"], ext["last_step"], key=wkey, used=view["window"])
 
-    hm, series = view["heatmap"], view["series"]
-    order = qe.by_load(hm)
-    marked = _marked(findings.filter(pl.col("layer") == layer))
-    res = _resolution(hm["width"])
+    figs = derive(layer_figures, view, int(layer))
     left, right = st.columns(2)
     with left:
-        show_chart(
-            expert_heatmap(hm, "share", order, marked, f"Layer {layer}: load share ({res})"),
-            key=f"experts_share_{run}",
-            window_key=wkey,
-        )
+        show_chart(figs["share"], key=f"experts_share_{run}", window_key=wkey)
     with right:
-        show_chart(
-            expert_heatmap(hm, "drop_frac", order, marked, f"Layer {layer}: dropped / routed ({res})"),
-            key=f"experts_drop_{run}",
-            window_key=wkey,
-        )
+        show_chart(figs["drop"], key=f"experts_drop_{run}", window_key=wkey)
 
     busy, flagged = st.columns(2)
     with busy:
         st.subheader("Busiest experts")
         st.caption(f"Layer {layer}, this window: load over the mean expert's.")
         st.dataframe(
-            qe.hot_experts(hm, top=10),
+            figs["hot"],
             hide_index=True,
             column_config={
                 "share": st.column_config.NumberColumn("load share", format="percent"),
@@ -256,14 +265,6 @@ def render() -> None:
 
     a, b = st.columns(2)
     with a:
-        show_chart(
-            layer_summary(series, "drop_fraction", "Drop fraction per layer", int(layer)),
-            key=f"experts_layers_drop_{run}",
-            window_key=wkey,
-        )
+        show_chart(figs["layers_drop"], key=f"experts_layers_drop_{run}", window_key=wkey)
     with b:
-        show_chart(
-            layer_summary(series, "hot_max", "Hot expert: max / mean load per layer (worst step)", int(layer)),
-            key=f"experts_layers_hot_{run}",
-            window_key=wkey,
-        )
+        show_chart(figs["layers_hot"], key=f"experts_layers_hot_{run}", window_key=wkey)

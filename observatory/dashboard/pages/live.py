@@ -201,10 +201,12 @@ def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None
         step_window(first, last, key=wkey, used=window)
 
 
-def _panel(run: str) -> None:
+def _panel(run: str, live: bool = False) -> None:
     now = time.time()
-    # one connection for the whole refresh: the run list, the window's series, markers, evals, forecasts
-    view, all_marks, evals, fcs = query_all(*runs_calls(), *panel_calls(run))[len(runs_calls()) :]
+    # one connection for the whole refresh: the run list, the window's series, markers, evals, forecasts;
+    # a live run's is kept fresh in the background while viewers watch it, so no refresh waits for it
+    batch = query_all(*runs_calls(), *panel_calls(run), keep_fresh=live)
+    view, all_marks, evals, fcs = batch[len(runs_calls()) :]
     rows = {r["run"]: r for r in runs_table()}  # from the batch above
     row = rows.get(run)
     if row is None:
@@ -364,5 +366,5 @@ def render() -> None:
     live = status == "running"
     st.caption(f"Refreshing every {REFRESH_S} s." if live else "Not running: shown as of its last event.")
     # only the panel refreshes; a finished run does not poll
-    st.fragment(run_every=REFRESH_S if live else None)(_panel)(run)
+    st.fragment(run_every=REFRESH_S if live else None)(_panel)(run, live)
     render_details(run)

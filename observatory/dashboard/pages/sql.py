@@ -16,7 +16,7 @@ import polars as pl
 import streamlit as st
 
 from observatory import settings, store
-from observatory.dashboard.cache import db_path, query
+from observatory.dashboard.cache import db_path, derive, query
 from observatory.queries import dashboard as qd
 from observatory.queries import user_sql
 
@@ -52,15 +52,24 @@ def _plain(v: Any) -> Any:
 SCHEMA_ICONS = {"table": ":material/table_chart:", "view": ":material/visibility:"}
 
 
-def _schema_browser() -> None:
-    sch = query(qd.schema)
-    st.subheader("Schema")
+def schema_tables(sch: pl.DataFrame) -> list[tuple[str, str, Any]]:
+    """(kind, table, its columns and types as an Arrow table) of each table, then each view.
+
+    Arrow, which `st.dataframe` sends as it is: built once per schema answer for all viewers
+    (`cache.derive`), not converted again by each one."""
+    out = []
     for kind in ("table", "view"):
         part = sch.filter(pl.col("kind") == kind)
         for table in part["table"].unique(maintain_order=True).to_list():
-            cols = part.filter(pl.col("table") == table)
-            with st.expander(table, icon=SCHEMA_ICONS[kind]):
-                st.dataframe(cols.select("column", "type"), hide_index=True, key=f"sql_schema_{table}")
+            out.append((kind, table, part.filter(pl.col("table") == table).select("column", "type").to_arrow()))
+    return out
+
+
+def _schema_browser() -> None:
+    st.subheader("Schema")
+    for kind, table, cols in derive(schema_tables, query(qd.schema)):
+        with st.expander(table, icon=SCHEMA_ICONS[kind]):
+            st.dataframe(cols, hide_index=True, key=f"sql_schema_{table}")
 
 
 def _set_example() -> None:
