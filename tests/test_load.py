@@ -24,6 +24,10 @@ from observatory.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# every test here judges wall-clock behaviour (TTLs of tenths of a second, a view's first chart
+# within its dwell): `make test` runs them in its quiet timing pass, not among the other tests
+pytestmark = pytest.mark.timing
+
 
 @pytest.fixture
 def empty_store(tmp_path, monkeypatch):
