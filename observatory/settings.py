@@ -73,6 +73,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("max_line_bytes", 8 << 20, "ingest rejects an event line longer than this many bytes"),
         Setting("max_rejected_per_file", 1000, "rejected lines of one event log stored with their text in rejected_events; past it they are only counted (ingest_files.rejected), so a hostile log cannot fill the store", low=0),
         Setting("cache_ttl_s", 1.0, "dashboard query cache lifetime"),
+        Setting("dashboard_memory_limit_mb", 1024, "DuckDB memory limit of the dashboard's page queries (its buffer cache and working memory; more spills to disk), so a large store cannot grow the server past it", low=64),
         Setting("anomaly_window", 128, "anomaly detectors: trailing window (logged steps) for rolling baselines"),
         Setting("anomaly_min_history", 16, "anomaly detectors: logged steps of history needed before flagging"),
         Setting("anomaly_loss_z", 6.0, "loss spike: robust sigmas above the recent level (noise: IQR of step-to-step changes over the window)"),

@@ -370,3 +370,25 @@ def test_live_page_draws_the_previous_run_of_the_same_recipe(tmp_path, monkeypat
     assert not at.exception
     (prev,) = traces(specs(at)[0], "previous run")
     assert prev["name"] == "previous run demo-a"
+
+
+def _memory_limit(con) -> str:
+    return con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+
+
+def test_page_queries_run_under_the_dashboard_memory_limit(tmp_path, monkeypatch):
+    """The dashboard's store connections carry `dashboard_memory_limit_mb`, so a large store cannot grow it past that."""
+    from observatory.dashboard import cache
+    from observatory.ingest import ingest
+
+    (tmp_path / "runs").mkdir()
+    db = tmp_path / "store.duckdb"
+    ingest(tmp_path / "runs", db, emit=None)
+    monkeypatch.setenv("OBSERVATORY_DB", str(db))
+    monkeypatch.setenv("OBSERVATORY_CACHE_TTL_S", "0")
+    for mb, shown in (("256", "256.0 MiB"), ("2048", "2.0 GiB")):
+        monkeypatch.setenv("OBSERVATORY_DASHBOARD_MEMORY_LIMIT_MB", mb)
+        assert cache.query(_memory_limit) == shown
+    monkeypatch.setenv("OBSERVATORY_DASHBOARD_MEMORY_LIMIT_MB", "16")
+    with pytest.raises(ValueError, match="dashboard_memory_limit_mb must be at least 64"):
+        cache.query(_memory_limit)

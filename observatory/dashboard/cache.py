@@ -29,7 +29,7 @@ import numpy as np
 
 from observatory import settings, store
 
-__all__ = ["StoreBusy", "db_path", "derive", "query", "query_all"]
+__all__ = ["StoreBusy", "db_path", "derive", "limit_memory", "query", "query_all"]
 
 
 class StoreBusy(RuntimeError):
@@ -124,6 +124,12 @@ def query_all(*calls, keep_fresh: bool = False) -> list[Any]:
     return [out[i] for i in range(len(keys))]
 
 
+def limit_memory(con) -> None:
+    """`dashboard_memory_limit_mb` on a page-query connection: the process's DuckDB instance (buffer
+    cache and working memory) stays under it, whatever the store's size; more spills to disk."""
+    con.execute(f"SET memory_limit = '{int(settings.get('dashboard_memory_limit_mb'))}MiB'")
+
+
 def _fill(keys: list[str], parsed: list[tuple[Callable, tuple]], db: str | None = None) -> dict[int, Any]:
     """Run the whole batch on one connection to `db` (default: the store's path now) and cache each
     result; the caller holds its fill lock.
@@ -133,6 +139,7 @@ def _fill(keys: list[str], parsed: list[tuple[Callable, tuple]], db: str | None 
     out: dict[int, Any] = {}
     try:
         with store.connect(db or db_path()) as con:
+            limit_memory(con)
             for i, (fn, args) in enumerate(parsed):
                 out[i] = fn(con, *args)
                 _put(keys[i], out[i])
