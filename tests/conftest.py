@@ -64,3 +64,16 @@ def make_event():
 @pytest.fixture
 def append_lines():
     return write_lines
+
+
+@pytest.fixture
+def empty_store(tmp_path, monkeypatch):
+    """An ingested store with no runs, set as the dashboard's (OBSERVATORY_DB), its cache TTL 0.3 s."""
+    from observatory.ingest import ingest  # lazy: conftest sets the environment before our modules load
+
+    (tmp_path / "runs").mkdir()
+    db = tmp_path / "store.duckdb"
+    ingest(tmp_path / "runs", db, emit=None)
+    monkeypatch.setenv("OBSERVATORY_DB", str(db))
+    monkeypatch.setenv("OBSERVATORY_CACHE_TTL_S", "0.3")
+    return db

@@ -376,15 +376,10 @@ def _memory_limit(con) -> str:
     return con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
 
 
-def test_page_queries_run_under_the_dashboard_memory_limit(tmp_path, monkeypatch):
+def test_page_queries_run_under_the_dashboard_memory_limit(empty_store, monkeypatch):
     """The dashboard's store connections carry `dashboard_memory_limit_mb`, so a large store cannot grow it past that."""
     from observatory.dashboard import cache
-    from observatory.ingest import ingest
 
-    (tmp_path / "runs").mkdir()
-    db = tmp_path / "store.duckdb"
-    ingest(tmp_path / "runs", db, emit=None)
-    monkeypatch.setenv("OBSERVATORY_DB", str(db))
     monkeypatch.setenv("OBSERVATORY_CACHE_TTL_S", "0")
     for mb, shown in (("256", "256.0 MiB"), ("2048", "2.0 GiB")):
         monkeypatch.setenv("OBSERVATORY_DASHBOARD_MEMORY_LIMIT_MB", mb)

@@ -20,23 +20,12 @@ from pathlib import Path
 import pytest
 
 from observatory.dashboard import cache
-from observatory.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # every test here judges wall-clock behaviour (TTLs of tenths of a second, a view's first chart
 # within its dwell): `make test` runs them in its quiet timing pass, not among the other tests
 pytestmark = pytest.mark.timing
-
-
-@pytest.fixture
-def empty_store(tmp_path, monkeypatch):
-    (tmp_path / "runs").mkdir()
-    db = tmp_path / "store.duckdb"
-    ingest(tmp_path / "runs", db, emit=None)
-    monkeypatch.setenv("OBSERVATORY_DB", str(db))
-    monkeypatch.setenv("OBSERVATORY_CACHE_TTL_S", "0.3")
-    return db
 
 
 CALLS: list[float] = []
