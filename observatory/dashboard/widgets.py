@@ -25,23 +25,18 @@ from observatory.markup import md_escape
 __all__ = ["page_opening", "pick_run", "requested_window", "step_window", "show_chart", "wire_figure"]
 
 
-def page_opening(title: str, caption: str, fn: Callable, *args, empty: str | None = None) -> Any | None:
+def page_opening(title: str, caption: str, fn: Callable, *args) -> Any | None:
     """A page's title and caption, then `query(fn, *args)`: the page's first answer.
 
-    None, after a note saying why, when the page has nothing to show: the store is
-    busy, or `empty` (the note) is given and the answer is empty.
+    None, after a note saying so, when the store is busy.
     """
     st.title(title)
     st.caption(caption)
     try:
-        answer = query(fn, *args)
+        return query(fn, *args)
     except StoreBusy as e:
         st.info(md_escape(e))
         return None
-    if empty is not None and not answer:
-        st.info(empty)
-        return None
-    return answer
 
 
 def pick_run(

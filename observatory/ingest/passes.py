@@ -69,7 +69,6 @@ class IngestReport:
             f"{self.findings} findings written"
         )
 
-
     def _dropped_text(self) -> str:
         return f" ({self.rejected_dropped} of them not stored: max_rejected_per_file)" if self.rejected_dropped else ""
 
