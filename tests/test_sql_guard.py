@@ -144,6 +144,36 @@ def test_memory_limit_names_the_setting(db):
     assert run_user_sql(db, "SELECT 1").rows == [(1,)]
 
 
+def test_a_query_out_of_memory_is_reported_as_memory_not_as_changed_settings(db):
+    # CI once saw this cross-join reported as "changed the locked settings": the read-back of the
+    # settings ran out of memory too, right after the query did
+    for _ in range(3):
+        with pytest.raises(QueryError) as e:
+            run_user_sql(db, "SELECT count(*) FROM range(100000000) a, range(100000000) b", time_limit_ms=3000)
+        assert e.value.setting in ("sql_memory_limit_mb", "sql_time_limit_ms"), e.value.message
+    assert run_user_sql(db, "SELECT 1").rows == [(1,)]
+
+
+@pytest.mark.parametrize(
+    "failed, after, expect",
+    [
+        (None, "same", None),  # the result goes out
+        ({"kind": "memory"}, "same", {"kind": "memory"}),
+        (None, "changed", {"kind": "settings_changed", "retire": True}),
+        ({"kind": "memory"}, "changed", {"kind": "settings_changed", "retire": True}),
+        (None, "unreadable", {"kind": "settings_changed", "retire": True}),  # unverified: withheld
+        ({"kind": "memory"}, "unreadable", {"kind": "memory", "retire": True}),  # keeps its reason
+        ({"kind": "interrupted"}, "unreadable", {"kind": "interrupted", "retire": True}),
+    ],
+)
+def test_the_settings_read_back_decides_what_a_query_earns(failed, after, expect):
+    from observatory.queries.user_sql_worker import _after_query
+
+    before = [("threads", "2")]
+    read = {"same": [("threads", "2")], "changed": [("threads", "8")], "unreadable": None}[after]
+    assert _after_query(failed, before, read) == expect
+
+
 def test_result_size_cap(db, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_SQL_MAX_RESULT_MB", "1")
     with pytest.raises(QueryError, match="sql_max_result_mb"):

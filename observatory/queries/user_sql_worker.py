@@ -401,6 +401,23 @@ def _fingerprint(con) -> list[tuple]:
     ).fetchall()
 
 
+def _after_query(failed: dict | None, before: list[tuple], after: list[tuple] | None) -> dict | None:
+    """The reply a query earns once its settings are read back (None: its result may be sent).
+
+    `after` is None when they could not be read: right after a query ran out of memory,
+    DuckDB may still hold it. A failed query then keeps its own reason (the worker
+    retires, as it cannot be checked); a query that succeeded has its result withheld.
+    Settings that read back changed always withhold, whatever the query did.
+    """
+    if after is None:
+        if failed is not None:
+            return {**failed, "retire": True}
+        return {"kind": "settings_changed", "retire": True}
+    if after != before:
+        return {"kind": "settings_changed", "retire": True}
+    return failed
+
+
 def main() -> None:
     """Serve queries on stdin/stdout until stdin closes; argv: memory limit (MB), threads."""
     out = os.fdopen(os.dup(1), "wb")
@@ -502,10 +519,9 @@ def _serve(req: dict, policy: Policy, out: BinaryIO, store, duckdb) -> dict:
             after = _fingerprint(con)
         except (duckdb.Error, MemoryError):
             after = None
-        if after != before:  # the lock held, or this worker is not to be trusted again
-            return done({"kind": "settings_changed", "retire": True})
-    if failed is not None:
-        return done(failed)
+        verdict = _after_query(failed, before, after)
+    if verdict is not None:
+        return done(verdict)
     try:
         return done({
             "kind": "ok",
