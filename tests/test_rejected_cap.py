@@ -17,7 +17,7 @@ from conftest import event, write_lines
 
 from observatory import store
 from observatory.ingest import ingest as _ingest
-from observatory.ingest import msgspec_lines, passes
+from observatory.ingest import msgspec_lines, passes, sql_lines
 
 CAP = 50
 
@@ -78,7 +78,73 @@ def test_rejected_lines_past_the_cap_are_counted_not_stored(runs_dir, db_path, m
     assert len([m for m in msgs if m.startswith(f"{path}:") and "not stored" not in m]) == CAP  # one per stored
 
 
-@pytest.mark.slow  # ~40 s: a million lines judged one by one
+def mixed_lines(n: int, seed: int) -> list[bytes]:
+    """Junk of every first byte beside lines the one-by-one path must judge: good events, seqs out of order,
+    objects that are no event, bad JSON, blank and indented lines, non-UTF-8, a BOM."""
+    import random
+
+    rng = random.Random(seed)
+    out, seq = [], 0
+    for i in range(n):
+        r = rng.random()
+        if r < 0.45:
+            out.append(rng.choice([b"junk %d" % i, b"[1, 2]", b"123", b'"a string"', b"\xff\xfe%d" % i,
+                                   b"\xef\xbb\xbf" + good(10**6 + i), b"null", b"}{"]))  # fmt: skip
+        elif r < 0.65:
+            seq += 1
+            out.append(good(seq))
+        elif r < 0.7:
+            out.append(good(max(0, seq - 3)))  # a seq not above the previous one
+        elif r < 0.8:
+            out.append(bad(i))
+        elif r < 0.85:
+            out.append(b"{not json %d" % i)
+        elif r < 0.9:
+            out.append(rng.choice([b"", b"   ", b"\r"]))
+        else:
+            seq += 1
+            out.append(b"  " + good(seq))  # leading whitespace: JSON allows it
+    return out
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["msgspec-path", "sql-path"])
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_junk_past_the_cap_counted_in_bulk_leaves_what_one_by_one_leaves(tmp_path, monkeypatch, fast, gz):
+    """`sql_lines.JUNK_FAST` on and off: the same store, report and messages, over passes of a growing file."""
+    monkeypatch.setattr(msgspec_lines, "ENABLED", fast)
+    lines = mixed_lines(1500, seed=3)
+    seen = []
+    for bulk in (True, False):
+        monkeypatch.setattr(sql_lines, "JUNK_FAST", bulk)
+        runs, db = tmp_path / f"runs-{bulk}", tmp_path / f"s-{bulk}.duckdb"
+        reports = []
+        for k, (lo, hi) in enumerate([(0, 20), (20, 700), (700, 1500)]):  # under the cap, past it, far past it
+            name = f"events.{k}.jsonl.gz" if gz else "events.0.jsonl"
+            path = runs / "a" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            data = b"\n".join(lines[lo:hi]) + b"\n"
+            if gz:
+                path.write_bytes(gzip.compress(data))
+            else:
+                with open(path, "ab") as f:
+                    f.write(data)
+            rep, msgs = ingest(runs, db)
+            reports.append((rep.rejected, rep.rejected_dropped, rep.events, rep.duplicates,
+                            [m.replace(str(runs), "<runs>") for m in msgs]))  # fmt: skip
+        seen.append((
+            reports,
+            q(db, "SELECT file, line, field, reason, raw FROM rejected_events ORDER BY file, line"),
+            q(db, "SELECT path, line, rejected, rejected_dropped, last_seq FROM ingest_files ORDER BY path"),
+            q(db, "SELECT step, name, value FROM metrics ORDER BY step, name"),
+        ))  # fmt: skip
+    assert seen[0] == seen[1]
+    reports, rejected, files, metrics = seen[0]
+    assert any(dropped for *_, dropped, _ in files)  # the cap was reached, and held in every file:
+    assert all(rejected_n - dropped == min(rejected_n, CAP) for _, _, rejected_n, dropped, _ in files)
+    reasons = " ".join(r[3] for r in rejected)
+    assert "bad JSON" in reasons and "seq" in reasons and "UTF-8" in reasons and metrics
+
+
 def test_a_gzip_bomb_of_short_bad_lines_stores_at_most_the_cap(runs_dir, db_path):
     """A few hundred KB on disk, 10^6 short bad lines inside: the store keeps CAP rows and the count."""
     n_bad = 1_000_000

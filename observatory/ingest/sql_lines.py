@@ -43,6 +43,12 @@ from observatory.redact import scrub_event, scrub_text
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
 MESSAGE_LIMIT = 200  # rejection messages kept per batch and report (the rest: rejected_events, ingest_files)
+# Lines that no check could accept (their first byte is neither `{` nor whitespace) and that fall past a
+# file's `max_rejected_per_file` are counted in bulk, not judged one by one: a junk bomb costs a scan.
+# The stored rejections and every count are the same either way (tests turn it off to compare).
+JUNK_FAST = True
+_JUNK_FIRST = np.ones(256, bool)
+_JUNK_FIRST[[9, 10, 11, 12, 13, 32, ord("{")]] = False  # whitespace: a blank line is skipped, not rejected
 U16, U32, I32, I64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 31) - 1, (1 << 63) - 1
 
 @dataclass(frozen=True)
@@ -289,6 +295,19 @@ class _Batch:
         if len(self.messages) < MESSAGE_LIMIT:
             self.messages.append(f"{lf.path}:{line}: {reason}")
 
+    def room(self, lf: LogFile) -> int | None:
+        """Rejected lines of `lf` that may still be stored with their text (None: `lf` is not tracked)."""
+        st = self.files.get(lf.rel)
+        return None if st is None else max(0, self.max_rejected - (st.rejected - st.rejected_dropped))
+
+    def count_dropped(self, lf: LogFile, n: int) -> None:
+        """`n` rejected lines of a tracked `lf` past its cap: what `reject` does to each such line, at once."""
+        st = self.files[lf.rel]
+        self.n_rejected += n
+        st.rejected += n
+        st.rejected_dropped += n
+        self.dropped[lf.rel] = (lf, self.dropped.get(lf.rel, (lf, 0))[1] + n)
+
     def dropped_messages(self) -> list[str]:
         """One line per file whose rejected lines went past `max_rejected` in this batch."""
         out = []
@@ -465,9 +484,11 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
         tbl = tbl.set_column(1, "line", tbl.column("line").cast(pa.large_string()))  # validates UTF-8
     except pa.ArrowInvalid:
         big |= np.array([not _is_utf8(ch.data[offs[i] : offs[i + 1]]) for i in range(n)])
-    if big.any():
+    skip = _junk_past_cap(b, lf, ch.data, offs) if JUNK_FAST else None  # counted already
+    out = big if skip is None else big | skip
+    if out.any():
         # oversized and non-UTF-8 lines go to _check_line (which rejects them); the rest is staged
-        keep = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(~big, bitorder="little"))])
+        keep = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(~out, bitorder="little"))])
         tbl = tbl.filter(keep)
         tbl = tbl.set_column(1, "line", tbl.column("line").cast(pa.large_string()))
     con.register("_lines", tbl)
@@ -481,7 +502,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
         # siblings' ranges -- no per-line Python at all; insert straight from the stage
         accepted_sql, n_accepted = "WHERE ok AND", n  # + "<condition>"
     else:
-        accepted = _accept_lines(b, lf, st, ch, staged, big, lengths, offs, base, max_line)
+        accepted = _accept_lines(b, lf, st, ch, staged, big, lengths, offs, base, max_line, skip)
         accepted_sql, n_accepted = "SEMI JOIN _acc USING (lineno) WHERE", len(accepted)
         if accepted:
             con.register("_acc", pa.table({"lineno": int64s(np.array(accepted, np.int64))}))
@@ -506,13 +527,34 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
     st.offset = ch.end
 
 
+def _junk_past_cap(b: _Batch, lf: LogFile, data: bytes, offs: np.ndarray) -> np.ndarray | None:
+    """(L,) the lines that cannot be events and fall past `lf`'s rejected cap, now counted; None if there are none.
+
+    The first `room` such lines stay with the others, so the lines stored are those the one-by-one
+    path stores: the first rejections in file order (any junk line among them is one of those `room`).
+    """
+    room = b.room(lf)
+    if room is None or len(offs) < 2:
+        return None
+    junk = np.flatnonzero(_JUNK_FIRST[np.frombuffer(data, np.uint8)[offs[:-1]]])
+    if len(junk) <= room:
+        return None
+    skip = np.zeros(len(offs) - 1, bool)
+    skip[junk[room:]] = True
+    b.count_dropped(lf, len(junk) - room)
+    return skip
+
+
 def _accept_lines(b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, staged: dict, big: np.ndarray,
-                  lengths: np.ndarray, offs: np.ndarray, base: int, max_line: int) -> list[int]:
-    """Line by line, in file order: seq checks of staged ok lines, rejections, `_check_line`; the accepted ok lines."""
+                  lengths: np.ndarray, offs: np.ndarray, base: int, max_line: int,
+                  skip: np.ndarray | None = None) -> list[int]:  # fmt: skip
+    """Line by line, in file order: seq checks of staged ok lines, rejections, `_check_line`; the accepted ok lines.
+
+    Lines in `skip` were rejected and counted already (`_junk_past_cap`)."""
     ok_of = dict.fromkeys(staged["lineno"][np.ma.filled(staged["ok"], False).astype(bool)].tolist())
     seq_of = dict(zip(staged["lineno"].tolist(), staged["seq"].tolist(), strict=True)) if ok_of else {}
     accepted: list[int] = []
-    for i in range(len(lengths)):
+    for i in range(len(lengths)) if skip is None else np.flatnonzero(~skip).tolist():
         lineno = base + 1 + i
         if lineno in ok_of:
             if _seq_ok(b, lf, st, lineno, seq_of[lineno], ch.data, offs[i], offs[i + 1] - 1):
