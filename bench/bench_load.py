@@ -28,6 +28,7 @@ with N at once:
 
     nice .venv/bin/python bench/bench_load.py                      # 20 viewers x 120 s
     nice .venv/bin/python bench/bench_load.py --viewers 5 --duration 20
+    .venv/bin/python bench/bench_load.py --trainer-nice 10       # the trainer yields the cores to visitors
 """
 
 from __future__ import annotations
@@ -334,7 +335,8 @@ def growth_mb_per_min(samples: list[tuple[float, float]]) -> float:
 class World:
     """Trainer, follower and dashboard over one temp runs dir and store; all on 127.0.0.1, all stopped at exit."""
 
-    def __init__(self, tmp: Path, steps: int = 1_000_000):
+    def __init__(self, tmp: Path, steps: int = 1_000_000, trainer_nice: int = 0):
+        self.trainer_nice = trainer_nice
         self.runs_dir, self.db, self.tmp = tmp / "runs", tmp / "store.duckdb", tmp
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.procs: list[subprocess.Popen] = []
@@ -355,9 +357,10 @@ class World:
     def start(self, timeout_s: float = 240.0) -> None:
         obs = [str(BIN / "observatory")]
         where = ["--runs-dir", str(self.runs_dir), "--db", str(self.db)]
+        nice = ["nice", "-n", str(self.trainer_nice)] if self.trainer_nice else []
         self.trainer = self._spawn(
             "trainer",
-            [str(BIN / "trainer"), "train", "--config", "trainer/configs/tiny.yaml", "--runs-dir", str(self.runs_dir),
+            [*nice, str(BIN / "trainer"), "train", "--config", "trainer/configs/tiny.yaml", "--runs-dir", str(self.runs_dir),
              "--run-id", RUN, f"steps={self.steps}", "checkpoint.every=1000000"],
         )  # fmt: skip
         deadline = time.time() + timeout_s
@@ -597,6 +600,9 @@ def main() -> None:
     ap.add_argument("--viewers", type=int, default=20)
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of load (hard stop)")
     ap.add_argument("--single-views", type=int, default=4, help="baseline views per page with one viewer")
+    ap.add_argument("--trainer-nice", type=int, default=0, metavar="N",
+                    help="run the trainer under `nice -n N`: as on a server whose visitors come before a trainer "
+                         "that shares its cores (the lab's own trainer runs on its cluster)")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, store)")
     ap.add_argument("--profile", type=Path, help="write py-spy's collapsed stacks of the dashboard under load here")
     args = ap.parse_args()
@@ -604,9 +610,10 @@ def main() -> None:
         ap.error("bounded: at most 50 viewers and 600 s")
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
     try:
-        with World(tmp) as world:
+        with World(tmp, trainer_nice=args.trainer_nice) as world:
             figs = measure(world, args.viewers, args.duration, args.single_views, profile=args.profile)
         print("\n".join(figs.lines()))
+        print(f"  trainer: nice {args.trainer_nice}" + ("" if args.trainer_nice else " (it competes with the server as an equal)"))
     finally:
         if args.keep:
             print(f"kept {tmp}")

@@ -378,7 +378,7 @@ def _settings_sql(memory_mb: int, threads: int) -> list[str]:
         "SET python_enable_replacements = false",
         "SET autoinstall_known_extensions = false",
         "SET autoload_known_extensions = false",
-        f"SET memory_limit = '{int(memory_mb)}MB'",
+        f"SET memory_limit = '{int(memory_mb)}MiB'",  # MiB, as the rlimit and the dashboard's limit count
         f"SET threads = {int(threads)}",
         "SET enable_progress_bar = false",
         "SET enable_progress_bar_print = false",
