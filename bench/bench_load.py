@@ -550,7 +550,7 @@ def measure(
         spy = None
         if profile is not None:
             spy = subprocess.Popen(
-                ["py-spy", "record", "--pid", str(world.server.pid), "--duration", str(int(duration_s)),
+                [str(BIN / "py-spy") if (BIN / "py-spy").exists() else "py-spy", "record", "--pid", str(world.server.pid), "--duration", str(int(duration_s)),
                  "--rate", "50", "--nonblocking", "--gil", "--format", "raw", "--output", str(profile)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip

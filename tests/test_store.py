@@ -184,3 +184,21 @@ def test_run_status_is_one_definition_for_ingest_cli_and_reports(runs_dir, db_pa
         info = qr.run_info(con, "notes")
         assert "notes" not in {r["run"] for r in list_runs(con)}
     assert report.effective_status({**info, "writer_t": None}) == "records"
+
+
+@pytest.mark.parametrize("name", ["store.duckdb", "temp.duckdb", "it's.duckdb"])
+def test_the_writer_writes_big_row_groups_under_the_store_s_own_name(tmp_path, name):
+    """Row groups of `ROW_GROUP_ROWS` (DuckDB's default is 8x smaller): a filtered query on a fresh
+    instance reads every row group's statistics, which at 2x10^9 rows cost ~0.4 s a page."""
+    path = tmp_path / name
+    n = store.ROW_GROUP_ROWS * 2 + 5
+    with store.write_connection(path) as con:
+        store.ensure_schema(con)
+        con.execute("INSERT INTO expert_load SELECT 'r', i // 1000, 0, i % 1000, 1, 0 FROM range(?) t(i)", [n])
+    with store.write_connection(path) as con:  # a later writer appends into the same size of group
+        assert con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0] == f"{path}.tmp"
+        con.execute("INSERT INTO expert_load SELECT 'r', 10**6 + i // 1000, 0, i % 1000, 1, 0 FROM range(?) t(i)", [n])
+    with store.connect(path) as con:
+        groups = con.execute("SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('expert_load')").fetchall()
+        assert groups[0][0] == -(-2 * n // store.ROW_GROUP_ROWS)  # 5, where DuckDB's default gives 35
+        assert con.execute("SELECT count(*) FROM latest_metrics").fetchall() == [(0,)]  # views bind as before

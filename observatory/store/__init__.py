@@ -5,11 +5,13 @@
   definition of the status readers show (`crashed` after `stale_after_s` of silence).
 - `connection`: `connect` (read-only), `write_connection` (the ingester's), `using`
   (a path or an open connection), and the `flock` turnstile that makes them safe
-  across processes (`StoreBusy` when the store stays busy).
+  across processes (`StoreBusy` when the store stays busy); the writer writes row groups of
+  `ROW_GROUP_ROWS`.
 - `rollups`: ingest-time summaries that keep the dashboard's queries cheap.
 """
 
 from observatory.store.connection import (
+    ROW_GROUP_ROWS,
     StoreBusy,
     StoreConnection,
     connect,
@@ -34,6 +36,7 @@ from observatory.store.schema import (
 
 __all__ = [
     "DDL",
+    "ROW_GROUP_ROWS",
     "RUN_COLUMNS",
     "RUN_JSON_COLUMNS",
     "SCHEMA_DOC",
