@@ -322,6 +322,47 @@ class RssSampler:
         return [(t, mb) for t, mb in self.samples if t0 <= t <= t1]
 
 
+class LockWatch:
+    """When the store's writer holds `<store>.lock` exclusively (an ingest batch with its hooks), read from
+    /proc/locks every 5 ms: a probe that takes no lock, so it cannot delay the writer or the readers."""
+
+    def __init__(self, db: Path):
+        self.lock = db.with_name(db.name + ".lock")
+        self.holds: list[tuple[float, float]] = []  # (start, end), wall time
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _held(self, inode: int) -> bool:
+        with open("/proc/locks") as f:
+            return any(" WRITE " in line and line.split()[5].endswith(f":{inode}") for line in f if "FLOCK" in line)
+
+    def _run(self) -> None:
+        since = None
+        while not self._stop.wait(0.005):
+            try:
+                held = self._held(os.stat(self.lock).st_ino)
+            except (OSError, IndexError):
+                continue
+            now = time.time()
+            if held and since is None:
+                since = now
+            elif not held and since is not None:
+                self.holds.append((since, now))
+                since = None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def summary(self, t0: float, t1: float) -> str:
+        ms = [1000 * (b - a) for a, b in self.holds if t0 <= a <= t1]
+        if not ms:
+            return "  store write lock: never seen held (or /proc/locks unreadable)"
+        return (f"  store write lock (the follower's batches): held {sum(ms) / 10 / (t1 - t0):.0f} % of the load, "
+                f"{len(ms)} holds, p50 {pct(ms, 50):.0f} ms, p95 {pct(ms, 95):.0f} ms, max {max(ms):.0f} ms")  # fmt: skip
+
+
 def growth_mb_per_min(samples: list[tuple[float, float]]) -> float:
     """Least-squares slope of RSS over the second half of the samples, MB/min."""
     half = samples[len(samples) // 2 :]
@@ -449,6 +490,7 @@ class Figures:
     cpu_refresh: list[float] = field(default_factory=list)
     server_cpu_s: float = 0.0  # under load: the server's CPU seconds in all
     refreshes: int = 0  # under load: the Live auto-refreshes asked for
+    lock_line: str = ""  # under load: how long the writer held the store (`LockWatch`)
 
     def ratio(self, page: str | None = None) -> float:
         pages = [page] if page else [p for p in PAGES if self.load.get(p) and self.single.get(p)]
@@ -507,6 +549,8 @@ class Figures:
             f"follower {self.cpu.get('follower', 0):.0f}; machine load average {self.load_avg:.1f} "
             f"({os.cpu_count()} cores)"
         )
+        if self.lock_line:
+            out.append(self.lock_line)
         for name, good in self.ok().items():
             out.append(f"  {'PASS' if good else 'FAIL'}  {name}")
         return out
@@ -524,6 +568,7 @@ def measure(
     sqls = list(SQL_EXAMPLES.values())
     clock = StepClock(world.runs_dir)
     rss = RssSampler(world.server.pid)
+    locks = LockWatch(world.db)
     try:
         # warm-up: the server's first page view imports the pages' modules and plotly
         asyncio.run(view_page(world.port, "live", page_query("live"), 10.0))
@@ -570,6 +615,7 @@ def measure(
     finally:
         clock.stop()
         rss.stop()
+        locks.stop()
     load = {p: [v.first for v in views if v.page == p and v.first is not None] for p in PAGES}
     at, before = staleness([v for v in views if v.page == "live"], clock)
     during = rss.between(t_idle, t_end)
@@ -592,6 +638,7 @@ def measure(
         cpu_refresh=cpu_refresh,
         server_cpu_s=c1.user + c1.system - c0.user - c0.system,
         refreshes=sum(v.refreshes for v in views),
+        lock_line=locks.summary(t_idle, t_end),
     )
 
 
