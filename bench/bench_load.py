@@ -24,7 +24,9 @@ with N at once:
   the age of the oldest step the viewer is not yet shown, at each refresh and just
   before the next one (the worst moment; goal <= 5 s);
 - the dashboard process's RSS, sampled every second: peak, and its growth over
-  the second half (MB/min), goal peak < 1500 MB.
+  the second half (MB/min), goal peak < 1500 MB;
+- how long the follower held the store's write lock (readers wait for it): share
+  of the load's time, and the holds' p50/p95/max, from /proc/locks.
 
     nice .venv/bin/python bench/bench_load.py                      # 20 viewers x 120 s
     nice .venv/bin/python bench/bench_load.py --viewers 5 --duration 20
