@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["numeric", "int64s", "column"]
+__all__ = ["numeric", "int64s", "column", "flush"]
 
 I32 = (1 << 31) - 1
 
@@ -57,3 +57,36 @@ def column(values: list, typ: pa.DataType) -> pa.Array:
     else:
         data = pa.py_buffer(np.array(values, _NUMPY[typ]))
     return pa.Array.from_buffers(typ, n, [_validity(nulls), data])
+
+
+# ------------------------------------------------------------------ a batch's rows from Python lists
+
+_S, _F64, _I64, _U16 = pa.string(), pa.float64(), pa.int64(), pa.uint16()
+_METRICS = {"run": _S, "step": _I64, "name": _S, "value": _F64, "t": _F64, "host": _U16}
+_EXPERTS = {"run": _S, "step": pa.int32(), "layer": _U16, "expert": _U16, "routed": pa.uint32(), "dropped": pa.uint32()}
+_EVENTS = {"run": _S, "host": _U16, "seq": _I64, "kind": _S, "step": _I64, "t": _F64, "v": _U16, "known": pa.bool_(),
+           "data": _S}  # fmt: skip
+_REJECTED = {"file": _S, "run": _S, "line": _I64, "field": _S, "reason": _S, "raw": _S, "ingested_at": _F64}
+
+
+def _append(con, columns: dict[str, list], types: dict[str, pa.DataType], insert: str) -> None:
+    """Register `columns` (lists, typed by `types`) as `_staged` and run `insert` over it."""
+    con.register("_staged", pa.table({k: column(list(columns[k]), t) for k, t in types.items()}))
+    try:
+        con.execute(insert)
+    finally:
+        con.unregister("_staged")
+
+
+def flush(con, b) -> None:
+    """Bulk-append everything `sql_lines._check_line` put in the batch `b` (a `sql_lines._Batch`)."""
+    if b.metrics["run"]:
+        _append(con, b.metrics, _METRICS, "INSERT INTO metrics SELECT * FROM _staged")
+    if b.experts["run"]:
+        _append(con, b.experts, _EXPERTS, "INSERT INTO expert_load SELECT * FROM _staged")
+    if b.events:
+        _append(con, dict(zip(_EVENTS, zip(*b.events, strict=True), strict=True)), _EVENTS,
+                "INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _staged")
+    if b.rejected:  # a file of random bytes can reject 10^5 lines: bulk, not executemany
+        _append(con, dict(zip(_REJECTED, zip(*b.rejected, strict=True), strict=True)), _REJECTED,
+                f"INSERT INTO rejected_events ({', '.join(_REJECTED)}) SELECT * FROM _staged")

@@ -25,6 +25,7 @@ from observatory import settings, store
 from observatory.events import OBSERVATORY_HOST, STATUSES
 from observatory.ingest import files as fs
 from observatory.ingest import hooks
+from observatory.ingest.arrow import flush
 from observatory.ingest.redaction import redact_metric_names
 from observatory.ingest.runs import mark_crashed, update_runs
 from observatory.ingest.sql_lines import (
@@ -32,7 +33,6 @@ from observatory.ingest.sql_lines import (
     LogFile,
     _Batch,
     _FileState,
-    _flush,
 )
 
 __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]
@@ -159,7 +159,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
                 mark_crashed(con, now)
                 con.execute("COMMIT")
                 return None, False
-            _flush(con, b)
+            flush(con, b)
             redact_metric_names(con, b)
             update_runs(con, b)
             mark_crashed(con, now)

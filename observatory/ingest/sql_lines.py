@@ -38,7 +38,7 @@ from observatory.events import (
     encode_value,
     validate_event,
 )
-from observatory.ingest.arrow import column, int64s
+from observatory.ingest.arrow import int64s
 from observatory.redact import scrub_event, scrub_text
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
@@ -586,36 +586,3 @@ def _is_utf8(raw: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
-
-
-# ------------------------------------------------------------------ writing
-
-_S, _F64, _I64, _U16 = pa.string(), pa.float64(), pa.int64(), pa.uint16()
-_METRICS = {"run": _S, "step": _I64, "name": _S, "value": _F64, "t": _F64, "host": _U16}
-_EXPERTS = {"run": _S, "step": pa.int32(), "layer": _U16, "expert": _U16, "routed": pa.uint32(), "dropped": pa.uint32()}
-_EVENTS = {"run": _S, "host": _U16, "seq": _I64, "kind": _S, "step": _I64, "t": _F64, "v": _U16, "known": pa.bool_(),
-           "data": _S}  # fmt: skip
-_REJECTED = {"file": _S, "run": _S, "line": _I64, "field": _S, "reason": _S, "raw": _S, "ingested_at": _F64}
-
-
-def _append(con, columns: dict[str, list], types: dict[str, pa.DataType], insert: str) -> None:
-    """Register `columns` (lists, typed by `types`) as `_staged` and run `insert` over it."""
-    con.register("_staged", pa.table({k: column(list(columns[k]), t) for k, t in types.items()}))
-    try:
-        con.execute(insert)
-    finally:
-        con.unregister("_staged")
-
-
-def _flush(con, b: _Batch) -> None:
-    """Bulk-append everything `_check_line` produced."""
-    if b.metrics["run"]:
-        _append(con, b.metrics, _METRICS, "INSERT INTO metrics SELECT * FROM _staged")
-    if b.experts["run"]:
-        _append(con, b.experts, _EXPERTS, "INSERT INTO expert_load SELECT * FROM _staged")
-    if b.events:
-        _append(con, dict(zip(_EVENTS, zip(*b.events, strict=True), strict=True)), _EVENTS,
-                "INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _staged")
-    if b.rejected:  # a file of random bytes can reject 10^5 lines: bulk, not executemany
-        _append(con, dict(zip(_REJECTED, zip(*b.rejected, strict=True), strict=True)), _REJECTED,
-                f"INSERT INTO rejected_events ({', '.join(_REJECTED)}) SELECT * FROM _staged")
