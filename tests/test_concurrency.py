@@ -112,10 +112,11 @@ def _scenario(tmp_path: Path) -> int:
 
     for c in cli_runs:
         assert c.returncode == 0 and "lock" not in c.stderr.lower(), c.stderr
-    lags = []
+    lags, spans = [], []
     for out, err in r_outs:
         assert "Traceback" not in err, err
         samples = [json.loads(line) for line in out.splitlines()]
+        spans.append((len(samples), samples[0][0] if samples else None, samples[-1][0] if samples else None))
         assert samples, "reader produced nothing"
         errors = [s for s in samples if s[1] == "ERROR"]
         assert not errors, errors[:3]
@@ -123,7 +124,11 @@ def _scenario(tmp_path: Path) -> int:
             due = [s for s, t in logged.items() if t < t_read - 2.0]  # logged more than 2 s before the read
             if due:
                 lags.append(max(due) - (seen if seen is not None else -1))
-    assert len(lags) >= 3, "too few reads overlapped the writer to judge freshness"
+    assert len(lags) >= 3, (
+        "too few reads overlapped the writer to judge freshness: the writer logged "
+        f"{len(logged)} steps, t {min(logged.values(), default=0):.2f}..{max(logged.values(), default=0):.2f}; "
+        f"the readers' (samples, first t, last t): {spans}"
+    )
     assert "lock" not in f_err.lower() and "busy" not in f_err.lower(), f_err
 
     from observatory.store import connect
