@@ -276,15 +276,14 @@ class _Batch:
         self.files[lf.rel] = st
 
     def reject(self, lf: LogFile, line: int, fld: str | None, reason: str, raw: bytes | str) -> None:
+        if self.room(lf) == 0:
+            # a hostile log (a gzip bomb of bad lines) must not fill the store: count it, keep no text
+            self.count_dropped(lf, 1)
+            return
         self.n_rejected += 1
         st = self.files.get(lf.rel)
         if st is not None:
             st.rejected += 1
-            if st.rejected - st.rejected_dropped > self.max_rejected:
-                # a hostile log (a gzip bomb of bad lines) must not fill the store: count it, keep no text
-                st.rejected_dropped += 1
-                self.dropped[lf.rel] = (lf, self.dropped.get(lf.rel, (lf, 0))[1] + 1)
-                return
         if isinstance(raw, bytes):
             raw = raw[:RAW_CAP].decode("utf-8", "replace")
         # the raw line and the reason (which may quote a value) are public text: secrets hidden
