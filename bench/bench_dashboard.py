@@ -49,7 +49,6 @@ from observatory.queries import experts as qe  # noqa: E402
 
 CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
 RSS_MB: list[float] = []  # peak RSS of each streamlit server, app first
-PAGES_RSS_MB: list[float] = []  # this process's peak RSS after the page queries (before the reference scans)
 
 
 def build_real(db: Path, steps: int) -> None:
@@ -132,7 +131,8 @@ def plain_scans(con, run: str) -> list[tuple[str, float]]:
     return out
 
 
-def bench_queries(db: Path) -> float:
+def bench_queries(db: Path) -> tuple[float, float]:
+    """(the slowest page's ms, this process's peak RSS in MB after the page queries, before the reference scans)."""
     import duckdb
 
     worst = 0.0
@@ -171,11 +171,11 @@ def bench_queries(db: Path) -> float:
         )
     import resource
 
-    PAGES_RSS_MB.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # before the reference scans
+    pages_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the reference scans
     with store.connect(db) as con:
         for label, ms in plain_scans(con, RUN):
             print(f"| (reference) | {label} | {ms:.1f} | {ms / GOAL_MS:.2f} |")
-    return worst
+    return worst, pages_mb
 
 
 # ---------------------------------------------------------------- 2. browser
@@ -301,10 +301,11 @@ def main() -> None:
     with store.connect(db) as con:
         n_rows = con.execute("SELECT count(*) FROM expert_load").fetchall()[0][0]
     try:
-        worst = None if a.only == "browser" else bench_queries(db)
         import resource
 
-        self_mb = PAGES_RSS_MB[-1] if PAGES_RSS_MB else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        worst, self_mb = (
+            (None, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024) if a.only == "browser" else bench_queries(db)
+        )
         print(f"\npeak RSS of this process after the page queries (before the reference scans): {self_mb:.0f} MB")
         browser = None if a.no_browser or a.only == "queries" else bench_browser(db, a.repeats)
     finally:
