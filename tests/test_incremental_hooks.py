@@ -129,3 +129,53 @@ def test_expert_scan_equals_the_pivot_of_per_expert_sums(tmp_path):
             )
     assert {f.detector for f in ref} == {"hot_expert", "dead_expert"}
 
+
+
+def test_after_commit_hooks_read_beside_readers_and_their_state_lands_in_the_store(tmp_path, no_stall, monkeypatch):
+    """The detectors run on a read-only connection: another process opens the store while they run (the
+    write lock is the batch's alone). Their state is written by the next batch, or at the end of the call."""
+    import subprocess
+    import sys
+
+    from observatory.ingest import hooks
+
+    src, runs, db = tmp_path / "src", tmp_path / "runs", tmp_path / "obs.duckdb"
+    simulate("tiny", src, steps=120, expert_load_every=1)
+    log = next(src.glob("sim-tiny/events.0.jsonl"))
+    lines = log.read_bytes().splitlines(keepends=True)
+    (runs / "sim-tiny").mkdir(parents=True)
+    dst = runs / "sim-tiny" / "events.0.jsonl"
+    dst.write_bytes(b"".join(lines[: len(lines) // 2]))
+    opened: list[str] = []
+    real = A.after_ingest
+
+    def hook(con, runs_dir, wanted, **kw):
+        probe = (f"from observatory import store\nwith store.connect(r'{db}', timeout_s=0.5) as c:\n"
+                 "    print(c.execute('SELECT count(*) FROM runs').fetchall()[0][0])")  # fmt: skip
+        p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+        opened.append(p.stdout.strip() if p.returncode == 0 else f"failed: {p.stderr[-300:]}")
+        real(con, runs_dir, wanted, **kw)
+        return set()  # as if it found nothing: no findings round, whose batch would save the state at once
+
+    monkeypatch.setattr(A, "after_ingest", hook)
+    # the detectors alone after the commit: the other hooks' findings would start a findings round
+    monkeypatch.setattr(hooks, "BUILTIN", tuple(h for h in hooks.BUILTIN if h.name in ("rollups", "anomalies")))
+    monkeypatch.setattr(hooks, "save_pending_to", lambda db, emit: None)  # only the next batch saves
+    ingest(runs, db, emit=None)
+    assert opened and all(x.isdigit() for x in opened), opened  # a reader got in during the hooks
+    reached = dict(A._STATE[(str(runs.resolve()), "sim-tiny")])
+    assert A.unsaved_state(db)
+    with connect(db) as con:
+        assert qa.detector_state(con, "sim-tiny") != reached  # not written yet: the hooks could not
+    with open(dst, "ab") as f:
+        f.write(b"".join(lines[len(lines) // 2 :]))
+    ingest(runs, db, emit=None)  # its batch writes what the last hooks reached
+    with connect(db) as con:
+        saved = qa.detector_state(con, "sim-tiny")
+    assert saved == reached and saved["series"] < A._STATE[(str(runs.resolve()), "sim-tiny")]["series"]
+    monkeypatch.undo()
+    monkeypatch.setenv("OBSERVATORY_ANOMALY_STALL_S", "1e12")
+    hooks.save_pending_to(db, print)  # what the end of an ingest call does
+    assert not A.unsaved_state(db)
+    with connect(db) as con:
+        assert qa.detector_state(con, "sim-tiny") == A._STATE[(str(runs.resolve()), "sim-tiny")]

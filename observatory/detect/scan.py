@@ -76,6 +76,8 @@ from observatory.store import StoreBusy, using, write_connection
 
 __all__ = [
     "SERIES",
+    "save_state",
+    "unsaved_state",
     "detect_frame",
     "detect_series",
     "after_ingest",
@@ -307,8 +309,20 @@ def scan_run(
 _PENDING: dict[tuple[str, str], dict[str, int]] = {}
 
 
+# store file -> {(run, detector group): through}: state reached on a read-only connection (ingest's
+# after-commit hooks read the store beside the dashboard's readers), written by that store's next write
+# transaction (`save_state`: ingest's next batch, or the write at the end of an `ingest` call)
+_UNSAVED: dict[str, dict[tuple[str, str], int]] = {}
+
+
+def _store_key(path) -> str:
+    return str(Path(path).resolve())
+
+
 def _commit_state(db, runs_dir: Path, runs: list[str]) -> None:
-    """The scanned runs' state: into this process's `_STATE` and the store's `detector_state`."""
+    """The scanned runs' state: into this process's `_STATE` and the store's `detector_state`.
+
+    On a read-only store connection the rows wait in `_UNSAVED` for the store's next write."""
     rows = []
     for run in runs:
         key = (str(Path(runs_dir).resolve()), run)
@@ -317,13 +331,32 @@ def _commit_state(db, runs_dir: Path, runs: list[str]) -> None:
             continue
         _STATE[key] = st
         rows += [(run, group, through) for group, through in st.items()]
-    if not rows or (hasattr(db, "execute") and getattr(db, "read_only", True)):
-        return  # an open read-only connection: the process's state has to do
+    if not rows:
+        return
+    if hasattr(db, "execute") and getattr(db, "read_only", True):
+        if getattr(db, "path", None) is not None:  # a store connection: its next write saves them
+            _UNSAVED.setdefault(_store_key(db.path), {}).update({(r, g): t for r, g, t in rows})
+        return  # else (a bare DuckDB connection): the process's state has to do
     try:
         with nullcontext(db) if hasattr(db, "execute") else write_connection(db) as con:
             con.executemany("INSERT OR REPLACE INTO detector_state VALUES (?, ?, ?)", rows)
     except (StoreBusy, duckdb.Error) as e:  # a cache: the next scan re-reads a little more, never misses
         print(f"observatory anomalies: detector state not saved ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def unsaved_state(db) -> bool:
+    """Whether scans on read-only connections to the store `db` reached state its file does not hold yet."""
+    return bool(_UNSAVED.get(_store_key(db)))
+
+
+def save_state(con) -> int:
+    """Write the state that scans on read-only connections reached into `con`'s store: `con` is a write
+    connection (inside the caller's transaction, which commits it). Returns the rows written."""
+    rows = _UNSAVED.pop(_store_key(con.path), None)
+    if rows:
+        con.executemany("INSERT OR REPLACE INTO detector_state VALUES (?, ?, ?)",
+                        [(run, group, through) for (run, group), through in rows.items()])  # fmt: skip
+    return len(rows or ())
 
 
 def write_findings(runs_dir: Path, run: str, found: list[Finding], scanned_through: int | None) -> None:

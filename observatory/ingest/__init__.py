@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from observatory import settings, store
+from observatory.ingest import hooks as ingest_hooks
 from observatory.ingest.files import scan
 from observatory.ingest.passes import Follower, IngestReport, one_pass, write_failure
 from observatory.ingest.sql_lines import LogFile
@@ -105,6 +106,8 @@ def ingest(
             report.passes += 1
             if not follow or stop.wait(settings.get("follow_interval_s")):
                 break
+        if hooks:
+            ingest_hooks.save_pending_to(db, emit)  # the last batch's detector state: nothing else writes it
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)

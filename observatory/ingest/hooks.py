@@ -15,15 +15,16 @@ implementation is a module's `after_ingest` function:
     Runs after the batch's commit, outside its transaction, on the runs whose own
     writers sent events in the batch. `db` is one open connection that every
     after-commit hook of the batch shares (opening a DuckDB store costs ~20 ms of
-    CPU, and closing a written one a checkpoint; a batch would otherwise pay that
-    four times): a read-write one, so the detectors can keep their state in the
-    store, held for the hooks' run only (they read what is new, so it is short),
-    then closed, which lets readers in before the next batch. A hook reads the
-    store through it (`store.using`) and writes findings as host-1000 events into
-    run folders; it returns the runs whose folders got new events (read by
-    truthiness, so a bool works too). If it raises, ingest reports it and goes on.
-    When a hook wrote, the pass ingests once more, so one `observatory ingest`
-    leaves its findings in the store.
+    CPU; a batch would otherwise pay that four times): a READ-ONLY one, so the
+    hooks read beside the dashboard's readers instead of holding them out (the
+    store's write lock is the batch's alone). A hook reads the store through it
+    (`store.using`) and writes findings as host-1000 events into run folders; it
+    returns the runs whose folders got new events (read by truthiness, so a bool
+    works too). If it raises, ingest reports it and goes on. When a hook wrote,
+    the pass ingests once more, so one `observatory ingest` leaves its findings in
+    the store. What a hook keeps in the store (the detectors' `detector_state`)
+    waits in memory and is written by the next batch's transaction
+    (`save_pending`), or at the end of the `ingest` call (`save_pending_to`).
 
 `BUILTIN` lists the built-in implementations, in the order they run.
 """
@@ -42,7 +43,7 @@ from observatory.ladder import watch
 from observatory.store import rollups
 
 __all__ = ["IN_TRANSACTION", "AFTER_COMMIT", "Hook", "BUILTIN", "HookFailed",
-           "run_in_transaction", "run_after_commit"]  # fmt: skip
+           "run_in_transaction", "run_after_commit", "save_pending", "save_pending_to"]  # fmt: skip
 
 IN_TRANSACTION = "in_transaction"
 AFTER_COMMIT = "after_commit"
@@ -110,9 +111,29 @@ def run_after_commit(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[s
                 continue
             try:
                 if shared is None:
-                    shared = stack.enter_context(store.write_connection(db))
+                    shared = stack.enter_context(store.connect(db))  # read-only: see the module doc
                 if hook.call(shared, runs_dir, set(runs)):
                     wrote.add(hook.name)
             except Exception as e:  # a detector or record keeper must never take ingest down
                 emit(f"observatory ingest: {hook.name}.after_ingest failed: {type(e).__name__}: {e}")
     return wrote
+
+
+def save_pending(con) -> None:
+    """What the after-commit hooks reached on their read-only connection and keep in the store (the
+    detectors' state), written by `con`, a write connection, inside its transaction."""
+    scan.save_state(con)
+
+
+def save_pending_to(db: Path, emit: Callable[[str], None]) -> None:
+    """`save_pending` in a write transaction of its own, if anything waits (the end of an `ingest` call)."""
+    if not scan.unsaved_state(db):
+        return
+    try:
+        with store.write_connection(db) as con:
+            con.execute("BEGIN TRANSACTION")
+            save_pending(con)
+            con.execute("COMMIT")
+    except Exception as e:  # a cache: the next ingest re-reads a little more and misses nothing
+        emit(f"observatory ingest: the detectors' state was not saved ({type(e).__name__}: {e}); "
+             "the next ingest re-reads a little more")  # fmt: skip

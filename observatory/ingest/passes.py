@@ -165,6 +165,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
             mark_crashed(con, now)
             if skip_hooks is not None:
                 hooks.run_in_transaction(con, b.touched, skip_hooks)
+            hooks.save_pending(con)  # what the last batch's after-commit hooks keep in the store
             con.execute("COMMIT")
         except BaseException:
             try:

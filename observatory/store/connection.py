@@ -60,7 +60,7 @@ def _flock(path: Path, exclusive: bool, deadline: float, what: str) -> int | Non
             return None  # read-only location: nobody can write there, so nobody to wait for
         raise
     op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
-    delay = 0.002
+    delay, began = 0.002, time.monotonic()
     while True:
         try:
             fcntl.flock(fd, op)
@@ -69,7 +69,7 @@ def _flock(path: Path, exclusive: bool, deadline: float, what: str) -> int | Non
             if time.monotonic() > deadline:
                 os.close(fd)
                 raise StoreBusy(
-                    f"the store {path.with_suffix('')} stayed busy for {settings.get('lock_timeout_s')} s "
+                    f"the store {path.with_suffix('')} stayed busy for {time.monotonic() - began:.1f} s "
                     f"waiting to {what}; another process holds it (setting lock_timeout_s, "
                     f"env {settings.SETTINGS['lock_timeout_s'].env})"
                 ) from None
