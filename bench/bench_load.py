@@ -83,12 +83,13 @@ class View:
     refreshes: int = 0
 
 
-def _client_state(page: str, query: str, page_hash: str = "", fragment: str = "", widgets=()):
+def _client_state(page: str, query: str, page_hash: str = "", fragment: str = "", widgets=(), auto: bool | None = None):
+    """A rerun's client state; `fragment`: rerun that fragment alone (by itself, `auto`, unless told)."""
     # lazy: streamlit's protobufs, which --help does not need
     from streamlit.proto.ClientState_pb2 import ClientState
 
     cs = ClientState(query_string=query, page_name=page, page_script_hash=page_hash, fragment_id=fragment)
-    cs.is_auto_rerun = bool(fragment)
+    cs.is_auto_rerun = bool(fragment) if auto is None else auto
     cs.context_info.timezone = "UTC"
     cs.context_info.url = f"http://127.0.0.1/{page}?{query}"
     for w in widgets:
@@ -104,12 +105,13 @@ def _rerun(page: str, query: str, **kw) -> bytes:
     return msg.SerializeToString()
 
 
-def _sql_submit(page_hash: str, area_id: str, button_id: str, sql: str) -> bytes:
+def _sql_submit(page_hash: str, area_id: str, button_id: str, sql: str, fragment: str = "") -> bytes:
+    """The form's submit as a browser sends it: the console's fragment alone reruns (when it is one)."""
     from streamlit.proto.WidgetStates_pb2 import WidgetState
 
     area = WidgetState(id=area_id, string_value=sql)
     button = WidgetState(id=button_id, trigger_value=True)
-    return _rerun("sql", "", page_hash=page_hash, widgets=(area, button))
+    return _rerun("sql", "", page_hash=page_hash, widgets=(area, button), fragment=fragment, auto=False)
 
 
 async def view_page(
@@ -172,9 +174,10 @@ async def view_page(
                         v.cpu_view = cpu() - cpu0
                     elif cpu and refresh_cpu and msg.script_finished == ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY:
                         v.cpu_refresh.append(cpu() - refresh_cpu.pop())
-                    if page == "sql" and not submitted and len(ids) == 2:
+                    if page == "sql" and not submitted and "area" in ids and "button" in ids:
                         submitted = True
-                        await ws.send(_sql_submit(page_hash, ids["area"], ids["button"], sql or "SELECT 1"))
+                        await ws.send(_sql_submit(page_hash, ids["area"], ids["button"], sql or "SELECT 1",
+                                                  ids.get("fragment", "")))  # fmt: skip
                 elif kind == "delta" and msg.delta.HasField("new_element"):
                     el = msg.delta.new_element
                     what = el.WhichOneof("type")
@@ -196,6 +199,7 @@ async def view_page(
                             v.errors.append(f"error: {body[:200]}")
                     elif what == "text_area":
                         ids["area"] = el.text_area.id
+                        ids["fragment"] = msg.delta.fragment_id  # "" outside a fragment
                     elif what == "button" and el.button.is_form_submitter:
                         ids["button"] = el.button.id
     except Exception as e:  # a dropped or refused connection is an error the viewer sees

@@ -12,6 +12,7 @@ viewer, staleness) are the bench's: `python bench/bench_load.py`.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
@@ -200,3 +201,58 @@ def test_five_viewers_for_20_s_while_training(tmp_path):
     # the time figures (first chart vs one viewer, staleness) are the bench's to measure:
     # `python bench/bench_load.py`; here, what must hold whatever the machine's load
     assert figs.rss_peak_mb < bench_load.GOALS["rss_mb"], report
+
+
+async def _sql_view(port: int, sql: str) -> tuple[list[str], list[str]]:
+    """The SQL page opened over Streamlit's websocket protocol, then its form submitted as a browser does:
+    (element types of the opening run, element types of the run the submit started)."""
+    import websockets
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    from bench import bench_load
+
+    runs: list[list[str]] = [[]]
+    ids: dict[str, str] = {}
+    page_hash = ""
+    async with websockets.connect(f"ws://127.0.0.1:{port}/_stcore/stream", subprotocols=["streamlit"],
+                                  origin=f"http://127.0.0.1:{port}", max_size=None, open_timeout=60) as ws:  # fmt: skip
+        await ws.send(bench_load._rerun("sql", ""))
+        while True:
+            msg = ForwardMsg()
+            msg.ParseFromString(await asyncio.wait_for(ws.recv(), 60))
+            kind = msg.WhichOneof("type")
+            if kind == "new_session":
+                page_hash = msg.new_session.page_script_hash
+            elif kind == "navigation":  # the SQL page's own script, which a rerun of it names
+                page_hash = msg.navigation.page_script_hash or page_hash
+            elif kind == "delta" and msg.delta.HasField("new_element"):
+                el = msg.delta.new_element
+                runs[-1].append(el.WhichOneof("type"))
+                if el.WhichOneof("type") == "text_area":
+                    ids["area"], ids["fragment"] = el.text_area.id, msg.delta.fragment_id
+                elif el.WhichOneof("type") == "button" and el.button.is_form_submitter:
+                    ids["button"] = el.button.id
+            elif kind == "script_finished":
+                if len(runs) == 2:
+                    return runs[0], runs[1]
+                assert "area" in ids and "button" in ids, runs
+                runs.append([])
+                await ws.send(bench_load._sql_submit(page_hash, ids["area"], ids["button"], sql, ids["fragment"]))
+
+
+@pytest.mark.browser  # a real Streamlit server (no chromium: its own protocol)
+def test_running_a_query_reruns_the_console_alone(tmp_path):
+    """The SQL console is a fragment: a submitted query redraws the console and its result, not the
+    schema browser beside it (a table of columns per store table, sent again on every full run)."""
+    import asyncio as _asyncio
+
+    sys.path.insert(0, str(ROOT))
+    from browser_fixtures import dashboard
+    from dashboard_fixtures import make_store
+
+    _, db = make_store(tmp_path)
+    with dashboard(db, tmp_path / "server.log") as url:
+        opening, submitted = _asyncio.run(_sql_view(int(url.rsplit(":", 1)[1]), "SELECT run FROM runs ORDER BY run"))
+    assert opening.count("dataframe") >= 10  # the schema browser: one per table
+    assert submitted.count("dataframe") == 1, submitted  # the result, and nothing of the schema
+    assert "text_area" in submitted  # the console itself was redrawn

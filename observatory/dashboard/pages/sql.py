@@ -4,6 +4,8 @@ Every statement goes through `observatory.queries.user_sql.run_user_sql`, the on
 safe entry point (a guarded worker process: read-only, no ATTACH / INSTALL / LOAD /
 COPY / SET, limits on time, memory, concurrency, rows and result size). Its typed
 errors are shown as they are: each names what was refused, or the setting that stopped it.
+The console (examples, form, last result) is a fragment: running a query reruns it alone,
+not the schema browser beside it.
 """
 
 from __future__ import annotations
@@ -90,53 +92,60 @@ def render() -> None:
     with left:
         _schema_browser()
     with right:
-        if "sql_text" not in st.session_state:
-            st.session_state["sql_text"] = next(iter(qd.SQL_EXAMPLES.values()))
-        st.selectbox(
-            "Examples",
-            list(qd.SQL_EXAMPLES),
-            index=None,
-            placeholder="Pick an example query…",
-            key="sql_example",
-            on_change=_set_example,
-        )
-        with st.form("sql_form"):
-            sql = st.text_area("Query", key="sql_text", height=180)
-            submitted = st.form_submit_button("Run", type="primary")
-        if submitted:
-            t0 = time.perf_counter()
-            try:
-                result = user_sql.run_user_sql(db_path(), sql, max_rows, limit_ms)
-            except Exception as e:  # the typed errors carry the user-facing message
-                st.session_state["sql_result"] = {"sql": sql, "error": _describe(e)}
-            else:
-                st.session_state["sql_result"] = {
-                    "sql": sql,
-                    "frame": to_frame(result),
-                    "truncated": result.truncated,
-                    "ms": (time.perf_counter() - t0) * 1000,
-                }
-        res = st.session_state.get("sql_result")
-        if not res:
-            return
-        if "error" in res:
-            kind, msg = res["error"]
-            (st.warning if kind == "interrupted" else st.error)(msg)
-            return
-        frame = res["frame"]
-        note = f"{frame.height:,} rows in {res['ms']:.0f} ms"
-        if res["truncated"]:
-            note += f" — truncated at the row cap of {max_rows:,} (setting `sql_max_rows`)"
-        st.caption(note)
-        st.dataframe(frame, hide_index=True, key="sql_result_table")
-        st.download_button(
-            "Download CSV",
-            csv_text(frame),
-            file_name="observatory-query.csv",
-            mime="text/csv",
-            key="sql_download",
-            disabled=frame.width == 0,
-        )
+        # a fragment: running a query (or picking an example) reruns the console alone, not the
+        # schema browser beside it (some thirty tables, sent again to the browser on every full run)
+        st.fragment(_console)(max_rows, limit_ms)
+
+
+def _console(max_rows: int, limit_ms: int) -> None:
+    """The examples, the query form and the last result: the page's fragment."""
+    if "sql_text" not in st.session_state:
+        st.session_state["sql_text"] = next(iter(qd.SQL_EXAMPLES.values()))
+    st.selectbox(
+        "Examples",
+        list(qd.SQL_EXAMPLES),
+        index=None,
+        placeholder="Pick an example query…",
+        key="sql_example",
+        on_change=_set_example,
+    )
+    with st.form("sql_form"):
+        sql = st.text_area("Query", key="sql_text", height=180)
+        submitted = st.form_submit_button("Run", type="primary")
+    if submitted:
+        t0 = time.perf_counter()
+        try:
+            result = user_sql.run_user_sql(db_path(), sql, max_rows, limit_ms)
+        except Exception as e:  # the typed errors carry the user-facing message
+            st.session_state["sql_result"] = {"sql": sql, "error": _describe(e)}
+        else:
+            st.session_state["sql_result"] = {
+                "sql": sql,
+                "frame": to_frame(result),
+                "truncated": result.truncated,
+                "ms": (time.perf_counter() - t0) * 1000,
+            }
+    res = st.session_state.get("sql_result")
+    if not res:
+        return
+    if "error" in res:
+        kind, msg = res["error"]
+        (st.warning if kind == "interrupted" else st.error)(msg)
+        return
+    frame = res["frame"]
+    note = f"{frame.height:,} rows in {res['ms']:.0f} ms"
+    if res["truncated"]:
+        note += f" — truncated at the row cap of {max_rows:,} (setting `sql_max_rows`)"
+    st.caption(note)
+    st.dataframe(frame, hide_index=True, key="sql_result_table")
+    st.download_button(
+        "Download CSV",
+        csv_text(frame),
+        file_name="observatory-query.csv",
+        mime="text/csv",
+        key="sql_download",
+        disabled=frame.width == 0,
+    )
 
 
 def _describe(e: Exception) -> tuple[str, str]:
