@@ -150,7 +150,7 @@ def wire_figure(fig: dict) -> dict:
     base64 typed array, by plotly's own `to_typed_array_spec`, and a layout without a template
     gets plotly's default one, as `Figure.__init__` adds it. The figure is not validated, and new
     containers are built, so `fig` is left as it is. Building the Figure (its validators, the
-    template's objects, the deep copies in `to_dict`) cost ~3x this (tests/test_dashboard_wire.py
+    template's objects, the deep copies in `to_dict`) cost 3-5x this (tests/test_dashboard_wire.py
     checks the two agree).
     """
     layout = _wired(fig.get("layout") or {})
