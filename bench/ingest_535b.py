@@ -140,6 +140,20 @@ def side_by_side(runs: Path, tmp: Path, table: str, repeat: int) -> dict:
             "engine_insert_s": statistics.median(ENGINE_INSERT[table][-repeat:])}  # fmt: skip
 
 
+def _side_line(head: str, x: dict, unit: str) -> str:
+    """One `side_by_side` result as the bench prints it: ours, the engine (and its INSERT alone), both ratios."""
+    return (f"{head}: ours {x['ours_s']:.2f} s ({x['ours_rate'] / 1e6:.2f} M {unit}/s, peak RSS {x['rss_mb']:.0f} MB), "
+            f"engine {x['engine_s']:.2f} s ({x['engine_rate'] / 1e6:.2f} M {unit}/s; its INSERT alone "
+            f"{x['engine_insert_s']:.2f} s): {x['ratio']:.3f}x; CPU s ours {x['ours_cpu']:.2f}, engine "
+            f"{x['engine_cpu']:.2f}: {x['cpu_ratio']:.3f}x")  # fmt: skip
+
+
+def _core_line(table: str, c: dict) -> str:
+    """One `core_side_by_side` result as the bench prints it."""
+    return (f"{table}, line path alone (in-process ingest, hooks off): {c['ours_s']:.2f} s vs engine "
+            f"{c['engine_s']:.2f} s: {c['ratio']:.3f}x")  # fmt: skip
+
+
 def append_steps(log: Path, k: int, at_step: int | None = None) -> int:
     """Append `k` steps to a log: the metrics and expert_load lines of its last `k` logged steps again,
     with the steps moved past the last one (or to `at_step` on), seqs continued, times moved on."""
@@ -212,27 +226,18 @@ def run_535b(args) -> None:
             simulate("535b", rx, steps=args.expert_steps, expert_load_every=1)
         res["expert"] = x = side_by_side(rx, tmp, "expert_load", args.repeat)
         mb_x = sum(f.stat().st_size for f in rx.glob("*/events.0.jsonl")) / 1e6
-        print(f"expert_load: {args.expert_steps} steps, every step, {mb_x:.0f} MB, {x['rows']:,} rows: ours "
-              f"{x['ours_s']:.2f} s ({x['ours_rate'] / 1e6:.2f} M rows/s, peak RSS {x['rss_mb']:.0f} MB), engine "
-              f"{x['engine_s']:.2f} s ({x['engine_rate'] / 1e6:.2f} M rows/s; its INSERT alone "
-              f"{x['engine_insert_s']:.2f} s): {x['ratio']:.3f}x; CPU s ours {x['ours_cpu']:.2f}, engine "
-              f"{x['engine_cpu']:.2f}: {x['cpu_ratio']:.3f}x", flush=True)  # fmt: skip
+        print(_side_line(f"expert_load: {args.expert_steps} steps, every step, {mb_x:.0f} MB, {x['rows']:,} rows", x, "rows"),
+              flush=True)  # fmt: skip
         res["core_x"] = cx = core_side_by_side(rx, tmp, "expert_load", args.repeat)
-        print(f"expert_load, line path alone (in-process ingest, hooks off): {cx['ours_s']:.2f} s vs engine "
-              f"{cx['engine_s']:.2f} s: {cx['ratio']:.3f}x", flush=True)  # fmt: skip
+        print(_core_line("expert_load", cx), flush=True)
         # 2. metrics only
         rm = tmp / "runs-metrics"
         if not rm.exists():
             simulate("535b", rm, steps=args.metric_steps, expert_load_every=0)
         res["metrics"] = m = side_by_side(rm, tmp, "metrics", args.repeat)
-        print(f"metrics: {args.metric_steps} steps, {m['rows']:,} values: ours {m['ours_s']:.2f} s "
-              f"({m['ours_rate'] / 1e6:.2f} M values/s, peak RSS {m['rss_mb']:.0f} MB), engine {m['engine_s']:.2f} s "
-              f"({m['engine_rate'] / 1e6:.2f} M values/s; its INSERT alone {m['engine_insert_s']:.2f} s): "
-              f"{m['ratio']:.3f}x; CPU s ours {m['ours_cpu']:.2f}, engine "
-              f"{m['engine_cpu']:.2f}: {m['cpu_ratio']:.3f}x", flush=True)  # fmt: skip
+        print(_side_line(f"metrics: {args.metric_steps} steps, {m['rows']:,} values", m, "values"), flush=True)
         res["core"] = c = core_side_by_side(rm, tmp, "metrics", args.repeat)
-        print(f"metrics, line path alone (in-process ingest, hooks off): {c['ours_s']:.2f} s vs engine "
-              f"{c['engine_s']:.2f} s: {c['ratio']:.3f}x", flush=True)  # fmt: skip
+        print(_core_line("metrics", c), flush=True)
         # 3. rebuild
         rr, db = tmp / "runs-rebuild", tmp / "rebuild.duckdb"
         if not rr.exists():
