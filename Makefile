@@ -12,7 +12,11 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: setup levanter-venv chromium test test-fast lint demo bench clean
 
+# The package's bytecode, compiled as `pip install` compiles an installed package's: with
+# PYTHONDONTWRITEBYTECODE set (as on these machines) an editable checkout would otherwise compile
+# ~120 modules at every start of `observatory` (~0.2 s). Only changed files are compiled again.
 setup: $(STAMP)
+	@$(BIN)/python -m compileall -q observatory trainer bench >/dev/null
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -483,7 +483,7 @@ def _serve(req: dict, policy: Policy, out: BinaryIO, store, duckdb) -> dict:
     checked = time.monotonic()
     write_frame(out, {"kind": "waiting"})
     try:
-        con = store.connect(req["db"], timeout_s=req["lock_timeout_s"])
+        con = store.connect(req["db"], timeout_s=req["lock_timeout_s"], fresh=True)  # its settings get locked
     except store.StoreBusy as e:
         return done({"kind": "store_busy", "message": str(e)})
     except duckdb.Error as e:

@@ -93,11 +93,12 @@ class StoreConnection:
     available on it. `close()` closes the connection and releases the locks.
     """
 
-    def __init__(self, con, fds: list[int | None], read_only: bool, path: Path):
+    def __init__(self, con, fds: list[int | None], read_only: bool, path: Path, fresh: bool = False):
         self._con = con
         self._fds = fds
         self.read_only = read_only
         self.path = path
+        self.fresh = fresh  # its own instance, closed with it: never kept for another unit of work
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._con, name)
@@ -107,11 +108,12 @@ class StoreConnection:
         """The underlying `duckdb.DuckDBPyConnection`."""
         return self._con
 
-    def close(self) -> None:
+    def close(self, reuse: bool = True) -> None:
+        """Close the store (its instance goes back to `_INSTANCES`, or is closed) and release the locks."""
         con, self._con = self._con, None
         if con is not None:
             try:
-                con.close()
+                _INSTANCES.release(con, self.read_only, reuse and not self.fresh)
             finally:
                 for fd in reversed(self._fds):
                     _unlock(fd)
@@ -120,8 +122,8 @@ class StoreConnection:
     def __enter__(self) -> StoreConnection:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(reuse=exc_type is None)  # after an error the instance may hold anything: not reused
 
     def __del__(self) -> None:
         try:
@@ -137,13 +139,13 @@ class StoreConnection:
 ROW_GROUP_ROWS = 1 << 20
 
 
-def _open_duckdb(path: Path, read_only: bool, deadline: float):
+def _open_duckdb(path: Path, read_only: bool, deadline: float, fresh: bool = False):
     import duckdb
 
     delay = 0.005
     while True:
         try:
-            return duckdb.connect(str(path), read_only=True) if read_only else _attach_for_writing(duckdb, path)
+            return _attach(duckdb, path, read_only, fresh)
         except duckdb.IOException as e:
             # a process that does not use these locks (a bare duckdb.connect) holds the file
             if "lock" not in str(e).lower() or time.monotonic() > deadline:
@@ -155,16 +157,90 @@ def _open_duckdb(path: Path, read_only: bool, deadline: float):
 _RESERVED_CATALOGS = {"memory", "system", "temp", "main"}
 
 
-def _attach_for_writing(duckdb, path: Path):
-    """A read-write instance of the store, attached under the name `duckdb.connect(path)` would give it
-    (the file's stem), with `ROW_GROUP_ROWS` per row group and its spill folder where it would be."""
-    con = duckdb.connect()
+class _Instances:
+    """Idle in-memory DuckDB instances that the store is ATTACHed to, one unit of work at a time.
+
+    Making a DuckDB instance costs ~30 ms of CPU here (its catalog of built-in functions), and the
+    ingester and the dashboard open the store for every unit of work: a one-step batch paid it three
+    times, a dashboard view once per query batch. ATTACH and DETACH of the store file into a kept
+    instance cost ~3 ms, and DETACH does what closing did: it checkpoints a writer's WAL into the file
+    and releases DuckDB's own file lock, so another process may open the store at once. An instance
+    comes back only after a clean unit of work, and without any temporary table, view or registered
+    object left in it (else it is closed; no code of ours makes temporary macros, and checking for
+    them costs as much as a new instance); read-only and read-write instances are kept apart (a writer
+    sets its threads). At most `KEEP` of each are kept idle."""
+
+    KEEP = 4
+
+    def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()
+        self._idle: dict[bool, list] = {True: [], False: []}
+        self._pid = os.getpid()
+
+    def take(self, duckdb, read_only: bool, fresh: bool = False):
+        if fresh:
+            return duckdb.connect()
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child must not share its parent's instances
+                self._idle, self._pid = {True: [], False: []}, os.getpid()
+            if self._idle[read_only]:
+                return self._idle[read_only].pop()
+        return duckdb.connect()
+
+    def release(self, con, read_only: bool, reuse: bool) -> None:
+        """Detach the store from `con` and keep the instance for the next unit of work, or close it."""
+        if reuse:
+            try:
+                name, locked = con.execute("SELECT current_database(), current_setting('lock_configuration') "
+                                           "OR NOT current_setting('enable_external_access')").fetchall()[0]  # fmt: skip
+                if locked:
+                    raise RuntimeError("settings locked: this instance cannot attach a store again")
+                try:
+                    con.execute("ROLLBACK")  # a transaction left open ends as closing would end it
+                except Exception:
+                    pass
+                con.execute("USE memory")
+                con.execute(f"DETACH {_ident(name)}")
+                left = con.execute("SELECT (SELECT count(*) FROM duckdb_tables() WHERE database_name = 'temp') "
+                                   "+ (SELECT count(*) FROM duckdb_views() WHERE database_name = 'temp' AND NOT internal) "
+                                   "+ (SELECT count(*) FROM duckdb_databases() WHERE NOT internal "
+                                   "AND database_name <> 'memory')").fetchall()[0][0]  # fmt: skip
+                if left == 0:
+                    with self._lock:
+                        if len(self._idle[read_only]) < self.KEEP and self._pid == os.getpid():
+                            self._idle[read_only].append(con)
+                            return
+            except Exception:
+                pass  # anything unexpected: close it, as before instances were kept
+        con.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {True: [], False: []}
+        for con in idle[True] + idle[False]:
+            con.close()
+
+
+_INSTANCES = _Instances()
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _attach(duckdb, path: Path, read_only: bool, fresh: bool = False):
+    """An instance with the store attached under the name `duckdb.connect(path)` would give it (the file's
+    stem), its spill folder where it would be, and, for writing, `ROW_GROUP_ROWS` per row group."""
+    con = _INSTANCES.take(duckdb, read_only, fresh)
     try:
         name = path.name.split(".")[0] or "store"
         name = f"{name}_store" if name.lower() in _RESERVED_CATALOGS else name
-        literal, ident = str(path).replace("'", "''"), '"' + name.replace('"', '""') + '"'
+        literal, ident = str(path).replace("'", "''"), _ident(name)
         con.execute(f"SET temp_directory = '{literal}.tmp'")
-        con.execute(f"ATTACH '{literal}' AS {ident} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+        options = "READ_ONLY" if read_only else f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}"
+        con.execute(f"ATTACH '{literal}' AS {ident} ({options})")
         con.execute(f"USE {ident}")
     except BaseException:
         con.close()
@@ -172,12 +248,15 @@ def _attach_for_writing(duckdb, path: Path):
     return con
 
 
-def connect(db=None, read_only: bool = True, timeout_s: float | None = None) -> StoreConnection:
+def connect(db=None, read_only: bool = True, timeout_s: float | None = None, fresh: bool = False) -> StoreConnection:
     """A connection to the store for one unit of work, read-only by default.
 
     Waits (bounded by `lock_timeout_s`) while the ingester commits a batch and
     never returns a lock error before that. A missing store is created empty, so
     readers see tables rather than errors. Use `with connect(db) as con:`.
+    `fresh`: a DuckDB instance of its own, closed with the connection, never one
+    kept from an earlier unit of work (`_Instances`): for a connection whose
+    settings someone else's SQL may touch (the public SQL console's worker).
     """
     path = Path(db) if db is not None else default_db()
     timeout = settings.get("lock_timeout_s") if timeout_s is None else timeout_s
@@ -194,11 +273,11 @@ def connect(db=None, read_only: bool = True, timeout_s: float | None = None) -> 
     finally:
         _unlock(fd_gate)
     try:
-        con = _open_duckdb(path, True, deadline)
+        con = _open_duckdb(path, True, deadline, fresh)
     except BaseException:
         _unlock(fd_lock)
         raise
-    return StoreConnection(con, [fd_lock], True, path)
+    return StoreConnection(con, [fd_lock], True, path, fresh)
 
 
 def write_connection(db=None, timeout_s: float | None = None) -> StoreConnection:
