@@ -339,7 +339,7 @@ def _commit_state(db, runs_dir: Path, runs: list[str]) -> None:
         return  # else (a bare DuckDB connection): the process's state has to do
     try:
         with nullcontext(db) if hasattr(db, "execute") else write_connection(db) as con:
-            con.executemany("INSERT OR REPLACE INTO detector_state VALUES (?, ?, ?)", rows)
+            _upsert_state(con, rows)
     except (StoreBusy, duckdb.Error) as e:  # a cache: the next scan re-reads a little more, never misses
         print(f"observatory anomalies: detector state not saved ({type(e).__name__}: {e})", file=sys.stderr)
 
@@ -354,9 +354,16 @@ def save_state(con) -> int:
     connection (inside the caller's transaction, which commits it). Returns the rows written."""
     rows = _UNSAVED.pop(_store_key(con.path), None)
     if rows:
-        con.executemany("INSERT OR REPLACE INTO detector_state VALUES (?, ?, ?)",
-                        [(run, group, through) for (run, group), through in rows.items()])  # fmt: skip
+        _upsert_state(con, [(run, group, through) for (run, group), through in rows.items()])
     return len(rows or ())
+
+
+def _upsert_state(con, rows: list[tuple[str, str, int | None]]) -> None:
+    """`detector_state` rows (run, detector, through), in one statement: `executemany` ran one per row."""
+    if rows:
+        run, det, through = (list(c) for c in zip(*rows, strict=True))
+        con.execute("INSERT OR REPLACE INTO detector_state SELECT unnest($r), unnest($d), unnest($t::BIGINT[])",
+                    {"r": run, "d": det, "t": through})  # fmt: skip
 
 
 def write_findings(runs_dir: Path, run: str, found: list[Finding], scanned_through: int | None) -> None:

@@ -149,7 +149,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
                 used += n
                 b.n_bytes += n
                 b.n_files += 1
-                fs.save_file(con, lf, st, done)
+                fs.save_file(con, lf, st, done, stored=lf.rel in rows)
                 rows[lf.rel] = {"run": lf.run, "host": lf.host, "first_seq": st.first_seq, "last_seq": st.last_seq}
                 did = True
                 if used >= BATCH_BYTES:

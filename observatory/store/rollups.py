@@ -197,7 +197,11 @@ def _new_rows(con, source: str) -> tuple[bool, dict[str, int], int, int, int]:
 
 
 def _save_state(con, source: str, next_rowid: int, n_rows: int) -> None:
-    con.execute("INSERT OR REPLACE INTO rollup_state VALUES (?, ?, ?)", [source, next_rowid, n_rows])
+    # an UPDATE where the row is there (every batch after the first): INSERT OR REPLACE costs ~3x more
+    updated = con.execute("UPDATE rollup_state SET next_rowid = ?, n_rows = ? WHERE source = ?",
+                          [next_rowid, n_rows, source]).fetchall()[0][0]  # fmt: skip
+    if not updated:
+        con.execute("INSERT INTO rollup_state VALUES (?, ?, ?)", [source, next_rowid, n_rows])
 
 
 def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> None:
