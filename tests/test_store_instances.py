@@ -117,3 +117,21 @@ def test_readers_and_writers_keep_instances_apart_and_concurrent_readers_get_the
         b.close()
     assert len(connection._INSTANCES._idle[True]) >= 2
 
+
+
+def test_a_prepared_spare_is_the_next_fresh_connection_s_and_only_its(seeded):
+    """The SQL worker makes its next instance while it waits (`prepare_fresh`); a kept instance is
+    never handed out as fresh, and the spare is never handed out as a kept one."""
+    with store.connect(seeded) as con:
+        kept = con.duckdb
+    connection.prepare_fresh()
+    spare = connection._INSTANCES._spare
+    assert spare is not None and spare is not kept
+    with store.connect(seeded) as con:
+        assert con.duckdb is kept  # not the spare
+    with store.connect(seeded, fresh=True) as con:
+        assert con.duckdb is spare
+        assert con.execute("SELECT count(*) FROM runs").fetchall() == [(1,)]
+    assert connection._INSTANCES._spare is None
+    with store.connect(seeded, fresh=True) as con:
+        assert con.duckdb is not spare and con.duckdb is not kept

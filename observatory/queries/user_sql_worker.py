@@ -441,6 +441,7 @@ def main() -> None:
     _lock_in(memory_mb)
     write_frame(out, {"kind": "ready", "pid": os.getpid()})
     while True:
+        store.connection.prepare_fresh()  # the next query's own instance, made while none waits
         req = _read_frame(inp)
         if req is None:
             return

@@ -177,17 +177,30 @@ class _Instances:
 
         self._lock = threading.Lock()
         self._idle: dict[bool, list] = {True: [], False: []}
+        self._spare = None  # a new instance no unit of work has used yet: the next `fresh` one
         self._pid = os.getpid()
 
     def take(self, duckdb, read_only: bool, fresh: bool = False):
-        if fresh:
-            return duckdb.connect()
         with self._lock:
             if self._pid != os.getpid():  # a forked child must not share its parent's instances
-                self._idle, self._pid = {True: [], False: []}, os.getpid()
-            if self._idle[read_only]:
+                self._idle, self._spare, self._pid = {True: [], False: []}, None, os.getpid()
+            if fresh:
+                spare, self._spare = self._spare, None
+                if spare is not None:
+                    return spare
+            elif self._idle[read_only]:
                 return self._idle[read_only].pop()
         return duckdb.connect()
+
+    def make_spare(self, duckdb) -> None:
+        """Make the next `fresh` instance now (while a worker waits for its next query), not on its clock."""
+        if self._spare is None:
+            spare = duckdb.connect()
+            with self._lock:
+                if self._spare is None:
+                    self._spare, spare = spare, None
+            if spare is not None:  # another thread made one meanwhile
+                spare.close()
 
     def release(self, con, read_only: bool, reuse: bool) -> None:
         """Detach the store from `con` and keep the instance for the next unit of work, or close it."""
@@ -224,6 +237,14 @@ class _Instances:
 
 
 _INSTANCES = _Instances()
+
+
+def prepare_fresh() -> None:
+    """Make the instance of this process's next `connect(..., fresh=True)` now: the SQL console's worker
+    calls it while it waits for a query, so a query does not wait ~30 ms for a new DuckDB instance."""
+    import duckdb
+
+    _INSTANCES.make_spare(duckdb)
 
 
 def _ident(name: str) -> str:
