@@ -278,3 +278,23 @@ def test_a_busy_store_waits_then_says_so_without_its_path(probe, monkeypatch):
             run_user_sql(probe.db, "SELECT 1")
     assert "lock_timeout_s" in str(e.value) and str(probe.dir) not in str(e.value)
     assert run_user_sql(probe.db, "SELECT 1").rows == [(1,)]
+
+
+def test_taking_the_last_idle_worker_starts_a_spare_up_to_the_cap(db, monkeypatch):
+    """A query that takes the only started worker has a spare started beside it, so a second visitor's
+    query meanwhile does not wait for a new process (~1 s, several under load); never past the cap."""
+    monkeypatch.setenv("OBSERVATORY_SQL_MAX_CONCURRENT", "2")
+    user_sql._POOL.close()
+    user_sql.warm_up(1)
+    (first,) = user_sql._POOL.idle
+    assert run_user_sql(db, "SELECT 1").rows == [(1,)]
+    deadline = time.monotonic() + 30
+    while len(user_sql._POOL.idle) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    idle = list(user_sql._POOL.idle)
+    assert first in idle and len(idle) == 2  # the one that ran, and the spare started while it ran
+    for _ in range(5):  # the cap holds: taking a worker while another is idle starts nothing
+        assert run_user_sql(db, "SELECT 2").rows == [(2,)]
+    time.sleep(0.5)
+    assert user_sql.pool_status()["alive"] == 2
+    user_sql._POOL.close()

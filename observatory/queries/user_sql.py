@@ -422,9 +422,17 @@ class _Pool:
         self.idle = [w for w in self.idle if w not in stale]
 
     def take(self, key: tuple[int, int]) -> _Worker:
+        """An idle worker (else a new one, on the caller's clock). Taking the last idle one starts a spare
+        in the background while fewer than `sql_max_concurrent` are alive: the next query that comes
+        while this one runs finds a worker started, not ~1 s of a new process's start-up (under load
+        several seconds; those were the SQL page's slowest views)."""
         with self._lock:
             self._purge(key)
-            return self.idle.pop() if self.idle else self._new(key)
+            w = self.idle.pop() if self.idle else self._new(key)
+            keep = max(1, settings.get("sql_max_concurrent"))
+            if not self.idle and sum(x.alive() for x in self.all) < keep:
+                threading.Thread(target=self._replace, args=(key, keep), daemon=True).start()
+            return w
 
     def warm(self, key: tuple[int, int], n: int) -> None:
         with self._lock:
