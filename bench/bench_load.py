@@ -563,7 +563,7 @@ class Figures:
 
 
 def measure(
-    world: World, viewers: int, duration_s: float, single_views: int = 4, dwell=(8.0, 16.0), profile: Path | None = None
+    world: World, viewers: int, duration_s: float, single_views: int = 8, dwell=(8.0, 16.0), profile: Path | None = None
 ) -> Figures:
     """The single-viewer baseline, then `viewers` at once for `duration_s`, with staleness and RSS.
 
@@ -652,7 +652,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--viewers", type=int, default=20)
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of load (hard stop)")
-    ap.add_argument("--single-views", type=int, default=4, help="baseline views per page with one viewer")
+    ap.add_argument("--single-views", type=int, default=8, help="baseline views per page with one viewer (its median is the ratio's denominator: 4 swung 3x between runs)")
     ap.add_argument("--trainer-nice", type=int, default=0, metavar="N",
                     help="run the trainer under `nice -n N`: as on a server whose visitors come before a trainer "
                          "that shares its cores (the lab's own trainer runs on its cluster)")  # fmt: skip
