@@ -14,9 +14,10 @@ implementation is a module's `after_ingest` function:
 `after_commit`: `after_ingest(db, runs_dir, runs: set[str]) -> set[str]`
     Runs after the batch's commit, outside its transaction, on the runs whose own
     writers sent events in the batch. `db` is one open connection that every
-    after-commit hook of the batch shares (opening a DuckDB store costs ~20 ms of
-    CPU; a batch would otherwise pay that four times): a READ-ONLY one, so the
-    hooks read beside the dashboard's readers instead of holding them out (the
+    after-commit hook of the batch shares (each opening ATTACHes the store file
+    and reads its catalog, ~10 ms here; a batch would otherwise pay that three
+    times): a READ-ONLY one, so the hooks read beside the dashboard's readers
+    instead of holding them out (the
     store's write lock is the batch's alone). A hook reads the store through it
     (`store.using`) and writes findings as host-1000 events into run folders; it
     returns the runs whose folders got new events (read by truthiness, so a bool

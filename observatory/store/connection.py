@@ -206,21 +206,14 @@ class _Instances:
         """Detach the store from `con` and keep the instance for the next unit of work, or close it."""
         if reuse:
             try:
-                name, locked = con.execute("SELECT current_database(), current_setting('lock_configuration') "
-                                           "OR NOT current_setting('enable_external_access')").fetchall()[0]  # fmt: skip
-                if locked:
-                    raise RuntimeError("settings locked: this instance cannot attach a store again")
-                try:
-                    con.execute("ROLLBACK")  # a transaction left open ends as closing would end it
-                except Exception:
-                    pass
-                con.execute("USE memory")
-                con.execute(f"DETACH {_ident(name)}")
-                left = con.execute("SELECT (SELECT count(*) FROM duckdb_tables() WHERE database_name = 'temp') "
-                                   "+ (SELECT count(*) FROM duckdb_views() WHERE database_name = 'temp' AND NOT internal) "
-                                   "+ (SELECT count(*) FROM duckdb_databases() WHERE NOT internal "
-                                   "AND database_name <> 'memory')").fetchall()[0][0]  # fmt: skip
-                if left == 0:
+                name, clean = con.execute(_CLEAN).fetchall()[0]
+                if clean:
+                    try:
+                        con.execute("ROLLBACK")  # a transaction left open ends as closing would end it
+                    except Exception:
+                        pass
+                    con.execute("USE memory")
+                    con.execute(f"DETACH {_ident(name)}")
                     with self._lock:
                         if len(self._idle[read_only]) < self.KEEP and self._pid == os.getpid():
                             self._idle[read_only].append(con)
@@ -229,12 +222,18 @@ class _Instances:
                 pass  # anything unexpected: close it, as before instances were kept
         con.close()
 
-    def close_all(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, {True: [], False: []}
-        for con in idle[True] + idle[False]:
-            con.close()
 
+# (the attached store's name, whether the instance may be kept): its settings still unlocked (someone
+# else's SQL may lock them, or turn external access off, which forbids the next ATTACH), and nothing
+# temporary or attached left beside the store
+_CLEAN = """
+SELECT current_database(),
+       NOT (current_setting('lock_configuration') OR NOT current_setting('enable_external_access'))
+       AND (SELECT count(*) FROM duckdb_tables() WHERE database_name = 'temp') = 0
+       AND (SELECT count(*) FROM duckdb_views() WHERE database_name = 'temp' AND NOT internal) = 0
+       AND (SELECT count(*) FROM duckdb_databases()
+            WHERE NOT internal AND database_name NOT IN ('memory', current_database())) = 0
+"""
 
 _INSTANCES = _Instances()
 
