@@ -351,3 +351,31 @@ def test_hooks_are_declared_in_one_place():
         ("ladder_watch", hooks.AFTER_COMMIT),
         ("decisions", hooks.AFTER_COMMIT),
     ]
+
+
+def test_runs_rows_kept_by_updates_equal_one_pass(tmp_path):
+    """`runs` folded batch by batch (each batch UPDATEs the columns it changed) equals one pass over the same
+    bytes: a 535b-shaped story with a preemption and resume, a fork, host files and a run_end."""
+    from observatory.interop.simulate import simulate
+
+    src = tmp_path / "src"
+    simulate("535b", src, steps=400, expert_load_every=0, hosts=2)
+    logs = sorted(src.glob("*/events.*.jsonl"))
+    whole_runs, whole_db = tmp_path / "whole", tmp_path / "whole.duckdb"
+    shutil.copytree(src, whole_runs)
+    ingest(whole_runs, whole_db)
+    runs, db = tmp_path / "runs", tmp_path / "pieces.duckdb"
+    datas = {p: p.read_bytes() for p in logs}
+    for k in range(1, 21):
+        for p, data in datas.items():
+            cut = data.rfind(b"\n", 0, len(data) * k // 20) + 1 if k < 20 else len(data)
+            dst = runs / p.relative_to(src)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            done = dst.stat().st_size if dst.exists() else 0
+            with open(dst, "ab") as f:
+                f.write(data[done:cut])
+        ingest(runs, db)
+    sql = "SELECT * FROM runs ORDER BY run"
+    want = q(whole_db, sql)
+    assert len(want) == 2 and {r[0] for r in want} == {"sim-535b", "sim-535b-fork"}
+    assert q(db, sql) == want
