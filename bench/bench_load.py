@@ -7,7 +7,9 @@ websocket protocol (`/_stcore/stream`, the protobufs `streamlit.proto` ships) as
 a browser would: each viewer opens a page (a `rerun_script` BackMsg with the
 page name and query string), answers the Live panel's `auto_rerun` by rerunning
 its fragment every interval, submits the SQL form, stays a few seconds and opens
-the next page, so exactly N sessions are open at any time until the hard stop.
+the next page, so exactly N sessions are open at any time until the hard stop
+(once all have arrived: evenly over the first `--ramp` seconds, 8 by default, the
+shortest stay; `--ramp 0` opens all N pages in the same instant).
 The server does all its real work; only the browser's drawing is left out.
 
 Figures, first with ONE viewer (the baseline, same store, trainer writing), then
@@ -31,6 +33,7 @@ with N at once:
     nice .venv/bin/python bench/bench_load.py                      # 20 viewers x 120 s
     nice .venv/bin/python bench/bench_load.py --viewers 5 --duration 20
     .venv/bin/python bench/bench_load.py --trainer-nice 10       # the trainer yields the cores to visitors
+    nice .venv/bin/python bench/bench_load.py --ramp 0             # all 20 arrive in the same instant (a burst)
 """
 
 from __future__ import annotations
@@ -218,10 +221,13 @@ def page_query(page: str) -> str:
     return {"live": f"run={RUN}", "experts": f"run={RUN}", "sql": ""}[page]
 
 
-async def viewer(port: int, stop_at: float, seed: int, out: list[View], sqls: list[str], dwell=(8.0, 16.0)):
-    """One viewer until `stop_at`: page after page (Live, Experts, SQL in turn from a random start)."""
+async def viewer(port: int, stop_at: float, seed: int, out: list[View], sqls: list[str], dwell=(8.0, 16.0),
+                 arrive_s: float = 0.0):  # fmt: skip
+    """One viewer until `stop_at`: page after page (Live, Experts, SQL in turn from a random start), the first
+    opened `arrive_s` seconds after the load starts."""
     rng = random.Random(seed)
     i = rng.randrange(len(PAGES))
+    await asyncio.sleep(arrive_s)
     while (left := stop_at - time.time()) > dwell[0]:  # no view cut shorter than the shortest dwell
         page = PAGES[i % len(PAGES)]
         i += 1
@@ -229,10 +235,12 @@ async def viewer(port: int, stop_at: float, seed: int, out: list[View], sqls: li
         out.append(await view_page(port, page, page_query(page), min(rng.uniform(*dwell), left), sql))
 
 
-async def run_viewers(port: int, n: int, duration_s: float, sqls: list[str], dwell=(8.0, 16.0)) -> list[View]:
+async def run_viewers(port: int, n: int, duration_s: float, sqls: list[str], dwell=(8.0, 16.0),
+                      ramp_s: float = 0.0) -> list[View]:  # fmt: skip
+    """`n` viewers at once until the hard stop; they arrive evenly over the first `ramp_s` seconds (0: all at once)."""
     out: list[View] = []
     stop_at = time.time() + duration_s
-    await asyncio.gather(*(viewer(port, stop_at, k, out, sqls, dwell) for k in range(n)))
+    await asyncio.gather(*(viewer(port, stop_at, k, out, sqls, dwell, ramp_s * k / n) for k in range(n)))
     return out
 
 
@@ -497,6 +505,7 @@ class Figures:
     server_cpu_s: float = 0.0  # under load: the server's CPU seconds in all
     refreshes: int = 0  # under load: the Live auto-refreshes asked for
     lock_line: str = ""  # under load: how long the writer held the store (`LockWatch`)
+    ramp_s: float = 0.0  # the viewers arrived evenly over this many seconds (0: all in the same instant)
 
     def ratio(self, page: str | None = None) -> float:
         pages = [page] if page else [p for p in PAGES if self.load.get(p) and self.single.get(p)]
@@ -512,7 +521,8 @@ class Figures:
         }
 
     def lines(self) -> list[str]:
-        out = [f"load: {self.viewers} viewers x {self.duration_s:.0f} s on Live/Experts/SQL, {self.views} views"]
+        arrive = f"arriving over the first {self.ramp_s:g} s" if self.ramp_s else "all arriving at the same instant"
+        out = [f"load: {self.viewers} viewers x {self.duration_s:.0f} s on Live/Experts/SQL ({arrive}), {self.views} views"]
         out.append(f"  {'page':<8} {'1 p50':>7} {'1 p95':>7} {'N p50':>7} {'N p95':>7} {'ratio':>6}  (first chart, s)")
         for p in PAGES:
             s, n = self.single.get(p, []), self.load.get(p, [])
@@ -563,7 +573,8 @@ class Figures:
 
 
 def measure(
-    world: World, viewers: int, duration_s: float, single_views: int = 8, dwell=(8.0, 16.0), profile: Path | None = None
+    world: World, viewers: int, duration_s: float, single_views: int = 8, dwell=(8.0, 16.0), profile: Path | None = None,
+    ramp_s: float = 0.0,
 ) -> Figures:
     """The single-viewer baseline, then `viewers` at once for `duration_s`, with staleness and RSS.
 
@@ -606,7 +617,7 @@ def measure(
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         c0, r0, o0 = rss.proc.cpu_times(), os.times(), world.cpu_s()
-        views = asyncio.run(run_viewers(world.port, viewers, duration_s, sqls, dwell))
+        views = asyncio.run(run_viewers(world.port, viewers, duration_s, sqls, dwell, ramp_s))
         if spy is not None:
             spy.wait(60)
         t_end = time.time()
@@ -645,6 +656,7 @@ def measure(
         server_cpu_s=c1.user + c1.system - c0.user - c0.system,
         refreshes=sum(v.refreshes for v in views),
         lock_line=locks.summary(t_idle, t_end),
+        ramp_s=ramp_s,
     )
 
 
@@ -656,6 +668,10 @@ def main() -> None:
     ap.add_argument("--trainer-nice", type=int, default=0, metavar="N",
                     help="run the trainer under `nice -n N`: as on a server whose visitors come before a trainer "
                          "that shares its cores (the lab's own trainer runs on its cluster)")  # fmt: skip
+    ap.add_argument("--ramp", type=float, default=8.0, metavar="S",
+                    help="the viewers arrive evenly over the first S seconds (default: the shortest dwell, as people who "
+                         "browse page after page do); 0: all open a page in the same instant, a burst of 20x the steady "
+                         "rate whose views are the top 10%% of a 2-minute run's")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, store)")
     ap.add_argument("--profile", type=Path, help="write py-spy's collapsed stacks of the dashboard under load here")
     args = ap.parse_args()
@@ -664,7 +680,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
     try:
         with World(tmp, trainer_nice=args.trainer_nice) as world:
-            figs = measure(world, args.viewers, args.duration, args.single_views, profile=args.profile)
+            figs = measure(world, args.viewers, args.duration, args.single_views, profile=args.profile, ramp_s=args.ramp)
         print("\n".join(figs.lines()))
         print(f"  trainer: nice {args.trainer_nice}" + ("" if args.trainer_nice else " (it competes with the server as an equal)"))
     finally:

@@ -192,8 +192,9 @@ def test_five_viewers_for_20_s_while_training(tmp_path):
     from bench import bench_load
 
     with bench_load.World(tmp_path) as world:
-        figs = bench_load.measure(world, viewers=5, duration_s=20.0, single_views=3, dwell=(5.0, 8.0))
+        figs = bench_load.measure(world, viewers=5, duration_s=20.0, single_views=3, dwell=(5.0, 8.0), ramp_s=2.0)
     report = "\n".join(figs.lines())
+    assert "arriving over the first 2 s" in report, report
     print(report)
     assert not figs.errors, report
     assert all(figs.load[p] for p in bench_load.PAGES), report  # every page was viewed under load
