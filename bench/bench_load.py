@@ -528,7 +528,8 @@ class Figures:
             s, n = self.single.get(p, []), self.load.get(p, [])
             if s and n:
                 out.append(
-                    f"  {p:<8} {pct(s, 50):7.2f} {pct(s, 95):7.2f} {pct(n, 50):7.2f} {pct(n, 95):7.2f}"
+                    # one viewer's median as the ratio takes it (pct(s, 50) is the upper middle of an even count)
+                    f"  {p:<8} {statistics.median(s):7.2f} {pct(s, 95):7.2f} {pct(n, 50):7.2f} {pct(n, 95):7.2f}"
                     f" {self.ratio(p):6.2f}  ({len(s)} / {len(n)} views)"
                 )
         out.append(f"  errors: {len(self.errors)}   busy: {len(self.busy)}")
