@@ -45,6 +45,23 @@ def event(run: str, kind: str, data: dict, seq: int, step: int | None = None, t:
     return {"v": 1, "run": run, "kind": kind, "step": step, "t": t + seq * 0.01, "host": host, "seq": seq, "data": data}
 
 
+def append_in_pieces(src: Path, dst: Path, n: int):
+    """Grow copies under `dst` of `src`'s event logs in `n` pieces cut at line ends; yields after each piece.
+
+    The way a live run's logs reach an ingester: after the last piece the copies equal the sources.
+    """
+    datas = {p: p.read_bytes() for p in sorted(src.glob("*/events.*.jsonl"))}
+    for k in range(1, n + 1):
+        for p, data in datas.items():
+            cut = data.rfind(b"\n", 0, len(data) * k // n) + 1 if k < n else len(data)
+            out = dst / p.relative_to(src)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            done = out.stat().st_size if out.exists() else 0
+            with open(out, "ab") as f:
+                f.write(data[done:cut])
+        yield k
+
+
 def write_lines(path: Path, lines, mode: str = "a") -> Path:
     """Append raw lines (dicts are JSON-encoded; str/bytes are written as given, plus a newline)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ import duckdb
 import numpy as np
 import polars as pl
 import pytest
+from conftest import append_in_pieces
 
 import observatory
 from observatory.detect import scan as A
@@ -55,7 +56,6 @@ def no_stall(monkeypatch):
 def test_fifty_pieces_give_the_anomalies_and_rollups_of_one_full_recomputation(tmp_path, no_stall):
     src = tmp_path / "src"
     simulate("tiny", src, steps=400, expert_load_every=1)
-    logs = sorted(src.glob("*/events.*.jsonl"))
     # the whole logs at once, fresh store: the full recomputation
     full_runs, full_db = tmp_path / "full", tmp_path / "full.duckdb"
     shutil.copytree(src, full_runs)
@@ -65,15 +65,7 @@ def test_fifty_pieces_give_the_anomalies_and_rollups_of_one_full_recomputation(t
     assert {a[1] for a in want} >= {"grad_spike", "loss_spike", "nonfinite", "hot_expert"}
     # the same bytes in 50 pieces, cut at line ends, every hook on each ingest
     runs, db = tmp_path / "runs", tmp_path / "pieces.duckdb"
-    datas = {p: p.read_bytes() for p in logs}
-    for k in range(1, 51):
-        for p, data in datas.items():
-            cut = data.rfind(b"\n", 0, len(data) * k // 50) + 1 if k < 50 else len(data)
-            dst = runs / p.relative_to(src)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            done = dst.stat().st_size if dst.exists() else 0
-            with open(dst, "ab") as f:
-                f.write(data[done:cut])
+    for _ in append_in_pieces(src, runs, 50):
         ingest(runs, db, emit=None)
     ingest(runs, db, emit=None)
     assert anomalies(db) == want

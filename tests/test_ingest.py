@@ -10,7 +10,7 @@ import shutil
 import time
 
 import pytest
-from conftest import event, write_lines
+from conftest import append_in_pieces, event, write_lines
 
 from observatory import store
 from observatory.events import ValidationError, validate_event
@@ -360,20 +360,11 @@ def test_runs_rows_kept_by_updates_equal_one_pass(tmp_path):
 
     src = tmp_path / "src"
     simulate("535b", src, steps=400, expert_load_every=0, hosts=2)
-    logs = sorted(src.glob("*/events.*.jsonl"))
     whole_runs, whole_db = tmp_path / "whole", tmp_path / "whole.duckdb"
     shutil.copytree(src, whole_runs)
     ingest(whole_runs, whole_db)
     runs, db = tmp_path / "runs", tmp_path / "pieces.duckdb"
-    datas = {p: p.read_bytes() for p in logs}
-    for k in range(1, 21):
-        for p, data in datas.items():
-            cut = data.rfind(b"\n", 0, len(data) * k // 20) + 1 if k < 20 else len(data)
-            dst = runs / p.relative_to(src)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            done = dst.stat().st_size if dst.exists() else 0
-            with open(dst, "ab") as f:
-                f.write(data[done:cut])
+    for _ in append_in_pieces(src, runs, 20):
         ingest(runs, db)
     sql = "SELECT * FROM runs ORDER BY run"
     want = q(whole_db, sql)
