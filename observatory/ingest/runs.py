@@ -72,7 +72,7 @@ def update_runs(con, b: _Batch) -> None:
             r["name"] = run
         if b.redactions.get(run) or r["redactions"] is None:
             r["redactions"] = (r["redactions"] or 0) + b.redactions.get(run, 0)
-        changed = tuple(c for c in RUN_COLUMNS if run not in existing or not _same(r[c], before[c]))
+        changed = tuple(c for c in RUN_COLUMNS if not _same(r[c], before[c]))  # of a stored row; a new one is inserted whole
         for c in RUN_JSON_COLUMNS:
             r[c] = None if r[c] is None else json.dumps(encode_value(r[c]))
         if run not in existing:
