@@ -78,6 +78,7 @@ class View:
     first: float | None = None  # seconds from opening to the first chart (SQL: the query result)
     errors: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
+    form: float | None = None  # SQL: seconds from opening to the form's submit (the page's own part)
     steps: list[tuple[float, int]] = field(default_factory=list)  # (wall time, "Last step" shown)
     # the server's CPU seconds (given a `cpu` clock, one viewer at a time): from opening to the end of
     # the script run that drew the first chart, and for each auto-refresh from its request to its end
@@ -179,6 +180,7 @@ async def view_page(
                         v.cpu_refresh.append(cpu() - refresh_cpu.pop())
                     if page == "sql" and not submitted and "area" in ids and "button" in ids:
                         submitted = True
+                        v.form = now - t0
                         await ws.send(_sql_submit(page_hash, ids["area"], ids["button"], sql or "SELECT 1",
                                                   ids.get("fragment", "")))  # fmt: skip
                 elif kind == "delta" and msg.delta.HasField("new_element"):
@@ -506,6 +508,8 @@ class Figures:
     refreshes: int = 0  # under load: the Live auto-refreshes asked for
     lock_line: str = ""  # under load: how long the writer held the store (`LockWatch`)
     ramp_s: float = 0.0  # the viewers arrived evenly over this many seconds (0: all in the same instant)
+    # SQL views, one viewer and under load: (opening -> form submitted, submitted -> result rows) in s
+    sql_phases: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
 
     def ratio(self, page: str | None = None) -> float:
         pages = [page] if page else [p for p in PAGES if self.load.get(p) and self.single.get(p)]
@@ -566,6 +570,11 @@ class Figures:
             f"follower {self.cpu.get('follower', 0):.0f}; machine load average {self.load_avg:.1f} "
             f"({os.cpu_count()} cores)"
         )
+        if self.sql_phases:
+            out.append("  sql phases (s): " + "; ".join(
+                f"{who}: page to its form p50 {pct(f, 50):.2f} p95 {pct(f, 95):.2f}, "
+                f"query to its rows p50 {pct(q, 50):.2f} p95 {pct(q, 95):.2f}"
+                for who, (f, q) in self.sql_phases.items() if f))  # fmt: skip
         if self.lock_line:
             out.append(self.lock_line)
         for name, good in self.ok().items():
@@ -594,6 +603,7 @@ def measure(
         cpu_view: dict[str, list[float]] = {p: [] for p in PAGES}
         cpu_refresh: list[float] = []
         single_err: list[str] = []
+        single_sql: list[View] = []
 
         def server_cpu() -> float:
             t = rss.proc.cpu_times()
@@ -603,6 +613,7 @@ def measure(
             for p in PAGES:
                 v = asyncio.run(view_page(world.port, p, page_query(p), 6.0, sqls[k % len(sqls)], cpu=server_cpu))
                 single_err += v.errors
+                single_sql += [v] if p == "sql" else []
                 if v.first is not None:
                     single[p].append(v.first)
                 if v.cpu_view is not None:
@@ -637,6 +648,10 @@ def measure(
     load = {p: [v.first for v in views if v.page == p and v.first is not None] for p in PAGES}
     at, before = staleness([v for v in views if v.page == "live"], clock)
     during = rss.between(t_idle, t_end)
+
+    def phases(vs: list[View]) -> tuple[list[float], list[float]]:
+        done = [v for v in vs if v.page == "sql" and v.form is not None and v.first is not None]
+        return [v.form for v in done], [v.first - v.form for v in done]
     return Figures(
         viewers=viewers,
         duration_s=duration_s,
@@ -658,6 +673,7 @@ def measure(
         refreshes=sum(v.refreshes for v in views),
         lock_line=locks.summary(t_idle, t_end),
         ramp_s=ramp_s,
+        sql_phases={"one viewer": phases(single_sql), "under load": phases(views)},
     )
 
 

@@ -96,6 +96,85 @@ def test_reader_waits_for_writer_and_writer_is_not_starved(db_path):
             r.join(10)
 
 
+def test_a_writer_takes_a_gap_between_readers_without_holding_new_readers_back(db_path):
+    """While a writer looks for a gap (`GAP_WAIT_S`), the gate stays open: a reader that comes after it
+    gets in at once instead of waiting for the reader in flight and then for the writer's transaction."""
+    with store.write_connection(db_path) as con:
+        store.ensure_schema(con)
+    events: list[tuple[str, float]] = []
+    first_in = threading.Event()
+
+    def slow_reader():
+        with store.connect(db_path) as con:
+            first_in.set()
+            con.execute("SELECT count(*) FROM runs").fetchall()
+            time.sleep(0.15)
+        events.append(("slow reader out", time.monotonic()))
+
+    def writer():
+        with store.write_connection(db_path, timeout_s=10) as con:
+            events.append(("writer in", time.monotonic()))
+            con.execute("INSERT INTO runs (run, status) VALUES ('w', 'running')")
+            time.sleep(0.2)
+
+    def late_reader():
+        with store.connect(db_path, timeout_s=10) as con:
+            events.append(("late reader in", time.monotonic()))
+            con.execute("SELECT count(*) FROM runs").fetchall()
+
+    assert 0.15 < store.connection.GAP_WAIT_S  # the slow reader leaves within the writer's window
+    threads = [threading.Thread(target=slow_reader), threading.Thread(target=writer), threading.Thread(target=late_reader)]
+    threads[0].start()
+    first_in.wait(5)
+    threads[1].start()
+    time.sleep(0.05)  # the writer is waiting now
+    threads[2].start()
+    for t in threads:
+        t.join(10)
+    order = [name for name, _ in sorted(events, key=lambda e: e[1])]
+    # gated at once (as before), the late reader would have waited for the writer: last, not first
+    assert order == ["late reader in", "slow reader out", "writer in"], order
+
+
+def test_a_writer_with_no_gap_closes_the_gate_after_its_window(db_path):
+    """Readers that hand over to each other leave no gap: the writer closes the gate once `GAP_WAIT_S`
+    has passed and gets in after the reader in flight, so it is never starved."""
+    with store.write_connection(db_path) as con:
+        store.ensure_schema(con)
+    stop = threading.Event()
+    handed = threading.Semaphore(0)
+    readers: list[threading.Thread] = []
+
+    def reader():
+        with store.connect(db_path, timeout_s=10) as con:
+            con.execute("SELECT count(*) FROM runs").fetchall()
+            time.sleep(0.05)
+            handed.release()  # the next reader comes in before this one leaves
+            time.sleep(0.05)
+
+    def relay():
+        while not stop.is_set():
+            if handed.acquire(timeout=0.5) and not stop.is_set():
+                readers.append(threading.Thread(target=reader))
+                readers[-1].start()
+
+    handed.release()
+    th = threading.Thread(target=relay)
+    th.start()
+    try:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        with store.write_connection(db_path, timeout_s=10) as con:
+            waited = time.monotonic() - t0
+            con.execute("INSERT INTO runs (run, status) VALUES ('z', 'running')")
+    finally:
+        stop.set()
+        th.join(10)
+        for r in readers:
+            r.join(10)
+    assert store.connection.GAP_WAIT_S <= waited < store.connection.GAP_WAIT_S + 1.0, waited
+
+
 def test_busy_store_raises_store_busy_naming_the_setting(db_path):
     with store.write_connection(db_path) as con:
         store.ensure_schema(con)
