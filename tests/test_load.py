@@ -85,6 +85,40 @@ def test_an_old_answer_waits_for_the_fill(empty_store):
     assert got and got[0] != first and len(CALLS) == 2  # and then served by it: still one query
 
 
+def test_a_recent_answer_is_shown_while_the_ingester_writes_and_refilled_after(empty_store):
+    """A viewer whose batch has a recent answer (less than one TTL past due) does not wait for the
+    write lock: it is shown that answer at once, and the keeper refills the batch once the writer is
+    done. An older answer waits for the writer as before."""
+    from observatory import store
+
+    fresh = cache.query(quick_answer, "w")
+    key = cache._key(quick_answer, ("w",), {})
+    old = cache.query(quick_answer, "o")
+    time.sleep(0.35)  # both past due (TTL 0.3 s), less than one TTL past: recent
+    writer = store.write_connection(empty_store)
+    try:
+        assert store.writer_active(empty_store)
+        t0 = time.monotonic()
+        assert cache.query(quick_answer, "w") == fresh  # shown at once, not after the writer
+        assert time.monotonic() - t0 < 0.1
+        time.sleep(0.4)  # "o" is now more than one TTL past due: too old to show
+        got: list[str] = []
+        waiter = threading.Thread(target=lambda: got.append(cache.query(quick_answer, "o")))
+        waiter.start()
+        time.sleep(0.3)
+        assert not got  # it waits for the writer
+        assert cache._CACHE[key][1] == fresh  # the keeper does not wait for the writer to refill it
+    finally:
+        writer.close()
+    assert not store.writer_active(empty_store)
+    waiter.join(10)
+    assert got and got[0] != old
+    deadline = time.monotonic() + 3  # the keeper's refill, with nobody asking
+    while time.monotonic() < deadline and cache._CACHE[key][1] == fresh:
+        time.sleep(0.02)
+    assert cache._CACHE[key][1] != fresh, "the keeper refilled the batch once the writer was done"
+
+
 def test_a_slow_fill_serves_the_viewers_queued_behind_it(empty_store):
     """A fill slower than the TTL: the viewers that waited for it take its answer, they do not refill."""
     CALLS.clear()

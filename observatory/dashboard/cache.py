@@ -7,7 +7,10 @@ across ALL sessions, one fill of a batch at a time, so a hundred viewers of a li
 one round of queries a second. While one viewer fills, the others
 do not queue behind it: a result at most one `cache_ttl_s` past due is served as
 it is (the fill under way, or the next viewer's, renews it), so a page waits for
-the store only when it has nothing recent to show. If the store stays busy past
+the store only when it has nothing recent to show. The same holds while the ingester
+writes: a viewer whose batch has such a recent result does not wait for the write
+lock (a follower's batch holds it ~0.3 s under load, a third of the time), it is shown
+that result and the keeper thread refills the batch once the writer is done. If the store stays busy past
 the retry budget, the page shows the last good result (or a calm "store busy"
 note); a lock error never reaches the page.
 """
@@ -97,6 +100,9 @@ def query_all(*calls, keep_fresh: bool = False) -> list[Any]:
     out = _lookup(keys, ttl)
     if len(out) < len(keys):
         recent = _lookup(keys, 2 * ttl)
+        if len(recent) == len(keys) and store.writer_active(db_path()):
+            _refill_soon(keys, parsed)  # recent, and opening the store now would wait for the writer
+            return [recent[i] for i in range(len(keys))]
         asked = time.monotonic()
         fill_lock = _fill_lock(keys)
         filling = not fill_lock.acquire(blocking=len(recent) < len(keys))
@@ -156,6 +162,7 @@ _HOT: dict[tuple[str, ...], tuple[float, list, str]] = {}
 _HOT_FOR_S = 5.0  # a batch nobody asked for in this long is no longer refilled
 _HOT_MAX = 8  # at most this many batches are kept fresh (the most recently asked)
 _MIN_REFILL_S = 0.5  # on the store's changes, a hot batch is refilled at most this often
+_SOON: dict[tuple[str, ...], tuple[list, str]] = {}  # batch -> (its calls, its store): one refill each
 _KEEPER: list[threading.Thread] = []
 _STOP = threading.Event()
 
@@ -173,6 +180,20 @@ def _keep(keys: list[str], parsed: list) -> None:
         _HOT[tuple(keys)] = (time.monotonic(), parsed, db_path())
         if len(_HOT) > _HOT_MAX:
             del _HOT[min(_HOT, key=lambda b: _HOT[b][0])]
+    _start_keeper()
+
+
+def _refill_soon(keys: list[str], parsed: list) -> None:
+    """Have the keeper fill this batch once, soon (it waits for the store, no viewer does)."""
+    with _CACHE_LOCK:
+        _SOON[tuple(keys)] = (parsed, db_path())
+        if len(_SOON) > _HOT_MAX * 4:
+            _SOON.pop(next(iter(_SOON)))
+    _start_keeper()
+
+
+def _start_keeper() -> None:
+    with _CACHE_LOCK:
         if not _KEEPER:
             t = threading.Thread(target=_keeper, name="observatory-cache-keeper", daemon=True)
             t.start()
@@ -213,6 +234,17 @@ def _keeper() -> None:
             filled.setdefault(b, stamp)  # first seen: a viewer has just filled it
             if age >= 0.75 * ttl or (stamp != filled[b] and age >= _MIN_REFILL_S):
                 due.append((list(b), parsed, db, stamp))
+        with _CACHE_LOCK:  # the batches viewers were shown a recent answer of while the store was written
+            soon = dict(_SOON)
+            _SOON.clear()
+        for b, (parsed, db) in soon.items():
+            if b in hot or len(_lookup(list(b), ttl)) == len(b):
+                continue  # the keeper's own, or a viewer filled it meanwhile
+            if store.writer_active(db):  # not yet: the keeper must not wait here (the hot batches are due)
+                with _CACHE_LOCK:
+                    _SOON.setdefault(b, (parsed, db))
+                continue
+            due.append((list(b), parsed, db, _stamp(db)))
         for keys, parsed, db, stamp in due:
             if _STOP.is_set():
                 return

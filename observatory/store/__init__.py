@@ -19,6 +19,7 @@ from observatory.store.connection import (
     default_runs_dir,
     using,
     write_connection,
+    writer_active,
 )
 from observatory.store.schema import (
     DDL,
@@ -54,4 +55,5 @@ __all__ = [
     "schema_columns",
     "using",
     "write_connection",
+    "writer_active",
 ]

@@ -112,6 +112,26 @@ def _flock_in_gap(path: Path, window_s: float) -> int | None:
         time.sleep(_GAP_POLL_S)
 
 
+def writer_active(db) -> bool:
+    """Whether a writer holds or is about to hold the store right now (its transaction, or the gate
+    closed while it waits for readers): a reader that opened it now would wait. One non-blocking
+    flock try per lock file, no wait."""
+    import fcntl
+
+    for p in _lock_paths(Path(db)):
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue  # no lock file (nobody ever wrote here) or unreadable: nobody to wait for
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+    return False
+
+
 def _unlock(fd: int | None) -> None:
     if fd is not None:
         os.close(fd)  # closing the descriptor releases its flock
