@@ -603,7 +603,7 @@ def measure(
         cpu_view: dict[str, list[float]] = {p: [] for p in PAGES}
         cpu_refresh: list[float] = []
         single_err: list[str] = []
-        single_sql: list[View] = []
+        single_seen: list[View] = []
 
         def server_cpu() -> float:
             t = rss.proc.cpu_times()
@@ -613,7 +613,7 @@ def measure(
             for p in PAGES:
                 v = asyncio.run(view_page(world.port, p, page_query(p), 6.0, sqls[k % len(sqls)], cpu=server_cpu))
                 single_err += v.errors
-                single_sql += [v] if p == "sql" else []
+                single_seen.append(v)
                 if v.first is not None:
                     single[p].append(v.first)
                 if v.cpu_view is not None:
@@ -673,7 +673,7 @@ def measure(
         refreshes=sum(v.refreshes for v in views),
         lock_line=locks.summary(t_idle, t_end),
         ramp_s=ramp_s,
-        sql_phases={"one viewer": phases(single_sql), "under load": phases(views)},
+        sql_phases={"one viewer": phases(single_seen), "under load": phases(views)},
     )
 
 

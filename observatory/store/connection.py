@@ -66,22 +66,32 @@ def _flock(path: Path, exclusive: bool, deadline: float, what: str) -> int | Non
         if e.errno in (errno.EACCES, errno.EROFS, errno.EPERM, errno.ENOENT):
             return None  # read-only location: nobody can write there, so nobody to wait for
         raise
-    op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
-    delay, began = 0.002, time.monotonic()
+    began = time.monotonic()
+    # short polls: a reader must catch the gap between two ingest batches
+    if _poll_flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, deadline, 0.002, 0.025, jitter=True):
+        return fd
+    os.close(fd)
+    raise StoreBusy(
+        f"the store {path.with_suffix('')} stayed busy for {time.monotonic() - began:.1f} s "
+        f"waiting to {what}; another process holds it (setting lock_timeout_s, "
+        f"env {settings.SETTINGS['lock_timeout_s'].env})"
+    )
+
+
+def _poll_flock(fd: int, op: int, until: float, delay: float, max_delay: float, jitter: bool) -> bool:
+    """Try the flock `op` on `fd` without blocking until it is taken (True) or `until` has passed (False),
+    sleeping `delay` between tries, doubled each time up to `max_delay` (times 1-2 at random: `jitter`)."""
+    import fcntl
+
     while True:
         try:
-            fcntl.flock(fd, op)
-            return fd
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+            return True
         except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(fd)
-                raise StoreBusy(
-                    f"the store {path.with_suffix('')} stayed busy for {time.monotonic() - began:.1f} s "
-                    f"waiting to {what}; another process holds it (setting lock_timeout_s, "
-                    f"env {settings.SETTINGS['lock_timeout_s'].env})"
-                ) from None
-        time.sleep(delay * (1 + random.random()))
-        delay = min(delay * 2, 0.025)  # short: a reader must catch the gap between two ingest batches
+            if time.monotonic() > until:
+                return False
+        time.sleep(delay * (1 + random.random()) if jitter else delay)
+        delay = min(delay * 2, max_delay)
 
 
 # How long a writer polls for a gap between readers before it closes the gate (see the module doc):
@@ -101,16 +111,10 @@ def _flock_in_gap(path: Path, window_s: float) -> int | None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError:
         return None
-    end = time.monotonic() + window_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() > end:
-                os.close(fd)
-                return None
-        time.sleep(_GAP_POLL_S)
+    if _poll_flock(fd, fcntl.LOCK_EX, time.monotonic() + window_s, _GAP_POLL_S, _GAP_POLL_S, jitter=False):
+        return fd
+    os.close(fd)
+    return None
 
 
 def writer_active(db) -> bool:
