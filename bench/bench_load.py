@@ -584,11 +584,13 @@ class Figures:
 
 def measure(
     world: World, viewers: int, duration_s: float, single_views: int = 8, dwell=(8.0, 16.0), profile: Path | None = None,
-    ramp_s: float = 0.0,
+    ramp_s: float = 0.0, dump: Path | None = None,
 ) -> Figures:
     """The single-viewer baseline, then `viewers` at once for `duration_s`, with staleness and RSS.
 
     `profile`: a file for py-spy's collapsed stacks of the dashboard during the load (py-spy on PATH).
+    `dump`: a JSON file for every view (page, opened, first chart, SQL form: wall times) and every
+    write-lock hold, one viewer's and the load's, to see which views waited for what.
     """
     from observatory.queries.dashboard import SQL_EXAMPLES
 
@@ -646,6 +648,12 @@ def measure(
         rss.stop()
         locks.stop()
     load = {p: [v.first for v in views if v.page == p and v.first is not None] for p in PAGES}
+    if dump is not None:
+        def rows(vs: list[View]) -> list[dict]:
+            return [{"page": v.page, "opened": v.opened, "first": v.first, "form": v.form, "errors": v.errors}
+                    for v in vs]  # fmt: skip
+        dump.write_text(json.dumps({"single": rows(single_seen), "load": rows(views), "load_from": t_idle,
+                                    "load_to": t_end, "holds": locks.holds}))  # fmt: skip
     at, before = staleness([v for v in views if v.page == "live"], clock)
     during = rss.between(t_idle, t_end)
 
@@ -691,13 +699,14 @@ def main() -> None:
                          "rate whose views are the top 10%% of a 2-minute run's")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, store)")
     ap.add_argument("--profile", type=Path, help="write py-spy's collapsed stacks of the dashboard under load here")
+    ap.add_argument("--dump", type=Path, help="write every view's times and the write lock's holds here (JSON)")
     args = ap.parse_args()
     if args.viewers > 50 or args.duration > 600:
         ap.error("bounded: at most 50 viewers and 600 s")
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
     try:
         with World(tmp, trainer_nice=args.trainer_nice) as world:
-            figs = measure(world, args.viewers, args.duration, args.single_views, profile=args.profile, ramp_s=args.ramp)
+            figs = measure(world, args.viewers, args.duration, args.single_views, profile=args.profile, ramp_s=args.ramp, dump=args.dump)
         print("\n".join(figs.lines()))
         print(f"  trainer: nice {args.trainer_nice}" + ("" if args.trainer_nice else " (it competes with the server as an equal)"))
     finally:

@@ -190,6 +190,46 @@ def test_a_live_batch_is_refilled_when_the_store_changes(empty_store, monkeypatc
     assert len(KEPT) == 2
 
 
+ON: list[tuple[str, object]] = []
+
+
+def noted_answer(con, tag: str) -> str:
+    ON.append((tag, con))  # the connection object itself: kept alive here, so `is` tells connections apart
+    return f"noted {tag} #{len(ON)}"
+
+
+def test_hot_batches_are_refilled_on_one_connection_last_asked_first(empty_store, monkeypatch):
+    """After a commit the keeper refills every hot batch of the store on ONE connection (one wait for
+    the writer, one open), the batch viewers asked for last first: a page kept fresh beside the Live
+    panel does not make the panel's refill wait for a second connection."""
+    import os
+
+    monkeypatch.setenv("OBSERVATORY_CACHE_TTL_S", "30")  # no refill by age: only the commit's
+    ON.clear()
+    cache.query_all((noted_answer, "page"), keep_fresh=True)
+    time.sleep(0.05)
+    cache.query_all((noted_answer, "panel"), keep_fresh=True)  # asked last
+    time.sleep(0.8)  # past _MIN_REFILL_S
+    assert [t for t, _ in ON] == ["page", "panel"]  # the viewers' own fills, nothing else yet
+    ON.clear()
+    st = os.stat(empty_store)
+    os.utime(empty_store, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # what a commit does to it
+    deadline = time.monotonic() + 3
+    while len(ON) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [t for t, _ in ON] == ["panel", "page"]
+    assert ON[0][1] is ON[1][1], "both refills ran on the same connection"
+
+
+def test_a_batch_with_its_own_lifetime_outlives_the_ttl(empty_store):
+    """`ttl_s` (the SQL page's schema): the answer is served past `cache_ttl_s` without a fill."""
+    slow_changing = cache.query(quick_answer, "schema", ttl_s=30)
+    data = cache.query(quick_answer, "data")
+    time.sleep(0.7)  # more than two TTLs (0.3 s)
+    assert cache.query(quick_answer, "schema", ttl_s=30) == slow_changing
+    assert cache.query(quick_answer, "data") != data
+
+
 def test_a_batch_is_filled_whole(empty_store):
     """Entries of one batch age together: the next fill of the batch is one connection again."""
     CALLS.clear()

@@ -79,7 +79,7 @@ def _lookup(keys: list[str], max_age_s: float) -> dict[int, Any]:
         return {i: _CACHE[k][1] for i, k in enumerate(keys) if k in _CACHE and _CACHE[k][0] > since}
 
 
-def query_all(*calls, keep_fresh: bool = False) -> list[Any]:
+def query_all(*calls, keep_fresh: bool = False, ttl_s: float | None = None) -> list[Any]:
     """Several queries as one unit of work: cache hits are free, all misses share ONE connection.
 
     Each call is a tuple `(fn, arg1, arg2, ...)`; fn(con, *args) must be a module-level
@@ -91,10 +91,13 @@ def query_all(*calls, keep_fresh: bool = False) -> list[Any]:
     thread then refills it just before it falls due, for as long as some viewer keeps asking
     (`_HOT_FOR_S`), so its viewers find a fresh answer and none waits for the store: its
     data is at most about one `cache_ttl_s` old when shown.
+
+    ttl_s: this batch's lifetime instead of `cache_ttl_s`, for answers that change far more rarely
+    than the data (the store's schema).
     """
     parsed = [(c[0], tuple(c[1:])) for c in calls]
     keys = [_key(fn, args, {}) for fn, args in parsed]
-    ttl = float(settings.get("cache_ttl_s"))
+    ttl = float(settings.get("cache_ttl_s") if ttl_s is None else ttl_s)
     if keep_fresh:
         _keep(keys, parsed)
     out = _lookup(keys, ttl)
@@ -142,17 +145,22 @@ def _fill(keys: list[str], parsed: list[tuple[Callable, tuple]], db: str | None 
 
     Raises `store.StoreBusy` when the store stays busy past the retry budget.
     """
-    out: dict[int, Any] = {}
     try:
         with store.connect(db or db_path()) as con:
             limit_memory(con)
-            for i, (fn, args) in enumerate(parsed):
-                out[i] = fn(con, *args)
-                _put(keys[i], out[i])
+            return _fill_on(con, keys, parsed)
     except duckdb.IOException as e:
         if "lock" not in str(e).lower():
             raise
         raise store.StoreBusy(str(e)) from None
+
+
+def _fill_on(con, keys: list[str], parsed: list[tuple[Callable, tuple]]) -> dict[int, Any]:
+    """Run the batch on the open connection `con` and cache each result."""
+    out: dict[int, Any] = {}
+    for i, (fn, args) in enumerate(parsed):
+        out[i] = fn(con, *args)
+        _put(keys[i], out[i])
     return out
 
 
@@ -225,10 +233,11 @@ def _keeper() -> None:
                 del _HOT[b]
             hot = {b: (parsed, db, [_CACHE[k][0] if k in _CACHE else -math.inf for k in b])
                    for b, (_, parsed, db) in _HOT.items()}  # fmt: skip
+            asked = {b: t for b, (t, _, _) in _HOT.items()}
         for b in [b for b in filled if b not in hot]:
             del filled[b]
         due = []
-        for b, (parsed, db, times) in hot.items():
+        for b, (parsed, db, times) in sorted(hot.items(), key=lambda kv: -asked[kv[0]]):
             age = now - min(times)
             stamp = _stamp(db)
             filled.setdefault(b, stamp)  # first seen: a viewer has just filled it
@@ -245,19 +254,41 @@ def _keeper() -> None:
                     _SOON.setdefault(b, (parsed, db))
                 continue
             due.append((list(b), parsed, db, _stamp(db)))
-        for keys, parsed, db, stamp in due:
+        for db in dict.fromkeys(d[2] for d in due):  # each store's due batches on ONE connection
             if _STOP.is_set():
                 return
-            lock = _fill_lock(keys)
-            if not lock.acquire(blocking=False):  # a viewer is filling it
-                continue
-            try:
-                _fill(keys, parsed, db)
-                filled[tuple(keys)] = stamp  # the stamp from before the fill: a commit during it is seen next
-            except Exception:  # busy, or an error the next viewer's own fill will show
-                pass
-            finally:
-                lock.release()
+            _refill(db, [d for d in due if d[2] == db], filled)
+
+
+def _refill(db: str, due: list[tuple[list[str], list, str, tuple]], filled: dict) -> None:
+    """Fill the `due` batches of store `db` one after another on one connection (one wait for the
+    store, one open), in the order given: the batch viewers asked for last first. A batch a viewer is
+    filling is left to that viewer; one that fails is left to the next viewer's own fill."""
+    locks = []
+    try:
+        for d in due:
+            lock = _fill_lock(d[0])
+            if lock.acquire(blocking=False):
+                locks.append((lock, d))
+        if not locks:
+            return
+        with store.connect(db) as con:
+            limit_memory(con)
+            for _, (keys, parsed, _db, stamp) in locks:
+                if _STOP.is_set():
+                    return
+                try:
+                    _fill_on(con, keys, parsed)
+                    filled[tuple(keys)] = stamp  # the stamp from before the fill: a commit during it is seen next
+                except duckdb.IOException:
+                    raise
+                except Exception:  # an error the next viewer's own fill will show
+                    pass
+    except Exception:  # busy, or the store cannot be opened now: the next round tries again
+        pass
+    finally:
+        for lock, _ in locks:
+            lock.release()
 
 
 def _put(key: str, value: Any) -> None:
@@ -269,9 +300,9 @@ def _put(key: str, value: Any) -> None:
                 del _CACHE[k]
 
 
-def query(fn: Callable, *args) -> Any:
-    """`fn(con, *args)` on a read-only connection, cached for cache_ttl_s across sessions."""
-    return query_all((fn, *args))[0]
+def query(fn: Callable, *args, ttl_s: float | None = None) -> Any:
+    """`fn(con, *args)` on a read-only connection, cached for cache_ttl_s (or `ttl_s`) across sessions."""
+    return query_all((fn, *args), ttl_s=ttl_s)[0]
 
 
 # (fn, args by identity or value) -> (args, result): the newest derived results, shared by every session

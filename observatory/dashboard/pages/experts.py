@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import streamlit as st
 
-from observatory.dashboard.cache import derive, query, query_all
+from observatory.dashboard.cache import derive, query_all
 from observatory.dashboard.charts import expert_heatmap, layer_band, layer_heatmap, scatter
 from observatory.dashboard.runs_table import runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
@@ -219,7 +219,11 @@ def render() -> None:
     if run is None:
         return
     wkey = f"experts_window_{run}"
-    view = query(*_view_call(run))
+    # a running run's view is kept fresh in the background while viewers keep asking for it (as the
+    # Live panel's is: the keeper refills both on one connection after each commit), so a viewer
+    # arriving after a commit finds it filled rather than waits for the store
+    live = next((r["status"] for r in runs if r["run"] == run), None) == "running"
+    view = query_all(_view_call(run), keep_fresh=live)[0]
     if view is None:
         st.info("This run logged no `expert_load` events.")
         return

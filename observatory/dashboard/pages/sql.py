@@ -67,9 +67,14 @@ def schema_tables(sch: pl.DataFrame) -> list[tuple[str, str, Any]]:
     return out
 
 
+SCHEMA_TTL_S = 30.0  # how long the schema browser's answer is kept (the data's answers: `cache_ttl_s`)
+
+
 def _schema_browser() -> None:
     st.subheader("Schema")
-    for kind, table, cols in derive(schema_tables, query(qd.schema)):
+    # the schema changes with the store's tables (a new version's DDL), not with each ingest batch: a
+    # viewer opening this page should not wait for the ingester's write lock to list them again
+    for kind, table, cols in derive(schema_tables, query(qd.schema, ttl_s=SCHEMA_TTL_S)):
         with st.expander(table, icon=SCHEMA_ICONS[kind]):
             st.dataframe(cols, hide_index=True, key=f"sql_schema_{table}")
 
