@@ -231,18 +231,18 @@ def _keeper() -> None:
         with _CACHE_LOCK:
             for b in [b for b, (t, _, _) in _HOT.items() if now - t > _HOT_FOR_S]:
                 del _HOT[b]
+            # the batch viewers asked for last first (in practice the Live panel's)
             hot = {b: (parsed, db, [_CACHE[k][0] if k in _CACHE else -math.inf for k in b])
-                   for b, (_, parsed, db) in _HOT.items()}  # fmt: skip
-            asked = {b: t for b, (t, _, _) in _HOT.items()}
+                   for b, (_, parsed, db) in sorted(_HOT.items(), key=lambda kv: -kv[1][0])}  # fmt: skip
         for b in [b for b in filled if b not in hot]:
             del filled[b]
-        due = []
-        for b, (parsed, db, times) in sorted(hot.items(), key=lambda kv: -asked[kv[0]]):
+        due: dict[str, list] = {}  # store -> its due batches, each (keys, calls, the store's stamp), in order
+        for b, (parsed, db, times) in hot.items():
             age = now - min(times)
             stamp = _stamp(db)
             filled.setdefault(b, stamp)  # first seen: a viewer has just filled it
             if age >= 0.75 * ttl or (stamp != filled[b] and age >= _MIN_REFILL_S):
-                due.append((list(b), parsed, db, stamp))
+                due.setdefault(db, []).append((list(b), parsed, stamp))
         with _CACHE_LOCK:  # the batches viewers were shown a recent answer of while the store was written
             soon = dict(_SOON)
             _SOON.clear()
@@ -253,14 +253,14 @@ def _keeper() -> None:
                 with _CACHE_LOCK:
                     _SOON.setdefault(b, (parsed, db))
                 continue
-            due.append((list(b), parsed, db, _stamp(db)))
-        for db in dict.fromkeys(d[2] for d in due):  # each store's due batches on ONE connection
+            due.setdefault(db, []).append((list(b), parsed, _stamp(db)))
+        for db, batches in due.items():  # each store's due batches on ONE connection
             if _STOP.is_set():
                 return
-            _refill(db, [d for d in due if d[2] == db], filled)
+            _refill(db, batches, filled)
 
 
-def _refill(db: str, due: list[tuple[list[str], list, str, tuple]], filled: dict) -> None:
+def _refill(db: str, due: list[tuple[list[str], list, tuple]], filled: dict) -> None:
     """Fill the `due` batches of store `db` one after another on one connection (one wait for the
     store, one open), in the order given: the batch viewers asked for last first. A batch a viewer is
     filling is left to that viewer; one that fails is left to the next viewer's own fill."""
@@ -274,15 +274,15 @@ def _refill(db: str, due: list[tuple[list[str], list, str, tuple]], filled: dict
             return
         with store.connect(db) as con:
             limit_memory(con)
-            for _, (keys, parsed, _db, stamp) in locks:
+            for _, (keys, parsed, stamp) in locks:
                 if _STOP.is_set():
                     return
                 try:
                     _fill_on(con, keys, parsed)
                     filled[tuple(keys)] = stamp  # the stamp from before the fill: a commit during it is seen next
                 except duckdb.IOException:
-                    raise
-                except Exception:  # an error the next viewer's own fill will show
+                    raise  # the connection itself failed: the rest of this round is left to the next one
+                except Exception:  # this batch's own error, which the next viewer's own fill will show
                     pass
     except Exception:  # busy, or the store cannot be opened now: the next round tries again
         pass

@@ -9,7 +9,7 @@ from observatory.dashboard.cache import query_all
 from observatory.queries import core
 from observatory.queries import dashboard as qd
 
-__all__ = ["runs_table", "runs_calls", "ago"]
+__all__ = ["runs_table", "runs_calls", "is_running", "ago"]
 
 
 def runs_calls() -> tuple[tuple, ...]:
@@ -57,6 +57,11 @@ def runs_table() -> list[dict[str, Any]]:
         )
     out.sort(key=lambda r: -(r["start_time"] or r["last_event_t"] or 0))
     return out
+
+
+def is_running(runs: list[dict[str, Any]], run: str) -> bool:
+    """Whether `run` is running in `runs` (a `runs_table()`): its pages refresh and are kept fresh."""
+    return next((r["status"] for r in runs if r["run"] == run), None) == "running"
 
 
 def ago(t: float | None, now: float | None = None) -> str:

@@ -21,7 +21,7 @@ import streamlit as st
 
 from observatory.dashboard.cache import derive, query_all
 from observatory.dashboard.charts import expert_heatmap, layer_band, layer_heatmap, scatter
-from observatory.dashboard.runs_table import runs_calls, runs_table
+from observatory.dashboard.runs_table import is_running, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.detect.thresholds import Thresholds
 from observatory.queries import experts as qe
@@ -222,7 +222,7 @@ def render() -> None:
     # a running run's view is kept fresh in the background while viewers keep asking for it (as the
     # Live panel's is: the keeper refills both on one connection after each commit), so a viewer
     # arriving after a commit finds it filled rather than waits for the store
-    live = next((r["status"] for r in runs if r["run"] == run), None) == "running"
+    live = is_running(runs, run)
     view = query_all(_view_call(run), keep_fresh=live)[0]
     if view is None:
         st.info("This run logged no `expert_load` events.")

@@ -27,7 +27,7 @@ from observatory.dashboard.after_paint import after_first_paint
 from observatory.dashboard.cache import derive, query, query_all
 from observatory.dashboard.charts import add_markers, band, layer_band, scatter, series_figure
 from observatory.dashboard.run_details import render_details
-from observatory.dashboard.runs_table import ago, runs_calls, runs_table
+from observatory.dashboard.runs_table import ago, is_running, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.markup import md_escape
 from observatory.queries import dashboard as qd
@@ -362,8 +362,7 @@ def render() -> None:
         run = pick_run(runs)
     if run is None:
         return
-    status = next((r["status"] for r in runs if r["run"] == run), None)
-    live = status == "running"
+    live = is_running(runs, run)
     st.caption(f"Refreshing every {REFRESH_S} s." if live else "Not running: shown as of its last event.")
     # only the panel refreshes; a finished run does not poll
     st.fragment(run_every=REFRESH_S if live else None)(_panel)(run, live)
