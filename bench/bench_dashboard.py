@@ -310,8 +310,7 @@ def main() -> None:
         browser = None if a.no_browser or a.only == "queries" else bench_browser(db, a.repeats)
     finally:
         if made is not None and not a.keep:
-            for p in (made, made.with_name(made.name + ".wal"), made.with_name(made.name + ".gate"),
-                      made.with_name(made.name + ".lock")):  # fmt: skip
+            for p in (made, made.with_name(made.name + ".wal"), *store.lock_files(made)):
                 p.unlink(missing_ok=True)
     cmd = " ".join(["python bench/bench_dashboard.py", *sys.argv[1:]])
     print()

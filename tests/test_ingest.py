@@ -254,7 +254,7 @@ def test_many_lines_bulk(runs_dir, db_path, kind):
 
 
 def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monkeypatch):
-    """Rollups run inside the batch's transaction, anomalies after it; a failing hook loses nothing."""
+    """Rollups run in a transaction after the batch's, anomalies after it; a failing hook loses nothing."""
     from observatory.detect import scan as anomalies
     from observatory.store import rollups
 
@@ -272,6 +272,23 @@ def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monk
     assert any("rollups.after_ingest failed (RuntimeError: rollup bug)" in m for m in msgs)
     assert any("anomalies.after_ingest failed: ZeroDivisionError" in m for m in msgs)
     assert seen == [{"a"}]
+
+
+def test_rows_committed_without_their_rollups_are_rolled_up_by_the_next_call(runs_dir, db_path, tmp_path):
+    """Ingest commits a batch, then rolls it up in a transaction of its own; rows left without their
+    rollups (a kill in between, or an ingest with the hooks off) are caught up by the next call with
+    hooks, even when it finds nothing new to read, and equal what one call with hooks makes."""
+    write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 20))
+    ingest(runs_dir, db_path)  # hooks off: the rows, no rollups (the state a kill between the two leaves)
+    assert q(db_path, "SELECT count(*) FROM metrics_r8") == [(0,)] and q(db_path, "SELECT count(*) FROM metrics") == [(40,)]
+    rep = _ingest(runs_dir, db_path, emit=None)
+    assert rep.events == 0  # nothing new was read
+    whole = tmp_path / "whole.duckdb"
+    _ingest(runs_dir, whole, emit=None)
+    for table in ("metrics_r8", "metrics_r512", "metric_series", "expert_layer_step", "expert_load_r16", "expert_load_r1024"):
+        sql = f"SELECT * FROM {table} ORDER BY ALL"
+        got = q(db_path, sql)
+        assert got and got == q(whole, sql), table
 
 
 def test_observatory_findings_do_not_revive_a_crashed_run(runs_dir, db_path):

@@ -175,6 +175,46 @@ def test_a_writer_with_no_gap_closes_the_gate_after_its_window(db_path):
     assert store.connection.GAP_WAIT_S <= waited < store.connection.GAP_WAIT_S + 1.0, waited
 
 
+def test_a_reader_that_waited_gets_in_before_the_writers_next_transaction(db_path):
+    """A reader that comes during a write transaction waits for that one only: the writer's next
+    transaction, begun at once, lets it in first (`.want`), instead of winning the race for the lock
+    (the writer polls every 2 ms; before `.want`, a waiting reader slept up to 50 ms between tries)."""
+    with store.write_connection(db_path) as con:
+        store.ensure_schema(con)
+    events: list[tuple[str, float]] = []
+    first_in = threading.Event()
+
+    def writer():
+        for i in range(2):  # one transaction and at once the next, as the follower's batch and its rollups
+            with store.write_connection(db_path, timeout_s=10) as con:
+                events.append((f"writer {i} in", time.monotonic()))
+                first_in.set()
+                con.execute(f"INSERT INTO runs (run, status) VALUES ('w{i}', 'running')")
+                time.sleep(0.3)
+            events.append((f"writer {i} out", time.monotonic()))
+
+    def reader():
+        with store.connect(db_path, timeout_s=10) as con:
+            events.append(("reader in", time.monotonic()))
+            seen = con.execute("SELECT run FROM runs ORDER BY run").fetchall()
+            time.sleep(0.05)
+        events.append(("reader out", time.monotonic()))
+        assert seen == [("w0",)]  # between the two
+
+    w = threading.Thread(target=writer)
+    w.start()
+    first_in.wait(5)
+    time.sleep(0.1)  # the reader comes in the middle of the first transaction
+    r = threading.Thread(target=reader)
+    r.start()
+    w.join(10)
+    r.join(10)
+    order = [name for name, _ in sorted(events, key=lambda e: e[1])]
+    assert order == ["writer 0 in", "writer 0 out", "reader in", "reader out", "writer 1 in", "writer 1 out"], order
+    t = dict(events)
+    assert t["reader in"] - t["writer 0 out"] < 0.1  # it was let in as soon as the first one ended
+
+
 def test_busy_store_raises_store_busy_naming_the_setting(db_path):
     with store.write_connection(db_path) as con:
         store.ensure_schema(con)

@@ -180,6 +180,6 @@ def rebuild(runs_dir: str | os.PathLike | None = None, db: str | os.PathLike | N
             os.replace(tmp, db)
             db.with_name(db.name + ".wal").unlink(missing_ok=True)
     finally:
-        for p in (tmp, tmp.with_name(tmp.name + ".wal"), tmp.with_name(tmp.name + ".gate"), tmp.with_name(tmp.name + ".lock")):
+        for p in (tmp, tmp.with_name(tmp.name + ".wal"), *store.lock_files(tmp)):
             p.unlink(missing_ok=True)
     return report

@@ -4,12 +4,14 @@ Two hook points (after datasette's `hookspecs.py` and `DEFAULT_PLUGINS`); every
 implementation is a module's `after_ingest` function:
 
 `in_transaction`: `after_ingest(con, touched: dict[str, set[str]]) -> None`
-    Runs inside the batch's write transaction, after its rows are in and before
-    COMMIT, when the batch added `metrics` or `expert_load` rows. `con` is the
-    ingester's write connection; `touched` maps a source table ("metrics",
-    "expert_load") to the runs that got rows there. What it writes commits with
-    the batch. If it raises, the batch is rolled back and done again without that
-    hook for the rest of the `ingest` call, which says so (`HookFailed`).
+    Runs in a write transaction right after the batch's commit, one transaction
+    for each source table ("metrics", "expert_load") the batch added rows to
+    (`ingest.passes._roll_up`): short holds, with waiting readers let in between.
+    `con` is the ingester's write connection; `touched` is non-empty for the one
+    source to take in (the hook finds the new rows itself, as the rollups do from
+    `rollup_state`, so a kill before it ran is caught up by the next call). If it
+    raises, its transaction is rolled back and the hook is left out for the rest
+    of the `ingest` call, which says so (`HookFailed`); the batch's rows stay.
 
 `after_commit`: `after_ingest(db, runs_dir, runs: set[str]) -> set[str]`
     Runs after the batch's commit, outside its transaction, on the runs whose own
@@ -91,7 +93,7 @@ class HookFailed(Exception):
 
 
 def run_in_transaction(con, touched: Mapping[str, set[str]], skip: set[str]) -> None:
-    """The in-transaction hooks not in `skip`, when the batch added metrics or expert_load rows."""
+    """The in-transaction hooks not in `skip`, when `touched` names metrics or expert_load runs."""
     if not (touched["metrics"] or touched["expert_load"]):
         return
     for hook in BUILTIN:

@@ -7,9 +7,16 @@ One pass: scan the runs dir (`files.readable`); while files have work, run a bat
    the msgspec path, then the SQL path for what it cannot certify);
 3. in the same transaction: bulk-insert the staged rows, record rejected lines and
    each file's new offset, fold the batch into `runs`, store `crashed` for runs
-   that went silent, run the in-transaction hooks; then COMMIT, so a kill at any
-   point leaves either all of the batch or none of it;
-4. release the lock; run the after-commit hooks (`observatory.ingest.hooks`).
+   that went silent; then COMMIT, so a kill at any point leaves either all of the
+   batch or none of it;
+4. the in-transaction hooks (the rollups), in a write transaction of their own for
+   each source table the batch added rows to (`_roll_up`). Between two of these
+   transactions a reader that came meanwhile gets in first (`store.connection`'s
+   `.want`), so under a live run a reader waits for one short hold, not for the
+   batch and all its rollups in one. A kill between them loses nothing: the
+   rollups know from `rollup_state` how far they got, and the next `ingest` call
+   catches up (`rollups.behind`);
+5. release the lock; run the after-commit hooks (`observatory.ingest.hooks`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from observatory.ingest.sql_lines import (
     _Batch,
     _FileState,
 )
+from observatory.store import rollups
 
 __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]
 
@@ -81,6 +89,8 @@ class Follower:
         self.skip: set[str] = set()  # files that cannot be ingested (until the next `ingest` call)
         self.off: set[str] = set()  # in-transaction hooks that failed: batches run without them
         self.last_crash_check = 0.0
+        self.rollups_due: set[str] = set()  # source tables with committed rows the rollups have not taken in
+        self.rollups_checked = False  # whether this call looked for rows an earlier one left (`rollups.behind`)
 
 
 _ENSURED: set = set()  # (path, (inode, device)) of store files whose schema this process made sure of
@@ -114,10 +124,11 @@ def write_failure(e: BaseException) -> str | None:
     return None
 
 
-def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set[str] | None) -> tuple[_Batch | None, bool]:
+def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, use_hooks: bool) -> tuple[_Batch | None, bool]:
     """One write transaction over files with work. Returns (batch or None if idle, more work left).
 
-    `skip_hooks`: the in-transaction hooks to leave out; None leaves them all out.
+    With `use_hooks`, the sources it added rows to join `fol.rollups_due` (and, at the call's first
+    batch, those an earlier call left behind), for `_roll_up` after the commit.
     """
     now = time.time()
     stale = settings.get("stale_after_s")
@@ -129,6 +140,9 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
             _ENSURED.add((str(db), _db_sig(db)))
         con.execute("BEGIN TRANSACTION")
         try:
+            if use_hooks and not fol.rollups_checked:
+                fol.rollups_due |= rollups.behind(con)  # a kill between an earlier batch and its rollups
+                fol.rollups_checked = True
             rows, status = fs.load_state(con)
             b = _Batch(now)
             used, more, did = 0, False, False
@@ -163,8 +177,6 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
             redact_metric_names(con, b)
             update_runs(con, b)
             mark_crashed(con, now)
-            if skip_hooks is not None:
-                hooks.run_in_transaction(con, b.touched, skip_hooks)
             hooks.save_pending(con)  # what the last batch's after-commit hooks keep in the store
             con.execute("COMMIT")
         except BaseException:
@@ -173,7 +185,44 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, skip_hooks: set
             except Exception:
                 pass
             raise
+    if use_hooks:
+        fol.rollups_due |= {source for source in ROLLUP_SOURCES if b.touched[source]}
     return b, more
+
+
+ROLLUP_SOURCES = ("expert_load", "metrics")  # the tables whose new rows the in-transaction hooks take in
+
+
+def _roll_up(db: Path, fol: Follower, emit: Callable[[str], None]) -> bool:
+    """The in-transaction hooks over the committed rows of each source in `fol.rollups_due`, each source
+    in a write transaction of its own. False if the store stayed busy (they stay due for the next pass).
+
+    A hook that raises is rolled back, said, and left out for the rest of the call: the batch's rows
+    are in already, and `observatory rebuild` rebuilds the rollups."""
+    for source in [s for s in ROLLUP_SOURCES if s in fol.rollups_due]:
+        touched = {s: ({"*"} if s == source else set()) for s in ROLLUP_SOURCES}  # the hooks find the runs
+        try:
+            with store.write_connection(db) as con:
+                con.execute("BEGIN TRANSACTION")
+                try:
+                    hooks.run_in_transaction(con, touched, fol.off)
+                    con.execute("COMMIT")
+                except BaseException:
+                    try:
+                        con.execute("ROLLBACK")
+                    except Exception:
+                        pass
+                    raise
+        except store.StoreBusy as e:
+            emit(f"{db}: {e}; will retry the rollups")
+            return False
+        except hooks.HookFailed as h:
+            e, name = h.error, h.hook.name
+            emit(f"observatory ingest: {name}.after_ingest failed ({type(e).__name__}: {e}); "
+                 f"ingesting without {name} from now on (`observatory rebuild` rebuilds them)")  # fmt: skip
+            fol.off.add(name)
+        fol.rollups_due.discard(source)
+    return True
 
 
 def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_hooks: bool,
@@ -214,19 +263,14 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
     wrote: set[str] = set()
     only: str | None = None
     queue = None  # set when isolating files after a failure
+    if not _roll_up(db, fol, emit):  # what an earlier pass left due (the store was busy, or full)
+        return wrote
     while True:
         try:
-            b, more = _run_batch(db, files, only, fol.off if use_hooks else None)
+            b, more = _run_batch(db, files, only, fol, use_hooks)
         except store.StoreBusy as e:
             emit(f"{db}: {e}; will retry")
             return wrote
-        except hooks.HookFailed as h:
-            # the batch was rolled back; do it again without the hook rather than lose it
-            e, name = h.error, h.hook.name
-            emit(f"observatory ingest: {name}.after_ingest failed ({type(e).__name__}: {e}); "
-                 f"ingesting without {name} from now on (`observatory rebuild` rebuilds them)")  # fmt: skip
-            fol.off.add(name)
-            continue
         except Exception as e:
             if write_failure(e):
                 raise  # the store cannot be written (full disk): no file is to blame; the caller retries
@@ -239,6 +283,8 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
             if only is None:
                 break
             continue
+        if not _roll_up(db, fol, emit):  # also a batch of None: the rows an earlier call left behind
+            return wrote
         if b is None:
             if queue:
                 queue.pop(0)

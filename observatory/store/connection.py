@@ -10,7 +10,12 @@ starving behind a stream of readers:
   store; a reader passes through it (shared, released at once), so a waiting
   writer stops new readers from coming in;
 - `<db>.lock`: readers hold it shared for the life of their connection, the
-  writer exclusively for one short transaction.
+  writer exclusively for one short transaction;
+- `<db>.want`: a reader that has to wait holds it shared until it is in; a writer
+  about to start a transaction waits (up to `YIELD_MAX_S`) until nobody does. So a
+  reader that came during one transaction gets in before the writer's next one:
+  the follower writes a batch and then its rollups as transactions of their own
+  (`observatory.ingest.passes`), and a reader waits for one of them, not for both.
 
 A writer first looks, for up to `GAP_WAIT_S`, for a gap between readers in which
 it can take `<db>.lock` without closing the gate: readers then wait only for its
@@ -56,8 +61,11 @@ class StoreBusy(RuntimeError):
     """The store stayed busy for `lock_timeout_s`; the message says what to do."""
 
 
-def _flock(path: Path, exclusive: bool, deadline: float, what: str) -> int | None:
-    """Open `path` and take a flock on it, polling until `deadline`. None if it cannot be created."""
+def _flock(path: Path, exclusive: bool, deadline: float, what: str, want: Path | None = None) -> int | None:
+    """Open `path` and take a flock on it, polling until `deadline`. None if it cannot be created.
+
+    `want`: a reader's `<db>.want`, held shared while it waits, so that a writer about to start
+    its next transaction lets it in first (`_yield_to_readers`)."""
     import fcntl
 
     try:
@@ -66,10 +74,20 @@ def _flock(path: Path, exclusive: bool, deadline: float, what: str) -> int | Non
         if e.errno in (errno.EACCES, errno.EROFS, errno.EPERM, errno.ENOENT):
             return None  # read-only location: nobody can write there, so nobody to wait for
         raise
+    op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    try:
+        fcntl.flock(fd, op | fcntl.LOCK_NB)
+        return fd  # free: the common case, no wait to announce
+    except BlockingIOError:
+        pass
     began = time.monotonic()
-    # short polls: a reader must catch the gap between two ingest batches
-    if _poll_flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, deadline, 0.002, 0.025, jitter=True):
-        return fd
+    fd_want = _announce(want) if want is not None else None
+    try:
+        # short polls: a reader must catch the gap between two ingest transactions
+        if _poll_flock(fd, op, deadline, 0.002, READER_MAX_POLL_S, jitter=True):
+            return fd
+    finally:
+        _unlock(fd_want)
     os.close(fd)
     raise StoreBusy(
         f"the store {path.with_suffix('')} stayed busy for {time.monotonic() - began:.1f} s "
@@ -97,6 +115,10 @@ def _poll_flock(fd: int, op: int, until: float, delay: float, max_delay: float, 
 # How long a writer polls for a gap between readers before it closes the gate (see the module doc):
 # the most a live batch is delayed by it; readers' units of work under load last ~0.1-0.5 s.
 GAP_WAIT_S = 0.25
+# How long a writer lets waiting readers in before its next transaction, at most (`_yield_to_readers`):
+# they need one poll to see the store free (READER_MAX_POLL_S) and a unit of work's start to take it
+YIELD_MAX_S = 0.25
+READER_MAX_POLL_S = 0.01  # a waiting reader's longest sleep between two tries: it sees a free store within it
 _GAP_POLL_S = 0.002  # gaps between readers are short: poll often (a flock try is one syscall)
 
 
@@ -115,6 +137,41 @@ def _flock_in_gap(path: Path, window_s: float) -> int | None:
         return fd
     os.close(fd)
     return None
+
+
+def _announce(want: Path) -> int | None:
+    """`want` flocked shared: "a reader is waiting" (None if it cannot be, e.g. a read-only folder, or
+    in the instant a writer is looking: the reader then just waits unannounced)."""
+    import fcntl
+
+    try:
+        fd = os.open(want, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return fd
+    except BlockingIOError:
+        os.close(fd)
+        return None
+
+
+def _yield_to_readers(want: Path, most_s: float) -> None:
+    """Wait, up to `most_s`, until no reader is waiting for the store (nobody holds `want` shared).
+
+    A writer calls it before each transaction, so a reader that came during the last one gets in
+    before the next: its wait is one transaction, not a run of them (the follower's batch and
+    then its rollups, `ingest.passes`). Bounded, so a stream of readers cannot starve the writer."""
+    import fcntl
+
+    try:
+        fd = os.open(want, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return  # nobody can announce there either
+    try:
+        _poll_flock(fd, fcntl.LOCK_EX, time.monotonic() + most_s, _GAP_POLL_S, _GAP_POLL_S, jitter=False)
+    finally:
+        os.close(fd)  # never held past the look: readers announce with non-blocking tries
 
 
 def writer_active(db) -> bool:
@@ -144,6 +201,16 @@ def _unlock(fd: int | None) -> None:
 
 def _lock_paths(path: Path) -> tuple[Path, Path]:
     return path.with_name(path.name + ".gate"), path.with_name(path.name + ".lock")
+
+
+def _want_path(path: Path) -> Path:
+    return path.with_name(path.name + ".want")
+
+
+def lock_files(db) -> list[Path]:
+    """Every file beside the store that the locks use (to remove with a scratch store)."""
+    path = Path(db)
+    return [*_lock_paths(path), _want_path(path)]
 
 
 class StoreConnection:
@@ -347,9 +414,10 @@ def connect(db=None, read_only: bool = True, timeout_s: float | None = None, fre
         return write_connection(path, timeout_s=timeout)
     deadline = time.monotonic() + timeout
     gate, lock = _lock_paths(path)
-    fd_gate = _flock(gate, False, deadline, "read")  # wait behind a writer that is waiting
+    want = _want_path(path)
+    fd_gate = _flock(gate, False, deadline, "read", want)  # wait behind a writer that is waiting
     try:
-        fd_lock = _flock(lock, False, deadline, "read")
+        fd_lock = _flock(lock, False, deadline, "read", want)
     finally:
         _unlock(fd_gate)
     try:
@@ -366,6 +434,7 @@ def write_connection(db=None, timeout_s: float | None = None) -> StoreConnection
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + (settings.get("lock_timeout_s") if timeout_s is None else timeout_s)
     gate, lock = _lock_paths(path)
+    _yield_to_readers(_want_path(path), min(YIELD_MAX_S, max(0.0, deadline - time.monotonic())))
     fd_gap = _flock_in_gap(lock, min(GAP_WAIT_S, max(0.0, deadline - time.monotonic())))
     fds = [fd_gap] if fd_gap is not None else [_flock(gate, True, deadline, "write")]
     try:

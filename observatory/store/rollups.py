@@ -42,7 +42,7 @@ from observatory.store.schema import (
     RESOLUTIONS,
 )
 
-__all__ = ["after_ingest", "rebuild_rollups"]
+__all__ = ["after_ingest", "behind", "rebuild_rollups"]
 
 LOCAL_ROWID = 1 << 50  # DuckDB numbers rows of the current transaction's local storage from ~2^55 up
 
@@ -202,6 +202,18 @@ def _save_state(con, source: str, next_rowid: int, n_rows: int) -> None:
                           [next_rowid, n_rows, source]).fetchall()[0][0]  # fmt: skip
     if not updated:
         con.execute("INSERT INTO rollup_state VALUES (?, ?, ?)", [source, next_rowid, n_rows])
+
+
+def behind(con) -> set[str]:
+    """The source tables with rows the rollups have not taken in: ingest commits a batch and then rolls
+    it up in a transaction of its own, so a kill in between leaves these for the next call. A row count
+    per source (DuckDB keeps it: no scan)."""
+    seen = dict(con.execute("SELECT source, n_rows FROM rollup_state").fetchall())
+    out = set()
+    for source in ("expert_load", "metrics"):
+        if con.execute(f"SELECT count(*) FROM {source}").fetchall()[0][0] != seen.get(source, 0):
+            out.add(source)
+    return out
 
 
 def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> None:
