@@ -45,7 +45,7 @@ from observatory.detect import scan
 from observatory.ladder import watch
 from observatory.store import rollups
 
-__all__ = ["IN_TRANSACTION", "AFTER_COMMIT", "Hook", "BUILTIN", "HookFailed",
+__all__ = ["IN_TRANSACTION", "AFTER_COMMIT", "Hook", "BUILTIN", "HookFailed", "any_in_transaction",
            "run_in_transaction", "run_after_commit", "save_pending", "save_pending_to"]  # fmt: skip
 
 IN_TRANSACTION = "in_transaction"
@@ -90,6 +90,11 @@ class HookFailed(Exception):
         super().__init__(str(error))
         self.hook = hook
         self.error = error
+
+
+def any_in_transaction(skip: set[str]) -> bool:
+    """Whether an in-transaction hook not in `skip` is left to run."""
+    return any(h.point == IN_TRANSACTION and h.name not in skip for h in BUILTIN)
 
 
 def run_in_transaction(con, touched: Mapping[str, set[str]], skip: set[str]) -> None:

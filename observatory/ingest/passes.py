@@ -190,7 +190,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
     return b, more
 
 
-ROLLUP_SOURCES = ("expert_load", "metrics")  # the tables whose new rows the in-transaction hooks take in
+ROLLUP_SOURCES = ("metrics", "expert_load")  # whose new rows the in-transaction hooks take in; the charts first
 
 
 def _roll_up(db: Path, fol: Follower, emit: Callable[[str], None]) -> bool:
@@ -199,6 +199,9 @@ def _roll_up(db: Path, fol: Follower, emit: Callable[[str], None]) -> bool:
 
     A hook that raises is rolled back, said, and left out for the rest of the call: the batch's rows
     are in already, and `observatory rebuild` rebuilds the rollups."""
+    if not hooks.any_in_transaction(fol.off):
+        fol.rollups_due.clear()  # every one failed earlier in this call: no transaction to open for them
+        return True
     for source in [s for s in ROLLUP_SOURCES if s in fol.rollups_due]:
         touched = {s: ({"*"} if s == source else set()) for s in ROLLUP_SOURCES}  # the hooks find the runs
         try:
