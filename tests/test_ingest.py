@@ -253,10 +253,15 @@ def test_many_lines_bulk(runs_dir, db_path, kind):
         ]
 
 
-def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monkeypatch):
-    """Rollups run in a transaction after the batch's, anomalies after it; a failing hook loses nothing."""
+@pytest.mark.parametrize("apart_below", [0, 1 << 40], ids=["in-the-batch", "apart"])
+def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monkeypatch, apart_below):
+    """Rollups run in the batch's transaction (a catch-up) or in their own after it (a live tail), anomalies
+    after it; a failing hook loses nothing either way."""
     from observatory.detect import scan as anomalies
+    from observatory.ingest import passes
     from observatory.store import rollups
+
+    monkeypatch.setattr(passes, "ROLL_UP_APART_BELOW", apart_below)
 
     write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 5))
     _ingest(runs_dir, db_path, emit=None)
@@ -289,6 +294,30 @@ def test_rows_committed_without_their_rollups_are_rolled_up_by_the_next_call(run
         sql = f"SELECT * FROM {table} ORDER BY ALL"
         got = q(db_path, sql)
         assert got and got == q(whole, sql), table
+
+
+def test_a_small_batch_is_rolled_up_in_transactions_of_its_own_and_a_catch_up_in_its_own(tmp_path, monkeypatch):
+    """A batch under `ROLL_UP_APART_BELOW` bytes (a live run's tail) commits, then has its rollups in one
+    write transaction per source (short holds a reader can get in between); a larger one (a catch-up) has
+    them inside its own. The rollups come out the same."""
+    from observatory.ingest import passes
+
+    runs = tmp_path / "runs"
+    write_lines(runs / "a" / "events.0.jsonl", _run_lines("a", 30))
+    holds: list[str] = []
+    real = passes.store.write_connection
+    monkeypatch.setattr(passes.store, "write_connection", lambda db, **kw: holds.append(str(db)) or real(db, **kw))
+    got = {}
+    for name, below in (("apart", 1 << 40), ("in-the-batch", 0)):
+        monkeypatch.setattr(passes, "ROLL_UP_APART_BELOW", below)
+        holds.clear()
+        db = tmp_path / f"{name}.duckdb"
+        _ingest(runs, db, emit=None)
+        got[name] = (len(holds), [q(db, f"SELECT * FROM {t} ORDER BY ALL") for t in ("metrics_r8", "metric_series", "expert_load_r16", "expert_run_step")])
+        for f in runs.glob("*/events.1000.jsonl"):
+            f.unlink()  # the detectors' findings: the next store finds them anew
+    assert got["apart"][0] == got["in-the-batch"][0] + 2  # the batch, then metrics' and expert_load's
+    assert got["apart"][1] == got["in-the-batch"][1] and all(got["apart"][1])
 
 
 def test_observatory_findings_do_not_revive_a_crashed_run(runs_dir, db_path):

@@ -4,14 +4,18 @@ Two hook points (after datasette's `hookspecs.py` and `DEFAULT_PLUGINS`); every
 implementation is a module's `after_ingest` function:
 
 `in_transaction`: `after_ingest(con, touched: dict[str, set[str]]) -> None`
-    Runs in a write transaction right after the batch's commit, one transaction
-    for each source table ("metrics", "expert_load") the batch added rows to
-    (`ingest.passes._roll_up`): short holds, with waiting readers let in between.
-    `con` is the ingester's write connection; `touched` is non-empty for the one
-    source to take in (the hook finds the new rows itself, as the rollups do from
-    `rollup_state`, so a kill before it ran is caught up by the next call). If it
-    raises, its transaction is rolled back and the hook is left out for the rest
-    of the `ingest` call, which says so (`HookFailed`); the batch's rows stay.
+    Runs in a write transaction, when the batch added `metrics` or `expert_load`
+    rows: for a catch-up batch (`ingest.passes.ROLL_UP_APART_BELOW` bytes or more)
+    inside the batch's own, before its COMMIT; for a live run's small batch right
+    after its commit, in one transaction for each source table it added rows to
+    (`ingest.passes._roll_up`: short holds, with waiting readers let in between).
+    `con` is the ingester's write connection; `touched` maps a source table
+    ("metrics", "expert_load") to the runs that got rows there (read by truthiness:
+    the hook finds the new rows itself, as the rollups do from `rollup_state`, so a
+    kill before it ran is caught up by the next call). If it raises, its
+    transaction is rolled back (a catch-up batch is then done again without it) and
+    the hook is left out for the rest of the `ingest` call, which says so
+    (`HookFailed`).
 
 `after_commit`: `after_ingest(db, runs_dir, runs: set[str]) -> set[str]`
     Runs after the batch's commit, outside its transaction, on the runs whose own
