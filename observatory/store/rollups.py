@@ -3,7 +3,9 @@
 A plain scan of `expert_load` (one row per run, step, layer, expert) takes seconds
 at the scale of a real MoE run (10^5 steps x 16 layers x 64 experts ~ 10^8 rows),
 and so does downsampling tens of metrics over 10^5 steps from `metrics`. So ingest
-keeps smaller tables next to them, updated in its own write transaction:
+keeps smaller tables next to them, updated in a write transaction of the ingester's
+(a catch-up batch's own; for a live run's small batch one per source table right after
+its commit, `observatory.ingest.passes`):
 
 - `expert_layer_step` (run, layer, step): the layer's totals and its busiest
   expert. `expert_layer_r64` buckets it by 64 steps (with the worst step's drop
