@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import errno
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,28 @@ def write_failure(e: BaseException) -> str | None:
     return None
 
 
+@contextmanager
+def _transaction(con) -> Iterator[None]:
+    """BEGIN, and ROLLBACK if the block raises; the block COMMITs (it may return early after its own)."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except Exception:
+            pass
+        raise
+
+
+def _hook_off(fol: Follower, h: hooks.HookFailed, emit: Callable[[str], None]) -> None:
+    """Say that an in-transaction hook failed (its transaction was rolled back) and leave it out from now on."""
+    e, name = h.error, h.hook.name
+    emit(f"observatory ingest: {name}.after_ingest failed ({type(e).__name__}: {e}); "
+         f"ingesting without {name} from now on (`observatory rebuild` rebuilds them)")  # fmt: skip
+    fol.off.add(name)
+
+
 def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, use_hooks: bool) -> tuple[_Batch | None, bool]:
     """One write transaction over files with work. Returns (batch or None if idle, more work left).
 
@@ -140,8 +163,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
         if (str(db), _db_sig(db)) not in _ENSURED or not _has_schema(con):
             store.ensure_schema(con)  # DDL costs ~0.1 s a batch; once per store file is enough
             _ENSURED.add((str(db), _db_sig(db)))
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with _transaction(con):
             if use_hooks and not fol.rollups_checked:
                 fol.rollups_due |= rollups.behind(con)  # a kill between an earlier batch and its rollups
                 fol.rollups_checked = True
@@ -186,12 +208,6 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
                 touched = set()
             hooks.save_pending(con)  # what the last batch's after-commit hooks keep in the store
             con.execute("COMMIT")
-        except BaseException:
-            try:
-                con.execute("ROLLBACK")
-            except Exception:
-                pass
-            raise
     fol.rollups_due |= touched
     return b, more
 
@@ -216,25 +232,14 @@ def _roll_up(db: Path, fol: Follower, emit: Callable[[str], None]) -> bool:
     for source in [s for s in ROLLUP_SOURCES if s in fol.rollups_due]:
         touched = {s: ({"*"} if s == source else set()) for s in ROLLUP_SOURCES}  # the hooks find the runs
         try:
-            with store.write_connection(db) as con:
-                con.execute("BEGIN TRANSACTION")
-                try:
-                    hooks.run_in_transaction(con, touched, fol.off)
-                    con.execute("COMMIT")
-                except BaseException:
-                    try:
-                        con.execute("ROLLBACK")
-                    except Exception:
-                        pass
-                    raise
+            with store.write_connection(db) as con, _transaction(con):
+                hooks.run_in_transaction(con, touched, fol.off)
+                con.execute("COMMIT")
         except store.StoreBusy as e:
             emit(f"{db}: {e}; will retry the rollups")
             return False
         except hooks.HookFailed as h:
-            e, name = h.error, h.hook.name
-            emit(f"observatory ingest: {name}.after_ingest failed ({type(e).__name__}: {e}); "
-                 f"ingesting without {name} from now on (`observatory rebuild` rebuilds them)")  # fmt: skip
-            fol.off.add(name)
+            _hook_off(fol, h, emit)
         fol.rollups_due.discard(source)
     return True
 
@@ -286,11 +291,7 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
             emit(f"{db}: {e}; will retry")
             return wrote
         except hooks.HookFailed as h:
-            # a catch-up batch ran the hook in its transaction, which was rolled back: do it again without
-            e, name = h.error, h.hook.name
-            emit(f"observatory ingest: {name}.after_ingest failed ({type(e).__name__}: {e}); "
-                 f"ingesting without {name} from now on (`observatory rebuild` rebuilds them)")  # fmt: skip
-            fol.off.add(name)
+            _hook_off(fol, h, emit)  # a catch-up batch's transaction was rolled back: do it again without
             continue
         except Exception as e:
             if write_failure(e):
