@@ -212,7 +212,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
     return b, more
 
 
-ROLLUP_SOURCES = ("metrics", "expert_load")  # whose new rows the in-transaction hooks take in; the charts first
+ROLLUP_SOURCES = rollups.SOURCES  # whose new rows the in-transaction hooks take in; the charts first
 # A batch of fewer input bytes than this (a live run's tail: a follower's batch is a step or a few) is rolled
 # up after its commit, in transactions of its own (`_roll_up`), so a reader waits for one short hold; a
 # larger one (a catch-up, where nobody waits for a step) inside its own transaction, as the extra commits

@@ -44,8 +44,9 @@ from observatory.store.schema import (
     RESOLUTIONS,
 )
 
-__all__ = ["after_ingest", "behind", "rebuild_rollups"]
+__all__ = ["SOURCES", "after_ingest", "behind", "rebuild_rollups"]
 
+SOURCES = ("metrics", "expert_load")  # the tables rolled up (the charts' source first: ingest rolls up in this order)
 LOCAL_ROWID = 1 << 50  # DuckDB numbers rows of the current transaction's local storage from ~2^55 up
 
 
@@ -212,7 +213,7 @@ def behind(con) -> set[str]:
     per source (DuckDB keeps it: no scan)."""
     seen = dict(con.execute("SELECT source, n_rows FROM rollup_state").fetchall())
     out = set()
-    for source in ("expert_load", "metrics"):
+    for source in SOURCES:
         if con.execute(f"SELECT count(*) FROM {source}").fetchall()[0][0] != seen.get(source, 0):
             out.add(source)
     return out
