@@ -416,3 +416,89 @@ def test_runs_rows_kept_by_updates_equal_one_pass(tmp_path):
     want = q(whole_db, sql)
     assert len(want) == 2 and {r[0] for r in want} == {"sim-535b", "sim-535b-fork"}
     assert q(db, sql) == want
+
+
+# ------------------------------------------------------------------ catch-up transactions
+
+
+def _files(runs_dir, n: int) -> None:
+    for r in range(n):
+        write_lines(runs_dir / f"r{r}" / "events.0.jsonl", [
+            event(f"r{r}", "run_start", {"config": {}}, 0),
+            *[event(f"r{r}", "metrics", {"train/loss": 1.0 / (i + 1)}, i + 1, i) for i in range(40)],
+        ])  # fmt: skip
+
+
+def _transactions(monkeypatch) -> list[int]:
+    """The input bytes of each batch transaction the ingester commits from now on."""
+    from observatory.ingest import passes
+
+    sizes: list[int] = []
+    real = passes._run_batch
+
+    def counted(*a, **k):
+        b, more = real(*a, **k)
+        if b is not None:
+            sizes.append(b.n_bytes)
+        return b, more
+
+    monkeypatch.setattr(passes, "_run_batch", counted)
+    return sizes
+
+
+@pytest.mark.parametrize("reader_waits", [False, True])
+def test_a_catch_up_transaction_takes_in_more_only_while_no_reader_waits(runs_dir, db_path, monkeypatch, reader_waits):
+    """Twelve files of one piece each (BATCH_BYTES): while nobody waits for the store, a catch-up takes
+    them in four pieces a transaction (CATCH_UP_PIECES); a reader waiting (it holds `<db>.want`, as
+    `store.connect` does while it waits) ends every transaction after its piece. The rows are the same."""
+    import fcntl
+
+    from observatory.ingest import passes
+    from observatory.store import connection
+
+    _files(runs_dir, 12)
+    monkeypatch.setattr(passes, "BATCH_BYTES", 1000)  # each file is more: one file a piece
+    monkeypatch.setattr(passes, "CATCH_UP_PIECES", 4)
+    monkeypatch.setattr(passes, "CATCH_UP_HOLD_S", 60.0)
+    monkeypatch.setattr(connection, "YIELD_MAX_S", 0.01)  # the writer's wait for that reader, each transaction
+    sizes = _transactions(monkeypatch)
+    fd = None
+    if reader_waits:
+        fd = os.open(db_path.with_name(db_path.name + ".want"), os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        rep = _ingest(runs_dir, db_path, hooks=False, emit=None)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    assert len(sizes) == (12 if reader_waits else 3)
+    assert sum(sizes) == rep.bytes == sum(p.stat().st_size for p in runs_dir.rglob("*.jsonl"))
+    with store.connect(db_path) as con:
+        assert con.execute("SELECT count(*), count(DISTINCT run) FROM metrics").fetchall() == [(480, 12)]
+
+
+def test_a_catch_up_transaction_stops_growing_after_its_time(runs_dir, db_path, monkeypatch):
+    """CATCH_UP_HOLD_S bounds a catch-up transaction's time as CATCH_UP_PIECES bounds its bytes."""
+    from observatory.ingest import passes
+
+    _files(runs_dir, 6)
+    monkeypatch.setattr(passes, "BATCH_BYTES", 1000)
+    monkeypatch.setattr(passes, "CATCH_UP_PIECES", 100)
+    monkeypatch.setattr(passes, "CATCH_UP_HOLD_S", 0.0)
+    sizes = _transactions(monkeypatch)
+    _ingest(runs_dir, db_path, hooks=False, emit=None)
+    assert len(sizes) == 6
+
+
+def test_a_catch_up_transaction_stops_growing_at_its_rows(runs_dir, db_path, monkeypatch):
+    """CATCH_UP_ROWS bounds it too: expert_load lines need no more pieces to fill row groups."""
+    from observatory.ingest import passes
+
+    _files(runs_dir, 12)  # 40 metric values a file
+    monkeypatch.setattr(passes, "BATCH_BYTES", 1000)
+    monkeypatch.setattr(passes, "CATCH_UP_PIECES", 100)
+    monkeypatch.setattr(passes, "CATCH_UP_HOLD_S", 60.0)
+    monkeypatch.setattr(passes, "CATCH_UP_ROWS", 50)  # past it after the second file of each transaction
+    sizes = _transactions(monkeypatch)
+    _ingest(runs_dir, db_path, hooks=False, emit=None)
+    assert len(sizes) == 6

@@ -170,10 +170,11 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
             rows, status = fs.load_state(con)
             b = _Batch(now)
             used, more, did = 0, False, False
+            room = _Room(db)
             for lf in files:
                 if (only is not None and lf.rel != only) or not fs.has_work(lf, rows.get(lf.rel)):
                     continue
-                if used >= BATCH_BYTES:
+                if not room.left(used, b):
                     more = True
                     break
                 st = _FileState(rows.get(lf.rel), lf, fs.siblings(lf, rows))
@@ -183,14 +184,17 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
                         f"{st.restarted_from:,}, now {lf.size:,} bytes); reading it again from the start: "
                         "events already stored are skipped as duplicates, new ones are added")
                 ended = lf.gz or status.get(lf.run) in STATUSES or now - lf.mtime > stale
-                n, done = fs.process_file(con, b, lf, st, BATCH_BYTES - used, ended, max_line)
-                used += n
-                b.n_bytes += n
+                while True:  # a catch-up goes on reading the file while nobody waits (`_Room`)
+                    n, done = fs.process_file(con, b, lf, st, room.limit - used, ended, max_line)
+                    used += n
+                    b.n_bytes += n
+                    if done or n == 0 or not room.left(used, b):
+                        break
                 b.n_files += 1
                 fs.save_file(con, lf, st, done, stored=lf.rel in rows)
                 rows[lf.rel] = {"run": lf.run, "host": lf.host, "first_seq": st.first_seq, "last_seq": st.last_seq}
                 did = True
-                if used >= BATCH_BYTES:
+                if used >= room.limit:
                     more = True
             if not did:
                 # nothing new, but time passes: runs that went silent are now crashed
@@ -210,6 +214,41 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
             con.execute("COMMIT")
     fol.rollups_due |= touched
     return b, more
+
+
+class _Room:
+    """How many input bytes one write transaction may take in: `BATCH_BYTES`, and for a catch-up (a batch
+    that reached it with more to read) `BATCH_BYTES` more each time while no reader waits for the store
+    (`store.readers_waiting`), up to `CATCH_UP_PIECES` pieces, `CATCH_UP_ROWS` rows and `CATCH_UP_HOLD_S`
+    of the transaction's time.
+
+    A batch of 32 MB is fewer rows than one row group (`store.ROW_GROUP_ROWS`) at the 535b log's shape:
+    DuckDB writes such a batch to its WAL, checkpoints it, then rewrites the partial row group with the
+    next batch. A transaction of several row groups writes them once, as the engine's own append does,
+    and runs the hooks fewer times: with 128 MB a 100k-step 535b metrics log ingested ~30 % faster. A
+    reader that comes meanwhile still waits for one `BATCH_BYTES` piece and the commit: the next look
+    sees it and the transaction ends there."""
+
+    def __init__(self, db: Path):
+        self.db, self.limit, self.pieces, self.began = db, BATCH_BYTES, 1, time.monotonic()
+
+    def left(self, used: int, b: _Batch) -> bool:
+        """Whether the transaction may take in more after `used` bytes and the rows of `b` so far
+        (raising `limit` if it grew)."""
+        if used < self.limit:
+            return True
+        if (self.pieces >= CATCH_UP_PIECES or b.n_metric_values + b.n_expert_rows >= CATCH_UP_ROWS
+                or time.monotonic() - self.began >= CATCH_UP_HOLD_S or store.readers_waiting(self.db)):  # fmt: skip
+            return False
+        self.limit, self.pieces = used + BATCH_BYTES, self.pieces + 1
+        return True
+
+
+CATCH_UP_PIECES = 4  # `BATCH_BYTES` pieces of one catch-up transaction at most (the ingester's RSS grows with it)
+# rows of one catch-up transaction past which it takes in no more piece: a few row groups are written once
+# either way, and expert_load lines (a 32 MB piece of the 535b log is ~3M rows) need no more pieces for that
+CATCH_UP_ROWS = 4 * store.ROW_GROUP_ROWS
+CATCH_UP_HOLD_S = 2.0  # a catch-up transaction takes in no more after this long (a look between pieces)
 
 
 ROLLUP_SOURCES = rollups.SOURCES  # whose new rows the in-transaction hooks take in; the charts first

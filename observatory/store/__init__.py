@@ -18,6 +18,7 @@ from observatory.store.connection import (
     default_db,
     default_runs_dir,
     lock_files,
+    readers_waiting,
     using,
     write_connection,
     writer_active,
@@ -57,5 +58,6 @@ __all__ = [
     "schema_columns",
     "using",
     "write_connection",
+    "readers_waiting",
     "writer_active",
 ]

@@ -174,6 +174,24 @@ def _yield_to_readers(want: Path, most_s: float) -> None:
         os.close(fd)  # never held past the look: readers announce with non-blocking tries
 
 
+def readers_waiting(db) -> bool:
+    """Whether a reader is waiting for the store right now (holds `<db>.want`): one non-blocking flock
+    try, no wait. The ingester asks it before it lets a catch-up transaction take in more."""
+    import fcntl
+
+    try:
+        fd = os.open(_want_path(Path(db)), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return False  # nobody can announce there either
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # released at once: readers announce with non-blocking tries
+
+
 def writer_active(db) -> bool:
     """Whether a writer holds or is about to hold the store right now (its transaction, or the gate
     closed while it waits for readers): a reader that opened it now would wait. One non-blocking
