@@ -80,6 +80,7 @@ BETWEEN_CHILD = """
 import sys, time
 from observatory.ingest import ingest, passes
 passes.BATCH_BYTES = 32 << 10
+passes.CATCH_UP_PIECES = 1
 passes.ROLL_UP_APART_BELOW = 1 << 40
 real = passes._roll_up
 def slow(db, fol, emit):
