@@ -268,7 +268,7 @@ def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monk
     assert q(db_path, "SELECT count(*) FROM metric_series WHERE run = 'a'") == [(2,)]  # rollups ran in the batch
 
     seen = []
-    monkeypatch.setattr(rollups, "after_ingest", lambda con, touched: (_ for _ in ()).throw(RuntimeError("rollup bug")))
+    monkeypatch.setattr(rollups, "after_ingest", lambda con, touched, *rows: (_ for _ in ()).throw(RuntimeError("rollup bug")))
     monkeypatch.setattr(anomalies, "after_ingest", lambda db, runs, touched: seen.append(set(touched)) or 1 / 0)
     write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 8, 15)[15:])
     msgs: list[str] = []

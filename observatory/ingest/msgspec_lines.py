@@ -403,7 +403,7 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
     b.n_events += n_acc
     b.n_fast += n_acc
     b.saw(lf.run, float(plan.t[accepted].max()), int(plan.step[accepted].max()), lf.host)
-    mt = _metrics_table(plan, accepted[cls == 1], plan.step[cls == 1], plan.t[cls == 1])
+    mt = _metrics_table(plan, accepted[cls == 1], plan.step[cls == 1], plan.t[cls == 1], b, lf.run)
     xt = _experts_table(plan, accepted[cls == 2], plan.step[cls == 2])
     if mt is not None:
         b.n_metric_values += mt.num_rows
@@ -414,8 +414,9 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
     return mt, xt
 
 
-def _metrics_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndarray) -> pa.Table | None:
-    """(N,) rows of step, name (dictionary-encoded), value, t of the accepted metrics events (`keep` (M,))."""
+def _metrics_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndarray, b: _Batch, run: str) -> pa.Table | None:
+    """(N,) rows of step, name (dictionary-encoded), value, t of the accepted metrics events (`keep` (M,));
+    the same rows as arrays go to `b.metric_rows`, for the rollups."""
     if not keep.any():
         return None
     lens, values, codes = plan.m_lens, plan.m_values, plan.m_codes
@@ -426,8 +427,9 @@ def _metrics_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndar
     if int(lens.sum()) == 0:
         return None  # only empty `data` objects: events, but no values
     name = pa.DictionaryArray.from_arrays(numeric(codes), _strings(plan.m_names))
-    return pa.table({"step": numeric(np.repeat(steps, lens)), "name": name, "value": numeric(values),
-                     "t": numeric(np.repeat(ts, lens))})  # fmt: skip
+    steps, ts = np.repeat(steps, lens), np.repeat(ts, lens)
+    b.metric_rows.add(run, plan.m_names, codes, steps, values, ts)
+    return pa.table({"step": numeric(steps), "name": name, "value": numeric(values), "t": numeric(ts)})
 
 
 _COUNT_CHARS = b"0123456789,"

@@ -207,7 +207,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
             mark_crashed(con, now)
             touched = {source for source in ROLLUP_SOURCES if b.touched[source]} if use_hooks else set()
             if touched and b.n_bytes >= ROLL_UP_APART_BELOW:  # a catch-up: its rollups commit with it
-                hooks.run_in_transaction(con, b.touched, fol.off)
+                hooks.run_in_transaction(con, b.touched, fol.off, b.metric_rows)
                 fol.rollups_due -= touched
                 touched = set()
             hooks.save_pending(con)  # what the last batch's after-commit hooks keep in the store

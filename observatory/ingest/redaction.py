@@ -39,3 +39,4 @@ def redact_metric_names(con, b: _Batch) -> None:
         for run, rows in con.execute(f"SELECT run, count(*) FROM metrics WHERE {where} GROUP BY run", {"old": name}).fetchall():
             b.hid(run, rows)
         con.execute(f"UPDATE metrics SET name = $new WHERE {where}", {"old": name, "new": clean})
+        b.metric_rows.forget()  # its arrays hold the old names: the rollups read the store

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from observatory.store import metric_cells
 from observatory.store.schema import (
     EXPERT_TABLES,
     LAYER_RESOLUTION,
@@ -46,6 +47,7 @@ from observatory.store.schema import (
 
 __all__ = ["SOURCES", "after_ingest", "behind", "rebuild_rollups"]
 
+assert metric_cells.RES == METRIC_RESOLUTIONS[0], "metric_cells makes the finest metrics rollup"
 SOURCES = ("metrics", "expert_load")  # the tables rolled up (the charts' source first: ingest rolls up in this order)
 LOCAL_ROWID = 1 << 50  # DuckDB numbers rows of the current transaction's local storage from ~2^55 up
 
@@ -142,9 +144,11 @@ def _recompute_experts(con, run: str, first: int) -> None:
         con.execute(sql, params)
 
 
-def _recompute_metrics(con, run: str, first: int) -> None:
+def _recompute_metrics(con, run: str, first: int, coarser_only: bool = False) -> None:
+    """Recompute every metrics rollup row of `run` that covers a step >= first (`coarser_only`: all but
+    the finest, which `metric_cells` made)."""
     params = {"run": run, "first": first}
-    for table, sql in _metric_statements(_bucket_where_incremental):
+    for table, sql in _metric_statements(_bucket_where_incremental)[1 if coarser_only else 0 :]:
         con.execute(f"DELETE FROM {table} WHERE run = $run AND bucket >= $first // {_res_of(table)}", params)
         con.execute(sql, params)
 
@@ -156,25 +160,14 @@ def _res_of(table: str) -> int:
 
 def _merge_metric_series(con, start_rowid: int) -> None:
     """Fold metric rows with rowid >= start_rowid into `metric_series` (O(new rows))."""
-    con.execute(
-        """
-        INSERT INTO metric_series
-        SELECT run, name, count(*), min(step), max(step), arg_max(value, step), max(t)
-        FROM metrics WHERE rowid >= ? GROUP BY run, name
-        ON CONFLICT (run, name) DO UPDATE SET
-            n = metric_series.n + excluded.n,
-            first_step = least(metric_series.first_step, excluded.first_step),
-            last_value = CASE WHEN excluded.last_step >= coalesce(metric_series.last_step, -1)
-                              THEN excluded.last_value ELSE metric_series.last_value END,
-            last_step = greatest(metric_series.last_step, excluded.last_step),
-            last_t = greatest(metric_series.last_t, excluded.last_t)
-        """,
-        [start_rowid],
-    )
+    source = """SELECT run, name, count(*), min(step), max(step), arg_max(value, step), max(t)
+                FROM metrics WHERE rowid >= ? GROUP BY run, name"""
+    con.execute(metric_cells.SERIES_UPSERT.format(source=source), [start_rowid])
 
 
-def _new_rows(con, source: str) -> tuple[bool, dict[str, int], int, int, int]:
-    """(consistent, {run: smallest new step}, start_rowid, next_rowid, n_rows) for rows added to `source`.
+def _new_rows(con, source: str, counts: dict[str, int] | None = None) -> tuple[bool, dict[str, int], int, int, int]:
+    """(consistent, {run: smallest new step}, start_rowid, next_rowid, n_rows) for rows added to `source`;
+    `counts`, when given, gets each run's number of new rows.
 
     Reads only row groups at or past the watermark. consistent is False when the
     source lost rows or the new rowids do not account for every added row.
@@ -196,6 +189,8 @@ def _new_rows(con, source: str) -> tuple[bool, dict[str, int], int, int, int]:
     nxt = (max(committed) + 1 if committed else start) + sum(r[4] for r in per_run)
     consistent = n_total - seen == n_new
     firsts = {r[0]: (r[1] if r[1] is not None else 0) for r in per_run}
+    if counts is not None:
+        counts.update((r[0], r[2]) for r in per_run)
     return consistent, firsts, start, nxt, n_total
 
 
@@ -219,12 +214,15 @@ def behind(con) -> set[str]:
     return out
 
 
-def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> None:
+def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None,
+                 metric_rows: metric_cells.MetricRows | None = None) -> None:  # fmt: skip
     """Bring the rollups up to date with rows ingest just added (call inside its write transaction).
 
     `touched` maps a source table ("metrics", "expert_load") to the run ids that
     got rows; a source absent or empty is skipped. Which rows are new is found
     from the store itself, so a missed call is caught up by the next one.
+    `metric_rows`: the transaction's new metrics rows as arrays (`metric_cells`); when they are
+    every new row, the finest metrics rollup and `metric_series` are made from them, not the store.
     """
     touched = touched or {}
     for source, recompute, rebuild in (
@@ -233,15 +231,27 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> Non
     ):
         if not touched.get(source):
             continue
-        ok, firsts, start, nxt, n = _new_rows(con, source)
+        counts: dict[str, int] = {}
+        ok, firsts, start, nxt, n = _new_rows(con, source, counts)
         if not ok:
             rebuild(con)
             continue
-        for run, first in sorted(firsts.items()):
-            recompute(con, run, first)
-        if source == "metrics":
-            _merge_metric_series(con, start)
+        if source == "metrics" and _from_arrays(con, metric_rows, firsts, counts):
+            for run, first in sorted(firsts.items()):
+                _recompute_metrics(con, run, first, coarser_only=True)
+        else:
+            for run, first in sorted(firsts.items()):
+                recompute(con, run, first)
+            if source == "metrics":
+                _merge_metric_series(con, start)
         _save_state(con, source, nxt, n)
+
+
+def _from_arrays(con, rows: metric_cells.MetricRows | None, firsts: dict[str, int], counts: dict[str, int]) -> bool:
+    """`metric_cells.roll_up` when `rows` are exactly the new rows (each run's count past the watermark)."""
+    if rows is None or not rows.usable or rows.counts != counts or set(firsts) != set(counts):
+        return False
+    return metric_cells.roll_up(con, rows, firsts)
 
 
 # ------------------------------------------------------------------- rebuild

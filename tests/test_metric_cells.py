@@ -1,0 +1,125 @@
+"""A catch-up's metrics rollups made from its rows as arrays (`store.metric_cells`) equal DuckDB's recount.
+
+Real writer, real ingest with its hooks, real DuckDB files; the reference is `rollups.rebuild_rollups`
+on a copy of the store (every rollup recounted from `metrics` by SQL). Every batch is made a catch-up
+(`ROLL_UP_APART_BELOW = 0`), whose rollups run in its own transaction, where the arrays are passed.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import duckdb
+import pytest
+
+import observatory
+from observatory.ingest import ingest, msgspec_lines, passes
+from observatory.store import connect, metric_cells, rollups, schema
+
+TABLES = schema.METRIC_TABLES
+
+
+def _r(v):
+    return float(f"{v:.12g}") if isinstance(v, float) and math.isfinite(v) else v  # sums' order differs
+
+
+def snapshot(db) -> dict[str, list]:
+    with connect(db) as con:
+        return {t: sorted(repr(tuple(map(_r, row))) for row in con.execute(f"SELECT * FROM {t}").fetchall())
+                for t in TABLES}  # fmt: skip
+
+
+def recounted(db, tmp_path) -> dict[str, list]:
+    copy = tmp_path / "recount.duckdb"
+    shutil.copy(db, copy)
+    with duckdb.connect(str(copy)) as con:
+        con.execute("BEGIN")
+        rollups.rebuild_rollups(con)
+        con.execute("COMMIT")
+    out = snapshot(copy)
+    copy.unlink()
+    return out
+
+
+@pytest.fixture
+def paths(tmp_path, monkeypatch):
+    monkeypatch.setattr(passes, "ROLL_UP_APART_BELOW", 0)  # every batch rolls up inside its transaction
+    used: list[bool] = []
+    real = metric_cells.roll_up
+    monkeypatch.setattr(metric_cells, "roll_up", lambda *a: used.append(real(*a)) or used[-1])
+    return tmp_path / "runs", tmp_path / "store.duckdb", used
+
+
+def _log(run, steps, k=0.0, extra=None):
+    for s in steps:
+        run.log({"train/loss": 3.0 - s / 1000 + k, "train/grad_norm": 1.0 + (s % 7) / 10 + k, **(extra or {})}, step=s)
+    run.flush()
+
+
+def test_two_catch_ups_sharing_a_bucket_with_a_replay_and_a_nan(paths, tmp_path):
+    runs, db, used = paths
+    a = observatory.init(run_id="run-a", runs_dir=runs, install_signal_handlers=False)
+    b = observatory.init(run_id="run-b", runs_dir=runs, install_signal_handlers=False)
+    _log(a, range(0, 101))  # ends inside bucket 12 (steps 96..103)
+    _log(b, range(0, 13))
+    ingest(runs, db, emit=None)
+    assert used == [True]
+    assert snapshot(db) == recounted(db, tmp_path)
+
+    # next: run-a goes on in the shared bucket, logs steps 40..63 again (a rollback: ties at each step),
+    # a new name, and a NaN (a line the vectorised path leaves to `_check_line`); run-b goes on too
+    _log(a, range(101, 120), extra={"eval/loss": 2.5})
+    _log(a, range(40, 64), k=0.5)  # to bucket 7's last step, 63
+    a.log({"train/loss": float("nan")}, step=64)
+    _log(b, range(13, 40))
+    a.flush()
+    ingest(runs, db, emit=None)
+    assert used == [True, True]
+    got = snapshot(db)
+    assert got == recounted(db, tmp_path)
+    with connect(db) as con:
+        assert con.execute("SELECT n_nonfinite FROM metrics_r8 WHERE run = 'run-a' AND name = 'train/loss' "
+                           "AND bucket = 8").fetchall() == [(1,)]  # fmt: skip
+        # a tie at the bucket's last step: the row stored first wins, as in DuckDB's recount (not the replay)
+        assert con.execute("SELECT last FROM metrics_r8 WHERE run = 'run-a' AND name = 'train/grad_norm' "
+                           "AND bucket = 7").fetchall() == [(1.0 + (63 % 7) / 10,)]  # fmt: skip
+        assert con.execute("SELECT n, first_step, last_step FROM metric_series WHERE run = 'run-a' "
+                           "AND name = 'train/loss'").fetchall() == [(101 + 19 + 24 + 1, 0, 119)]  # fmt: skip
+
+
+def test_rows_the_arrays_do_not_cover_take_the_sql_recount(paths, tmp_path, monkeypatch):
+    """Rows the SQL path inserted, and a secret-shaped name renamed in the store, leave the arrays out."""
+    runs, db, used = paths
+    a = observatory.init(run_id="run-a", runs_dir=runs, install_signal_handlers=False)
+    _log(a, range(0, 30))
+    monkeypatch.setattr(msgspec_lines, "ENABLED", False)  # the SQL path inserts every row itself
+    ingest(runs, db, emit=None)
+    assert used == []  # no arrays to use: the counts past the watermark are not theirs
+    assert snapshot(db) == recounted(db, tmp_path)
+
+    monkeypatch.setattr(msgspec_lines, "ENABLED", True)
+    _log(a, range(30, 50), extra={"key=sk-live-abcdefghijklmnopqrstuvwx": 1.0})
+    ingest(runs, db, emit=None)
+    assert used == []  # the name was renamed after the arrays were made
+    assert snapshot(db) == recounted(db, tmp_path)
+    with connect(db) as con:
+        names = [r[0] for r in con.execute("SELECT name FROM metric_series").fetchall()]
+    assert len(names) == 3 and not any("sk-live" in n for n in names)
+
+
+def test_steps_far_apart_and_a_sparse_grid(paths, tmp_path):
+    """Buckets far apart are numbered by their sort, not a range; a grid of far more (bucket, name) cells
+    than rows (each name at a step of its own) is left to the SQL recount."""
+    runs, db, used = paths
+    a = observatory.init(run_id="run-a", runs_dir=runs, install_signal_handlers=False)
+    _log(a, [0, 1, 10**9, 2 * 10**12])
+    ingest(runs, db, emit=None)
+    assert used == [True]
+    assert snapshot(db) == recounted(db, tmp_path)
+    for i in range(300):
+        a.log({f"probe/{i}": float(i)}, step=2 * 10**12 + 8 * (i + 1))
+    a.flush()
+    ingest(runs, db, emit=None)
+    assert used == [True, False]
+    assert snapshot(db) == recounted(db, tmp_path)
