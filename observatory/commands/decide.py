@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from observatory import decisions as dec
 from observatory import lineage as lin
@@ -109,6 +108,8 @@ def _parse_change(text: str) -> tuple[str, list]:
     key, eq, raw = text.partition("=")
     if not eq or not key.strip():
         raise click.BadParameter(f"{text!r}: expected KEY=[OLD, NEW]", param_hint="--config-change")
+    import yaml  # lazy: start-up time of every command
+
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError as e:
