@@ -121,5 +121,5 @@ def test_steps_far_apart_and_a_sparse_grid(paths, tmp_path):
         a.log({f"probe/{i}": float(i)}, step=2 * 10**12 + 8 * (i + 1))
     a.flush()
     ingest(runs, db, emit=None)
-    assert used == [True, False]
+    assert used == [True]  # the rows' grid was too sparse: left to the SQL recount before roll_up
     assert snapshot(db) == recounted(db, tmp_path)

@@ -2,20 +2,20 @@
 
 `rollups.after_ingest` recomputes `metrics_r8` and `metric_series` from the store with a
 GROUP BY (run, name, step // 8). Over a catch-up's ~10^6 new rows that costs DuckDB ~0.3 s
-here: not the scan but the ~10^5 groups of its hash table, as long as the whole append of
-the same rows from Arrow. The ingester has those rows as arrays already (`msgspec_lines`
-builds them; `_check_line`'s rows are Python lists), so `MetricRows` keeps them for the
-transaction and `roll_up` makes the same cells with `np.bincount` and `ufunc.at` over a dense
-(bucket, name) grid, then merges them with the cells the store has for the buckets the new
-rows reach into (the one a run's tail shares with its new steps, or more after a rollback),
-as DuckDB's own recomputation would count those rows again.
+here: not the scan but the ~10^5 groups of its hash table, about as long as the engine's
+whole append of the same rows from Arrow. The ingester has those rows as arrays already
+(`msgspec_lines` builds them; `_check_line`'s rows are Python lists), so `MetricRows` folds
+each part of them into (bucket, name) cells as it comes (`np.bincount` and `ufunc.at` over a
+dense grid; the rows are not kept), and `roll_up` folds the parts together and with the cells
+the store has for the buckets the new rows reach into (the one a run's tail shares with its
+new steps, or more after a rollback), as DuckDB's recount of those rows would.
 
 Used only when it provably covers every new row: `rollups.after_ingest` compares each run's
 count of rows past the watermark with the rows given here, and anything else (rows from the
-SQL path, a renamed secret-shaped name, a NULL step or value, a sparse grid) takes the SQL
-path. The cells equal DuckDB's: min, max, counts and steps exactly; `last` is the value at the
-last step, the first such row in insertion order on a tie (DuckDB's `arg_max` in a sequential
-scan); float sums may differ in the last bits (their order differs, as between two DuckDB runs).
+SQL path, a renamed secret-shaped name, a NULL step or value, a grid far sparser than its
+rows) takes the SQL path. The cells equal DuckDB's: min, max, counts and steps exactly; `last`
+is the value at the last step, the first such row in insertion order on a tie (DuckDB's
+`arg_max` in a sequential scan); float sums may differ in the last bits (their order differs).
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ GRID_SLACK = 4  # a dense (bucket, name) grid of more cells than this many per r
 
 
 class MetricRows:
-    """The `metrics` rows one write transaction added, per run, as the arrays the ingester built."""
+    """The `metrics` rows one write transaction added, per run, folded into cells part by part as they come
+    (a part's rows are not kept: ~1/8 as many cells, and the work overlaps the ingester's INSERTs)."""
 
     def __init__(self) -> None:
-        # run -> parts of (names, codes (N,) into them, steps (N,), values (N,), the latest t of each name (K,))
-        self.parts: dict[str, list[tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = {}
+        # run -> parts of (names, cells of the part (`_cells`, names as codes into `names`), latest t per name)
+        self.parts: dict[str, list[tuple[list[str], dict, np.ndarray]]] = {}
         self.counts: dict[str, int] = {}
         self.usable = True  # False: some rows came another way (or were renamed): the SQL path
 
@@ -43,9 +44,14 @@ class MetricRows:
         """Rows (N,) of one run: `codes` index `names`; steps int, values and ts float."""
         if not self.usable or not len(codes):
             return
+        codes = np.asarray(codes, np.int64)
+        cells = _cells(codes, np.asarray(steps, np.int64), np.asarray(values, np.float64), len(names))
+        if cells is None:
+            self.forget()  # too sparse a grid for arrays: the SQL recount
+            return
         latest = np.full(len(names), -np.inf)
-        np.maximum.at(latest, codes, ts)  # all `metric_series` needs of t: not a float per row kept
-        self.parts.setdefault(run, []).append((names, codes, steps, values, latest))
+        np.maximum.at(latest, codes, ts)  # all `metric_series` needs of t
+        self.parts.setdefault(run, []).append((names, cells, latest))
         self.counts[run] = self.counts.get(run, 0) + len(codes)
 
     def add_lists(self, runs: list, steps: list, names: list, values: list, ts: list) -> None:
@@ -53,7 +59,7 @@ class MetricRows:
         if not self.usable or not runs:
             return
         if any(s is None for s in steps) or any(v is None for v in values):
-            self.usable = False  # NULL steps and values: rare; DuckDB's own rules for them apply
+            self.forget()  # NULL steps and values: rare; DuckDB's own rules for them apply
             return
         by_run: dict[str, list[int]] = {}
         for i, r in enumerate(runs):
@@ -69,85 +75,126 @@ class MetricRows:
         self.usable, self.parts, self.counts = False, {}, {}
 
 
-def _concat(parts) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One run's parts as (names, codes into them, steps, values, each name's latest t), in insertion order."""
-    index: dict[str, int] = {}
-    codes, remaps = [], []
-    for names, c, *_ in parts:
-        remap = np.fromiter((index.setdefault(n, len(index)) for n in names), np.int64, len(names))
-        codes.append(remap[np.asarray(c, np.int64)])
-        remaps.append(remap)
-    latest = np.full(len(index), -np.inf)
-    for remap, part in zip(remaps, parts, strict=True):
-        np.maximum.at(latest, remap, part[4])
-    steps, values = (np.concatenate([np.asarray(p[k], dt) for p in parts]) for k, dt in ((2, np.int64), (3, np.float64)))
-    return list(index), np.concatenate(codes), steps, values, latest
+_COLS = ("name", "bucket", "first_step", "last_step", "min", "max", "last", "sum", "n", "n_finite")
+_IMAX, _IMIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 
-def _cells(codes, steps, values, k: int):
-    """Per occupied (bucket, name) cell: dict of column arrays, or None when the grid would be too sparse."""
-    buckets = steps // RES
+def _grid(buckets: np.ndarray, k: int, entries: int):
+    """(bucket of each grid row, grid row of each entry), or None when the dense grid is too sparse."""
     lo_b, hi_b = int(buckets.min()), int(buckets.max())
-    bound = GRID_SLACK * len(codes) + 4096
+    bound = GRID_SLACK * entries + 4096
     if (hi_b - lo_b + 1) * k <= bound:  # the common case: every bucket of the range has rows (no sort)
-        ub, binv = np.arange(lo_b, hi_b + 1), buckets - lo_b
-    else:
-        ub, binv = np.unique(buckets, return_inverse=True)
+        return np.arange(lo_b, hi_b + 1), buckets - lo_b
+    ub, binv = np.unique(buckets, return_inverse=True)
+    return None if len(ub) * k > bound else (ub, binv)
+
+
+def _pick_last(cell: np.ndarray, at: np.ndarray, last_step: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """Per cell, the value of its first entry (in order) whose step `at` is the cell's last step."""
+    hits = np.flatnonzero(at == last_step[cell])
+    cells_at, pick = np.unique(cell[hits], return_index=True)
+    last = np.full(size, np.nan)
+    last[cells_at] = values[hits[pick]]
+    return last
+
+
+def _cells(codes, steps, values, k: int) -> dict | None:
+    """Rows -> their occupied (bucket, name) cells, as arrays `_COLS`; None when the grid would be too sparse."""
+    grid = _grid(steps // RES, k, len(codes))
+    if grid is None:
+        present, inv = np.unique(codes, return_inverse=True)  # a wide layout of which these rows use a few
+        if len(present) == k or (cells := _cells(inv, steps, values, len(present))) is None:
+            return None
+        cells["name"] = present[cells["name"]]
+        return cells
+    ub, binv = grid
     size = len(ub) * k
-    if size > bound:
-        return None
     cell = binv * k + codes
     n = np.bincount(cell, minlength=size)
     finite = np.isfinite(values)
     fc, fv = cell[finite], values[finite]
-    nf = np.bincount(fc, minlength=size)
-    total = np.bincount(fc, weights=fv, minlength=size)
     lo, hi = np.full(size, np.inf), np.full(size, -np.inf)
     np.minimum.at(lo, fc, fv)
     np.maximum.at(hi, fc, fv)
-    first, last_step = np.full(size, np.iinfo(np.int64).max), np.full(size, np.iinfo(np.int64).min)
+    first, last_step = np.full(size, _IMAX), np.full(size, _IMIN)
     np.minimum.at(first, cell, steps)
     np.maximum.at(last_step, cell, steps)
-    at_last = np.flatnonzero(steps == last_step[cell])  # rows at their cell's last step, in insertion order
-    cells_at, pick = np.unique(cell[at_last], return_index=True)  # the first of them per cell
-    last = np.full(size, np.nan)
-    last[cells_at] = values[at_last[pick]]
+    last = _pick_last(cell, steps, last_step, values, size)
     occ = np.flatnonzero(n)
     return {"name": occ % k, "bucket": ub[occ // k], "first_step": first[occ], "last_step": last_step[occ],
-            "min": lo[occ], "max": hi[occ], "last": last[occ], "sum": total[occ], "n": n[occ],
-            "n_finite": nf[occ]}  # fmt: skip
+            "min": lo[occ], "max": hi[occ], "last": last[occ], "sum": np.bincount(fc, fv, size)[occ], "n": n[occ],
+            "n_finite": np.bincount(fc, minlength=size)[occ]}  # fmt: skip
 
 
-def _merge(new: dict, old: list[tuple], names: list[str]) -> dict:
-    """`new` cells with the store's `old` rows (name, bucket, first_step, last_step, min, max, last, sum, n,
-    n_nonfinite) of the same buckets folded in: what recounting the old rows with the new ones gives."""
+def _fold(parts: list[dict], k: int) -> dict | None:
+    """Cells of the same (bucket, name) in several parts folded into one, as recounting their rows would:
+    the sums added in part order, `last` from the first part at the cell's last step (`_pick_last`)."""
+    c = {col: np.concatenate([p[col] for p in parts]) for col in _COLS}
+    grid = _grid(c["bucket"], k, len(c["name"]))
+    if grid is None:
+        return None
+    ub, binv = grid
+    size = len(ub) * k
+    cell = binv * k + c["name"]
+    out = {}
+    for col, fill, op in (("first_step", _IMAX, np.minimum), ("last_step", _IMIN, np.maximum),
+                          ("min", np.inf, np.minimum), ("max", -np.inf, np.maximum)):  # fmt: skip
+        out[col] = np.full(size, fill)
+        op.at(out[col], cell, c[col])
+    n, nf = np.zeros(size, np.int64), np.zeros(size, np.int64)
+    np.add.at(n, cell, c["n"])
+    np.add.at(nf, cell, c["n_finite"])
+    total = np.zeros(size)
+    np.add.at(total, cell, c["sum"])  # in order: part by part
+    last = _pick_last(cell, c["last_step"], out["last_step"], c["last"], size)
+    occ = np.flatnonzero(n)
+    return {"name": occ % k, "bucket": ub[occ // k], **{col: out[col][occ] for col in out}, "last": last[occ],
+            "sum": total[occ], "n": n[occ], "n_finite": nf[occ]}  # fmt: skip
+
+
+def _run_cells(parts) -> tuple[list[str], dict, np.ndarray]:
+    """One run's parts as (names, their cells folded, each name's latest t), names in order of appearance."""
+    index: dict[str, int] = {}
+    cells, remaps = [], []
+    for names, c, _ in parts:
+        remap = np.fromiter((index.setdefault(n, len(index)) for n in names), np.int64, len(names))
+        cells.append({**c, "name": remap[c["name"]]})
+        remaps.append(remap)
+    latest = np.full(len(index), -np.inf)
+    for remap, part in zip(remaps, parts, strict=True):
+        np.maximum.at(latest, remap, part[2])
+    return list(index), cells[0] if len(cells) == 1 else _fold(cells, len(index)), latest
+
+
+def _old_cells(rows: list[tuple], names: list[str]) -> dict:
+    """The store's cells (name, bucket, first_step, last_step, min, max, last, sum, n, n_nonfinite) as `_COLS`
+    arrays, names added to `names` where new (a cell with no finite value: its nulls as the folds' fills)."""
     index = {n: i for i, n in enumerate(names)}
-    for row in old:
+    for row in rows:
         if row[0] not in index:
             index[row[0]] = len(names)
             names.append(row[0])
-    keys = {(int(c), int(b)): i for i, (c, b) in enumerate(zip(new["name"], new["bucket"], strict=True))}
-    out = {k: list(v) for k, v in new.items()}
-    for name, bucket, first, last_step, lo, hi, last, total, n, nnf in old:
-        nf = n - nnf
-        i = keys.get((index[name], bucket))
-        if i is None:  # an old cell no new row falls in: kept as it is (no finite value: nulls again)
-            vals = (index[name], bucket, first, last_step, lo if nf else np.inf, hi if nf else -np.inf, last,
-                    total if nf else 0.0, n, nf)  # fmt: skip
-            for col, v in zip(out, vals, strict=True):
-                out[col].append(v)
-            continue
-        out["first_step"][i] = min(out["first_step"][i], first)
-        if last_step >= out["last_step"][i]:  # a tie: the old row came first
-            out["last"][i] = last
-            out["last_step"][i] = last_step
-        if nf:
-            out["min"][i] = min(out["min"][i], lo)
-            out["max"][i] = max(out["max"][i], hi)
-            out["sum"][i] = total + out["sum"][i] if out["n_finite"][i] else total
-        out["n"][i] += n
-        out["n_finite"][i] += nf
-    return {k: np.asarray(v, np.float64 if k in ("min", "max", "last", "sum") else np.int64) for k, v in out.items()}
+    cols = list(zip(*rows, strict=True))
+    n, nnf = np.array(cols[8], np.int64), np.array(cols[9], np.int64)
+    def num(i, fill):  # noqa: E306
+        return np.array([fill if v is None else v for v in cols[i]], np.float64)
+    return {"name": np.array([index[x] for x in cols[0]], np.int64), "bucket": np.array(cols[1], np.int64),
+            "first_step": np.array(cols[2], np.int64), "last_step": np.array(cols[3], np.int64),
+            "min": num(4, np.inf), "max": num(5, -np.inf), "last": num(6, np.nan), "sum": num(7, 0.0), "n": n,
+            "n_finite": n - nnf}  # fmt: skip
+
+
+def _series(c: dict, latest: np.ndarray, k: int):
+    """Per name (k,) of the new rows' cells: n, first step, last step, the value at the last step, max t."""
+    n = np.zeros(k, np.int64)
+    np.add.at(n, c["name"], c["n"])
+    first, last_step = np.full(k, _IMAX), np.full(k, _IMIN)
+    np.minimum.at(first, c["name"], c["first_step"])
+    np.maximum.at(last_step, c["name"], c["last_step"])
+    last = _pick_last(c["name"], c["last_step"], last_step, c["last"], k)  # one cell per name has it
+    last_t = np.full(k, -np.inf)
+    last_t[: len(latest)] = latest  # names the store's old cells added come after, with n = 0
+    return n, first, last_step, last, last_t
 
 
 def _num(a: np.ndarray, nulls: np.ndarray | None = None) -> pa.Array:
@@ -169,20 +216,21 @@ def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> bool:
     False, having written nothing, when the arrays cannot stand in for the store (the SQL path then)."""
     tables, series = [], []
     for run in sorted(rows.parts):
-        names, codes, steps, values, latest = _concat(rows.parts[run])
-        cells = _cells(codes, steps, values, len(names))
+        names, cells, latest = _run_cells(rows.parts[run])
         if cells is None:
             return False
-        first_bucket = int(steps.min()) // RES
+        first_bucket = int(cells["bucket"].min())
         if first_bucket != firsts[run] // RES:
             return False
+        series.append((run, names, *_series(cells, latest, len(names))))
         old = con.execute(
             """SELECT name, bucket, first_step, last_step, min, max, last, sum, n, n_nonfinite
                FROM metrics_r8 WHERE run = ? AND bucket >= ?""", [run, first_bucket]).fetchall()  # fmt: skip
-        if old:
-            cells = _merge(cells, old, names)
+        if old:  # the store's rows in these buckets are counted again, first (they came first)
+            cells = _fold([_old_cells(old, names), cells], len(names))
+            if cells is None:
+                return False
         tables.append((run, names, cells))
-        series.append((run, names, *_series(codes, steps, values, latest, len(names))))
     for run, names, c in tables:
         con.execute(f"DELETE FROM metrics_r{RES} WHERE run = ? AND bucket >= ?", [run, int(firsts[run]) // RES])
         order = np.lexsort((c["bucket"], np.argsort(np.argsort(np.array(names, dtype=object)))[c["name"]]))
@@ -210,20 +258,6 @@ def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> bool:
             con.unregister("_series")
     return True
 
-
-def _series(codes, steps, values, latest, k: int):
-    """Per name (k,): n, first step, last step, the value at the last step (first such row), max t."""
-    n = np.bincount(codes, minlength=k)
-    first, last_step = np.full(k, np.iinfo(np.int64).max), np.full(k, np.iinfo(np.int64).min)
-    np.minimum.at(first, codes, steps)
-    np.maximum.at(last_step, codes, steps)
-    at_last = np.flatnonzero(steps == last_step[codes])
-    named, pick = np.unique(codes[at_last], return_index=True)
-    last = np.full(k, np.nan)
-    last[named] = values[at_last[pick]]
-    last_t = np.full(k, -np.inf)
-    last_t[: len(latest)] = latest  # names the store's old cells added (`_merge`) come after, with n = 0
-    return n, first, last_step, last, last_t
 
 
 # `metric_series` folds new per-name rows in (`rollups._merge_metric_series` runs it over the store)
