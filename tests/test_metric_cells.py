@@ -108,18 +108,23 @@ def test_rows_the_arrays_do_not_cover_take_the_sql_recount(paths, tmp_path, monk
     assert len(names) == 3 and not any("sk-live" in n for n in names)
 
 
-def test_steps_far_apart_and_a_sparse_grid(paths, tmp_path):
-    """Buckets far apart are numbered by their sort, not a range; a grid of far more (bucket, name) cells
-    than rows (each name at a step of its own) is left to the SQL recount."""
+def test_steps_far_apart_a_sparse_grid_and_a_wide_layout(paths, tmp_path):
+    """Buckets far apart, names each at a step of its own (a dense (bucket, name) grid would be far bigger
+    than the rows: the keys are sorted instead), and a layout of 400 names of which the rows use two."""
     runs, db, used = paths
     a = observatory.init(run_id="run-a", runs_dir=runs, install_signal_handlers=False)
     _log(a, [0, 1, 10**9, 2 * 10**12])
     ingest(runs, db, emit=None)
-    assert used == [True]
-    assert snapshot(db) == recounted(db, tmp_path)
     for i in range(300):
         a.log({f"probe/{i}": float(i)}, step=2 * 10**12 + 8 * (i + 1))
     a.flush()
     ingest(runs, db, emit=None)
-    assert used == [True]  # the rows' grid was too sparse: left to the SQL recount before roll_up
+    assert used == [True, True]
+    assert snapshot(db) == recounted(db, tmp_path)
+    a.log({f"layer/{i}": float(i) for i in range(400)}, step=3 * 10**12)
+    a.flush()
+    ingest(runs, db, emit=None)
+    _log(a, range(3 * 10**12 + 8, 3 * 10**12 + 8 * 300, 8))  # decoded into the run's 700-name layout
+    ingest(runs, db, emit=None)
+    assert used == [True] * 4
     assert snapshot(db) == recounted(db, tmp_path)

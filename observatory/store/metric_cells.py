@@ -6,14 +6,13 @@ here: not the scan but the ~10^5 groups of its hash table, about as long as the 
 whole append of the same rows from Arrow. The ingester has those rows as arrays already
 (`msgspec_lines` builds them; `_check_line`'s rows are Python lists), so `MetricRows` folds
 each part of them into (bucket, name) cells as it comes (`np.bincount` and `ufunc.at` over a
-dense grid; the rows are not kept), and `roll_up` folds the parts together and with the cells
+dense grid, or the distinct keys sorted where a grid would be sparse; the rows are not kept), and `roll_up` folds the parts together and with the cells
 the store has for the buckets the new rows reach into (the one a run's tail shares with its
 new steps, or more after a rollback), as DuckDB's recount of those rows would.
 
 Used only when it provably covers every new row: `rollups.after_ingest` compares each run's
 count of rows past the watermark with the rows given here, and anything else (rows from the
-SQL path, a renamed secret-shaped name, a NULL step or value, a grid far sparser than its
-rows) takes the SQL path. The cells equal DuckDB's: min, max, counts and steps exactly; `last`
+SQL path, a renamed secret-shaped name, a NULL step or value) takes the SQL path. The cells equal DuckDB's: min, max, counts and steps exactly; `last`
 is the value at the last step, the first such row in insertion order on a tie (DuckDB's
 `arg_max` in a sequential scan); float sums may differ in the last bits (their order differs).
 """
@@ -26,7 +25,7 @@ import pyarrow as pa
 __all__ = ["MetricRows", "roll_up"]
 
 RES = 8  # the finest metrics rollup's bucket (`schema.METRIC_RESOLUTIONS[0]`; checked by rollups)
-GRID_SLACK = 4  # a dense (bucket, name) grid of more cells than this many per row (plus 4096): SQL path
+GRID_SLACK = 4  # a dense (bucket, name) grid of more cells than this many per entry (plus 4096): sort instead
 
 
 class MetricRows:
@@ -46,9 +45,6 @@ class MetricRows:
             return
         codes = np.asarray(codes, np.int64)
         cells = _cells(codes, np.asarray(steps, np.int64), np.asarray(values, np.float64), len(names))
-        if cells is None:
-            self.forget()  # too sparse a grid for arrays: the SQL recount
-            return
         latest = np.full(len(names), -np.inf)
         np.maximum.at(latest, codes, ts)  # all `metric_series` needs of t
         self.parts.setdefault(run, []).append((names, cells, latest))
@@ -79,14 +75,21 @@ _COLS = ("name", "bucket", "first_step", "last_step", "min", "max", "last", "sum
 _IMAX, _IMIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 
-def _grid(buckets: np.ndarray, k: int, entries: int):
-    """(bucket of each grid row, grid row of each entry), or None when the dense grid is too sparse."""
+def _index(buckets: np.ndarray, codes: np.ndarray, k: int):
+    """(cell of each entry (N,), number of cells, at) for entries keyed by (bucket, name code < k); `at(cells)`
+    gives those cells' (bucket, name code). A dense grid over the buckets' range when it is not much bigger
+    than the entries (no sort), else the distinct keys found by sorting."""
     lo_b, hi_b = int(buckets.min()), int(buckets.max())
-    bound = GRID_SLACK * entries + 4096
-    if (hi_b - lo_b + 1) * k <= bound:  # the common case: every bucket of the range has rows (no sort)
-        return np.arange(lo_b, hi_b + 1), buckets - lo_b
-    ub, binv = np.unique(buckets, return_inverse=True)
-    return None if len(ub) * k > bound else (ub, binv)
+    if (hi_b - lo_b + 1) * k <= GRID_SLACK * len(codes) + 4096:
+        return (buckets - lo_b) * k + codes, (hi_b - lo_b + 1) * k, lambda occ: (lo_b + occ // k, occ % k)
+    order = np.lexsort((codes, buckets))
+    b, c = buckets[order], codes[order]
+    new = np.ones(len(b), bool)
+    new[1:] = (b[1:] != b[:-1]) | (c[1:] != c[:-1])
+    cell = np.empty(len(b), np.int64)
+    cell[order] = np.cumsum(new) - 1
+    cb, cc = b[new], c[new]
+    return cell, len(cb), lambda occ: (cb[occ], cc[occ])
 
 
 def _pick_last(cell: np.ndarray, at: np.ndarray, last_step: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -98,18 +101,9 @@ def _pick_last(cell: np.ndarray, at: np.ndarray, last_step: np.ndarray, values: 
     return last
 
 
-def _cells(codes, steps, values, k: int) -> dict | None:
-    """Rows -> their occupied (bucket, name) cells, as arrays `_COLS`; None when the grid would be too sparse."""
-    grid = _grid(steps // RES, k, len(codes))
-    if grid is None:
-        present, inv = np.unique(codes, return_inverse=True)  # a wide layout of which these rows use a few
-        if len(present) == k or (cells := _cells(inv, steps, values, len(present))) is None:
-            return None
-        cells["name"] = present[cells["name"]]
-        return cells
-    ub, binv = grid
-    size = len(ub) * k
-    cell = binv * k + codes
+def _cells(codes, steps, values, k: int) -> dict:
+    """Rows -> their occupied (bucket, name) cells, as arrays `_COLS`."""
+    cell, size, at = _index(steps // RES, codes, k)
     n = np.bincount(cell, minlength=size)
     finite = np.isfinite(values)
     fc, fv = cell[finite], values[finite]
@@ -121,21 +115,17 @@ def _cells(codes, steps, values, k: int) -> dict | None:
     np.maximum.at(last_step, cell, steps)
     last = _pick_last(cell, steps, last_step, values, size)
     occ = np.flatnonzero(n)
-    return {"name": occ % k, "bucket": ub[occ // k], "first_step": first[occ], "last_step": last_step[occ],
+    bucket, name = at(occ)
+    return {"name": name, "bucket": bucket, "first_step": first[occ], "last_step": last_step[occ],
             "min": lo[occ], "max": hi[occ], "last": last[occ], "sum": np.bincount(fc, fv, size)[occ], "n": n[occ],
             "n_finite": np.bincount(fc, minlength=size)[occ]}  # fmt: skip
 
 
-def _fold(parts: list[dict], k: int) -> dict | None:
+def _fold(parts: list[dict], k: int) -> dict:
     """Cells of the same (bucket, name) in several parts folded into one, as recounting their rows would:
     the sums added in part order, `last` from the first part at the cell's last step (`_pick_last`)."""
     c = {col: np.concatenate([p[col] for p in parts]) for col in _COLS}
-    grid = _grid(c["bucket"], k, len(c["name"]))
-    if grid is None:
-        return None
-    ub, binv = grid
-    size = len(ub) * k
-    cell = binv * k + c["name"]
+    cell, size, at = _index(c["bucket"], c["name"], k)
     out = {}
     for col, fill, op in (("first_step", _IMAX, np.minimum), ("last_step", _IMIN, np.maximum),
                           ("min", np.inf, np.minimum), ("max", -np.inf, np.maximum)):  # fmt: skip
@@ -148,7 +138,8 @@ def _fold(parts: list[dict], k: int) -> dict | None:
     np.add.at(total, cell, c["sum"])  # in order: part by part
     last = _pick_last(cell, c["last_step"], out["last_step"], c["last"], size)
     occ = np.flatnonzero(n)
-    return {"name": occ % k, "bucket": ub[occ // k], **{col: out[col][occ] for col in out}, "last": last[occ],
+    bucket, name = at(occ)
+    return {"name": name, "bucket": bucket, **{col: out[col][occ] for col in out}, "last": last[occ],
             "sum": total[occ], "n": n[occ], "n_finite": nf[occ]}  # fmt: skip
 
 
@@ -217,8 +208,6 @@ def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> bool:
     tables, series = [], []
     for run in sorted(rows.parts):
         names, cells, latest = _run_cells(rows.parts[run])
-        if cells is None:
-            return False
         first_bucket = int(cells["bucket"].min())
         if first_bucket != firsts[run] // RES:
             return False
@@ -228,8 +217,6 @@ def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> bool:
                FROM metrics_r8 WHERE run = ? AND bucket >= ?""", [run, first_bucket]).fetchall()  # fmt: skip
         if old:  # the store's rows in these buckets are counted again, first (they came first)
             cells = _fold([_old_cells(old, names), cells], len(names))
-            if cells is None:
-                return False
         tables.append((run, names, cells))
     for run, names, c in tables:
         con.execute(f"DELETE FROM metrics_r{RES} WHERE run = ? AND bucket >= ?", [run, int(firsts[run]) // RES])
