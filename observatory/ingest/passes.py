@@ -169,6 +169,8 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
                 fol.rollups_checked = True
             rows, status = fs.load_state(con)
             b = _Batch(now)
+            if not (use_hooks and hooks.any_in_transaction(fol.off)):
+                b.metric_rows.forget()  # no rollups to make from them: do not fold the rows into cells
             used, more, did = 0, False, False
             room = _Room(db)
             for lf in files:
