@@ -23,7 +23,9 @@ def ingest(runs_dir, db, follow, quiet):
     progress bar shows the bytes read and the time left (not with --follow).
     """
     from observatory.ingest import ingest as run_ingest  # lazy for start-up time (pyarrow, the hooks' polars)
+    from observatory.ingest.allocator import keep_freed_memory
 
+    keep_freed_memory()
     if follow:
         click.echo(f"following {runs_dir} into {db} (Ctrl-C to stop)", err=True)
     try:
@@ -40,7 +42,9 @@ def ingest(runs_dir, db, follow, quiet):
 def rebuild(runs_dir, db, quiet):
     """Recreate the store from the event logs (built aside, then swapped in atomically)."""
     from observatory.ingest import rebuild as run_rebuild  # lazy for start-up time (see `ingest`)
+    from observatory.ingest.allocator import keep_freed_memory
 
+    keep_freed_memory()
     try:
         with bar("rebuild", quiet) as progress:
             report = run_rebuild(runs_dir, db, emit=None if quiet else _err, progress=progress)

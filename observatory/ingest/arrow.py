@@ -85,6 +85,8 @@ def flush(con, b) -> None:
         b.metric_rows.add_lists(m["run"], m["step"], m["name"], m["value"], m["t"])  # after the others: rowid order
         _append(con, b.metrics, _METRICS, "INSERT INTO metrics SELECT * FROM _staged")
     if b.experts["run"]:
+        x = b.experts
+        b.expert_rows.add_lists(x["run"], x["step"], x["layer"], x["expert"], x["routed"], x["dropped"])
         _append(con, b.experts, _EXPERTS, "INSERT INTO expert_load SELECT * FROM _staged")
     if b.events:
         _append(con, dict(zip(_EVENTS, zip(*b.events, strict=True), strict=True)), _EVENTS,

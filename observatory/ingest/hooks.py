@@ -13,8 +13,9 @@ implementation is a module's `after_ingest` function:
     ("metrics", "expert_load") to the runs that got rows there (read by truthiness:
     the hook finds the new rows itself, as the rollups do from `rollup_state`, so a
     kill before it ran is caught up by the next call). A catch-up batch passes a third
-    argument, its new `metrics` rows as arrays (`store.metric_cells.MetricRows`), which
-    the rollups use when they are every new row. If it raises, its
+    argument, its new rows as arrays per source table ({"metrics": `store.metric_cells.
+    MetricRows`, "expert_load": `store.expert_cells.ExpertRows`}), which the rollups use
+    where they are every new row. If it raises, its
     transaction is rolled back (a catch-up batch is then done again without it) and
     the hook is left out for the rest of the `ingest` call, which says so
     (`HookFailed`).
@@ -65,11 +66,11 @@ class Hook:
     call: Callable[..., Any]  # calls the module's `after_ingest` (looked up at call time)
 
 
-def _rollups(con, touched: Mapping[str, set[str]], metric_rows=None) -> None:
-    if metric_rows is None:
+def _rollups(con, touched: Mapping[str, set[str]], rows=None) -> None:
+    if rows is None:
         rollups.after_ingest(con, touched)
     else:
-        rollups.after_ingest(con, touched, metric_rows)
+        rollups.after_ingest(con, touched, rows)
 
 
 def _anomalies(con, runs_dir: Path, runs: set[str]) -> Any:
@@ -106,18 +107,18 @@ def any_in_transaction(skip: set[str]) -> bool:
     return any(h.point == IN_TRANSACTION and h.name not in skip for h in BUILTIN)
 
 
-def run_in_transaction(con, touched: Mapping[str, set[str]], skip: set[str], metric_rows=None) -> None:
+def run_in_transaction(con, touched: Mapping[str, set[str]], skip: set[str], rows=None) -> None:
     """The in-transaction hooks not in `skip`, when `touched` names metrics or expert_load runs; a catch-up
-    batch passes its new metrics rows as arrays (`store.metric_cells.MetricRows`) on to them."""
+    batch passes its new rows as arrays, per source table, on to them (see the module doc)."""
     if not (touched["metrics"] or touched["expert_load"]):
         return
     for hook in BUILTIN:
         if hook.point == IN_TRANSACTION and hook.name not in skip:
             try:
-                if metric_rows is None:
+                if rows is None:
                     hook.call(con, touched)
                 else:
-                    hook.call(con, touched, metric_rows)
+                    hook.call(con, touched, rows)
             except Exception as e:
                 raise HookFailed(hook, e) from e
 

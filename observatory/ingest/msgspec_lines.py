@@ -404,7 +404,7 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
     b.n_fast += n_acc
     b.saw(lf.run, float(plan.t[accepted].max()), int(plan.step[accepted].max()), lf.host)
     mt = _metrics_table(plan, accepted[cls == 1], plan.step[cls == 1], plan.t[cls == 1], b, lf.run)
-    xt = _experts_table(plan, accepted[cls == 2], plan.step[cls == 2])
+    xt = _experts_table(plan, accepted[cls == 2], plan.step[cls == 2], b, lf.run)
     if mt is not None:
         b.n_metric_values += mt.num_rows
         b.touched["metrics"].add(lf.run)
@@ -469,8 +469,9 @@ def _expert_counts(evs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     return lens, routed[1], dropped[1]
 
 
-def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray) -> pa.Table | None:
-    """(R,) rows of step, layer, expert, routed, dropped: one per expert of each accepted event (`keep` (X,))."""
+def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, b: _Batch, run: str) -> pa.Table | None:
+    """(R,) rows of step, layer, expert, routed, dropped: one per expert of each accepted event (`keep` (X,));
+    the same rows as arrays go to `b.expert_rows`, for the rollups."""
     if not keep.any():
         return None
     lens, layers, routed, dropped = plan.x_lens, plan.x_layers, plan.x_routed, plan.x_dropped
@@ -490,6 +491,7 @@ def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray) -> pa.Table
         "routed": routed,
         "dropped": dropped,
     }
+    b.expert_rows.add(run, cols["step"], cols["layer"], cols["expert"], routed, dropped, lens)
     return pa.table({k: numeric(v) for k, v in cols.items()})
 
 

@@ -171,6 +171,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
             b = _Batch(now)
             if not (use_hooks and hooks.any_in_transaction(fol.off)):
                 b.metric_rows.forget()  # no rollups to make from them: do not fold the rows into cells
+                b.expert_rows.forget()
             used, more, did = 0, False, False
             room = _Room(db)
             for lf in files:
@@ -209,7 +210,7 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
             mark_crashed(con, now)
             touched = {source for source in ROLLUP_SOURCES if b.touched[source]} if use_hooks else set()
             if touched and b.n_bytes >= ROLL_UP_APART_BELOW:  # a catch-up: its rollups commit with it
-                hooks.run_in_transaction(con, b.touched, fol.off, b.metric_rows)
+                hooks.run_in_transaction(con, b.touched, fol.off, {"metrics": b.metric_rows, "expert_load": b.expert_rows})
                 fol.rollups_due -= touched
                 touched = set()
             hooks.save_pending(con)  # what the last batch's after-commit hooks keep in the store

@@ -40,6 +40,7 @@ from observatory.events import (
 )
 from observatory.ingest.arrow import int64s
 from observatory.redact import scrub_event, scrub_text
+from observatory.store.expert_cells import ExpertRows
 from observatory.store.metric_cells import MetricRows
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
@@ -262,6 +263,7 @@ class _Batch:
         self.observed: set[str] = set()  # runs that got events written by the observatory itself (host 1000)
         self.touched: dict[str, set[str]] = {"metrics": set(), "expert_load": set()}
         self.metric_rows = MetricRows()  # the metrics rows as arrays, for the rollups (`store.metric_cells`)
+        self.expert_rows = ExpertRows()  # the expert_load rows as arrays, for the rollups (`store.expert_cells`)
         self.messages: list[str] = []
         self.n_events = self.n_metric_values = self.n_expert_rows = 0
         self.n_duplicates = self.n_truncated = 0
@@ -525,6 +527,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
             b.metric_rows.forget()  # rows inserted by SQL: the rollups read them from the store
         if n_expert:
             b.touched["expert_load"].add(lf.run)
+            b.expert_rows.forget()  # rows inserted by SQL: the rollups read them from the store
     st.line += n
     st.offset = ch.end
 

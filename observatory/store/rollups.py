@@ -35,8 +35,9 @@ rebuilt. Readers of these tables: `observatory/queries/experts.py` and
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
-from observatory.store import metric_cells
+from observatory.store import expert_cells, metric_cells
 from observatory.store.schema import (
     EXPERT_TABLES,
     LAYER_RESOLUTION,
@@ -48,6 +49,8 @@ from observatory.store.schema import (
 __all__ = ["SOURCES", "after_ingest", "behind", "rebuild_rollups"]
 
 assert metric_cells.RES == METRIC_RESOLUTIONS[0], "metric_cells makes the finest metrics rollup"
+assert expert_cells.RES == RESOLUTIONS[0], "expert_cells makes the finest expert_load rollup"
+FROM_RAW = ("expert_layer_step", f"expert_load_r{RESOLUTIONS[0]}")  # the expert rollups read from expert_load
 SOURCES = ("metrics", "expert_load")  # the tables rolled up (the charts' source first: ingest rolls up in this order)
 LOCAL_ROWID = 1 << 50  # DuckDB numbers rows of the current transaction's local storage from ~2^55 up
 
@@ -133,10 +136,13 @@ def _bucket_where_incremental(res: int, col: str, src_res: int = 1) -> str:
 # ----------------------------------------------------------------- incremental
 
 
-def _recompute_experts(con, run: str, first: int) -> None:
-    """Recompute every expert rollup row of `run` that covers a step >= first."""
+def _recompute_experts(con, run: str, first: int, coarser_only: bool = False) -> None:
+    """Recompute every expert rollup row of `run` that covers a step >= first (`coarser_only`: those not
+    read from the raw rows, which `expert_cells` made)."""
     params = {"run": run, "first": first}
     for table, sql in _expert_statements("run = $run AND step >= $first", _bucket_where_incremental):
+        if coarser_only and table in FROM_RAW:
+            continue
         res = _res_of(table)
         col = "step" if table in ("expert_layer_step", "expert_run_step") else "bucket"
         lo = "$first" if res == 1 else f"$first // {res}"
@@ -214,16 +220,17 @@ def behind(con) -> set[str]:
     return out
 
 
-def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None,
-                 metric_rows: metric_cells.MetricRows | None = None) -> None:  # fmt: skip
+def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None, rows: Mapping[str, Any] | None = None) -> None:
     """Bring the rollups up to date with rows ingest just added (call inside its write transaction).
 
     `touched` maps a source table ("metrics", "expert_load") to the run ids that
     got rows; a source absent or empty is skipped. Which rows are new is found
     from the store itself, so a missed call is caught up by the next one.
-    `metric_rows`: the transaction's new metrics rows as arrays (`metric_cells`); when they are
-    every new row, the finest metrics rollup and `metric_series` are made from them, not the store.
+    `rows`: the transaction's new rows as arrays, per source (`metric_cells.MetricRows`,
+    `expert_cells.ExpertRows`); where they are every new row, the rollups read from the raw rows
+    (`metrics_r8`, `metric_series`, `expert_layer_step`, `expert_load_r16`) are made from them, not the store.
     """
+    rows = rows or {}
     touched = touched or {}
     for source, recompute, rebuild in (
         ("expert_load", _recompute_experts, _rebuild_experts),
@@ -236,9 +243,9 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None,
         if not ok:
             rebuild(con)
             continue
-        if source == "metrics" and _from_arrays(con, metric_rows, firsts, counts):
+        if _from_arrays(con, source, rows.get(source), firsts, counts):
             for run, first in sorted(firsts.items()):
-                _recompute_metrics(con, run, first, coarser_only=True)
+                recompute(con, run, first, coarser_only=True)
         else:
             for run, first in sorted(firsts.items()):
                 recompute(con, run, first)
@@ -247,11 +254,15 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None,
         _save_state(con, source, nxt, n)
 
 
-def _from_arrays(con, rows: metric_cells.MetricRows | None, firsts: dict[str, int], counts: dict[str, int]) -> bool:
-    """`metric_cells.roll_up` when `rows` are exactly the new rows (each run's count past the watermark)."""
+def _from_arrays(con, source: str, rows, firsts: dict[str, int], counts: dict[str, int]) -> bool:
+    """The finest rollups of `source` from `rows` (`metric_cells` / `expert_cells`) when they are exactly
+    the new rows (each run's count past the watermark); False if not, having written nothing."""
     if rows is None or not rows.usable or rows.counts != counts or set(firsts) != set(counts):
         return False
-    return metric_cells.roll_up(con, rows, firsts)
+    if source == "metrics":
+        return metric_cells.roll_up(con, rows, firsts)
+    expert_cells.roll_up(con, rows, firsts)
+    return True
 
 
 # ------------------------------------------------------------------- rebuild

@@ -1,0 +1,190 @@
+"""The expert-load rollups read from raw rows, for a catch-up transaction, from its new rows as numpy arrays.
+
+`rollups.after_ingest` recomputes `expert_layer_step` (run, layer, step) and `expert_load_r16`
+(run, layer, step // 16, expert) from `expert_load` with a GROUP BY over the new rows. At the
+reference run's shape (48 layers x 384 experts, 18,432 rows a step) a catch-up of 10^7 rows
+spends ~1.8 s there, as long as the engine's own append of the same rows. The ingester has the
+rows as arrays (`msgspec_lines._experts_table`; `_check_line`'s as Python lists), so
+`ExpertRows` sums each part of them into cells as it comes (integer `np.add.at` over a dense
+grid, or the distinct keys found by sorting where a grid would be sparse: `metric_cells._index`'s
+rule), and `roll_up` adds the parts together and to the cells the store has where the new rows
+reach into them (the 16-step bucket a run's tail shares with its new steps; a replayed step),
+as DuckDB's recount of those rows would. Every column is an integer sum, max or count: the cells
+equal DuckDB's exactly. The coarser levels (`expert_run_step`, `expert_layer_r64`,
+`expert_load_r128`, `_r1024`) are still made by SQL, from these.
+
+Used only when it covers every new row: `rollups.after_ingest` compares each run's count of rows
+past the watermark with the rows given here; rows from the SQL path's bulk insert make it step aside.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from observatory.store.metric_cells import GRID_SLACK, _num
+
+__all__ = ["ExpertRows", "roll_up"]
+
+RES = 16  # the finest expert_load rollup's bucket (`schema.RESOLUTIONS[0]`; checked by rollups)
+_STEP = ("layer", "step", "routed", "dropped", "routed_max", "n_experts")  # expert_layer_step's columns
+_BUCKET = ("layer", "bucket", "expert", "routed", "dropped", "steps")  # expert_load_r16's
+
+
+def _index(keys: list[np.ndarray]):
+    """(cell of each entry, number of cells, the cells' keys) for entries keyed by integer columns: a dense
+    grid over the keys' ranges when not much bigger than the entries, else the distinct keys by sorting."""
+    lows = [int(k.min()) for k in keys]
+    widths = [int(k.max()) - lo + 1 for k, lo in zip(keys, lows, strict=True)]
+    size = int(np.prod(widths, dtype=object))
+    if size <= GRID_SLACK * len(keys[0]) + 4096:
+        cell = np.zeros(len(keys[0]), np.int64)
+        for k, lo, w in zip(keys, lows, widths, strict=True):
+            cell = cell * w + (k - lo)
+
+        def at(occ):
+            out, rest = [], occ
+            for lo, w in reversed(list(zip(lows, widths, strict=True))):
+                out.append(rest % w + lo)
+                rest = rest // w
+            return out[::-1]
+
+        return cell, size, at
+    order = np.lexsort(keys[::-1])
+    sk = [k[order] for k in keys]
+    new = np.ones(len(order), bool)
+    for k in sk:
+        new[1:] |= k[1:] != k[:-1]
+    cell = np.empty(len(order), np.int64)
+    cell[order] = np.cumsum(new) - 1
+    distinct = [k[new] for k in sk]
+    return cell, len(distinct[0]), lambda occ: [d[occ] for d in distinct]
+
+
+EXACT_FLOAT = 1 << 21  # entries fewer than this: float64 sums of uint32 values are exact (< 2^53 each)
+
+
+def _sum(cell, size, values, exact_float: bool) -> np.ndarray:
+    if exact_float:  # np.bincount's float sums: exact here, and several times faster than np.add.at
+        return np.bincount(cell, values.astype(np.float64), size).astype(np.int64)
+    out = np.zeros(size, np.int64)
+    np.add.at(out, cell, values)
+    return out
+
+
+def _group(keys: dict[str, np.ndarray], sums: dict[str, np.ndarray], maxes: dict[str, np.ndarray],
+           rows: bool = True) -> dict:  # fmt: skip
+    """Entries grouped by `keys` (in their order): integer `sums`, `maxes` per occupied cell. `rows`: the
+    entries' values are uint32 counts (rows, or one event's sums of fewer than 2^21 of them) and the
+    float sums exact; else (cells' sums folded) integer sums."""
+    cell, size, at = _index(list(keys.values()))
+    exact_float = rows and len(cell) < EXACT_FLOAT
+    out = {col: _sum(cell, size, v, exact_float) for col, v in sums.items()}
+    for col, v in maxes.items():
+        out[col] = np.zeros(size, np.int64)
+        np.maximum.at(out[col], cell, v)
+    occ = np.flatnonzero(np.bincount(cell, minlength=size))
+    return {**dict(zip(keys, at(occ), strict=True)), **{col: v[occ] for col, v in out.items()}}
+
+
+def _step_cells(layer, step, routed, dropped, n, routed_max, rows: bool = False) -> dict:
+    return _group({"layer": layer, "step": step}, {"routed": routed, "dropped": dropped, "n_experts": n},
+                  {"routed_max": routed_max}, rows)  # fmt: skip
+
+
+def _bucket_cells(layer, bucket, expert, routed, dropped, steps, rows: bool = False) -> dict:
+    return _group({"layer": layer, "bucket": bucket, "expert": expert},
+                  {"routed": routed, "dropped": dropped, "steps": steps}, {}, rows)  # fmt: skip
+
+
+class ExpertRows:
+    """The `expert_load` rows one write transaction added, per run, summed into cells part by part."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[tuple[dict, dict]]] = {}  # run -> (layer-step cells, 16-step cells) a part
+        self.counts: dict[str, int] = {}
+        self.usable = True  # False: some rows came another way: the SQL path
+
+    def add(self, run: str, steps, layers, experts, routed, dropped, lens=None) -> None:
+        """Rows (R,) of one run: step, layer, expert, routed, dropped; `lens` (E,), when given: the rows come
+        event by event, `lens[i]` of them for event i (its layer and step on each), so the per-(layer, step)
+        sums are made per event first (`np.add.reduceat`), not row by row."""
+        if not self.usable or not len(steps):
+            return
+        step, layer = np.asarray(steps, np.int64), np.asarray(layers, np.int64)
+        routed, dropped = np.asarray(routed, np.int64), np.asarray(dropped, np.int64)
+        one = np.ones(len(step), np.int64)
+        if lens is None:
+            per_step = _step_cells(layer, step, routed, dropped, one, routed, rows=True)
+        else:
+            lens = np.asarray(lens, np.int64)
+            starts = (np.cumsum(lens) - lens)[lens > 0]
+            per_step = _step_cells(layer[starts], step[starts], np.add.reduceat(routed, starts),
+                                   np.add.reduceat(dropped, starts), lens[lens > 0], np.maximum.reduceat(routed, starts),
+                                   rows=False)  # fmt: skip
+        self.parts.setdefault(run, []).append(
+            (per_step, _bucket_cells(layer, step // RES, np.asarray(experts, np.int64), routed, dropped, one, True)))
+        self.counts[run] = self.counts.get(run, 0) + len(step)
+
+    def add_lists(self, runs: list, steps: list, layers: list, experts: list, routed: list, dropped: list) -> None:
+        """Rows as the Python lists `sql_lines._check_line` stages (`_Batch.experts`), in order."""
+        if not self.usable or not runs:
+            return
+        by_run: dict[str, list[int]] = {}
+        for i, r in enumerate(runs):
+            by_run.setdefault(r, []).append(i)
+        for run, rows in by_run.items():
+            self.add(run, *(np.array([col[i] for i in rows], np.int64) for col in (steps, layers, experts, routed, dropped)))
+
+    def forget(self) -> None:
+        self.usable, self.parts, self.counts = False, {}, {}
+
+
+def _fold_steps(parts: list[dict]) -> dict:
+    c = {col: np.concatenate([p[col] for p in parts]) for col in _STEP}
+    return _step_cells(c["layer"], c["step"], c["routed"], c["dropped"], c["n_experts"], c["routed_max"])
+
+
+def _fold_buckets(parts: list[dict]) -> dict:
+    c = {col: np.concatenate([p[col] for p in parts]) for col in _BUCKET}
+    return _bucket_cells(c["layer"], c["bucket"], c["expert"], c["routed"], c["dropped"], c["steps"])
+
+
+def _stored(con, sql: str, params: list, cols: tuple[str, ...]) -> dict | None:
+    got = con.execute(sql, params).fetchnumpy()
+    if not len(got[cols[0]]):
+        return None
+    return {col: np.asarray(got[col], np.int64) for col in cols}
+
+
+def _insert(con, table: str, run: str, cells: dict, cols: tuple[str, ...], types: dict[str, type]) -> None:
+    order = np.lexsort([cells[c] for c in reversed(cols[:3 if table != "expert_layer_step" else 2])])
+    con.register("_cells", pa.table({c: _num(cells[c][order].astype(types.get(c, np.int64))) for c in cols}))
+    try:
+        con.execute(f"INSERT INTO {table} SELECT $run, {', '.join(cols)} FROM _cells", {"run": run})
+    finally:
+        con.unregister("_cells")
+
+
+_TYPES = {"layer": np.uint16, "expert": np.uint16, "step": np.int32, "bucket": np.int32, "routed": np.uint64,
+          "dropped": np.uint64, "routed_max": np.uint32, "n_experts": np.uint16, "steps": np.uint32}  # fmt: skip
+
+
+def roll_up(con, rows: ExpertRows, firsts: dict[str, int]) -> None:
+    """`expert_layer_step` and `expert_load_r16` for the new rows in `rows` (inside the write transaction)."""
+    for run in sorted(rows.parts):
+        first = int(firsts[run])
+        steps = _fold_steps([p[0] for p in rows.parts[run]])
+        buckets = _fold_buckets([p[1] for p in rows.parts[run]])
+        old = _stored(con, "SELECT layer, step, routed, dropped, routed_max, n_experts FROM expert_layer_step "
+                           "WHERE run = ? AND step >= ?", [run, first], _STEP)  # fmt: skip
+        if old is not None:  # a replayed step: its earlier rows are counted again
+            steps = _fold_steps([old, steps])
+        old = _stored(con, f"SELECT layer, bucket, expert, routed, dropped, steps FROM expert_load_r{RES} "
+                           "WHERE run = ? AND bucket >= ?", [run, first // RES], _BUCKET)  # fmt: skip
+        if old is not None:  # the bucket the run's tail shares with its new steps, or more after a rollback
+            buckets = _fold_buckets([old, buckets])
+        con.execute("DELETE FROM expert_layer_step WHERE run = ? AND step >= ?", [run, first])
+        _insert(con, "expert_layer_step", run, steps, _STEP, _TYPES)
+        con.execute(f"DELETE FROM expert_load_r{RES} WHERE run = ? AND bucket >= ?", [run, first // RES])
+        _insert(con, f"expert_load_r{RES}", run, buckets, _BUCKET, _TYPES)
