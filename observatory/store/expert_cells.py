@@ -136,6 +136,10 @@ class ExpertRows:
         for run, rows in by_run.items():
             self.add(run, *(np.array([col[i] for i in rows], np.int64) for col in (steps, layers, experts, routed, dropped)))
 
+    def first_steps(self) -> dict[str, int]:
+        """Each run's smallest step."""
+        return {run: min(int(p[0]["step"].min()) for p in parts) for run, parts in self.parts.items()}
+
     def forget(self) -> None:
         self.usable, self.parts, self.counts = False, {}, {}
 

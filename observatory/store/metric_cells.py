@@ -66,6 +66,10 @@ class MetricRows:
             self.add(run, list(index), codes, np.array([steps[i] for i in rows], np.int64),
                      np.array([values[i] for i in rows], np.float64), np.array([ts[i] for i in rows], np.float64))  # fmt: skip
 
+    def first_steps(self) -> dict[str, int]:
+        """Each run's smallest step."""
+        return {run: min(int(c["first_step"].min()) for _, c, _ in parts) for run, parts in self.parts.items()}
+
     def forget(self) -> None:
         """Rows came another way (the SQL path's bulk insert, a renamed name): the SQL path decides."""
         self.usable, self.parts, self.counts = False, {}, {}

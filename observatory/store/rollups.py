@@ -238,12 +238,19 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None, rows: 
     ):
         if not touched.get(source):
             continue
+        quick = _arrays_are_new_rows(con, source, rows.get(source))
+        if quick is not None and _from_arrays(con, source, rows[source], quick[0]):
+            for run, first in sorted(quick[0].items()):
+                recompute(con, run, first, coarser_only=True)
+            _save_state(con, source, *quick[1:])
+            continue
         counts: dict[str, int] = {}
         ok, firsts, start, nxt, n = _new_rows(con, source, counts)
         if not ok:
             rebuild(con)
             continue
-        if _from_arrays(con, source, rows.get(source), firsts, counts):
+        arrays = rows.get(source)
+        if _from_arrays(con, source, arrays if arrays is not None and arrays.counts == counts else None, firsts):
             for run, first in sorted(firsts.items()):
                 recompute(con, run, first, coarser_only=True)
         else:
@@ -254,10 +261,27 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None, rows: 
         _save_state(con, source, nxt, n)
 
 
-def _from_arrays(con, source: str, rows, firsts: dict[str, int], counts: dict[str, int]) -> bool:
-    """The finest rollups of `source` from `rows` (`metric_cells` / `expert_cells`) when they are exactly
-    the new rows (each run's count past the watermark); False if not, having written nothing."""
-    if rows is None or not rows.usable or rows.counts != counts or set(firsts) != set(counts):
+def _arrays_are_new_rows(con, source: str, rows) -> tuple[dict[str, int], int, int] | None:
+    """({run: smallest new step}, next rowid, row count) when the arrays `rows` are every row past the
+    watermark, without reading the rows: the source's count (DuckDB keeps it) less the rows rolled up is
+    the arrays' count. Every path that adds rows in a transaction either gives them to the arrays or
+    makes them unusable, so the rows past the watermark are then this transaction's own (none is left
+    committed and not rolled up: `behind` had them rolled up before the batch). None: read them."""
+    if rows is None or not rows.usable or not rows.counts:
+        return None
+    state = con.execute("SELECT next_rowid, n_rows FROM rollup_state WHERE source = ?", [source]).fetchall()
+    start, seen = state[0] if state else (0, 0)
+    n_total = con.execute(f"SELECT count(*) FROM {source}").fetchall()[0][0]
+    n_new = sum(rows.counts.values())
+    if n_total - seen != n_new:
+        return None
+    return rows.first_steps(), start + n_new, n_total
+
+
+def _from_arrays(con, source: str, rows, firsts: dict[str, int]) -> bool:
+    """The finest rollups of `source` from `rows` (`metric_cells` / `expert_cells`), which the caller found
+    to be exactly the new rows; False if not usable, having written nothing."""
+    if rows is None or not rows.usable or set(firsts) != set(rows.counts):
         return False
     if source == "metrics":
         return metric_cells.roll_up(con, rows, firsts)
