@@ -207,3 +207,18 @@ def test_rows_an_earlier_call_left_without_rollups_are_counted_once(paths, tmp_p
     assert snapshot(db) == recounted(db, tmp_path)
     with connect(db) as con:
         assert con.execute("SELECT n FROM metric_series WHERE name = 'train/loss'").fetchall() == [(100,)]
+
+
+def test_expert_load_logged_every_few_steps_is_left_to_sql(expert_paths, tmp_path):
+    """A big part whose 16-step cells hold 1-2 rows each (load logged every 10 steps) keeps no cells: as many
+    as its rows, they cost more to keep and fold than DuckDB's GROUP BY. Logged every step, it keeps them."""
+    runs, db, used = expert_paths
+    a = observatory.init(run_id="run-a", runs_dir=runs, install_signal_handlers=False)
+    _load(a, range(0, 300, 10), layers=40, experts=64)  # 76,800 rows over 19 buckets: 48,640 cells
+    ingest(runs, db, emit=None)
+    assert used == []
+    assert snapshot(db) == recounted(db, tmp_path)
+    _load(a, range(300, 330), layers=40, experts=64)  # 76,800 rows in 5,120 cells
+    ingest(runs, db, emit=None)
+    assert used == ["run-a"]
+    assert snapshot(db) == recounted(db, tmp_path)
