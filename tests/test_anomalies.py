@@ -458,3 +458,21 @@ def test_rolling_quantiles_equal_polars_bit_for_bit():
             ref = (s.rolling_median(**kw), s.rolling_quantile(0.25, interpolation="linear", **kw), s.rolling_min(**kw))
             for got, want in zip((med, q25, lo), ref, strict=True):
                 assert np.array_equal(got, want.fill_null(np.nan).to_numpy(), equal_nan=True)
+
+
+def test_level_noise_is_kept_for_the_same_values_only():
+    """The loss's spike and dip detectors both ask for its level and noise: the second gets the first's
+    arrays (read-only), a series that differs in one value gets its own."""
+    from observatory.detect import rolling as R
+
+    R._LEVEL_NOISE.clear()
+    x = np.random.default_rng(0).normal(2.0, 0.1, 500)
+    first = R.level_noise(x, 64, 16)
+    again = R.level_noise(x.copy(), 64, 16)
+    assert again[0] is first[0] and not first[0].flags.writeable
+    for got, want in zip(first, R._level_noise_of(x, 64, 16), strict=True):
+        assert np.array_equal(got, want, equal_nan=True)
+    y = x.copy()
+    y[250] += 1.0
+    other = R.level_noise(y, 64, 16)
+    assert other[0] is not first[0] and not np.array_equal(other[1], first[1], equal_nan=True)

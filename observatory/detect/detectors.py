@@ -37,7 +37,6 @@ scan (`observatory.detect.scan`) exact.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -45,7 +44,9 @@ from typing import Any
 
 import numpy as np
 
+from observatory.detect.rolling import level_noise as _level_noise
 from observatory.detect.rolling import rolling, shift
+from observatory.detect.rolling import trailing as _trailing
 from observatory.detect.thresholds import Thresholds
 
 __all__ = ["Finding", "loss_spikes", "loss_dips", "grad_spikes", "update_spikes", "grad_growth",
@@ -107,47 +108,6 @@ def _episodes(flags: np.ndarray, gap: int = 0) -> list[tuple[int, int]]:
     starts = np.concatenate(([idx[0]], idx[breaks + 1]))
     ends = np.concatenate((idx[breaks], [idx[-1]]))
     return list(zip(starts.tolist(), ends.tolist(), strict=True))
-
-
-def _trailing(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarray, np.ndarray]:
-    """Median and robust sigma (IQR / 1.349) of the previous `window` finite values; NaN before min_history."""
-    prev = shift(np.where(np.isfinite(x), x, np.nan), 1)
-    med, q25, q75 = rolling(prev, window, min_history, (0.5, 0.25, 0.75))
-    return med, (q75 - q25) / 1.349
-
-
-_LEVEL_NOISE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # the last few `_level_noise` results (read-only)
-
-
-def _level_noise(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarray, np.ndarray]:
-    """`_level_noise_of`, kept for the next call on the same values: the loss's spike and dip detectors
-    both ask for it, and its rolling quantiles are most of a scan's time (~0.05 s per 20k steps)."""
-    x = np.ascontiguousarray(x, dtype=float)
-    key = (hashlib.blake2b(x.view(np.uint8), digest_size=16).digest(), len(x), window, min_history)
-    got = _LEVEL_NOISE.get(key)
-    if got is None:
-        if len(_LEVEL_NOISE) >= 8:
-            _LEVEL_NOISE.clear()
-        got = _LEVEL_NOISE[key] = _level_noise_of(x, window, min_history)
-        for a in got:
-            a.flags.writeable = False
-    return got
-
-
-def _level_noise_of(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarray, np.ndarray]:
-    """Recent level and noise, both from previous values only; NaN before `min_history`.
-
-    level: median of the previous `min_history` finite values (follows a trend
-    closely); noise: robust sigma of step-to-step differences over the previous
-    `window` (IQR / 1.349 / sqrt 2), which a falling loss does not inflate the way
-    the spread of the values themselves would.
-    """
-    prev = shift(np.where(np.isfinite(x), x, np.nan), 1)
-    # half the window may be missing (a skipped NaN step, sparse logging) without blinding it
-    (level,) = rolling(prev, min_history, max(1, min_history // 2), (0.5,))
-    d = prev - shift(prev, 1)  # NaN next to a missing value
-    q25, q75 = rolling(d, window, min_history, (0.25, 0.75))
-    return level, (q75 - q25) / (1.349 * math.sqrt(2))
 
 
 def _peak(detector: str, metric: str, severity: str, message: str, steps, x, i0: int, i1: int, ip: int,
