@@ -28,7 +28,9 @@ every bucket from its smallest new step on is deleted and recomputed from the
 level below, so reprocessing a row is harmless (recompute, never increment) and
 late or replayed steps (a rollback to an earlier checkpoint) land in the right
 buckets. If the counts do not add up (rows deleted, store rebuilt), everything is
-rebuilt. Readers of these tables: `observatory/queries/experts.py` and
+rebuilt. A catch-up batch passes its new rows as arrays: where they are every row past the
+watermark, the levels read from the raw rows are made from them (`metric_cells`, `expert_cells`:
+the same cells, folded with the store's in the buckets the new rows reach into), not read back. Readers of these tables: `observatory/queries/experts.py` and
 `observatory/queries/dashboard.py`.
 """
 
