@@ -62,6 +62,23 @@ def append_in_pieces(src: Path, dst: Path, n: int):
         yield k
 
 
+def recounted_copy(db: Path, tmp_path: Path) -> Path:
+    """A copy of the store `db` whose rollups `rollups.rebuild_rollups` recounted from its tables, by SQL."""
+    import shutil
+
+    import duckdb
+
+    from observatory.store import rollups
+
+    copy = tmp_path / "recounted.duckdb"
+    shutil.copy(db, copy)
+    with duckdb.connect(str(copy)) as con:
+        con.execute("BEGIN")
+        rollups.rebuild_rollups(con)
+        con.execute("COMMIT")
+    return copy
+
+
 def write_lines(path: Path, lines, mode: str = "a") -> Path:
     """Append raw lines (dicts are JSON-encoded; str/bytes are written as given, plus a newline)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
-import duckdb
 import pytest
+from conftest import recounted_copy
 
 import observatory
 from observatory.ingest import ingest, msgspec_lines, passes
-from observatory.store import connect, expert_cells, metric_cells, rollups, schema
+from observatory.store import connect, expert_cells, metric_cells, schema
 
 TABLES = (*schema.METRIC_TABLES, *schema.EXPERT_TABLES)
 
@@ -33,33 +32,35 @@ def snapshot(db) -> dict[str, list]:
 
 
 def recounted(db, tmp_path) -> dict[str, list]:
-    copy = tmp_path / "recount.duckdb"
-    shutil.copy(db, copy)
-    with duckdb.connect(str(copy)) as con:
-        con.execute("BEGIN")
-        rollups.rebuild_rollups(con)
-        con.execute("COMMIT")
+    copy = recounted_copy(db, tmp_path)
     out = snapshot(copy)
     copy.unlink()
     return out
 
 
+def _spy(monkeypatch, module, note) -> list:
+    """What each call of `module.roll_up` gave (`note(result, firsts)` appended), the call left as it was."""
+    used: list = []
+    real = module.roll_up
+
+    def spy(con, rows, firsts):
+        got = real(con, rows, firsts)
+        used.extend(note(got, firsts))
+        return got
+
+    monkeypatch.setattr(module, "roll_up", spy)
+    return used
+
+
 @pytest.fixture
 def paths(tmp_path, monkeypatch):
     monkeypatch.setattr(passes, "ROLL_UP_APART_BELOW", 0)  # every batch rolls up inside its transaction
-    used: list[bool] = []
-    real = metric_cells.roll_up
-    monkeypatch.setattr(metric_cells, "roll_up", lambda *a: used.append(real(*a)) or used[-1])
-    return tmp_path / "runs", tmp_path / "store.duckdb", used
+    return tmp_path / "runs", tmp_path / "store.duckdb", _spy(monkeypatch, metric_cells, lambda got, firsts: [got])
 
 
 @pytest.fixture
-def expert_paths(tmp_path, monkeypatch):
-    monkeypatch.setattr(passes, "ROLL_UP_APART_BELOW", 0)
-    used: list[str] = []
-    real = expert_cells.roll_up
-    monkeypatch.setattr(expert_cells, "roll_up", lambda con, rows, firsts: used.extend(sorted(firsts)) or real(con, rows, firsts))
-    return tmp_path / "runs", tmp_path / "store.duckdb", used
+def expert_paths(paths, monkeypatch):
+    return *paths[:2], _spy(monkeypatch, expert_cells, lambda got, firsts: sorted(firsts))
 
 
 def _log(run, steps, k=0.0, extra=None):
@@ -219,6 +220,17 @@ def test_expert_load_logged_every_few_steps_is_left_to_sql(expert_paths, tmp_pat
     assert used == []
     assert snapshot(db) == recounted(db, tmp_path)
     _load(a, range(300, 330), layers=40, experts=64)  # 76,800 rows in 5,120 cells
+    ingest(runs, db, emit=None)
+    assert used == ["run-a"]
+    assert snapshot(db) == recounted(db, tmp_path)
+
+
+def test_expert_load_at_steps_far_apart(expert_paths, tmp_path):
+    """Steps 10^6 apart in one part: a dense (layer, step, expert) grid would be far bigger than the rows, so
+    the distinct keys are found by sorting; each is one cell, as in DuckDB's recount."""
+    runs, db, used = expert_paths
+    a = observatory.init(run_id="run-a", runs_dir=runs, install_signal_handlers=False)
+    _load(a, [0, 1, 10**6, 10**6 + 1, 2 * 10**6])
     ingest(runs, db, emit=None)
     assert used == ["run-a"]
     assert snapshot(db) == recounted(db, tmp_path)

@@ -6,18 +6,16 @@ real DuckDB files in tmp_path.
 
 from __future__ import annotations
 
-import shutil
-
-import duckdb
 import numpy as np
 import pytest
+from conftest import recounted_copy
 from dashboard_fixtures import expert_loads, make_store, metrics_at
 
 import observatory
 from observatory.ingest import ingest
 from observatory.queries import dashboard as qd
 from observatory.queries import experts as qe
-from observatory.store import connect, rollups, schema
+from observatory.store import connect, schema
 
 TABLES = (*schema.EXPERT_TABLES, *schema.METRIC_TABLES)
 
@@ -28,13 +26,7 @@ def snapshot(db) -> dict[str, list]:
 
 
 def rebuilt(db, tmp_path) -> dict[str, list]:
-    copy = tmp_path / "copy.duckdb"
-    shutil.copy(db, copy)
-    con = duckdb.connect(str(copy))
-    con.execute("BEGIN")
-    rollups.rebuild_rollups(con)
-    con.execute("COMMIT")
-    con.close()
+    copy = recounted_copy(db, tmp_path)
     out = snapshot(copy)
     copy.unlink()
     return out

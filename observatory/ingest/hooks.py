@@ -3,7 +3,7 @@
 Two hook points (after datasette's `hookspecs.py` and `DEFAULT_PLUGINS`); every
 implementation is a module's `after_ingest` function:
 
-`in_transaction`: `after_ingest(con, touched: dict[str, set[str]]) -> None`
+`in_transaction`: `after_ingest(con, touched: dict[str, set[str]], rows) -> None`
     Runs in a write transaction, when the batch added `metrics` or `expert_load`
     rows: for a catch-up batch (`ingest.passes.ROLL_UP_APART_BELOW` bytes or more)
     inside the batch's own, before its COMMIT; for a live run's small batch right
@@ -12,10 +12,10 @@ implementation is a module's `after_ingest` function:
     `con` is the ingester's write connection; `touched` maps a source table
     ("metrics", "expert_load") to the runs that got rows there (read by truthiness:
     the hook finds the new rows itself, as the rollups do from `rollup_state`, so a
-    kill before it ran is caught up by the next call). A catch-up batch passes a third
-    argument, its new rows as arrays per source table ({"metrics": `store.metric_cells.
-    MetricRows`, "expert_load": `store.expert_cells.ExpertRows`}), which the rollups use
-    where they are every new row. If it raises, its
+    kill before it ran is caught up by the next call). `rows`: a catch-up batch's new rows
+    as arrays per source table ({"metrics": `store.metric_cells.MetricRows`, "expert_load":
+    `store.expert_cells.ExpertRows`}), which the rollups use where they are every new row;
+    None for the rollups of a live run's small batch, after its commit. If it raises, its
     transaction is rolled back (a catch-up batch is then done again without it) and
     the hook is left out for the rest of the `ingest` call, which says so
     (`HookFailed`).
@@ -66,11 +66,8 @@ class Hook:
     call: Callable[..., Any]  # calls the module's `after_ingest` (looked up at call time)
 
 
-def _rollups(con, touched: Mapping[str, set[str]], rows=None) -> None:
-    if rows is None:
-        rollups.after_ingest(con, touched)
-    else:
-        rollups.after_ingest(con, touched, rows)
+def _rollups(con, touched: Mapping[str, set[str]], rows) -> None:
+    rollups.after_ingest(con, touched, rows)
 
 
 def _anomalies(con, runs_dir: Path, runs: set[str]) -> Any:
@@ -115,10 +112,7 @@ def run_in_transaction(con, touched: Mapping[str, set[str]], skip: set[str], row
     for hook in BUILTIN:
         if hook.point == IN_TRANSACTION and hook.name not in skip:
             try:
-                if rows is None:
-                    hook.call(con, touched)
-                else:
-                    hook.call(con, touched, rows)
+                hook.call(con, touched, rows)
             except Exception as e:
                 raise HookFailed(hook, e) from e
 

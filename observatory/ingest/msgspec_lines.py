@@ -44,7 +44,6 @@ import numpy as np
 import pyarrow as pa
 
 from observatory.events import KINDS, RUN_ID_RE
-from observatory.ingest.arrow import column, numeric
 from observatory.ingest.sql_lines import (
     I32,
     I64,
@@ -58,6 +57,7 @@ from observatory.ingest.sql_lines import (
     _ingest_chunk,
     _seq_ok,
 )
+from observatory.store.arrow import column, numeric
 
 try:  # without msgspec (>= 0.19: Decoder.decode_lines) every chunk takes the SQL path
     import msgspec

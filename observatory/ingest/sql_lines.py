@@ -38,8 +38,8 @@ from observatory.events import (
     encode_value,
     validate_event,
 )
-from observatory.ingest.arrow import int64s
 from observatory.redact import scrub_event, scrub_text
+from observatory.store.arrow import int64s
 from observatory.store.expert_cells import ExpertRows
 from observatory.store.metric_cells import MetricRows
 

@@ -6,8 +6,7 @@ reference run's shape (48 layers x 384 experts, 18,432 rows a step) a catch-up o
 spends ~1.8 s there, as long as the engine's own append of the same rows. The ingester has the
 rows as arrays (`msgspec_lines._experts_table`; `_check_line`'s as Python lists), so
 `ExpertRows` sums each part of them into cells as it comes (integer `np.add.at` over a dense
-grid, or the distinct keys found by sorting where a grid would be sparse: `metric_cells._index`'s
-rule), and `roll_up` adds the parts together and to the cells the store has where the new rows
+grid, or the distinct keys found by sorting where a grid would be sparse: `metric_cells.cell_index`), and `roll_up` adds the parts together and to the cells the store has where the new rows
 reach into them (the 16-step bucket a run's tail shares with its new steps; a replayed step),
 as DuckDB's recount of those rows would. Every column is an integer sum, max or count: the cells
 equal DuckDB's exactly. The coarser levels (`expert_run_step`, `expert_layer_r64`,
@@ -22,43 +21,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from observatory.store.metric_cells import GRID_SLACK, _num
+from observatory.store.arrow import numeric
+from observatory.store.metric_cells import by_run, cell_index
 
 __all__ = ["ExpertRows", "roll_up"]
 
 RES = 16  # the finest expert_load rollup's bucket (`schema.RESOLUTIONS[0]`; checked by rollups)
 _STEP = ("layer", "step", "routed", "dropped", "routed_max", "n_experts")  # expert_layer_step's columns
 _BUCKET = ("layer", "bucket", "expert", "routed", "dropped", "steps")  # expert_load_r16's
-
-
-def _index(keys: list[np.ndarray]):
-    """(cell of each entry, number of cells, the cells' keys) for entries keyed by integer columns: a dense
-    grid over the keys' ranges when not much bigger than the entries, else the distinct keys by sorting."""
-    lows = [int(k.min()) for k in keys]
-    widths = [int(k.max()) - lo + 1 for k, lo in zip(keys, lows, strict=True)]
-    size = int(np.prod(widths, dtype=object))
-    if size <= GRID_SLACK * len(keys[0]) + 4096:
-        cell = np.zeros(len(keys[0]), np.int64)
-        for k, lo, w in zip(keys, lows, widths, strict=True):
-            cell = cell * w + (k - lo)
-
-        def at(occ):
-            out, rest = [], occ
-            for lo, w in reversed(list(zip(lows, widths, strict=True))):
-                out.append(rest % w + lo)
-                rest = rest // w
-            return out[::-1]
-
-        return cell, size, at
-    order = np.lexsort(keys[::-1])
-    sk = [k[order] for k in keys]
-    new = np.ones(len(order), bool)
-    for k in sk:
-        new[1:] |= k[1:] != k[:-1]
-    cell = np.empty(len(order), np.int64)
-    cell[order] = np.cumsum(new) - 1
-    distinct = [k[new] for k in sk]
-    return cell, len(distinct[0]), lambda occ: [d[occ] for d in distinct]
 
 
 # rows per 16-step cell below which a part (of 2^16 rows or more) gives up on arrays: logged every step, a cell holds 16 rows; every
@@ -81,7 +51,7 @@ def _group(keys: dict[str, np.ndarray], sums: dict[str, np.ndarray], maxes: dict
     """Entries grouped by `keys` (in their order): integer `sums`, `maxes` per occupied cell. `rows`: the
     entries' values are uint32 counts (rows, or one event's sums of fewer than 2^21 of them) and the
     float sums exact; else (cells' sums folded) integer sums."""
-    cell, size, at = _index(list(keys.values()))
+    cell, size, at = cell_index(list(keys.values()))
     exact_float = rows and len(cell) < EXACT_FLOAT
     out = {col: _sum(cell, size, v, exact_float) for col, v in sums.items()}
     for col, v in maxes.items():
@@ -137,10 +107,7 @@ class ExpertRows:
         """Rows as the Python lists `sql_lines._check_line` stages (`_Batch.experts`), in order."""
         if not self.usable or not runs:
             return
-        by_run: dict[str, list[int]] = {}
-        for i, r in enumerate(runs):
-            by_run.setdefault(r, []).append(i)
-        for run, rows in by_run.items():
+        for run, rows in by_run(runs).items():
             self.add(run, *(np.array([col[i] for i in rows], np.int64) for col in (steps, layers, experts, routed, dropped)))
 
     def first_steps(self) -> dict[str, int]:
@@ -170,7 +137,7 @@ def _stored(con, sql: str, params: list, cols: tuple[str, ...]) -> dict | None:
 
 def _insert(con, table: str, run: str, cells: dict, cols: tuple[str, ...], types: dict[str, type]) -> None:
     """Append `cells` (from `_group`: in the order of their keys, as the SQL path's ORDER BY) to `table`."""
-    con.register("_cells", pa.table({c: _num(cells[c].astype(types.get(c, np.int64))) for c in cols}))
+    con.register("_cells", pa.table({c: numeric(cells[c].astype(types.get(c, np.int64))) for c in cols}))
     try:
         con.execute(f"INSERT INTO {table} SELECT $run, {', '.join(cols)} FROM _cells", {"run": run})
     finally:

@@ -22,7 +22,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["MetricRows", "roll_up"]
+from observatory.store.arrow import column, numeric
+
+__all__ = ["MetricRows", "roll_up", "cell_index", "by_run"]
 
 RES = 8  # the finest metrics rollup's bucket (`schema.METRIC_RESOLUTIONS[0]`; checked by rollups)
 GRID_SLACK = 4  # a dense (bucket, name) grid of more cells than this many per entry (plus 4096): sort instead
@@ -44,7 +46,7 @@ class MetricRows:
         if not self.usable or not len(codes):
             return
         codes = np.asarray(codes, np.int64)
-        cells = _cells(codes, np.asarray(steps, np.int64), np.asarray(values, np.float64), len(names))
+        cells = _cells(codes, np.asarray(steps, np.int64), np.asarray(values, np.float64))
         latest = np.full(len(names), -np.inf)
         np.maximum.at(latest, codes, ts)  # all `metric_series` needs of t
         self.parts.setdefault(run, []).append((names, cells, latest))
@@ -57,10 +59,7 @@ class MetricRows:
         if any(s is None for s in steps) or any(v is None for v in values):
             self.forget()  # NULL steps and values: rare; DuckDB's own rules for them apply
             return
-        by_run: dict[str, list[int]] = {}
-        for i, r in enumerate(runs):
-            by_run.setdefault(r, []).append(i)
-        for run, rows in by_run.items():
+        for run, rows in by_run(runs).items():
             index: dict[str, int] = {}
             codes = np.fromiter((index.setdefault(names[i], len(index)) for i in rows), np.int64, len(rows))
             self.add(run, list(index), codes, np.array([steps[i] for i in rows], np.int64),
@@ -79,21 +78,44 @@ _COLS = ("name", "bucket", "first_step", "last_step", "min", "max", "last", "sum
 _IMAX, _IMIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 
-def _index(buckets: np.ndarray, codes: np.ndarray, k: int):
-    """(cell of each entry (N,), number of cells, at) for entries keyed by (bucket, name code < k); `at(cells)`
-    gives those cells' (bucket, name code). A dense grid over the buckets' range when it is not much bigger
-    than the entries (no sort), else the distinct keys found by sorting."""
-    lo_b, hi_b = int(buckets.min()), int(buckets.max())
-    if (hi_b - lo_b + 1) * k <= GRID_SLACK * len(codes) + 4096:
-        return (buckets - lo_b) * k + codes, (hi_b - lo_b + 1) * k, lambda occ: (lo_b + occ // k, occ % k)
-    order = np.lexsort((codes, buckets))
-    b, c = buckets[order], codes[order]
-    new = np.ones(len(b), bool)
-    new[1:] = (b[1:] != b[:-1]) | (c[1:] != c[:-1])
-    cell = np.empty(len(b), np.int64)
+def cell_index(keys: list[np.ndarray]):
+    """(cell of each entry (N,), number of cells, at) for entries keyed by integer columns (N,) each, cells
+    numbered in the keys' order; `at(cells)` gives those cells' keys. A dense grid over the keys' ranges
+    when it is not much bigger than the entries (no sort), else the distinct keys found by sorting."""
+    lows = [int(k.min()) for k in keys]
+    widths = [int(k.max()) - lo + 1 for k, lo in zip(keys, lows, strict=True)]
+    size = int(np.prod(widths, dtype=object))
+    if size <= GRID_SLACK * len(keys[0]) + 4096:
+        cell = np.zeros(len(keys[0]), np.int64)
+        for k, lo, w in zip(keys, lows, widths, strict=True):
+            cell = cell * w + (k - lo)
+
+        def at(occ):
+            out, rest = [], occ
+            for lo, w in reversed(list(zip(lows, widths, strict=True))):
+                out.append(rest % w + lo)
+                rest = rest // w
+            return out[::-1]
+
+        return cell, size, at
+    order = np.lexsort(keys[::-1])
+    sk = [k[order] for k in keys]
+    new = np.zeros(len(order), bool)
+    new[0] = True
+    for k in sk:
+        new[1:] |= k[1:] != k[:-1]
+    cell = np.empty(len(order), np.int64)
     cell[order] = np.cumsum(new) - 1
-    cb, cc = b[new], c[new]
-    return cell, len(cb), lambda occ: (cb[occ], cc[occ])
+    distinct = [k[new] for k in sk]
+    return cell, len(distinct[0]), lambda occ: [d[occ] for d in distinct]
+
+
+def by_run(runs: list) -> dict[str, list[int]]:
+    """The positions of each run's rows in a batch's staged lists."""
+    out: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        out.setdefault(r, []).append(i)
+    return out
 
 
 def _pick_last(cell: np.ndarray, at: np.ndarray, last_step: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -105,9 +127,9 @@ def _pick_last(cell: np.ndarray, at: np.ndarray, last_step: np.ndarray, values: 
     return last
 
 
-def _cells(codes, steps, values, k: int) -> dict:
+def _cells(codes, steps, values) -> dict:
     """Rows -> their occupied (bucket, name) cells, as arrays `_COLS`."""
-    cell, size, at = _index(steps // RES, codes, k)
+    cell, size, at = cell_index([steps // RES, codes])
     n = np.bincount(cell, minlength=size)
     finite = np.isfinite(values)
     fc, fv = cell[finite], values[finite]
@@ -125,11 +147,11 @@ def _cells(codes, steps, values, k: int) -> dict:
             "n_finite": np.bincount(fc, minlength=size)[occ]}  # fmt: skip
 
 
-def _fold(parts: list[dict], k: int) -> dict:
+def _fold(parts: list[dict]) -> dict:
     """Cells of the same (bucket, name) in several parts folded into one, as recounting their rows would:
     the sums added in part order, `last` from the first part at the cell's last step (`_pick_last`)."""
     c = {col: np.concatenate([p[col] for p in parts]) for col in _COLS}
-    cell, size, at = _index(c["bucket"], c["name"], k)
+    cell, size, at = cell_index([c["bucket"], c["name"]])
     out = {}
     for col, fill, op in (("first_step", _IMAX, np.minimum), ("last_step", _IMIN, np.maximum),
                           ("min", np.inf, np.minimum), ("max", -np.inf, np.maximum)):  # fmt: skip
@@ -158,7 +180,7 @@ def _run_cells(parts) -> tuple[list[str], dict, np.ndarray]:
     latest = np.full(len(index), -np.inf)
     for remap, part in zip(remaps, parts, strict=True):
         np.maximum.at(latest, remap, part[2])
-    return list(index), cells[0] if len(cells) == 1 else _fold(cells, len(index)), latest
+    return list(index), cells[0] if len(cells) == 1 else _fold(cells), latest
 
 
 def _old_cells(rows: list[tuple], names: list[str]) -> dict:
@@ -192,20 +214,6 @@ def _series(c: dict, latest: np.ndarray, k: int):
     return n, first, last_step, last, last_t
 
 
-def _num(a: np.ndarray, nulls: np.ndarray | None = None) -> pa.Array:
-    """A zero-copy Arrow array of a numpy array (`pa.array` would import pandas), null where `nulls`."""
-    a = np.ascontiguousarray(a)
-    valid = pa.py_buffer(np.packbits(~nulls, bitorder="little")) if nulls is not None and nulls.any() else None
-    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [valid, pa.py_buffer(a)])
-
-
-def _strings(names: list[str]) -> pa.Array:
-    encoded = [n.encode("utf-8", "replace") for n in names]
-    offsets = np.zeros(len(encoded) + 1, np.int32)
-    np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=offsets[1:])
-    return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
-
-
 def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> bool:
     """`metrics_r8` and `metric_series` for the new rows in `rows` (inside the write transaction);
     False, having written nothing, when the arrays cannot stand in for the store (the SQL path then)."""
@@ -220,18 +228,18 @@ def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> bool:
             """SELECT name, bucket, first_step, last_step, min, max, last, sum, n, n_nonfinite
                FROM metrics_r8 WHERE run = ? AND bucket >= ?""", [run, first_bucket]).fetchall()  # fmt: skip
         if old:  # the store's rows in these buckets are counted again, first (they came first)
-            cells = _fold([_old_cells(old, names), cells], len(names))
+            cells = _fold([_old_cells(old, names), cells])
         tables.append((run, names, cells))
     for run, names, c in tables:
         con.execute(f"DELETE FROM metrics_r{RES} WHERE run = ? AND bucket >= ?", [run, int(firsts[run]) // RES])
         order = np.lexsort((c["bucket"], np.argsort(np.argsort(np.array(names, dtype=object)))[c["name"]]))
         empty = c["n_finite"][order] == 0
         con.register("_cells", pa.table({
-            "name": pa.DictionaryArray.from_arrays(_num(c["name"][order].astype(np.int32)), _strings(names)),
-            "bucket": _num(c["bucket"][order]), "first_step": _num(c["first_step"][order]),
-            "last_step": _num(c["last_step"][order]), "min": _num(c["min"][order], empty),
-            "max": _num(c["max"][order], empty), "last": _num(c["last"][order]), "sum": _num(c["sum"][order], empty),
-            "n": _num(c["n"][order]), "n_nonfinite": _num(c["n"][order] - c["n_finite"][order]),
+            "name": pa.DictionaryArray.from_arrays(numeric(c["name"][order].astype(np.int32)), column(names, pa.string())),
+            "bucket": numeric(c["bucket"][order]), "first_step": numeric(c["first_step"][order]),
+            "last_step": numeric(c["last_step"][order]), "min": numeric(c["min"][order], empty),
+            "max": numeric(c["max"][order], empty), "last": numeric(c["last"][order]), "sum": numeric(c["sum"][order], empty),
+            "n": numeric(c["n"][order]), "n_nonfinite": numeric(c["n"][order] - c["n_finite"][order]),
         }))  # fmt: skip
         try:
             con.execute(f"""INSERT INTO metrics_r{RES} SELECT $run, name, bucket, first_step, last_step, min, max,
@@ -240,8 +248,8 @@ def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> bool:
             con.unregister("_cells")
     for run, names, n, first, last_step, last, last_t in series:
         con.register("_series", pa.table({
-            "name": _strings(names), "n": _num(n), "first_step": _num(first), "last_step": _num(last_step),
-            "last_value": _num(last), "last_t": _num(last_t)}))  # fmt: skip
+            "name": column(names, pa.string()), "n": numeric(n), "first_step": numeric(first), "last_step": numeric(last_step),
+            "last_value": numeric(last), "last_t": numeric(last_t)}))  # fmt: skip
         try:
             con.execute(SERIES_UPSERT.format(source="SELECT $run, name, n, first_step, last_step, last_value, "
                                                     "last_t FROM _series WHERE n > 0"), {"run": run})  # fmt: skip
