@@ -55,7 +55,8 @@ def _spy(monkeypatch, module, note) -> list:
 @pytest.fixture
 def paths(tmp_path, monkeypatch):
     monkeypatch.setattr(passes, "ROLL_UP_APART_BELOW", 0)  # every batch rolls up inside its transaction
-    return tmp_path / "runs", tmp_path / "store.duckdb", _spy(monkeypatch, metric_cells, lambda got, firsts: [got])
+    # one True a call of metric_cells.roll_up
+    return tmp_path / "runs", tmp_path / "store.duckdb", _spy(monkeypatch, metric_cells, lambda got, firsts: [True])
 
 
 @pytest.fixture

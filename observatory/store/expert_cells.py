@@ -12,7 +12,7 @@ as DuckDB's recount of those rows would. Every column is an integer sum, max or 
 equal DuckDB's exactly. The coarser levels (`expert_run_step`, `expert_layer_r64`,
 `expert_load_r128`, `_r1024`) are still made by SQL, from these.
 
-Used only when it covers every new row: `rollups.after_ingest` compares each run's count of rows
+Used only when it covers every new row: `rollups.after_ingest` compares the count of rows
 past the watermark with the rows given here; rows from the SQL path's bulk insert make it step aside.
 """
 

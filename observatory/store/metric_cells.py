@@ -10,9 +10,9 @@ dense grid, or the distinct keys sorted where a grid would be sparse; the rows a
 the store has for the buckets the new rows reach into (the one a run's tail shares with its
 new steps, or more after a rollback), as DuckDB's recount of those rows would.
 
-Used only when it provably covers every new row: `rollups.after_ingest` compares each run's
-count of rows past the watermark with the rows given here, and anything else (rows from the
-SQL path, a renamed secret-shaped name, a NULL step or value) takes the SQL path. The cells equal DuckDB's: min, max, counts and steps exactly; `last`
+Used only when it provably covers every new row: `rollups.after_ingest` compares the count of
+rows past the watermark with the rows given here, and anything else (rows from the SQL path, a
+renamed secret-shaped name, a NULL step or value) takes the SQL path. The cells equal DuckDB's: min, max, counts and steps exactly; `last`
 is the value at the last step, the first such row in insertion order on a tie (DuckDB's
 `arg_max` in a sequential scan); float sums may differ in the last bits (their order differs).
 """
@@ -214,15 +214,13 @@ def _series(c: dict, latest: np.ndarray, k: int):
     return n, first, last_step, last, last_t
 
 
-def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> bool:
-    """`metrics_r8` and `metric_series` for the new rows in `rows` (inside the write transaction);
-    False, having written nothing, when the arrays cannot stand in for the store (the SQL path then)."""
+def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> None:
+    """`metrics_r8` and `metric_series` for the new rows in `rows` (inside the write transaction), each run's
+    from the bucket of its smallest new step (`firsts`) on."""
     tables, series = [], []
     for run in sorted(rows.parts):
         names, cells, latest = _run_cells(rows.parts[run])
-        first_bucket = int(cells["bucket"].min())
-        if first_bucket != firsts[run] // RES:
-            return False
+        first_bucket = int(firsts[run]) // RES
         series.append((run, names, *_series(cells, latest, len(names))))
         old = con.execute(
             """SELECT name, bucket, first_step, last_step, min, max, last, sum, n, n_nonfinite
@@ -255,7 +253,6 @@ def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> bool:
                                                     "last_t FROM _series WHERE n > 0"), {"run": run})  # fmt: skip
         finally:
             con.unregister("_series")
-    return True
 
 
 

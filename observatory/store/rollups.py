@@ -173,9 +173,8 @@ def _merge_metric_series(con, start_rowid: int) -> None:
     con.execute(metric_cells.SERIES_UPSERT.format(source=source), [start_rowid])
 
 
-def _new_rows(con, source: str, counts: dict[str, int] | None = None) -> tuple[bool, dict[str, int], int, int, int]:
-    """(consistent, {run: smallest new step}, start_rowid, next_rowid, n_rows) for rows added to `source`;
-    `counts`, when given, gets each run's number of new rows.
+def _new_rows(con, source: str) -> tuple[bool, dict[str, int], int, int, int]:
+    """(consistent, {run: smallest new step}, start_rowid, next_rowid, n_rows) for rows added to `source`.
 
     Reads only row groups at or past the watermark. consistent is False when the
     source lost rows or the new rowids do not account for every added row.
@@ -197,8 +196,6 @@ def _new_rows(con, source: str, counts: dict[str, int] | None = None) -> tuple[b
     nxt = (max(committed) + 1 if committed else start) + sum(r[4] for r in per_run)
     consistent = n_total - seen == n_new
     firsts = {r[0]: (r[1] if r[1] is not None else 0) for r in per_run}
-    if counts is not None:
-        counts.update((r[0], r[2]) for r in per_run)
     return consistent, firsts, start, nxt, n_total
 
 
@@ -241,25 +238,20 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None, rows: 
         if not touched.get(source):
             continue
         quick = _arrays_are_new_rows(con, source, rows.get(source))
-        if quick is not None and _from_arrays(con, source, rows[source], quick[0]):
+        if quick is not None:  # the finest levels from the arrays, the coarser ones by SQL from those
+            (metric_cells if source == "metrics" else expert_cells).roll_up(con, rows[source], quick[0])
             for run, first in sorted(quick[0].items()):
                 recompute(con, run, first, coarser_only=True)
             _save_state(con, source, *quick[1:])
             continue
-        counts: dict[str, int] = {}
-        ok, firsts, start, nxt, n = _new_rows(con, source, counts)
+        ok, firsts, start, nxt, n = _new_rows(con, source)
         if not ok:
             rebuild(con)
             continue
-        arrays = rows.get(source)
-        if _from_arrays(con, source, arrays if arrays is not None and arrays.counts == counts else None, firsts):
-            for run, first in sorted(firsts.items()):
-                recompute(con, run, first, coarser_only=True)
-        else:
-            for run, first in sorted(firsts.items()):
-                recompute(con, run, first)
-            if source == "metrics":
-                _merge_metric_series(con, start)
+        for run, first in sorted(firsts.items()):
+            recompute(con, run, first)
+        if source == "metrics":
+            _merge_metric_series(con, start)
         _save_state(con, source, nxt, n)
 
 
@@ -278,17 +270,6 @@ def _arrays_are_new_rows(con, source: str, rows) -> tuple[dict[str, int], int, i
     if n_total - seen != n_new:
         return None
     return rows.first_steps(), start + n_new, n_total
-
-
-def _from_arrays(con, source: str, rows, firsts: dict[str, int]) -> bool:
-    """The finest rollups of `source` from `rows` (`metric_cells` / `expert_cells`), which the caller found
-    to be exactly the new rows; False if not usable, having written nothing."""
-    if rows is None or not rows.usable or set(firsts) != set(rows.counts):
-        return False
-    if source == "metrics":
-        return metric_cells.roll_up(con, rows, firsts)
-    expert_cells.roll_up(con, rows, firsts)
-    return True
 
 
 # ------------------------------------------------------------------- rebuild
