@@ -235,3 +235,14 @@ def test_expert_load_at_steps_far_apart(expert_paths, tmp_path):
     ingest(runs, db, emit=None)
     assert used == ["run-a"]
     assert snapshot(db) == recounted(db, tmp_path)
+
+
+def test_a_big_piece_of_a_few_steps_at_a_bucket_edge_keeps_its_cells(expert_paths, tmp_path):
+    """48 x 384 experts at steps 14..17: 73,728 rows in two 16-step buckets, 2 rows to a cell, but every step
+    logged: the arrays are used (how densely steps are logged decides, not rows per cell)."""
+    runs, db, used = expert_paths
+    a = observatory.init(run_id="run-a", runs_dir=runs, install_signal_handlers=False)
+    _load(a, range(14, 18), layers=48, experts=384)
+    ingest(runs, db, emit=None)
+    assert used == ["run-a"]
+    assert snapshot(db) == recounted(db, tmp_path)

@@ -31,10 +31,12 @@ _STEP = ("layer", "step", "routed", "dropped", "routed_max", "n_experts")  # exp
 _BUCKET = ("layer", "bucket", "expert", "routed", "dropped", "steps")  # expert_load_r16's
 
 
-# rows per 16-step cell below which a part (of 2^16 rows or more) gives up on arrays: logged every step, a cell holds 16 rows; every
-# 10 steps (a rebuild's log), 1-2, and its cells, about as many as its rows, cost more memory and time to keep
-# and fold than DuckDB's GROUP BY (measured: a 10k-step rebuild's peak RSS 1.6 GB against 1.05 GB, no faster)
-MIN_ROWS_PER_CELL = 4
+# logged steps per 16 steps below which a part (of 2^16 rows or more, over 16 steps or more) gives up on arrays:
+# logged every step, a 16-step cell sums 16 rows; every 10 steps (a rebuild's log), 1-2, and its cells, about as
+# many as its rows, cost more memory and time to keep and fold than DuckDB's GROUP BY (measured: a 10k-step
+# rebuild's peak RSS 1.6 GB against 1.05 GB, no faster). Judged by how densely the steps are logged, not by
+# rows per cell: a piece of a few steps at a bucket's edge has few rows per cell however the run logs
+MIN_STEPS_PER_BUCKET = 4
 EXACT_FLOAT = 1 << 21  # entries fewer than this: float64 sums of uint32 values are exact (< 2^53 each)
 
 
@@ -71,6 +73,13 @@ def _bucket_cells(layer, bucket, expert, routed, dropped, steps, rows: bool = Fa
                   {"routed": routed, "dropped": dropped, "steps": steps}, {}, rows)  # fmt: skip
 
 
+def _sparsely_logged(steps: np.ndarray) -> bool:
+    """Whether `steps` (each row's, or each event's) span 16 steps or more with fewer than
+    `MIN_STEPS_PER_BUCKET` of every 16 logged."""
+    span = int(steps.max()) - int(steps.min()) + 1
+    return span >= RES and len(np.unique(steps)) * RES < MIN_STEPS_PER_BUCKET * span
+
+
 class ExpertRows:
     """The `expert_load` rows one write transaction added, per run, summed into cells part by part."""
 
@@ -87,16 +96,16 @@ class ExpertRows:
             return
         step, layer = np.asarray(steps, np.int64), np.asarray(layers, np.int64)
         routed, dropped = np.asarray(routed, np.int64), np.asarray(dropped, np.int64)
+        starts = None if lens is None else (np.cumsum(lens) - np.asarray(lens, np.int64))[np.asarray(lens) > 0]
+        if len(step) >= 1 << 16 and _sparsely_logged(step if starts is None else step[starts]):
+            self.forget()  # load logged every few steps: SQL's GROUP BY is cheaper than keeping these cells
+            return
         one = np.ones(len(step), np.int64)
         buckets = _bucket_cells(layer, step // RES, np.asarray(experts, np.int64), routed, dropped, one, True)
-        if len(step) >= 1 << 16 and len(buckets["layer"]) * MIN_ROWS_PER_CELL > len(step):
-            self.forget()  # few rows to a 16-step cell (load logged every few steps): SQL's GROUP BY is cheaper
-            return
         if lens is None:
             per_step = _step_cells(layer, step, routed, dropped, one, routed, rows=True)
         else:
             lens = np.asarray(lens, np.int64)
-            starts = (np.cumsum(lens) - lens)[lens > 0]
             per_step = _step_cells(layer[starts], step[starts], np.add.reduceat(routed, starts),
                                    np.add.reduceat(dropped, starts), lens[lens > 0], np.maximum.reduceat(routed, starts),
                                    rows=False)  # fmt: skip
