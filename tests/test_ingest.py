@@ -256,7 +256,8 @@ def test_many_lines_bulk(runs_dir, db_path, kind):
 @pytest.mark.parametrize("apart_below", [0, 1 << 40], ids=["in-the-batch", "apart"])
 def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monkeypatch, apart_below):
     """Rollups run in the batch's transaction (a catch-up) or in their own after it (a live tail), anomalies
-    after it; a failing hook loses nothing either way."""
+    after it (a catch-up reads for them inside it: `prepare`); a failing hook loses nothing either way, nor
+    do reads inside the batch that fail (a failed query aborts DuckDB's transaction)."""
     from observatory.detect import scan as anomalies
     from observatory.ingest import passes
     from observatory.store import rollups
@@ -270,11 +271,14 @@ def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monk
     seen = []
     monkeypatch.setattr(rollups, "after_ingest", lambda con, touched, *rows: (_ for _ in ()).throw(RuntimeError("rollup bug")))
     monkeypatch.setattr(anomalies, "after_ingest", lambda db, runs, touched: seen.append(set(touched)) or 1 / 0)
+    monkeypatch.setattr(anomalies, "prepare", lambda con, runs_dir, runs: con.execute("SELECT * FROM no_such_table"))
     write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 8, 15)[15:])
     msgs: list[str] = []
     rep = _ingest(runs_dir, db_path, emit=msgs.append)
     assert rep.events == 9 and q(db_path, "SELECT count(*) FROM metrics") == [(16,)]
     assert any("rollups.after_ingest failed (RuntimeError: rollup bug)" in m for m in msgs)
+    failed_reads = [m for m in msgs if "anomalies's reads inside the batch failed (CatalogException" in m]
+    assert len(failed_reads) == (1 if apart_below == 0 else 0)  # a live tail's batch reads after its commit
     assert any("anomalies.after_ingest failed: ZeroDivisionError" in m for m in msgs)
     assert seen == [{"a"}]
 

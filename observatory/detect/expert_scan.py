@@ -28,6 +28,7 @@ from observatory.queries.anomalies import (
     expert_rows_at,
     expert_zero_cells,
 )
+from observatory.store.metric_cells import distinct
 
 __all__ = ["expert_findings"]
 
@@ -73,7 +74,7 @@ def expert_findings(
         zero_cell, zero_expert = cell[keep], z["expert"][keep]
     bad = np.flatnonzero(~good)
     if bad.size:  # sum these cells' rows per expert, densely (few: re-logged steps, short lists)
-        raw = expert_rows_at(con, run, np.unique(step[bad]))
+        raw = expert_rows_at(con, run, distinct(step[bad]))
         cell = _cell_of(step, layer, raw["step"], raw["layer"])
         pos = np.full(len(step), -1, np.int64)
         pos[bad] = np.arange(bad.size)

@@ -81,6 +81,8 @@ __all__ = [
     "detect_frame",
     "detect_series",
     "after_ingest",
+    "prepare",
+    "Scan",
     "detect",
     "scan_run",
     "write_findings",
@@ -256,6 +258,62 @@ def _through(con, state_key: tuple[str, str], run: str, stored_through: int | No
     return kept
 
 
+class _RunScan:
+    """One run's scan, in two halves: what it reads from the store (`_read_run`: every query, and the hot
+    and dead expert detectors, whose drill-down reads as it goes) and the series detectors over those
+    arrays (`finish`: numpy only, no store, so it may run while the ingest transaction that the reads
+    were made in commits)."""
+
+    def __init__(
+        self, run, state_key, keys, was, through, since, steps, series, bad, since_x, experts, drop, last_x
+    ):
+        self.run, self.state_key, self.keys, self.was = run, state_key, keys, was
+        self.through, self.since, self.steps, self.series, self.bad = through, since, steps, series, bad
+        self.since_x, self.experts, self.drop, self.last_x = since_x, experts, drop, last_x
+
+    def finish(
+        self, th: Thresholds, activity: dict | None, now: float | None
+    ) -> tuple[list[Finding], int | None, dict]:
+        """(new findings, deduped; the last step scanned; the state the scan reached)."""
+        found = detect_series(self.series, self.steps, th, truncated=self.since is not None, bad=self.bad,
+                              load_drop=(self.drop[0], self.drop[1], self.since_x is not None))  # fmt: skip
+        found = sorted(found + self.experts, key=lambda f: (f.step, f.detector, f.metric))
+        if activity is not None:
+            found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now)
+        new, fresh = [], set()
+        for f in found:
+            if f.key not in self.keys and f.key not in fresh:
+                fresh.add(f.key)
+                new.append(replace(f, run=self.run))
+        through, through_x = self.through, self.was.get("experts")
+        last = int(self.steps[-1]) if len(self.steps) else through
+        now_state = dict(self.was)
+        if last is not None:
+            now_state["series"] = max(last, through if through is not None else last)
+        if self.last_x is not None:
+            now_state["experts"] = max(self.last_x, through_x if through_x is not None else self.last_x)
+        return new, last, now_state
+
+
+def _read_run(con, runs_dir: Path, run: str, th: Thresholds, full: bool) -> _RunScan:
+    """The first half of `scan_run`: everything it reads."""
+    keys, stored_through = existing_findings(con, runs_dir, run)
+    state_key = (str(Path(runs_dir).resolve()), run)
+    was = {} if full else _through(con, state_key, run, stored_through)
+    through = was.get("series")
+    since = cut_step(con, run, through, th.lookback) if through is not None else None
+    steps, series = metric_arrays(con, run, since, list(SERIES))
+    bad = nonfinite_arrays(con, run, since)
+    has_drop = DROP in series
+    through_x = was.get("experts")
+    lookback_x = 2 * th.expert_steps + 2 if has_drop else th.lookback
+    since_x = expert_cut_step(con, run, through_x, lookback_x) if through_x is not None else None
+    experts, drop, last_x = expert_findings(con, run, since_x, th)
+    return _RunScan(
+        run, state_key, keys, was, through, since, steps, series, bad, since_x, experts, drop, last_x
+    )
+
+
 def scan_run(
     con,
     runs_dir: Path,
@@ -273,40 +331,8 @@ def scan_run(
     logged expert steps before (or `lookback` of them when the drop fraction comes from
     the load). Either way the result equals a scan from the run's first step.
     """
-    keys, stored_through = existing_findings(con, runs_dir, run)
-    state_key = (str(Path(runs_dir).resolve()), run)
-    was = {} if full else _through(con, state_key, run, stored_through)
-    through = was.get("series")
-    since = cut_step(con, run, through, th.lookback) if through is not None else None
-    steps, series = metric_arrays(con, run, since, list(SERIES))
-    bad = nonfinite_arrays(con, run, since)
-    has_drop = DROP in series
-    through_x = was.get("experts")
-    lookback_x = 2 * th.expert_steps + 2 if has_drop else th.lookback
-    since_x = expert_cut_step(con, run, through_x, lookback_x) if through_x is not None else None
-    experts, drop, last_x = expert_findings(con, run, since_x, th)
-    found = detect_series(series, steps, th, truncated=since is not None, bad=bad,
-                          load_drop=(drop[0], drop[1], since_x is not None))  # fmt: skip
-    found = sorted(found + experts, key=lambda f: (f.step, f.detector, f.metric))
-    if activity is not None:
-        found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now)
-    new, fresh = [], set()
-    for f in found:
-        if f.key not in keys and f.key not in fresh:
-            fresh.add(f.key)
-            new.append(replace(f, run=run))
-    last = int(steps[-1]) if len(steps) else through
-    now_state = dict(was)
-    if last is not None:
-        now_state["series"] = max(last, through if through is not None else last)
-    if last_x is not None:
-        now_state["experts"] = max(last_x, through_x if through_x is not None else last_x)
-    _PENDING[state_key] = now_state
+    new, last, _ = _read_run(con, runs_dir, run, th, full).finish(th, activity, now)
     return new, last
-
-
-# state_key -> the state a scan reached, made current (`_STATE`, the store) once its findings are written
-_PENDING: dict[tuple[str, str], dict[str, int]] = {}
 
 
 # store file -> {(run, detector group): through}: state reached on a read-only connection (ingest's
@@ -319,23 +345,22 @@ def _store_key(path) -> str:
     return str(Path(path).resolve())
 
 
-def _commit_state(db, runs_dir: Path, runs: list[str]) -> None:
-    """The scanned runs' state: into this process's `_STATE` and the store's `detector_state`.
+def _commit_state(db, done: list[tuple[tuple[str, str], str, dict[str, int]]], stash: bool = False) -> None:
+    """The state the scans of `done` ((state key, run, state) each) reached: into this process's `_STATE`
+    and the store's `detector_state`.
 
-    On a read-only store connection the rows wait in `_UNSAVED` for the store's next write."""
+    On a read-only store connection, or with `stash` (`db` then the store's path), the rows wait in
+    `_UNSAVED` for the store's next write."""
     rows = []
-    for run in runs:
-        key = (str(Path(runs_dir).resolve()), run)
-        st = _PENDING.pop(key, None)
-        if st is None:
-            continue
+    for key, run, st in done:
         _STATE[key] = st
         rows += [(run, group, through) for group, through in st.items()]
     if not rows:
         return
-    if hasattr(db, "execute") and getattr(db, "read_only", True):
-        if getattr(db, "path", None) is not None:  # a store connection: its next write saves them
-            _UNSAVED.setdefault(_store_key(db.path), {}).update({(r, g): t for r, g, t in rows})
+    if stash or (hasattr(db, "execute") and getattr(db, "read_only", True)):
+        path = db if stash else getattr(db, "path", None)
+        if path is not None:  # a store: its next write saves them
+            _UNSAVED.setdefault(_store_key(path), {}).update({(r, g): t for r, g, t in rows})
         return  # else (a bare DuckDB connection): the process's state has to do
     try:
         with nullcontext(db) if hasattr(db, "execute") else write_connection(db) as con:
@@ -371,6 +396,77 @@ def write_findings(runs_dir: Path, run: str, found: list[Finding], scanned_throu
     findings.write(runs_dir, run, "anomaly", [(f.data(scanned_through), f.step) for f in found])
 
 
+class Scan:
+    """The detectors' pass over some runs, read from the store (`read`) and not yet run.
+
+    `compute` runs the series detectors (numpy only, no store); `write` then writes the new
+    findings into the runs' folders and keeps the state reached. Apart, so that ingest can read
+    inside a catch-up batch's transaction and compute while its COMMIT runs (`prepare`)."""
+
+    def __init__(
+        self, runs_dir: Path, th: Thresholds, reads: list[_RunScan], activity: dict, now: float | None
+    ):
+        self.runs_dir, self.th, self.reads, self.activity, self.now = runs_dir, th, reads, activity, now
+        self.results: list[tuple[_RunScan, list[Finding], int | None, dict]] = []
+        # whether the scan checked for stalled runs: `_last_stall_check` is set when it is written
+        self.stall_checked = False
+
+    @classmethod
+    def read(cls, con, runs_dir: Path, runs: Iterable[str] | None, th: Thresholds, *, full: bool = False,
+             stall: bool = True, now: float | None = None, strict: bool = False) -> Scan:  # fmt: skip
+        """Every store read of a scan of `runs` (None: every stored run). A run whose reads fail is said
+        and left out, unless `strict` (inside a transaction, where a failed query has aborted it)."""
+        wanted = run_ids(con) if runs is None else list(dict.fromkeys(runs))
+        act = {a["run"]: a for a in run_activity(con, wanted)} if stall and wanted else {}
+        reads = []
+        for run in wanted:
+            try:
+                reads.append(_read_run(con, runs_dir, run, th, full))
+            except Exception as e:  # one bad run must not stop the others
+                if strict:
+                    raise
+                _say_failed(run, e)
+        return cls(runs_dir, th, reads, act, now)
+
+    def compute(self) -> None:
+        """The series detectors over what was read, run by run (a run that fails is said and left out)."""
+        self.results = []
+        for r in self.reads:
+            try:
+                self.results.append((r, *r.finish(self.th, self.activity.get(r.run), self.now)))
+            except Exception as e:
+                _say_failed(r.run, e)
+
+    def write(self, db=None, stash: bool = False) -> list[Finding]:
+        """The new findings, written into their runs' folders and their scans' state kept (`_commit_state`
+        into `db`, or with `stash` for the store at path `db`'s next write); with `db` None, nothing written."""
+        global _last_stall_check
+        if self.stall_checked:
+            _last_stall_check = time.monotonic()
+        out, done = [], []
+        for r, new, last, state in self.results:
+            if db is not None and new:
+                if not (self.runs_dir / r.run).is_dir():
+                    print(f"observatory anomalies: run {r.run} has no folder in {self.runs_dir}; findings not written",
+                          file=sys.stderr)  # fmt: skip
+                    continue
+                write_findings(self.runs_dir, r.run, new, last)
+            done.append((r.state_key, r.run, state))
+            out += new
+        if db is not None:  # after the findings are in their files: a crash re-finds, never loses
+            _commit_state(db, done, stash)
+        return out
+
+    def after_commit(self, db) -> set[str]:
+        """A prepared scan's end, once the batch it read committed (`prepare`): what `after_ingest` returns.
+        The state waits for the store's next write, as after a scan on a read-only connection."""
+        return {f.run for f in self.write(db, stash=True)}
+
+
+def _say_failed(run: str, e: Exception) -> None:
+    print(f"observatory anomalies: run {run}: detectors failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+
 def detect(
     db,
     runs_dir,
@@ -389,41 +485,25 @@ def detect(
     whether the runs have gone silent without a run_end.
     """
     th = thresholds or Thresholds.from_settings()
-    runs_dir = Path(runs_dir)
-    results: list[tuple[str, list[Finding], int | None]] = []
     with using(db) as con:
-        wanted = run_ids(con) if runs is None else list(dict.fromkeys(runs))
-        act = {a["run"]: a for a in run_activity(con, wanted)} if stall and wanted else {}
-        for run in wanted:
-            try:
-                new, last = scan_run(con, runs_dir, run, th, full=full, activity=act.get(run), now=now)
-            except Exception as e:  # one bad run must not stop the others
-                print(
-                    f"observatory anomalies: run {run}: detectors failed: {type(e).__name__}: {e}",
-                    file=sys.stderr,
-                )
-                continue
-            results.append((run, new, last))
-    out, done = [], []
-    for run, new, last in results:
-        if write and new:
-            if not (runs_dir / run).is_dir():
-                print(
-                    f"observatory anomalies: run {run} has no folder in {runs_dir}; findings not written",
-                    file=sys.stderr,
-                )
-                continue
-            write_findings(runs_dir, run, new, last)
-        done.append(run)
-        out += new
-    if write:
-        _commit_state(db, runs_dir, done)  # after the findings are in their files: a crash re-finds, never loses
-    for run in wanted:
-        _PENDING.pop((str(runs_dir.resolve()), run), None)
-    return out
+        scan = Scan.read(con, Path(runs_dir), runs, th, full=full, stall=stall, now=now)
+    scan.compute()
+    return scan.write(db if write else None)
 
 
 _last_stall_check = 0.0
+
+
+def _wanted(con, runs: Iterable[str] | None, th: Thresholds) -> tuple[list[str] | None, bool]:
+    """The runs an ingest batch's scan looks at (None: every stored run): those it touched, and every few
+    seconds (whether it is due, the second value) the runs that went silent without run_end."""
+    stall_due = time.monotonic() - _last_stall_check > min(10.0, th.stall_s / 4)
+    if runs is None:
+        return None, stall_due
+    wanted = list(dict.fromkeys(runs))
+    if stall_due:
+        wanted += [r for r in silent_runs(con, time.time() - th.stall_s) if r not in wanted]
+    return wanted, stall_due
 
 
 def after_ingest(
@@ -437,22 +517,33 @@ def after_ingest(
     checked at most every few seconds. Returns the runs whose folders got new
     findings. Never raises: a detector failure is reported on stderr and ingest goes on.
     """
-    global _last_stall_check
-    wanted = None if runs is None else list(dict.fromkeys(runs))
     try:
         th = thresholds or Thresholds.from_settings()
-        stall_due = time.monotonic() - _last_stall_check > min(10.0, th.stall_s / 4)
-        if stall_due:
-            _last_stall_check = time.monotonic()
-            if wanted is not None:
-                with using(db) as con:
-                    wanted += [r for r in silent_runs(con, time.time() - th.stall_s) if r not in wanted]
-        if wanted == []:
-            return set()
-        return {f.run for f in detect(db, runs_dir, wanted, thresholds=th, stall=stall_due)}
+        with using(db) as con:
+            wanted, stall_due = _wanted(con, runs, th)
+            if wanted == []:
+                return set()
+            scan = Scan.read(con, Path(runs_dir), wanted, th, stall=stall_due)
+            scan.stall_checked = stall_due
+        scan.compute()
+        return {f.run for f in scan.write(db)}
     except Exception as e:
         print(f"observatory anomalies: after_ingest failed: {type(e).__name__}: {e}", file=sys.stderr)
         return set()
+
+
+def prepare(con, runs_dir, runs: Iterable[str], *, thresholds: Thresholds | None = None) -> Scan | None:
+    """`after_ingest`'s reads, made on ingest's write connection inside a catch-up batch's transaction
+    (before its COMMIT, so they see its rows): the Scan (None: no run to look at) is computed while the
+    COMMIT runs and written after it (`Scan.write(store path, stash=True)`). Raises on a failed read: a
+    failed query has aborted the transaction, which must be rolled back."""
+    th = thresholds or Thresholds.from_settings()
+    wanted, stall_due = _wanted(con, runs, th)
+    if not wanted:
+        return None
+    scan = Scan.read(con, Path(runs_dir), wanted, th, stall=stall_due, strict=True)
+    scan.stall_checked = stall_due
+    return scan
 
 
 def finding_rows(found: Iterable[Finding]) -> list[dict[str, Any]]:

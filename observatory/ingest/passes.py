@@ -90,6 +90,7 @@ class Follower:
         self.sig: Any = None
         self.skip: set[str] = set()  # files that cannot be ingested (until the next `ingest` call)
         self.off: set[str] = set()  # in-transaction hooks that failed: batches run without them
+        self.unprepared: set[str] = set()  # after-commit hooks whose `prepare` failed: run after commits only
         self.last_crash_check = 0.0
         self.rollups_due: set[str] = set()  # source tables with committed rows the rollups have not taken in
         self.rollups_checked = False  # whether this call looked for rows an earlier one left (`rollups.behind`)
@@ -148,12 +149,14 @@ def _hook_off(fol: Follower, h: hooks.HookFailed, emit: Callable[[str], None]) -
     fol.off.add(name)
 
 
-def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, use_hooks: bool) -> tuple[_Batch | None, bool]:
+def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None, fol: Follower,
+               use_hooks: bool) -> tuple[_Batch | None, bool]:  # fmt: skip
     """One write transaction over files with work. Returns (batch or None if idle, more work left).
 
     With `use_hooks`: a batch of `ROLL_UP_APART_BELOW` bytes or more runs the in-transaction hooks before
-    its COMMIT; a smaller one adds the sources it added rows to to `fol.rollups_due` (and, at the call's
-    first batch, those an earlier call left behind), for `_roll_up` after the commit.
+    its COMMIT, and the after-commit hooks' `prepare` (their reads; they compute while it commits, and
+    finish from `b.prepared`); a smaller one adds the sources it added rows to to `fol.rollups_due` (and,
+    at the call's first batch, those an earlier call left behind), for `_roll_up` after the commit.
     """
     now = time.time()
     stale = settings.get("stale_after_s")
@@ -209,12 +212,15 @@ def _run_batch(db: Path, files: list[LogFile], only: str | None, fol: Follower, 
             update_runs(con, b)
             mark_crashed(con, now)
             touched = {source for source in ROLLUP_SOURCES if b.touched[source]} if use_hooks else set()
-            if touched and b.n_bytes >= ROLL_UP_APART_BELOW:  # a catch-up: its rollups commit with it
+            catch_up = b.n_bytes >= ROLL_UP_APART_BELOW
+            if touched and catch_up:  # a catch-up: its rollups commit with it
                 hooks.run_in_transaction(con, b.touched, fol.off, {"metrics": b.metric_rows, "expert_load": b.expert_rows})
                 fol.rollups_due -= touched
                 touched = set()
             hooks.save_pending(con)  # what the last batch's after-commit hooks keep in the store
-            con.execute("COMMIT")
+            if use_hooks and catch_up and b.activity:
+                b.prepared = hooks.prepare_after_commit(con, runs_dir, set(b.activity), fol.off | fol.unprepared)
+            hooks.commit(con, b.prepared)
     fol.rollups_due |= touched
     return b, more
 
@@ -329,12 +335,17 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
         return wrote
     while True:
         try:
-            b, more = _run_batch(db, files, only, fol, use_hooks)
+            b, more = _run_batch(db, runs_dir, files, only, fol, use_hooks)
         except store.StoreBusy as e:
             emit(f"{db}: {e}; will retry")
             return wrote
         except hooks.HookFailed as h:
             _hook_off(fol, h, emit)  # a catch-up batch's transaction was rolled back: do it again without
+            continue
+        except hooks.PrepareFailed as p:  # rolled back too: again, with that hook after the commit
+            emit(f"observatory ingest: {p.hook.name}'s reads inside the batch failed ({type(p.error).__name__}: "
+                 f"{p.error}); it runs after each commit from now on")  # fmt: skip
+            fol.unprepared.add(p.hook.name)
             continue
         except Exception as e:
             if write_failure(e):
@@ -363,7 +374,7 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
         if findings:
             report.findings += sum(1 for e in b.events if e[1] == OBSERVATORY_HOST)
         if use_hooks and b.activity:
-            wrote |= hooks.run_after_commit(db, runs_dir, set(b.activity), emit)
+            wrote |= hooks.run_after_commit(db, runs_dir, set(b.activity), emit, b.prepared)
         if not more and queue is None:
             break
         time.sleep(0.02)  # let readers waiting at the gate in between two batches

@@ -11,7 +11,7 @@ from observatory.ingest.sql_lines import _Batch
 from observatory.redact import scrub_text
 from observatory.store.rollups import LOCAL_ROWID
 
-__all__ = ["redact_metric_names"]
+__all__ = ["redact_metric_names", "added_names"]
 
 _CLEAN_NAMES: set[str] = set()  # metric names known to hold no secret (bounded: cleared when large)
 
@@ -21,12 +21,11 @@ def redact_metric_names(con, b: _Batch) -> None:
 
     Every path (msgspec, the vectorised SQL check, `_check_line`) appends to `metrics`; the
     names it added are the distinct names of the transaction's local rows (rowid >=
-    LOCAL_ROWID), so one query covers them all. Each hidden name counts once per row.
+    LOCAL_ROWID), so one query covers them all (`added_names`). Each hidden name counts once per row.
     """
     if not b.touched["metrics"]:
         return
-    names = [r[0] for r in con.execute(f"SELECT DISTINCT name FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchall()]
-    for name in names:
+    for name in added_names(con, b):
         if name in _CLEAN_NAMES:
             continue
         clean, n = scrub_text(name)
@@ -36,7 +35,23 @@ def redact_metric_names(con, b: _Batch) -> None:
             _CLEAN_NAMES.add(name)
             continue
         where = f"rowid >= {LOCAL_ROWID} AND name = $old"
-        for run, rows in con.execute(f"SELECT run, count(*) FROM metrics WHERE {where} GROUP BY run", {"old": name}).fetchall():
+        hits = con.execute(f"SELECT run, count(*) FROM metrics WHERE {where} GROUP BY run", {"old": name}).fetchall()
+        if not hits:
+            continue  # a name of a run's layout that its rows do not use
+        for run, rows in hits:
             b.hid(run, rows)
         con.execute(f"UPDATE metrics SET name = $new WHERE {where}", {"old": name, "new": clean})
         b.metric_rows.forget()  # its arrays hold the old names: the rollups read the store
+
+
+def added_names(con, b: _Batch) -> set[str]:
+    """The distinct metric names of the transaction's local `metrics` rows, or more (a run's layout may
+    name metrics its rows lack: more to check, never less). From the batch's arrays
+    (`store.metric_cells.MetricRows`) when they hold every one of those rows, which a count shows
+    (~1 ms; the DISTINCT over them took ~40 ms at the 535b log's 1.3M rows); else that DISTINCT."""
+    rows = b.metric_rows
+    if rows.usable and rows.counts:
+        (n,) = con.execute(f"SELECT count(*) FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchone()
+        if n == sum(rows.counts.values()):
+            return rows.names()
+    return {r[0] for r in con.execute(f"SELECT DISTINCT name FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchall()}

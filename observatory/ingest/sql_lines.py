@@ -264,6 +264,7 @@ class _Batch:
         self.touched: dict[str, set[str]] = {"metrics": set(), "expert_load": set()}
         self.metric_rows = MetricRows()  # the metrics rows as arrays, for the rollups (`store.metric_cells`)
         self.expert_rows = ExpertRows()  # the expert_load rows as arrays, for the rollups (`store.expert_cells`)
+        self.prepared: dict = {}  # after-commit hook -> its job, read inside the transaction (`ingest.hooks`)
         self.messages: list[str] = []
         self.n_events = self.n_metric_values = self.n_expert_rows = 0
         self.n_duplicates = self.n_truncated = 0

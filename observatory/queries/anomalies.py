@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # annotations only: polars loads lazily (start-up time of `ob
     import polars as pl
 
 from observatory.events import OBSERVATORY_HOST
+from observatory.store.metric_cells import distinct
 
 __all__ = [
     "metric_series",
@@ -91,24 +92,28 @@ def metric_arrays(
 ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """`metric_series` of some metrics as numpy arrays: (every step the frame would have, sorted;
     {name: (steps, values) where it has a value}), names never logged left out. No frame, no pivot."""
+    names = list(names)
     got = con.execute(
         """
-        SELECT name, step, coalesce(avg(value), 0) AS value, count(value) = 0 AS missing FROM metrics
-        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? AND name IN (SELECT unnest(?::VARCHAR[]))
-        GROUP BY name, step ORDER BY name, step
+        SELECT list_position($names, name)::INTEGER AS k, step, coalesce(avg(value), 0) AS value,
+               count(value) = 0 AS missing
+        FROM metrics
+        WHERE run = $run AND host <> $host AND step IS NOT NULL AND step >= $since
+          AND name IN (SELECT unnest($names::VARCHAR[]))
+        GROUP BY name, step ORDER BY k, step
         """,
-        [run, OBSERVATORY_HOST, -1 if since_step is None else since_step, list(names)],
-    ).fetchnumpy()
-    name, step = got["name"], np.asarray(got["step"], np.int64)
+        {"run": run, "host": OBSERVATORY_HOST, "since": -1 if since_step is None else since_step, "names": names},
+    ).fetchnumpy()  # the name as its place in `names`: no Python string per row
+    k, step = np.asarray(got["k"], np.int64), np.asarray(got["step"], np.int64)
     value, keep = np.asarray(got["value"], np.float64), ~np.asarray(got["missing"], bool)
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    if len(name):
-        cuts = np.flatnonzero(name[1:] != name[:-1]) + 1
-        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(name)], strict=True):
-            k = keep[lo:hi]
-            if k.any():
-                out[str(name[lo])] = step[lo:hi][k], value[lo:hi][k]
-    return np.unique(step), out
+    if len(k):
+        cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(k)], strict=True):
+            m = keep[lo:hi]
+            if m.any():
+                out[names[int(k[lo]) - 1]] = step[lo:hi][m], value[lo:hi][m]
+    return distinct(step), out
 
 
 def nonfinite_arrays(con, run: str, since_step: int | None = None) -> dict[str, np.ndarray] | None:
@@ -262,27 +267,24 @@ def anomaly_events(con, run: str | None = None, detector: str | None = None) -> 
 def run_activity(con, runs: list[str] | None = None) -> list[dict[str, Any]]:
     """Per run: whether it wrote run_end, its last step and the time of its newest event.
 
-    The observatory's own events (host 1000) do not count as the run being alive.
+    The observatory's own events (host 1000) do not count as the run being alive. The last step and
+    time are the `runs` table's (`last_step`, `last_event_t`: ingest keeps them from the run's own
+    writers, every kind of event), not a scan of `metrics`: at the reference run's shape that scan
+    was most of a catch-up's detector reads.
     """
-    filt = "" if runs is None else "AND run IN (SELECT unnest(?::VARCHAR[]))"
-    params: list[Any] = [OBSERVATORY_HOST] if runs is None else [OBSERVATORY_HOST, runs]
+    filt = "" if runs is None else "AND run IN (SELECT unnest($runs::VARCHAR[]))"
+    params: dict[str, Any] = {"host": OBSERVATORY_HOST} | ({} if runs is None else {"runs": runs})
     rows = con.execute(
         f"""
         WITH ev AS (
-            SELECT run, max(t) AS t, max(step) AS step, bool_or(kind = 'run_end') AS ended
-            FROM events WHERE host <> ? {filt} GROUP BY run
-        ), m AS (
-            SELECT run, max(t) AS t, max(step) AS step FROM metrics
-            WHERE host <> ? {filt} GROUP BY run
+            SELECT run, bool_or(kind = 'run_end') AS ended FROM events WHERE host <> $host {filt} GROUP BY run
         )
-        SELECT coalesce(ev.run, m.run) AS run,
-               coalesce(ev.ended, false) AS ended,
-               greatest(coalesce(ev.t, m.t), coalesce(m.t, ev.t)) AS last_t,
-               greatest(coalesce(ev.step, m.step), coalesce(m.step, ev.step)) AS last_step
-        FROM ev FULL OUTER JOIN m ON ev.run = m.run
-        ORDER BY run
+        SELECT r.run, coalesce(ev.ended, false), r.last_event_t, r.last_step
+        FROM runs r LEFT JOIN ev ON ev.run = r.run
+        WHERE r.last_event_t IS NOT NULL {filt.replace("run IN", "r.run IN")}
+        ORDER BY r.run
         """,
-        params + params,
+        params,
     ).fetchall()
     return [{"run": r, "ended": bool(e), "last_t": t, "last_step": s} for r, e, t, s in rows]
 
@@ -299,17 +301,17 @@ def run_ids(con) -> list[str]:
 
 
 def silent_runs(con, before_t: float) -> list[str]:
-    """Runs without run_end whose newest event (host 1000 aside) is older than `before_t`."""
+    """Runs without run_end whose newest event (host 1000 aside) is older than `before_t` (the `runs`
+    table's `last_event_t`, as `run_activity`)."""
     rows = con.execute(
         """
         WITH open_runs AS (
             SELECT run FROM events WHERE host <> ? GROUP BY run HAVING NOT bool_or(kind = 'run_end')
         )
-        SELECT o.run FROM open_runs o
-        WHERE coalesce((SELECT max(t) FROM events e WHERE e.run = o.run AND e.host <> ?), 0) < ?
-          AND coalesce((SELECT max(t) FROM metrics m WHERE m.run = o.run AND m.host <> ?), 0) < ?
+        SELECT o.run FROM open_runs o JOIN runs r ON r.run = o.run
+        WHERE coalesce(r.last_event_t, 0) < ?
         ORDER BY o.run
         """,
-        [OBSERVATORY_HOST, OBSERVATORY_HOST, before_t, OBSERVATORY_HOST, before_t],
+        [OBSERVATORY_HOST, before_t],
     ).fetchall()
     return [r[0] for r in rows]

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from observatory.store.arrow import numeric
-from observatory.store.metric_cells import by_run, cell_index
+from observatory.store.metric_cells import by_run, cell_index, distinct
 
 __all__ = ["ExpertRows", "roll_up"]
 
@@ -77,7 +77,7 @@ def _sparsely_logged(steps: np.ndarray) -> bool:
     """Whether `steps` (each row's, or each event's) span 16 steps or more with fewer than
     `MIN_STEPS_PER_BUCKET` of every 16 logged."""
     span = int(steps.max()) - int(steps.min()) + 1
-    return span >= RES and len(np.unique(steps)) * RES < MIN_STEPS_PER_BUCKET * span
+    return span >= RES and len(distinct(steps)) * RES < MIN_STEPS_PER_BUCKET * span
 
 
 class ExpertRows:

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from observatory.store.arrow import column, numeric
 
-__all__ = ["MetricRows", "roll_up", "cell_index", "by_run"]
+__all__ = ["MetricRows", "roll_up", "cell_index", "by_run", "distinct"]
 
 RES = 8  # the finest metrics rollup's bucket (`schema.METRIC_RESOLUTIONS[0]`; checked by rollups)
 GRID_SLACK = 4  # a dense (bucket, name) grid of more cells than this many per entry (plus 4096): sort instead
@@ -65,6 +65,10 @@ class MetricRows:
             self.add(run, list(index), codes, np.array([steps[i] for i in rows], np.int64),
                      np.array([values[i] for i in rows], np.float64), np.array([ts[i] for i in rows], np.float64))  # fmt: skip
 
+    def names(self) -> set[str]:
+        """Every name the parts' rows may use (each part's names, of which its codes index some)."""
+        return {n for parts in self.parts.values() for names, _, _ in parts for n in names}
+
     def first_steps(self) -> dict[str, int]:
         """Each run's smallest step."""
         return {run: min(int(c["first_step"].min()) for _, c, _ in parts) for run, parts in self.parts.items()}
@@ -76,6 +80,13 @@ class MetricRows:
 
 _COLS = ("name", "bucket", "first_step", "last_step", "min", "max", "last", "sum", "n", "n_finite")
 _IMAX, _IMIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+
+
+def distinct(a: np.ndarray) -> np.ndarray:
+    """`np.unique(a)` (sorted distinct values) without its first call's import of numpy.ma (numpy 2.4
+    asks `np.ma.is_masked`: ~30 ms of an `observatory ingest` command's start)."""
+    s = np.sort(a)
+    return s[np.concatenate(([True], s[1:] != s[:-1]))] if len(s) else s
 
 
 def cell_index(keys: list[np.ndarray]):
