@@ -19,8 +19,8 @@
 `--real STEPS` builds the store through the real path instead: `observatory simulate --preset
 535b --steps STEPS` (48 layers x 384 experts, expert_load every 10 steps) and `observatory ingest`
 in a child process (its peak RSS printed); the pages then show run `sim-535b`. Each dashboard
-process's peak RSS is printed too: the streamlit servers' (`ru_maxrss` from `os.wait4`) and this
-process's after the page queries.
+process's peak RSS is printed too: the streamlit servers' (each one's VmHWM, read before it is
+stopped) and this process's after the page queries.
 """
 
 from __future__ import annotations
@@ -51,6 +51,12 @@ CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
 RSS_MB: list[float] = []  # peak RSS of each streamlit server, app first
 
 
+def _vmhwm_mb(pid: int) -> float:
+    """A live process's peak RSS (the kernel's VmHWM), MB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
 def build_real(db: Path, steps: int) -> None:
     """The store through the real path: simulate the 535b preset, then `observatory ingest` it (a child)."""
     from observatory.interop.simulate import simulate
@@ -58,14 +64,11 @@ def build_real(db: Path, steps: int) -> None:
     runs = db.with_name(db.name + ".runs")
     if not runs.exists():
         simulate("535b", runs, steps=steps, expert_load_every=10)
-    t = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "observatory.cli", "ingest", "-q", "--runs-dir", str(runs), "--db",
-                          str(db)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
-    _, status, ru = os.wait4(p.pid, 0)
-    if os.waitstatus_to_exitcode(status):
-        raise RuntimeError("observatory ingest failed")
-    print(f"built {db} through simulate + observatory ingest ({steps} steps) in {time.perf_counter() - t:.0f} s; "
-          f"ingester peak RSS {ru.ru_maxrss / 1024:.0f} MB")
+    from bench.ingest_535b import child  # the child's own peak RSS (VmHWM), not the one it inherits
+
+    wall, mb, _ = child(["ingest", "-q", "--runs-dir", str(runs), "--db", str(db)])
+    print(f"built {db} through simulate + observatory ingest ({steps} steps) in {wall:.0f} s; "
+          f"ingester peak RSS {mb:.0f} MB")
 
 
 # ---------------------------------------------------------------- 1. queries
@@ -256,9 +259,11 @@ def bench_browser(db: Path, repeats: int) -> tuple[float, float]:
                 browser.close()
         finally:
             for s in servers:
+                # its own VmHWM, read before it goes: wait4's ru_maxrss would carry this process's RSS
+                # at the spawn (Linux keeps a process's pre-exec peak; see bench/ingest_535b.py)
+                RSS_MB.append(_vmhwm_mb(s.pid))
                 s.terminate()
-                _, _, ru = os.wait4(s.pid, 0)
-                RSS_MB.append(ru.ru_maxrss / 1024)
+                s.wait()
     live, bare_t = statistics.median(times["live"]), statistics.median(times["bare"])
     print(
         f"\n## First chart in chromium (median of {repeats}, fresh browser context and cold query cache each)\n"

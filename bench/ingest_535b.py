@@ -2,8 +2,8 @@
 
 Every log comes from `observatory.interop.simulate` (what `observatory simulate --preset 535b`
 writes); every ingest is the real command in a child process (`python -m observatory.cli
-ingest|rebuild`, hooks included), timed by wall clock with its peak RSS (`ru_maxrss` from
-`os.wait4`). The engine side is DuckDB's own Arrow append of the same rows: the rows our
+ingest|rebuild`, hooks included), timed by wall clock with its peak RSS (its own VmHWM as it
+exits: `child`). The engine side is DuckDB's own Arrow append of the same rows: the rows our
 ingest stored, fetched as Arrow outside the clock, `INSERT INTO <table> SELECT * FROM arrow`
 into a fresh store file with the same schema and row-group size, then its close (the checkpoint
 that leaves the rows in the file, as our ingest's close does), in the same run; the INSERT
@@ -47,12 +47,29 @@ ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 CPU: dict[str, list[float]] = {}  # label -> CPU seconds (user + system, all threads) of each measured run
 
 
+# How a child reports its own peak RSS: its kernel's VmHWM as it exits. `ru_maxrss` from wait4 is no
+# good here: Linux carries the RSS a process had before exec into it, and a child spawned by this
+# process (vfork + exec) starts with the bench's own RSS (~0.7 GB after the expert_load side: a bare
+# `python -c pass` read 1,049 MB from a 1 GB parent).
+_LAUNCH = """import atexit, os, runpy, sys
+def _hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            os.write(2, ("\\n" + MARK + line.split()[1] + "\\n").encode())
+atexit.register(_hwm)
+sys.argv[0] = "observatory"
+runpy.run_module("observatory.cli", run_name="__main__", alter_sys=True)
+"""
+_MARK = "OBSERVATORY_BENCH_VMHWM_KB="
+
+
 def child(args: list[str], env: dict | None = None, label: str | None = None) -> tuple[float, float, str]:
     """(wall s, peak RSS MB, stderr) of `python -m observatory.cli ARGS` in a child process.
 
-    Its CPU seconds go to `CPU[label]`: on a shared, loaded machine wall time is partly waiting."""
+    Its peak RSS is its own VmHWM (`_LAUNCH`); its CPU seconds go to `CPU[label]`: on a shared, loaded
+    machine wall time is partly waiting."""
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "observatory.cli", *args], env=env or ENV,
+    p = subprocess.Popen([sys.executable, "-c", f"MARK = {_MARK!r}\n" + _LAUNCH, *args], env=env or ENV,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     err = p.stderr.read().decode()
     _, status, ru = os.wait4(p.pid, 0)
@@ -61,7 +78,10 @@ def child(args: list[str], env: dict | None = None, label: str | None = None) ->
     CPU.setdefault(label or args[0], []).append(ru.ru_utime + ru.ru_stime)
     if p.returncode:
         raise RuntimeError(f"{args}: exit {p.returncode}: {err[-2000:]}")
-    return wall, ru.ru_maxrss / 1024, err
+    kb = [int(x[len(_MARK):]) for x in err.splitlines() if x.startswith(_MARK)]
+    if not kb:
+        raise RuntimeError(f"{args}: the child did not report its peak RSS: {err[-2000:]}")
+    return wall, kb[-1] / 1024, "\n".join(x for x in err.splitlines() if not x.startswith(_MARK))
 
 
 def engine_append(src: Path, table: str, tmp: Path) -> float:
