@@ -167,3 +167,31 @@ def test_secret_metric_names_are_hidden_whichever_way_their_rows_came(tmp_path, 
     assert len(names) == (4 if path == "arrays and one line by itself" else 2)
     assert not any(secret in n for n in names)
     assert _q(db, "SELECT redactions FROM runs") == [(50 + (2 if path == "arrays and one line by itself" else 0),)]
+
+
+def test_metric_arrays_are_metric_series_as_arrays():
+    """The detectors' reads average a (name, step)'s rows in numpy; they equal the polars frame's columns
+    (DuckDB's avg per (step, name)): several hosts and a replayed step, NULLs, a NaN, host 1000, NULL steps."""
+    import math
+
+    from observatory.queries import anomalies as qa
+
+    con = duckdb.connect()
+    store.ensure_schema(con)
+    rows = [("r", 1, "a", 1.0, 0), ("r", 1, "a", 2.0, 1), ("r", 1, "a", 4.0, 2), ("r", 2, "a", None, 0),
+            ("r", 3, "a", None, 0), ("r", 3, "a", 5.0, 1), ("r", 2, "b", math.nan, 0), ("r", 2, "b", 1.0, 1),
+            ("r", 5, "b", 7.0, 1000), ("r", None, "a", 1.0, 0), ("r", 0, "c", 1.0, 0), ("r", 4, "b", 0.5, 0),
+            ("other", 1, "a", 9.0, 0)]  # fmt: skip
+    con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, 0.0, ?)", rows)
+    for since in (None, 2, 9):
+        steps, series = qa.metric_arrays(con, "r", since, ["b", "a", "zz"])
+        frame = qa.metric_series(con, "r", since, ["b", "a", "zz"])
+        assert steps.tolist() == frame["step"].to_list()
+        for name in ("a", "b", "zz"):
+            if name not in frame.columns or frame[name].null_count() == frame.height:
+                assert name not in series
+                continue
+            sub = frame.drop_nulls(name)
+            np.testing.assert_array_equal(series[name][0], sub["step"].to_numpy())
+            np.testing.assert_array_equal(series[name][1], sub[name].to_numpy())  # NaN where the frame has NaN
+    assert qa.metric_arrays(con, "r", None, ["a"])[1]["a"][1].tolist() == [7 / 3, 5.0]

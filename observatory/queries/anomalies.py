@@ -91,21 +91,35 @@ def metric_arrays(
     con, run: str, since_step: int | None, names: list[str]
 ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """`metric_series` of some metrics as numpy arrays: (every step the frame would have, sorted;
-    {name: (steps, values) where it has a value}), names never logged left out. No frame, no pivot."""
+    {name: (steps, values) where it has a value}), names never logged left out. No frame, no pivot.
+
+    The rows come as they are (the name as its place in `names`: no Python string per row) and are
+    averaged per (name, step) in numpy where a step has several (hosts, a rollback's replay): half the
+    time of DuckDB's GROUP BY into ~10^5 groups at the 535b log's shape. NULL values do not count, as
+    `avg` would not; a (name, step) of NULLs only is not a value."""
     names = list(names)
     got = con.execute(
         """
-        SELECT list_position($names, name)::INTEGER AS k, step, coalesce(avg(value), 0) AS value,
-               count(value) = 0 AS missing
+        SELECT list_position($names, name)::INTEGER AS k, step, coalesce(value, 0) AS value, value IS NULL AS null
         FROM metrics
         WHERE run = $run AND host <> $host AND step IS NOT NULL AND step >= $since
           AND name IN (SELECT unnest($names::VARCHAR[]))
-        GROUP BY name, step ORDER BY k, step
         """,
         {"run": run, "host": OBSERVATORY_HOST, "since": -1 if since_step is None else since_step, "names": names},
-    ).fetchnumpy()  # the name as its place in `names`: no Python string per row
+    ).fetchnumpy()
     k, step = np.asarray(got["k"], np.int64), np.asarray(got["step"], np.int64)
-    value, keep = np.asarray(got["value"], np.float64), ~np.asarray(got["missing"], bool)
+    value, null = np.asarray(got["value"], np.float64), np.asarray(got["null"], bool)
+    order = np.lexsort((step, k))
+    k, step, value, null = k[order], step[order], value[order], null[order]
+    first = np.ones(len(k), bool)
+    first[1:] = (k[1:] != k[:-1]) | (step[1:] != step[:-1])
+    keep = ~null
+    if not (first.all() and keep.all()):  # several rows at a (name, step), or a NULL: their average
+        starts = np.flatnonzero(first)
+        n = np.add.reduceat(keep.astype(np.int64), starts) if len(starts) else np.empty(0, np.int64)
+        total = np.add.reduceat(np.where(keep, value, 0.0), starts) if len(starts) else np.empty(0)
+        k, step, keep = k[starts], step[starts], n > 0
+        value = total / np.maximum(n, 1)
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     if len(k):
         cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
