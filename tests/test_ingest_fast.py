@@ -316,6 +316,24 @@ def test_a_line_that_does_not_fit_is_judged_alone(tmp_path, monkeypatch):
         assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [(100, 1)]
 
 
+def test_a_piece_is_decoded_in_bulk_around_a_line_that_does_not_fit(tmp_path, monkeypatch):
+    """Once the run's layout is known, a value of the wrong type fails its decode at one line (msgspec names
+    it): the piece is decoded around it, and only that line is decoded alone."""
+    alone = []
+    real = ingest_fast._decode_line
+    monkeypatch.setattr(ingest_fast, "_decode_line", lambda line: (alone.append(line), real(line))[1])
+    monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 8000)
+    lines = [event("a", "metrics", {"loss": 1.0 + i, "lr": 1e-3}, i, i) for i in range(300)]
+    lines[150]["data"]["loss"] = "nan"
+    lines[153]["step"] = "153"  # a string step: the envelope's type, same rule
+    write_lines(tmp_path / "runs" / "a" / "events.0.jsonl", lines)
+    rep = ingest(tmp_path / "runs", tmp_path / "s.duckdb", hooks=False, emit=None)
+    assert rep.events == 299 and rep.rejected == 1  # the string step is rejected, as validate_event says
+    assert len(alone) == 2 and b'"nan"' in alone[0] and b'"153"' in alone[1]
+    with store.connect(tmp_path / "s.duckdb") as con:
+        assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [(598, 1)]
+
+
 def test_a_piece_of_many_odd_lines_goes_to_the_old_path(tmp_path, monkeypatch):
     """Every other line with a NaN string: the SQL path judges that piece in bulk; the store is the same."""
     seen = []
