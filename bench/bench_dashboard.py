@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 GOAL_MS = 500.0
 RUN = "bench-moe"
 from bench.gen_store import generate  # noqa: E402  (after the sys.path line)
+from bench.ingest_535b import child, vmhwm_mb  # noqa: E402  (children's own peak RSS, not what they inherit)
 from observatory import report, store  # noqa: E402
 from observatory.dashboard import cache  # noqa: E402
 from observatory.queries import core  # noqa: E402
@@ -51,12 +52,6 @@ CHROMIUM_ARGS = list(report.CHROMIUM_ARGS)
 RSS_MB: list[float] = []  # peak RSS of each streamlit server, app first
 
 
-def _vmhwm_mb(pid: int) -> float:
-    """A live process's peak RSS (the kernel's VmHWM), MB."""
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-
-
 def build_real(db: Path, steps: int) -> None:
     """The store through the real path: simulate the 535b preset, then `observatory ingest` it (a child)."""
     from observatory.interop.simulate import simulate
@@ -64,8 +59,6 @@ def build_real(db: Path, steps: int) -> None:
     runs = db.with_name(db.name + ".runs")
     if not runs.exists():
         simulate("535b", runs, steps=steps, expert_load_every=10)
-    from bench.ingest_535b import child  # the child's own peak RSS (VmHWM), not the one it inherits
-
     wall, mb, _ = child(["ingest", "-q", "--runs-dir", str(runs), "--db", str(db)])
     print(f"built {db} through simulate + observatory ingest ({steps} steps) in {wall:.0f} s; "
           f"ingester peak RSS {mb:.0f} MB")
@@ -261,7 +254,7 @@ def bench_browser(db: Path, repeats: int) -> tuple[float, float]:
             for s in servers:
                 # its own VmHWM, read before it goes: wait4's ru_maxrss would carry this process's RSS
                 # at the spawn (Linux keeps a process's pre-exec peak; see bench/ingest_535b.py)
-                RSS_MB.append(_vmhwm_mb(s.pid))
+                RSS_MB.append(vmhwm_mb(s.pid))
                 s.terminate()
                 s.wait()
     live, bare_t = statistics.median(times["live"]), statistics.median(times["bare"])

@@ -63,6 +63,12 @@ runpy.run_module("observatory.cli", run_name="__main__", alter_sys=True)
 _MARK = "OBSERVATORY_BENCH_VMHWM_KB="
 
 
+def vmhwm_mb(pid: int) -> float:
+    """A live process's peak RSS (the kernel's VmHWM, as `_LAUNCH` reads its own), MB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
 def child(args: list[str], env: dict | None = None, label: str | None = None) -> tuple[float, float, str]:
     """(wall s, peak RSS MB, stderr) of `python -m observatory.cli ARGS` in a child process.
 

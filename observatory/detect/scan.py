@@ -518,13 +518,10 @@ def after_ingest(
     findings. Never raises: a detector failure is reported on stderr and ingest goes on.
     """
     try:
-        th = thresholds or Thresholds.from_settings()
         with using(db) as con:
-            wanted, stall_due = _wanted(con, runs, th)
-            if wanted == []:
-                return set()
-            scan = Scan.read(con, Path(runs_dir), wanted, th, stall=stall_due)
-            scan.stall_checked = stall_due
+            scan = _ingest_scan(con, runs_dir, runs, thresholds or Thresholds.from_settings(), strict=False)
+        if scan is None:
+            return set()
         scan.compute()
         return {f.run for f in scan.write(db)}
     except Exception as e:
@@ -537,11 +534,16 @@ def prepare(con, runs_dir, runs: Iterable[str], *, thresholds: Thresholds | None
     (before its COMMIT, so they see its rows): the Scan (None: no run to look at) is computed while the
     COMMIT runs and written after it (`Scan.write(store path, stash=True)`). Raises on a failed read: a
     failed query has aborted the transaction, which must be rolled back."""
-    th = thresholds or Thresholds.from_settings()
+    return _ingest_scan(con, runs_dir, runs, thresholds or Thresholds.from_settings(), strict=True)
+
+
+def _ingest_scan(con, runs_dir, runs: Iterable[str] | None, th: Thresholds, strict: bool) -> Scan | None:
+    """The reads of an ingest batch's scan (`after_ingest`, `prepare`): the runs `_wanted` gives, the stall
+    check when it is due (`_last_stall_check` is set when the scan is written); None: no run to look at."""
     wanted, stall_due = _wanted(con, runs, th)
-    if not wanted:
+    if wanted == []:
         return None
-    scan = Scan.read(con, Path(runs_dir), wanted, th, stall=stall_due, strict=True)
+    scan = Scan.read(con, Path(runs_dir), wanted, th, stall=stall_due, strict=strict)
     scan.stall_checked = stall_due
     return scan
 

@@ -286,16 +286,17 @@ def run_activity(con, runs: list[str] | None = None) -> list[dict[str, Any]]:
     writers, every kind of event), not a scan of `metrics`: at the reference run's shape that scan
     was most of a catch-up's detector reads.
     """
-    filt = "" if runs is None else "AND run IN (SELECT unnest($runs::VARCHAR[]))"
+    only = "" if runs is None else "AND {} IN (SELECT unnest($runs::VARCHAR[]))"
     params: dict[str, Any] = {"host": OBSERVATORY_HOST} | ({} if runs is None else {"runs": runs})
     rows = con.execute(
         f"""
         WITH ev AS (
-            SELECT run, bool_or(kind = 'run_end') AS ended FROM events WHERE host <> $host {filt} GROUP BY run
+            SELECT run, bool_or(kind = 'run_end') AS ended FROM events WHERE host <> $host {only.format("run")}
+            GROUP BY run
         )
         SELECT r.run, coalesce(ev.ended, false), r.last_event_t, r.last_step
         FROM runs r LEFT JOIN ev ON ev.run = r.run
-        WHERE r.last_event_t IS NOT NULL {filt.replace("run IN", "r.run IN")}
+        WHERE r.last_event_t IS NOT NULL {only.format("r.run")}
         ORDER BY r.run
         """,
         params,
