@@ -7,10 +7,20 @@ inside the command, so loading every command module for `--help` stays cheap.
 
 from __future__ import annotations
 
-import click
+import os
 
-from observatory.commands import dashboard, decide, detect, ingest, interop, ladder, read, report, simulate
-from observatory.store import StoreBusy
+# numpy's OpenBLAS starts a thread per core as numpy loads, and those threads spin on their cores for a
+# while before they sleep. The commands' numpy is small arrays (no BLAS work a thread would pay for), and
+# on a small machine that spinning takes the core a catch-up's DuckDB writer shares with its decoding:
+# 0.1-0.17 CPU s of each `observatory ingest` here, ~0.1 s of its wall time. Set before the commands'
+# imports load numpy (their child processes, the dashboard's included, inherit it); a value the caller
+# set is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import click  # noqa: E402
+
+from observatory.commands import dashboard, decide, detect, ingest, interop, ladder, read, report, simulate  # noqa: E402
+from observatory.store import StoreBusy  # noqa: E402
 
 # command name -> click command or group, in the order `--help` lists them
 COMMANDS: dict[str, click.Command] = {

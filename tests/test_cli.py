@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import subprocess
+import sys
 
 import click
 import polars as pl
@@ -295,3 +298,22 @@ def test_runs_table_shows_every_runs_name(runs_dir, db_path):
     out = run("runs", "--db", db_path, "--format", "table", env={"COLUMNS": "300"}).output
     row = next(line for line in out.splitlines() if "ladder-cpu-d24" in line and "completed" in line)
     assert row.count("ladder-cpu-d24") == 2, out  # the run column and the name column
+
+
+def _threads_after_import(env: dict) -> tuple[str, int]:
+    """(OPENBLAS_NUM_THREADS, the process's OS threads) once `observatory.cli` and numpy are imported."""
+    code = ("import os, observatory.cli, numpy; "
+            "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    value, threads = out.split()
+    return value, int(threads)
+
+
+def test_cli_keeps_numpy_from_starting_spinning_blas_threads():
+    """numpy's OpenBLAS threads spin on the cores DuckDB's writer needs: the CLI asks for none, as the
+    variable set by hand would; a value the caller set is kept."""
+    bare = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    value, threads = _threads_after_import(bare)
+    assert value == "1"
+    assert threads == _threads_after_import({**bare, "OPENBLAS_NUM_THREADS": "1"})[1]
+    assert _threads_after_import({**bare, "OPENBLAS_NUM_THREADS": "2"})[0] == "2"
