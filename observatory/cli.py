@@ -19,7 +19,18 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from observatory.commands import dashboard, decide, detect, ingest, interop, ladder, read, report, simulate  # noqa: E402
+from observatory.commands import (  # noqa: E402
+    dashboard,
+    decide,
+    detect,
+    ingest,
+    interop,
+    ladder,
+    quick_exit,
+    read,
+    report,
+    simulate,
+)
 from observatory.store import StoreBusy  # noqa: E402
 
 # command name -> click command or group, in the order `--help` lists them
@@ -107,5 +118,17 @@ def main(traceback):
     """
 
 
+def run() -> None:
+    """The `observatory` command as a process (the console script, `python -m observatory.cli`): `main`,
+    then, for a bulk command that finished its work, an exit without the interpreter's teardown where
+    that loses nothing (`commands.quick_exit`)."""
+    try:
+        main()
+    except SystemExit as e:
+        if e.code in (None, 0) and quick_exit.wanted() and quick_exit.safe():
+            quick_exit.exit_now(0)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from observatory.commands import common_options
+from observatory.commands import common_options, quick_exit
 from observatory.commands.progress import bar, quiet_option
 from observatory.store import StoreBusy
 
@@ -34,6 +34,7 @@ def ingest(runs_dir, db, follow, quiet):
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(report.summary(), err=True)
+    quick_exit.want()
 
 
 @click.command("rebuild")
@@ -51,6 +52,7 @@ def rebuild(runs_dir, db, quiet):
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rebuilt {db}: {report.summary()}", err=True)
+    quick_exit.want()
 
 
 def _err(msg: str) -> None:
