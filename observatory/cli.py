@@ -31,7 +31,7 @@ from observatory.commands import (  # noqa: E402
     report,
     simulate,
 )
-from observatory.store import StoreBusy  # noqa: E402
+from observatory.store import StoreBusy, StoreUnusable  # noqa: E402
 
 # command name -> click command or group, in the order `--help` lists them
 COMMANDS: dict[str, click.Command] = {
@@ -71,7 +71,7 @@ HELP = {
 
 def one_line(e: BaseException) -> str:
     """An unexpected error as one line: `path: reason` for a file, else `Type: first line of the message`."""
-    if isinstance(e, StoreBusy):
+    if isinstance(e, (StoreBusy, StoreUnusable)):
         return str(e)
     if isinstance(e, OSError) and e.filename is not None and e.strerror:
         return f"{e.filename}: {e.strerror}"

@@ -234,3 +234,26 @@ def _wait(cond, timeout=30.0):
     raise AssertionError("condition not met in time")
 
 
+
+
+def test_a_store_file_that_is_not_a_store_is_the_error_not_the_logs(runs_dir, db_path):
+    """A --db that is not a DuckDB file fails the ingest with the store's name and DuckDB's reason; no log
+    is blamed or skipped for it, and the same logs go into a real store whole afterwards."""
+    from click.testing import CliRunner
+
+    from observatory.cli import main
+
+    write_lines(runs_dir / "a" / "events.0.jsonl", [GOOD_BEFORE, GOOD_AFTER])
+    db_path.write_bytes(b"not a DuckDB file, just some bytes\n" * 200)
+    with pytest.raises(store.StoreUnusable, match="cannot use the store") as e:
+        ingest(runs_dir, db_path)
+    assert str(db_path) in str(e.value) and "not a valid DuckDB database" in str(e.value)
+    res = CliRunner().invoke(main, ["ingest", "--runs-dir", str(runs_dir), "--db", str(db_path), "-q"])
+    assert res.exit_code == 1
+    assert f"Error: {db_path}: cannot use the store (IOException" in res.output
+    assert "events.0.jsonl" not in res.output  # no log is to blame
+    assert db_path.read_bytes().startswith(b"not a DuckDB file")  # left as it was
+    good = db_path.with_name("good.duckdb")
+    rep, msgs = ingest(runs_dir, good)
+    assert (rep.events, msgs) == (2, [])
+    assert q(good, "SELECT count(*) FROM metrics") == [(2,)]

@@ -118,12 +118,15 @@ def _has_schema(con) -> bool:
 
 
 def write_failure(e: BaseException) -> str | None:
-    """'the disk is full' (or the file size limit) when `e` says so; else None."""
+    """Why the store cannot be written, when `e` is the store's fault and no event log's: 'the disk is full'
+    (or the file size limit) when `e` says so, or the file is not a usable store (`StoreUnusable`); else None."""
     text = str(e).lower()
     if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)) or any(
         w in text for w in ("no space left", "file too large", "disk quota")
     ):
         return "the disk is full (or a file size limit was reached)"
+    if isinstance(e, store.StoreUnusable):
+        return "the file cannot be opened as a store"
     return None
 
 
@@ -149,6 +152,28 @@ def _hook_off(fol: Follower, h: hooks.HookFailed, emit: Callable[[str], None]) -
     fol.off.add(name)
 
 
+def _open_store(db: Path):
+    """The write connection of a batch, the store's schema ensured; `StoreUnusable` when the file cannot be
+    opened or given the schema (a file that is not a DuckDB store): no event log is to blame for that."""
+    try:
+        con = store.write_connection(db)
+    except (store.StoreBusy, OSError):
+        raise  # busy: wait and retry; an OSError names its own path (the folder cannot be written, say)
+    except Exception as e:
+        raise store.StoreUnusable(db, e) from e
+    try:
+        con.execute("SET enable_progress_bar = false")
+        if (str(db), _db_sig(db)) not in _ENSURED or not _has_schema(con):
+            store.ensure_schema(con)  # DDL costs ~0.1 s a batch; once per store file is enough
+            _ENSURED.add((str(db), _db_sig(db)))
+    except Exception as e:
+        con.close(reuse=False)
+        if write_failure(e):
+            raise
+        raise store.StoreUnusable(db, e) from e
+    return con
+
+
 def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None, fol: Follower,
                use_hooks: bool) -> tuple[_Batch | None, bool]:  # fmt: skip
     """One write transaction over files with work. Returns (batch or None if idle, more work left).
@@ -161,11 +186,7 @@ def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None,
     now = time.time()
     stale = settings.get("stale_after_s")
     max_line = int(settings.get("max_line_bytes"))
-    with store.write_connection(db) as con:
-        con.execute("SET enable_progress_bar = false")
-        if (str(db), _db_sig(db)) not in _ENSURED or not _has_schema(con):
-            store.ensure_schema(con)  # DDL costs ~0.1 s a batch; once per store file is enough
-            _ENSURED.add((str(db), _db_sig(db)))
+    with _open_store(db) as con:
         with _transaction(con):
             if use_hooks and not fol.rollups_checked:
                 fol.rollups_due |= rollups.behind(con)  # a kill between an earlier batch and its rollups

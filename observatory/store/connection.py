@@ -62,6 +62,15 @@ class StoreBusy(RuntimeError):
     """The store stayed busy for `lock_timeout_s`; the message says what to do."""
 
 
+class StoreUnusable(RuntimeError):
+    """The store file cannot be opened or given its schema (not a DuckDB file, a damaged one, a newer
+    format): the store's fault, not any event log's. The message names the file and DuckDB's reason."""
+
+    def __init__(self, path: Path, error: BaseException):
+        super().__init__(f"{path}: cannot use the store ({type(error).__name__}: {error})")
+        self.path, self.error = path, error
+
+
 def _flock(path: Path, exclusive: bool, deadline: float, what: str, want: Path | None = None) -> int | None:
     """Open `path` and take a flock on it, polling until `deadline`. None if it cannot be created.
 
