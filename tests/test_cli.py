@@ -398,3 +398,19 @@ def test_nothing_to_close_while_a_store_connection_is_open(tmp_path):
         con.execute("CREATE TABLE t AS SELECT 1 AS x")
         assert not connection.nothing_to_close()
     assert connection.nothing_to_close()
+
+
+def test_quiet_leaves_out_rejected_lines_not_errors(runs_dir, db_path):
+    """-q: "only the summary and errors". A rejected line (and the count past the stored ones) is left
+    out, the summary counts it; a missing runs dir and a host number the store cannot hold are said."""
+    write_lines(runs_dir / "a" / "events.0.jsonl", [event("a", "metrics", {"x": 1.0}, 0, 0), "not json"])
+    write_lines(runs_dir / "b" / f"events.{2**16}.jsonl", [event("b", "metrics", {"x": 1.0}, 0, 0, host=2**16)])
+    res = run("ingest", "-q", "--runs-dir", runs_dir, "--db", db_path)
+    assert res.exit_code == 0, res.output
+    lines = res.stderr.strip().splitlines()
+    assert "1 rejected" in lines[-1] and not any("events.0.jsonl:2" in x for x in lines)
+    assert any(f"events.{2**16}.jsonl: host {2**16}" in x for x in lines[:-1]), lines
+    loud = run("rebuild", "--runs-dir", runs_dir, "--db", db_path).stderr
+    assert "events.0.jsonl:2: bad JSON" in loud
+    res = run("ingest", "-q", "--runs-dir", runs_dir / "missing", "--db", db_path)
+    assert res.exit_code == 0 and "runs dir does not exist" in res.stderr

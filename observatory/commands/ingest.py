@@ -30,7 +30,7 @@ def ingest(runs_dir, db, follow, quiet):
         click.echo(f"following {runs_dir} into {db} (Ctrl-C to stop)", err=True)
     try:
         with bar("ingest", quiet or follow) as progress:
-            report = run_ingest(runs_dir, db, follow=follow, emit=None if quiet else _err, progress=progress)
+            report = run_ingest(runs_dir, db, follow=follow, emit=_quiet if quiet else _err, progress=progress)
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(report.summary(), err=True)
@@ -48,7 +48,7 @@ def rebuild(runs_dir, db, quiet):
     keep_freed_memory()
     try:
         with bar("rebuild", quiet) as progress:
-            report = run_rebuild(runs_dir, db, emit=None if quiet else _err, progress=progress)
+            report = run_rebuild(runs_dir, db, emit=_quiet if quiet else _err, progress=progress)
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rebuilt {db}: {report.summary()}", err=True)
@@ -57,3 +57,11 @@ def rebuild(runs_dir, db, quiet):
 
 def _err(msg: str) -> None:
     click.echo(msg, err=True)
+
+
+def _quiet(msg: str) -> None:
+    """-q: every message but those about rejected lines (the summary counts them): errors and notes stay."""
+    from observatory.ingest.sql_lines import Rejection
+
+    if not isinstance(msg, Rejection):
+        click.echo(msg, err=True)

@@ -40,6 +40,7 @@ from observatory.ingest.runs import mark_crashed, update_runs
 from observatory.ingest.sql_lines import (
     MESSAGE_LIMIT,
     LogFile,
+    Rejection,
     _Batch,
     _FileState,
 )
@@ -435,8 +436,8 @@ def _add(report: IngestReport, b: _Batch, emit: Callable[[str], None]) -> None:
     for msg in b.messages:
         emit(msg)
     if len(b.rejected) > len(b.messages):
-        emit(f"... and {len(b.rejected) - len(b.messages)} more rejected lines: "
-             "observatory sql \"SELECT file, line, reason FROM rejected_events\"")  # fmt: skip
+        emit(Rejection(f"... and {len(b.rejected) - len(b.messages)} more rejected lines: "
+                       "observatory sql \"SELECT file, line, reason FROM rejected_events\""))  # fmt: skip
     for msg in b.dropped_messages():
         emit(msg)
         report.messages.append(msg)  # one per file and batch: past MESSAGE_LIMIT too, a count is never hidden

@@ -44,6 +44,14 @@ from observatory.store.expert_cells import ExpertRows
 from observatory.store.metric_cells import MetricRows
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
+
+
+class Rejection(str):
+    """A message about rejected lines (`file:line: reason`, or a count of them), as `emit` gets it: what
+    `observatory ingest -q` leaves out (the summary counts them). Every other message is a note or an
+    error about a file, the store or a hook, and is shown with -q too."""
+
+
 MESSAGE_LIMIT = 200  # rejection messages kept per batch and report (the rest: rejected_events, ingest_files)
 # Lines that no check could accept (their first byte is neither `{` nor whitespace) and that fall past a
 # file's `max_rejected_per_file` are counted in bulk, not judged one by one: a junk bomb costs a scan.
@@ -297,7 +305,7 @@ class _Batch:
         self.hid(lf.run, n_raw + n_reason)
         self.rejected.append((lf.rel, lf.run, line, fld, reason, raw[:RAW_CAP], self.now))
         if len(self.messages) < MESSAGE_LIMIT:
-            self.messages.append(f"{lf.path}:{line}: {reason}")
+            self.messages.append(Rejection(f"{lf.path}:{line}: {reason}"))
 
     def room(self, lf: LogFile) -> int | None:
         """Rejected lines of `lf` that may still be stored with their text (None: `lf` is not tracked)."""
@@ -317,12 +325,12 @@ class _Batch:
         out = []
         for rel, (lf, n) in self.dropped.items():
             st = self.files[rel]
-            out.append(
+            out.append(Rejection(
                 f"{lf.path}: {n:,} more rejected lines not stored in rejected_events: this file has "
                 f"{st.rejected:,} rejected lines, the first {st.rejected - st.rejected_dropped:,} stored "
                 f"(max_rejected_per_file, env {settings.SETTINGS['max_rejected_per_file'].env}; "
                 "counts: observatory sql \"SELECT path, rejected, rejected_dropped FROM ingest_files\")"
-            )
+            ))
         return out
 
     def saw(self, run: str, t: float | None, step: int | None, host: int = 0) -> None:
