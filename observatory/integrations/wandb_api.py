@@ -38,7 +38,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +296,8 @@ def _warn_once(key: str, msg: str) -> None:
 
 
 def _version() -> str:
+    from importlib import metadata  # ~0.05 s to import: here, not at every `import observatory`
+
     try:
         return metadata.version("observatory")
     except metadata.PackageNotFoundError:
