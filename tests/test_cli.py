@@ -321,7 +321,8 @@ def test_cli_keeps_numpy_from_starting_spinning_blas_threads():
 
 # The `observatory` process as the console script runs it, with a caller's exit hooks: an `atexit` one,
 # and one of threading's (run by the interpreter's normal shutdown, which joins non-daemon threads; the
-# quick exit skips that shutdown). `THREAD` adds a non-daemon thread still at work when the command ends.
+# quick exit skips that shutdown). `THREAD` adds a non-daemon thread still at work when the command ends
+# (it waits for the command to say it finished, then 0.3 s more).
 _PROCESS = """
 import atexit, os, runpy, sys, threading, time
 marks = sys.argv.pop(1)
@@ -331,8 +332,10 @@ def mark(what):
 atexit.register(mark, "atexit")
 threading._register_atexit(mark, "interpreter shutdown")
 if os.environ.get("THREAD"):
-    def late():
-        time.sleep(0.5)
+    def late():  # still at work when the command ends, however long the ingest takes: it waits for that
+        while not getattr(sys.modules.get("observatory.commands.quick_exit"), "wanted", lambda: False)():
+            time.sleep(0.005)
+        time.sleep(0.3)
         mark("thread finished")
     threading.Thread(target=late).start()
 sys.argv[0] = "observatory"

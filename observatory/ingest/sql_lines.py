@@ -47,9 +47,7 @@ RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
 
 
 class Rejection(str):
-    """A message about rejected lines (`file:line: reason`, or a count of them), as `emit` gets it: what
-    `observatory ingest -q` leaves out (the summary counts them). Every other message is a note or an
-    error about a file, the store or a hook, and is shown with -q too."""
+    """An `emit` message about rejected lines, which `ingest -q` leaves out (the summary counts them)."""
 
 
 MESSAGE_LIMIT = 200  # rejection messages kept per batch and report (the rest: rejected_events, ingest_files)
