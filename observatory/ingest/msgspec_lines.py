@@ -22,8 +22,8 @@ lines and, for each piece:
    finite t and values, no empty name, routed/dropped shapes); an event that fails,
    and every event of another kind, goes to `_check_line` -- validate_event decides;
 4. checks seqs in file order exactly as the SQL path does (`_FileState`), builds
-   numpy/Arrow columns (metric names dictionary-encoded) and INSERTs them, on a
-   worker thread while the next piece decodes (DuckDB releases the GIL).
+   numpy/Arrow columns (metric names dictionary-encoded) and INSERTs them, on the
+   batch's worker thread while the next pieces decode (`ingest.appends`; DuckDB releases the GIL).
 
 Why a decoded line is one line: every line given to msgspec starts with `{` and
 ends with `}`, and `}` <newline> `{` is a syntax error inside any JSON container,
@@ -35,11 +35,11 @@ exactly one.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
 import re
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Annotated, Union
 
 import numpy as np
@@ -73,9 +73,11 @@ __all__ = ["ENABLED", "PIECE_BYTES", "ingest_chunk"]
 
 ENABLED = True  # False: every chunk takes the SQL path, sql_lines._ingest_chunk (the reference)
 PIECE_BYTES = 4 << 20  # bytes decoded per step
-# rows gathered before an INSERT (on a worker thread, overlapping the next pieces' decoding): DuckDB
-# appends a few big inserts ~3x cheaper than many ~100k-row ones (partial row groups of 122,880 rows)
-INSERT_ROWS = 1 << 19
+# rows gathered before an INSERT (on the batch's worker thread, overlapping the next pieces' decoding),
+# or up to `appends.HOLD_WHILE_BUSY` times as many while the worker is still busy (writing a full row
+# group, say). Small enough that the rows reach DuckDB soon after they are decoded, so that a row group
+# fills, and is written (`store.connection`'s write_buffer_row_group_count), while the rest decodes.
+INSERT_ROWS = 1 << 17
 
 _LBRACE, _RBRACE, _CR, _NL = ord("{"), ord("}"), ord("\r"), ord("\n")
 
@@ -148,8 +150,12 @@ _LAYOUTS: dict[str, _Layout | None] = {}  # run -> its layout (None: too many na
 
 
 def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_line: int) -> None:
-    """Validate and stage one chunk of complete lines from one file: same effect as `_ingest_chunk`."""
+    """Validate and stage one chunk of complete lines from one file: same effect as `_ingest_chunk`.
+
+    The certified rows go to `b.appends`, inserted on its worker thread while the next pieces decode;
+    `b.appends.drain()` before anything else uses `con` (the batch's end does)."""
     if not ENABLED or msgspec is None or not ch.data or not RUN_ID_RE.match(lf.run) or lf.host > U16:
+        b.appends.drain()
         _ingest_chunk(con, b, lf, st, ch, max_line)
         return
     data = ch.data
@@ -161,54 +167,16 @@ def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_li
             end = data.find(b"\n", pos + PIECE_BYTES)
         pieces.append((pos, end + 1))
         pos = end + 1
-    plans = _plans(data, pieces, lf, max_line)
-    inserter = ThreadPoolExecutor(1, thread_name_prefix="observatory-ingest") if len(pieces) > 1 else None
-    pending: Future | None = None
-    held: list[tuple[pa.Table | None, pa.Table | None]] = []  # decoded pieces' rows not yet inserted
-    held_rows = 0
-
-    def insert_held() -> None:
-        nonlocal pending, held, held_rows
-        _wait(pending)
-        pending = None
-        if held:
-            if inserter is None:
-                _insert(con, lf, held)
-            else:
-                pending = inserter.submit(_insert, con, lf, held)
-        held, held_rows = [], 0
-
-    try:
-        for (_, hi), (piece, plan) in zip(pieces, plans, strict=True):
-            if plan is None:
-                insert_held()
-                _wait(pending)
-                pending = None
-                _ingest_chunk(con, b, lf, st, _Chunk(piece, offset0 + hi, [], b"", 0, False), max_line)
-                continue
-            tables = _apply(b, lf, st, piece, plan)
-            st.offset = offset0 + hi
-            if tables is not None:
-                held.append(tables)
-                held_rows += sum(t.num_rows for t in tables if t is not None)
-            if held_rows >= INSERT_ROWS:
-                insert_held()  # on the worker thread, while the next pieces decode
-        insert_held()
-        _wait(pending)
-        pending = None
-    finally:
-        if pending is not None:  # an error is on its way out: let the INSERT finish before the rollback
-            try:
-                pending.result()
-            except Exception:
-                pass
-        if inserter is not None:
-            inserter.shutdown(wait=True)
-
-
-def _wait(f: Future | None) -> None:
-    if f is not None:
-        f.result()
+    insert = functools.partial(_insert, con, lf)
+    for (_, hi), (piece, plan) in zip(pieces, _plans(data, pieces, lf, max_line), strict=True):
+        if plan is None:
+            b.appends.drain()
+            _ingest_chunk(con, b, lf, st, _Chunk(piece, offset0 + hi, [], b"", 0, False), max_line)
+            continue
+        tables = _apply(b, lf, st, piece, plan)
+        st.offset = offset0 + hi
+        if tables is not None:
+            b.appends.hold(lf.rel, tables, sum(t.num_rows for t in tables if t is not None), insert, INSERT_ROWS)
 
 
 def _plans(data: bytes, pieces: list[tuple[int, int]], lf: LogFile, max_line: int):
@@ -537,7 +505,7 @@ def _strings(names: list[str]) -> pa.Array:
 
 
 def _insert(con, lf: LogFile, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
-    """Append some pieces' rows, one INSERT per table (may run on the worker thread: DuckDB releases the GIL)."""
+    """Append some pieces' rows, one INSERT per table (on the batch's worker thread: `ingest.appends`)."""
     for i, (table, sql, params) in enumerate((
         ("_msgspec_m", "INSERT INTO metrics SELECT $run, step, name, value, t, $host FROM _msgspec_m", {"run": lf.run, "host": lf.host}),
         ("_msgspec_x", "INSERT INTO expert_load SELECT $run, step, layer, expert, routed, dropped FROM _msgspec_x", {"run": lf.run}),

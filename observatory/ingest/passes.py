@@ -22,6 +22,7 @@ One pass: scan the runs dir (`files.readable`); while files have work, run a bat
 
 from __future__ import annotations
 
+import copy
 import errno
 import time
 from collections.abc import Callable, Iterator
@@ -199,31 +200,33 @@ def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None,
                 b.expert_rows.forget()
             used, more, did = 0, False, False
             room = _Room(db)
-            for lf in files:
-                if (only is not None and lf.rel != only) or not fs.has_work(lf, rows.get(lf.rel)):
-                    continue
-                if not room.left(used, b):
-                    more = True
-                    break
-                st = _FileState(rows.get(lf.rel), lf, fs.siblings(lf, rows))
-                if st.restarted_from is not None:
-                    b.messages.append(
-                        f"{lf.path}: the file shrank or was replaced under the ingester (read up to byte "
-                        f"{st.restarted_from:,}, now {lf.size:,} bytes); reading it again from the start: "
-                        "events already stored are skipped as duplicates, new ones are added")
-                ended = lf.gz or status.get(lf.run) in STATUSES or now - lf.mtime > stale
-                while True:  # a catch-up goes on reading the file while nobody waits (`_Room`)
-                    n, done = fs.process_file(con, b, lf, st, room.limit - used, ended, max_line)
-                    used += n
-                    b.n_bytes += n
-                    if done or n == 0 or not room.left(used, b):
+            with b.appends:  # the INSERTs run on its worker while the next pieces decode; drained here
+                for lf in files:
+                    if (only is not None and lf.rel != only) or not fs.has_work(lf, rows.get(lf.rel)):
+                        continue
+                    if not room.left(used, b):
+                        more = True
                         break
-                b.n_files += 1
-                fs.save_file(con, lf, st, done, stored=lf.rel in rows)
-                rows[lf.rel] = {"run": lf.run, "host": lf.host, "first_seq": st.first_seq, "last_seq": st.last_seq}
-                did = True
-                if used >= room.limit:
-                    more = True
+                    st = _FileState(rows.get(lf.rel), lf, fs.siblings(lf, rows))
+                    if st.restarted_from is not None:
+                        b.messages.append(
+                            f"{lf.path}: the file shrank or was replaced under the ingester (read up to byte "
+                            f"{st.restarted_from:,}, now {lf.size:,} bytes); reading it again from the start: "
+                            "events already stored are skipped as duplicates, new ones are added")
+                    ended = lf.gz or status.get(lf.run) in STATUSES or now - lf.mtime > stale
+                    while True:  # a catch-up goes on reading the file while nobody waits (`_Room`)
+                        n, done = fs.process_file(con, b, lf, st, room.limit - used, ended, max_line)
+                        used += n
+                        b.n_bytes += n
+                        if done or n == 0 or not room.left(used, b):
+                            break
+                    b.n_files += 1
+                    # queued behind the file's INSERTs (`b.appends`); `st` as it is now, not as it may become
+                    b.appends.submit(fs.save_file, con, lf, copy.copy(st), done, lf.rel in rows)
+                    rows[lf.rel] = {"run": lf.run, "host": lf.host, "first_seq": st.first_seq, "last_seq": st.last_seq}
+                    did = True
+                    if used >= room.limit:
+                        more = True
             if not did:
                 # nothing new, but time passes: runs that went silent are now crashed
                 mark_crashed(con, now)

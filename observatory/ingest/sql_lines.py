@@ -38,6 +38,7 @@ from observatory.events import (
     encode_value,
     validate_event,
 )
+from observatory.ingest.appends import Appends
 from observatory.redact import scrub_event, scrub_text
 from observatory.store.arrow import int64s
 from observatory.store.expert_cells import ExpertRows
@@ -271,9 +272,9 @@ class _Batch:
         self.metric_rows = MetricRows()  # the metrics rows as arrays, for the rollups (`store.metric_cells`)
         self.expert_rows = ExpertRows()  # the expert_load rows as arrays, for the rollups (`store.expert_cells`)
         self.prepared: dict = {}  # after-commit hook -> its job, read inside the transaction (`ingest.hooks`)
+        self.appends = Appends()  # the msgspec path's INSERTs, on a worker thread (`drain` before using con)
         self.messages: list[str] = []
-        self.n_events = self.n_metric_values = self.n_expert_rows = 0
-        self.n_duplicates = self.n_truncated = 0
+        self.n_events = self.n_metric_values = self.n_expert_rows = self.n_duplicates = self.n_truncated = 0
         self.n_bytes = self.n_files = 0
         self.n_fast = 0  # events accepted by a vectorised check (SQL or msgspec), not one by one
         self.redactions: dict[str, int] = {}  # run -> values hidden by `observatory.redact` in this batch
@@ -350,9 +351,7 @@ class _FileState:
         row = row or {}
         self.offset = row.get("byte_offset") or 0
         self.line = row.get("line") or 0
-        self.first_seq = row.get("first_seq")
-        self.last_seq = row.get("last_seq")
-        self.cursor = row.get("cursor_seq")
+        self.first_seq, self.last_seq, self.cursor = row.get("first_seq"), row.get("last_seq"), row.get("cursor_seq")
         self.rejected = row.get("rejected") or 0  # rejected lines so far, stored or not (`_Batch.reject`)
         self.rejected_dropped = row.get("rejected_dropped") or 0  # of those, not stored in rejected_events
         self.siblings = sibling_ranges

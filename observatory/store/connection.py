@@ -304,6 +304,7 @@ def nothing_to_close() -> bool:
 # reference run's 2x10^9 expert_load rows that was ~0.4 s per page batch with the default, 8x less with
 # this. DuckDB takes it per ATTACH, not from the file, so every write connection sets it.
 ROW_GROUP_ROWS = 1 << 20
+WRITE_BUFFER_ROW_GROUPS = 1  # see `write_connection`
 
 
 def _open_duckdb(path: Path, read_only: bool, deadline: float, fresh: bool = False):
@@ -495,6 +496,10 @@ def write_connection(db=None, timeout_s: float | None = None) -> StoreConnection
             wal.unlink()  # the store was deleted under us; its orphan WAL must not replay into a new one
         con = _open_duckdb(path, False, deadline)
         con.execute(f"SET threads = {WRITER_THREADS}")
+        # each row group a transaction fills is compressed and written as it fills (DuckDB's default: five at
+        # a time, the rest at COMMIT), on the ingester's worker thread while it decodes the next lines: a
+        # catch-up's COMMIT then writes only its last, partial row group (`ingest.appends`)
+        con.execute(f"SET write_buffer_row_group_count = {WRITE_BUFFER_ROW_GROUPS}")
     except BaseException:
         for fd in reversed(fds):
             _unlock(fd)
