@@ -9,6 +9,7 @@ and the reports must be equal.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import os
@@ -251,9 +252,11 @@ def _assert_same(out) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("piece", [4 << 20, 1500], ids=["one-piece", "many-pieces"])
+@pytest.mark.parametrize("piece", [(4 << 20, 4 << 20), (1500, 1500), (3000, 700)],
+                         ids=["one-piece", "many-pieces", "metrics-pieces-smaller"])  # fmt: skip
 def test_fast_path_store_equals_old_path(tmp_path, monkeypatch, seed, piece):
-    monkeypatch.setattr(ingest_fast, "PIECE_BYTES", piece)
+    monkeypatch.setattr(ingest_fast, "PIECE_BYTES", piece[0])
+    monkeypatch.setattr(ingest_fast, "METRICS_PIECE_BYTES", piece[1])
     monkeypatch.setenv("OBSERVATORY_MAX_LINE_BYTES", "4000")  # the 5000-byte note is oversized
     runs = tmp_path / "runs"
     files = build_runs(runs, seed, steps=300)
@@ -407,3 +410,34 @@ def test_gz_larger_than_a_batch_is_read_once(tmp_path, monkeypatch):
     assert (rep.events, rep.duplicates, rep.files) == (300, 0, 1)
     again = ingest(tmp_path / "runs", tmp_path / "s.duckdb", hooks=False, emit=None)
     assert (again.events, again.files) == (0, 0)
+
+
+def test_pieces_of_metrics_lines_are_cut_smaller(monkeypatch):
+    """`METRICS_PIECE_BYTES` pieces at first and after a piece without expert_load rows, `PIECE_BYTES`
+    after one with them; the pieces are the chunk's lines, each whole, in order."""
+    monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 4000)
+    monkeypatch.setattr(ingest_fast, "METRICS_PIECE_BYTES", 1000)
+    seq = iter(range(10**6))
+
+    def lines(kind, n):
+        data = ({"layer": 0, "routed": list(range(30)), "dropped": [0] * 30} if kind == "expert_load"
+                else {f"loss/{i}": i * 0.5 for i in range(8)})  # fmt: skip
+        return [json.dumps(event("r", kind, data, next(seq), step=i, t=1.7e9), separators=(",", ":")).encode()
+                for i in range(n)]  # fmt: skip
+
+    runs = [("metrics", 40), ("expert_load", 60), ("metrics", 40)]
+    kinds = [k for k, n in runs for _ in range(n)]
+    data = b"".join(x + b"\n" for k, n in runs for x in lines(k, n))
+    lf = type("LogFile", (), {"run": "r", "host": 0})()
+    pieces = list(ingest_fast._plans(data, lf, 1 << 20))
+    assert b"".join(p for _, p, _ in pieces) == data
+    assert [hi for hi, _, _ in pieces] == list(itertools.accumulate(len(p) for _, p, _ in pieces))
+    line_kinds = iter(kinds)
+    has_expert = [("expert_load" in [next(line_kinds) for _ in range(p.count(b"\n"))]) for _, p, _ in pieces]
+    assert [bool(len(plan.x_lens)) for _, _, plan in pieces] == has_expert
+    assert len(pieces[0][1]) <= 1000
+    for after_expert, (_, piece, _) in zip(has_expert, pieces[1:], strict=False):
+        assert len(piece) <= (4000 if after_expert else 1000)
+        if after_expert and piece is not pieces[-1][1]:
+            assert len(piece) > 1000  # a full PIECE_BYTES piece, less a part of a line
+    assert True in has_expert and has_expert[-1] is False  # both kinds of piece, metrics at the end again

@@ -2,7 +2,7 @@
 
 `ingest_chunk` stands in for the SQL path's `sql_lines._ingest_chunk` and gives the
 same store, line for line. It cuts the chunk into pieces of ~`PIECE_BYTES` complete
-lines and, for each piece:
+lines (`METRICS_PIECE_BYTES` where they are metrics lines) and, for each piece:
 
 1. checks the bytes: UTF-8, no line over `max_line_bytes`; lines that do not start
    with `{` and end with `}` (blank, torn, junk) go to `_check_line` one by one;
@@ -69,10 +69,16 @@ try:  # without msgspec (>= 0.19: Decoder.decode_lines) every chunk takes the SQ
 except ImportError:  # pragma: no cover - msgspec is a declared dependency
     msgspec = None
 
-__all__ = ["ENABLED", "PIECE_BYTES", "ingest_chunk"]
+__all__ = ["ENABLED", "PIECE_BYTES", "METRICS_PIECE_BYTES", "ingest_chunk"]
 
 ENABLED = True  # False: every chunk takes the SQL path, sql_lines._ingest_chunk (the reference)
-PIECE_BYTES = 4 << 20  # bytes decoded per step
+PIECE_BYTES = 4 << 20  # bytes decoded per step (a piece with expert_load lines)
+# ... and a piece of metrics lines alone. Their decoded events (a Struct of ~60 floats a line) of a 4 MB
+# piece outgrow the CPU's caches: `_plan` took 0.025 s for a 4 MB piece of the 535b log against 0.003 s
+# for 1 MB here, and a catch-up of its 20k steps through the CLI went ~3% faster. expert_load pieces cost
+# the same per byte at either size (their count lists stay raw JSON), and 4x as many of them cost their
+# per-piece work in rows and INSERTs: that log's ingest took ~20% longer in 1 MB pieces.
+METRICS_PIECE_BYTES = 1 << 20
 # rows gathered before an INSERT (on the batch's worker thread, overlapping the next pieces' decoding),
 # or up to `appends.HOLD_WHILE_BUSY` times as many while the worker is still busy (writing a full row
 # group, say). Small enough that the rows reach DuckDB soon after they are decoded, so that a row group
@@ -160,15 +166,8 @@ def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_li
         return
     data = ch.data
     offset0 = ch.end - len(data)
-    pieces, pos = [], 0
-    while pos < len(data):
-        end = data.rfind(b"\n", pos, pos + PIECE_BYTES)
-        if end < 0:  # one line longer than a piece
-            end = data.find(b"\n", pos + PIECE_BYTES)
-        pieces.append((pos, end + 1))
-        pos = end + 1
     insert = functools.partial(_insert, con, lf)
-    for (_, hi), (piece, plan) in zip(pieces, _plans(data, pieces, lf, max_line), strict=True):
+    for hi, piece, plan in _plans(data, lf, max_line):
         if plan is None:
             b.appends.drain()
             _ingest_chunk(con, b, lf, st, _Chunk(piece, offset0 + hi, [], b"", 0, False), max_line)
@@ -179,13 +178,22 @@ def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_li
             b.appends.hold(lf.rel, tables, sum(t.num_rows for t in tables if t is not None), insert, INSERT_ROWS)
 
 
-def _plans(data: bytes, pieces: list[tuple[int, int]], lf: LogFile, max_line: int):
-    """Each piece's bytes (one copy out of the chunk: ~2-3 ms a piece) and its _Plan, in order, decoded when
-    needed (a process pool does not pay on 2 shared cores: a forked decoder measured no faster here, and
-    spawned workers would re-import the caller's main script)."""
-    for lo, hi in pieces:
-        piece = data[lo:hi]
-        yield piece, _plan(piece, lf.run, lf.host, max_line)
+def _plans(data: bytes, lf: LogFile, max_line: int):
+    """(end in `data`, bytes, _Plan) of each piece of complete lines, in order, cut and decoded when needed:
+    `METRICS_PIECE_BYTES` at first and after a piece without expert_load rows, else `PIECE_BYTES`. The
+    bytes are one copy out of the chunk (~2-3 ms a 4 MB piece). A process pool does not pay on 2 shared
+    cores: a forked decoder measured no faster here, and spawned workers would re-import the caller's
+    main script."""
+    pos, size = 0, min(PIECE_BYTES, METRICS_PIECE_BYTES)
+    while pos < len(data):
+        end = data.rfind(b"\n", pos, pos + size)
+        if end < 0:  # one line longer than a piece
+            end = data.find(b"\n", pos + size)
+        piece = data[pos : end + 1]
+        plan = _plan(piece, lf.run, lf.host, max_line)
+        yield end + 1, piece, plan
+        pos = end + 1
+        size = PIECE_BYTES if plan is None or len(plan.x_lens) else min(PIECE_BYTES, METRICS_PIECE_BYTES)
 
 
 class _Plan:
