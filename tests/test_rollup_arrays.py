@@ -101,6 +101,40 @@ def test_two_catch_ups_sharing_a_bucket_with_a_replay_and_a_nan(paths, tmp_path)
                            "AND name = 'train/loss'").fetchall() == [(101 + 19 + 24 + 1, 0, 119)]  # fmt: skip
 
 
+def test_a_name_only_the_store_has_in_the_shared_bucket(paths, tmp_path):
+    """The store's cells in the bucket the new rows reach into hold a name the new rows lack (an eval at the
+    tail's step): folded in at every level, and `metric_series` gets the new rows' names."""
+    runs, db, used = paths
+    a = observatory.init(run_id="run-a", runs_dir=runs, install_signal_handlers=False)
+    _log(a, range(0, 100))
+    a.log({"eval/loss": 2.0}, step=100)
+    a.flush()
+    ingest(runs, db, emit=None)
+    _log(a, range(101, 104))  # metrics_r8 bucket 12 (steps 96..103), which eval/loss's step 100 is in
+    msgspec_lines._LAYOUTS.clear()  # as in a new `observatory ingest` process: the run's layout is learnt anew
+    ingest(runs, db, emit=None)
+    assert used == [True, True]
+    assert snapshot(db) == recounted(db, tmp_path)
+
+
+def test_coarser_levels_across_their_buckets_and_a_rollback(paths, tmp_path):
+    """metrics_r64 and metrics_r512 made from the cells: the second catch-up starts inside a bucket of each
+    (the store's part of it folded in first), then replays steps of an earlier r512 bucket."""
+    runs, db, used = paths
+    a = observatory.init(run_id="run-a", runs_dir=runs, install_signal_handlers=False)
+    _log(a, range(0, 1100))  # into r512 bucket 2 and r64 bucket 17 (steps 1088..1151)
+    ingest(runs, db, emit=None)
+    _log(a, range(1100, 1700))
+    _log(a, range(700, 760), k=0.25)  # a rollback into r512 bucket 1
+    ingest(runs, db, emit=None)
+    assert used == [True, True]
+    assert snapshot(db) == recounted(db, tmp_path)
+    with connect(db) as con:
+        assert con.execute("SELECT count(*) FROM metrics_r512 WHERE run = 'run-a'").fetchall() == [(2 * 4,)]
+        assert con.execute("SELECT n, first_step, last_step FROM metrics_r64 WHERE run = 'run-a' "
+                           "AND name = 'train/loss' AND bucket = 11").fetchall() == [(64 + 56, 704, 767)]  # fmt: skip
+
+
 def test_rows_the_arrays_do_not_cover_take_the_sql_recount(paths, tmp_path, monkeypatch):
     """Rows the SQL path inserted, and a secret-shaped name renamed in the store, leave the arrays out."""
     runs, db, used = paths

@@ -1,4 +1,4 @@
-"""The finest metrics rollups of a catch-up transaction, from its new rows as numpy arrays.
+"""The metrics rollups of a catch-up transaction, every level, from its new rows as numpy arrays.
 
 `rollups.after_ingest` recomputes `metrics_r8` and `metric_series` from the store with a
 GROUP BY (run, name, step // 8). Over a catch-up's ~10^6 new rows that costs DuckDB ~0.3 s
@@ -8,7 +8,9 @@ whole append of the same rows from Arrow. The ingester has those rows as arrays 
 each part of them into (bucket, name) cells as it comes (`np.bincount` and `ufunc.at` over a
 dense grid, or the distinct keys sorted where a grid would be sparse; the rows are not kept), and `roll_up` folds the parts together and with the cells
 the store has for the buckets the new rows reach into (the one a run's tail shares with its
-new steps, or more after a rollback), as DuckDB's recount of those rows would.
+new steps, or more after a rollback), as DuckDB's recount of those rows would. The coarser levels
+(`metrics_r64`, `metrics_r512`) are those cells coarsened, with the store's cells of the level below
+in the part of a coarse bucket before the new rows: as `rollups`' GROUP BY over that level would.
 
 Used only when it provably covers every new row: `rollups.after_ingest` compares the count of
 rows past the watermark with the rows given here, and anything else (rows from the SQL path, a
@@ -23,10 +25,11 @@ import numpy as np
 import pyarrow as pa
 
 from observatory.store.arrow import column, numeric
+from observatory.store.schema import METRIC_RESOLUTIONS
 
 __all__ = ["MetricRows", "roll_up", "cell_index", "by_run", "distinct"]
 
-RES = 8  # the finest metrics rollup's bucket (`schema.METRIC_RESOLUTIONS[0]`; checked by rollups)
+RES = METRIC_RESOLUTIONS[0]  # the finest metrics rollup's bucket
 GRID_SLACK = 4  # a dense (bucket, name) grid of more cells than this many per entry (plus 4096): sort instead
 
 
@@ -226,35 +229,32 @@ def _series(c: dict, latest: np.ndarray, k: int):
 
 
 def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> None:
-    """`metrics_r8` and `metric_series` for the new rows in `rows` (inside the write transaction), each run's
-    from the bucket of its smallest new step (`firsts`) on."""
+    """Every `metrics_r*` level and `metric_series` for the new rows in `rows` (inside the write transaction),
+    each run's from the bucket of its smallest new step (`firsts`) on.
+
+    The finest level (`RES`) folds the new cells with the store's in those buckets; each coarser one is
+    the level below coarsened (buckets // k), with the store's rows of that level below in the coarse
+    bucket's part before the new ones: what `rollups`' GROUP BY over the level below makes (~0.03 s of a
+    20k-step catch-up's ~1.1 s as SQL here)."""
     tables, series = [], []
     for run in sorted(rows.parts):
         names, cells, latest = _run_cells(rows.parts[run])
-        first_bucket = int(firsts[run]) // RES
-        series.append((run, names, *_series(cells, latest, len(names))))
-        old = con.execute(
-            """SELECT name, bucket, first_step, last_step, min, max, last, sum, n, n_nonfinite
-               FROM metrics_r8 WHERE run = ? AND bucket >= ?""", [run, first_bucket]).fetchall()  # fmt: skip
+        first = int(firsts[run])
+        series.append((run, list(names), *_series(cells, latest, len(names))))  # `_old_cells` adds to `names`
+        old = _stored(con, RES, run, first // RES)
         if old:  # the store's rows in these buckets are counted again, first (they came first)
             cells = _fold([_old_cells(old, names), cells])
-        tables.append((run, names, cells))
-    for run, names, c in tables:
-        con.execute(f"DELETE FROM metrics_r{RES} WHERE run = ? AND bucket >= ?", [run, int(firsts[run]) // RES])
-        order = np.lexsort((c["bucket"], np.argsort(np.argsort(np.array(names, dtype=object)))[c["name"]]))
-        empty = c["n_finite"][order] == 0
-        con.register("_cells", pa.table({
-            "name": pa.DictionaryArray.from_arrays(numeric(c["name"][order].astype(np.int32)), column(names, pa.string())),
-            "bucket": numeric(c["bucket"][order]), "first_step": numeric(c["first_step"][order]),
-            "last_step": numeric(c["last_step"][order]), "min": numeric(c["min"][order], empty),
-            "max": numeric(c["max"][order], empty), "last": numeric(c["last"][order]), "sum": numeric(c["sum"][order], empty),
-            "n": numeric(c["n"][order]), "n_nonfinite": numeric(c["n"][order] - c["n_finite"][order]),
-        }))  # fmt: skip
-        try:
-            con.execute(f"""INSERT INTO metrics_r{RES} SELECT $run, name, bucket, first_step, last_step, min, max,
-                            last, sum, n, n_nonfinite FROM _cells""", {"run": run})  # fmt: skip
-        finally:
-            con.unregister("_cells")
+        levels = [(RES, cells)]
+        for res in METRIC_RESOLUTIONS[1:]:
+            prev, below = levels[-1]
+            k = res // prev
+            old = _stored(con, prev, run, (first // res) * k, first // prev)  # the coarse bucket's earlier part
+            parts = ([_old_cells(old, names)] if old else []) + [below]
+            levels.append((res, _fold([{**c, "bucket": c["bucket"] // k} for c in parts])))
+        tables.append((run, names, first, levels))
+    for run, names, first, levels in tables:
+        for res, c in levels:
+            _write(con, res, run, first // res, names, c)
     for run, names, n, first, last_step, last, last_t in series:
         con.register("_series", pa.table({
             "name": column(names, pa.string()), "n": numeric(n), "first_step": numeric(first), "last_step": numeric(last_step),
@@ -265,6 +265,32 @@ def roll_up(con, rows: MetricRows, firsts: dict[str, int]) -> None:
         finally:
             con.unregister("_series")
 
+
+def _stored(con, res: int, run: str, lo: int, hi: int | None = None) -> list[tuple]:
+    """The store's `metrics_r{res}` rows of `run` with lo <= bucket (< hi), as `_old_cells` takes them."""
+    return con.execute(
+        f"""SELECT name, bucket, first_step, last_step, min, max, last, sum, n, n_nonfinite FROM metrics_r{res}
+            WHERE run = ? AND bucket >= ?{"" if hi is None else " AND bucket < ?"}""",
+        [run, lo] + ([] if hi is None else [hi])).fetchall()  # fmt: skip
+
+
+def _write(con, res: int, run: str, lo: int, names: list[str], c: dict) -> None:
+    """Replace `run`'s `metrics_r{res}` rows from bucket `lo` on with the cells `c` (names coded into `names`)."""
+    con.execute(f"DELETE FROM metrics_r{res} WHERE run = ? AND bucket >= ?", [run, lo])
+    order = np.lexsort((c["bucket"], np.argsort(np.argsort(np.array(names, dtype=object)))[c["name"]]))
+    empty = c["n_finite"][order] == 0
+    con.register("_cells", pa.table({
+        "name": pa.DictionaryArray.from_arrays(numeric(c["name"][order].astype(np.int32)), column(names, pa.string())),
+        "bucket": numeric(c["bucket"][order]), "first_step": numeric(c["first_step"][order]),
+        "last_step": numeric(c["last_step"][order]), "min": numeric(c["min"][order], empty),
+        "max": numeric(c["max"][order], empty), "last": numeric(c["last"][order]), "sum": numeric(c["sum"][order], empty),
+        "n": numeric(c["n"][order]), "n_nonfinite": numeric(c["n"][order] - c["n_finite"][order]),
+    }))  # fmt: skip
+    try:
+        con.execute(f"""INSERT INTO metrics_r{res} SELECT $run, name, bucket, first_step, last_step, min, max,
+                        last, sum, n, n_nonfinite FROM _cells""", {"run": run})  # fmt: skip
+    finally:
+        con.unregister("_cells")
 
 
 # `metric_series` folds new per-name rows in (`rollups._merge_metric_series` runs it over the store)

@@ -30,7 +30,8 @@ late or replayed steps (a rollback to an earlier checkpoint) land in the right
 buckets. If the counts do not add up (rows deleted, store rebuilt), everything is
 rebuilt. A catch-up batch passes its new rows as arrays: where they are every row past the
 watermark, the levels read from the raw rows are made from them (`metric_cells`, `expert_cells`:
-the same cells, folded with the store's in the buckets the new rows reach into), not read back. Readers of these tables: `observatory/queries/experts.py` and
+the same cells, folded with the store's in the buckets the new rows reach into), not read back, and
+the coarser metrics levels from those cells too (`metric_cells.roll_up`). Readers of these tables: `observatory/queries/experts.py` and
 `observatory/queries/dashboard.py`.
 """
 
@@ -50,7 +51,6 @@ from observatory.store.schema import (
 
 __all__ = ["SOURCES", "after_ingest", "behind", "rebuild_rollups"]
 
-assert metric_cells.RES == METRIC_RESOLUTIONS[0], "metric_cells makes the finest metrics rollup"
 assert expert_cells.RES == RESOLUTIONS[0], "expert_cells makes the finest expert_load rollup"
 FROM_RAW = ("expert_layer_step", f"expert_load_r{RESOLUTIONS[0]}")  # the expert rollups read from expert_load
 SOURCES = ("metrics", "expert_load")  # the tables rolled up (the charts' source first: ingest rolls up in this order)
@@ -152,11 +152,10 @@ def _recompute_experts(con, run: str, first: int, coarser_only: bool = False) ->
         con.execute(sql, params)
 
 
-def _recompute_metrics(con, run: str, first: int, coarser_only: bool = False) -> None:
-    """Recompute every metrics rollup row of `run` that covers a step >= first (`coarser_only`: all but
-    the finest, which `metric_cells` made)."""
+def _recompute_metrics(con, run: str, first: int) -> None:
+    """Recompute every metrics rollup row of `run` that covers a step >= first."""
     params = {"run": run, "first": first}
-    for table, sql in _metric_statements(_bucket_where_incremental)[1 if coarser_only else 0 :]:
+    for table, sql in _metric_statements(_bucket_where_incremental):
         con.execute(f"DELETE FROM {table} WHERE run = $run AND bucket >= $first // {_res_of(table)}", params)
         con.execute(sql, params)
 
@@ -239,9 +238,12 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None, rows: 
             continue
         quick = _arrays_are_new_rows(con, source, rows.get(source))
         if quick is not None:  # the finest levels from the arrays, the coarser ones by SQL from those
-            (metric_cells if source == "metrics" else expert_cells).roll_up(con, rows[source], quick[0])
-            for run, first in sorted(quick[0].items()):
-                recompute(con, run, first, coarser_only=True)
+            if source == "metrics":
+                metric_cells.roll_up(con, rows[source], quick[0])  # every level
+            else:
+                expert_cells.roll_up(con, rows[source], quick[0])
+                for run, first in sorted(quick[0].items()):
+                    recompute(con, run, first, coarser_only=True)
             _save_state(con, source, *quick[1:])
             continue
         ok, firsts, start, nxt, n = _new_rows(con, source)
