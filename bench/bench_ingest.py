@@ -112,7 +112,7 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from bench.ingest_535b import run_535b  # only for the preset
 
-        run_535b(args)
+        run_535b(args, {k: ap.get_default(k) for k in ("repeat", "expert_steps", "metric_steps", "rebuild_steps")})
         return
     best: dict[str, tuple[float, float]] = {}  # side -> (wall s, CPU s) of its fastest run
     reps, sums = {}, {}
