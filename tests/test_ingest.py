@@ -126,6 +126,40 @@ def test_run_status_lifecycle(runs_dir, db_path, monkeypatch):
         assert {r["run"]: r["status"] for r in list_runs(con)}["dead"] == "running"
 
 
+def test_a_run_resumed_without_a_new_run_start_is_running(runs_dir, db_path):
+    """`trainer train --resume` and the wandb API's `init(resume=)` append to the run's log with no
+    second run_start: events after its run_end mean it is running again, until its next run_end."""
+    now = time.time()
+    log = runs_dir / "r" / "events.0.jsonl"
+    write_lines(log, [
+        event("r", "run_start", {"config": {}}, 0, t=now),
+        event("r", "metrics", {"loss": 1.0}, 1, 5, t=now),
+        event("r", "run_end", {"status": "preempted", "final_step": 5}, 2, t=now),
+    ])  # fmt: skip
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, "SELECT status, final_step FROM runs") == [("preempted", 5)]
+    write_lines(log, [event("r", "note", {"text": "resumed from checkpoint at step 5"}, 3, 5, t=now + 30),
+                      event("r", "metrics", {"loss": 0.9}, 4, 6, t=now + 30)])  # fmt: skip
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, "SELECT status, end_time, final_step, last_step FROM runs") == [("running", None, None, 6)]
+    write_lines(log, [event("r", "run_end", {"status": "completed", "final_step": 6}, 5, t=now + 30)])
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, "SELECT status, final_step FROM runs") == [("completed", 6)]
+    # the same log in one batch, and a two-host run whose host 1 logged after host 0's run_end (its own
+    # run_end comes later still): completed, not running
+    write_lines(runs_dir / "h" / "events.0.jsonl", [
+        event("h", "run_start", {"config": {}}, 0, t=now),
+        event("h", "run_end", {"status": "completed", "final_step": 3}, 1, t=now),
+    ])  # fmt: skip
+    write_lines(runs_dir / "h" / "events.1.jsonl", [
+        event("h", "metrics", {"loss": 1.0}, 0, 3, t=now + 1, host=1),
+        event("h", "run_end", {"status": "completed", "final_step": 3}, 1, t=now + 1, host=1),
+    ])  # fmt: skip
+    fresh = db_path.with_name("fresh.duckdb")
+    ingest(runs_dir, fresh, emit=None)
+    assert q(fresh, "SELECT run, status, final_step FROM runs ORDER BY run") == [("h", "completed", 3), ("r", "completed", 6)]
+
+
 def test_unknown_kind_kept_and_flagged(runs_dir, db_path):
     write_lines(runs_dir / "a" / "events.0.jsonl", [
         event("a", "gpu_temps", {"gpu0": 71}, 0),

@@ -172,6 +172,25 @@ def test_resume_continues_the_same_run_and_sequence(base, tmp_path):
     ls = losses(allev)
     assert abs(ls[61] - ls[60]) < 0.5 and ls[61] < 3.5  # picked up the trained weights
     assert of(allev, "run_end")[-1]["data"] == {"status": "completed", "final_step": 70}
+    # the store: running while the resumed process writes (the log cut before its last run_end; the
+    # first session's run_end and no second run_start before it), completed at step 70 after
+    from observatory import store
+    from observatory.ingest import ingest
+
+    log = tmp_path / run_id / "events.0.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    assert json.loads(lines[-1])["kind"] == "run_end"
+    live = tmp_path / "live"
+    (live / run_id).mkdir(parents=True)
+    (live / run_id / "events.0.jsonl").write_bytes(b"".join(lines[:-1]))
+    db = tmp_path / "store.duckdb"
+    ingest(live, db, hooks=False, emit=None)
+    with store.connect(db) as con:
+        assert con.execute("SELECT status, final_step, last_step FROM runs").fetchall() == [("running", None, 70)]
+    (live / run_id / "events.0.jsonl").write_bytes(b"".join(lines))
+    ingest(live, db, hooks=False, emit=None)
+    with store.connect(db) as con:
+        assert con.execute("SELECT status, final_step FROM runs").fetchall() == [("completed", 70)]
 
 
 def test_injected_faults_produce_their_events(tmp_path):

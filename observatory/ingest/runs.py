@@ -64,6 +64,11 @@ def update_runs(con, b: _Batch) -> None:
                 if r["final_step"] is None:
                     r["final_step"] = r["last_step"]
         t, step = b.activity.get(run, (None, None))
+        if t is not None and r["end_time"] is not None and t > r["end_time"]:
+            # the run's own processes wrote on after its (last) run_end: it was resumed. `trainer train
+            # --resume` and the wandb API's `init(resume=)` append to the same log with no new run_start
+            # (a run_end is each host's last event, so the run_end's own time is not past it)
+            r["status"], r["end_time"], r["final_step"] = "running", None, None
         if t is not None and (r["last_event_t"] is None or t > r["last_event_t"]):
             r["last_event_t"] = t
         if step is not None and (r["last_step"] is None or step > r["last_step"]):
