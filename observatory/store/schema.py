@@ -169,7 +169,9 @@ _ADDED_COLUMNS = (
 
 TABLE_DOCS = {
     "runs": "One row per run, from `run_start` / `run_end` and the newest event seen. "
-    "`status` is `running` until a `run_end`; readers show a running run whose newest event "
+    "`status` is `running` until a `run_end`, and `running` again when the run's own processes write "
+    "after it (a resume: `trainer train --resume` and `init(resume=)` append to the log with no second "
+    "`run_start`); readers show a running run whose newest event "
     "is older than `stale_after_s` as `crashed`.",
     "metrics": "One row per (run, step, name) scalar from `metrics` events.",
     "expert_load": "One row per (run, step, layer, expert) from `expert_load` events; narrow "
