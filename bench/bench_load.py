@@ -5,9 +5,9 @@ A bounded load generator on 127.0.0.1 only. It starts, in a temp dir, a trainer
 ingest --follow` and `observatory dashboard`, then speaks Streamlit's own
 websocket protocol (`/_stcore/stream`, the protobufs `streamlit.proto` ships) as
 a browser would: each viewer opens a page (a `rerun_script` BackMsg with the
-page name and query string), answers the Live panel's `auto_rerun` by rerunning
-its fragment every interval, submits the SQL form, stays a few seconds and opens
-the next page, so exactly N sessions are open at any time until the hard stop
+page name and query string), answers each `auto_rerun` of the Live page (its
+status line's and its panel's) by rerunning that fragment every interval,
+submits the SQL form, stays a few seconds and opens the next page, so exactly N sessions are open at any time until the hard stop
 (once all have arrived: evenly over the first `--ramp` seconds, 8 by default, the
 shortest stay; `--ramp 0` opens all N pages in the same instant).
 The server does all its real work; only the browser's drawing is left out.
@@ -83,7 +83,7 @@ class View:
     # the server's CPU seconds (given a `cpu` clock, one viewer at a time): from opening to the end of
     # the script run that drew the first chart, and for each auto-refresh from its request to its end
     cpu_view: float | None = None
-    cpu_refresh: list[float] = field(default_factory=list)
+    cpu_refresh: list[tuple[float, float]] = field(default_factory=list)  # (its fragment's interval, CPU s)
     refreshes: int = 0
 
 
@@ -135,9 +135,11 @@ async def view_page(
     page_hash = ""
     ids: dict[str, str] = {}
     submitted = False
-    refresher: asyncio.Task | None = None
+    refreshers: dict[str, asyncio.Task] = {}  # fragment id -> its timer (the Live page has two)
     cpu0 = cpu() if cpu else 0.0
-    refresh_cpu: list[float] = []  # the server's CPU clock when the refresh in flight was asked for
+    # (interval, the server's CPU clock) when each refresh in flight was asked for, oldest first: the
+    # server runs a session's fragment reruns in the order asked
+    refresh_cpu: list[tuple[float, float]] = []
     try:
         async with websockets.connect(
             f"ws://127.0.0.1:{port}/_stcore/stream",
@@ -152,7 +154,7 @@ async def view_page(
                 while True:  # the browser's side of st.fragment(run_every=...)
                     await asyncio.sleep(interval)
                     if cpu:
-                        refresh_cpu[:] = [cpu()]
+                        refresh_cpu.append((interval, cpu()))
                     v.refreshes += 1
                     await ws.send(_rerun(page, query, page_hash=page_hash, fragment=fragment))
 
@@ -171,13 +173,15 @@ async def view_page(
                     page_hash = getattr(msg.navigation, "page_script_hash", "") or page_hash
                 elif kind == "page_not_found":
                     v.errors.append(f"page not found: {msg.page_not_found.page_name}")
-                elif kind == "auto_rerun" and refresher is None:
-                    refresher = asyncio.create_task(refresh(msg.auto_rerun.interval, msg.auto_rerun.fragment_id))
+                elif kind == "auto_rerun" and msg.auto_rerun.fragment_id not in refreshers:
+                    refreshers[msg.auto_rerun.fragment_id] = asyncio.create_task(
+                        refresh(msg.auto_rerun.interval, msg.auto_rerun.fragment_id))  # fmt: skip
                 elif kind == "script_finished":
                     if cpu and v.first is not None and v.cpu_view is None:
                         v.cpu_view = cpu() - cpu0
                     elif cpu and refresh_cpu and msg.script_finished == ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY:
-                        v.cpu_refresh.append(cpu() - refresh_cpu.pop())
+                        interval, c = refresh_cpu.pop(0)
+                        v.cpu_refresh.append((interval, cpu() - c))
                     if page == "sql" and not submitted and "area" in ids and "button" in ids:
                         submitted = True
                         v.form = now - t0
@@ -210,7 +214,7 @@ async def view_page(
     except Exception as e:  # a dropped or refused connection is an error the viewer sees
         v.errors.append(f"connection: {type(e).__name__}: {e}")
     finally:
-        if refresher is not None:
+        for refresher in refreshers.values():
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await refresher
@@ -503,7 +507,7 @@ class Figures:
     load_avg: float = 0.0
     # one viewer: the server's CPU seconds per view (by page) and per Live auto-refresh
     cpu_view: dict[str, list[float]] = field(default_factory=dict)
-    cpu_refresh: list[float] = field(default_factory=list)
+    cpu_refresh: list[tuple[float, float]] = field(default_factory=list)  # (fragment interval, CPU s)
     server_cpu_s: float = 0.0  # under load: the server's CPU seconds in all
     refreshes: int = 0  # under load: the Live auto-refreshes asked for
     lock_line: str = ""  # under load: how long the writer held the store (`LockWatch`)
@@ -558,7 +562,10 @@ class Figures:
         out.append(
             "  server CPU-s, one viewer: per view "
             + ", ".join(f"{p} {med(self.cpu_view.get(p, [])):.3f}" for p in PAGES)
-            + f"; per Live refresh {med(self.cpu_refresh):.3f} ({len(self.cpu_refresh)} refreshes)"
+            + "; per Live refresh "
+            + ", ".join(f"every {k:g} s {med([c for i, c in self.cpu_refresh if i == k]):.3f} "
+                        f"({sum(i == k for i, _ in self.cpu_refresh)} refreshes)"
+                        for k in sorted({i for i, _ in self.cpu_refresh}, reverse=True))  # fmt: skip
         )
         out.append(
             f"  server CPU-s under load: {self.server_cpu_s:.1f} for {self.views} views and {self.refreshes} "
@@ -603,7 +610,7 @@ def measure(
         asyncio.run(view_page(world.port, "live", page_query("live"), 10.0))
         single: dict[str, list[float]] = {p: [] for p in PAGES}
         cpu_view: dict[str, list[float]] = {p: [] for p in PAGES}
-        cpu_refresh: list[float] = []
+        cpu_refresh: list[tuple[float, float]] = []
         single_err: list[str] = []
         single_seen: list[View] = []
 

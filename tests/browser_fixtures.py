@@ -1,6 +1,6 @@
 """Helpers for the real-browser tests: a `streamlit run` server, Debian chromium, pages that open.
 
-Used by tests/test_browser.py, tests/test_public_browser.py, tests/test_demo_browser.py and,
+Used by tests/test_browser.py, tests/test_public_browser.py, tests/test_demo_browser.py, bench/bench_live_follow.py and,
 through the `browser` fixture of tests/conftest.py, tests/test_report_browser.py. Playwright
 drives /usr/bin/chromium (it cannot download its own browser here).
 """
@@ -8,6 +8,7 @@ drives /usr/bin/chromium (it cannot download its own browser here).
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -116,3 +117,12 @@ def assert_no_exception(page, name: str) -> None:
     if exceptions.count():
         raise AssertionError(f"{name}: exception on the page: {exceptions.first.inner_text()[:3000]}")
     assert "Traceback" not in page.inner_text("body"), name
+
+
+def last_step(page) -> int | None:
+    """The 'Last step' figure of the Live page's status line."""
+    box = page.locator('[data-testid="stMarkdown"]', has_text="Last step")
+    if box.count() == 0:
+        return None
+    m = re.search(r"Last step\s+([\d,]+)", box.first.inner_text())
+    return int(m.group(1).replace(",", "")) if m else None

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from browser_fixtures import LOAD_MS, ROOT, assert_no_exception, dashboard, open_page, wait_idle
+from browser_fixtures import LOAD_MS, ROOT, assert_no_exception, dashboard, last_step, open_page, wait_idle
 from dashboard_fixtures import make_store, metrics_at
 from scale_fixtures import HOT_EXPERT, HOT_LAYER, RUN, make_scale_store
 
@@ -165,15 +165,6 @@ def test_sql_console_in_browser(server, browser):
         assert_no_exception(page, "sql")
     finally:
         page.close()
-
-
-def last_step(page) -> int | None:
-    """The 'Last step' figure of the Live page's status line."""
-    box = page.locator('[data-testid="stMarkdown"]', has_text="Last step")
-    if box.count() == 0:
-        return None
-    m = re.search(r"Last step\s+([\d,]+)", box.first.inner_text())
-    return int(m.group(1).replace(",", "")) if m else None
 
 
 def test_live_page_follows_a_running_run(server, browser, live_run):

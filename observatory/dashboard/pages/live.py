@@ -1,7 +1,10 @@
 """Live run: the curves of one run, refreshed by themselves every 2 s while it runs.
 
-Only the live panel is a fragment (`st.fragment(run_every=2)`), so a refresh
-re-runs a handful of cached queries, not the page. Loss comes first (with eval
+The status line (status, last step, last loss, banners) and the live panel are
+fragments, each with its own timer: the status line every 0.5 s from the cached run
+table, so a new step's number shows about a second after the follower commits it;
+the panel every 2 s (`st.fragment(run_every=2)`), so a refresh re-runs a handful of
+cached queries, not the page. Loss comes first (with eval
 points, the ladder forecast band and event markers), then the MoE and optimiser
 health charts (on a first view of a run, once the browser has drawn the loss
 chart: `dashboard.after_paint`), where per-layer router stats and drop fractions
@@ -33,7 +36,10 @@ from observatory.markup import md_escape
 from observatory.queries import dashboard as qd
 from observatory.redact import redacted_note
 
-REFRESH_S = 2
+REFRESH_S = 2  # the charts' refresh
+# the status line's own refresh (last step, status, banners): one cached batch and a line of text, so a
+# new step's number is on screen about a second after the follower commits it, between chart refreshes
+STATUS_S = 0.5
 LOSS = ("train/loss", "train/ce_loss")
 # (title, metric names drawn together, log y)
 HEALTH = (
@@ -201,20 +207,28 @@ def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None
         step_window(first, last, key=wkey, used=window)
 
 
-def _panel(run: str, live: bool = False) -> None:
+def _status(run: str, live: bool = False) -> None:
+    """The banner (crashed, failed, preempted, stale) and the status line: its own fragment, refreshed
+    every `STATUS_S` while the run is live, from the cached run table (kept fresh by the cache's keeper)."""
+    query_all(*runs_calls(), keep_fresh=live)
+    row = next((r for r in runs_table() if r["run"] == run), None)
+    if row is None:
+        st.warning(f"Run {md_escape(repr(run))} is not in the store.")
+        return
     now = time.time()
+    _banner(row, now)
+    st.markdown(status_line(row, now))
+
+
+def _panel(run: str, live: bool = False) -> None:
     # one connection for the whole refresh: the run list, the window's series, markers, evals, forecasts;
     # a live run's is kept fresh in the background while viewers watch it, so no refresh waits for it
     batch = query_all(*runs_calls(), *panel_calls(run), keep_fresh=live)
     view, all_marks, evals, fcs = batch[len(runs_calls()) :]
     rows = {r["run"]: r for r in runs_table()}  # from the batch above
-    row = rows.get(run)
-    if row is None:
-        st.warning(f"Run {md_escape(repr(run))} is not in the store.")
-        return
-    _banner(row, now)
+    if rows.get(run) is None:
+        return  # the status line above says so
     wkey = f"live_window_{run}"
-    st.markdown(status_line(row, now))
     if view["extent"] is None:
         st.info("No metrics logged yet for this run.")
         return
@@ -363,7 +377,9 @@ def render() -> None:
     if run is None:
         return
     live = is_running(runs, run)
-    st.caption(f"Refreshing every {REFRESH_S} s." if live else "Not running: shown as of its last event.")
-    # only the panel refreshes; a finished run does not poll
+    st.caption(f"Refreshing every {REFRESH_S} s (the status line every {STATUS_S:g} s)." if live
+               else "Not running: shown as of its last event.")  # fmt: skip
+    # only the status line and the panel refresh, each at its own pace; a finished run does not poll
+    st.fragment(run_every=STATUS_S if live else None)(_status)(run, live)
     st.fragment(run_every=REFRESH_S if live else None)(_panel)(run, live)
     render_details(run)
