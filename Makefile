@@ -56,7 +56,7 @@ test-fast: setup
 demo: setup
 	$(BIN)/python -m observatory.demo
 
-bench: setup
+bench: setup chromium
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
