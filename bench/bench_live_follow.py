@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the browser tests' page helpers
 from browser_fixtures import last_step  # noqa: E402
 
 from bench.bench_dashboard import CHROMIUM_ARGS, _free_port, _serve  # noqa: E402
-from bench.ingest_535b import ENV, RUN, append_steps, child, compile_bytecode  # noqa: E402
+from bench.ingest_535b import ENV, RUN, append_steps, append_target, child, compile_bytecode  # noqa: E402
 from observatory.dashboard.pages.live import REFRESH_S, STATUS_S  # noqa: E402
 from observatory.interop.simulate import simulate  # noqa: E402
 
@@ -120,13 +120,8 @@ def measure(browser, runs: Path, db: Path, log: Path, tries: int, rng: random.Ra
             follower.wait(30)
 
 
-def append_target(log: Path) -> int:
-    lines = log.read_bytes().splitlines()
-    return max(json.loads(x).get("step") or 0 for x in lines[-400:] if b'"metrics"' in x)
-
-
 def summary(xs: list[float]) -> str:
-    q = statistics.quantiles(xs, n=10) if len(xs) >= 2 else xs
+    q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) >= 2 else xs  # within the data
     return f"median {statistics.median(xs):.2f} s, p90 {q[-1]:.2f} s, max {max(xs):.2f} s (n={len(xs)})"
 
 

@@ -7,9 +7,10 @@ websocket protocol (`/_stcore/stream`, the protobufs `streamlit.proto` ships) as
 a browser would: each viewer opens a page (a `rerun_script` BackMsg with the
 page name and query string), answers each `auto_rerun` of the Live page (its
 status line's and its panel's) by rerunning that fragment every interval,
-submits the SQL form, stays a few seconds and opens the next page, so exactly N sessions are open at any time until the hard stop
-(once all have arrived: evenly over the first `--ramp` seconds, 8 by default, the
-shortest stay; `--ramp 0` opens all N pages in the same instant).
+submits the SQL form, stays a few seconds and opens the next page, so exactly N
+sessions are open at any time until the hard stop (once all have arrived: evenly
+over the first `--ramp` seconds, 8 by default, the shortest stay; `--ramp 0` opens
+all N pages in the same instant).
 The server does all its real work; only the browser's drawing is left out.
 
 Figures, first with ONE viewer (the baseline, same store, trainer writing), then

@@ -1,8 +1,9 @@
 """Helpers for the real-browser tests: a `streamlit run` server, Debian chromium, pages that open.
 
-Used by tests/test_browser.py, tests/test_public_browser.py, tests/test_demo_browser.py, bench/bench_live_follow.py and,
-through the `browser` fixture of tests/conftest.py, tests/test_report_browser.py. Playwright
-drives /usr/bin/chromium (it cannot download its own browser here).
+Used by tests/test_browser.py, tests/test_public_browser.py, tests/test_demo_browser.py,
+bench/bench_live_follow.py and, through the `browser` fixture of tests/conftest.py,
+tests/test_report_browser.py. Playwright drives /usr/bin/chromium (it cannot download its
+own browser here).
 """
 
 from __future__ import annotations

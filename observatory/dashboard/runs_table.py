@@ -21,11 +21,12 @@ def runs_calls() -> tuple[tuple, ...]:
     return ((core.list_runs,), (qd.runs_extras,))
 
 
-def runs_table() -> list[dict[str, Any]]:
+def runs_table(keep_fresh: bool = False) -> list[dict[str, Any]]:
     """Every run as a dict: run, name, status (crashed when stale), last_step, steps, progress,
-    last_loss, tokens, ladder, tags, project, group, start_time, last_event_t, parent, redactions; newest first."""
+    last_loss, tokens, ladder, tags, project, group, start_time, last_event_t, parent, redactions; newest first.
+    `keep_fresh`: the cache's keeper refills these queries after each commit while they are asked for."""
 
-    rows, extras = query_all(*runs_calls())
+    rows, extras = query_all(*runs_calls(), keep_fresh=keep_fresh)
     extras = {r["run"]: r for r in extras.to_dicts()}
     out = []
     for r in rows:

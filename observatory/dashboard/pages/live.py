@@ -210,8 +210,7 @@ def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None
 def _status(run: str, live: bool = False) -> None:
     """The banner (crashed, failed, preempted, stale) and the status line: its own fragment, refreshed
     every `STATUS_S` while the run is live, from the cached run table (kept fresh by the cache's keeper)."""
-    query_all(*runs_calls(), keep_fresh=live)
-    row = next((r for r in runs_table() if r["run"] == run), None)
+    row = next((r for r in runs_table(keep_fresh=live) if r["run"] == run), None)
     if row is None:
         st.warning(f"Run {md_escape(repr(run))} is not in the store.")
         return
