@@ -32,7 +32,8 @@ def live_store(tmp_path_factory):
 
 @pytest.fixture
 def live_run(live_store):
-    """`live-run`, which a writer thread appends to (4 steps/s) while `ingest --follow` runs, for one test."""
+    """`live-run`, which a writer thread appends to (4 steps/s) while `ingest --follow` runs, for one test:
+    (its id, the event that stops the writer, which then ends the run)."""
     runs_dir, db = live_store
     stop_ev = threading.Event()
     run = observatory.init(
@@ -52,16 +53,18 @@ def live_run(live_store):
     writer.start()
     time.sleep(1.0)
     ingest(runs_dir, db, emit=None)  # the run is in the store before the page opens
+    stop_follower = threading.Event()
     follower = threading.Thread(
         target=ingest,
         args=(runs_dir, db),
-        kwargs={"follow": True, "stop_event": stop_ev, "emit": None},
+        kwargs={"follow": True, "stop_event": stop_follower, "emit": None},
         daemon=True,
     )
     follower.start()
-    yield "live-run"
+    yield "live-run", stop_ev
     stop_ev.set()
     writer.join(10)
+    stop_follower.set()
     follower.join(30)
 
 
@@ -168,6 +171,7 @@ def test_sql_console_in_browser(server, browser):
 
 
 def test_live_page_follows_a_running_run(server, browser, live_run):
+    live_run, end_run = live_run
     page = open_page(browser, f"{server}/live?run={live_run}")
     try:
         page.wait_for_function(
@@ -188,6 +192,11 @@ def test_live_page_follows_a_running_run(server, browser, live_run):
         page.screenshot(path=str(ARTIFACTS / "live-follow.png"), full_page=True)
         assert seen > first + 3, f"last step stayed at {first} -> {seen}"
         assert_no_exception(page, "live follow")
+        # the run ends (`run_end`, which the follower ingests): the page turns into a finished run's by itself
+        end_run.set()
+        page.get_by_text("Not running: shown as of its last event.").first.wait_for(timeout=60_000)
+        assert page.get_by_text("Refreshing every").count() == 0
+        page.get_by_text("completed").first.wait_for()
         assert "lock" not in page.inner_text("body").lower()  # no lock error ever reaches the page
     finally:
         page.close()

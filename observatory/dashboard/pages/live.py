@@ -209,11 +209,14 @@ def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None
 
 def _status(run: str, live: bool = False) -> None:
     """The banner (crashed, failed, preempted, stale) and the status line: its own fragment, refreshed
-    every `STATUS_S` while the run is live, from the cached run table (kept fresh by the cache's keeper)."""
+    every `STATUS_S` while the run is live, from the cached run table (kept fresh by the cache's keeper).
+    When a live run ends, the whole page reruns once, as a finished run's page without timers."""
     row = next((r for r in runs_table(keep_fresh=live) if r["run"] == run), None)
     if row is None:
         st.warning(f"Run {md_escape(repr(run))} is not in the store.")
         return
+    if live and row["status"] != "running":
+        st.rerun()  # it has ended (or gone silent): the page is redrawn as a finished run's, and stops polling
     now = time.time()
     _banner(row, now)
     st.markdown(status_line(row, now))
