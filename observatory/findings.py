@@ -10,17 +10,13 @@ torn-line rule (a line without its final newline is not an event yet).
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
 from observatory.events import OBSERVATORY_HOST
 from observatory.writer import init
 
-__all__ = ["path", "write", "pending", "deferred"]
-
-_LOCAL = threading.local()  # .held: the writes a `deferred` block of this thread holds back, else absent
+__all__ = ["path", "write", "pending"]
 
 
 def path(runs_dir, run: str) -> Path:
@@ -37,10 +33,6 @@ def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]
     items = list(items)
     if not items:
         return 0
-    held = getattr(_LOCAL, "held", None)
-    if held is not None:
-        held.append((runs_dir, run, kind, items))
-        return len(items)
     w = init(run_id=run, runs_dir=runs_dir, host=OBSERVATORY_HOST, write_start=False, install_signal_handlers=False)
     try:
         for data, step in items:
@@ -48,21 +40,6 @@ def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]
     finally:
         w.close()  # flush and close; finish() would write a run_end
     return len(items)
-
-
-@contextmanager
-def deferred() -> Iterator[list[tuple]]:
-    """Hold back this thread's `write` calls in the block: they are collected, in order, as
-    (runs_dir, run, kind, items) in the list it yields, for `write(*w)` later (ingest's hooks that run
-    inside a batch's transaction write their events only once it has committed). `pending` does not
-    see held writes."""
-    held: list[tuple] = []
-    outer = getattr(_LOCAL, "held", None)
-    _LOCAL.held = held
-    try:
-        yield held
-    finally:
-        _LOCAL.held = outer
 
 
 def pending(runs_dir, run: str, kind: str) -> list[dict]:

@@ -287,32 +287,23 @@ def test_many_lines_bulk(runs_dir, db_path, kind):
         ]
 
 
-@pytest.mark.parametrize("apart_below", [0, 1 << 40], ids=["in-the-batch", "apart"])
-def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monkeypatch, apart_below):
-    """Rollups run in the batch's transaction (a catch-up) or in their own after it (a live tail), anomalies
-    after it (a catch-up reads for them inside it: `prepare`); a failing hook loses nothing either way, nor
-    do reads inside the batch that fail (a failed query aborts DuckDB's transaction)."""
+def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monkeypatch):
+    """Rollups run in the batch's transaction, anomalies after it; a failing hook loses nothing."""
     from observatory.detect import scan as anomalies
-    from observatory.ingest import passes
     from observatory.store import rollups
-
-    monkeypatch.setattr(passes, "ROLL_UP_APART_BELOW", apart_below)
 
     write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 5))
     _ingest(runs_dir, db_path, emit=None)
     assert q(db_path, "SELECT count(*) FROM metric_series WHERE run = 'a'") == [(2,)]  # rollups ran in the batch
 
     seen = []
-    monkeypatch.setattr(rollups, "after_ingest", lambda con, touched, *rows: (_ for _ in ()).throw(RuntimeError("rollup bug")))
-    monkeypatch.setattr(anomalies, "after_ingest", lambda db, runs, touched: seen.append(set(touched)) or 1 / 0)
-    monkeypatch.setattr(anomalies, "prepare", lambda con, runs_dir, runs: con.execute("SELECT * FROM no_such_table"))
+    monkeypatch.setattr(rollups, "after_ingest", lambda con, touched: (_ for _ in ()).throw(RuntimeError("rollup bug")))
+    monkeypatch.setattr(anomalies, "after_ingest", lambda db, runs, touched, **kw: seen.append(set(touched)) or 1 / 0)
     write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 8, 15)[15:])
     msgs: list[str] = []
     rep = _ingest(runs_dir, db_path, emit=msgs.append)
     assert rep.events == 9 and q(db_path, "SELECT count(*) FROM metrics") == [(16,)]
     assert any("rollups.after_ingest failed (RuntimeError: rollup bug)" in m for m in msgs)
-    failed_reads = [m for m in msgs if "anomalies's reads inside the batch failed (CatalogException" in m]
-    assert len(failed_reads) == (1 if apart_below == 0 else 0)  # a live tail's batch reads after its commit
     assert any("anomalies.after_ingest failed: ZeroDivisionError" in m for m in msgs)
     assert seen == [{"a"}]
 
@@ -332,30 +323,6 @@ def test_rows_committed_without_their_rollups_are_rolled_up_by_the_next_call(run
         sql = f"SELECT * FROM {table} ORDER BY ALL"
         got = q(db_path, sql)
         assert got and got == q(whole, sql), table
-
-
-def test_a_small_batch_is_rolled_up_in_transactions_of_its_own_and_a_catch_up_in_its_own(tmp_path, monkeypatch):
-    """A batch under `ROLL_UP_APART_BELOW` bytes (a live run's tail) commits, then has its rollups in one
-    write transaction per source (short holds a reader can get in between); a larger one (a catch-up) has
-    them inside its own. The rollups come out the same."""
-    from observatory.ingest import passes
-
-    runs = tmp_path / "runs"
-    write_lines(runs / "a" / "events.0.jsonl", _run_lines("a", 30))
-    holds: list[str] = []
-    real = passes.store.write_connection
-    monkeypatch.setattr(passes.store, "write_connection", lambda db, **kw: holds.append(str(db)) or real(db, **kw))
-    got = {}
-    for name, below in (("apart", 1 << 40), ("in-the-batch", 0)):
-        monkeypatch.setattr(passes, "ROLL_UP_APART_BELOW", below)
-        holds.clear()
-        db = tmp_path / f"{name}.duckdb"
-        _ingest(runs, db, emit=None)
-        got[name] = (len(holds), [q(db, f"SELECT * FROM {t} ORDER BY ALL") for t in ("metrics_r8", "metric_series", "expert_load_r16", "expert_run_step")])
-        for f in runs.glob("*/events.1000.jsonl"):
-            f.unlink()  # the detectors' findings: the next store finds them anew
-    assert got["apart"][0] == got["in-the-batch"][0] + 2  # the batch, then metrics' and expert_load's
-    assert got["apart"][1] == got["in-the-batch"][1] and all(got["apart"][1])
 
 
 def test_observatory_findings_do_not_revive_a_crashed_run(runs_dir, db_path):
@@ -484,59 +451,16 @@ def _transactions(monkeypatch) -> list[int]:
     return sizes
 
 
-@pytest.mark.parametrize("reader_waits", [False, True])
-def test_a_catch_up_transaction_takes_in_more_only_while_no_reader_waits(runs_dir, db_path, monkeypatch, reader_waits):
-    """Twelve files of one piece each (BATCH_BYTES): while nobody waits for the store, a catch-up takes
-    them in four pieces a transaction (CATCH_UP_PIECES); a reader waiting (it holds `<db>.want`, as
-    `store.connect` does while it waits) ends every transaction after its piece. The rows are the same."""
-    import fcntl
-
+def test_a_transaction_takes_in_batch_bytes(runs_dir, db_path, monkeypatch):
+    """Each write transaction takes in about `BATCH_BYTES` of input (here one file a transaction), so a reader
+    waits for one short hold at most; the rows are those of every file."""
     from observatory.ingest import passes
-    from observatory.store import connection
 
     _files(runs_dir, 12)
-    monkeypatch.setattr(passes, "BATCH_BYTES", 1000)  # each file is more: one file a piece
-    monkeypatch.setattr(passes, "CATCH_UP_PIECES", 4)
-    monkeypatch.setattr(passes, "CATCH_UP_HOLD_S", 60.0)
-    monkeypatch.setattr(connection, "YIELD_MAX_S", 0.01)  # the writer's wait for that reader, each transaction
+    monkeypatch.setattr(passes, "BATCH_BYTES", 1000)  # each file is more: one file a transaction
     sizes = _transactions(monkeypatch)
-    fd = None
-    if reader_waits:
-        fd = os.open(db_path.with_name(db_path.name + ".want"), os.O_RDWR | os.O_CREAT, 0o666)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    try:
-        rep = _ingest(runs_dir, db_path, hooks=False, emit=None)
-    finally:
-        if fd is not None:
-            os.close(fd)
-    assert len(sizes) == (12 if reader_waits else 3)
+    rep = _ingest(runs_dir, db_path, hooks=False, emit=None)
+    assert len(sizes) == 12
     assert sum(sizes) == rep.bytes == sum(p.stat().st_size for p in runs_dir.rglob("*.jsonl"))
     with store.connect(db_path) as con:
         assert con.execute("SELECT count(*), count(DISTINCT run) FROM metrics").fetchall() == [(480, 12)]
-
-
-def test_a_catch_up_transaction_stops_growing_after_its_time(runs_dir, db_path, monkeypatch):
-    """CATCH_UP_HOLD_S bounds a catch-up transaction's time as CATCH_UP_PIECES bounds its bytes."""
-    from observatory.ingest import passes
-
-    _files(runs_dir, 6)
-    monkeypatch.setattr(passes, "BATCH_BYTES", 1000)
-    monkeypatch.setattr(passes, "CATCH_UP_PIECES", 100)
-    monkeypatch.setattr(passes, "CATCH_UP_HOLD_S", 0.0)
-    sizes = _transactions(monkeypatch)
-    _ingest(runs_dir, db_path, hooks=False, emit=None)
-    assert len(sizes) == 6
-
-
-def test_a_catch_up_transaction_stops_growing_at_its_rows(runs_dir, db_path, monkeypatch):
-    """CATCH_UP_ROWS bounds it too: expert_load lines need no more pieces to fill row groups."""
-    from observatory.ingest import passes
-
-    _files(runs_dir, 12)  # 40 metric values a file
-    monkeypatch.setattr(passes, "BATCH_BYTES", 1000)
-    monkeypatch.setattr(passes, "CATCH_UP_PIECES", 100)
-    monkeypatch.setattr(passes, "CATCH_UP_HOLD_S", 60.0)
-    monkeypatch.setattr(passes, "CATCH_UP_ROWS", 50)  # past it after the second file of each transaction
-    sizes = _transactions(monkeypatch)
-    _ingest(runs_dir, db_path, hooks=False, emit=None)
-    assert len(sizes) == 6

@@ -23,12 +23,12 @@ import numpy as np
 from observatory.detect.detectors import Finding, dead_from_zeros, hot_from_ratio
 from observatory.detect.thresholds import Thresholds
 from observatory.queries.anomalies import (
+    distinct,
     expert_busiest,
     expert_layer_stats,
     expert_rows_at,
     expert_zero_cells,
 )
-from observatory.store.metric_cells import distinct
 
 __all__ = ["expert_findings"]
 
@@ -41,11 +41,13 @@ def _keep(found: list[Finding], steps: np.ndarray, truncated: bool) -> list[Find
 
 
 def expert_findings(
-    con, run: str, since: int | None, th: Thresholds
+    con, run: str, since: int | None, th: Thresholds, st: dict[str, np.ndarray] | None = None
 ) -> tuple[list[Finding], tuple[np.ndarray, np.ndarray], int | None]:
     """(hot / dead expert findings, the drop fraction per step (steps, dropped / routed), last step)
-    over one run's expert load from `since` (None: from its first step; else an incremental frame)."""
-    st = expert_layer_stats(con, run, since)
+    over one run's expert load from `since` (None: from its first step; else an incremental frame).
+    `st`: its `expert_layer_stats`, when the caller read them for many runs at once."""
+    if st is None:
+        st = expert_layer_stats(con, run, since)
     empty = (np.empty(0, np.int64), np.empty(0))
     if not len(st["step"]):
         return [], empty, None

@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Iterable
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,14 +63,17 @@ from observatory.detect.thresholds import Thresholds
 from observatory.events import OBSERVATORY_HOST
 from observatory.queries.anomalies import (
     anomaly_events,
-    cut_step,
-    detector_state,
-    expert_cut_step,
-    metric_arrays,
-    nonfinite_arrays,
+    anomaly_events_many,
+    cut_steps,
+    detector_states,
+    expert_layer_stats_many,
+    metric_arrays_many,
+    nonfinite_arrays_many,
+    register_wanted,
     run_activity,
     run_ids,
     silent_runs,
+    unregister_wanted,
 )
 from observatory.store import StoreBusy, using, write_connection
 
@@ -81,7 +84,7 @@ __all__ = [
     "detect_frame",
     "detect_series",
     "after_ingest",
-    "prepare",
+    "FreshFrom",
     "Scan",
     "detect",
     "scan_run",
@@ -231,8 +234,13 @@ def _key_of(d: dict) -> tuple[str, str, int] | None:
 
 def existing_findings(con, runs_dir: Path, run: str) -> tuple[set[tuple[str, str, int]], int | None]:
     """Keys of findings already made for a run (store and host-1000 file) and the furthest step scanned."""
+    return _finding_keys(anomaly_events(con, run), runs_dir, run)
+
+
+def _finding_keys(stored: list[dict], runs_dir: Path, run: str) -> tuple[set[tuple[str, str, int]], int | None]:
+    """`existing_findings` from the run's stored anomaly events (`anomaly_events`) and its host-1000 file."""
     pending = [{**ev["data"], "host": ev.get("host")} for ev in findings.pending(runs_dir, run, "anomaly")]
-    seen = anomaly_events(con, run) + pending
+    seen = stored + pending
     keys = {k for d in seen if (k := _key_of(d)) is not None}
     scanned = [
         int(d["scanned_through"])
@@ -247,12 +255,13 @@ def existing_findings(con, runs_dir: Path, run: str) -> tuple[set[tuple[str, str
 _STATE: dict[tuple[str, str], dict[str, int]] = {}
 
 
-def _through(con, state_key: tuple[str, str], run: str, stored_through: int | None) -> dict[str, int]:
-    """Where the last scan of a run stopped, per detector group: this process's, else the store's."""
+def _through(kept: dict[str, int], state_key: tuple[str, str], stored_through: int | None) -> dict[str, int]:
+    """Where the last scan of a run stopped, per detector group: this process's, else the store's (`kept`,
+    its `detector_state`, and the furthest `scanned_through` of its findings)."""
     mine = _STATE.get(state_key)
     if mine is not None:
         return dict(mine)
-    kept = detector_state(con, run)
+    kept = dict(kept)
     if stored_through is not None:
         kept["series"] = max(kept.get("series", stored_through), stored_through)
     return kept
@@ -295,23 +304,61 @@ class _RunScan:
         return new, last, now_state
 
 
-def _read_run(con, runs_dir: Path, run: str, th: Thresholds, full: bool) -> _RunScan:
-    """The first half of `scan_run`: everything it reads."""
-    keys, stored_through = existing_findings(con, runs_dir, run)
-    state_key = (str(Path(runs_dir).resolve()), run)
-    was = {} if full else _through(con, state_key, run, stored_through)
-    through = was.get("series")
-    since = cut_step(con, run, through, th.lookback) if through is not None else None
-    steps, series = metric_arrays(con, run, since, list(SERIES))
-    bad = nonfinite_arrays(con, run, since)
-    has_drop = DROP in series
-    through_x = was.get("experts")
-    lookback_x = 2 * th.expert_steps + 2 if has_drop else th.lookback
-    since_x = expert_cut_step(con, run, through_x, lookback_x) if through_x is not None else None
-    experts, drop, last_x = expert_findings(con, run, since_x, th)
-    return _RunScan(
-        run, state_key, keys, was, through, since, steps, series, bad, since_x, experts, drop, last_x
-    )
+@dataclass(frozen=True)
+class FreshFrom:
+    """Where an ingest batch began: the rows of `runs` (runs the store had no row of before it) are all in
+    `metrics` from rowid `metrics` on and in `expert_load` from rowid `experts` on, so their detectors read
+    from there (skipping the row groups before) in one query for all of them."""
+
+    metrics: int
+    experts: int
+    runs: frozenset[str]
+
+
+def _read_runs(con, runs_dir: Path, runs: list[str], th: Thresholds, full: bool,
+               fresh_from: FreshFrom | None = None) -> list[_RunScan]:  # fmt: skip
+    """The first half of `scan_run`, for several runs: every store read, one query per kind for them all."""
+    if not runs:
+        return []
+    stored = anomaly_events_many(con, runs)
+    states = {} if full else detector_states(con, runs)
+    keys, was = [], []
+    for run in runs:
+        k, stored_through = _finding_keys(stored.get(run, []), runs_dir, run)
+        keys.append(k)
+        was.append({} if full else _through(states.get(run, {}), (str(Path(runs_dir).resolve()), run), stored_through))
+    fresh = [fresh_from is not None and run in fresh_from.runs and not w for run, w in zip(runs, was, strict=True)]
+    through = [w.get("series") for w in was]
+    at = [i for i, t in enumerate(through) if t is not None]
+    cuts = cut_steps(con, [runs[i] for i in at], [through[i] for i in at], th.lookback)
+    since: list[int | None] = [None] * len(runs)
+    for i, c in zip(at, cuts, strict=True):
+        since[i] = c
+    register_wanted(con, runs, since, fresh)
+    try:
+        arrays = metric_arrays_many(con, since, fresh, fresh_from and fresh_from.metrics, list(SERIES))
+        bad = nonfinite_arrays_many(con, since, fresh, fresh_from and fresh_from.metrics)
+    finally:
+        unregister_wanted(con)
+    through_x = [w.get("experts") for w in was]
+    lookback_x = [2 * th.expert_steps + 2 if DROP in a[1] else th.lookback for a in arrays]
+    since_x: list[int | None] = [None] * len(runs)
+    for lb in set(lookback_x):
+        at = [i for i, t in enumerate(through_x) if t is not None and lookback_x[i] == lb]
+        for i, c in zip(at, cut_steps(con, [runs[i] for i in at], [through_x[i] for i in at], lb, "expert_run_step"),
+                        strict=True):  # fmt: skip
+            since_x[i] = c
+    register_wanted(con, runs, since_x, fresh)
+    try:
+        stats = expert_layer_stats_many(con, since_x, fresh, fresh_from and fresh_from.experts)
+    finally:
+        unregister_wanted(con)
+    out = []
+    for i, run in enumerate(runs):
+        experts, drop, last_x = expert_findings(con, run, since_x[i], th, stats[i])
+        out.append(_RunScan(run, (str(Path(runs_dir).resolve()), run), keys[i], was[i], through[i], since[i],
+                            arrays[i][0], arrays[i][1], bad[i], since_x[i], experts, drop, last_x))  # fmt: skip
+    return out
 
 
 def scan_run(
@@ -331,7 +378,7 @@ def scan_run(
     logged expert steps before (or `lookback` of them when the drop fraction comes from
     the load). Either way the result equals a scan from the run's first step.
     """
-    new, last, _ = _read_run(con, runs_dir, run, th, full).finish(th, activity, now)
+    new, last, _ = _read_runs(con, runs_dir, [run], th, full)[0].finish(th, activity, now)
     return new, last
 
 
@@ -413,19 +460,26 @@ class Scan:
 
     @classmethod
     def read(cls, con, runs_dir: Path, runs: Iterable[str] | None, th: Thresholds, *, full: bool = False,
-             stall: bool = True, now: float | None = None, strict: bool = False) -> Scan:  # fmt: skip
-        """Every store read of a scan of `runs` (None: every stored run). A run whose reads fail is said
-        and left out, unless `strict` (inside a transaction, where a failed query has aborted it)."""
+             stall: bool = True, now: float | None = None, strict: bool = False,
+             fresh_from: FreshFrom | None = None) -> Scan:  # fmt: skip
+        """Every store read of a scan of `runs` (None: every stored run), one query per kind for all of them
+        (`fresh_from`: where the ingest batch that began some of them began). A run whose reads fail is said
+        and left out, unless `strict`."""
         wanted = run_ids(con) if runs is None else list(dict.fromkeys(runs))
         act = {a["run"]: a for a in run_activity(con, wanted)} if stall and wanted else {}
-        reads = []
-        for run in wanted:
-            try:
-                reads.append(_read_run(con, runs_dir, run, th, full))
-            except Exception as e:  # one bad run must not stop the others
-                if strict:
-                    raise
-                _say_failed(run, e)
+        try:
+            reads = _read_runs(con, runs_dir, wanted, th, full, fresh_from)
+        except Exception as e:  # then run by run: one bad run must not stop the others
+            if strict:
+                raise
+            reads = []
+            for run in wanted:
+                try:
+                    reads += _read_runs(con, runs_dir, [run], th, full)
+                except Exception as e1:
+                    _say_failed(run, e1)
+            if not reads and wanted:
+                _say_failed(", ".join(wanted[:3]) + ("..." if len(wanted) > 3 else ""), e)
         return cls(runs_dir, th, reads, act, now)
 
     def compute(self) -> None:
@@ -456,11 +510,6 @@ class Scan:
         if db is not None:  # after the findings are in their files: a crash re-finds, never loses
             _commit_state(db, done, stash)
         return out
-
-    def after_commit(self, db) -> set[str]:
-        """A prepared scan's end, once the batch it read committed (`prepare`): what `after_ingest` returns.
-        The state waits for the store's next write, as after a scan on a read-only connection."""
-        return {f.run for f in self.write(db, stash=True)}
 
 
 def _say_failed(run: str, e: Exception) -> None:
@@ -507,7 +556,8 @@ def _wanted(con, runs: Iterable[str] | None, th: Thresholds) -> tuple[list[str] 
 
 
 def after_ingest(
-    db, runs_dir, runs: Iterable[str] | None, *, thresholds: Thresholds | None = None
+    db, runs_dir, runs: Iterable[str] | None, *, thresholds: Thresholds | None = None,
+    fresh_from: FreshFrom | None = None,
 ) -> set[str]:
     """Ingest's hook, called after each committed batch: detect over the runs it touched.
 
@@ -519,7 +569,8 @@ def after_ingest(
     """
     try:
         with using(db) as con:
-            scan = _ingest_scan(con, runs_dir, runs, thresholds or Thresholds.from_settings(), strict=False)
+            scan = _ingest_scan(con, runs_dir, runs, thresholds or Thresholds.from_settings(), strict=False,
+                                fresh_from=fresh_from)
         if scan is None:
             return set()
         scan.compute()
@@ -529,21 +580,14 @@ def after_ingest(
         return set()
 
 
-def prepare(con, runs_dir, runs: Iterable[str], *, thresholds: Thresholds | None = None) -> Scan | None:
-    """`after_ingest`'s reads, made on ingest's write connection inside a catch-up batch's transaction
-    (before its COMMIT, so they see its rows): the Scan (None: no run to look at) is computed while the
-    COMMIT runs and written after it (`Scan.write(store path, stash=True)`). Raises on a failed read: a
-    failed query has aborted the transaction, which must be rolled back."""
-    return _ingest_scan(con, runs_dir, runs, thresholds or Thresholds.from_settings(), strict=True)
-
-
-def _ingest_scan(con, runs_dir, runs: Iterable[str] | None, th: Thresholds, strict: bool) -> Scan | None:
-    """The reads of an ingest batch's scan (`after_ingest`, `prepare`): the runs `_wanted` gives, the stall
-    check when it is due (`_last_stall_check` is set when the scan is written); None: no run to look at."""
+def _ingest_scan(con, runs_dir, runs: Iterable[str] | None, th: Thresholds, strict: bool,
+                 fresh_from: FreshFrom | None = None) -> Scan | None:  # fmt: skip
+    """The reads of an ingest batch's scan (`after_ingest`): the runs `_wanted` gives, the stall check when
+    it is due (`_last_stall_check` is set when the scan is written); None: no run to look at."""
     wanted, stall_due = _wanted(con, runs, th)
     if wanted == []:
         return None
-    scan = Scan.read(con, Path(runs_dir), wanted, th, stall=stall_due, strict=strict)
+    scan = Scan.read(con, Path(runs_dir), wanted, th, stall=stall_due, strict=strict, fresh_from=fresh_from)
     scan.stall_checked = stall_due
     return scan
 

@@ -1,11 +1,10 @@
 """A batch's appends to its write connection, run in order on one worker thread while the caller decodes on.
 
-The msgspec path (`ingest.msgspec_lines`) hands each group of decoded pieces' rows to `submit`, and
-`passes._run_batch` each file's `ingest_files` row: DuckDB releases the GIL while it appends, so the
-next pieces decode meanwhile. The queue spans the chunks and the files of the whole batch: at a chunk's
-or a file's end nothing waits for DuckDB (waiting there cost ~0.2 s of a 20k-step catch-up's ~0.8 s
-of reading, with the worker idle two thirds of the time). Whoever uses the connection on its own
-thread (the SQL path, the batch's flush, its hooks, COMMIT or ROLLBACK) calls `drain` first: one
+The msgspec path (`ingest.msgspec_lines`) hands each group of decoded pieces' rows to `hold`, which
+gathers them across pieces and files (the rows carry their run and host) and submits one INSERT per
+`INSERT_ROWS`: DuckDB releases the GIL while it appends, so the next pieces decode meanwhile, and a
+batch of 10^4 small files costs a few INSERTs, not one per file. Whoever uses the connection on its
+own thread (the SQL path, the batch's flush, its hooks, COMMIT or ROLLBACK) calls `drain` first: one
 DuckDB connection must not run two statements at once.
 
 At most one task that carries rows is queued or running when another is submitted (`submit` waits
@@ -38,16 +37,13 @@ class Appends:
         self._held: list = []  # decoded pieces' rows not submitted yet, all for `_insert`
         self._held_rows = 0
         self._insert: Callable[[list], None] | None = None
-        self._held_for: Any = None
 
-    def hold(self, key: Any, rows: Any, n: int, insert: Callable[[list], None], limit: int) -> None:
-        """Keep `rows` (n of them) for `insert(list of held rows)`, which runs once `limit` rows are held, at a
-        change of `key` (an INSERT is for one file), or at `drain`."""
-        if self._held and key != self._held_for:
-            self.release()
+    def hold(self, rows: Any, n: int, insert: Callable[[list], None], limit: int) -> None:
+        """Keep `rows` (n of them, of any file) for `insert(list of held rows)`, which runs once `limit` rows
+        are held, or at `drain`."""
         self._held.append(rows)
         self._held_rows += n
-        self._insert, self._held_for = insert, key
+        self._insert = insert
         busy = self._rows is not None and not self._rows.done()
         if self._held_rows >= (limit * HOLD_WHILE_BUSY if busy else limit):
             self.release()

@@ -32,12 +32,8 @@ def _append(con, columns: dict[str, list], types: dict[str, pa.DataType], insert
 def flush(con, b) -> None:
     """Bulk-append everything `sql_lines._check_line` put in the batch `b` (a `sql_lines._Batch`)."""
     if b.metrics["run"]:
-        m = b.metrics
-        b.metric_rows.add_lists(m["run"], m["step"], m["name"], m["value"], m["t"])  # after the others: rowid order
         _append(con, b.metrics, _METRICS, "INSERT INTO metrics SELECT * FROM _staged")
     if b.experts["run"]:
-        x = b.experts
-        b.expert_rows.add_lists(x["run"], x["step"], x["layer"], x["expert"], x["routed"], x["dropped"])
         _append(con, b.experts, _EXPERTS, "INSERT INTO expert_load SELECT * FROM _staged")
     if b.events:
         _append(con, dict(zip(_EVENTS, zip(*b.events, strict=True), strict=True)), _EVENTS,

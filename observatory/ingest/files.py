@@ -12,11 +12,14 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
+
 from observatory.ingest.msgspec_lines import ingest_chunk
 from observatory.ingest.sql_lines import U16, LogFile, _Batch, _FileState, _read_chunk
+from observatory.store.arrow import column
 
-__all__ = ["FILE_RE", "GZ_BATCH_BYTES", "scan", "readable", "load_state", "has_work", "siblings",
-           "process_file", "save_file"]  # fmt: skip
+__all__ = ["FILE_RE", "GZ_BATCH_BYTES", "scan", "readable", "load_state", "has_work", "by_run_host", "index_row",
+           "siblings", "process_file", "save_files"]  # fmt: skip
 
 FILE_RE = re.compile(r"^events\.(\d+)\.jsonl(\.gz)?$")
 GZ_BATCH_BYTES = 256 << 20  # .gz has no cheap seek, so take bigger bites
@@ -81,12 +84,25 @@ def has_work(lf: LogFile, row: dict | None) -> bool:
     return lf.size != row["byte_offset"]
 
 
-def siblings(lf: LogFile, rows: dict[str, dict]) -> list[tuple[int, int]]:
+def by_run_host(rows: dict[str, dict]) -> dict[tuple[str, int], dict[str, dict]]:
+    """`load_state`'s rows grouped by (run, host): a file's siblings are looked up, not searched for."""
+    out: dict[tuple[str, int], dict[str, dict]] = {}
+    for path, r in rows.items():
+        index_row(out, path, r)
+    return out
+
+
+def index_row(by_host: dict[tuple[str, int], dict[str, dict]], path: str, row: dict) -> None:
+    """Put (or replace) one file's row in `by_run_host`'s index."""
+    by_host.setdefault((row["run"], row["host"]), {})[path] = row
+
+
+def siblings(lf: LogFile, by_host: dict[tuple[str, int], dict[str, dict]]) -> list[tuple[int, int]]:
     """Seq ranges stored from the other files of the same (run, host): their seqs are duplicates here."""
     return [
         (r["first_seq"], r["last_seq"])
-        for path, r in rows.items()
-        if path != lf.rel and r["run"] == lf.run and r["host"] == lf.host and r["first_seq"] is not None
+        for path, r in by_host.get((lf.run, lf.host), {}).items()
+        if path != lf.rel and r["first_seq"] is not None
     ]
 
 
@@ -129,21 +145,28 @@ def _ended_in_batch(b: _Batch, run: str) -> bool:
     return bool(last) and last[-1] == "run_end"
 
 
-_FILE_COLUMNS = ("run", "host", "byte_offset", "line", "first_seq", "last_seq", "cursor_seq", "size", "mtime",
-                 "rejected", "rejected_dropped")  # fmt: skip
+_FILE_COLUMNS = ("path", "run", "host", "byte_offset", "line", "first_seq", "last_seq", "cursor_seq", "size",
+                 "mtime", "rejected", "rejected_dropped")  # fmt: skip
 
 
-def save_file(con, lf: LogFile, st: _FileState, done: bool, stored: bool) -> None:
-    """The file's `ingest_files` row; `stored`: the store has one already (`load_state`'s rows).
-
-    An UPDATE where the row is there: DuckDB's INSERT OR REPLACE on the primary key costs ~3x more,
-    and a follower pays it on every batch."""
-    size = lf.size if (done or not lf.gz) else None  # a .gz counts as read only when read to its end
-    values = (lf.run, lf.host, st.offset, st.line, st.first_seq, st.last_seq, st.cursor, size, lf.mtime,
-              st.rejected, st.rejected_dropped)  # fmt: skip
-    if stored:
-        sets = ", ".join(f"{c} = ?" for c in _FILE_COLUMNS)
-        con.execute(f"UPDATE ingest_files SET {sets} WHERE path = ?", (*values, lf.rel))
-    else:
-        con.execute(f"INSERT INTO ingest_files (path, {', '.join(_FILE_COLUMNS)}) "
-                    f"VALUES ({', '.join('?' * (len(_FILE_COLUMNS) + 1))})", (lf.rel, *values))  # fmt: skip
+def save_files(con, saves: list[tuple[LogFile, _FileState, bool, bool]]) -> None:
+    """The batch's `ingest_files` rows, one statement for the new files and one for those the store has:
+    (file, its state, read to its end, the store has a row) each."""
+    rows = []
+    for lf, st, done, _ in saves:
+        size = lf.size if (done or not lf.gz) else None  # a .gz counts as read only when read to its end
+        rows.append((lf.rel, lf.run, lf.host, st.offset, st.line, st.first_seq, st.last_seq, st.cursor, size,
+                     lf.mtime, st.rejected, st.rejected_dropped))  # fmt: skip
+    cols = list(zip(*rows, strict=True))
+    con.register("_files", pa.table({
+        "path": column(cols[0], pa.string()), "run": column(cols[1], pa.string()),
+        **{c: column(cols[i], pa.int64()) for i, c in enumerate(_FILE_COLUMNS) if c not in ("path", "run", "mtime")},
+        "mtime": column(cols[_FILE_COLUMNS.index("mtime")], pa.float64()),
+        "stored": column([s[3] for s in saves], pa.bool_())}))  # fmt: skip
+    try:
+        sets = ", ".join(f"{c} = f.{c}" for c in _FILE_COLUMNS[1:])
+        con.execute(f"UPDATE ingest_files SET {sets} FROM _files f WHERE f.stored AND ingest_files.path = f.path")
+        con.execute(f"INSERT INTO ingest_files ({', '.join(_FILE_COLUMNS)}) "
+                    f"SELECT {', '.join(_FILE_COLUMNS)} FROM _files WHERE NOT stored")  # fmt: skip
+    finally:
+        con.unregister("_files")

@@ -166,7 +166,7 @@ def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_li
         return
     data = ch.data
     offset0 = ch.end - len(data)
-    insert = functools.partial(_insert, con, lf)
+    insert = functools.partial(_insert, con)
     for hi, piece, plan in _plans(data, lf, max_line):
         if plan is None:
             b.appends.drain()
@@ -175,7 +175,7 @@ def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_li
         tables = _apply(b, lf, st, piece, plan)
         st.offset = offset0 + hi
         if tables is not None:
-            b.appends.hold(lf.rel, tables, sum(t.num_rows for t in tables if t is not None), insert, INSERT_ROWS)
+            b.appends.hold(tables, sum(t.num_rows for t in tables if t is not None), insert, INSERT_ROWS)
 
 
 def _plans(data: bytes, lf: LogFile, max_line: int):
@@ -415,8 +415,8 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
     b.n_events += n_acc
     b.n_fast += n_acc
     b.saw(lf.run, float(plan.t[accepted].max()), int(plan.step[accepted].max()), lf.host)
-    mt = _metrics_table(plan, accepted[cls == 1], plan.step[cls == 1], plan.t[cls == 1], b, lf.run)
-    xt = _experts_table(plan, accepted[cls == 2], plan.step[cls == 2], b, lf.run)
+    mt = _metrics_table(plan, accepted[cls == 1], plan.step[cls == 1], plan.t[cls == 1], lf.run, lf.host)
+    xt = _experts_table(plan, accepted[cls == 2], plan.step[cls == 2], lf.run)
     if mt is not None:
         b.n_metric_values += mt.num_rows
         b.touched["metrics"].add(lf.run)
@@ -426,9 +426,9 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
     return mt, xt
 
 
-def _metrics_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndarray, b: _Batch, run: str) -> pa.Table | None:
-    """(N,) rows of step, name (dictionary-encoded), value, t of the accepted metrics events (`keep` (M,));
-    the same rows as arrays go to `b.metric_rows`, for the rollups."""
+def _metrics_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndarray, run: str,
+                   host: int) -> pa.Table | None:  # fmt: skip
+    """(N,) rows of step, name (dictionary-encoded), value, t of the accepted metrics events (`keep` (M,))."""
     if not keep.any():
         return None
     lens, values, codes = plan.m_lens, plan.m_values, plan.m_codes
@@ -440,8 +440,8 @@ def _metrics_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndar
         return None  # only empty `data` objects: events, but no values
     name = pa.DictionaryArray.from_arrays(numeric(codes), _strings(plan.m_names))
     steps, ts = np.repeat(steps, lens), np.repeat(ts, lens)
-    b.metric_rows.add(run, plan.m_names, codes, steps, values, ts)
-    return pa.table({"step": numeric(steps), "name": name, "value": numeric(values), "t": numeric(ts)})
+    return pa.table({"run": _constant(run, len(steps)), "step": numeric(steps), "name": name, "value": numeric(values),
+                     "t": numeric(ts), "host": numeric(np.full(len(steps), host, np.uint16))})  # fmt: skip
 
 
 _COUNT_CHARS = b"0123456789,"
@@ -481,9 +481,8 @@ def _expert_counts(evs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     return lens, routed[1], dropped[1]
 
 
-def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, b: _Batch, run: str) -> pa.Table | None:
-    """(R,) rows of step, layer, expert, routed, dropped: one per expert of each accepted event (`keep` (X,));
-    the same rows as arrays go to `b.expert_rows`, for the rollups."""
+def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, run: str) -> pa.Table | None:
+    """(R,) rows of step, layer, expert, routed, dropped: one per expert of each accepted event (`keep` (X,))."""
     if not keep.any():
         return None
     lens, layers, routed, dropped = plan.x_lens, plan.x_layers, plan.x_routed, plan.x_dropped
@@ -503,8 +502,7 @@ def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, b: _Batch, 
         "routed": routed,
         "dropped": dropped,
     }
-    b.expert_rows.add(run, cols["step"], cols["layer"], cols["expert"], routed, dropped, lens)
-    return pa.table({k: numeric(v) for k, v in cols.items()})
+    return pa.table({"run": _constant(run, r), **{k: numeric(v) for k, v in cols.items()}})
 
 
 def _strings(names: list[str]) -> pa.Array:
@@ -512,14 +510,20 @@ def _strings(names: list[str]) -> pa.Array:
     return column(names, pa.string())
 
 
-def _insert(con, lf: LogFile, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
-    """Append some pieces' rows, one INSERT per table (on the batch's worker thread: `ingest.appends`)."""
-    for i, (table, sql, params) in enumerate((
-        ("_msgspec_m", "INSERT INTO metrics SELECT $run, step, name, value, t, $host FROM _msgspec_m", {"run": lf.run, "host": lf.host}),
-        ("_msgspec_x", "INSERT INTO expert_load SELECT $run, step, layer, expert, routed, dropped FROM _msgspec_x", {"run": lf.run}),
+def _constant(value: str, n: int) -> pa.Array:
+    """(n,) copies of one string, dictionary-encoded: no string per row."""
+    return pa.DictionaryArray.from_arrays(numeric(np.zeros(n, np.int32)), _strings([value]))
+
+
+def _insert(con, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
+    """Append some pieces' rows, of any files, one INSERT per table (on the batch's worker thread:
+    `ingest.appends`)."""
+    for i, (table, sql) in enumerate((
+        ("_msgspec_m", "INSERT INTO metrics SELECT run, step, name, value, t, host FROM _msgspec_m"),
+        ("_msgspec_x", "INSERT INTO expert_load SELECT run, step, layer, expert, routed, dropped FROM _msgspec_x"),
     )):  # fmt: skip
         parts = [h[i] for h in held if h[i] is not None]
         if parts:
             con.register(table, pa.concat_tables(parts) if len(parts) > 1 else parts[0])
-            con.execute(sql, params)
+            con.execute(sql)
             con.unregister(table)

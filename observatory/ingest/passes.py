@@ -1,23 +1,19 @@
 """Passes and batches: each batch is one short write transaction over the files with work.
 
-One pass: scan the runs dir (`files.readable`); while files have work, run a batch:
+One pass: scan the runs dir (`files.readable`); while files have work, run a batch, one
+straight line (`_run_batch`):
 
-1. take the write lock, open the store, read `ingest_files` (offsets, seq ranges);
-2. read each file from its offset up to `BATCH_BYTES` in all (`files.process_file`:
-   the msgspec path, then the SQL path for what it cannot certify);
-3. in the same transaction: bulk-insert the staged rows, record rejected lines and
-   each file's new offset, fold the batch into `runs`, store `crashed` for runs
-   that went silent; then COMMIT, so a kill at any point leaves either all of the
-   batch or none of it;
-4. the in-transaction hooks (the rollups): for a catch-up batch (`ROLL_UP_APART_BELOW`
-   bytes or more) before its COMMIT; for a live run's small batch, after it, in a write
-   transaction of their own for each source table it added rows to (`_roll_up`). Between two of these
-   transactions a reader that came meanwhile gets in first (`store.connection`'s
-   `.want`), so under a live run a reader waits for one short hold, not for the
-   batch and all its rollups in one. A kill between them loses nothing: the
-   rollups know from `rollup_state` how far they got, and the next `ingest` call
-   catches up (`rollups.behind`);
-5. release the lock; run the after-commit hooks (`observatory.ingest.hooks`).
+1. read: take the write lock, open the store, read `ingest_files` (offsets, seq ranges);
+2. validate and append: read each file from its offset, up to `BATCH_BYTES` in all
+   (`files.process_file`: `msgspec_lines` decodes and certifies, `sql_lines` judges the
+   rest); certified rows are appended as Arrow columns on the batch's worker thread;
+3. in the same transaction: the batch's staged rows, rejected lines and each file's new
+   offset; fold the batch into `runs` (`runs.update_runs`), store `crashed` for runs that
+   went silent; roll up (`observatory.store.rollups`, one statement per table for every
+   run of the batch); then COMMIT, so a kill at any point leaves either all of the batch
+   or none of it;
+4. detect: release the lock; run the after-commit hooks (`observatory.ingest.hooks`: the
+   detectors, the ladder watch, the decision records) on a read-only connection.
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ from observatory.ingest.sql_lines import (
     _Batch,
     _FileState,
 )
-from observatory.store import rollups
 
 __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]
 
@@ -92,10 +87,8 @@ class Follower:
         self.sig: Any = None
         self.skip: set[str] = set()  # files that cannot be ingested (until the next `ingest` call)
         self.off: set[str] = set()  # in-transaction hooks that failed: batches run without them
-        self.unprepared: set[str] = set()  # after-commit hooks whose `prepare` failed: run after commits only
         self.last_crash_check = 0.0
-        self.rollups_due: set[str] = set()  # source tables with committed rows the rollups have not taken in
-        self.rollups_checked = False  # whether this call looked for rows an earlier one left (`rollups.behind`)
+        self.rolled_up = False  # whether a batch of this call ran the rollups over every row past their watermark
 
 
 _ENSURED: set = set()  # (path, (inode, device)) of store files whose schema this process made sure of
@@ -178,144 +171,64 @@ def _open_store(db: Path):
 
 def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None, fol: Follower,
                use_hooks: bool) -> tuple[_Batch | None, bool]:  # fmt: skip
-    """One write transaction over files with work. Returns (batch or None if idle, more work left).
-
-    With `use_hooks`: a batch of `ROLL_UP_APART_BELOW` bytes or more runs the in-transaction hooks before
-    its COMMIT, and the after-commit hooks' `prepare` (their reads; they compute while it commits, and
-    finish from `b.prepared`); a smaller one adds the sources it added rows to to `fol.rollups_due` (and,
-    at the call's first batch, those an earlier call left behind), for `_roll_up` after the commit.
-    """
+    """One write transaction over files with work, top to bottom: read and validate each file's new lines
+    (up to `BATCH_BYTES` in all), append the rows, fold the runs, roll up, COMMIT. Returns (the batch, or
+    None if nothing was new; whether work is left)."""
     now = time.time()
     stale = settings.get("stale_after_s")
     max_line = int(settings.get("max_line_bytes"))
     with _open_store(db) as con:
         with _transaction(con):
-            if use_hooks and not fol.rollups_checked:
-                fol.rollups_due |= rollups.behind(con)  # a kill between an earlier batch and its rollups
-                fol.rollups_checked = True
             rows, status = fs.load_state(con)
+            by_host = fs.by_run_host(rows)
             b = _Batch(now)
-            if not (use_hooks and hooks.any_in_transaction(fol.off)):
-                b.metric_rows.forget()  # no rollups to make from them: do not fold the rows into cells
-                b.expert_rows.forget()
-            used, more, did = 0, False, False
-            room = _Room(db)
+            # where this batch's rows begin in each table: the detectors read the runs it began from there
+            b.metrics_start, b.experts_start = con.execute(
+                "SELECT (SELECT count(*) FROM metrics), (SELECT count(*) FROM expert_load)").fetchall()[0]
+            used, more = 0, False
+            saves = []  # (file, its state, done, stored): the batch's ingest_files rows, written together
             with b.appends:  # the INSERTs run on its worker while the next pieces decode; drained here
                 for lf in files:
                     if (only is not None and lf.rel != only) or not fs.has_work(lf, rows.get(lf.rel)):
                         continue
-                    if not room.left(used, b):
+                    if used >= BATCH_BYTES:
                         more = True
                         break
-                    st = _FileState(rows.get(lf.rel), lf, fs.siblings(lf, rows))
+                    st = _FileState(rows.get(lf.rel), lf, fs.siblings(lf, by_host))
                     if st.restarted_from is not None:
                         b.messages.append(
                             f"{lf.path}: the file shrank or was replaced under the ingester (read up to byte "
                             f"{st.restarted_from:,}, now {lf.size:,} bytes); reading it again from the start: "
                             "events already stored are skipped as duplicates, new ones are added")
                     ended = lf.gz or status.get(lf.run) in STATUSES or now - lf.mtime > stale
-                    while True:  # a catch-up goes on reading the file while nobody waits (`_Room`)
-                        n, done = fs.process_file(con, b, lf, st, room.limit - used, ended, max_line)
-                        used += n
-                        b.n_bytes += n
-                        if done or n == 0 or not room.left(used, b):
-                            break
+                    n, done = fs.process_file(con, b, lf, st, BATCH_BYTES - used, ended, max_line)
+                    used += n
+                    b.n_bytes += n
                     b.n_files += 1
-                    # queued behind the file's INSERTs (`b.appends`); `st` as it is now, not as it may become
-                    b.appends.submit(fs.save_file, con, lf, copy.copy(st), done, lf.rel in rows)
+                    saves.append((lf, copy.copy(st), done, lf.rel in rows))
                     rows[lf.rel] = {"run": lf.run, "host": lf.host, "first_seq": st.first_seq, "last_seq": st.last_seq}
-                    did = True
-                    if used >= room.limit:
+                    fs.index_row(by_host, lf.rel, rows[lf.rel])
+                    if used >= BATCH_BYTES:
                         more = True
-            if not did:
+            if not saves:
                 # nothing new, but time passes: runs that went silent are now crashed
                 mark_crashed(con, now)
+                if use_hooks and not fol.rolled_up:  # rows an earlier call (hooks off) left without rollups
+                    hooks.run_in_transaction(con, hooks.ALL_SOURCES, fol.off)
+                    fol.rolled_up = True
                 con.execute("COMMIT")
                 return None, False
+            fs.save_files(con, saves)
             flush(con, b)
             redact_metric_names(con, b)
             update_runs(con, b)
             mark_crashed(con, now)
-            touched = {source for source in ROLLUP_SOURCES if b.touched[source]} if use_hooks else set()
-            catch_up = b.n_bytes >= ROLL_UP_APART_BELOW
-            if touched and catch_up:  # a catch-up: its rollups commit with it
-                hooks.run_in_transaction(con, b.touched, fol.off, {"metrics": b.metric_rows, "expert_load": b.expert_rows})
-                fol.rollups_due -= touched
-                touched = set()
+            if use_hooks:  # the first batch of a call also rolls up what an earlier call left (hooks off)
+                hooks.run_in_transaction(con, b.touched if fol.rolled_up else hooks.ALL_SOURCES, fol.off)
+                fol.rolled_up = True
             hooks.save_pending(con)  # what the last batch's after-commit hooks keep in the store
-            if use_hooks and catch_up and b.activity:
-                b.prepared = hooks.prepare_after_commit(con, runs_dir, set(b.activity), fol.off | fol.unprepared)
-            hooks.commit(con, b.prepared)
-    fol.rollups_due |= touched
+            con.execute("COMMIT")
     return b, more
-
-
-class _Room:
-    """How many input bytes one write transaction may take in: `BATCH_BYTES`, and for a catch-up (a batch
-    that reached it with more to read) `BATCH_BYTES` more each time while no reader waits for the store
-    (`store.readers_waiting`), up to `CATCH_UP_PIECES` pieces, `CATCH_UP_ROWS` rows and `CATCH_UP_HOLD_S`
-    of the transaction's time.
-
-    A batch of 32 MB is fewer rows than one row group (`store.ROW_GROUP_ROWS`) at the 535b log's shape:
-    DuckDB writes such a batch to its WAL, checkpoints it, then rewrites the partial row group with the
-    next batch. A transaction of several row groups writes them once, as the engine's own append does,
-    and runs the hooks fewer times. Measured side by side (hooks on, 100k-step 535b metrics log, in-process):
-    ~10 % faster, about the machine's run-to-run noise; through the CLI at 20k steps no gain showed. A
-    reader that comes meanwhile still waits for one `BATCH_BYTES` piece and the commit: the next look
-    sees it and the transaction ends there."""
-
-    def __init__(self, db: Path):
-        self.db, self.limit, self.pieces, self.began = db, BATCH_BYTES, 1, time.monotonic()
-
-    def left(self, used: int, b: _Batch) -> bool:
-        """Whether the transaction may take in more after `used` bytes and the rows of `b` so far
-        (raising `limit` if it grew)."""
-        if used < self.limit:
-            return True
-        if (self.pieces >= CATCH_UP_PIECES or b.n_metric_values + b.n_expert_rows >= CATCH_UP_ROWS
-                or time.monotonic() - self.began >= CATCH_UP_HOLD_S or store.readers_waiting(self.db)):  # fmt: skip
-            return False
-        self.limit, self.pieces = used + BATCH_BYTES, self.pieces + 1
-        return True
-
-
-CATCH_UP_PIECES = 4  # `BATCH_BYTES` pieces of one catch-up transaction at most (the ingester's RSS grows with it)
-# rows of one catch-up transaction past which it takes in no more piece: a few row groups are written once
-# either way, and expert_load lines (a 32 MB piece of the 535b log is ~3M rows) need no more pieces for that
-CATCH_UP_ROWS = 4 * store.ROW_GROUP_ROWS
-CATCH_UP_HOLD_S = 2.0  # a catch-up transaction takes in no more after this long (a look between pieces)
-
-
-ROLLUP_SOURCES = rollups.SOURCES  # whose new rows the in-transaction hooks take in; the charts first
-# A batch of fewer input bytes than this (a live run's tail: a follower's batch is a step or a few) is rolled
-# up after its commit, in transactions of its own (`_roll_up`), so a reader waits for one short hold; a
-# larger one (a catch-up, where nobody waits for a step) inside its own transaction, as the extra commits
-# and checkpoints cost a bulk `observatory ingest` 7-11 % (535b logs, metrics and expert_load, 3 runs each)
-ROLL_UP_APART_BELOW = 4 << 20
-
-
-def _roll_up(db: Path, fol: Follower, emit: Callable[[str], None]) -> bool:
-    """The in-transaction hooks over the committed rows of each source in `fol.rollups_due`, each source
-    in a write transaction of its own. False if the store stayed busy (they stay due for the next pass).
-
-    A hook that raises is rolled back, said, and left out for the rest of the call: the batch's rows
-    are in already, and `observatory rebuild` rebuilds the rollups."""
-    if not hooks.any_in_transaction(fol.off):
-        fol.rollups_due.clear()  # every one failed earlier in this call: no transaction to open for them
-        return True
-    for source in [s for s in ROLLUP_SOURCES if s in fol.rollups_due]:
-        touched = {s: ({"*"} if s == source else set()) for s in ROLLUP_SOURCES}  # the hooks find the runs
-        try:
-            with store.write_connection(db) as con, _transaction(con):
-                hooks.run_in_transaction(con, touched, fol.off)
-                con.execute("COMMIT")
-        except store.StoreBusy as e:
-            emit(f"{db}: {e}; will retry the rollups")
-            return False
-        except hooks.HookFailed as h:
-            _hook_off(fol, h, emit)
-        fol.rollups_due.discard(source)
-    return True
 
 
 def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_hooks: bool,
@@ -356,8 +269,6 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
     wrote: set[str] = set()
     only: str | None = None
     queue = None  # set when isolating files after a failure
-    if not _roll_up(db, fol, emit):  # what an earlier pass left due (the store was busy, or full)
-        return wrote
     while True:
         try:
             b, more = _run_batch(db, runs_dir, files, only, fol, use_hooks)
@@ -365,12 +276,7 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
             emit(f"{db}: {e}; will retry")
             return wrote
         except hooks.HookFailed as h:
-            _hook_off(fol, h, emit)  # a catch-up batch's transaction was rolled back: do it again without
-            continue
-        except hooks.PrepareFailed as p:  # rolled back too: again, with that hook after the commit
-            emit(f"observatory ingest: {p.hook.name}'s reads inside the batch failed ({type(p.error).__name__}: "
-                 f"{p.error}); it runs after each commit from now on")  # fmt: skip
-            fol.unprepared.add(p.hook.name)
+            _hook_off(fol, h, emit)  # the batch's transaction was rolled back: do it again without that hook
             continue
         except Exception as e:
             if write_failure(e):
@@ -384,8 +290,6 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
             if only is None:
                 break
             continue
-        if not _roll_up(db, fol, emit):  # also a batch of None: the rows an earlier call left behind
-            return wrote
         if b is None:
             if queue:
                 queue.pop(0)
@@ -399,7 +303,7 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
         if findings:
             report.findings += sum(1 for e in b.events if e[1] == OBSERVATORY_HOST)
         if use_hooks and b.activity:
-            wrote |= hooks.run_after_commit(db, runs_dir, set(b.activity), emit, b.prepared)
+            wrote |= hooks.run_after_commit(db, runs_dir, set(b.activity), emit, b)
         if not more and queue is None:
             break
         time.sleep(0.02)  # let readers waiting at the gate in between two batches

@@ -41,17 +41,8 @@ def redact_metric_names(con, b: _Batch) -> None:
         for run, rows in hits:
             b.hid(run, rows)
         con.execute(f"UPDATE metrics SET name = $new WHERE {where}", {"old": name, "new": clean})
-        b.metric_rows.forget()  # its arrays hold the old names: the rollups read the store
 
 
 def added_names(con, b: _Batch) -> set[str]:
-    """The distinct metric names of the transaction's local `metrics` rows, or more (a run's layout may
-    name metrics its rows lack: more to check, never less). From the batch's arrays
-    (`store.metric_cells.MetricRows`) when they hold every one of those rows, which a count shows
-    (~1 ms; the DISTINCT over them took ~40 ms at the 535b log's 1.3M rows); else that DISTINCT."""
-    rows = b.metric_rows
-    if rows.usable and rows.counts:
-        (n,) = con.execute(f"SELECT count(*) FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchone()
-        if n == sum(rows.counts.values()):
-            return rows.names()
+    """The distinct metric names of the transaction's local `metrics` rows (one DISTINCT over them)."""
     return {r[0] for r in con.execute(f"SELECT DISTINCT name FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchall()}

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyarrow as pa
+
 from observatory import settings
 from observatory.events import OBSERVATORY_HOST, encode_value
 from observatory.ingest.sql_lines import I64, _Batch
 from observatory.store import RUN_COLUMNS, RUN_JSON_COLUMNS, crashed_sql
+from observatory.store.arrow import column
 
 __all__ = ["update_runs", "mark_crashed"]
 
@@ -84,14 +87,42 @@ def update_runs(con, b: _Batch) -> None:
             new_rows.append(tuple(r[c] for c in RUN_COLUMNS))
         elif changed:
             updates.setdefault(changed, []).append((*(r[c] for c in changed), run))
-    # a run's row is UPDATEd in the columns that changed (a follower's batch: last_step, last_event_t),
-    # not replaced whole: INSERT OR REPLACE on the primary key cost ~3x more per batch
-    for cols, params in updates.items():
-        sets = ", ".join(f"{c} = ?::JSON" if c in RUN_JSON_COLUMNS else f"{c} = ?" for c in cols)
-        con.executemany(f"UPDATE runs SET {sets} WHERE run = ?", params)
+    # one statement for the new runs and one per set of changed columns (a follower's batch: last_step,
+    # last_event_t), over every run of the batch at once: a catch-up of 10^4 small runs is not 10^4 statements
     if new_rows:
-        placeholders = ", ".join("?::JSON" if c in RUN_JSON_COLUMNS else "?" for c in RUN_COLUMNS)
-        con.executemany(f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) VALUES ({placeholders})", new_rows)
+        _write(con, RUN_COLUMNS, new_rows, f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT {{cols}} FROM _runs")
+    for cols, params in updates.items():
+        sets = ", ".join(f"{c} = u.{c}" for c in cols)
+        _write(con, (*cols, "run"), params, f"UPDATE runs SET {sets} FROM (SELECT {{cols}} FROM _runs) u "
+                                            "WHERE runs.run = u.run")  # fmt: skip
+    b.new_runs |= {r[0] for r in new_rows}
+
+
+_DOUBLES = {"start_time", "end_time", "last_event_t"}
+_INTS = {"last_step", "final_step", "parent_step", "redactions"}
+
+
+def _write(con, cols: tuple[str, ...], rows: list[tuple], sql: str) -> None:
+    """Run `sql` over `rows` (a tuple of `cols` each) registered as the Arrow table `_runs`; `{cols}` in
+    `sql` becomes the columns cast to the `runs` table's types (JSON text to JSON, tags to VARCHAR[])."""
+    data = list(zip(*rows, strict=True))
+    arrays = {}
+    for c, values in zip(cols, data, strict=True):
+        if c in _DOUBLES:
+            arrays[c] = column([None if v is None else float(v) for v in values], pa.float64())
+        elif c in _INTS:
+            arrays[c] = column(list(values), pa.int64())
+        elif c == "tags":
+            arrays[c] = column([None if v is None else json.dumps(encode_value(v)) for v in values], pa.string())
+        else:
+            arrays[c] = column([None if v is None else str(v) for v in values], pa.string())
+    casts = ", ".join(f"{c}::JSON AS {c}" if c in RUN_JSON_COLUMNS else f"{c}::JSON::VARCHAR[] AS {c}" if c == "tags"
+                      else c for c in cols)  # fmt: skip
+    con.register("_runs", pa.table(arrays))
+    try:
+        con.execute(sql.format(cols=casts))
+    finally:
+        con.unregister("_runs")
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -41,8 +41,6 @@ from observatory.events import (
 from observatory.ingest.appends import Appends
 from observatory.redact import scrub_event, scrub_text
 from observatory.store.arrow import int64s
-from observatory.store.expert_cells import ExpertRows
-from observatory.store.metric_cells import MetricRows
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
 
@@ -269,9 +267,8 @@ class _Batch:
         self.activity: dict[str, list] = {}  # run -> [max t, max step], from the run's own processes
         self.observed: set[str] = set()  # runs that got events written by the observatory itself (host 1000)
         self.touched: dict[str, set[str]] = {"metrics": set(), "expert_load": set()}
-        self.metric_rows = MetricRows()  # the metrics rows as arrays, for the rollups (`store.metric_cells`)
-        self.expert_rows = ExpertRows()  # the expert_load rows as arrays, for the rollups (`store.expert_cells`)
-        self.prepared: dict = {}  # after-commit hook -> its job, read inside the transaction (`ingest.hooks`)
+        self.new_runs: set[str] = set()  # runs the store had no row of before this batch (`runs.update_runs`)
+        self.metrics_start = self.experts_start = 0  # rows `metrics`, `expert_load` had before this batch
         self.appends = Appends()  # the msgspec path's INSERTs, on a worker thread (`drain` before using con)
         self.messages: list[str] = []
         self.n_events = self.n_metric_values = self.n_expert_rows = self.n_duplicates = self.n_truncated = 0
@@ -530,10 +527,8 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
         b.saw(lf.run, t_max, step_max, lf.host)
         if n_metric:
             b.touched["metrics"].add(lf.run)
-            b.metric_rows.forget()  # rows inserted by SQL: the rollups read them from the store
         if n_expert:
             b.touched["expert_load"].add(lf.run)
-            b.expert_rows.forget()  # rows inserted by SQL: the rollups read them from the store
     st.line += n
     st.offset = ch.end
 

@@ -17,7 +17,6 @@ if TYPE_CHECKING:  # annotations only: polars loads lazily (start-up time of `ob
     import polars as pl
 
 from observatory.events import OBSERVATORY_HOST
-from observatory.store.metric_cells import distinct
 
 __all__ = [
     "metric_series",
@@ -36,7 +35,22 @@ __all__ = [
     "run_activity",
     "run_ids",
     "silent_runs",
+    "register_wanted",
+    "unregister_wanted",
+    "metric_arrays_many",
+    "nonfinite_arrays_many",
+    "expert_layer_stats_many",
+    "cut_steps",
+    "detector_states",
+    "anomaly_events_many",
 ]
+
+
+def distinct(a: np.ndarray) -> np.ndarray:
+    """`np.unique(a)` (sorted distinct values) without its first call's import of numpy.ma (numpy 2.4
+    asks `np.ma.is_masked`: ~30 ms of an `observatory ingest` command's start)."""
+    s = np.sort(a)
+    return s[np.concatenate(([True], s[1:] != s[:-1]))] if len(s) else s
 
 
 def cut_step(con, run: str, through: int, lookback: int) -> int | None:
@@ -110,24 +124,7 @@ def metric_arrays(
     k, step = np.asarray(got["k"], np.int64), np.asarray(got["step"], np.int64)
     value, null = np.asarray(got["value"], np.float64), np.asarray(got["null"], bool)
     order = np.lexsort((step, k))
-    k, step, value, null = k[order], step[order], value[order], null[order]
-    first = np.ones(len(k), bool)
-    first[1:] = (k[1:] != k[:-1]) | (step[1:] != step[:-1])
-    keep = ~null
-    if not (first.all() and keep.all()):  # several rows at a (name, step), or a NULL: their average
-        starts = np.flatnonzero(first)
-        n = np.add.reduceat(keep.astype(np.int64), starts) if len(starts) else np.empty(0, np.int64)
-        total = np.add.reduceat(np.where(keep, value, 0.0), starts) if len(starts) else np.empty(0)
-        k, step, keep = k[starts], step[starts], n > 0
-        value = total / np.maximum(n, 1)
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    if len(k):
-        cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
-        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(k)], strict=True):
-            m = keep[lo:hi]
-            if m.any():
-                out[names[int(k[lo]) - 1]] = step[lo:hi][m], value[lo:hi][m]
-    return distinct(step), out
+    return _series_of(k[order], step[order], value[order], null[order], names)
 
 
 def nonfinite_arrays(con, run: str, since_step: int | None = None) -> dict[str, np.ndarray] | None:
@@ -330,3 +327,197 @@ def silent_runs(con, before_t: float) -> list[str]:
         [OBSERVATORY_HOST, before_t],
     ).fetchall()
     return [r[0] for r in rows]
+
+
+# ------------------------------------------------------------- many runs at once
+# The detectors' reads of one ingest batch, one query per kind for every run it touched (a lab's
+# catch-up batch holds thousands of small runs: a query per run and kind scanned the tables per run).
+# Each takes the runs as a registered table `_scan_w` (run, k: its place in the caller's list, since:
+# the first step to read or -1, fresh: the run has no row before the batch's first rowid) and returns
+# one result per k.
+
+
+def register_wanted(con, runs: list[str], since: list[int | None], fresh: list[bool]) -> None:
+    """Register the runs a set-wise read is for as `_scan_w` (see above); `unregister_wanted` after."""
+    import pyarrow as pa
+
+    from observatory.store.arrow import column
+
+    con.register("_scan_w", pa.table({
+        "run": column(runs, pa.string()), "k": column(list(range(len(runs))), pa.int64()),
+        "since": column([-1 if s is None else int(s) for s in since], pa.int64()),
+        "fresh": column(list(fresh), pa.bool_())}))  # fmt: skip
+
+
+def unregister_wanted(con) -> None:
+    con.unregister("_scan_w")
+
+
+def _parts(fresh_rowid: int | None, since: list[int | None], fresh: list[bool], rowid: str = "m.rowid") -> list[str]:
+    """The WHERE parts of a set-wise read: the fresh runs' rows from the batch's first rowid on (DuckDB skips
+    the row groups before it), the other runs' from their `since` on (the least of them as a literal: the
+    zonemaps of a big run's steps skip what is before)."""
+    out = []
+    if fresh_rowid is not None and any(fresh):
+        out.append(f"w.fresh AND {rowid} >= {int(fresh_rowid)}")
+    rest = [s for s, f in zip(since, fresh, strict=True) if not (f and fresh_rowid is not None)]
+    if rest:
+        lo = min(-1 if s is None else s for s in rest)
+        out.append(("NOT w.fresh AND " if fresh_rowid is not None and any(fresh) else "") + f"m.step >= {lo}")
+    return out
+
+
+def _split(k: np.ndarray, n: int) -> list[slice]:
+    """For rows sorted by k: the slice of each k in 0..n-1."""
+    bounds = np.searchsorted(k, np.arange(n + 1))
+    return [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(n)]
+
+
+def metric_arrays_many(con, since: list[int | None], fresh: list[bool], fresh_rowid: int | None,
+                       names: list[str]) -> list[tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]]:  # fmt: skip
+    """`metric_arrays` of every run in `_scan_w`, one query per part (`_parts`), a result per run."""
+    got: dict[str, list] = {c: [] for c in ("k", "c", "step", "value", "null")}
+    for part in _parts(fresh_rowid, since, fresh):
+        r = con.execute(
+            f"""
+            SELECT w.k, list_position($names, m.name)::INTEGER AS c, m.step, coalesce(m.value, 0) AS value,
+                   m.value IS NULL AS null
+            FROM metrics m JOIN _scan_w w ON m.run = w.run
+            WHERE {part} AND m.host <> $host AND m.step IS NOT NULL AND m.step >= w.since
+              AND m.name IN (SELECT unnest($names::VARCHAR[]))
+            """,
+            {"host": OBSERVATORY_HOST, "names": list(names)},
+        ).fetchnumpy()
+        for c in got:
+            got[c].append(np.asarray(r[c]))
+    k, c, step, value, null = (np.concatenate(got[x]) if got[x] else np.empty(0) for x in got)
+    k, c, step = k.astype(np.int64), c.astype(np.int64), step.astype(np.int64)
+    order = np.lexsort((step, c, k))
+    k, c, step, value, null = k[order], c[order], step[order], value[order].astype(np.float64), null[order].astype(bool)
+    return [_series_of(c[s], step[s], value[s], null[s], list(names)) for s in _split(k, len(since))]
+
+
+def _series_of(k, step, value, null, names):
+    """Rows of one run sorted by (name code k, step) -> (every step, sorted; {name: (steps, values)}),
+    several rows at one (name, step) averaged, NULLs not counted (see `metric_arrays`)."""
+    first = np.ones(len(k), bool)
+    first[1:] = (k[1:] != k[:-1]) | (step[1:] != step[:-1])
+    keep = ~null
+    if not (first.all() and keep.all()):  # several rows at a (name, step), or a NULL: their average
+        starts = np.flatnonzero(first)
+        n = np.add.reduceat(keep.astype(np.int64), starts) if len(starts) else np.empty(0, np.int64)
+        total = np.add.reduceat(np.where(keep, value, 0.0), starts) if len(starts) else np.empty(0)
+        k, step, keep = k[starts], step[starts], n > 0
+        value = total / np.maximum(n, 1)
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if len(k):
+        cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(k)], strict=True):
+            m = keep[lo:hi]
+            if m.any():
+                out[names[int(k[lo]) - 1]] = step[lo:hi][m], value[lo:hi][m]
+    return distinct(step), out
+
+
+def nonfinite_arrays_many(con, since: list[int | None], fresh: list[bool],
+                          fresh_rowid: int | None) -> list[dict[str, np.ndarray] | None]:  # fmt: skip
+    """`nonfinite_arrays` of every run in `_scan_w`."""
+    parts = []
+    for part in _parts(fresh_rowid, since, fresh):
+        parts.append(con.execute(
+            f"""SELECT w.k, m.step, m.name, m.value FROM metrics m JOIN _scan_w w ON m.run = w.run
+                WHERE {part} AND m.host <> ? AND m.step IS NOT NULL AND m.step >= w.since
+                  AND (isnan(m.value) OR isinf(m.value))
+                ORDER BY w.k, m.step, m.name""", [OBSERVATORY_HOST]).fetchnumpy())  # fmt: skip
+    out: list[dict[str, np.ndarray] | None] = [None] * len(since)
+    for got in parts:
+        if not len(got["k"]):
+            continue
+        k = np.asarray(got["k"], np.int64)
+        for i, s in enumerate(_split(k, len(since))):
+            if s.stop > s.start:
+                out[i] = {c: np.asarray(got[c])[s] for c in ("step", "name", "value")}
+    return out
+
+
+def expert_layer_stats_many(con, since: list[int | None], fresh: list[bool],
+                            fresh_rowid: int | None) -> list[dict[str, np.ndarray]]:  # fmt: skip
+    """`expert_layer_stats` of every run in `_scan_w`."""
+    cols = ("step", "layer", "rows", "max_expert", "routed", "routed_max", "dropped", "zeros")
+    got: dict[str, list] = {c: [] for c in ("k", *cols)}
+    for part in _parts(fresh_rowid, since, fresh):
+        r = con.execute(
+            f"""
+            SELECT w.k, m.step::BIGINT AS step, m.layer::BIGINT AS layer, count(*)::BIGINT AS rows,
+                   max(m.expert)::BIGINT AS max_expert, sum(m.routed)::BIGINT AS routed,
+                   max(m.routed)::BIGINT AS routed_max, sum(m.dropped)::BIGINT AS dropped,
+                   count(*) FILTER (WHERE m.routed = 0)::BIGINT AS zeros
+            FROM expert_load m JOIN _scan_w w ON m.run = w.run
+            WHERE {part} AND m.step >= w.since
+            GROUP BY w.k, m.step, m.layer
+            """
+        ).fetchnumpy()
+        for c in got:
+            got[c].append(np.asarray(r[c], np.int64))
+    arrs = {c: (np.concatenate(v) if v else np.empty(0, np.int64)) for c, v in got.items()}
+    order = np.lexsort((arrs["layer"], arrs["step"], arrs["k"]))
+    arrs = {c: v[order] for c, v in arrs.items()}
+    return [{c: arrs[c][s] for c in cols} for s in _split(arrs["k"], len(since))]
+
+
+def cut_steps(con, runs: list[str], through: list[int], lookback: int, table: str = "metrics") -> list[int | None]:
+    """`cut_step` (or `expert_cut_step` with table="expert_run_step") of several runs in one query."""
+    import pyarrow as pa
+
+    from observatory.store.arrow import column
+
+    if not runs:
+        return []
+    back = lookback * 64 if table == "metrics" else None
+    con.register("_cut_w", pa.table({"run": column(runs, pa.string()), "k": column(list(range(len(runs))), pa.int64()),
+                                     "through": column(list(through), pa.int64())}))  # fmt: skip
+    try:
+        lo = f"AND m.step >= w.through - {back} AND m.step >= {min(through) - back}" if back is not None else ""
+        host = f"AND m.host <> {OBSERVATORY_HOST}" if table == "metrics" else ""
+        rows = con.execute(
+            f"""
+            SELECT k, step FROM (
+                SELECT DISTINCT w.k, m.step FROM {table} m JOIN _cut_w w ON m.run = w.run
+                WHERE m.step <= w.through {lo} {host}
+            ) QUALIFY row_number() OVER (PARTITION BY k ORDER BY step DESC) = {lookback + 1}
+            """
+        ).fetchall()
+    finally:
+        con.unregister("_cut_w")
+    out: list[int | None] = [None] * len(runs)
+    for k, step in rows:
+        out[k] = int(step)
+    return out
+
+
+def detector_states(con, runs: list[str]) -> dict[str, dict[str, int]]:
+    """`detector_state` of several runs, one query."""
+    import duckdb
+
+    try:
+        rows = con.execute("SELECT run, detector, through FROM detector_state WHERE run IN (SELECT unnest($r))",
+                           {"r": runs}).fetchall()  # fmt: skip
+    except duckdb.CatalogException:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for run, d, t in rows:
+        if t is not None:
+            out.setdefault(run, {})[d] = int(t)
+    return out
+
+
+def anomaly_events_many(con, runs: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """`anomaly_events` of several runs, one query: {run: its events, oldest first}."""
+    rows = con.execute(
+        "SELECT run, step, t, host, seq, data FROM events WHERE kind = 'anomaly' AND run IN (SELECT unnest($r)) "
+        "ORDER BY t, run, seq", {"r": runs}).fetchall()  # fmt: skip
+    out: dict[str, list[dict[str, Any]]] = {}
+    for run_id, step, t, host, seq, data in rows:
+        d = json.loads(data) if isinstance(data, str) else dict(data or {})
+        out.setdefault(run_id, []).append({"run": run_id, "step": step, "t": t, "host": host, "seq": seq, **d})
+    return out
