@@ -31,6 +31,9 @@ def rolling(x: np.ndarray, window: int, min_samples: int, qs: tuple[float, ...])
     out = [np.full(n, np.nan) for _ in qs]
     if n == 0:
         return out
+    # a series shorter than the window: each row's window holds every row up to it either way, so sort
+    # rows of n, not of `window` mostly NaN (a sweep's 30-step run against a 128-step window)
+    window = min(window, n)
     padded = np.concatenate([np.full(window - 1, np.nan), x])
     views = np.lib.stride_tricks.sliding_window_view(padded, window)
     for lo in range(0, n, ROLLING_BLOCK):

@@ -153,6 +153,7 @@ class _Layout:
 
 LAYOUT_MAX = 1024  # names in a run's layout; past that its metrics lines decode into dicts
 _LAYOUTS: dict[str, _Layout | None] = {}  # run -> its layout (None: too many names, or an empty one)
+_BY_NAMES: dict[tuple[str, ...], _Layout | None] = {}  # the layouts made, by their names
 
 
 def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_line: int) -> None:
@@ -336,7 +337,12 @@ def _learn(run: str, decoded: list, old: _Layout | None) -> None:
     names.update(dict.fromkeys(old.names if old is not None else ()))
     if len(_LAYOUTS) > 64:
         _LAYOUTS.clear()
-    _LAYOUTS[run] = _Layout(tuple(names)) if len(names) <= LAYOUT_MAX and "" not in names else None
+    if len(_BY_NAMES) > 64:
+        _BY_NAMES.clear()
+    key = tuple(names)
+    if key not in _BY_NAMES:  # runs of one sweep log the same names: one layout (two Structs, a decoder) for all
+        _BY_NAMES[key] = _Layout(key) if len(names) <= LAYOUT_MAX and "" not in names else None
+    _LAYOUTS[run] = _BY_NAMES[key]
 
 
 def _decode_line(line: bytes):

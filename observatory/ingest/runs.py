@@ -30,6 +30,10 @@ def update_runs(con, b: _Batch) -> None:
         return
     rows = con.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE run IN (SELECT unnest($r))", {"r": touched}).fetchall()
     existing = {r[0]: dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows}
+    lifecycle: dict[str, list[dict]] = {}  # run -> its lifecycle events of this batch, from its own writers
+    for e in b.lifecycle:
+        if e["host"] != OBSERVATORY_HOST:
+            lifecycle.setdefault(e["run"], []).append(e)
     new_rows: list[tuple] = []
     updates: dict[tuple[str, ...], list[tuple]] = {}  # changed columns -> (their values..., run) per run
     for run in touched:
@@ -42,7 +46,7 @@ def update_runs(con, b: _Batch) -> None:
         if r["status"] in (None, "crashed"):
             r["status"] = "running"  # new events from a run shown as crashed: it is alive after all
             r["end_time"] = None
-        for e in sorted((e for e in b.lifecycle if e["run"] == run and e["host"] != OBSERVATORY_HOST), key=lambda e: e["t"]):
+        for e in sorted(lifecycle.get(run, ()), key=lambda e: e["t"]):
             d = e["data"]
             if e["kind"] == "run_start":
                 if r["end_time"] is not None and e["t"] >= r["end_time"]:

@@ -1,0 +1,185 @@
+"""A lab's whole history: ingest and read at 10^3, 10^4 and 10^5 small runs, side by side in one run.
+
+Each run is what a sweep, ladder or seed run leaves: a `run_start` (config, project, group, tags),
+20-50 steps of six metrics, an eval and a `run_end` (~8.5 KB). For each N the bench writes N such
+runs, then through the CLI (a child process each, as a user runs it):
+
+- `observatory ingest` of all N into a new store: wall time, per run, the ingester's peak RSS;
+- at the largest N: the same bytes as ONE run (one log of as many metrics lines) into a new store;
+- append one more run to the N-run store and `observatory ingest` it;
+- the read side (`bench/many_runs_pages.py`): `observatory runs --search PREFIX`, the Runs page's
+  first table and the Live page at `/live?run=ID` in chromium, the dashboard server's peak RSS.
+
+    python bench/bench_many_runs.py                      # N = 1k, 10k, 100k (~15 min, ~1.7 GB of logs)
+    python bench/bench_many_runs.py --runs 1000,10000     # smaller
+    python bench/bench_many_runs.py --no-pages            # ingest only
+
+Targets (issue "a lab's whole history"): per run at 100k <= 1.3x per run at 1k, 100k runs <= 10 min;
+the same bytes as one run vs as 100k runs <= 2x; append one run to a 100k-run store <= 2 s + start-up;
+`runs --search` at 100k <= 1 s; Runs page and Live page at 100k <= 1.5x at 1k; dashboard RSS at 100k
+<= 1.2x at 1k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ingest_535b import child  # noqa: E402 (bench/ is not a package)
+
+METRICS = ("train/loss", "train/accuracy", "opt/lr", "grad/norm/total", "throughput/tokens_per_s", "data/tokens")
+
+
+def write_runs(root: Path, n: int, start: int = 0, seed: int = 0) -> int:
+    """`n` small runs `sweep-<i>` (i from `start`) under `root`; returns the bytes written."""
+    rnd = random.Random(seed + start)
+    total = 0
+    for i in range(start, start + n):
+        run = f"sweep-{i:06d}"
+        lines = []
+        t, seq = 1.76e9 + i * 100.0, 0
+
+        def ev(kind: str, step: int, data: dict, run=run) -> None:
+            nonlocal t, seq
+            lines.append(json.dumps({"v": 1, "run": run, "kind": kind, "step": step, "t": round(t, 3), "host": 0,
+                                     "seq": seq, "data": data}, separators=(",", ":")))  # fmt: skip
+            seq += 1
+            t += 0.5
+
+        ev("run_start", 0, {"config": {"lr": 10 ** rnd.uniform(-4, -2), "width": rnd.choice([64, 128, 256]),
+                                       "seed": i % 7}, "name": run, "project": f"proj{i % 5}",
+                            "group": f"g{i % 50}", "tags": ["sweep", f"w{i % 3}"]})  # fmt: skip
+        steps, loss = rnd.randint(20, 50), 4.0
+        for s in range(1, steps + 1):
+            loss *= 0.98
+            ev("metrics", s, {"train/loss": round(loss + rnd.gauss(0, 0.02), 5), "train/accuracy": round(0.2 + s / 100, 4),
+                              "opt/lr": 1e-3, "grad/norm/total": round(rnd.uniform(0.5, 1.5), 4),
+                              "throughput/tokens_per_s": round(rnd.uniform(9e3, 1.1e4), 1), "data/tokens": s * 4096})  # fmt: skip
+        ev("eval", steps, {"dataset": "val", "loss": round(loss, 4)})
+        ev("run_end", steps, {"status": "completed", "final_step": steps})
+        d = root / run
+        d.mkdir(parents=True, exist_ok=True)
+        text = "\n".join(lines) + "\n"
+        (d / "events.0.jsonl").write_text(text)
+        total += len(text)
+    return total
+
+
+def write_one_run(root: Path, nbytes: int) -> int:
+    """One run `one-big` of about `nbytes` of metrics lines (the same six metrics, one line a step)."""
+    d = root / "one-big"
+    d.mkdir(parents=True, exist_ok=True)
+    rnd = random.Random(1)
+    total, seq = 0, 0
+    with open(d / "events.0.jsonl", "w") as f:
+        head = json.dumps({"v": 1, "run": "one-big", "kind": "run_start", "step": 0, "t": 1.76e9, "host": 0, "seq": 0,
+                           "data": {"config": {"lr": 1e-3}, "name": "one-big"}}, separators=(",", ":")) + "\n"  # fmt: skip
+        f.write(head)
+        total += len(head)
+        step = 0
+        while total < nbytes:
+            step += 1
+            seq += 1
+            line = json.dumps({"v": 1, "run": "one-big", "kind": "metrics", "step": step, "t": 1.76e9 + step,
+                               "host": 0, "seq": seq, "data": {m: round(rnd.uniform(0, 4), 5) for m in METRICS}},
+                              separators=(",", ":")) + "\n"  # fmt: skip
+            f.write(line)
+            total += len(line)
+    return total
+
+
+def ingest(runs: Path, db: Path, label: str) -> tuple[float, float]:
+    """(wall s, peak RSS MB) of `observatory ingest` in a child process."""
+    wall, rss, _ = child(["ingest", "--runs-dir", str(runs), "--db", str(db), "-q"], label=label)
+    return wall, rss
+
+
+def startup() -> float:
+    """Wall seconds of the CLI's start-up alone (`observatory settings`), the 'start-up' of the targets."""
+    return min(child(["settings"], label="startup")[0] for _ in range(3))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", default="1000,10000,100000", help="comma-separated run counts (default %(default)s)")
+    ap.add_argument("--tmp", type=Path, default=None, help="work folder (default: a new temporary one, removed)")
+    ap.add_argument("--no-pages", action="store_true", help="ingest only: no CLI search, chromium or server")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    a = ap.parse_args()
+    sizes = sorted(int(x) for x in a.runs.split(","))
+    tmp = a.tmp or Path(tempfile.mkdtemp(prefix="bench-many-runs-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    rows: dict[int, dict] = {}
+    try:
+        up = startup()
+        print(f"CLI start-up (observatory settings): {up:.2f} s")
+        runs, have = tmp / "runs", 0
+        for n in sizes:
+            t0 = time.perf_counter()
+            nbytes = write_runs(runs, n - have, start=have)
+            have = n
+            gen = time.perf_counter() - t0
+            total = sum(p.stat().st_size for p in runs.glob("*/events.0.jsonl"))
+            db = tmp / f"store-{n}.duckdb"
+            wall, rss = ingest(runs, db, f"ingest-{n}")
+            r = rows[n] = {"runs": n, "bytes": total, "ingest_s": wall, "per_run_ms": 1000 * wall / n, "rss_mb": rss,
+                           "mb_per_s": total / 1e6 / wall}  # fmt: skip
+            print(f"{n:>7,} runs ({total / 1e6:,.0f} MB, written in {gen:.0f} s): ingest into a new store {wall:,.1f} s "
+                  f"= {r['per_run_ms']:.2f} ms a run, {r['mb_per_s']:.1f} MB/s, peak RSS {rss:,.0f} MB", flush=True)  # fmt: skip
+            extra = tmp / "extra"
+            shutil.rmtree(extra, ignore_errors=True)
+            write_runs(extra, 1, start=n + 10_000_000)
+            for p in extra.iterdir():
+                shutil.move(str(p), runs / p.name)
+            wall1, _ = ingest(runs, db, f"append-{n}")
+            r["append_s"] = wall1
+            print(f"{'':>7}  append one run and ingest: {wall1:.2f} s (start-up {up:.2f} s)", flush=True)
+            for p in runs.glob(f"sweep-{n + 10_000_000:06d}*"):
+                shutil.rmtree(p)
+            if not a.no_pages:
+                import many_runs_pages
+
+                run_id = f"sweep-{n // 2:06d}"
+                pages = many_runs_pages.measure(db, run_id, prefix=f"sweep-{n // 2:06d}"[:-2])
+                r.update(pages)
+                print(f"{'':>7}  {many_runs_pages.describe(pages)}", flush=True)
+            db.unlink(missing_ok=True)
+        big = sizes[-1]
+        one = tmp / "one"
+        write_one_run(one, rows[big]["bytes"])
+        wall, rss = ingest(one, tmp / "one.duckdb", "one-run")
+        rows[big]["one_run_s"] = wall
+        print(f"the same {rows[big]['bytes'] / 1e6:,.0f} MB as one run: {wall:,.1f} s, peak RSS {rss:,.0f} MB", flush=True)
+        summary(rows, sizes, up)
+    finally:
+        if not a.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def summary(rows: dict[int, dict], sizes: list[int], up: float) -> None:
+    lo, hi = rows[sizes[0]], rows[sizes[-1]]
+    print("\n== summary (targets in brackets)")
+    per = hi["per_run_ms"] / lo["per_run_ms"]
+    print(f"per run at {sizes[-1]:,} vs at {sizes[0]:,}: {hi['per_run_ms']:.2f} / {lo['per_run_ms']:.2f} ms = "
+          f"{per:.2f}x [<= 1.3x]; {sizes[-1]:,} runs in {hi['ingest_s'] / 60:.1f} min [<= 10 min at 100k]")  # fmt: skip
+    print(f"as {sizes[-1]:,} runs vs as one run, same bytes: {hi['ingest_s']:,.1f} / {hi['one_run_s']:,.1f} s = "
+          f"{hi['ingest_s'] / hi['one_run_s']:.2f}x [<= 2x]")  # fmt: skip
+    print(f"append one run at {sizes[-1]:,}: {hi['append_s']:.2f} s [<= 2 s + start-up {up:.2f} s]")
+    if "search_s" in hi:
+        print(f"runs --search at {sizes[-1]:,}: {hi['search_s']:.2f} s [<= 1 s]")
+        for key, what, goal in (("runs_page_s", "Runs page first table", 1.5), ("live_page_s", "Live page first chart", 1.5),
+                                ("server_rss_mb", "dashboard RSS", 1.2)):  # fmt: skip
+            print(f"{what} at {sizes[-1]:,} vs {sizes[0]:,}: {hi[key]:.2f} / {lo[key]:.2f} = {hi[key] / lo[key]:.2f}x "
+                  f"[<= {goal}x]")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
