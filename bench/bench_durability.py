@@ -47,7 +47,6 @@ INGESTER = textwrap.dedent(
     import observatory.ingest as ing
     from observatory.ingest import passes
     passes.BATCH_BYTES = 64 << 10  # many small transactions, so kills land between and inside them
-    passes.CATCH_UP_PIECES = 1  # (a catch-up would take in up to four pieces per transaction)
     ing.ingest(sys.argv[1], sys.argv[2], hooks=False, emit=None)
     print("done", flush=True)
     """

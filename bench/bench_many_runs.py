@@ -47,7 +47,7 @@ def write_runs(root: Path, n: int, start: int = 0, seed: int = 0) -> int:
         lines = []
         t, seq = 1.76e9 + i * 100.0, 0
 
-        def ev(kind: str, step: int, data: dict, run=run) -> None:
+        def ev(kind: str, step: int, data: dict, run=run, lines=lines) -> None:
             nonlocal t, seq
             lines.append(json.dumps({"v": 1, "run": run, "kind": kind, "step": step, "t": round(t, 3), "host": 0,
                                      "seq": seq, "data": data}, separators=(",", ":")))  # fmt: skip
@@ -124,7 +124,7 @@ def main() -> None:
         runs, have = tmp / "runs", 0
         for n in sizes:
             t0 = time.perf_counter()
-            nbytes = write_runs(runs, n - have, start=have)
+            write_runs(runs, n - have, start=have)
             have = n
             gen = time.perf_counter() - t0
             total = sum(p.stat().st_size for p in runs.glob("*/events.0.jsonl"))

@@ -87,7 +87,6 @@ CHILD = textwrap.dedent(
     runs, db, follow = sys.argv[1], sys.argv[2], sys.argv[3] == "follow"
     if os.environ.get("SMALL_BATCHES"):
         passes.BATCH_BYTES = int(os.environ["SMALL_BATCHES"])
-        passes.CATCH_UP_PIECES = 1  # each batch a transaction: a catch-up must not take in several
     sleep = float(os.environ.get("IN_TX_SLEEP_S", "0"))
     if sleep:
         orig = passes.redact_metric_names

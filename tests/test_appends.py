@@ -22,29 +22,28 @@ def _table():
     return con
 
 
-def test_tasks_run_in_order_on_one_worker_and_groups_follow_their_key(monkeypatch):
+def test_tasks_run_in_order_on_one_worker_and_held_rows_go_at_their_limit(monkeypatch):
+    """Rows of any file are held together until `limit` of them (one INSERT for many small files), then
+    inserted on the worker, in the order of everything submitted."""
     monkeypatch.setattr(appends_mod, "HOLD_WHILE_BUSY", 1)  # a limit holds whether or not the worker is busy
     con = _table()
     calls = []
 
-    def insert_for(k):
-        def insert(held):
-            calls.append((k, [r for part in held for r in part], threading.current_thread().name))
-            con.execute("INSERT INTO t SELECT ?, unnest(?)", [k, [r for part in held for r in part]])
-        return insert
+    def insert(held):
+        rows = [r for part in held for r in part]
+        calls.append((rows, threading.current_thread().name))
+        con.execute("INSERT INTO t SELECT k, i FROM (SELECT unnest(?) AS p) CROSS JOIN (SELECT p[1] AS k, p[2]::INTEGER AS i)", [rows])
 
     with Appends() as ap:
-        ap.hold("a", [1, 2], 2, insert_for("a"), limit=10)
-        ap.hold("a", [3], 1, insert_for("a"), limit=10)
-        ap.hold("b", [4], 1, insert_for("b"), limit=10)  # another key: a's rows go first, alone
-        ap.submit(con.execute, "INSERT INTO t VALUES ('c', 5)")  # queued behind a's insert
-        ap.hold("b", [6, 7], 2, insert_for("b"), limit=3)  # b reaches its limit: goes now
-        ap.hold("b", [8], 1, insert_for("b"), limit=3)  # left held: the exit's drain submits it
-    assert [(k, rows) for k, rows, _ in calls] == [("a", [1, 2, 3]), ("b", [4, 6, 7]), ("b", [8])]
-    assert {name for _, _, name in calls} == {"observatory-ingest_0"}  # the worker, not the caller
+        ap.hold([("a", 1), ("a", 2)], 2, insert, limit=4)
+        ap.hold([("b", 3)], 1, insert, limit=4)  # another file's rows: held with a's
+        ap.hold([("b", 4)], 1, insert, limit=4)  # the limit: all four go in one insert
+        ap.submit(con.execute, "INSERT INTO t VALUES ('c', 5)")  # queued behind that insert
+        ap.hold([("d", 6)], 1, insert, limit=4)  # left held: the exit's drain submits it
+    assert [rows for rows, _ in calls] == [[("a", 1), ("a", 2), ("b", 3), ("b", 4)], [("d", 6)]]
+    assert {name for _, name in calls} == {"observatory-ingest_0"}  # the worker, not the caller
     # one worker, in submission order: the table's rows are in the order they were handed over
-    assert con.execute("SELECT k, i FROM t").fetchall() == [
-        ("a", 1), ("a", 2), ("a", 3), ("c", 5), ("b", 4), ("b", 6), ("b", 7), ("b", 8)]  # fmt: skip
+    assert con.execute("SELECT k, i FROM t").fetchall() == [("a", 1), ("a", 2), ("b", 3), ("b", 4), ("c", 5), ("d", 6)]
 
 
 def test_a_second_rows_task_waits_for_the_first_and_a_busy_worker_lets_more_be_held():
@@ -57,14 +56,14 @@ def test_a_second_rows_task_waits_for_the_first_and_a_busy_worker_lets_more_be_h
 
     ap = Appends()
     try:
-        ap.hold("a", 4, 4, slow, limit=4)  # reaches the limit: submitted, and the worker sits in it
+        ap.hold(4, 4, slow, limit=4)  # reaches the limit: submitted, and the worker sits in it
         assert started.wait(5)
         t0 = time.monotonic()
         for _ in range(appends_mod.HOLD_WHILE_BUSY - 1):
-            ap.hold("a", 4, 4, slow, limit=4)  # worker busy: held, up to HOLD_WHILE_BUSY times the limit
+            ap.hold(4, 4, slow, limit=4)  # worker busy: held, up to HOLD_WHILE_BUSY times the limit
         assert sizes == [4] and time.monotonic() - t0 < 0.25  # none of them waited
         threading.Timer(0.3, release.set).start()
-        ap.hold("a", 4, 4, slow, limit=4)  # the cap: it waits for the busy worker, then submits the lot
+        ap.hold(4, 4, slow, limit=4)  # the cap: it waits for the busy worker, then submits the lot
         assert time.monotonic() - t0 >= 0.25
         ap.drain()
         assert sizes == [4, 4 * appends_mod.HOLD_WHILE_BUSY]
@@ -98,7 +97,7 @@ def test_leaving_the_block_by_an_error_waits_for_the_running_task_and_drops_what
 
     with pytest.raises(KeyError), Appends() as ap:
         ap.submit(slow)
-        ap.hold("a", [1], 1, inserted.append, limit=10)
+        ap.hold([1], 1, inserted.append, limit=10)
         raise KeyError("the decoder failed")
     assert done.is_set()  # a ROLLBACK after the block never runs beside a statement of the worker's
     assert inserted == []
@@ -115,11 +114,11 @@ def test_an_insert_that_fails_on_the_worker_rolls_the_whole_batch_back(tmp_path,
     monkeypatch.setattr(msgspec_lines, "INSERT_ROWS", 500)  # many INSERTs, the first one fails
     real, calls = msgspec_lines._insert, []
 
-    def failing(con, lf, held):
+    def failing(con, held):
         calls.append(threading.current_thread().name)
         if len(calls) == 1:
             raise duckdb.IOException("IO Error: No space left on device")
-        real(con, lf, held)
+        real(con, held)
 
     monkeypatch.setattr(msgspec_lines, "_insert", failing)
     with pytest.raises(duckdb.IOException, match="No space left"):

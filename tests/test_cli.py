@@ -204,7 +204,6 @@ def _three_files(runs_dir):
 def test_ingest_reports_progress_per_batch(runs_dir, db_path, monkeypatch):
     _three_files(runs_dir)
     monkeypatch.setattr(passes, "BATCH_BYTES", 1000)  # one file a batch
-    monkeypatch.setattr(passes, "CATCH_UP_PIECES", 1)  # and no catch-up transaction of several
     calls: list[dict] = []
     report = ingest(runs_dir, db_path, emit=None, progress=calls.append)
     total = sum(p.stat().st_size for p in runs_dir.rglob("*.jsonl"))

@@ -74,57 +74,6 @@ def test_sigkill_of_the_follower_at_10_random_points(runs, clean, tmp_path):
     assert same_store(db, clean) == {}, kinds
 
 
-# A follower with every hook whose live-tail batches roll up after their commit, and which says when it
-# is between a committed batch and its rollups (and waits there, so a kill lands in between)
-BETWEEN_CHILD = """
-import sys, time
-from observatory.ingest import ingest, passes
-passes.BATCH_BYTES = 32 << 10
-passes.CATCH_UP_PIECES = 1
-passes.ROLL_UP_APART_BELOW = 1 << 40
-real = passes._roll_up
-def slow(db, fol, emit):
-    if fol.rollups_due:
-        print("BETWEEN", flush=True)
-        time.sleep(2)
-    return real(db, fol, emit)
-passes._roll_up = slow
-ingest(sys.argv[1], sys.argv[2], follow=True, emit=None)
-"""
-
-
-def test_sigkill_between_a_batch_and_its_rollups_is_caught_up_by_the_next_ingest(runs, tmp_path):
-    """A live batch commits, then its rollups commit in transactions of their own: a kill in between
-    leaves rows without rollups, and the next `ingest` (with nothing new to read) rolls them up, equal
-    to a clean ingest's."""
-    import subprocess
-    import sys
-
-    from faults import ROOT
-
-    db, whole = tmp_path / "killed.duckdb", tmp_path / "whole.duckdb"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OBSERVATORY_FOLLOW_INTERVAL_S="0.1")
-    p = subprocess.Popen([sys.executable, "-c", BETWEEN_CHILD, str(runs), str(db)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        assert read_until(p, "BETWEEN", 3, 120), "the follower never got between a batch and its rollups"
-    finally:
-        p.send_signal(signal.SIGKILL)
-        p.wait(30)
-    tables = ("metrics_r8", "metrics_r512", "metric_series", "expert_layer_step", "expert_run_step", "expert_load_r16")
-    with duckdb.connect(str(db), read_only=True) as con:
-        stored = con.execute("SELECT count(*) FROM metrics").fetchall()[0][0]
-        rolled = con.execute("SELECT n_rows FROM rollup_state WHERE source = 'metrics'").fetchall()
-    assert stored and rolled[0][0] < stored  # killed with rows the rollups had not taken in
-    ingest(runs, db, emit=None)
-    ingest(runs, whole, emit=None)
-    with duckdb.connect(str(db), read_only=True) as a, duckdb.connect(str(whole), read_only=True) as b:
-        for t in tables:
-            sql = f"SELECT * FROM {t} ORDER BY ALL"
-            got = a.execute(sql).fetchall()
-            assert got and got == b.execute(sql).fetchall(), t
-
-
 def test_full_disk_is_reported_and_the_follower_resumes_when_space_returns(runs, clean, tmp_path):
     db = tmp_path / "full.duckdb"
     # room for the empty store and a little more, far less than the logs need

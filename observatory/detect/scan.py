@@ -392,20 +392,18 @@ def _store_key(path) -> str:
     return str(Path(path).resolve())
 
 
-def _commit_state(db, done: list[tuple[tuple[str, str], str, dict[str, int]]], stash: bool = False) -> None:
+def _commit_state(db, done: list[tuple[tuple[str, str], str, dict[str, int]]]) -> None:
     """The state the scans of `done` ((state key, run, state) each) reached: into this process's `_STATE`
-    and the store's `detector_state`.
-
-    On a read-only store connection, or with `stash` (`db` then the store's path), the rows wait in
-    `_UNSAVED` for the store's next write."""
+    and the store's `detector_state` (on a read-only store connection the rows wait in `_UNSAVED` for the
+    store's next write)."""
     rows = []
     for key, run, st in done:
         _STATE[key] = st
         rows += [(run, group, through) for group, through in st.items()]
     if not rows:
         return
-    if stash or (hasattr(db, "execute") and getattr(db, "read_only", True)):
-        path = db if stash else getattr(db, "path", None)
+    if hasattr(db, "execute") and getattr(db, "read_only", True):
+        path = getattr(db, "path", None)
         if path is not None:  # a store: its next write saves them
             _UNSAVED.setdefault(_store_key(path), {}).update({(r, g): t for r, g, t in rows})
         return  # else (a bare DuckDB connection): the process's state has to do
@@ -444,11 +442,8 @@ def write_findings(runs_dir: Path, run: str, found: list[Finding], scanned_throu
 
 
 class Scan:
-    """The detectors' pass over some runs, read from the store (`read`) and not yet run.
-
-    `compute` runs the series detectors (numpy only, no store); `write` then writes the new
-    findings into the runs' folders and keeps the state reached. Apart, so that ingest can read
-    inside a catch-up batch's transaction and compute while its COMMIT runs (`prepare`)."""
+    """The detectors' pass over some runs: `read` (every store read, set-wise), `compute` (the series
+    detectors, numpy only), `write` (the new findings into the runs' folders, the state reached kept)."""
 
     def __init__(
         self, runs_dir: Path, th: Thresholds, reads: list[_RunScan], activity: dict, now: float | None
@@ -491,9 +486,9 @@ class Scan:
             except Exception as e:
                 _say_failed(r.run, e)
 
-    def write(self, db=None, stash: bool = False) -> list[Finding]:
+    def write(self, db=None) -> list[Finding]:
         """The new findings, written into their runs' folders and their scans' state kept (`_commit_state`
-        into `db`, or with `stash` for the store at path `db`'s next write); with `db` None, nothing written."""
+        into `db`); with `db` None, nothing written."""
         global _last_stall_check
         if self.stall_checked:
             _last_stall_check = time.monotonic()
@@ -508,7 +503,7 @@ class Scan:
             done.append((r.state_key, r.run, state))
             out += new
         if db is not None:  # after the findings are in their files: a crash re-finds, never loses
-            _commit_state(db, done, stash)
+            _commit_state(db, done)
         return out
 
 

@@ -212,13 +212,15 @@ def _save_state(con, source: str, next_rowid: int, n_rows: int) -> None:
     con.execute("INSERT OR REPLACE INTO rollup_state VALUES (?, ?, ?)", [source, next_rowid, n_rows])
 
 
-# `metric_series` folds new per-name rows in (one statement over the batch's rows; over the store on a rebuild)
+# `metric_series` folds new per-name rows in (one statement over the batch's rows; over the store on a rebuild).
+# The value at a tie of the last step (two hosts log a name at one step) is the one stored first, as in a
+# recount's `arg_max` over the rows in insertion order, and as `metrics_r*`'s `last`
 SERIES_UPSERT = """
 INSERT INTO metric_series {source}
 ON CONFLICT (run, name) DO UPDATE SET
     n = metric_series.n + excluded.n,
     first_step = least(metric_series.first_step, excluded.first_step),
-    last_value = CASE WHEN excluded.last_step >= coalesce(metric_series.last_step, -1)
+    last_value = CASE WHEN excluded.last_step > coalesce(metric_series.last_step, -1)
                       THEN excluded.last_value ELSE metric_series.last_value END,
     last_step = greatest(metric_series.last_step, excluded.last_step),
     last_t = greatest(metric_series.last_t, excluded.last_t)
