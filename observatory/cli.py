@@ -7,31 +7,20 @@ inside the command, so loading every command module for `--help` stays cheap.
 
 from __future__ import annotations
 
-import os
+import click
 
-# numpy's OpenBLAS starts a thread per core as numpy loads, and those threads spin on their cores for a
-# while before they sleep. The commands' numpy is small arrays (no BLAS work a thread would pay for), and
-# on a small machine that spinning takes the core a catch-up's DuckDB writer shares with its decoding:
-# 0.1-0.17 CPU s of each `observatory ingest` here, ~0.1 s of its wall time. Set before the commands'
-# imports load numpy (their child processes, the dashboard's included, inherit it); a value the caller
-# set is kept.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-import click  # noqa: E402
-
-from observatory.commands import (  # noqa: E402
+from observatory.commands import (
     dashboard,
     decide,
     detect,
     ingest,
     interop,
     ladder,
-    quick_exit,
     read,
     report,
     simulate,
 )
-from observatory.store import StoreBusy, StoreUnusable  # noqa: E402
+from observatory.store import StoreBusy, StoreUnusable
 
 # command name -> click command or group, in the order `--help` lists them
 COMMANDS: dict[str, click.Command] = {
@@ -119,15 +108,9 @@ def main(traceback):
 
 
 def run() -> None:
-    """The `observatory` command as a process (the console script, `python -m observatory.cli`): `main`,
-    then, for a bulk command that finished its work, an exit without the interpreter's teardown where
-    that loses nothing (`commands.quick_exit`)."""
-    try:
-        main()
-    except SystemExit as e:
-        if e.code in (None, 0) and quick_exit.wanted() and quick_exit.safe():
-            quick_exit.exit_now(0)
-        raise
+    """The `observatory` command as a process (the console script, `python -m observatory.cli`). No process-
+    wide tuning (threads, allocator, exit paths): none moved a figure a user sees (bench/HISTORY.md)."""
+    main()
 
 
 if __name__ == "__main__":

@@ -5,9 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import subprocess
-import sys
 
 import click
 import polars as pl
@@ -297,109 +294,6 @@ def test_runs_table_shows_every_runs_name(runs_dir, db_path):
     out = run("runs", "--db", db_path, "--format", "table", env={"COLUMNS": "300"}).output
     row = next(line for line in out.splitlines() if "ladder-cpu-d24" in line and "completed" in line)
     assert row.count("ladder-cpu-d24") == 2, out  # the run column and the name column
-
-
-def _threads_after_import(env: dict) -> tuple[str, int]:
-    """(OPENBLAS_NUM_THREADS, the process's OS threads) once `observatory.cli` and numpy are imported."""
-    code = ("import os, observatory.cli, numpy; "
-            "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    value, threads = out.split()
-    return value, int(threads)
-
-
-def test_cli_keeps_numpy_from_starting_spinning_blas_threads():
-    """numpy's OpenBLAS threads spin on the cores DuckDB's writer needs: the CLI asks for none, as the
-    variable set by hand would; a value the caller set is kept."""
-    bare = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    value, threads = _threads_after_import(bare)
-    assert value == "1"
-    assert threads == _threads_after_import({**bare, "OPENBLAS_NUM_THREADS": "1"})[1]
-    assert _threads_after_import({**bare, "OPENBLAS_NUM_THREADS": "2"})[0] == "2"
-
-
-# The `observatory` process as the console script runs it, with a caller's exit hooks: an `atexit` one,
-# and one of threading's (run by the interpreter's normal shutdown, which joins non-daemon threads; the
-# quick exit skips that shutdown). `THREAD` adds a non-daemon thread still at work when the command ends
-# (it waits for the command to say it finished, then 0.3 s more).
-_PROCESS = """
-import atexit, os, runpy, sys, threading, time
-marks = sys.argv.pop(1)
-def mark(what):
-    with open(marks, "a") as f:
-        f.write(what + "\\n")
-atexit.register(mark, "atexit")
-threading._register_atexit(mark, "interpreter shutdown")
-if os.environ.get("THREAD"):
-    def late():  # still at work when the command ends, however long the ingest takes: it waits for that
-        while not getattr(sys.modules.get("observatory.commands.quick_exit"), "wanted", lambda: False)():
-            time.sleep(0.005)
-        time.sleep(0.3)
-        mark("thread finished")
-    threading.Thread(target=late).start()
-sys.argv[0] = "observatory"
-runpy.run_module("observatory.cli", run_name="__main__", alter_sys=True)
-"""
-
-
-def _process(tmp_path, *args, env=None):
-    marks = tmp_path / "marks.txt"
-    marks.unlink(missing_ok=True)
-    p = subprocess.run([sys.executable, "-c", _PROCESS, str(marks), *map(str, args)], capture_output=True,
-                       text=True, env={**os.environ, **(env or {})}, timeout=120)  # fmt: skip
-    return p, (marks.read_text().split("\n")[:-1] if marks.exists() else [])
-
-
-def _some_run(tmp_path):
-    runs = tmp_path / "runs"
-    write_lines(runs / "r1" / "events.0.jsonl",
-                [event("r1", "metrics", {"train/loss": 3.0 - s / 100}, seq=s, step=s) for s in range(50)])  # fmt: skip
-    return runs
-
-
-def test_a_finished_ingest_ends_without_the_teardown_and_loses_nothing(tmp_path):
-    """`observatory ingest` ends by `os._exit` once done: the caller's atexit hook still runs and its
-    output is all there, the store is closed (no WAL left) with every row; the interpreter's shutdown
-    (threading's hooks) is what is skipped. With a non-daemon thread still at work, the exit is the
-    normal one and the thread finishes."""
-    runs, db = _some_run(tmp_path), tmp_path / "s.duckdb"
-    p, marks = _process(tmp_path, "ingest", "--runs-dir", runs, "--db", db, "-q")
-    assert p.returncode == 0, p.stderr
-    assert "ingested 50 events (50 metric values" in p.stderr
-    assert marks == ["atexit"]  # no "interpreter shutdown": the quick exit
-    assert not db.with_name(db.name + ".wal").exists()
-    with store.connect(db) as con:
-        assert con.execute("SELECT count(*) FROM metrics WHERE run = 'r1'").fetchall() == [(50,)]
-
-    p, marks = _process(tmp_path, "rebuild", "--runs-dir", runs, "--db", db, "-q")
-    assert p.returncode == 0, p.stderr
-    assert marks == ["atexit"] and "rebuilt" in p.stderr
-
-    p, marks = _process(tmp_path, "ingest", "--runs-dir", runs, "--db", db, "-q", env={"THREAD": "1"})
-    assert p.returncode == 0, p.stderr
-    assert sorted(marks) == ["atexit", "interpreter shutdown", "thread finished"]
-
-
-def test_other_commands_and_failures_exit_normally(tmp_path):
-    """Only a bulk command that finished its work exits quickly: an error keeps its message and status."""
-    runs, db = _some_run(tmp_path), tmp_path / "s.duckdb"
-    p, marks = _process(tmp_path, "runs", "--runs-dir", runs, "--db", db)
-    assert p.returncode == 0 and "interpreter shutdown" in marks
-    (tmp_path / "a-file").write_text("x")
-    p, marks = _process(tmp_path, "ingest", "--runs-dir", runs, "--db", tmp_path / "a-file" / "s.duckdb", "-q")
-    assert p.returncode == 1 and "Not a directory" in p.stderr and "Traceback" not in p.stderr
-    assert sorted(marks) == ["atexit", "interpreter shutdown"]
-
-
-def test_nothing_to_close_while_a_store_connection_is_open(tmp_path):
-    """The quick exit's check: an open store connection (not yet detached, so not checkpointed) stops it."""
-    from observatory.store import connection
-
-    db = tmp_path / "s.duckdb"
-    with store.write_connection(db) as con:
-        con.execute("CREATE TABLE t AS SELECT 1 AS x")
-        assert not connection.nothing_to_close()
-    assert connection.nothing_to_close()
 
 
 def test_quiet_leaves_out_rejected_lines_not_errors(runs_dir, db_path):

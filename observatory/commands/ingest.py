@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from observatory.commands import common_options, quick_exit
+from observatory.commands import common_options
 from observatory.commands.progress import bar, quiet_option
 from observatory.store import StoreBusy
 
@@ -23,9 +23,7 @@ def ingest(runs_dir, db, follow, quiet):
     progress bar shows the bytes read and the time left (not with --follow).
     """
     from observatory.ingest import ingest as run_ingest  # lazy for start-up time (pyarrow, the hooks' polars)
-    from observatory.ingest.allocator import keep_freed_memory
 
-    keep_freed_memory()
     if follow:
         click.echo(f"following {runs_dir} into {db} (Ctrl-C to stop)", err=True)
     try:
@@ -34,7 +32,6 @@ def ingest(runs_dir, db, follow, quiet):
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(report.summary(), err=True)
-    quick_exit.want()
 
 
 @click.command("rebuild")
@@ -43,16 +40,13 @@ def ingest(runs_dir, db, follow, quiet):
 def rebuild(runs_dir, db, quiet):
     """Recreate the store from the event logs (built aside, then swapped in atomically)."""
     from observatory.ingest import rebuild as run_rebuild  # lazy for start-up time (see `ingest`)
-    from observatory.ingest.allocator import keep_freed_memory
 
-    keep_freed_memory()
     try:
         with bar("rebuild", quiet) as progress:
             report = run_rebuild(runs_dir, db, emit=_quiet if quiet else _err, progress=progress)
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rebuilt {db}: {report.summary()}", err=True)
-    quick_exit.want()
 
 
 def _err(msg: str) -> None:

@@ -35,7 +35,6 @@ import errno
 import os
 import random
 import time
-import weakref
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -254,7 +253,6 @@ class StoreConnection:
         self.read_only = read_only
         self.path = path
         self.fresh = fresh  # its own instance, closed with it: never kept for another unit of work
-        _OPEN.add(self)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._con, name)
@@ -267,7 +265,6 @@ class StoreConnection:
     def close(self, reuse: bool = True) -> None:
         """Close the store (its instance goes back to `_INSTANCES`, or is closed) and release the locks."""
         con, self._con = self._con, None
-        _OPEN.discard(self)
         if con is not None:
             try:
                 _INSTANCES.release(con, self.read_only, reuse and not self.fresh)
@@ -287,16 +284,6 @@ class StoreConnection:
             self.close()
         except Exception:
             pass
-
-
-_OPEN: weakref.WeakSet[StoreConnection] = weakref.WeakSet()  # the StoreConnections not closed yet
-
-
-def nothing_to_close() -> bool:
-    """Whether ending the process without closing DuckDB would lose nothing: no store connection open
-    (an attached store is detached, so checkpointed, only by its close) and no kept instance with
-    temporary files (spilled data, which DuckDB deletes as it closes). `commands.quick_exit` asks."""
-    return not len(_OPEN) and _INSTANCES.without_temporary_files()
 
 
 # Rows per row group that the writer writes (DuckDB's default is 122,880). A query that filters a table
@@ -359,16 +346,6 @@ class _Instances:
             elif self._idle[read_only]:
                 return self._idle[read_only].pop()
         return duckdb.connect()
-
-    def without_temporary_files(self) -> bool:
-        """Whether no kept instance has temporary files (an instance that cannot tell counts as having some)."""
-        with self._lock:
-            kept = [*self._idle[True], *self._idle[False], *([self._spare] if self._spare is not None else [])]
-        try:
-            return all(con.execute("SELECT count(*) FROM duckdb_temporary_files()").fetchall()[0][0] == 0
-                       for con in kept)  # fmt: skip
-        except Exception:
-            return False
 
     def make_spare(self, duckdb) -> None:
         """Make the next `fresh` instance now (while a worker waits for its next query), not on its clock."""
