@@ -17,7 +17,7 @@ from conftest import event, write_lines
 
 from observatory import store
 from observatory.ingest import ingest as _ingest
-from observatory.ingest import msgspec_lines, passes, sql_lines
+from observatory.ingest import model, msgspec_lines, passes
 
 CAP = 50
 
@@ -110,12 +110,12 @@ def mixed_lines(n: int, seed: int) -> list[bytes]:
 @pytest.mark.parametrize("fast", [True, False], ids=["msgspec-path", "sql-path"])
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
 def test_junk_past_the_cap_counted_in_bulk_leaves_what_one_by_one_leaves(tmp_path, monkeypatch, fast, gz):
-    """`sql_lines.JUNK_FAST` on and off: the same store, report and messages, over passes of a growing file."""
+    """`model.JUNK_FAST` on and off: the same store, report and messages, over passes of a growing file."""
     monkeypatch.setattr(msgspec_lines, "ENABLED", fast)
     lines = mixed_lines(1500, seed=3)
     seen = []
     for bulk in (True, False):
-        monkeypatch.setattr(sql_lines, "JUNK_FAST", bulk)
+        monkeypatch.setattr(model, "JUNK_FAST", bulk)
         runs, db = tmp_path / f"runs-{bulk}", tmp_path / f"s-{bulk}.duckdb"
         reports = []
         for k, (lo, hi) in enumerate([(0, 20), (20, 700), (700, 1500)]):  # under the cap, past it, far past it

@@ -55,7 +55,7 @@ def _err(msg: str) -> None:
 
 def _quiet(msg: str) -> None:
     """-q: every message but those about rejected lines (the summary counts them): errors and notes stay."""
-    from observatory.ingest.sql_lines import Rejection
+    from observatory.ingest.model import Rejection
 
     if not isinstance(msg, Rejection):
         click.echo(msg, err=True)

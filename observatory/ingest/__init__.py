@@ -6,11 +6,11 @@
 - `files`: the runs dir's logs, what each has that the store has not, reading one;
 - `msgspec_lines`: the msgspec path, a chunk of `metrics` / `expert_load` lines decoded
   in one call and appended as Arrow columns; what it cannot certify goes to
-- `sql_lines`: the SQL path, lines staged in DuckDB and checked by a vectorised query,
+- `model`: the SQL path, lines staged in DuckDB and checked by a vectorised query,
   the rest decoded in Python and checked by `observatory.events.validate_event`, the
   one definition of "valid" (tests check both paths give the same store);
 - `runs`: the `runs` table, folded from lifecycle events;
-- `redaction`: secrets in metric names hidden in the batch (`sql_lines` scrubs the rest);
+- `redaction`: secrets in metric names hidden in the batch (`model` scrubs the rest);
 - `passes`: passes and batches, one short write transaction each;
 - `hooks`: what other stages run on each batch (rollups in the transaction; the
   detectors, the ladder watch and the decision records after it).
@@ -35,8 +35,8 @@ from typing import Any
 from observatory import settings, store
 from observatory.ingest import hooks as ingest_hooks
 from observatory.ingest.files import scan
+from observatory.ingest.model import LogFile
 from observatory.ingest.passes import Follower, IngestReport, one_pass, write_failure
-from observatory.ingest.sql_lines import LogFile
 from observatory.store import rollups
 
 __all__ = ["ingest", "rebuild", "IngestReport", "LogFile", "scan"]

@@ -30,7 +30,7 @@ def _append(con, columns: dict[str, list], types: dict[str, pa.DataType], insert
 
 
 def flush(con, b) -> None:
-    """Bulk-append everything `sql_lines._check_line` put in the batch `b` (a `sql_lines._Batch`)."""
+    """Bulk-append everything `model.check_line` put in the batch `b` (a `model.Batch`)."""
     if b.metrics["run"]:
         _append(con, b.metrics, _METRICS, "INSERT INTO metrics SELECT * FROM _staged")
     if b.experts["run"]:

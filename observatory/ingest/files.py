@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from observatory.ingest.model import U16, Batch, FileState, LogFile, read_chunk
 from observatory.ingest.msgspec_lines import ingest_chunk
-from observatory.ingest.sql_lines import U16, LogFile, _Batch, _FileState, _read_chunk
 from observatory.store.arrow import column
 
 __all__ = ["FILE_RE", "GZ_BATCH_BYTES", "scan", "readable", "load_state", "has_work", "by_run_host", "index_row",
@@ -106,7 +106,7 @@ def siblings(lf: LogFile, by_host: dict[tuple[str, int], dict[str, dict]]) -> li
     ]
 
 
-def process_file(con, b: _Batch, lf: LogFile, st: _FileState, budget: int, ended: bool, max_line: int) -> tuple[int, bool]:
+def process_file(con, b: Batch, lf: LogFile, st: FileState, budget: int, ended: bool, max_line: int) -> tuple[int, bool]:
     """Ingest from `st.offset` until EOF or `budget` bytes; returns (bytes consumed, reached EOF).
 
     A torn last line (no final newline) waits while the run may be live and is recorded as
@@ -117,7 +117,7 @@ def process_file(con, b: _Batch, lf: LogFile, st: _FileState, budget: int, ended
     used = 0
     while used < budget or lf.gz:  # a .gz counts as read only at its end (else it is re-read from 0, forever)
         start = st.offset
-        ch = _read_chunk(lf, start, read_size, max_line)
+        ch = read_chunk(lf, start, read_size, max_line)
         if ch.error and ch.transient:
             b.messages.append(f"{lf.path}: {ch.error}; will retry")
             return used, False
@@ -140,7 +140,7 @@ def process_file(con, b: _Batch, lf: LogFile, st: _FileState, budget: int, ended
     return used, False
 
 
-def _ended_in_batch(b: _Batch, run: str) -> bool:
+def _ended_in_batch(b: Batch, run: str) -> bool:
     last = [e["kind"] for e in b.lifecycle if e["run"] == run]
     return bool(last) and last[-1] == "run_end"
 
@@ -149,7 +149,7 @@ _FILE_COLUMNS = ("path", "run", "host", "byte_offset", "line", "first_seq", "las
                  "mtime", "rejected", "rejected_dropped")  # fmt: skip
 
 
-def save_files(con, saves: list[tuple[LogFile, _FileState, bool, bool]]) -> None:
+def save_files(con, saves: list[tuple[LogFile, FileState, bool, bool]]) -> None:
     """The batch's `ingest_files` rows, one statement for the new files and one for those the store has:
     (file, its state, read to its end, the store has a row) each."""
     rows = []

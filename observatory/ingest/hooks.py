@@ -105,7 +105,7 @@ def run_in_transaction(con, touched: Mapping[str, set[str]], skip: set[str]) -> 
 def run_after_commit(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[str], None],
                      batch: Any = None) -> set[str]:  # fmt: skip
     """The after-commit hooks on `runs`, in order, on one read-only connection; the names of those that
-    wrote events. `batch`: the committed batch (`sql_lines._Batch`: where its rows began), or None."""
+    wrote events. `batch`: the committed batch (`model.Batch`: where its rows began), or None."""
     wrote = set()
     with store.connect(db) as shared:  # read-only: see the module doc
         for hook in BUILTIN:

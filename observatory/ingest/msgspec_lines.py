@@ -1,11 +1,11 @@
 """The msgspec path: a chunk of metrics / expert_load lines decoded in one call, appended as Arrow columns.
 
-`ingest_chunk` stands in for the SQL path's `sql_lines._ingest_chunk` and gives the
+`ingest_chunk` stands in for the SQL path's `model.sql_ingest_chunk` and gives the
 same store, line for line. It cuts the chunk into pieces of ~`PIECE_BYTES` complete
 lines (`METRICS_PIECE_BYTES` where they are metrics lines) and, for each piece:
 
 1. checks the bytes: UTF-8, no line over `max_line_bytes`; lines that do not start
-   with `{` and end with `}` (blank, torn, junk) go to `_check_line` one by one;
+   with `{` and end with `}` (blank, torn, junk) go to `check_line` one by one;
 2. decodes the other lines with one `msgspec` `decode_lines` call into typed
    Structs (a tagged union on `kind`). A metrics line's `data` goes into the run's
    `_Layout` (its metric names as the float fields of a Struct built at run time,
@@ -14,14 +14,14 @@ lines (`METRICS_PIECE_BYTES` where they are metrics lines) and, for each piece:
    strict (no bool for int, no float for int, no NaN literals, no strings for
    numbers), so a decode error means "something unusual here": the piece is decoded
    again with dicts (new names outgrow the layout), then line by line, and a line
-   that still does not decode (a "nan" string, say) goes to `_check_line`; a piece
-   with many such lines goes whole to the SQL path (`_ingest_chunk`: DuckDB staging
+   that still does not decode (a "nan" string, say) goes to `check_line`; a piece
+   with many such lines goes whole to the SQL path (`sql_ingest_chunk`: DuckDB staging
    + `validate_event`), which judges them in bulk;
 3. certifies each decoded event with the checks `validate_event` and the store's
    ranges would make (v, run == folder, host == file's host, step/seq ranges,
    finite t and values, no empty name, routed/dropped shapes); an event that fails,
-   and every event of another kind, goes to `_check_line` -- validate_event decides;
-4. checks seqs in file order exactly as the SQL path does (`_FileState`), builds
+   and every event of another kind, goes to `check_line` -- validate_event decides;
+4. checks seqs in file order exactly as the SQL path does (`FileState`), builds
    numpy/Arrow columns (metric names dictionary-encoded) and INSERTs them, on the
    batch's worker thread while the next pieces decode (`ingest.appends`; DuckDB releases the GIL).
 
@@ -46,18 +46,18 @@ import numpy as np
 import pyarrow as pa
 
 from observatory.events import KINDS, RUN_ID_RE
-from observatory.ingest.sql_lines import (
+from observatory.ingest.model import (
     I32,
     I64,
     U16,
     U32,
+    Batch,
+    Chunk,
+    FileState,
     LogFile,
-    _Batch,
-    _check_line,
-    _Chunk,
-    _FileState,
-    _ingest_chunk,
-    _seq_ok,
+    check_line,
+    seq_ok,
+    sql_ingest_chunk,
 )
 from observatory.store.arrow import column, numeric
 
@@ -71,7 +71,7 @@ except ImportError:  # pragma: no cover - msgspec is a declared dependency
 
 __all__ = ["ENABLED", "PIECE_BYTES", "METRICS_PIECE_BYTES", "ingest_chunk"]
 
-ENABLED = True  # False: every chunk takes the SQL path, sql_lines._ingest_chunk (the reference)
+ENABLED = True  # False: every chunk takes the SQL path, model.sql_ingest_chunk (the reference)
 PIECE_BYTES = 4 << 20  # bytes decoded per step (a piece with expert_load lines)
 # ... and a piece of metrics lines alone. Their decoded events (a Struct of ~60 floats a line) of a 4 MB
 # piece outgrow the CPU's caches: `_plan` took 0.025 s for a 4 MB piece of the 535b log against 0.003 s
@@ -115,7 +115,7 @@ if msgspec is not None:
         data: _ExpertData
         step: int | None = None
 
-    # every other known kind: decoded to nothing (fields skipped, JSON still checked), sent to _check_line
+    # every other known kind: decoded to nothing (fields skipped, JSON still checked), sent to check_line
     _OTHERS = tuple(
         msgspec.defstruct(f"_Other_{k}", [], tag_field="kind", tag=k) for k in KINDS if k not in ("metrics", "expert_load")
     )
@@ -156,14 +156,14 @@ _LAYOUTS: dict[str, _Layout | None] = {}  # run -> its layout (None: too many na
 _BY_NAMES: dict[tuple[str, ...], _Layout | None] = {}  # the layouts made, by their names
 
 
-def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_line: int) -> None:
-    """Validate and stage one chunk of complete lines from one file: same effect as `_ingest_chunk`.
+def ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line: int) -> None:
+    """Validate and stage one chunk of complete lines from one file: same effect as `sql_ingest_chunk`.
 
     The certified rows go to `b.appends`, inserted on its worker thread while the next pieces decode;
     `b.appends.drain()` before anything else uses `con` (the batch's end does)."""
     if not ENABLED or msgspec is None or not ch.data or not RUN_ID_RE.match(lf.run) or lf.host > U16:
         b.appends.drain()
-        _ingest_chunk(con, b, lf, st, ch, max_line)
+        sql_ingest_chunk(con, b, lf, st, ch, max_line)
         return
     data = ch.data
     offset0 = ch.end - len(data)
@@ -171,7 +171,7 @@ def ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_li
     for hi, piece, plan in _plans(data, lf, max_line):
         if plan is None:
             b.appends.drain()
-            _ingest_chunk(con, b, lf, st, _Chunk(piece, offset0 + hi, [], b"", 0, False), max_line)
+            sql_ingest_chunk(con, b, lf, st, Chunk(piece, offset0 + hi, [], b"", 0, False), max_line)
             continue
         tables = _apply(b, lf, st, piece, plan)
         st.offset = offset0 + hi
@@ -201,7 +201,7 @@ class _Plan:
     """One piece decoded and certified, as arrays.
 
     Lines are (L,); `cls` says which are certainly valid: 1 metrics, 2 expert_load;
-    0 means `_check_line` (validate_event) decides. Metric rows (N,) and expert rows (R,)
+    0 means `check_line` (validate_event) decides. Metric rows (N,) and expert rows (R,)
     are those of the certified events, in line order.
     """
 
@@ -243,9 +243,9 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
             return None  # many odd lines: the SQL path judges them in bulk
     if len(decoded) != len(good):
         return None  # cannot happen for lines shaped {...} (see the module docstring); be safe anyway
-    events: list = [None] * len(ends)  # (L,) the certified events, None for _check_line
+    events: list = [None] * len(ends)  # (L,) the certified events, None for check_line
     for i, e in zip(good.tolist(), decoded, strict=True):
-        step_max = _STEP_MAX.get(e.__class__)  # None: another kind, for _check_line
+        step_max = _STEP_MAX.get(e.__class__)  # None: another kind, for check_line
         step = getattr(e, "step", None)
         if (step_max is not None and e.v == 1 and e.run == run and e.host == host and step is not None
                 and 0 <= step <= step_max and 0 <= e.seq <= I64 and -math.inf < e.t < math.inf):  # fmt: skip
@@ -391,7 +391,7 @@ def _layout_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.nd
     return present.sum(1, dtype=np.int64), mat[present], list(names), codes.astype(np.int32)
 
 
-def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
+def _apply(b: Batch, lf: LogFile, st: FileState, piece: bytes, plan: _Plan):
     """Route every line of a decoded piece, in file order; the (metrics, expert_load) tables to insert."""
     starts, ends, cls, seqs = plan.starts, plan.ends, plan.cls, plan.seq
     base = st.line
@@ -411,9 +411,9 @@ def _apply(b: _Batch, lf: LogFile, st: _FileState, piece: bytes, plan: _Plan):
             for i in range(lo, hi):
                 lineno = base + 1 + i
                 if certified[i]:
-                    accepted[i] = _seq_ok(b, lf, st, lineno, int(seqs[i]), piece, int(starts[i]), int(ends[i]))
+                    accepted[i] = seq_ok(b, lf, st, lineno, int(seqs[i]), piece, int(starts[i]), int(ends[i]))
                 else:
-                    _check_line(b, lf, st, lineno, piece[starts[i] : ends[i]])
+                    check_line(b, lf, st, lineno, piece[starts[i] : ends[i]])
     st.line += n
     n_acc = int(accepted.sum())
     if not n_acc:

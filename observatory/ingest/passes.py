@@ -5,7 +5,7 @@ straight line (`_run_batch`):
 
 1. read: take the write lock, open the store, read `ingest_files` (offsets, seq ranges);
 2. validate and append: read each file from its offset, up to `BATCH_BYTES` in all
-   (`files.process_file`: `msgspec_lines` decodes and certifies, `sql_lines` judges the
+   (`files.process_file`: `msgspec_lines` decodes and certifies, `model` judges the
    rest); certified rows are appended as Arrow columns on the batch's worker thread;
 3. in the same transaction: the batch's staged rows, rejected lines and each file's new
    offset; fold the batch into `runs` (`runs.update_runs`), store `crashed` for runs that
@@ -32,15 +32,15 @@ from observatory.events import OBSERVATORY_HOST, STATUSES
 from observatory.ingest import files as fs
 from observatory.ingest import hooks
 from observatory.ingest.arrow import flush
-from observatory.ingest.redaction import redact_metric_names
-from observatory.ingest.runs import mark_crashed, update_runs
-from observatory.ingest.sql_lines import (
+from observatory.ingest.model import (
     MESSAGE_LIMIT,
+    Batch,
+    FileState,
     LogFile,
     Rejection,
-    _Batch,
-    _FileState,
 )
+from observatory.ingest.redaction import redact_metric_names
+from observatory.ingest.runs import mark_crashed, update_runs
 
 __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]
 
@@ -170,7 +170,7 @@ def _open_store(db: Path):
 
 
 def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None, fol: Follower,
-               use_hooks: bool) -> tuple[_Batch | None, bool]:  # fmt: skip
+               use_hooks: bool) -> tuple[Batch | None, bool]:  # fmt: skip
     """One write transaction over files with work, top to bottom: read and validate each file's new lines
     (up to `BATCH_BYTES` in all), append the rows, fold the runs, roll up, COMMIT. Returns (the batch, or
     None if nothing was new; whether work is left)."""
@@ -181,7 +181,7 @@ def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None,
         with _transaction(con):
             rows, status = fs.load_state(con)
             by_host = fs.by_run_host(rows)
-            b = _Batch(now)
+            b = Batch(now)
             # where this batch's rows begin in each table: the detectors read the runs it began from there
             b.metrics_start, b.experts_start = con.execute(
                 "SELECT (SELECT count(*) FROM metrics), (SELECT count(*) FROM expert_load)").fetchall()[0]
@@ -194,7 +194,7 @@ def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None,
                     if used >= BATCH_BYTES:
                         more = True
                         break
-                    st = _FileState(rows.get(lf.rel), lf, fs.siblings(lf, by_host))
+                    st = FileState(rows.get(lf.rel), lf, fs.siblings(lf, by_host))
                     if st.restarted_from is not None:
                         b.messages.append(
                             f"{lf.path}: the file shrank or was replaced under the ingester (read up to byte "
@@ -327,7 +327,7 @@ def _progress(report: IngestReport, total: int) -> dict:
             "files": report.files, "events": report.events}  # fmt: skip
 
 
-def _add(report: IngestReport, b: _Batch, emit: Callable[[str], None]) -> None:
+def _add(report: IngestReport, b: Batch, emit: Callable[[str], None]) -> None:
     """Count a committed batch into the report and pass its messages on."""
     report.events += b.n_events
     report.metric_values += b.n_metric_values

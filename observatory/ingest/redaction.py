@@ -1,13 +1,13 @@
 """Secrets in what the vectorised paths store: metric names, hidden in the batch's transaction.
 
-The SQL path's `_check_line` scrubs every event payload it stores (`observatory.redact.
+The SQL path's `check_line` scrubs every event payload it stores (`observatory.redact.
 scrub_event`); metrics and expert loads are numbers, so the only text the vectorised
 paths (msgspec, DuckDB staging) store is metric names, and this scrubs those.
 """
 
 from __future__ import annotations
 
-from observatory.ingest.sql_lines import _Batch
+from observatory.ingest.model import Batch
 from observatory.redact import scrub_text
 from observatory.store.rollups import LOCAL_ROWID
 
@@ -16,10 +16,10 @@ __all__ = ["redact_metric_names", "added_names"]
 _CLEAN_NAMES: set[str] = set()  # metric names known to hold no secret (bounded: cleared when large)
 
 
-def redact_metric_names(con, b: _Batch) -> None:
+def redact_metric_names(con, b: Batch) -> None:
     """Hide credential-shaped text in the metric names this transaction added (values are numbers).
 
-    Every path (msgspec, the vectorised SQL check, `_check_line`) appends to `metrics`; the
+    Every path (msgspec, the vectorised SQL check, `check_line`) appends to `metrics`; the
     names it added are the distinct names of the transaction's local rows (rowid >=
     LOCAL_ROWID), so one query covers them all (`added_names`). Each hidden name counts once per row.
     """
@@ -43,6 +43,6 @@ def redact_metric_names(con, b: _Batch) -> None:
         con.execute(f"UPDATE metrics SET name = $new WHERE {where}", {"old": name, "new": clean})
 
 
-def added_names(con, b: _Batch) -> set[str]:
+def added_names(con, b: Batch) -> set[str]:
     """The distinct metric names of the transaction's local `metrics` rows (one DISTINCT over them)."""
     return {r[0] for r in con.execute(f"SELECT DISTINCT name FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchall()}

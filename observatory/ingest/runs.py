@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from observatory import settings
 from observatory.events import OBSERVATORY_HOST, encode_value
-from observatory.ingest.sql_lines import I64, _Batch
+from observatory.ingest.model import I64, Batch
 from observatory.store import RUN_COLUMNS, RUN_JSON_COLUMNS, crashed_sql
 from observatory.store.arrow import column
 
@@ -19,7 +19,7 @@ __all__ = ["update_runs", "mark_crashed"]
 _TEXT_FIELDS = (("project", "project"), ("group", "run_group"), ("notes", "notes"))
 
 
-def update_runs(con, b: _Batch) -> None:
+def update_runs(con, b: Batch) -> None:
     """Fold this batch's lifecycle events and activity into `runs` (one row per touched run)."""
     touched = sorted(set(b.activity) | {e["run"] for e in b.lifecycle if e["host"] != OBSERVATORY_HOST})
     # secrets hidden in lines of runs this batch did not otherwise touch (rejected lines, findings)

@@ -1,16 +1,14 @@
-"""The SQL path: reading event lines and checking them with DuckDB, then validate_event for the rest.
+"""The ingest data model: a log file (`LogFile`), a chunk of its lines (`Chunk`, `read_chunk`), a file's
+progress and seq bookkeeping (`FileState`), and everything one write transaction adds (`Batch`); and the
+one definition of a valid line, `check_line` (`observatory.events.validate_event` plus the store's ranges).
 
-`observatory.ingest.passes` drives passes and transactions; this module turns the
-bytes of one event log into staged rows, rejections and seq bookkeeping for one
-batch (the msgspec path, `msgspec_lines`, hands it what it cannot certify).
-
-The chunk's complete lines go to DuckDB zero-copy as an Arrow string column;
-`_STAGE_SQL` parses them with DuckDB's JSON reader and marks the lines that are
-certainly valid `metrics` / `expert_load` events (the vectorised check). DuckDB's
-transform coerces types (1.5 -> 2, true -> 1.0), so the raw JSON text of each field
-is also checked by pattern; every line the check does not accept goes to
-`_check_line`, where `observatory.events.validate_event` -- the one definition of
-valid -- decides (tests check the vectorised check never accepts what it rejects).
+`observatory.ingest.passes` drives passes and transactions; the msgspec path (`msgspec_lines`) certifies
+the common lines in bulk and hands this module what it cannot (`check_line`, one by one, or
+`sql_ingest_chunk` for a chunk of mostly odd lines: its complete lines go to DuckDB zero-copy as an
+Arrow string column, `_STAGE_SQL` parses them with DuckDB's JSON reader and marks the lines that are
+certainly valid `metrics` / `expert_load` events; DuckDB's transform coerces types (1.5 -> 2, true ->
+1.0), so the raw JSON text of each field is also checked by pattern, and every line the check does not
+accept goes to `check_line`; tests check the vectorised check never accepts what it rejects).
 """
 
 from __future__ import annotations
@@ -73,7 +71,7 @@ class LogFile:
 
 
 @dataclass
-class _Chunk:
+class Chunk:
     data: bytes  # complete lines, each ending in b"\n"
     end: int  # offset after `data` (and after any skipped oversized line)
     oversized: list[tuple[int, int, bytes]]  # (index among lines of this chunk, length, head) of skipped lines
@@ -103,7 +101,7 @@ def _open(lf: LogFile):
     return gzip.open(lf.path, "rb") if lf.gz else open(lf.path, "rb")
 
 
-def _read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> _Chunk:
+def read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> Chunk:
     """Up to `budget` bytes of complete lines from `offset`; never holds more than ~budget in memory.
 
     A line longer than the budget is skipped while streaming (its first bytes kept
@@ -113,32 +111,32 @@ def _read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> _Chunk:
     try:
         f = _open(lf)
     except OSError as e:
-        return _Chunk(b"", offset, [], b"", 0, True, f"cannot open: {e.strerror or e}", transient=True)
+        return Chunk(b"", offset, [], b"", 0, True, f"cannot open: {e.strerror or e}", transient=True)
     with f:
         try:
             f.seek(offset)
             buf = f.read(budget)
         except (OSError, EOFError, zlib.error) as e:
-            return _Chunk(b"", offset, [], b"", 0, True, _read_error(lf, e), transient=_is_transient(e))
+            return Chunk(b"", offset, [], b"", 0, True, _read_error(lf, e), transient=_is_transient(e))
         last = buf.rfind(b"\n")
         if last >= 0:
             data = buf[: last + 1]
-            return _Chunk(data, offset + len(data), oversized, b"", 0, False)
+            return Chunk(data, offset + len(data), oversized, b"", 0, False)
         if len(buf) < budget:  # EOF and no newline: a torn final line (or nothing)
-            return _Chunk(b"", offset, [], buf[:RAW_CAP], len(buf), True)
+            return Chunk(b"", offset, [], buf[:RAW_CAP], len(buf), True)
         # one line longer than the whole budget: stream past it
         head, n = buf[:RAW_CAP], len(buf)
         while True:
             try:
                 block = f.read(1 << 20)
             except (OSError, EOFError, zlib.error) as e:
-                return _Chunk(b"", offset, [], head, n, True, _read_error(lf, e), transient=_is_transient(e))
+                return Chunk(b"", offset, [], head, n, True, _read_error(lf, e), transient=_is_transient(e))
             if not block:
-                return _Chunk(b"", offset, [], head, n, True)  # still torn at EOF
+                return Chunk(b"", offset, [], head, n, True)  # still torn at EOF
             i = block.find(b"\n")
             if i >= 0:
                 n += i
-                return _Chunk(b"", offset + n + 1, [(0, n, head)], b"", 0, False)
+                return Chunk(b"", offset + n + 1, [(0, n, head)], b"", 0, False)
             n += len(block)
 
 
@@ -249,7 +247,7 @@ def _lines_table(data: bytes, base_line: int) -> tuple[pa.Table, np.ndarray]:
 # --------------------------------------------------------------- a batch
 
 
-class _Batch:
+class Batch:
     """Everything one transaction adds, gathered in Python lists and staged Arrow tables."""
 
     def __init__(self, now: float, max_rejected: int | None = None):
@@ -258,7 +256,7 @@ class _Batch:
         self.max_rejected = int(settings.get("max_rejected_per_file") if max_rejected is None else max_rejected)
         self.rejected: list[tuple] = []  # (file, run, line, field, reason, raw, ingested_at)
         self.n_rejected = 0  # rejected lines, stored or not
-        self.files: dict[str, _FileState] = {}  # rel -> the state of each file this batch reads (`track`)
+        self.files: dict[str, FileState] = {}  # rel -> the state of each file this batch reads (`track`)
         self.dropped: dict[str, tuple[LogFile, int]] = {}  # rel -> (file, rejected lines not stored in this batch)
         self.events: list[tuple] = []  # (run, host, seq, kind, step, t, v, known, data_json)
         self.metrics: dict[str, list] = {k: [] for k in ("run", "step", "name", "value", "t", "host")}
@@ -280,7 +278,7 @@ class _Batch:
         if n:
             self.redactions[run] = self.redactions.get(run, 0) + n
 
-    def track(self, lf: LogFile, st: _FileState) -> None:
+    def track(self, lf: LogFile, st: FileState) -> None:
         """Count `lf`'s rejections on `st` (its row of `ingest_files`): the per-file cap spans passes."""
         self.files[lf.rel] = st
 
@@ -341,7 +339,7 @@ class _Batch:
             a[1] = step
 
 
-class _FileState:
+class FileState:
     """A file's row of `ingest_files`, plus the seq ranges of its (run, host) siblings."""
 
     def __init__(self, row: dict | None, lf: LogFile, sibling_ranges: list[tuple[int, int]]):
@@ -349,7 +347,7 @@ class _FileState:
         self.offset = row.get("byte_offset") or 0
         self.line = row.get("line") or 0
         self.first_seq, self.last_seq, self.cursor = row.get("first_seq"), row.get("last_seq"), row.get("cursor_seq")
-        self.rejected = row.get("rejected") or 0  # rejected lines so far, stored or not (`_Batch.reject`)
+        self.rejected = row.get("rejected") or 0  # rejected lines so far, stored or not (`Batch.reject`)
         self.rejected_dropped = row.get("rejected_dropped") or 0  # of those, not stored in rejected_events
         self.siblings = sibling_ranges
         self.restarted_from: int | None = None  # the offset it had when the file shrank or was replaced
@@ -392,7 +390,7 @@ class _FileState:
         return None
 
 
-def _check_line(b: _Batch, lf: LogFile, st: _FileState, lineno: int, raw: bytes) -> None:
+def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) -> None:
     """Decode and validate one line in Python; route it to its table or to rejected_events."""
     if not raw.strip():
         return  # a blank line (e.g. the newline a resumed writer puts after a torn line)
@@ -473,7 +471,7 @@ def _check_store_ranges(ev: dict) -> None:
             raise ValidationError("data.routed", f"counts must be below {U32 + 1}")
 
 
-def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_line: int) -> None:
+def sql_ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line: int) -> None:
     """Validate and stage one chunk of complete lines from one file."""
     base = st.line
     if not ch.data:
@@ -493,7 +491,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
     skip = _junk_past_cap(b, lf, ch.data, offs) if JUNK_FAST else None  # counted already
     out = big if skip is None else big | skip
     if out.any():
-        # oversized and non-UTF-8 lines go to _check_line (which rejects them); the rest is staged
+        # oversized and non-UTF-8 lines go to check_line (which rejects them); the rest is staged
         keep = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(~out, bitorder="little"))])
         tbl = tbl.filter(keep)
         tbl = tbl.set_column(1, "line", tbl.column("line").cast(pa.large_string()))
@@ -533,7 +531,7 @@ def _ingest_chunk(con, b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, max_l
     st.offset = ch.end
 
 
-def _junk_past_cap(b: _Batch, lf: LogFile, data: bytes, offs: np.ndarray) -> np.ndarray | None:
+def _junk_past_cap(b: Batch, lf: LogFile, data: bytes, offs: np.ndarray) -> np.ndarray | None:
     """(L,) the lines that cannot be events and fall past `lf`'s rejected cap, now counted; None if there are none.
 
     The first `room` such lines stay with the others, so the lines stored are those the one-by-one
@@ -551,10 +549,10 @@ def _junk_past_cap(b: _Batch, lf: LogFile, data: bytes, offs: np.ndarray) -> np.
     return skip
 
 
-def _accept_lines(b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, staged: dict, big: np.ndarray,
+def _accept_lines(b: Batch, lf: LogFile, st: FileState, ch: Chunk, staged: dict, big: np.ndarray,
                   lengths: np.ndarray, offs: np.ndarray, base: int, max_line: int,
                   skip: np.ndarray | None = None) -> list[int]:  # fmt: skip
-    """Line by line, in file order: seq checks of staged ok lines, rejections, `_check_line`; the accepted ok lines.
+    """Line by line, in file order: seq checks of staged ok lines, rejections, `check_line`; the accepted ok lines.
 
     Lines in `skip` were rejected and counted already (`_junk_past_cap`)."""
     ok_of = dict.fromkeys(staged["lineno"][np.ma.filled(staged["ok"], False).astype(bool)].tolist())
@@ -563,17 +561,17 @@ def _accept_lines(b: _Batch, lf: LogFile, st: _FileState, ch: _Chunk, staged: di
     for i in range(len(lengths)) if skip is None else np.flatnonzero(~skip).tolist():
         lineno = base + 1 + i
         if lineno in ok_of:
-            if _seq_ok(b, lf, st, lineno, seq_of[lineno], ch.data, offs[i], offs[i + 1] - 1):
+            if seq_ok(b, lf, st, lineno, seq_of[lineno], ch.data, offs[i], offs[i + 1] - 1):
                 accepted.append(lineno)
         elif big[i] and lengths[i] > max_line + 1:
             raw = ch.data[offs[i] : offs[i] + RAW_CAP]
             b.reject(lf, lineno, "(line)", f"line is {lengths[i] - 1} bytes, over max_line_bytes={max_line}", raw)
         else:
-            _check_line(b, lf, st, lineno, ch.data[offs[i] : offs[i + 1] - 1])
+            check_line(b, lf, st, lineno, ch.data[offs[i] : offs[i + 1] - 1])
     return accepted
 
 
-def _seq_ok(b: _Batch, lf: LogFile, st: _FileState, lineno: int, seq: int, data: bytes, start: int, end: int) -> bool:
+def seq_ok(b: Batch, lf: LogFile, st: FileState, lineno: int, seq: int, data: bytes, start: int, end: int) -> bool:
     """A certainly valid line's seq check, in file order: True to store it; a duplicate is counted, a
     seq out of order rejected (with data[start:end], the line without its newline, capped)."""
     verdict = st.check_seq(seq)
