@@ -127,8 +127,9 @@ def _fmt(v: float) -> str:
 
 
 def _gt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a > b elementwise, False where either is NaN."""
     with np.errstate(invalid="ignore"):
-        return np.nan_to_num(a, nan=-np.inf) > np.nan_to_num(b, nan=np.inf)
+        return a > b
 
 
 # --------------------------------------------------------------- detectors
