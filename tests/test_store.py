@@ -175,44 +175,42 @@ def test_a_writer_with_no_gap_closes_the_gate_after_its_window(db_path):
     assert store.connection.GAP_WAIT_S <= waited < store.connection.GAP_WAIT_S + 1.0, waited
 
 
-def test_a_reader_that_waited_gets_in_before_the_writers_next_transaction(db_path):
-    """A reader that comes during a write transaction waits for that one only: the writer's next
-    transaction, begun at once, lets it in first (`.want`), instead of winning the race for the lock
-    (the writer polls every 2 ms; before `.want`, a waiting reader slept up to 50 ms between tries)."""
+def test_a_thread_that_reads_cannot_deadlock_against_a_waiting_writer(db_path, monkeypatch):
+    """A thread holding a read connection opens another while a writer waits with the gate closed: it gets
+    in (past the gate), where it would otherwise wait for the writer that waits for it; asking for the write
+    connection while it reads fails at once instead of waiting for itself."""
+    import threading
+
+    from observatory.store import connection
+
+    monkeypatch.setenv("OBSERVATORY_LOCK_TIMEOUT_S", "5")
+    monkeypatch.setattr(connection, "GAP_WAIT_S", 0.05)
     with store.write_connection(db_path) as con:
         store.ensure_schema(con)
-    events: list[tuple[str, float]] = []
-    first_in = threading.Event()
+    wrote = threading.Event()
 
     def writer():
-        for i in range(2):  # one transaction and at once the next, as the follower's batch and its rollups
-            with store.write_connection(db_path, timeout_s=10) as con:
-                events.append((f"writer {i} in", time.monotonic()))
-                first_in.set()
-                con.execute(f"INSERT INTO runs (run, status) VALUES ('w{i}', 'running')")
-                time.sleep(0.3)
-            events.append((f"writer {i} out", time.monotonic()))
+        with store.write_connection(db_path) as w:
+            w.execute("CREATE TABLE IF NOT EXISTS t AS SELECT 1 AS x")
+        wrote.set()
 
-    def reader():
-        with store.connect(db_path, timeout_s=10) as con:
-            events.append(("reader in", time.monotonic()))
-            seen = con.execute("SELECT run FROM runs ORDER BY run").fetchall()
-            time.sleep(0.05)
-        events.append(("reader out", time.monotonic()))
-        assert seen == [("w0",)]  # between the two
-
-    w = threading.Thread(target=writer)
-    w.start()
-    first_in.wait(5)
-    time.sleep(0.1)  # the reader comes in the middle of the first transaction
-    r = threading.Thread(target=reader)
-    r.start()
-    w.join(10)
-    r.join(10)
-    order = [name for name, _ in sorted(events, key=lambda e: e[1])]
-    assert order == ["writer 0 in", "writer 0 out", "reader in", "reader out", "writer 1 in", "writer 1 out"], order
-    t = dict(events)
-    assert t["reader in"] - t["writer 0 out"] < 0.1  # it was let in as soon as the first one ended
+    with store.connect(db_path) as outer:
+        outer.execute("SELECT 1").fetchall()
+        with pytest.raises(store.ReentrantWrite, match="holds a read connection"):
+            store.write_connection(db_path)
+        t = threading.Thread(target=writer)
+        t.start()
+        time.sleep(0.3)  # the writer found no gap: it holds the gate and waits for this thread's lock
+        assert not wrote.is_set()
+        t0 = time.monotonic()
+        with store.connect(db_path) as inner:  # re-entrant: past the gate the writer holds
+            assert inner.execute("SELECT 1").fetchall() == [(1,)]
+        assert time.monotonic() - t0 < 2
+        assert not wrote.is_set()  # the writer still waits for the outer connection
+    t.join(10)
+    assert wrote.is_set()
+    with store.write_connection(db_path) as w:  # no read connection left in this thread: allowed again
+        assert w.execute("SELECT x FROM t").fetchall() == [(1,)]
 
 
 def test_busy_store_raises_store_busy_naming_the_setting(db_path):

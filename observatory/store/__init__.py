@@ -12,6 +12,7 @@
 
 from observatory.store.connection import (
     ROW_GROUP_ROWS,
+    ReentrantWrite,
     StoreBusy,
     StoreConnection,
     StoreUnusable,
@@ -19,7 +20,6 @@ from observatory.store.connection import (
     default_db,
     default_runs_dir,
     lock_files,
-    readers_waiting,
     using,
     write_connection,
     writer_active,
@@ -60,6 +60,6 @@ __all__ = [
     "schema_columns",
     "using",
     "write_connection",
-    "readers_waiting",
+    "ReentrantWrite",
     "writer_active",
 ]

@@ -1,32 +1,28 @@
 """Connections to the store: read-only by default, one unit of work each, safe across processes.
 
-Concurrency (ARCHITECTURE decision 2). DuckDB lets one read-write process or
-many read-only ones hold the file, never both, and a process that finds the
-file busy gets an error. So every connection made here first takes an advisory
-`flock` next to the store, the classic turnstile that keeps a writer from
-starving behind a stream of readers:
+Concurrency (ARCHITECTURE decision 2). DuckDB lets one read-write process or many read-only ones
+hold the file, never both, and a process that finds the file busy gets an error. So every
+connection made here first takes advisory `flock`s beside the store (per open file, across
+processes): `<db>.gate`, the turnstile that keeps the one writer from starving behind a stream
+of readers, and `<db>.lock`, which readers hold shared for the life of their connection and the
+writer exclusively for one short transaction. The states of one store:
 
-- `<db>.gate`: a writer holds it exclusively while it waits for and holds the
-  store; a reader passes through it (shared, released at once), so a waiting
-  writer stops new readers from coming in;
-- `<db>.lock`: readers hold it shared for the life of their connection, the
-  writer exclusively for one short transaction;
-- `<db>.want`: a reader that has to wait holds it shared until it is in; a writer
-  about to start a transaction waits (up to `YIELD_MAX_S`) until nobody does. So a
-  reader that came during one transaction gets in before the writer's next one:
-  the follower writes a batch and then its rollups as transactions of their own
-  (`observatory.ingest.passes`), and a reader waits for one of them, not for both.
+    FREE ───── reader: gate SH (passed at once), lock SH ─────▶ READING (n readers hold lock SH)
+    READING ── reader: the same ──────────────────────────────▶ READING (n + 1)
+    READING ── reader closes ─────────────────────────────────▶ READING (n - 1), FREE at n = 0
+    FREE / READING ── writer: lock EX in a gap (n = 0 within GAP_WAIT_S) ──▶ WRITING
+    READING ── writer: no gap: gate EX, then waits for lock EX ──▶ DRAINING
+    DRAINING ─ new readers wait at the gate; the n in flight close ──▶ WRITING (gate EX, lock EX)
+    WRITING ── COMMIT, close: its locks released ─────────────▶ FREE (readers waiting at the gate pass)
 
-A writer first looks, for up to `GAP_WAIT_S`, for a gap between readers in which
-it can take `<db>.lock` without closing the gate: readers then wait only for its
-transaction, not also for the readers in flight when it came (under the load bench's
-20 viewers it found one for nearly every batch, and the writer's drain of readers in
-flight, which every reader arriving meanwhile also waited out, fell from p95 0.25 s
-to 0-0.15 s); with no gap in that time it closes the gate as above, so it never starves.
+Every wait polls with bounded backoff up to `lock_timeout_s`, then raises a `StoreBusy` that
+says who to wait for. Nobody holds a connection longer than one unit of work (`with
+connect(db) as con:`), so in practice nobody waits long.
 
-Both waits poll with bounded backoff up to `lock_timeout_s`, then raise a
-`StoreBusy` that says who to wait for. Nobody holds a connection longer than one
-unit of work (`with connect(db) as con:`), so in practice nobody waits long.
+Re-entrancy (one thread, one store): a thread that holds a read connection and opens another
+takes lock SH again without passing the gate (in DRAINING it would wait at the gate for a writer
+that waits for this very thread); a thread that holds a read connection and asks for the write
+connection would wait for itself: `ReentrantWrite`, at once.
 """
 
 from __future__ import annotations
@@ -34,6 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -70,11 +67,8 @@ class StoreUnusable(RuntimeError):
         self.path, self.error = path, error
 
 
-def _flock(path: Path, exclusive: bool, deadline: float, what: str, want: Path | None = None) -> int | None:
-    """Open `path` and take a flock on it, polling until `deadline`. None if it cannot be created.
-
-    `want`: a reader's `<db>.want`, held shared while it waits, so that a writer about to start
-    its next transaction lets it in first (`_yield_to_readers`)."""
+def _flock(path: Path, exclusive: bool, deadline: float, what: str) -> int | None:
+    """Open `path` and take a flock on it, polling until `deadline`. None if it cannot be created."""
     import fcntl
 
     try:
@@ -90,13 +84,9 @@ def _flock(path: Path, exclusive: bool, deadline: float, what: str, want: Path |
     except BlockingIOError:
         pass
     began = time.monotonic()
-    fd_want = _announce(want) if want is not None else None
-    try:
-        # short polls: a reader must catch the gap between two ingest transactions
-        if _poll_flock(fd, op, deadline, 0.002, READER_MAX_POLL_S, jitter=True):
-            return fd
-    finally:
-        _unlock(fd_want)
+    # short polls: a reader must catch the gap between two ingest transactions
+    if _poll_flock(fd, op, deadline, 0.002, READER_MAX_POLL_S, jitter=True):
+        return fd
     os.close(fd)
     raise StoreBusy(
         f"the store {path.with_suffix('')} stayed busy for {time.monotonic() - began:.1f} s "
@@ -124,9 +114,6 @@ def _poll_flock(fd: int, op: int, until: float, delay: float, max_delay: float, 
 # How long a writer polls for a gap between readers before it closes the gate (see the module doc):
 # the most a live batch is delayed by it; readers' units of work under load last ~0.1-0.5 s.
 GAP_WAIT_S = 0.25
-# How long a writer lets waiting readers in before its next transaction, at most (`_yield_to_readers`):
-# they need one poll to see the store free (READER_MAX_POLL_S) and a unit of work's start to take it
-YIELD_MAX_S = 0.25
 READER_MAX_POLL_S = 0.01  # a waiting reader's longest sleep between two tries: it sees a free store within it
 _GAP_POLL_S = 0.002  # gaps between readers are short: poll often (a flock try is one syscall)
 
@@ -148,57 +135,7 @@ def _flock_in_gap(path: Path, window_s: float) -> int | None:
     return None
 
 
-def _announce(want: Path) -> int | None:
-    """`want` flocked shared: "a reader is waiting" (None if it cannot be, e.g. a read-only folder, or
-    in the instant a writer is looking: the reader then just waits unannounced)."""
-    import fcntl
 
-    try:
-        fd = os.open(want, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return fd
-    except BlockingIOError:
-        os.close(fd)
-        return None
-
-
-def _yield_to_readers(want: Path, most_s: float) -> None:
-    """Wait, up to `most_s`, until no reader is waiting for the store (nobody holds `want` shared).
-
-    A writer calls it before each transaction, so a reader that came during the last one gets in
-    before the next: its wait is one transaction, not a run of them (the follower's batch and
-    then its rollups, `ingest.passes`). Bounded, so a stream of readers cannot starve the writer."""
-    import fcntl
-
-    try:
-        fd = os.open(want, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        return  # nobody can announce there either
-    try:
-        _poll_flock(fd, fcntl.LOCK_EX, time.monotonic() + most_s, _GAP_POLL_S, _GAP_POLL_S, jitter=False)
-    finally:
-        os.close(fd)  # never held past the look: readers announce with non-blocking tries
-
-
-def readers_waiting(db) -> bool:
-    """Whether a reader is waiting for the store right now (holds `<db>.want`): one non-blocking flock
-    try, no wait. The ingester asks it before it lets a catch-up transaction take in more."""
-    import fcntl
-
-    try:
-        fd = os.open(_want_path(Path(db)), os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        return False  # nobody can announce there either
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # released at once: readers announce with non-blocking tries
 
 
 def writer_active(db) -> bool:
@@ -230,14 +167,24 @@ def _lock_paths(path: Path) -> tuple[Path, Path]:
     return path.with_name(path.name + ".gate"), path.with_name(path.name + ".lock")
 
 
-def _want_path(path: Path) -> Path:
-    return path.with_name(path.name + ".want")
-
 
 def lock_files(db) -> list[Path]:
     """Every file beside the store that the locks use (to remove with a scratch store)."""
     path = Path(db)
-    return [*_lock_paths(path), _want_path(path)]
+    return [*_lock_paths(path)]
+
+
+class ReentrantWrite(RuntimeError):
+    """A thread that holds a read connection to a store asked for its write connection (see the module doc)."""
+
+
+# (store path, thread id) -> the read connections that thread holds open on that store (`StoreConnection`)
+_READING: dict[tuple[str, int], int] = {}
+
+
+def _reading(path: Path) -> bool:
+    """Whether this thread holds a read connection to the store at `path`."""
+    return _READING.get((os.path.abspath(path), threading.get_ident()), 0) > 0
 
 
 class StoreConnection:
@@ -253,6 +200,9 @@ class StoreConnection:
         self.read_only = read_only
         self.path = path
         self.fresh = fresh  # its own instance, closed with it: never kept for another unit of work
+        self._key = (os.path.abspath(path), threading.get_ident()) if read_only else None
+        if self._key is not None:
+            _READING[self._key] = _READING.get(self._key, 0) + 1
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._con, name)
@@ -266,12 +216,22 @@ class StoreConnection:
         """Close the store (its instance goes back to `_INSTANCES`, or is closed) and release the locks."""
         con, self._con = self._con, None
         if con is not None:
+            self._unread()
             try:
                 _INSTANCES.release(con, self.read_only, reuse and not self.fresh)
             finally:
                 for fd in reversed(self._fds):
                     _unlock(fd)
                 self._fds = []
+
+    def _unread(self) -> None:
+        if self._key is not None:
+            left = _READING.get(self._key, 1) - 1
+            if left > 0:
+                _READING[self._key] = left
+            else:
+                _READING.pop(self._key, None)
+            self._key = None
 
     def __enter__(self) -> StoreConnection:
         return self
@@ -442,12 +402,14 @@ def connect(db=None, read_only: bool = True, timeout_s: float | None = None, fre
         return write_connection(path, timeout_s=timeout)
     deadline = time.monotonic() + timeout
     gate, lock = _lock_paths(path)
-    want = _want_path(path)
-    fd_gate = _flock(gate, False, deadline, "read", want)  # wait behind a writer that is waiting
-    try:
-        fd_lock = _flock(lock, False, deadline, "read", want)
-    finally:
-        _unlock(fd_gate)
+    if _reading(path):  # this thread reads the store already: past the gate (see the module doc)
+        fd_lock = _flock(lock, False, deadline, "read")
+    else:
+        fd_gate = _flock(gate, False, deadline, "read")  # wait behind a writer that is waiting
+        try:
+            fd_lock = _flock(lock, False, deadline, "read")
+        finally:
+            _unlock(fd_gate)
     try:
         con = _open_duckdb(path, True, deadline, fresh)
     except BaseException:
@@ -459,10 +421,12 @@ def connect(db=None, read_only: bool = True, timeout_s: float | None = None, fre
 def write_connection(db=None, timeout_s: float | None = None) -> StoreConnection:
     """The read-write connection: only the ingester (and tests) use it, for one short transaction."""
     path = Path(db) if db is not None else default_db()
+    if _reading(path):
+        raise ReentrantWrite(f"{path}: this thread holds a read connection to the store and asked for its write "
+                             "connection, which would wait for that read connection forever: close it first")  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + (settings.get("lock_timeout_s") if timeout_s is None else timeout_s)
     gate, lock = _lock_paths(path)
-    _yield_to_readers(_want_path(path), min(YIELD_MAX_S, max(0.0, deadline - time.monotonic())))
     fd_gap = _flock_in_gap(lock, min(GAP_WAIT_S, max(0.0, deadline - time.monotonic())))
     fds = [fd_gap] if fd_gap is not None else [_flock(gate, True, deadline, "write")]
     try:
