@@ -58,13 +58,18 @@ U16, U32, I32, I64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 31) - 1, (1 << 63) - 1
 
 @dataclass(frozen=True)
 class LogFile:
-    path: Path  # where it is
+    root: str  # the runs dir it is in
     rel: str  # "<run>/events.<host>.jsonl[.gz]": its key in the store, independent of where the runs dir is
     run: str  # run folder
     host: int  # from the file name
     gz: bool
     size: int
     mtime: float
+
+    @property
+    def path(self) -> Path:
+        """Where it is (made when asked: a pass over 10^5 logs reads a few of them)."""
+        return Path(self.root, self.rel)
 
 
 # ----------------------------------------------------------------- reading
