@@ -5,8 +5,8 @@ Three sides load the same event log into a fresh store file, in one run:
 - observatory (msgspec path): `observatory.ingest.ingest` (every line validated,
   offsets, runs table, exactly-once bookkeeping), without the dashboard/anomaly
   hooks; lines decoded by msgspec, appended as Arrow columns (`msgspec_lines`);
-- observatory (SQL path): the same with `msgspec_lines.ENABLED = False`: lines staged
-  and parsed in DuckDB SQL, checked by `validate_event` where SQL cannot certify;
+- observatory (line by line): the same with `msgspec_lines.ENABLED = False`: every line
+  judged alone by `model.check_line` (`validate_event`), the bulk path's reference;
 - baseline: one DuckDB `read_json` of the file + `INSERT ... SELECT` into the same
   `metrics` and `expert_load` tables (no validation, no bookkeeping) -- the practical
   limit of this machine.
@@ -144,19 +144,19 @@ def main() -> None:
     rate = {side: n_values / w for side, (w, _) in best.items()}
     cpu_rate = {side: n_values / c for side, (_, c) in best.items()}
     print(f"log: {args.steps} steps, {n_values:,} metric values + expert_load, {mb:.0f} MB; best of {args.repeat}")
-    for side, label in (("msgspec", "observatory, msgspec path"), ("sql", "observatory, SQL path"),
+    for side, label in (("msgspec", "observatory, msgspec path"), ("sql", "observatory, line-by-line path"),
                         ("duckdb", "plain DuckDB read_json+INSERT")):  # fmt: skip
         w, c = best[side]
         extra = f" ({reps[side].fast_events}/{reps[side].events} events on a vectorised path)" if side in reps else ""
         print(f"{label:31s}: {w:6.2f} s  {rate[side] / 1e6:5.2f} M values/s; {c:5.2f} CPU s "
               f"({cpu_rate[side] / 1e6:5.2f} M values per CPU s){extra}")  # fmt: skip
-    print(f"ratios (wall): msgspec / SQL path {rate['msgspec'] / rate['sql']:.2f}x, msgspec / plain DuckDB "
-          f"{rate['msgspec'] / rate['duckdb']:.2f}x, SQL path / plain DuckDB {rate['sql'] / rate['duckdb']:.2f}x")  # fmt: skip
-    print(f"ratios (CPU s): msgspec / SQL path {cpu_rate['msgspec'] / cpu_rate['sql']:.2f}x, msgspec / plain DuckDB "
+    print(f"ratios (wall): msgspec / line-by-line path {rate['msgspec'] / rate['sql']:.2f}x, msgspec / plain DuckDB "
+          f"{rate['msgspec'] / rate['duckdb']:.2f}x, line-by-line path / plain DuckDB {rate['sql'] / rate['duckdb']:.2f}x")  # fmt: skip
+    print(f"ratios (CPU s): msgspec / line-by-line path {cpu_rate['msgspec'] / cpu_rate['sql']:.2f}x, msgspec / plain DuckDB "
           f"{cpu_rate['msgspec'] / cpu_rate['duckdb']:.2f}x")  # fmt: skip
     print(
         f"| ingest throughput | {rate['msgspec'] / 1e6:.2f} M metric values/s ({rate['msgspec'] / rate['duckdb']:.2f}x plain DuckDB "
-        f"read_json+INSERT at {rate['duckdb'] / 1e6:.2f} M/s; {rate['msgspec'] / rate['sql']:.2f}x the SQL path at "
+        f"read_json+INSERT at {rate['duckdb'] / 1e6:.2f} M/s; {rate['msgspec'] / rate['sql']:.2f}x the line-by-line path at "
         f"{rate['sql'] / 1e6:.2f} M/s) | >= {TARGET / 1e6:.0f}M values/s | python bench/bench_ingest.py |"
     )
     sys.stdout.flush()

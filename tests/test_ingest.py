@@ -250,6 +250,10 @@ def test_fast_path_agrees_with_validate_event(runs_dir, db_path):
         except ValidationError:
             ok = False
         expected += ok
+    # clean lines around them, so that the bulk path takes the piece and hands it the odd lines one by one
+    clean = [event("a", "metrics", {"train/loss": 2.0, "x": 1}, len(variants) + i, 1) for i in range(800)]
+    lines += clean
+    expected += len(clean)
     write_lines(runs_dir / "a" / "events.0.jsonl", lines)
     rep = ingest(runs_dir, db_path, emit=None)
     assert rep.events == expected

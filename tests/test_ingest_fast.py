@@ -1,4 +1,5 @@
-"""The msgspec ingest path gives the same store as the SQL path (DuckDB staging + validate_event), table by table.
+"""The bulk ingest path (msgspec_lines) gives the same store as judging every line alone (`model.check_line`:
+validate_event and the store's ranges), table by table.
 
 Differential: varied logs (several runs and hosts, every kind, NaN/inf, duplicates, torn
 lines, out-of-order seqs, every kind of bad line, tricky JSON, .gz copies) are ingested
@@ -289,9 +290,9 @@ def test_incremental_and_batched_ingest_same_store(tmp_path, monkeypatch, batch)
 
 
 def test_clean_log_never_takes_the_old_path(tmp_path, monkeypatch):
-    """Metrics, expert_load and other known kinds mixed: all decoded by msgspec, none staged in DuckDB."""
+    """Metrics, expert_load and other known kinds mixed: all decoded by msgspec, no piece judged line by line."""
     calls = []
-    monkeypatch.setattr(ingest_fast, "sql_ingest_chunk", lambda *a: calls.append(a))
+    monkeypatch.setattr(ingest_fast, "plain_ingest_chunk", lambda *a: calls.append(a))
     monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 2000)
     runs = tmp_path / "runs"
     lines = make_log(runs, "a", 0, 3, 100, messy=False)
@@ -303,10 +304,10 @@ def test_clean_log_never_takes_the_old_path(tmp_path, monkeypatch):
 
 
 def test_a_line_that_does_not_fit_is_judged_alone(tmp_path, monkeypatch):
-    """A NaN string in one piece: that line alone goes to validate_event (`check_line`), no piece to the SQL path."""
+    """A NaN string in one piece: that line alone goes to validate_event (`check_line`), no piece line by line."""
     pieces, checked = [], []
     real_check = ingest_fast.check_line
-    monkeypatch.setattr(ingest_fast, "sql_ingest_chunk", lambda *a: pieces.append(a))
+    monkeypatch.setattr(ingest_fast, "plain_ingest_chunk", lambda *a: pieces.append(a))
     monkeypatch.setattr(ingest_fast, "check_line", lambda b, lf, st, n, raw: (checked.append(raw), real_check(b, lf, st, n, raw)))
     monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 1000)
     lines = [event("a", "metrics", {"loss": 1.0 + i}, i, i) for i in range(100)]
@@ -338,10 +339,10 @@ def test_a_piece_is_decoded_in_bulk_around_a_line_that_does_not_fit(tmp_path, mo
 
 
 def test_a_piece_of_many_odd_lines_goes_to_the_old_path(tmp_path, monkeypatch):
-    """Every other line with a NaN string: the SQL path judges that piece in bulk; the store is the same."""
+    """Every other line with a NaN string: that piece is judged line by line; the store is the same."""
     seen = []
-    real = ingest_fast.sql_ingest_chunk
-    monkeypatch.setattr(ingest_fast, "sql_ingest_chunk", lambda con, b, lf, st, ch, m: (seen.append(ch.data), real(con, b, lf, st, ch, m)))
+    real = ingest_fast.plain_ingest_chunk
+    monkeypatch.setattr(ingest_fast, "plain_ingest_chunk", lambda b, lf, st, ch, m: (seen.append(ch.data), real(b, lf, st, ch, m)))
     lines = [event("a", "metrics", {"loss": "nan" if i % 2 else 1.0 + i}, i, i) for i in range(100)]
     write_lines(tmp_path / "runs" / "a" / "events.0.jsonl", lines)
     rep = ingest(tmp_path / "runs", tmp_path / "s.duckdb", hooks=False, emit=None)

@@ -4,11 +4,11 @@
     ingest(runs, db, follow=True, stop_event=ev)                      # tail until stopped
 
 - `files`: the runs dir's logs, what each has that the store has not, reading one;
-- `msgspec_lines`: the msgspec path, a chunk of `metrics` / `expert_load` lines decoded
-  in one call and appended as Arrow columns; what it cannot certify goes to
-- `model`: the SQL path, lines staged in DuckDB and checked by a vectorised query,
-  the rest decoded in Python and checked by `observatory.events.validate_event`, the
-  one definition of "valid" (tests check both paths give the same store);
+- `msgspec_lines`: a chunk of lines decoded in one call, certified in bulk and appended as
+  Arrow columns; what it cannot certify goes, line by line, to
+- `model`: the data model (a file, a chunk, a file's state, a batch) and `check_line`,
+  `observatory.events.validate_event` plus the store's ranges: the one definition of
+  "valid" (tests check the bulk path gives the store that judging every line so gives);
 - `runs`: the `runs` table, folded from lifecycle events;
 - `redaction`: secrets in metric names hidden in the batch (`model` scrubs the rest);
 - `passes`: passes and batches, one short write transaction each;

@@ -4,7 +4,7 @@ The msgspec path (`ingest.msgspec_lines`) hands each group of decoded pieces' ro
 gathers them across pieces and files (the rows carry their run and host) and submits one INSERT per
 `INSERT_ROWS`: DuckDB releases the GIL while it appends, so the next pieces decode meanwhile, and a
 batch of 10^4 small files costs a few INSERTs, not one per file. Whoever uses the connection on its
-own thread (the SQL path, the batch's flush, its hooks, COMMIT or ROLLBACK) calls `drain` first: one
+own thread (`check_line`'s rows, the batch's flush, its hooks, COMMIT or ROLLBACK) calls `drain` first: one
 DuckDB connection must not run two statements at once.
 
 At most one task that carries rows is queued or running when another is submitted (`submit` waits

@@ -130,7 +130,7 @@ def process_file(con, b: Batch, lf: LogFile, st: FileState, budget: int, ended: 
             b.reject(lf, st.line + 1, "(file)", ch.error, b"")
             return used, True
         if ch.data or ch.oversized:
-            ingest_chunk(con, b, lf, st, ch, max_line)  # the msgspec path; it hands what it cannot certify to the SQL path
+            ingest_chunk(con, b, lf, st, ch, max_line)  # certified in bulk; what it cannot certify goes to model.check_line
         used += ch.end - start
         if ch.eof:
             if ch.tail_len and (ended or _ended_in_batch(b, lf.run)):

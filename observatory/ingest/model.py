@@ -2,13 +2,9 @@
 progress and seq bookkeeping (`FileState`), and everything one write transaction adds (`Batch`); and the
 one definition of a valid line, `check_line` (`observatory.events.validate_event` plus the store's ranges).
 
-`observatory.ingest.passes` drives passes and transactions; the msgspec path (`msgspec_lines`) certifies
-the common lines in bulk and hands this module what it cannot (`check_line`, one by one, or
-`sql_ingest_chunk` for a chunk of mostly odd lines: its complete lines go to DuckDB zero-copy as an
-Arrow string column, `_STAGE_SQL` parses them with DuckDB's JSON reader and marks the lines that are
-certainly valid `metrics` / `expert_load` events; DuckDB's transform coerces types (1.5 -> 2, true ->
-1.0), so the raw JSON text of each field is also checked by pattern, and every line the check does not
-accept goes to `check_line`; tests check the vectorised check never accepts what it rejects).
+`observatory.ingest.passes` drives passes and transactions; `msgspec_lines` certifies the common lines
+in bulk and hands this module what it cannot (`check_line`, one by one, or `plain_ingest_chunk` for a
+piece of odd lines); tests check that the bulk path stores what judging every line alone stores.
 """
 
 from __future__ import annotations
@@ -18,14 +14,12 @@ import gzip
 import json
 import math
 import os
-import re
 import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from observatory import settings
 from observatory.events import (
@@ -38,7 +32,6 @@ from observatory.events import (
 )
 from observatory.ingest.appends import Appends
 from observatory.redact import scrub_event, scrub_text
-from observatory.store.arrow import int64s
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
 
@@ -146,108 +139,6 @@ def read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> Chunk:
 
 
 # ---------------------------------------------------------- the vectorised check
-
-# One row per staged line. `ok` is true only for lines that are certainly valid
-# metrics / expert_load events: DuckDB's JSON transform coerces types (1.5 -> 2,
-# true -> 1.0), so the raw JSON text of each field is checked by pattern. Anything
-# this does not accept is decided by validate_event in Python.
-_STAGE_SQL = r"""
-CREATE OR REPLACE TEMP TABLE _stage AS
-WITH e AS (
-    SELECT lineno, try(json_transform_strict(line,
-        '{"v":"JSON","run":"JSON","kind":"JSON","step":"JSON","t":"JSON","host":"JSON","seq":"JSON","data":"JSON"}')) AS e
-    FROM _lines
-), f AS (
-    SELECT lineno,
-        e.data AS data,
-        coalesce(e.v = '1' AND e.run = $run AND e.host = $host
-            AND regexp_full_match(e.step, '\d{1,9}') AND regexp_full_match(e.seq, '\d{1,18}')
-            AND regexp_full_match(e.t, '-?\d{1,17}(\.\d+)?([eE][-+]?\d{1,3})?'), false) AS env_ok,
-        try_cast(e.seq AS BIGINT) AS seq, try_cast(e.step AS BIGINT) AS step, try_cast(e.t AS DOUBLE) AS t,
-        -- every metric value is a bare JSON number (no strings, bools, nulls, objects)
-        e.kind = '"metrics"' AND NOT regexp_matches(e.data, ':\s*[^-0-9\s]') AS m_ok,
-        CASE WHEN e.kind = '"expert_load"' AND regexp_full_match(e.data,
-                 '\{(?:"(?:layer|routed|dropped)":(?:\d{1,4}|\[(?:\d{1,9}(?:,\d{1,9})*)?\]),?){3}\}')
-             THEN try(json_transform_strict(e.data, '{"layer":"USMALLINT","routed":["UINTEGER"],"dropped":["UINTEGER"]}')) END AS x
-    FROM e
-), g AS (
-    SELECT *,
-        -- the chunk's common metric names as a STRUCT (4x cheaper than a MAP); exactly those keys:
-        -- all present (strict) and as many ':' as keys (names here have no ':', values are numbers)
-        CASE WHEN m_ok AND length(data) - length(replace(data, ':', '')) = {n_keys}
-             THEN try(json_transform_strict(data, '{struct}')) END AS ms
-    FROM f
-), h AS (
-    SELECT *, CASE WHEN m_ok AND ms IS NULL THEN try(json_transform_strict(data, '"MAP(VARCHAR, DOUBLE)"')) END AS m
-    FROM g
-)
-SELECT lineno, seq, step, t, ms, m, x,
-    env_ok AND (
-        ms IS NOT NULL
-        OR (m IS NOT NULL AND NOT list_contains(map_keys(m), '') AND NOT list_has_any(map_values(m), [NULL::DOUBLE]))
-        OR (x IS NOT NULL AND x.layer IS NOT NULL AND x.routed IS NOT NULL AND x.dropped IS NOT NULL
-            AND len(x.routed) = len(x.dropped) AND len(x.routed) <= 65536
-            AND NOT list_has_any(x.routed, [NULL::UINTEGER]) AND NOT list_has_any(x.dropped, [NULL::UINTEGER]))
-    ) AS ok
-FROM h
-"""
-
-_INSERT_STAGED_METRICS_MAP = """
-INSERT INTO metrics
-SELECT $run, step, unnest(map_keys(m)), unnest(map_values(m)), t, $host
-FROM _stage {accepted} m IS NOT NULL
-"""
-_INSERT_STAGED_METRICS_STRUCT = """
-INSERT INTO metrics
-SELECT $run, step, unnest({names}), unnest({values}), t, $host
-FROM _stage {accepted} ms IS NOT NULL
-"""
-_INSERT_STAGED_EXPERTS = """
-INSERT INTO expert_load
-SELECT $run, step, x.layer, unnest(range(len(x.routed))), unnest(x.routed), unnest(x.dropped)
-FROM _stage {accepted} x IS NOT NULL
-"""
-
-_STRUCT_KEY_RE = re.compile(r"^[A-Za-z0-9_./+@=-]{1,128}$")  # safe inside SQL and JSON literals, no ':'
-_PLACEHOLDER_KEYS = ["__observatory_no_struct__"]  # a struct no real line matches: everything takes the MAP
-
-
-def _metric_keys(data: bytes) -> list[str]:
-    """Metric names of the chunk's first metrics line, when they are plain enough for the STRUCT path."""
-    i = data.find(b'"kind":"metrics"')
-    if i < 0:
-        return _PLACEHOLDER_KEYS
-    start = data.rfind(b"\n", 0, i) + 1
-    end = data.find(b"\n", i)
-    try:
-        keys = list(json.loads(data[start:end])["data"])
-    except (ValueError, KeyError, TypeError):
-        return _PLACEHOLDER_KEYS
-    if not keys or len(keys) > 2000 or not all(_STRUCT_KEY_RE.match(k) for k in keys):
-        return _PLACEHOLDER_KEYS
-    return keys
-
-
-def _stage_sql(keys: list[str]) -> tuple[str, str]:
-    struct = json.dumps(dict.fromkeys(keys, "DOUBLE"), separators=(",", ":"))
-    stage = _STAGE_SQL.replace("{n_keys}", str(len(keys))).replace("{struct}", struct)
-    names = "[" + ", ".join(f"'{k}'" for k in keys) + "]"
-    values = "[" + ", ".join(f'ms."{k}"' for k in keys) + "]"
-    return stage, _INSERT_STAGED_METRICS_STRUCT.replace("{names}", names).replace("{values}", values)
-
-
-def _lines_table(data: bytes, base_line: int) -> tuple[pa.Table, np.ndarray]:
-    """(lineno, line) with the lines of `data` as a zero-copy Arrow column; also the line offsets."""
-    nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
-    offs = np.empty(len(nl) + 1, np.int64)
-    offs[0] = 0
-    offs[1:] = nl + 1
-    lines = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(nl), [None, pa.py_buffer(offs), pa.py_buffer(data)])
-    lineno = int64s(np.arange(base_line + 1, base_line + 1 + len(nl), dtype=np.int64))
-    return pa.table({"lineno": lineno, "line": lines}), offs
-
-
-
 
 # --------------------------------------------------------------- a batch
 
@@ -476,8 +367,12 @@ def _check_store_ranges(ev: dict) -> None:
             raise ValidationError("data.routed", f"counts must be below {U32 + 1}")
 
 
-def sql_ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line: int) -> None:
-    """Validate and stage one chunk of complete lines from one file."""
+def plain_ingest_chunk(b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line: int) -> None:
+    """Every line of a chunk judged by `check_line`, in file order: the one definition of a valid line.
+    `msgspec_lines` certifies the common lines in bulk and hands this what it cannot (a piece of odd
+    lines, non-UTF-8 bytes, oversized lines, a run id or host the store cannot keep); with
+    `msgspec_lines.ENABLED` off every chunk comes here (the tests' reference). Oversized lines are
+    rejected by their length; junk past the file's rejected cap is counted in bulk (`_junk_past_cap`)."""
     base = st.line
     if not ch.data:
         for _, n, head in ch.oversized:
@@ -485,54 +380,19 @@ def sql_ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_l
         st.line += len(ch.oversized)
         st.offset = ch.end
         return
-    tbl, offs = _lines_table(ch.data, base)
-    n = tbl.num_rows
+    nl = np.flatnonzero(np.frombuffer(ch.data, np.uint8) == 10)
+    offs = np.empty(len(nl) + 1, np.int64)
+    offs[0], offs[1:] = 0, nl + 1
     lengths = np.diff(offs)
-    big = lengths > max_line + 1
-    try:
-        tbl = tbl.set_column(1, "line", tbl.column("line").cast(pa.large_string()))  # validates UTF-8
-    except pa.ArrowInvalid:
-        big |= np.array([not _is_utf8(ch.data[offs[i] : offs[i + 1]]) for i in range(n)])
     skip = _junk_past_cap(b, lf, ch.data, offs) if JUNK_FAST else None  # counted already
-    out = big if skip is None else big | skip
-    if out.any():
-        # oversized and non-UTF-8 lines go to check_line (which rejects them); the rest is staged
-        keep = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(~out, bitorder="little"))])
-        tbl = tbl.filter(keep)
-        tbl = tbl.set_column(1, "line", tbl.column("line").cast(pa.large_string()))
-    con.register("_lines", tbl)
-    stage_sql, insert_struct = _stage_sql(_metric_keys(ch.data))
-    con.execute(stage_sql, {"run": json.dumps(lf.run), "host": str(lf.host)})
-    con.unregister("_lines")
-    staged = con.execute("SELECT lineno, seq, ok FROM _stage ORDER BY lineno").fetchnumpy()
-    ok = np.ma.filled(staged["ok"], False).astype(bool)  # a NULL verdict is not ok
-    if len(ok) == n and ok.all() and st.accept_all(np.asarray(staged["seq"], np.int64)):
-        # the common case: every line certainly valid, seqs rising past the cursor and outside the
-        # siblings' ranges -- no per-line Python at all; insert straight from the stage
-        accepted_sql, n_accepted = "WHERE ok AND", n  # + "<condition>"
-    else:
-        accepted = _accept_lines(b, lf, st, ch, staged, big, lengths, offs, base, max_line, skip)
-        accepted_sql, n_accepted = "SEMI JOIN _acc USING (lineno) WHERE", len(accepted)
-        if accepted:
-            con.register("_acc", pa.table({"lineno": int64s(np.array(accepted, np.int64))}))
-    if n_accepted:
-        params = {"run": lf.run, "host": lf.host}
-        n_metric = con.execute(insert_struct.replace("{accepted}", accepted_sql), params).fetchall()[0][0]
-        n_metric += con.execute(_INSERT_STAGED_METRICS_MAP.replace("{accepted}", accepted_sql), params).fetchall()[0][0]
-        n_expert = con.execute(_INSERT_STAGED_EXPERTS.replace("{accepted}", accepted_sql), {"run": lf.run}).fetchall()[0][0]
-        t_max, step_max = con.execute(f"SELECT max(t), max(step) FROM _stage {accepted_sql} true").fetchall()[0]
-        if accepted_sql.startswith("SEMI"):
-            con.unregister("_acc")
-        b.n_events += n_accepted
-        b.n_fast += n_accepted
-        b.n_metric_values += n_metric
-        b.n_expert_rows += n_expert
-        b.saw(lf.run, t_max, step_max, lf.host)
-        if n_metric:
-            b.touched["metrics"].add(lf.run)
-        if n_expert:
-            b.touched["expert_load"].add(lf.run)
-    st.line += n
+    for i in range(len(lengths)) if skip is None else np.flatnonzero(~skip).tolist():
+        lineno = base + 1 + i
+        if lengths[i] > max_line + 1:
+            raw = ch.data[offs[i] : offs[i] + RAW_CAP]
+            b.reject(lf, lineno, "(line)", f"line is {lengths[i] - 1} bytes, over max_line_bytes={max_line}", raw)
+        else:
+            check_line(b, lf, st, lineno, ch.data[offs[i] : offs[i + 1] - 1])
+    st.line += len(lengths)
     st.offset = ch.end
 
 
@@ -554,28 +414,6 @@ def _junk_past_cap(b: Batch, lf: LogFile, data: bytes, offs: np.ndarray) -> np.n
     return skip
 
 
-def _accept_lines(b: Batch, lf: LogFile, st: FileState, ch: Chunk, staged: dict, big: np.ndarray,
-                  lengths: np.ndarray, offs: np.ndarray, base: int, max_line: int,
-                  skip: np.ndarray | None = None) -> list[int]:  # fmt: skip
-    """Line by line, in file order: seq checks of staged ok lines, rejections, `check_line`; the accepted ok lines.
-
-    Lines in `skip` were rejected and counted already (`_junk_past_cap`)."""
-    ok_of = dict.fromkeys(staged["lineno"][np.ma.filled(staged["ok"], False).astype(bool)].tolist())
-    seq_of = dict(zip(staged["lineno"].tolist(), staged["seq"].tolist(), strict=True)) if ok_of else {}
-    accepted: list[int] = []
-    for i in range(len(lengths)) if skip is None else np.flatnonzero(~skip).tolist():
-        lineno = base + 1 + i
-        if lineno in ok_of:
-            if seq_ok(b, lf, st, lineno, seq_of[lineno], ch.data, offs[i], offs[i + 1] - 1):
-                accepted.append(lineno)
-        elif big[i] and lengths[i] > max_line + 1:
-            raw = ch.data[offs[i] : offs[i] + RAW_CAP]
-            b.reject(lf, lineno, "(line)", f"line is {lengths[i] - 1} bytes, over max_line_bytes={max_line}", raw)
-        else:
-            check_line(b, lf, st, lineno, ch.data[offs[i] : offs[i + 1] - 1])
-    return accepted
-
-
 def seq_ok(b: Batch, lf: LogFile, st: FileState, lineno: int, seq: int, data: bytes, start: int, end: int) -> bool:
     """A certainly valid line's seq check, in file order: True to store it; a duplicate is counted, a
     seq out of order rejected (with data[start:end], the line without its newline, capped)."""
@@ -589,9 +427,3 @@ def seq_ok(b: Batch, lf: LogFile, st: FileState, lineno: int, seq: int, data: by
     return False
 
 
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False

@@ -1,36 +1,37 @@
-"""The msgspec path: a chunk of metrics / expert_load lines decoded in one call, appended as Arrow columns.
+"""Validate: a chunk of event lines decoded in one msgspec call, certified in bulk, appended as Arrow columns.
 
-`ingest_chunk` stands in for the SQL path's `model.sql_ingest_chunk` and gives the
-same store, line for line. It cuts the chunk into pieces of ~`PIECE_BYTES` complete
-lines (`METRICS_PIECE_BYTES` where they are metrics lines) and, for each piece:
+`ingest_chunk` gives the store that `model.check_line` (validate_event and the store's ranges),
+judging every line alone, would give, line for line (`ENABLED = False` judges every line so:
+the tests' reference). It cuts the chunk into pieces of ~`PIECE_BYTES` complete lines
+(`METRICS_PIECE_BYTES` where they are metrics lines) and, for each piece:
 
 1. checks the bytes: UTF-8, no line over `max_line_bytes`; lines that do not start
    with `{` and end with `}` (blank, torn, junk) go to `check_line` one by one;
 2. decodes the other lines with one `msgspec` `decode_lines` call into typed
-   Structs (a tagged union on `kind`). A metrics line's `data` goes into the run's
-   `_Layout` (its metric names as the float fields of a Struct built at run time,
-   learnt from the first piece decoded with dict `data`): the values of a piece come
-   out as one (lines x names) matrix, with no per-value Python objects. msgspec is
-   strict (no bool for int, no float for int, no NaN literals, no strings for
-   numbers), so a decode error means "something unusual here": the piece is decoded
-   again with dicts (new names outgrow the layout), then line by line, and a line
-   that still does not decode (a "nan" string, say) goes to `check_line`; a piece
-   with many such lines goes whole to the SQL path (`sql_ingest_chunk`: DuckDB staging
-   + `validate_event`), which judges them in bulk;
+   Structs (a tagged union on `kind`). A metrics line's `data` goes into a `_Layout`
+   (its metric names as the float fields of a Struct built at run time, learnt from
+   the first piece decoded with dict `data`, shared by runs that log the same names):
+   the values of a piece come out as one (lines x names) matrix, with no per-value
+   Python objects. msgspec is strict (no bool for int, no float for int, no NaN
+   literals, no strings for numbers), so a decode error means "something unusual
+   here": the piece is decoded again with dicts (new names outgrow the layout), then
+   around the odd line, and a line that still does not decode (a "nan" string, say)
+   goes to `check_line`; a piece with many such lines goes whole to
+   `model.plain_ingest_chunk` (every line by `check_line`);
 3. certifies each decoded event with the checks `validate_event` and the store's
    ranges would make (v, run == folder, host == file's host, step/seq ranges,
    finite t and values, no empty name, routed/dropped shapes); an event that fails,
    and every event of another kind, goes to `check_line` -- validate_event decides;
-4. checks seqs in file order exactly as the SQL path does (`FileState`), builds
-   numpy/Arrow columns (metric names dictionary-encoded) and INSERTs them, on the
-   batch's worker thread while the next pieces decode (`ingest.appends`; DuckDB releases the GIL).
+4. checks seqs in file order exactly as `check_line` does (`FileState`), builds
+   numpy/Arrow columns (run and metric names dictionary-encoded) and hands them to
+   the batch's worker thread, which INSERTs them while the next pieces decode
+   (`ingest.appends`; DuckDB releases the GIL).
 
 Why a decoded line is one line: every line given to msgspec starts with `{` and
 ends with `}`, and `}` <newline> `{` is a syntax error inside any JSON container,
 so no value can span two lines; with as many values as lines, each line holds
 exactly one.
 
-`ENABLED = False` sends every chunk to the SQL path (the differential test compares the two).
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ from observatory.ingest.model import (
     FileState,
     LogFile,
     check_line,
+    plain_ingest_chunk,
     seq_ok,
-    sql_ingest_chunk,
 )
 from observatory.store.arrow import column, numeric
 
-try:  # without msgspec (>= 0.19: Decoder.decode_lines) every chunk takes the SQL path
+try:  # without msgspec (>= 0.19: Decoder.decode_lines) every line is judged alone (`plain_ingest_chunk`)
     import msgspec
 
     if not hasattr(msgspec.json.Decoder, "decode_lines"):  # pragma: no cover
@@ -71,7 +72,7 @@ except ImportError:  # pragma: no cover - msgspec is a declared dependency
 
 __all__ = ["ENABLED", "PIECE_BYTES", "METRICS_PIECE_BYTES", "ingest_chunk"]
 
-ENABLED = True  # False: every chunk takes the SQL path, model.sql_ingest_chunk (the reference)
+ENABLED = True  # False: every line is judged alone, model.plain_ingest_chunk (the tests' reference)
 PIECE_BYTES = 4 << 20  # bytes decoded per step (a piece with expert_load lines)
 # ... and a piece of metrics lines alone. Their decoded events (a Struct of ~60 floats a line) of a 4 MB
 # piece outgrow the CPU's caches: `_plan` took 0.025 s for a 4 MB piece of the 535b log against 0.003 s
@@ -157,21 +158,19 @@ _BY_NAMES: dict[tuple[str, ...], _Layout | None] = {}  # the layouts made, by th
 
 
 def ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line: int) -> None:
-    """Validate and stage one chunk of complete lines from one file: same effect as `sql_ingest_chunk`.
+    """Validate and stage one chunk of complete lines from one file: same effect as `plain_ingest_chunk`.
 
     The certified rows go to `b.appends`, inserted on its worker thread while the next pieces decode;
     `b.appends.drain()` before anything else uses `con` (the batch's end does)."""
     if not ENABLED or msgspec is None or not ch.data or not RUN_ID_RE.match(lf.run) or lf.host > U16:
-        b.appends.drain()
-        sql_ingest_chunk(con, b, lf, st, ch, max_line)
+        plain_ingest_chunk(b, lf, st, ch, max_line)
         return
     data = ch.data
     offset0 = ch.end - len(data)
     insert = functools.partial(_insert, con)
     for hi, piece, plan in _plans(data, lf, max_line):
         if plan is None:
-            b.appends.drain()
-            sql_ingest_chunk(con, b, lf, st, Chunk(piece, offset0 + hi, [], b"", 0, False), max_line)
+            plain_ingest_chunk(b, lf, st, Chunk(piece, offset0 + hi, [], b"", 0, False), max_line)
             continue
         tables = _apply(b, lf, st, piece, plan)
         st.offset = offset0 + hi
@@ -214,7 +213,7 @@ class _Plan:
 
 
 def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
-    """Decode and certify a piece; None when the SQL path must take all of it."""
+    """Decode and certify a piece; None when `plain_ingest_chunk` must take all of it."""
     if not piece.isascii():
         try:
             piece.decode("utf-8")  # msgspec does not check UTF-8 inside fields it skips; json.loads would
@@ -226,7 +225,7 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
     if int((ends - starts).max()) > max_line:
-        return None  # the SQL path rejects oversized lines by length
+        return None  # plain_ingest_chunk rejects oversized lines by length
     last = arr[ends - 1]
     shaped = (arr[starts] == _LBRACE) & ((last == _RBRACE) | ((last == _CR) & (arr[ends - 2] == _RBRACE)))
     good = np.flatnonzero(shaped)
@@ -240,7 +239,7 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
     if decoded is None:  # some line does not fit the types (a "nan" string, say): decode line by line
         decoded = [_decode_line(piece[s : e + 1]) for s, e in zip(starts[good].tolist(), ends[good].tolist(), strict=True)]
         if sum(e is None for e in decoded) > len(decoded) // 8 + 1:
-            return None  # many odd lines: the SQL path judges them in bulk
+            return None  # many odd lines: each judged alone
     if len(decoded) != len(good):
         return None  # cannot happen for lines shaped {...} (see the module docstring); be safe anyway
     events: list = [None] * len(ends)  # (L,) the certified events, None for check_line

@@ -62,7 +62,7 @@ class IngestReport:
     bytes: int = 0
     seconds: float = 0.0
     passes: int = 0
-    fast_events: int = 0  # of `events`, how many a vectorised path accepted (the rest: validate_event)
+    fast_events: int = 0  # of `events`, how many msgspec_lines certified in bulk (the rest: check_line)
     findings: int = 0  # events the hooks wrote (anomalies, deviations, decision records), ingested too
     runs: set[str] = field(default_factory=set)
     messages: list[str] = field(default_factory=list)

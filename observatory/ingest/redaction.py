@@ -1,8 +1,8 @@
-"""Secrets in what the vectorised paths store: metric names, hidden in the batch's transaction.
+"""Secrets in what the bulk path stores: metric names, hidden in the batch's transaction.
 
-The SQL path's `check_line` scrubs every event payload it stores (`observatory.redact.
-scrub_event`); metrics and expert loads are numbers, so the only text the vectorised
-paths (msgspec, DuckDB staging) store is metric names, and this scrubs those.
+`check_line` scrubs every event payload it stores (`observatory.redact.scrub_event`); metrics
+and expert loads are numbers, so the only text `msgspec_lines` stores is metric names, and this
+scrubs those.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ _CLEAN_NAMES: set[str] = set()  # metric names known to hold no secret (bounded:
 def redact_metric_names(con, b: Batch) -> None:
     """Hide credential-shaped text in the metric names this transaction added (values are numbers).
 
-    Every path (msgspec, the vectorised SQL check, `check_line`) appends to `metrics`; the
+    Both paths (`msgspec_lines`, `check_line`) append to `metrics`; the
     names it added are the distinct names of the transaction's local rows (rowid >=
     LOCAL_ROWID), so one query covers them all (`added_names`). Each hidden name counts once per row.
     """
