@@ -17,6 +17,7 @@ that something was hidden (a count per run), not only hide it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -51,6 +52,7 @@ def _is_secret_word(words: list[str], i: int) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a lab's runs repeat their config keys: a sweep's 10^5 run_starts, a few names
 def is_secret_key(key: str) -> bool:
     """True for keys whose values must not be stored (see SECRET_WORDS and SECRET_PAIRS)."""
     words = _words(key)

@@ -119,6 +119,9 @@ def read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> Chunk:
         last = buf.rfind(b"\n")
         if last >= 0:
             data = buf[: last + 1]
+            if len(buf) < budget:  # a short read: the file's end is here (with a torn line after, or not)
+                tail = buf[last + 1 :]
+                return Chunk(data, offset + len(data), oversized, tail[:RAW_CAP], len(tail), True)
             return Chunk(data, offset + len(data), oversized, b"", 0, False)
         if len(buf) < budget:  # EOF and no newline: a torn final line (or nothing)
             return Chunk(b"", offset, [], buf[:RAW_CAP], len(buf), True)
@@ -137,8 +140,6 @@ def read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> Chunk:
                 return Chunk(b"", offset + n + 1, [(0, n, head)], b"", 0, False)
             n += len(block)
 
-
-# ---------------------------------------------------------- the vectorised check
 
 # --------------------------------------------------------------- a batch
 
