@@ -33,6 +33,7 @@ __all__ = [
     "Kind",
     "Field",
     "validate_event",
+    "is_final_failure",
     "encode_value",
     "decode_number",
     "encode_nonfinite",
@@ -61,7 +62,7 @@ class ValidationError(ValueError):
 @dataclass(frozen=True)
 class Field:
     name: str
-    type: str  # "str", "int", "number", "object", "list", "int_list", "number_list", "str_list", "any"
+    type: str  # "str", "int", "number", "bool", "object", "list", "int_list", "number_list", "str_list", "any"
     required: bool = False
     doc: str = ""
 
@@ -128,6 +129,7 @@ failure: Something went wrong, and what was done about it.
     message str!: what happened
     traceback str: Python traceback
     action str: halt, skip_batch, rollback, ...
+    final bool: true when its writer stopped here without a run_end: the run is crashed from this event on
 note: Free text.
     text str!: Markdown
     author str
@@ -206,6 +208,13 @@ def encode_value(obj: Any) -> Any:
     return obj
 
 
+def is_final_failure(kind: str, data: Any) -> bool:
+    """A `failure` with `final: true`: its writer stopped there without a `run_end`, so the run is
+    `crashed` from that event's time at once (not after `stale_after_s` of silence), as a `run_end`
+    ends it; events its writers log after it make it running again."""
+    return kind == "failure" and isinstance(data, dict) and data.get("final") is True
+
+
 # ------------------------------------------------------------------ validation
 
 
@@ -222,6 +231,8 @@ def _check_field(kind: str, f: Field, value: Any) -> None:
         ok = _is_int(value)
     elif f.type == "number":
         ok = decode_number(value) is not None
+    elif f.type == "bool":
+        ok = isinstance(value, bool)
     elif f.type == "object":
         ok = isinstance(value, dict)
     elif f.type == "list":
@@ -337,7 +348,8 @@ def fmt_value(x: Any) -> str:
 def _describe(kind: str, d: dict) -> str:
     if kind == "failure":
         act = f"; action: {d['action']}" if d.get("action") else ""
-        return f"{d.get('type', '?')}: {d.get('message', '')}{act}"
+        final = "; the writer stopped here" if d.get("final") is True else ""
+        return f"{d.get('type', '?')}: {d.get('message', '')}{act}{final}"
     if kind == "anomaly":
         w = d.get("window")
         where = f" (steps {w[0]}-{w[1]})" if isinstance(w, list) and len(w) == 2 else ""

@@ -24,6 +24,7 @@ def test_valid_event_passes():
     assert validate_event(ev(), run_folder="r-1.a_b", host=0) == ev()
     validate_event(ev(step=None, kind="note", data={"text": "hi"}))
     validate_event(ev(kind="some_future_kind", data={"anything": [1, {"b": 2}]}))  # unknown kinds are kept
+    validate_event(ev(kind="failure", data={"type": "crashed", "message": "cut short", "final": True}))
 
 
 @pytest.mark.parametrize(
@@ -38,6 +39,7 @@ def test_valid_event_passes():
         (ev(kind="anomaly", data={"detector": "d", "severity": "meh", "message": "m"}), "data.severity"),
         (ev(kind="checkpoint", data={"path": 3}), "data.path"),
         (ev(kind="run_start", data={"tags": "x"}), "data.tags"),
+        (ev(kind="failure", data={"type": "crashed", "message": "m", "final": "yes"}), "data.final"),
         (ev(run=".."), "run"),
         (ev(run="."), "run"),
         (ev(run="../x"), "run"),

@@ -160,6 +160,41 @@ def test_a_run_resumed_without_a_new_run_start_is_running(runs_dir, db_path):
     assert q(fresh, "SELECT run, status, final_step FROM runs ORDER BY run") == [("h", "completed", 3), ("r", "completed", 6)]
 
 
+def test_a_final_failure_is_crashed_at_its_time_until_the_run_writes_again(runs_dir, db_path):
+    """A `failure` with `final: true` (an importer's run cut short) says its writer stopped: the run is
+    crashed at that event's time at once, not after stale_after_s; from the logs alone (a new store, a
+    rebuild). Events written after it make the run running again; older ones (another host) do not."""
+    now = time.time()
+    stop = {"type": "crashed", "message": "log ends without an exit record", "final": True}
+    log = write_lines(runs_dir / "c" / "events.0.jsonl", [
+        event("c", "run_start", {"config": {}}, 0, t=now),
+        event("c", "metrics", {"loss": 1.0}, 1, 1, t=now),
+        event("c", "failure", stop, 2, 1, t=now),
+    ])  # fmt: skip
+    write_lines(runs_dir / "f" / "events.0.jsonl", [
+        event("f", "run_start", {"config": {}}, 0, t=now),
+        event("f", "failure", {"type": "nan_loss", "message": "loss is nan", "action": "halt"}, 1, 1, t=now),
+    ])  # fmt: skip
+    sql = "SELECT run, status, end_time, final_step FROM runs ORDER BY run"
+    want = [("c", "crashed", now + 0.02, None), ("f", "running", None, None)]
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, sql) == want
+    rebuild(runs_dir, db_path, emit=None)
+    assert q(db_path, sql) == want
+    write_lines(runs_dir / "c" / "events.1.jsonl", [event("c", "metrics", {"loss": 2.0}, 0, 0, t=now - 5, host=1)])
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, sql)[0] == ("c", "crashed", now + 0.02, None)  # older than the crash: not a sign of life
+    write_lines(log, [event("c", "metrics", {"loss": 0.9}, 3, 2, t=now + 10)])
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, sql)[0] == ("c", "running", None, None)
+    write_lines(log, [event("c", "failure", stop, 4, 2, t=now + 10)])
+    ingest(runs_dir, db_path, emit=None)
+    assert q(db_path, sql)[0] == ("c", "crashed", now + 10.04, None)
+    fresh = db_path.with_name("fresh.duckdb")
+    ingest(runs_dir, fresh, emit=None)
+    assert q(fresh, sql) == q(db_path, sql)
+
+
 def test_unknown_kind_kept_and_flagged(runs_dir, db_path):
     write_lines(runs_dir / "a" / "events.0.jsonl", [
         event("a", "gpu_temps", {"gpu0": 71}, 0),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -154,6 +155,29 @@ def test_cli_import_lands_in_the_store(tb_root, tmp_path):
     for step, name, value in rows:
         got.setdefault(step, {})[name] = value
     assert _same(got, logged["tb-exp-a"])
+
+
+def test_status_none_is_crashed_at_the_last_event_from_the_logs_alone(tb_root, tmp_path):
+    """`--status none`: no run_end, a final `failure` instead; the import's store and a new one say crashed."""
+    from observatory.store import connect
+
+    root, _ = tb_root
+    runs = tmp_path / "runs"
+    stores = [tmp_path / "o.duckdb", tmp_path / "fresh.duckdb"]
+    r = CliRunner().invoke(
+        cli, ["import", "tensorboard", str(root), "--status", "none", "--runs-dir", str(runs), "--db", str(stores[0])]
+    )
+    assert r.exit_code == 0 and "status crashed" in r.output, r.output
+    r = CliRunner().invoke(cli, ["ingest", "--runs-dir", str(runs), "--db", str(stores[1]), "-q"])
+    assert r.exit_code == 0, r.output
+    want = []
+    for run in ("tb-exp-a", "tb-exp-b"):
+        log = [json.loads(x) for x in (runs / run / "events.0.jsonl").read_text().splitlines()]
+        assert "run_end" not in [e["kind"] for e in log] and log[-1]["data"]["final"] is True
+        want.append((run, "crashed", max(e["t"] for e in log if e["kind"] == "metrics")))
+    for db in stores:
+        with connect(db) as con:
+            assert con.execute("SELECT run, status, end_time FROM runs ORDER BY run").fetchall() == want, db
 
 
 def test_corrupt_record_is_reported_with_its_offset(tmp_path):

@@ -354,3 +354,73 @@ def test_a_truncated_import_is_crashed_in_observatory_runs_at_once(wandb_runs, t
     db = _import_cut_run(wandb_runs, tmp_path, monkeypatch)
     r = CliRunner().invoke(cli, ["runs", "--db", str(db), "--format", "json"])
     assert r.exit_code == 0 and json.loads(r.output)[0]["status"] == "crashed", r.output
+
+
+def _log(runs: Path, run: str = "wandb-good1") -> list[dict]:
+    return [json.loads(x) for x in (runs / run / "events.0.jsonl").read_text().splitlines()]
+
+
+def _row(db) -> tuple:
+    with connect(db) as con:
+        return con.execute("SELECT status, end_time, last_event_t FROM runs WHERE run = 'wandb-good1'").fetchall()[0]
+
+
+@pytest.mark.slow
+def test_a_truncated_import_is_crashed_from_the_logs_alone(wandb_runs, tmp_path, monkeypatch):
+    """The store is rebuildable from the logs: `observatory ingest` of the imported folder into a new
+    store, and `observatory rebuild`, show the cut run crashed at its last event, as the import did."""
+    db = _import_cut_run(wandb_runs, tmp_path, monkeypatch)
+    runs = tmp_path / "runs"
+    log = _log(runs)
+    last_t = max(e["t"] for e in log if e["kind"] == "metrics")  # a recent time: not yet stale
+    assert log[-1]["kind"] == "failure" and log[-1]["data"]["final"] is True and log[-1]["t"] == last_t
+    assert [e["kind"] for e in log].count("run_end") == 0
+    want = ("crashed", last_t, last_t)
+    assert _row(db) == want  # the import's own store
+    fresh = tmp_path / "fresh.duckdb"
+    for args in (["ingest", "--db", str(fresh)], ["rebuild", "--db", str(fresh)], ["rebuild", "--db", str(db)]):
+        r = CliRunner().invoke(cli, [*args, "--runs-dir", str(runs), "-q"])
+        assert r.exit_code == 0, r.output
+        assert _row(fresh if str(fresh) in args else db) == want, args
+
+
+@pytest.mark.slow
+def test_a_cut_run_imported_again_after_it_grew_extends_its_log(wandb_runs, tmp_path, monkeypatch):
+    """A live W&B run imported, then imported again once its file grew: the log only grows (what the
+    source added follows the first import's crash marker), so ingest reads just the rest; the run is
+    crashed at its new last event, in the import's store and in a new one; once the source has its exit
+    record the log grows again and the run is completed."""
+    monkeypatch.delenv("OBSERVATORY_STALE_AFTER_S", raising=False)
+    spans, data = _spans(wandb_runs["good"]), wandb_runs["good"].read_bytes()
+    src = tmp_path / "src" / "run-good1.wandb"
+    src.parent.mkdir()
+    runs, db = tmp_path / "runs", tmp_path / "o.duckdb"
+    args = ["--runs-dir", str(runs), "--db", str(db)]
+    src.write_bytes(data[: spans[len(spans) // 3][0] + 5])
+    r = CliRunner().invoke(cli, ["import", "wandb", str(src), *args])
+    assert r.exit_code == 0 and "file new" in r.output and "status crashed" in r.output, r.output
+    first = (runs / "wandb-good1" / "events.0.jsonl").read_bytes()
+    src.write_bytes(data[: spans[len(spans) // 2][0] + 5])
+    r = CliRunner().invoke(cli, ["import", "wandb", str(src), *args])
+    assert r.exit_code == 0 and "file extended" in r.output and "status crashed" in r.output, r.output
+    log = _log(runs)
+    assert (runs / "wandb-good1" / "events.0.jsonl").read_bytes().startswith(first)
+    assert [e["seq"] for e in log] == list(range(len(log)))
+    markers = [i for i, e in enumerate(log) if e["kind"] == "failure" and e["data"].get("final")]
+    assert len(markers) == 2 and markers[1] == len(log) - 1
+    grown, _ = convert_wandb_file(src)  # the same events as a fresh import of the grown source
+    assert _same(_metrics(grown), {e["step"]: {k: float(v) for k, v in e["data"].items()}
+                                   for e in log if e["kind"] == "metrics"})  # fmt: skip
+    last_t = max(e["t"] for e in log if e["kind"] == "metrics")
+    assert log[markers[0]]["t"] < last_t
+    assert _row(db) == ("crashed", last_t, last_t)
+    r = CliRunner().invoke(cli, ["import", "wandb", str(src), *args])
+    assert r.exit_code == 0 and "file unchanged" in r.output, r.output
+    fresh = tmp_path / "fresh.duckdb"
+    r = CliRunner().invoke(cli, ["ingest", "--runs-dir", str(runs), "--db", str(fresh), "-q"])
+    assert r.exit_code == 0 and _row(fresh) == ("crashed", last_t, last_t), r.output
+    src.write_bytes(data)
+    r = CliRunner().invoke(cli, ["import", "wandb", str(src), *args])
+    assert r.exit_code == 0 and "file extended" in r.output and "status completed" in r.output, r.output
+    assert _log(runs)[-1]["kind"] == "run_end" and _row(db)[0] == "completed"
+    assert _same(_store(db)[1]["wandb-good1"], wandb_runs["logged"])

@@ -9,7 +9,7 @@ import click
 
 from observatory.commands import common_options
 from observatory.commands.progress import bar, quiet_option
-from observatory.interop import CONFLICT, crashed_runs, ingest_runs
+from observatory.interop import CONFLICT, ingest_runs
 
 __all__ = ["import_group", "export"]
 
@@ -43,18 +43,15 @@ def _report(results, verbose: bool, runs_dir, db, ingest: bool, quiet: bool = Fa
     runs = {r.run for r in results if not r.error}
     click.echo(f"{len(runs)} run(s) imported from {len(results) - failed} source(s), {failed} failed")
     if ingest and any(r.written for r in results):
-        _store(runs_dir, db, any(r.written == "replaced" for r in results), quiet, crashed_runs(results))
+        _store(runs_dir, db, any(r.written == "replaced" for r in results), quiet)
     if failed:
         sys.exit(1)
 
 
-def _store(runs_dir, db, rebuild: bool, quiet: bool, crashed: list[str] = ()) -> None:
-    """Bring the store up to date with what was imported (a progress bar on a terminal).
-
-    `crashed`: runs the import found cut short, stored as crashed at once.
-    """
+def _store(runs_dir, db, rebuild: bool, quiet: bool) -> None:
+    """Bring the store up to date with what was imported (a progress bar on a terminal)."""
     with bar("rebuild" if rebuild else "ingest", quiet) as progress:
-        report = ingest_runs(runs_dir, db, rebuild=rebuild, crashed=crashed, progress=progress)
+        report = ingest_runs(runs_dir, db, rebuild=rebuild, progress=progress)
     click.echo(f"store {db}: {report.summary()}")
 
 
@@ -90,7 +87,7 @@ def wandb_cmd(paths, runs_dir, db, no_ingest, replace, verbose, quiet):
     type=click.Choice(["completed", "failed", "killed", "none"]),
     default="completed",
     show_default=True,
-    help="Status for the run end (TensorBoard records none); 'none' leaves the runs without an end (shown as crashed).",
+    help="Status for the run end (TensorBoard records none); 'none' writes no run end but a final failure: the runs show as crashed at their last event.",
 )
 @click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
 @click.option("--replace", is_flag=True, help=REPLACE_HELP)

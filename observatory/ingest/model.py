@@ -28,6 +28,7 @@ from observatory.events import (
     ValidationError,
     decode_number,
     encode_value,
+    is_final_failure,
     validate_event,
 )
 from observatory.ingest.appends import Appends
@@ -158,7 +159,7 @@ class Batch:
         self.events: list[tuple] = []  # (run, host, seq, kind, step, t, v, known, data_json)
         self.metrics: dict[str, list] = {k: [] for k in ("run", "step", "name", "value", "t", "host")}
         self.experts: dict[str, list] = {k: [] for k in ("run", "step", "layer", "expert", "routed", "dropped")}
-        self.lifecycle: list[dict] = []  # run_start / run_end events, applied to `runs`
+        self.lifecycle: list[dict] = []  # run_start / run_end / final failure events, applied to `runs`
         self.activity: dict[str, list] = {}  # run -> [max t, max step], from the run's own processes
         self.observed: set[str] = set()  # runs that got events written by the observatory itself (host 1000)
         self.touched: dict[str, set[str]] = {"metrics": set(), "expert_load": set()}
@@ -345,7 +346,7 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
         b.hid(run, n)
         dj = json.dumps(encode_value(data), separators=(",", ":"))
         b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
-        if kind in ("run_start", "run_end"):
+        if kind in ("run_start", "run_end") or is_final_failure(kind, data):
             b.lifecycle.append({"run": run, "kind": kind, "t": t, "step": step, "data": data, "host": lf.host})
 
 

@@ -1,4 +1,8 @@
-"""The `runs` table: one row per run, folded from each batch's lifecycle events and activity."""
+"""The `runs` table: one row per run, folded from each batch's lifecycle events and activity.
+
+Lifecycle events: `run_start`, `run_end` and a `failure` with `final: true` (its writer stopped
+there without a run_end: the run is `crashed` at that event's time, as a run_end ends it).
+"""
 
 from __future__ import annotations
 
@@ -43,9 +47,9 @@ def update_runs(con, b: Batch) -> None:
             if isinstance(r[c], str):
                 r[c] = json.loads(r[c])
         before = dict(r)
-        if r["status"] in (None, "crashed"):
-            r["status"] = "running"  # new events from a run shown as crashed: it is alive after all
-            r["end_time"] = None
+        if r["status"] is None or (r["status"] == "crashed" and r["end_time"] is None):
+            r["status"] = "running"  # new events from a run shown as crashed for its silence: alive after all
+        # (a crash known at a time, from a final failure, is undone only by events after it: below)
         for e in sorted(lifecycle.get(run, ()), key=lambda e: e["t"]):
             d = e["data"]
             if e["kind"] == "run_start":
@@ -65,7 +69,11 @@ def update_runs(con, b: Batch) -> None:
                 if isinstance(ladder, dict) and ladder:
                     r["ladder_name"] = _str_or_none(ladder.get("name"))
                     r["ladder_rung"] = _str_or_none(ladder.get("rung"))
-            elif r["end_time"] is None or e["t"] >= r["end_time"]:  # run_end
+            elif r["end_time"] is not None and e["t"] < r["end_time"]:
+                pass  # an end older than the one the row has
+            elif e["kind"] == "failure":  # final: the writer stopped without a run_end, a crash known at once
+                r["status"], r["end_time"], r["final_step"] = "crashed", e["t"], None
+            else:  # run_end
                 r["status"], r["end_time"] = d["status"], e["t"]
                 r["final_step"] = _int_or_none(d.get("final_step"))
                 if r["final_step"] is None:

@@ -13,6 +13,14 @@ in place atomically. Re-importing the same source writes the same bytes, so it i
 a source that has grown since (a live W&B run) gives a file that extends the old one, which
 ingest picks up incrementally.
 
+Everything the store shows comes from the log: a source run cut short (a W&B run with no
+exit record, TensorBoard imported with `--status none`) ends in a `failure` with `final: true`
+at its last event's time (`RunLogBuilder.crashed`), which ingest folds into status `crashed`
+and `end_time` (a run with no `run_end` would otherwise be `running` until `stale_after_s`
+after its last event). Imported again after the source grew, the log keeps that marker and
+goes on after it (`continued`): the run is running again from its new events, as any run
+that writes after it stopped.
+
 Modules (each imports its heavy dependency lazily):
 
 - `wandb_reader`: the `.wandb` transaction-log reader with per-record error recovery.
@@ -29,15 +37,22 @@ import os
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from observatory.events import RUN_ID_RE, VERSION, encode_nonfinite, encode_value, validate_event
+from observatory.events import (
+    RUN_ID_RE,
+    VERSION,
+    encode_nonfinite,
+    encode_value,
+    is_final_failure,
+    validate_event,
+)
 from observatory.redact import redact
 
-__all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "put_file", "settle", "ingest_runs", "crashed_runs"]
+__all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "put_file", "continued", "settle", "ingest_runs"]
 
 
 def safe_run_id(prefix: str, source_id: str) -> str:
@@ -168,15 +183,70 @@ class RunLogBuilder:
         data.update({k: v for k, v in fields.items() if v not in (None, "", [], {})})
         return self.add("run_start", data, None, t)
 
+    def crashed(self, t: float, message: str) -> dict:
+        """End the log of a run cut short (no end record): a `failure` with `final: true` at `t`.
+
+        Without it the run has no `run_end` and ingest shows it `running` until `stale_after_s`
+        after its last event, which may be recent; with it the store says `crashed`, `end_time`
+        `t`, from the log alone. Its step is the last step logged.
+        """
+        steps = [ev["step"] for ev in self.events if ev["step"] is not None]
+        data = {"type": "crashed", "message": message, "final": True}
+        return self.add("failure", data, max(steps) if steps else None, t)
+
     def to_bytes(self) -> bytes:
-        return b"".join(
-            (json.dumps(ev, separators=(",", ":"), allow_nan=False) + "\n").encode() for ev in self.events
-        )
+        return b"".join(_line(ev) for ev in self.events)
 
     def write(self, runs_dir: str | os.PathLike, replace: bool = False) -> str:
         """Put the log at `<runs_dir>/<run>/events.<host>.jsonl`; say what happened (`put_file`)."""
         path = Path(runs_dir) / self.run / f"events.{self.host}.jsonl"
-        return put_file(path, self.to_bytes(), replace)
+        payload = self.to_bytes()
+        old = path.read_bytes() if path.exists() else None
+        if old is not None and old != payload:
+            payload = continued(old, self.events) or payload
+        return put_file(path, payload, replace)
+
+
+def _line(ev: dict) -> bytes:
+    return (json.dumps(ev, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+def continued(old: bytes, events: list[dict]) -> bytes | None:
+    """An earlier import's log that ended in a crash marker, grown by what `events` adds; None if not.
+
+    A log only grows, and a source cut short may grow later (a live W&B run imported again):
+    when `old` ends in a final `failure` (`RunLogBuilder.crashed`) and `events`, this import's
+    whole log, begins with `old`'s events without its markers, the result is `old` and then the
+    rest of `events`, numbered on from `old`'s last seq (ingest reads just that: the run is
+    running again from its new events and ends as this import says). `old` itself when nothing
+    was added. None for anything else (`put_file` then compares the fresh log).
+    """
+    lines = old.splitlines()
+    try:  # the last line first: most files end otherwise, and are not parsed further
+        prior = [json.loads(lines[-1])] if lines and old.endswith(b"\n") else []
+        if not (prior and _is_marker(prior[0]) and isinstance(prior[0].get("seq"), int)):
+            return None
+        prior = [json.loads(x) for x in lines[:-1]] + prior
+    except ValueError:
+        return None
+    if not all(isinstance(ev, dict) for ev in prior):
+        return None
+
+    def same(ev: dict) -> bytes:  # an event's line as a fresh import writes it, but its seq
+        return _line({**ev, "seq": 0})
+
+    body = [ev for ev in prior if not _is_marker(ev)]
+    if len(events) <= len(body) or [same(ev) for ev in events[: len(body)]] != [same(ev) for ev in body]:
+        return None
+    rest = events[len(body) :]
+    if len(rest) == 1 and same(rest[0]) == same(prior[-1]):
+        return old  # the source has not grown since
+    seq = prior[-1]["seq"] + 1
+    return old + b"".join(_line({**ev, "seq": seq + i}) for i, ev in enumerate(rest))
+
+
+def _is_marker(ev: Any) -> bool:
+    return isinstance(ev, dict) and is_final_failure(ev.get("kind"), ev.get("data"))
 
 
 def put_file(path: Path, payload: bytes, replace: bool = False) -> str:
@@ -226,38 +296,18 @@ def ingest_runs(
     runs_dir: str | os.PathLike,
     db: str | os.PathLike | None,
     rebuild: bool = False,
-    crashed: Iterable[str] = (),
     progress: Callable[[dict], None] | None = None,
 ) -> Any:
     """Bring the store up to date with the runs dir (imported runs are ordinary runs).
 
     Ingest only appends; if an import replaced a run's file (`rebuild`), the store is
-    rebuilt from the logs instead. `crashed`: runs the import found cut short (no end
-    record). Their `runs` row gets status `crashed` and `end_time` = their last event's time
-    at once, as the import reported them: ingest alone keeps a run `running` until
-    `stale_after_s` after its last event, and an imported run's last event may be recent.
-    A crashed row with an `end_time` is a crash known for certain, not a silence. New events
-    from such a run (a source that grew and was imported again) bring it back to running,
-    as for any run. `progress`: the ingest's progress callback.
+    rebuilt from the logs instead. What the import knows is in the logs, so nothing is
+    written to the store beside them: a run cut short ends in a final `failure`
+    (`RunLogBuilder.crashed`), which ingest shows as `crashed`. `progress`: the ingest's
+    progress callback.
     """
     from observatory import ingest as ing
-    from observatory.store import default_db, write_connection
+    from observatory.store import default_db
 
     db = Path(db) if db is not None else default_db()
-    report = (ing.rebuild if rebuild else ing.ingest)(Path(runs_dir), db, progress=progress)
-    crashed = sorted(set(crashed))
-    if crashed:
-        with write_connection(db) as con:
-            con.execute(
-                """
-                UPDATE runs SET status = 'crashed', end_time = coalesce(end_time, last_event_t)
-                WHERE status IN ('running', 'crashed') AND run IN (SELECT unnest($r))
-                """,
-                {"r": crashed},
-            )
-    return report
-
-
-def crashed_runs(results: Iterable[ImportResult]) -> list[str]:
-    """The runs of `results` that were imported and found cut short (for `ingest_runs`)."""
-    return sorted({r.run for r in results if r.run and not r.error and r.written and r.status == "crashed"})
+    return (ing.rebuild if rebuild else ing.ingest)(Path(runs_dir), db, progress=progress)

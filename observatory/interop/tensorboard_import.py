@@ -155,6 +155,8 @@ def convert_tensorboard_dir(directory: Path, run_id: str, status: str | None = "
             "run_end", {"status": status, "final_step": final_step, "status_inferred": True}, None, last_t
         )
         res.status = status
+    else:  # --status none: no end recorded, so none is invented; the store shows it crashed at its last event
+        log.crashed(last_t, "TensorBoard records no run end; imported with --status none")
     return log, res
 
 
@@ -185,9 +187,7 @@ def import_tensorboard(
         if progress is not None:
             progress({"done": len(results), "total": len(dirs), "unit": "runs", "what": run_id})
     if ingest and any(r.written for r in results):
-        from observatory.interop import crashed_runs, ingest_runs
+        from observatory.interop import ingest_runs
 
-        ingest_runs(
-            runs_dir, db, rebuild=any(r.written == "replaced" for r in results), crashed=crashed_runs(results)
-        )
+        ingest_runs(runs_dir, db, rebuild=any(r.written == "replaced" for r in results))
     return results

@@ -11,8 +11,10 @@ Mapping (one W&B run -> one run `wandb-<W&B run id>`, host 0):
   and non-numbers are skipped and counted.
 - `summary` records are merged; `exit` -> `run_end` with status `completed` (exit code 0)
   or `failed`, `final_step`, the scalar `summary` and the `exit_code`.
-- No `exit` record (the run crashed, or the file is truncated) -> no `run_end`: the store
-  shows the run as crashed, from the import on (`interop.ingest_runs`).
+- No `exit` record (the run crashed, the file is truncated, or the run is still live) -> no
+  `run_end` but a `failure` (`type` crashed) with `final: true` at its last event's time
+  (`RunLogBuilder.crashed`): the store shows the run crashed there, from the log alone. Imported
+  again once the source has grown, the log goes on after that marker (`interop.continued`).
 
 Damaged files import what is valid; every unreadable region is reported with its byte
 offset (see `wandb_reader`). One bad file never stops the import of the others.
@@ -29,6 +31,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from observatory.events import is_final_failure
 from observatory.interop import ImportResult, RunLogBuilder, flatten, safe_run_id, settle
 from observatory.interop.wandb_reader import Problem, WandbLogReader
 
@@ -287,6 +290,9 @@ def convert_wandb_file(
         if scalars:
             end["summary"] = scalars
         log.add("run_end", end, None, end_t)
+    else:
+        why = "its file is truncated" if res.truncated else "the run crashed or is still running"
+        log.crashed(last_t, f"W&B log without an exit record ({why}): imported up to its last whole record")
     return log, res
 
 
@@ -294,8 +300,8 @@ def merge_sessions(logs: list[RunLogBuilder]) -> RunLogBuilder:
     """The sessions of a resumed W&B run (in time order) as one event log.
 
     One `run_start` (the first session's, with the config as the last session left it),
-    every session's metrics, and the `run_end` of the last session only (an earlier
-    session's exit was not the end of the run).
+    every session's metrics, and the end of the last session only, its `run_end` or its
+    final `failure` (an earlier session's end was not the end of the run).
     """
     merged = RunLogBuilder(logs[0].run)
     start = dict(logs[0].events[0]["data"])
@@ -307,7 +313,7 @@ def merge_sessions(logs: list[RunLogBuilder]) -> RunLogBuilder:
     merged.add("run_start", start, None, logs[0].events[0]["t"])
     for i, log in enumerate(logs):
         for ev in log.events[1:]:
-            if ev["kind"] == "run_end" and i < len(logs) - 1:
+            if (ev["kind"] == "run_end" or is_final_failure(ev["kind"], ev["data"])) and i < len(logs) - 1:
                 continue
             merged.add(ev["kind"], ev["data"], ev["step"], ev["t"])
     return merged
@@ -365,9 +371,7 @@ def import_wandb(
                 res.note = f"session {i + 1} of {len(parts)} of a resumed W&B run, imported as one run"
     results = [res for _, res in converted]
     if ingest and any(r.written for r in results):
-        from observatory.interop import crashed_runs, ingest_runs
+        from observatory.interop import ingest_runs
 
-        ingest_runs(
-            runs_dir, db, rebuild=any(r.written == "replaced" for r in results), crashed=crashed_runs(results)
-        )
+        ingest_runs(runs_dir, db, rebuild=any(r.written == "replaced" for r in results))
     return results

@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS runs (
     run_group    VARCHAR,        -- group from run_start (wandb's group; `group` is an SQL keyword)
     status       VARCHAR,        -- running | completed | failed | preempted | killed | crashed
     start_time   DOUBLE,         -- Unix seconds of the first run_start
-    end_time     DOUBLE,         -- Unix seconds of run_end (NULL while running)
+    end_time     DOUBLE,         -- Unix seconds of run_end, or of a final failure when crashed (NULL while running)
     last_event_t DOUBLE,         -- Unix seconds of the newest event from the run's own writers (not host 1000)
     last_step    BIGINT,         -- highest step of any event
     final_step   BIGINT,         -- final_step from run_end
@@ -172,7 +172,9 @@ TABLE_DOCS = {
     "`status` is `running` until a `run_end`, and `running` again when the run's own processes write "
     "after it (a resume: `trainer train --resume` and `init(resume=)` append to the log with no second "
     "`run_start`); readers show a running run whose newest event "
-    "is older than `stale_after_s` as `crashed`.",
+    "is older than `stale_after_s` as `crashed`. A `failure` with `final: true` (its writer stopped there "
+    "without a `run_end`, e.g. an imported run cut short) stores `crashed` and `end_time` at once, until "
+    "the run's processes write after it.",
     "metrics": "One row per (run, step, name) scalar from `metrics` events.",
     "expert_load": "One row per (run, step, layer, expert) from `expert_load` events; narrow "
     "integer types so that 10^9 rows stay small.",
