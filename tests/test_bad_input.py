@@ -257,3 +257,30 @@ def test_a_store_file_that_is_not_a_store_is_the_error_not_the_logs(runs_dir, db
     rep, msgs = ingest(runs_dir, good)
     assert (rep.events, msgs) == (2, [])
     assert q(good, "SELECT count(*) FROM metrics") == [(2,)]
+
+
+@pytest.mark.parametrize("name", ['we"ird', "back\\slash", "tab\there", "both\"\\"])
+def test_a_metric_name_msgspec_cannot_name_keeps_the_file(runs_dir, db_path, name):
+    """A quote, backslash or control character in a metric name (valid JSON, a valid name): msgspec cannot
+    make a field of it, so that run's metrics decode as dicts; every line is stored, the odd name too
+    (the file was skipped whole at every ingest)."""
+    lines = [event("a", "metrics", {"train/loss": 1.0 + i, **({name: 2.0} if i == 5 else {})}, i, i) for i in range(40)]
+    write_lines(runs_dir / "a" / "events.0.jsonl", lines)
+    rep, msgs = ingest(runs_dir, db_path)
+    assert rep.events == 40 and rep.rejected == 0 and msgs == []
+    assert q(db_path, "SELECT count(*) FROM metrics") == [(41,)]
+    assert q(db_path, "SELECT value FROM metrics WHERE name = ?".replace("?", "'" + name.replace("'", "''") + "'")) == [(2.0,)]
+
+
+def test_a_line_nested_too_deeply_is_rejected_and_the_rest_kept(runs_dir, db_path):
+    """A line nesting arrays 600 levels deep (3.6 KB) is rejected with its reason; the file's other lines are
+    stored in the same batch (its RecursionError downstream rolled every batch back)."""
+    deep = event("a", "note", {"text": "x"}, 1, 1)
+    raw = json.dumps(deep)[:-1] + ', "extra": ' + "[" * 600 + "]" * 600 + "}"
+    path = runs_dir / "a" / "events.0.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join([json.dumps(GOOD_BEFORE), raw, json.dumps(GOOD_AFTER)]) + "\n")
+    rep, msgs = ingest(runs_dir, db_path)
+    assert rep.events == 2 and rep.rejected == 1
+    assert any(":2: objects and arrays nested more than 64 levels deep" in m for m in msgs)
+    assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [(0,), (2,)]

@@ -302,6 +302,9 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
     except (ValueError, RecursionError) as e:
         b.reject(lf, lineno, "(line)", f"bad JSON: {e}", raw)
         return
+    if _depth(ev) > MAX_DEPTH:  # every reader after this one (redaction, encoding, the pages) recurses into values
+        b.reject(lf, lineno, "(line)", f"objects and arrays nested more than {MAX_DEPTH} levels deep", raw)
+        return
     try:
         validate_event(ev, run_folder=lf.run, host=lf.host)
         _check_store_ranges(ev)
@@ -348,6 +351,22 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
         b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
         if kind in ("run_start", "run_end") or is_final_failure(kind, data):
             b.lifecycle.append({"run": run, "kind": kind, "t": t, "step": step, "data": data, "host": lf.host})
+
+
+MAX_DEPTH = 64  # levels of objects and arrays in one event (the envelope is 1, its data 2)
+
+
+def _depth(value) -> int:
+    """How deeply `value` nests objects and arrays (up to MAX_DEPTH + 1), counted without recursion (a
+    hostile line may nest thousands of levels: Python's own recursion would fail on it downstream)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            if d <= MAX_DEPTH:  # past the limit the answer is "too deep" already
+                stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def _check_store_ranges(ev: dict) -> None:

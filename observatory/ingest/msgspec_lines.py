@@ -307,6 +307,7 @@ def _decode(text: bytes, run: str, depth: int = 0) -> list | None:
     return decoded
 
 
+_UNNAMEABLE = re.compile(r'["\\\x00-\x1f]')  # what msgspec refuses in a renamed field's name
 _AT_LINE = re.compile(r" - at `\$\[(\d+)\]")  # where msgspec's ValidationError says decode_lines failed
 _SPLITS_MAX = 16  # lines a piece is decoded around before it goes line by line
 
@@ -340,7 +341,10 @@ def _learn(run: str, decoded: list, old: _Layout | None) -> None:
         _BY_NAMES.clear()
     key = tuple(names)
     if key not in _BY_NAMES:  # runs of one sweep log the same names: one layout (two Structs, a decoder) for all
-        _BY_NAMES[key] = _Layout(key) if len(names) <= LAYOUT_MAX and "" not in names else None
+        # msgspec cannot name a field with a quote, a backslash or a control character: such a run's
+        # metrics decode into dicts (the line is as valid as any)
+        fits = len(names) <= LAYOUT_MAX and "" not in names and not any(map(_UNNAMEABLE.search, names))
+        _BY_NAMES[key] = _Layout(key) if fits else None
     _LAYOUTS[run] = _BY_NAMES[key]
 
 
