@@ -273,14 +273,14 @@ def test_a_metric_name_msgspec_cannot_name_keeps_the_file(runs_dir, db_path, nam
 
 
 def test_a_line_nested_too_deeply_is_rejected_and_the_rest_kept(runs_dir, db_path):
-    """A line nesting arrays 600 levels deep (3.6 KB) is rejected with its reason; the file's other lines are
-    stored in the same batch (its RecursionError downstream rolled every batch back)."""
-    deep = event("a", "note", {"text": "x"}, 1, 1)
-    raw = json.dumps(deep)[:-1] + ', "extra": ' + "[" * 600 + "]" * 600 + "}"
+    """A line whose data nests arrays 600 levels deep (3.6 KB) is rejected with its reason; the file's other
+    lines are stored in the same batch (its RecursionError downstream rolled every batch back)."""
+    deep = event("a", "note", {"text": "x", "deep": 0}, 1, 1)
+    raw = json.dumps(deep).replace('"deep": 0', '"deep": ' + "[" * 600 + "]" * 600)
     path = runs_dir / "a" / "events.0.jsonl"
     path.parent.mkdir(parents=True)
     path.write_text("\n".join([json.dumps(GOOD_BEFORE), raw, json.dumps(GOOD_AFTER)]) + "\n")
     rep, msgs = ingest(runs_dir, db_path)
     assert rep.events == 2 and rep.rejected == 1
-    assert any(":2: objects and arrays nested more than 64 levels deep" in m for m in msgs)
+    assert any(":2: data: objects and arrays nested more than 64 levels deep" in m for m in msgs)
     assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [(0,), (2,)]

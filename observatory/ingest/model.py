@@ -302,8 +302,9 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
     except (ValueError, RecursionError) as e:
         b.reject(lf, lineno, "(line)", f"bad JSON: {e}", raw)
         return
-    if _depth(ev) > MAX_DEPTH:  # every reader after this one (redaction, encoding, the pages) recurses into values
-        b.reject(lf, lineno, "(line)", f"objects and arrays nested more than {MAX_DEPTH} levels deep", raw)
+    if isinstance(ev, dict) and _depth(ev.get("data")) > MAX_DEPTH:  # what is stored of an event: every reader
+        # after this one (redaction, encoding, reports, the pages) recurses into it
+        b.reject(lf, lineno, "data", f"data: objects and arrays nested more than {MAX_DEPTH} levels deep", raw)
         return
     try:
         validate_event(ev, run_folder=lf.run, host=lf.host)
@@ -353,7 +354,7 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
             b.lifecycle.append({"run": run, "kind": kind, "t": t, "step": step, "data": data, "host": lf.host})
 
 
-MAX_DEPTH = 64  # levels of objects and arrays in one event (the envelope is 1, its data 2)
+MAX_DEPTH = 64  # levels of objects and arrays in an event's data (the data object itself is 1)
 
 
 def _depth(value) -> int:
