@@ -26,6 +26,7 @@ from observatory.ingest import ingest
 from observatory.ingest import msgspec_lines as ingest_fast
 from observatory.ingest import passes as ingest_mod
 
+
 @pytest.fixture(autouse=True)
 def _fresh_layouts():
     """Each test as in a new process: no run's layout known (another test's run "a" may have left one)."""
