@@ -284,3 +284,14 @@ def test_a_line_nested_too_deeply_is_rejected_and_the_rest_kept(runs_dir, db_pat
     assert rep.events == 2 and rep.rejected == 1
     assert any(":2: data: objects and arrays nested more than 64 levels deep" in m for m in msgs)
     assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [(0,), (2,)]
+
+
+def test_a_rejected_metric_name_holding_a_secret_is_stored_hidden(runs_dir, db_path):
+    """`rejected_events.field` names the bad value's field, here a metric name that is a token: it is hidden
+    there as in the raw line and the reason (the SQL console's own "Rejected lines" example selects it)."""
+    token = "ghp_" + "Z" * 30
+    write_lines(runs_dir / "a" / "events.0.jsonl", [GOOD_BEFORE, event("a", "metrics", {token: "not a number"}, 1, 1)])
+    rep, _ = ingest(runs_dir, db_path)
+    assert rep.rejected == 1
+    (field, reason, raw), = q(db_path, "SELECT field, reason, raw FROM rejected_events")
+    assert field and token not in field and token not in reason and token not in raw

@@ -191,10 +191,12 @@ class Batch:
             st.rejected += 1
         if isinstance(raw, bytes):
             raw = raw[:RAW_CAP].decode("utf-8", "replace")
-        # the raw line and the reason (which may quote a value) are public text: secrets hidden
+        # the raw line, the reason (which may quote a value) and the field (which may name a metric) are
+        # public text: secrets hidden
         raw, n_raw = scrub_text(raw[:RAW_CAP])
         reason, n_reason = scrub_text(reason)
-        self.hid(lf.run, n_raw + n_reason)
+        fld, n_fld = scrub_text(fld) if fld else (fld, 0)
+        self.hid(lf.run, n_raw + n_reason + n_fld)
         self.rejected.append((lf.rel, lf.run, line, fld, reason, raw[:RAW_CAP], self.now))
         if len(self.messages) < MESSAGE_LIMIT:
             self.messages.append(Rejection(f"{lf.path}:{line}: {reason}"))
