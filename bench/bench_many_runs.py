@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--runs", default="1000,10000,100000", help="comma-separated run counts (default %(default)s)")
     ap.add_argument("--tmp", type=Path, default=None, help="work folder (default: a new temporary one, removed)")
     ap.add_argument("--no-pages", action="store_true", help="ingest only: no CLI search, chromium or server")
-    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder and its stores (store-<N>.duckdb)")
     a = ap.parse_args()
     sizes = sorted(int(x) for x in a.runs.split(","))
     tmp = a.tmp or Path(tempfile.mkdtemp(prefix="bench-many-runs-"))
@@ -151,7 +151,8 @@ def main() -> None:
                 pages = many_runs_pages.measure(db, run_id, prefix=f"sweep-{n // 2:06d}"[:-2])
                 r.update(pages)
                 print(f"{'':>7}  {many_runs_pages.describe(pages)}", flush=True)
-            db.unlink(missing_ok=True)
+            if not a.keep:
+                db.unlink(missing_ok=True)
         big = sizes[-1]
         one = tmp / "one"
         write_one_run(one, rows[big]["bytes"])
