@@ -117,6 +117,9 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> Non
             continue
         raw = f"(SELECT * FROM {source} WHERE rowid >= {int(start)})"
         (_roll_metrics if source == "metrics" else _roll_experts)(con, raw)
+        for (name,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary "
+                                   "AND starts_with(table_name, '_touched_')").fetchall():  # fmt: skip
+            con.execute(f"DROP TABLE {name}")  # an instance left with temp tables is not kept for reuse
         nxt = (committed_max + 1 if committed_max is not None else start) + n_local
         _save_state(con, source, nxt, n_total)
 
