@@ -17,8 +17,10 @@ import pytest
 from dashboard_fixtures import BASE_STEPS, make_store
 from streamlit.testing.v1 import AppTest
 
+import observatory
 from observatory.dashboard.charts import marker_text
 from observatory.dashboard.pages import runs as runs_page
+from observatory.ingest import ingest
 from observatory.queries import user_sql
 
 TIMEOUT = 60
@@ -288,7 +290,7 @@ def test_marker_hover_text_is_escaped():
 def test_runs_page_groups_a_ladder(store):
     """'Group by ladder': a ladder's runs together, with a line per rung and rung/seed columns."""
     at = page("runs")
-    at.toggle(key="runs_group").set_value(True).run()
+    at.toggle(key="runs_by_ladder").set_value(True).run()
     assert not at.exception
     assert at.query_params["by"] in ("ladder", ["ladder"])  # the grouped view is a link too
     assert [s.value for s in at.subheader] == ["Ladder tiny", "Not in a ladder"]
@@ -387,3 +389,21 @@ def test_page_queries_run_under_the_dashboard_memory_limit(empty_store, monkeypa
     monkeypatch.setenv("OBSERVATORY_DASHBOARD_MEMORY_LIMIT_MB", "16")
     with pytest.raises(ValueError, match="dashboard_memory_limit_mb must be at least 64"):
         cache.query(_memory_limit)
+
+
+def test_runs_page_with_a_run_of_a_group_and_a_ladder(tmp_path, monkeypatch):
+    """One run_start with both `group` and `ladder` (the group filter and the by-ladder toggle were both keyed
+    `runs_group`: StreamlitDuplicateElementKey for every visitor); both widgets shown and used, no exception."""
+    runs = tmp_path / "runs"
+    run = observatory.init(run_id="both", config={}, group="g", ladder={"name": "L", "rung": "s"}, runs_dir=runs,
+                           install_signal_handlers=False)  # fmt: skip
+    run.log({"train/loss": 1.0}, step=1)
+    run.finish()
+    ingest(runs, tmp_path / "s.duckdb", emit=None)
+    monkeypatch.setenv("OBSERVATORY_DB", str(tmp_path / "s.duckdb"))
+    at = page("runs")
+    assert not at.exception
+    at.multiselect(key="runs_group").select("g").run()
+    at.toggle(key="runs_by_ladder").set_value(True).run()
+    assert not at.exception
+    assert [s.value for s in at.subheader] == ["Ladder L"]

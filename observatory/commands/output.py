@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-__all__ = ["FORMATS", "emit", "json_text"]
+__all__ = ["FORMATS", "emit", "emit_stream", "json_text"]
 
 FORMATS = ("table", "csv", "json", "parquet")
 
@@ -201,5 +201,37 @@ def emit(columns: list[str], rows: list[tuple], fmt: str, out: Path | None, titl
                 sys.stdout.write(text)
             else:
                 Path(out).write_text(text)
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or out}: {e.strerror or e}") from None
+
+
+def emit_stream(columns: list[str], rows, fmt: str, out: Path | None, chunk: int = 1000) -> None:
+    """`emit` for csv or json, written `chunk` rows at a time as `rows` (an iterable of tuples) yields them:
+    the first lines are out before the last rows are formatted, and no whole text is held."""
+    import itertools
+
+    try:
+        f = sys.stdout if out is None else open(out, "w")
+        try:
+            it = iter(rows)
+            first = True
+            if fmt == "csv":
+                w = csv.writer(f, lineterminator="\n")
+                w.writerow(columns)
+            else:
+                f.write("[")
+            while batch := list(itertools.islice(it, chunk)):
+                if fmt == "csv":
+                    w.writerows([_text(v) for v in r] for r in batch)
+                else:
+                    text = _rows_as_json(columns, batch, None).strip()[1:-1].strip()  # the array's items
+                    f.write(("\n" if first else ",\n") + text)
+                first = False
+                f.flush()
+            if fmt != "csv":
+                f.write("\n]\n" if not first else "]\n")
+        finally:
+            if out is not None:
+                f.close()
     except OSError as e:
         raise click.ClickException(f"cannot write {e.filename or out}: {e.strerror or e}") from None

@@ -9,8 +9,8 @@ import click
 
 from observatory import settings
 from observatory.commands import common_options
-from observatory.commands.output import FORMATS, emit
-from observatory.queries.core import list_runs
+from observatory.commands.output import FORMATS, emit, emit_stream
+from observatory.queries.core import search_runs
 from observatory.store import StoreBusy, connect
 
 __all__ = ["runs", "sql", "settings_cmd"]
@@ -22,16 +22,22 @@ def _when(t: float | None) -> str | None:
 
 @click.command("runs")
 @common_options
+@click.option("--search", "text", help="Only runs whose id is TEXT or starts with it, or whose id, name, tag, ladder, "
+                                      "project or group contains each of its words (case-insensitive).")  # fmt: skip
 @click.option("--status", type=click.Choice(["running", "completed", "failed", "preempted", "killed", "crashed"]))
 @click.option("--project", "projects", multiple=True, help="Only runs of this project (repeat for several).")
 @click.option("--group", "groups", multiple=True, help="Only runs of this group (repeat for several).")
+@click.option("--limit", type=click.IntRange(min=0), help="At most this many runs (newest first).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), help="Write to this file instead of stdout.")
-def runs(runs_dir, db, status, projects, groups, fmt, out):
-    """List runs with their status (a run silent for stale_after_s without run_end is `crashed`)."""
+def runs(runs_dir, db, text, status, projects, groups, limit, fmt, out):
+    """List runs with their status, newest first (a run silent for stale_after_s without run_end is `crashed`).
+
+    The search runs in the store (a lab's 10^5 runs are not loaded to find one); csv and json are
+    written as the rows come, a thousand at a time."""
     try:
-        with connect(db) as con:
-            rows = list_runs(con, status=status, projects=projects, groups=groups)
+        with connect(db) as con:  # one unit of work: the rows are fetched, then written with the store closed
+            rows = search_runs(con, text, status, projects, groups, limit=limit)
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     if fmt == "table":
@@ -53,6 +59,9 @@ def runs(runs_dir, db, status, projects, groups, fmt, out):
             for r in rows
         ]
         emit(cols, data, fmt, out, title=f"{len(rows)} run(s) in {db}")
+    elif fmt in ("csv", "json"):
+        cols = list(rows[0]) if rows else ["run", "status"]
+        emit_stream(cols, (tuple(r[c] for c in cols) for r in rows), fmt, out)
     else:
         cols = list(rows[0]) if rows else ["run", "status"]
         emit(cols, [tuple(r[c] for c in cols) for r in rows], fmt, out)

@@ -9,25 +9,31 @@ from observatory.dashboard.cache import query_all
 from observatory.queries import core
 from observatory.queries import dashboard as qd
 
-__all__ = ["runs_table", "runs_calls", "is_running", "ago"]
+__all__ = ["PAGE", "runs_table", "runs_calls", "run_row", "is_running", "ago"]
+
+PAGE = 50  # runs a table page or a picker shows at once: a lab's 10^5 runs are searched, not listed
 
 
-def runs_calls() -> tuple[tuple, ...]:
-    """The run table's queries, for a page that batches them with its own on one connection.
+def runs_calls(search: str | None = None, status=None, projects=(), groups=(), ladders=(), tags=(), limit: int = PAGE,
+               offset: int = 0, runs=None, name: str | None = None) -> tuple[tuple, ...]:  # fmt: skip
+    """The run table's query, for a page that batches it with its own on one connection.
 
-    `core.list_runs` is the one definition of a run's status (a silent run without
-    run_end is `crashed`) for the CLI and the dashboard.
+    `core.search_runs` is the one run search (server-side: a page never loads every run) and the one
+    definition of a run's status (a silent run without run_end is `crashed`) for the CLI and the dashboard.
     """
-    return ((core.list_runs,), (qd.runs_extras,))
+    return ((core.search_runs, search, status, list(projects), list(groups), list(ladders), list(tags), limit, offset,
+             None, None if runs is None else list(runs), name),)  # fmt: skip
 
 
-def runs_table(keep_fresh: bool = False) -> list[dict[str, Any]]:
-    """Every run as a dict: run, name, status (crashed when stale), last_step, steps, progress,
-    last_loss, tokens, ladder, tags, project, group, start_time, last_event_t, parent, redactions; newest first.
-    `keep_fresh`: the cache's keeper refills these queries after each commit while they are asked for."""
-
-    rows, extras = query_all(*runs_calls(), keep_fresh=keep_fresh)
-    extras = {r["run"]: r for r in extras.to_dicts()}
+def runs_table(keep_fresh: bool = False, **search: Any) -> list[dict[str, Any]]:
+    """A page of runs (`runs_calls`' arguments: a search, filters, `limit` and `offset`) as dicts: run, name,
+    status (crashed when stale), last_step, steps, progress, last_loss, tokens, ladder, tags, project, group,
+    start_time, last_event_t, parent, redactions; newest first. `keep_fresh`: the cache's keeper refills
+    these queries after each commit while they are asked for."""
+    (rows,) = query_all(*runs_calls(**search), keep_fresh=keep_fresh)
+    ids = [r["run"] for r in rows]
+    extras = query_all((qd.runs_extras, ids), keep_fresh=keep_fresh)[0].to_dicts() if ids else []
+    extras = {r["run"]: r for r in extras}
     out = []
     for r in rows:
         x = extras.get(r["run"], {})
@@ -56,13 +62,18 @@ def runs_table(keep_fresh: bool = False) -> list[dict[str, Any]]:
                 "redactions": x.get("redactions") or 0,
             }
         )
-    out.sort(key=lambda r: -(r["start_time"] or r["last_event_t"] or 0))
     return out
 
 
-def is_running(runs: list[dict[str, Any]], run: str) -> bool:
-    """Whether `run` is running in `runs` (a `runs_table()`): its pages refresh and are kept fresh."""
-    return next((r["status"] for r in runs if r["run"] == run), None) == "running"
+def run_row(run: str, keep_fresh: bool = False) -> dict[str, Any] | None:
+    """One run's `runs_table` row (None when the store has no such run)."""
+    rows = runs_table(keep_fresh, runs=[run], limit=1)
+    return rows[0] if rows else None
+
+
+def is_running(row: dict[str, Any] | None) -> bool:
+    """Whether a run (its `runs_table` row) is running: its pages refresh and are kept fresh."""
+    return row is not None and row["status"] == "running"
 
 
 def ago(t: float | None, now: float | None = None) -> str:

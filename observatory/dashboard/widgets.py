@@ -22,6 +22,8 @@ import streamlit as st
 from _plotly_utils.utils import is_homogeneous_array, is_skipped_key, to_typed_array_spec  # plotly's own
 
 from observatory.dashboard.cache import StoreBusy, derive, query
+from observatory.dashboard.runs_table import PAGE, run_row, runs_table
+from observatory.events import RUN_ID_RE
 from observatory.markup import md_escape
 
 __all__ = ["page_opening", "pick_run", "requested_window", "step_window", "show_chart", "wire_figure"]
@@ -41,27 +43,33 @@ def page_opening(title: str, caption: str, fn: Callable, *args) -> Any | None:
         return None
 
 
-def pick_run(
-    runs: list[dict[str, Any]], label: str = "Run", key: str = "run", prefer_running: bool = True
-) -> str | None:
-    """A run selectbox bound to the `?run=` query parameter (deep link in, deep link out)."""
-    if not runs:
-        st.info("No runs in the store yet. Start one with `trainer train` and `observatory ingest --follow`.")
-        return None
-    ids = [r["run"] for r in runs]
+def pick_run(label: str = "Run", key: str = "run", prefer_running: bool = True) -> str | None:
+    """A run picker bound to the `?run=` query parameter (deep link in, deep link out): a search box (the
+    server-side run search, `core.search_runs`: id, prefix, name, tag, project, group) and a selectbox of
+    at most `PAGE` matching runs, newest first (running ones first with `prefer_running`); a deep-linked
+    run is among them when the store has it. Never a list of every run: a lab has 10^5."""
     wanted = st.query_params.get(key)
-    if wanted not in ids:
-        running = [r["run"] for r in runs if r["status"] == "running"] if prefer_running else []
-        wanted = (running or ids)[0]
-    status = {r["run"]: r["status"] for r in runs}
-    choice = st.selectbox(
-        label,
-        ids,
-        index=ids.index(wanted),
-        key=f"pick_{key}",
-        format_func=lambda r: f"{r}  ·  {status[r]}",
-    )
-    if st.query_params.get(key) != choice:
+    if wanted is not None and not RUN_ID_RE.fullmatch(wanted):
+        st.caption(f"Ignored `?{key}=`: not a run id (letters, digits, `.`, `_`, `-`; at most 128).")
+        wanted = None
+    c1, c2 = st.columns([1, 2])
+    text = c1.text_input(f"Find a {label.lower()}", key=f"pick_{key}_q", placeholder="id, prefix, name, tag, project")
+    rows = runs_table(search=text.strip() or None, status=["running"] if prefer_running and not text else None)
+    if prefer_running and not text:  # running runs first, then the newest others
+        rows += [r for r in runs_table() if r["status"] != "running"]
+        rows = rows[:PAGE]
+    if wanted and not text.strip() and wanted not in {r["run"] for r in rows}:  # the link's run, unless searching
+        row = run_row(wanted)
+        rows = ([row] if row is not None else []) + rows
+    if not rows:
+        st.info(f"No run matches {text!r}." if text.strip() else
+                "No runs in the store yet. Start one with `trainer train` and `observatory ingest --follow`.")  # fmt: skip
+        return None
+    ids = [r["run"] for r in rows]
+    status = {r["run"]: r["status"] for r in rows}
+    choice = c2.selectbox(label, ids, index=ids.index(wanted) if wanted in ids else 0, key=f"pick_{key}",
+                          format_func=lambda r: f"{r}  ·  {status[r]}")  # fmt: skip
+    if choice is not None and st.query_params.get(key) != choice:
         st.query_params[key] = choice
     return choice
 

@@ -318,9 +318,9 @@ def forecasts(con, run: str) -> list[dict[str, Any]]:
     return [dict(json.loads(d) if isinstance(d, str) else (d or {}), _step=s, _t=t) for s, t, d in rows]
 
 
-def runs_extras(con) -> pl.DataFrame:
-    """Per run: planned steps (config `steps` or `train.steps`), last loss, tokens seen, last metric step/time,
-    values redacted at ingest."""
+def runs_extras(con, runs: list[str]) -> pl.DataFrame:
+    """Per run of `runs` (a page of them, never every run): planned steps (config `steps` or `train.steps`),
+    last loss, tokens seen, last metric step/time, values redacted at ingest."""
     return _frame(
         con,
         """
@@ -329,15 +329,15 @@ def runs_extras(con) -> pl.DataFrame:
                    max(last_value) FILTER (WHERE name = 'train/loss') AS last_loss,
                    max(last_value) FILTER (WHERE name = 'data/tokens') AS tokens,
                    max(last_step) AS last_metric_step, max(last_t) AS last_metric_t
-            FROM metric_series GROUP BY run
+            FROM metric_series WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
         )
         SELECT r.run,
                coalesce(TRY_CAST(r.config->>'$.steps' AS BIGINT), TRY_CAST(r.config->>'$.train.steps' AS BIGINT),
                         TRY_CAST(r.config->>'$.trainer.steps' AS BIGINT)) AS planned_steps,
                m.last_loss, m.tokens, m.last_metric_step, m.last_metric_t, r.redactions
-        FROM runs r LEFT JOIN m USING (run)
+        FROM runs r LEFT JOIN m USING (run) WHERE r.run IN (SELECT unnest($runs::VARCHAR[]))
         """,
-        [],
+        {"runs": list(runs)},
     )
 
 

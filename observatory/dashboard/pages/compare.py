@@ -18,6 +18,7 @@ from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.charts import series_figure
 from observatory.dashboard.runs_table import runs_table
 from observatory.dashboard.widgets import requested_window, show_chart, step_window
+from observatory.events import RUN_ID_RE
 from observatory.lineage import Lineage
 from observatory.markup import md_escape
 from observatory.queries import dashboard as qd
@@ -181,14 +182,18 @@ def lineage_graph(tree: list[dict], current: str) -> go.Figure:
 
 def render() -> None:
     st.title("Compare")
-    runs = runs_table()
-    if not runs:
-        st.info("No runs in the store yet.")
-        return
-    ids = [r["run"] for r in runs]
     qp = st.query_params
-    wanted = [r for r in (qp.get("runs") or "").split(",") if r in ids] or ids[:2]
-    chosen = st.multiselect("Runs", ids, default=wanted, key="compare_runs")
+    # the runs the link names that the store has, then a search (server-side: a lab has 10^5 runs) to add more
+    linked = [r for r in (qp.get("runs") or "").split(",") if RUN_ID_RE.fullmatch(r)][:20]
+    linked = [r["run"] for r in runs_table(runs=linked, limit=20)] if linked else []
+    c1, c2 = st.columns([1, 3])
+    text = c1.text_input("Find runs", key="compare_q", placeholder="id, prefix, name, tag, project")
+    found = [r["run"] for r in runs_table(search=text.strip() or None)]
+    if not found and not linked:
+        st.info(f"No run matches {text!r}." if text.strip() else "No runs in the store yet.")
+        return
+    ids = list(dict.fromkeys([*linked, *st.session_state.get("compare_runs", []), *found]))
+    chosen = c2.multiselect("Runs", ids, default=linked or found[:2], key="compare_runs")
     if ",".join(chosen) != qp.get("runs", ""):
         qp["runs"] = ",".join(chosen)
     if not chosen:
@@ -235,10 +240,8 @@ def render() -> None:
             _overlay(chosen, metric, x, smoothing)
     with tab_diff:
         c1, c2 = st.columns(2)
-        a = c1.selectbox("Run A", ids, index=ids.index(chosen[0]), key="compare_a")
-        b = c2.selectbox(
-            "Run B", ids, index=ids.index(chosen[1] if len(chosen) > 1 else chosen[0]), key="compare_b"
-        )
+        a = c1.selectbox("Run A", chosen, index=0, key="compare_a")
+        b = c2.selectbox("Run B", chosen, index=min(1, len(chosen) - 1), key="compare_b")
         configs = query(qd.run_configs, [a, b])
         rows = config_diff(configs.get(a, {}), configs.get(b, {}))
         if a == b:
@@ -246,7 +249,7 @@ def render() -> None:
         elif not rows:
             st.success("Same config (every key equal).")
         else:
-            hidden = {r["run"]: r["redactions"] for r in runs_table()}
+            hidden = {r["run"]: r["redactions"] for r in runs_table(runs=[a, b])}
             notes = [f"{r}: {redacted_note(hidden[r])}" for r in (a, b) if hidden.get(r)]
             st.caption(f"{len(rows)} keys differ." + "".join(f" {md_escape(n)}." for n in notes))
             st.dataframe(pl.DataFrame(rows).rename({"a": a, "b": b}), hide_index=True, key="compare_diff")

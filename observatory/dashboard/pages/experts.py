@@ -21,7 +21,7 @@ import streamlit as st
 
 from observatory.dashboard.cache import derive, query_all
 from observatory.dashboard.charts import expert_heatmap, layer_band, layer_heatmap, scatter
-from observatory.dashboard.runs_table import is_running, runs_calls, runs_table
+from observatory.dashboard.runs_table import is_running, run_row, runs_calls
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.detect.thresholds import Thresholds
 from observatory.queries import experts as qe
@@ -213,16 +213,15 @@ def render() -> None:
     st.title("Experts")
     wanted = st.query_params.get("run")
     if wanted:  # a deep link: the run list and this run's view on one connection
-        query_all(*runs_calls(), _view_call(wanted))
-    runs = runs_table()
-    run = pick_run(runs)
+        query_all(*runs_calls(runs=[wanted], limit=1), _view_call(wanted))
+    run = pick_run()
     if run is None:
         return
     wkey = f"experts_window_{run}"
     # a running run's view is kept fresh in the background while viewers keep asking for it (as the
     # Live panel's is: the keeper refills both on one connection after each commit), so a viewer
     # arriving after a commit finds it filled rather than waits for the store
-    live = is_running(runs, run)
+    live = is_running(run_row(run))
     view = query_all(_view_call(run), keep_fresh=live)[0]
     if view is None:
         st.info("This run logged no `expert_load` events.")

@@ -30,7 +30,7 @@ from observatory.dashboard.after_paint import after_first_paint
 from observatory.dashboard.cache import derive, query, query_all
 from observatory.dashboard.charts import add_markers, band, layer_band, scatter, series_figure
 from observatory.dashboard.run_details import render_details
-from observatory.dashboard.runs_table import ago, is_running, runs_calls, runs_table
+from observatory.dashboard.runs_table import PAGE, ago, is_running, run_row, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.markup import md_escape
 from observatory.queries import dashboard as qd
@@ -211,7 +211,7 @@ def _status(run: str, live: bool = False) -> None:
     """The banner (crashed, failed, preempted, stale) and the status line: its own fragment, refreshed
     every `STATUS_S` while the run is live, from the cached run table (kept fresh by the cache's keeper).
     When a live run ends, the whole page reruns once, as a finished run's page without timers."""
-    row = next((r for r in runs_table(keep_fresh=live) if r["run"] == run), None)
+    row = run_row(run, keep_fresh=live)
     if row is None:
         st.warning(f"Run {md_escape(repr(run))} is not in the store.")
         return
@@ -225,10 +225,11 @@ def _status(run: str, live: bool = False) -> None:
 def _panel(run: str, live: bool = False) -> None:
     # one connection for the whole refresh: the run list, the window's series, markers, evals, forecasts;
     # a live run's is kept fresh in the background while viewers watch it, so no refresh waits for it
-    batch = query_all(*runs_calls(), *panel_calls(run), keep_fresh=live)
-    view, all_marks, evals, fcs = batch[len(runs_calls()) :]
-    rows = {r["run"]: r for r in runs_table()}  # from the batch above
-    if rows.get(run) is None:
+    calls = runs_calls(runs=[run], limit=1)
+    batch = query_all(*calls, *panel_calls(run), keep_fresh=live)
+    view, all_marks, evals, fcs = batch[len(calls) :]
+    me = run_row(run, keep_fresh=live)  # from the batch above
+    if me is None:
         return  # the status line above says so
     wkey = f"live_window_{run}"
     if view["extent"] is None:
@@ -239,7 +240,7 @@ def _panel(run: str, live: bool = False) -> None:
     # the figures are pure functions of the shared cached results: built once for all viewers
     loss_name = derive(_loss_name, view)
     if loss_name is not None:
-        prev = previous_run(list(rows.values()), run)
+        prev = previous_run(runs_table(name=me["name"], limit=PAGE), run)  # the runs of its name
         pd_ = query(qd.downsample, prev, [loss_name], lo, hi, 1000) if prev is not None else None
         fig = derive(loss_figure, view, all_marks, evals, fcs, prev, pd_, smoothing)
         show_chart(fig, key=f"live_loss_{run}", window_key=wkey)
@@ -372,13 +373,12 @@ def render() -> None:
     st.title("Live run")
     wanted = st.query_params.get("run")
     if wanted:  # a deep link: fetch the run list and the panel's data on one connection
-        query_all(*runs_calls(), *panel_calls(wanted))
-    runs = runs_table()
+        query_all(*runs_calls(runs=[wanted], limit=1), *panel_calls(wanted))
     with st.columns([3, 1])[0]:  # a run picker three quarters wide
-        run = pick_run(runs)
+        run = pick_run()
     if run is None:
         return
-    live = is_running(runs, run)
+    live = is_running(run_row(run))
     st.caption(f"Refreshing every {REFRESH_S} s (the status line every {STATUS_S:g} s)." if live
                else "Not running: shown as of its last event.")  # fmt: skip
     # only the status line and the panel refresh, each at its own pace; a finished run does not poll

@@ -11,10 +11,8 @@ import streamlit as st
 
 from observatory import report
 from observatory.dashboard.cache import StoreBusy, query
-from observatory.dashboard.widgets import page_opening, pick_run
-from observatory.events import OBSERVATORY_HOST
+from observatory.dashboard.widgets import pick_run
 from observatory.markup import md_escape
-from observatory.queries import report as q
 from observatory.report import render_html
 
 
@@ -24,25 +22,11 @@ def _report(con, run: str) -> dict:
     return {"status": rep.status, "story": rep.story, "html": render_html(rep)}
 
 
-def _runs(con) -> list[dict]:
-    """Runs with the status a report would give them (crashed when their writers went silent)."""
-    out = []
-    for r in q.report_runs(con):
-        info = {**r, "end_time": None, "writer_t": q.last_writer_t(con, r["run"], OBSERVATORY_HOST)}
-        out.append({"run": r["run"], "status": report.effective_status(info)})
-    return out
-
-
 def render() -> None:
-    runs = page_opening(
-        "Reports",
-        "A post-mortem of one run: what happened and when, with figures. "
-        "The same report from the command line: `observatory report RUN --format html|md|pdf`.",
-        _runs,
-    )
-    if runs is None:
-        return
-    run = pick_run(runs, prefer_running=False)
+    st.title("Reports")
+    st.caption("A post-mortem of one run: what happened and when, with figures. "
+               "The same report from the command line: `observatory report RUN --format html|md|pdf`.")  # fmt: skip
+    run = pick_run(prefer_running=False)
     if run is None:
         return
     try:

@@ -1,7 +1,8 @@
-"""Runs: every run with its status, progress, last loss, tokens, ladder and tags; search and filters.
+"""Runs: the runs with their status, progress, last loss, tokens, ladder and tags; search, filters, pages.
 
-Filters live in the URL (`?q=...&status=running&project=mnist&group=sweep-1`) so a filtered
-view is a link. The project and group filters appear once some run has a project or a group
+Search, filters and paging run in the store (`core.search_runs`, `count_runs`, `run_facets`): a page
+shows `PAGE` runs however many the lab has (10^5). They live in the URL
+(`?q=...&status=running&project=mnist&group=sweep-1&page=2`) so a filtered view is a link. The project and group filters appear once some run has a project or a group
 (wandb's `init(project=, group=)`). A run's name links to its Live page (`live?run=ID`).
 "Group by ladder" (`?by=ladder`) shows each ladder's runs together: a line per rung (seeds,
 mean and spread of the last loss) and the runs with their rung and seed.
@@ -15,51 +16,26 @@ import time
 import polars as pl
 import streamlit as st
 
-from observatory.dashboard.cache import query_all
-from observatory.dashboard.runs_table import ago, runs_table
+from observatory.dashboard.cache import query, query_all
+from observatory.dashboard.runs_table import PAGE, ago, runs_table
+from observatory.queries import core
 from observatory.queries import ladder as ql
 
 STATUSES = ("running", "completed", "failed", "crashed", "preempted", "killed")
 
 
-def filter_runs(
-    runs: list[dict], text: str = "", statuses=(), ladders=(), tags=(), projects=(), groups=()
-) -> list[dict]:
-    """Runs matching a free-text search (run id, name, tags, ladder, project, group) and the chosen facets."""
-    text = text.strip().lower()
-    out = []
-    for r in runs:
-        words = [r["run"], r["name"] or "", r["ladder"] or "", r.get("project") or "", r.get("group") or ""]
-        hay = " ".join([*words, *r["tags"]]).lower()
-        if text and not all(w in hay for w in text.split()):
-            continue
-        if statuses and r["status"] not in statuses:
-            continue
-        if ladders and (r["ladder"] or "").split(" / ")[0] not in ladders:
-            continue
-        if tags and not set(tags) & set(r["tags"]):
-            continue
-        if projects and r.get("project") not in projects:
-            continue
-        if groups and r.get("group") not in groups:
-            continue
-        out.append(r)
-    return out
-
-
 def render() -> None:
     st.title("Runs")
-    runs = runs_table()
-    if not runs:
+    facets = query(core.run_facets)
+    if not facets["total"]:
         st.info("No runs in the store yet. Start one with `trainer train` and `observatory ingest --follow`.")
         return
-    counts = {s: sum(r["status"] == s for r in runs) for s in STATUSES}
-    st.caption(" · ".join(f"{n} {s}" for s, n in counts.items() if n))
+    st.caption(" · ".join(f"{n:,} {s}" for s, n in sorted(facets["status"].items(), key=lambda x: -x[1])))
 
     qp = st.query_params
     c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
     text = c1.text_input(
-        "Search", value=qp.get("q", ""), placeholder="run id, name, tag, ladder", key="runs_q"
+        "Search", value=qp.get("q", ""), placeholder="run id or prefix, name, tag, ladder, project, group", key="runs_q"
     )
     statuses = c2.multiselect(
         "Status",
@@ -67,10 +43,8 @@ def render() -> None:
         default=[s for s in qp.get_all("status") if s in STATUSES],
         key="runs_status",
     )
-    ladder_names = sorted({r["ladder"].split(" / ")[0] for r in runs if r["ladder"]})
-    ladders = c3.multiselect("Ladder", ladder_names, key="runs_ladder")
-    all_tags = sorted({t for r in runs for t in r["tags"]})
-    tags = c4.multiselect("Tags", all_tags, key="runs_tags")
+    ladders = c3.multiselect("Ladder", facets["ladders"], key="runs_ladder")
+    tags = c4.multiselect("Tags", facets["tags"], key="runs_tags")
     if text != qp.get("q", ""):
         if text:
             qp["q"] = text
@@ -78,11 +52,15 @@ def render() -> None:
             del qp["q"]
     if statuses != qp.get_all("status"):
         qp["status"] = statuses
-    projects, groups = _lab_filters(runs)
-
-    shown = filter_runs(runs, text, statuses, ladders, tags, projects, groups)
-    grouped = bool(ladder_names) and st.toggle(
-        "Group by ladder", value=qp.get("by") == "ladder", key="runs_group",
+    projects, groups = _lab_filters(facets)
+    search = {"search": text.strip() or None, "status": statuses or None, "projects": projects, "groups": groups,
+              "ladders": ladders, "tags": tags}  # fmt: skip
+    total = query(core.count_runs, search["search"], statuses or None, projects, groups, ladders, tags)
+    pages = max(1, -(-total // PAGE))
+    page = _page(pages)
+    shown = runs_table(**search, limit=PAGE, offset=(page - 1) * PAGE)
+    grouped = bool(facets["ladders"]) and st.toggle(
+        "Group by ladder", value=qp.get("by") == "ladder", key="runs_by_ladder",
         help="each ladder's runs together, with their rung and seed",
     )  # fmt: skip
     if grouped != (qp.get("by") == "ladder"):
@@ -90,14 +68,37 @@ def render() -> None:
             qp["by"] = "ladder"
         else:
             del qp["by"]
-    st.write(f"{len(shown)} of {len(runs)} runs")
+    first = (page - 1) * PAGE
+    st.write(f"{first + 1:,}–{first + len(shown):,} of {total:,} runs" if shown else f"0 of {facets['total']:,} runs")
     if not shown:
         st.info("No run matches these filters.")
         return
     if grouped:
         _by_ladder(shown)
+    else:
+        _table(shown, key="runs_table")
+    _pager(page, pages)
+
+
+def _page(pages: int) -> int:
+    """The page shown (`?page=N`, 1-based), a bad or out-of-range value taken as the nearest page."""
+    raw = st.query_params.get("page", "1")
+    page = int(raw) if raw.isdigit() and len(raw) < 10 else 1
+    return min(max(page, 1), pages)
+
+
+def _pager(page: int, pages: int) -> None:
+    """Previous / next buttons under the table (the page lives in `?page=`)."""
+    if pages <= 1:
         return
-    _table(shown, key="runs_table")
+    c1, c2, c3 = st.columns([1, 2, 1])
+    if c1.button("← Previous", disabled=page <= 1, key="runs_prev"):
+        st.query_params["page"] = str(page - 1)
+        st.rerun()
+    c2.caption(f"page {page:,} of {pages:,}")
+    if c3.button("Next →", disabled=page >= pages, key="runs_next"):
+        st.query_params["page"] = str(page + 1)
+        st.rerun()
 
 
 def ladder_groups(shown: list[dict], ladder_runs: dict[str, list[dict]]) -> list[dict]:
@@ -214,13 +215,13 @@ def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
     )
 
 
-def _lab_filters(runs: list[dict]) -> tuple[list[str], list[str]]:
-    """The Project and Group multiselects, synced with `?project=` and `?group=`; each shown when some run has one."""
+def _lab_filters(facets: dict) -> tuple[list[str], list[str]]:
+    """The Project and Group multiselects, synced with `?project=` and `?group=`; each shown when some run has one
+    (their choices: the most used, `core.run_facets`)."""
     qp = st.query_params
-    facets = {label: sorted({r[label] for r in runs if r[label]}) for label in ("project", "group")}
-    facets = {label: values for label, values in facets.items() if values}
+    offered = {label: facets[f"{label}s"] for label in ("project", "group") if facets[f"{label}s"]}
     chosen: dict[str, list[str]] = {"project": [], "group": []}
-    for col, (label, values) in zip(st.columns(4)[: len(facets)], facets.items(), strict=False):
+    for col, (label, values) in zip(st.columns(4)[: len(offered)], offered.items(), strict=False):
         chosen[label] = col.multiselect(
             label.capitalize(),
             values,
