@@ -1,7 +1,6 @@
 """The event log format, version 1: one schema, declared once.
 
-`shared/EVENTS.md` (and the README's copy) is the public contract; this module is
-its executable form. The writer, the validator used by ingest, the DuckDB DDL in
+`docs/events.md` is the public contract; this module is its executable form. The writer, the validator used by ingest, the DuckDB DDL in
 `store.py` and the docs test all follow from `KINDS` below.
 
 An event on disk is one JSON object per line::
@@ -28,6 +27,7 @@ __all__ = [
     "KINDS",
     "KIND_NAMES",
     "STATUSES",
+    "PHASES",
     "OBSERVATORY_HOST",
     "ValidationError",
     "Kind",
@@ -47,6 +47,8 @@ RUN_ID_RE = re.compile(r"^(?!\.\.?$)[A-Za-z0-9._-]{1,128}$")  # "." and ".." are
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf}
 OBSERVATORY_HOST = 1000  # host id of events the observatory itself writes (forecasts, anomalies, decisions)
 STATUSES = ("completed", "failed", "preempted", "killed")
+PHASES = ("init", "compile", "train", "eval", "checkpoint", "shutdown")
+ALERT_STATES = ("open", "resolved")
 SEVERITIES = ("info", "warn", "critical")
 
 
@@ -149,6 +151,22 @@ artifact: A file the run produced: a config, an HLO dump, a checkpoint manifest.
     path str!: where it lives
     bytes int: size on disk
     digest str: content digest
+phase: A process enters a phase of its life; with `attempt`, which restart it belongs to.
+    phase str!: init, compile, train, eval, checkpoint or shutdown
+    attempt int!: the restart attempt this process belongs to: 0 first, +1 for each resume
+    budget_s number: how long this phase may take before it counts as a hang
+heartbeat: A living process's pulse, every heartbeat_s: its phase, step and host telemetry (a flat map of numbers).
+    phase str: the phase it is in
+    step int: the step it is at
+alert: An alert rule opened or resolved; written by the observatory (host 1000).
+    rule str!: the rule that fired
+    state str!: open or resolved
+    severity str!: info, warn or critical
+    message str!: what fired
+    finding object: the anomaly it came from, if any
+    host int: the host it concerns
+    attempt int: the restart attempt it concerns
+    channels str_list: where it was sent, without secrets
 run_end: A run ended.
     status str!: completed, failed, preempted or killed
     final_step int: last optimizer step
@@ -285,8 +303,20 @@ def validate_data(kind: str, data: dict) -> None:
         raise ValidationError("data.bucket_limits", "needs one more edge than bucket_counts has counts")
     elif kind == "run_end" and data["status"] not in STATUSES:
         raise ValidationError("data.status", f"must be one of {', '.join(STATUSES)}")
-    elif kind == "anomaly" and data["severity"] not in SEVERITIES:
+    elif kind in ("anomaly", "alert") and data["severity"] not in SEVERITIES:
         raise ValidationError("data.severity", f"must be one of {', '.join(SEVERITIES)}")
+    if kind == "phase" and data["phase"] not in PHASES:
+        raise ValidationError("data.phase", f"must be one of {', '.join(PHASES)}")
+    elif kind == "phase" and data["attempt"] < 0:
+        raise ValidationError("data.attempt", "must be >= 0")
+    elif kind == "alert" and data["state"] not in ALERT_STATES:
+        raise ValidationError("data.state", f"must be one of {', '.join(ALERT_STATES)}")
+    elif kind == "heartbeat":
+        for name, value in data.items():
+            if not name:
+                raise ValidationError("data", "heartbeat has an empty telemetry name")
+            if name not in ("phase", "step") and decode_number(value) is None:
+                raise ValidationError(f"data.{name}", f"telemetry value must be a number, got {value!r:.60}")
 
 
 def validate_event(ev: Any, *, run_folder: str | None = None, host: int | None = None) -> dict:
@@ -382,6 +412,11 @@ def _describe(kind: str, d: dict) -> str:
         return f"forecast {d.get('metric')} = {fmt_value(d.get('value'))} at step {d.get('target_step', '-')}"
     if kind == "note":
         return str(d.get("text", ""))
+    if kind == "phase":
+        budget = f" (budget {fmt_value(d['budget_s'])} s)" if d.get("budget_s") is not None else ""
+        return f"{d.get('phase', '?')}, attempt {d.get('attempt', '?')}{budget}"
+    if kind == "alert":
+        return f"[{d.get('severity', '?')}] {d.get('rule', '?')} {d.get('state', '?')}: {d.get('message', '')}"
     if kind == "artifact":
         size = f" ({d['bytes'] / 1e6:.1f} MB)" if isinstance(d.get("bytes"), (int, float)) else ""
         return f"{d.get('type', '?')} {d.get('name', '?')}: {d.get('path', '?')}{size}"

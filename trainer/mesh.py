@@ -1,6 +1,6 @@
 """The ('data', 'expert') device mesh and the shardings the trainer puts arrays on.
 
-Layout (see shared/ARCHITECTURE.md, decision 4):
+Layout:
 
 - tokens ``[B, T]`` are split over BOTH axes on the batch dimension (every device holds
   ``B / (data * expert)`` whole sequences), so expert parallelism does not cost data parallelism;

@@ -1,7 +1,7 @@
 """Interop: import Weights & Biases and TensorBoard runs, mirror to W&B, export our runs.
 
 Importers turn another tool's run into OUR event log (one `events.0.jsonl` per run, see
-`shared/EVENTS.md`) and then ingest it like any other run, so everything downstream (runs
+`docs/events.md`) and then ingest it like any other run, so everything downstream (runs
 list, dashboard, reports) sees imported runs exactly as it sees our own.
 
 Why importers do not go through `observatory.init`: the live writer stamps `t` with the
