@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from observatory.commands import (
+    alerts,
     dashboard,
     decide,
     detect,
@@ -34,6 +35,8 @@ COMMANDS: dict[str, click.Command] = {
     "lineage": decide.lineage,
     "detect": detect.detect,
     "report": report.report,
+    "alerts": alerts.alerts,
+    "metrics": alerts.metrics,
     "import": interop.import_group,
     "export": interop.export,
     "simulate": simulate.simulate,
@@ -51,6 +54,8 @@ HELP = {
     "lineage": "Show a run's lineage (parents through forks and resumes).",
     "detect": "Run the instability detectors over stored runs.",
     "report": "Write a post-mortem report for a run.",
+    "alerts": "Alerts: list open ones, evaluate now, silence, disable or enable a rule, test the channels.",
+    "metrics": "Serve each live run's health at /metrics for Prometheus.",
     "import": "Import runs from Weights & Biases or TensorBoard.",
     "export": "Export a run's events as parquet, csv or jsonl, or the store as partitioned Parquet.",
     "simulate": "Write synthetic runs shaped like the 535B reference run (or tiny, or a ladder).",

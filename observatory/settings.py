@@ -93,6 +93,11 @@ SETTINGS: dict[str, Setting] = {
         Setting("anomaly_throughput_drop", 0.5, "throughput drop: flag below this fraction of the trailing median"),
         Setting("anomaly_throughput_steps", 5, "throughput drop: consecutive logged steps it must last"),
         Setting("anomaly_stall_s", 300.0, "stalled run: seconds without events (and no run_end) to flag"),
+        Setting("alerts_file", "data/alerts.yaml", "alert rules, channels, silences and disabled rules (YAML; `observatory alerts`)"),
+        Setting("alert_horizon_s", 21600.0, "alerts: a running or crashed run is watched until its writers have been silent this long", low=60.0),
+        Setting("alert_episode_steps", 200, "alerts: a finding's alert resolves once the run is this many steps past its newest finding", low=1),
+        Setting("phase_budget_s", 1800.0, "how long init, compile, eval or checkpoint may take before it is a stall, when the phase event gives no budget_s", low=1.0),
+        Setting("public_url", "http://localhost:8501", "the dashboard's address, for the links in alerts"),
         Setting("ladder_deviation_evals", 3, "ladder: consecutive evals outside a target's forecast band to flag"),
     )
 }

@@ -120,7 +120,7 @@ LAYERS = [
     {"observatory.findings"},
     {"observatory.store"},
     {"observatory.queries"},
-    {"observatory.detect", "observatory.ladder", "observatory.decisions"},
+    {"observatory.detect", "observatory.ladder", "observatory.decisions", "observatory.alerts"},
     {"observatory.ingest"},
     {"observatory.report", "observatory.interop", "observatory.lineage", "observatory.markup"},
     {"observatory.dashboard", "observatory.integrations"},

@@ -152,8 +152,8 @@ def test_traceback_flag_shows_the_traceback(tmp_path):
 # ------------------------------------------------------------------ one set of store flags
 
 
-# commands that neither read nor write a store or a runs dir
-NO_STORE = {"observatory settings"}
+# commands that neither read nor write a store or a runs dir (the alerts' rules-file edits and channel test)
+NO_STORE = {"observatory settings", *(f"observatory alerts {c}" for c in ("silence", "disable", "enable", "test"))}
 LEAVES = list(docs._commands(COMMANDS))  # every command, a group's subcommands in its place
 SHARED = {p.name: p for p in click.command()(common_options(lambda **_: None)).params}
 

@@ -344,7 +344,7 @@ def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monk
     assert rep.events == 9 and q(db_path, "SELECT count(*) FROM metrics") == [(16,)]
     assert any("rollups.after_ingest failed (RuntimeError: rollup bug)" in m for m in msgs)
     assert any("anomalies.after_ingest failed: ZeroDivisionError" in m for m in msgs)
-    assert seen == [{"a"}]
+    assert seen == [{"a"}, set()]  # the batch's runs; then the clock's tick (no run: the stall check)
 
 
 def test_rows_committed_without_their_rollups_are_rolled_up_by_the_next_call(runs_dir, db_path, tmp_path):
@@ -440,6 +440,7 @@ def test_hooks_are_declared_in_one_place():
         ("anomalies", hooks.AFTER_COMMIT),
         ("ladder_watch", hooks.AFTER_COMMIT),
         ("decisions", hooks.AFTER_COMMIT),
+        ("alerts", hooks.AFTER_COMMIT),
     ]
 
 

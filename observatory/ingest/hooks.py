@@ -41,7 +41,7 @@ from observatory.ladder import watch
 from observatory.store import rollups
 
 __all__ = ["IN_TRANSACTION", "AFTER_COMMIT", "ALL_SOURCES", "Hook", "BUILTIN", "HookFailed", "run_in_transaction",
-           "run_after_commit", "save_pending", "save_pending_to"]  # fmt: skip
+           "run_after_commit", "save_pending", "save_pending_to", "ON_CLOCK"]  # fmt: skip
 
 IN_TRANSACTION = "in_transaction"
 ALL_SOURCES = {"metrics": {"*"}, "expert_load": {"*"}}  # `touched` for "look at every source's new rows"
@@ -73,12 +73,24 @@ def _decisions(con, runs_dir: Path, runs: set[str], batch: Any) -> Any:
     return decisions.after_ingest(con, runs_dir, runs)
 
 
+def _alerts(con, runs_dir: Path, runs: set[str], batch: Any) -> Any:
+    from observatory import alerts  # lazy: apprise and the rules file only when a batch or a clock tick asks
+
+    return alerts.after_ingest(con, runs_dir, runs)
+
+
 BUILTIN = (
     Hook("rollups", IN_TRANSACTION, _rollups),  # observatory.store.rollups.after_ingest
     Hook("anomalies", AFTER_COMMIT, _anomalies),  # observatory.detect.scan.after_ingest
     Hook("ladder_watch", AFTER_COMMIT, _ladder_watch),  # observatory.ladder.watch.after_ingest
     Hook("decisions", AFTER_COMMIT, _decisions),  # observatory.decisions.after_ingest
+    Hook("alerts", AFTER_COMMIT, _alerts),  # observatory.alerts.after_ingest (after the findings it reads)
 )
+
+
+# The hooks that also run on the follower's clock (every `CLOCK_S`, with no new event; `runs` empty):
+# the detectors' stall check and the alerts, whose conditions change with time alone.
+ON_CLOCK = ("anomalies", "alerts")
 
 
 class HookFailed(Exception):
@@ -103,13 +115,14 @@ def run_in_transaction(con, touched: Mapping[str, set[str]], skip: set[str]) -> 
 
 
 def run_after_commit(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[str], None],
-                     batch: Any = None) -> set[str]:  # fmt: skip
+                     batch: Any = None, only: tuple[str, ...] | None = None) -> set[str]:  # fmt: skip
     """The after-commit hooks on `runs`, in order, on one read-only connection; the names of those that
-    wrote events. `batch`: the committed batch (`model.Batch`: where its rows began), or None."""
+    wrote events. `batch`: the committed batch (`model.Batch`: where its rows began), or None. `only`:
+    these hooks alone (`ON_CLOCK`: the follower's clock ticks with no batch)."""
     wrote = set()
     with store.connect(db) as shared:  # read-only: see the module doc
         for hook in BUILTIN:
-            if hook.point != AFTER_COMMIT:
+            if hook.point != AFTER_COMMIT or (only is not None and hook.name not in only):
                 continue
             try:
                 if hook.call(shared, runs_dir, set(runs), batch):

@@ -45,6 +45,7 @@ from observatory.ingest.runs import mark_crashed, update_runs
 __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]
 
 BATCH_BYTES = 32 << 20  # input bytes per write transaction: keeps each lock hold well under a second or two
+CLOCK_S = 5.0  # how often the hooks of `hooks.ON_CLOCK` run with no new event (a silent run is found within it)
 
 
 @dataclass
@@ -88,6 +89,7 @@ class Follower:
         self.skip: set[str] = set()  # files that cannot be ingested (until the next `ingest` call)
         self.off: set[str] = set()  # in-transaction hooks that failed: batches run without them
         self.last_crash_check = 0.0
+        self.last_clock = 0.0  # when the clock's hooks last ran (`hooks.ON_CLOCK`)
         self.rolled_up = False  # whether a batch of this call ran the rollups over every row past their watermark
 
 
@@ -237,17 +239,24 @@ def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_
     files = fs.readable(runs_dir, fol.skip, emit)
     sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
     now = time.time()
-    if sig == fol.sig and now - fol.last_crash_check < min(5.0, settings.get("stale_after_s") / 4):
+    clock = use_hooks and now - fol.last_clock >= CLOCK_S
+    if sig == fol.sig and now - fol.last_crash_check < min(5.0, settings.get("stale_after_s") / 4) and not clock:
         return  # nothing changed on disk: do not even take the lock
     fol.last_crash_check = now
     wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit, progress=progress)
-    if wrote:
-        # the hooks wrote findings into run folders: ingest them in this call, so that one command
-        # leaves the store with everything it found (the hooks run again on this round's new
-        # activity only: the observatory's own events are not activity, so this round ends it)
-        files = fs.readable(runs_dir, fol.skip, emit)
-        sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
-        wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit, findings=True, progress=progress)
+    for tick in (False, True):
+        if tick and clock and db.exists():
+            # the clock's checks (a silent run; the alerts, over the findings just stored too), with or
+            # without new events: a run that stopped writing is found by the time, not by the next event
+            fol.last_clock = now
+            wrote |= hooks.run_after_commit(db, runs_dir, set(), emit, None, only=hooks.ON_CLOCK)
+        if wrote:
+            # the hooks wrote findings into run folders: ingest them in this call, so that one command
+            # leaves the store with everything it found (the hooks run again on this round's new
+            # activity only: the observatory's own events are not activity, so this round ends it)
+            files = fs.readable(runs_dir, fol.skip, emit)
+            sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
+            wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit, findings=True, progress=progress)
     # the files as they were when this pass read them, not a scan taken now: a writer that appended
     # meanwhile (its last flush, say) must make the next pass read, not wait for the 5 s check
     fol.sig = (sig[0], _db_sig(db))

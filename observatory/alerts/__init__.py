@@ -1,0 +1,144 @@
+"""Alerts: rules over findings and metrics, one message per episode, sent through apprise, kept as events.
+
+`evaluate` compares what fires now (`conditions.firing`) with the alerts still open (the store's
+`alert` events, and what this process wrote since) and, for each episode that begins or ends,
+sends one message to the channels (`channels.send`) and writes one `alert` event (state `open` or
+`resolved`) into the run's observatory file (host 1000), so the store stays rebuildable and the pages
+show them. It runs as ingest's after-commit hook and on the follower's clock (`ingest --follow`
+evaluates every few seconds with no new event too: a silent run is found by the clock, not by the
+next event). Rules: `observatory.alerts.rules`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from observatory import findings, settings
+from observatory.alerts import channels, rules
+from observatory.alerts.conditions import Firing, firing, live_runs
+from observatory.events import OBSERVATORY_HOST
+from observatory.store import using
+
+__all__ = ["evaluate", "after_ingest", "open_alerts", "live_link", "Firing"]
+
+# what this process wrote and the store may not hold yet: key -> "open" | "resolved"
+_written: dict[tuple, str] = {}
+
+
+def live_link(run: str, step: int | None) -> str:
+    base = settings.get("public_url").rstrip("/")
+    return f"{base}/live?run={quote(run)}" + (f"&step={step}" if step is not None else "")
+
+
+def open_alerts(con, runs: Iterable[str] | None = None) -> dict[tuple, dict]:
+    """The alerts open now, by key, from the store's `alert` events (the newest per key wins) and this
+    process's writes not yet ingested."""
+    only = "" if runs is None else "AND run IN (SELECT unnest($runs::VARCHAR[]))"
+    rows = con.execute(
+        f"""
+        SELECT run, arg_max(data, seq) FROM events
+        WHERE kind = 'alert' AND host = $host {only}
+        GROUP BY run, data->>'rule', data->>'host', data->'finding'->>'detector', data->'finding'->>'metric'
+        """,
+        {"host": OBSERVATORY_HOST} | ({} if runs is None else {"runs": sorted(runs)}),
+    ).fetchall()
+    out = {}
+    for run, data in rows:
+        d = json.loads(data) if isinstance(data, str) else data
+        f = d.get("finding") or {}
+        key = (run, d.get("rule"), d.get("host"), f.get("detector"), f.get("metric"))
+        if d.get("state") == "open":
+            out[key] = {"run": run, **d}
+    for key, state in _written.items():
+        if state == "resolved":
+            out.pop(key, None)
+    return out
+
+
+def _data(f: Firing, state: str, sent: list[str], message: str) -> dict:
+    d: dict[str, Any] = {"rule": f.rule, "state": state, "severity": f.severity, "message": message,
+                         "channels": sent}  # fmt: skip
+    if f.finding:
+        d["finding"] = f.finding
+    if f.host is not None:
+        d["host"] = f.host
+    if f.attempt is not None:
+        d["attempt"] = f.attempt
+    return d
+
+
+def _body(f: Firing, state: str, message: str) -> tuple[str, str]:
+    host = f" host {f.host}" if f.host is not None else ""
+    attempt = f" attempt {f.attempt}" if f.attempt is not None else ""
+    where = f"step {f.step}" if f.step is not None else "no step yet"
+    verb = "RESOLVED" if state == "resolved" else f.severity.upper()
+    title = f"[{verb}] {f.run}{host}: {f.rule}"
+    return title, f"{message}\nrun {f.run}{host}{attempt}, {where}\n{live_link(f.run, f.step)}"
+
+
+def evaluate(db, runs_dir, *, now: float | None = None, rule_set: rules.Rules | None = None,
+             send: bool = True) -> list[dict]:  # fmt: skip
+    """Open the episodes that began and resolve those that ended; the `alert` events written (with `run`)."""
+    now = time.time() if now is None else now
+    rule_set = rule_set or rules.load()
+    with using(db) as con:
+        opened = open_alerts(con)
+        live = live_runs(con, now, also={k[0] for k in opened})
+        fire = {f.key: f for f in firing(con, rule_set, live, now)}
+    written: list[dict] = []
+    by_run: dict[str, list[tuple[dict, int | None]]] = {}
+    for key, f in fire.items():
+        if key in opened:
+            continue
+        project = live[f.run].project
+        silenced = rule_set.silenced(f.rule, f.run, project, now)
+        title, body = _body(f, "open", f.message)
+        sent = [] if silenced or not send else channels.send(rule_set.channels, f.severity, title, body)
+        by_run.setdefault(f.run, []).append((_data(f, "open", sent, f.message), f.step))
+        _written[key] = "open"
+    for key, d in opened.items():
+        if key in fire:
+            continue
+        run = d["run"]
+        r = live.get(run)
+        f = Firing(run, d.get("rule", "?"), d.get("severity", "warn"), d.get("message", ""),
+                   r.last_step if r else None, d.get("host"), d.get("attempt"), d.get("finding"))  # fmt: skip
+        why = (
+            "the condition cleared"
+            if r is not None and r.status == "running"
+            else f"the run is {r.status if r else 'gone'}"
+        )
+        msg = f"resolved ({why}): {f.message}"
+        silenced = rule_set.silenced(f.rule, run, r.project if r else None, now)
+        title, body = _body(f, "resolved", msg)
+        sent = [] if silenced or not send else channels.send(rule_set.channels, f.severity, title, body)
+        by_run.setdefault(run, []).append((_data(f, "resolved", sent, msg), f.step))
+        _written[key] = "resolved"
+    for run, items in by_run.items():
+        if not (Path(runs_dir) / run).is_dir():
+            print(
+                f"observatory alerts: run {run} has no folder in {runs_dir}; alert not written",
+                file=sys.stderr,
+            )
+            continue
+        findings.write(runs_dir, run, "alert", items)
+        written += [{"run": run, **d} for d, _ in items]
+    return written
+
+
+def after_ingest(db, runs_dir, runs: set[str] | None = None) -> set[str]:
+    """Ingest's hook (after each batch, and on the follower's clock): evaluate; the runs written to.
+    Never raises: a bad rules file or a failed send is said on stderr and ingest goes on."""
+    try:
+        return {w["run"] for w in evaluate(db, runs_dir)}
+    except rules.RulesError as e:
+        print(f"observatory alerts: {e}", file=sys.stderr)
+    except Exception as e:
+        print(f"observatory alerts: evaluation failed: {type(e).__name__}: {e}", file=sys.stderr)
+    return set()

@@ -1,0 +1,225 @@
+"""What is firing now: each alert rule's condition over the live runs, one query per kind for all of them.
+
+The live runs are those still `running` (or `crashed`: a dead process is what a stall alert is for)
+whose own writers wrote within `alert_horizon_s`. Every condition is a `Firing` keyed by
+(run, rule, host, detector, metric): one key is one episode, opened once and resolved once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from observatory import settings
+from observatory.alerts.rules import RANK, Rule, Rules
+from observatory.events import OBSERVATORY_HOST
+
+__all__ = ["Firing", "LiveRun", "live_runs", "firing", "PHASE_BUDGETED"]
+
+PHASE_BUDGETED = ("init", "compile", "eval", "checkpoint")  # phases that may be long and are not a stall
+
+
+@dataclass(frozen=True)
+class Firing:
+    run: str
+    rule: str
+    severity: str
+    message: str
+    step: int | None = None
+    host: int | None = None
+    attempt: int | None = None
+    finding: dict | None = field(default=None, compare=False)
+
+    @property
+    def key(self) -> tuple:
+        f = self.finding or {}
+        return (self.run, self.rule, self.host, f.get("detector"), f.get("metric"))
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    run: str
+    project: str | None
+    config: Any
+    status: str
+    last_step: int | None
+    last_event_t: float | None
+    start_time: float | None
+
+
+def live_runs(con, now: float, also: set[str] = frozenset()) -> dict[str, LiveRun]:
+    """The runs the rules look at: running or crashed with an own event within `alert_horizon_s`, and `also`."""
+    rows = con.execute(
+        """
+        SELECT run, project, config, status, last_step, last_event_t, start_time FROM runs
+        WHERE (status IN ('running', 'crashed') AND coalesce(last_event_t, start_time, 0) >= $since)
+           OR run IN (SELECT unnest($also::VARCHAR[]))
+        """,
+        {"since": now - settings.get("alert_horizon_s"), "also": sorted(also)},
+    ).fetchall()
+    out = {}
+    for run, project, config, status, last_step, last_t, start in rows:
+        try:
+            cfg = json.loads(config) if isinstance(config, str) else config
+        except ValueError:
+            cfg = None
+        out[run] = LiveRun(run, project, cfg, status, last_step, last_t, start)
+    return out
+
+
+def _in(runs: list[str]) -> dict:
+    return {"runs": runs}
+
+
+def _findings(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
+    """A detector's finding at the rule's severity or above, within `alert_episode_steps` of the run's newest step:
+    one episode per (detector, metric), however many findings it holds."""
+    sevs = [s for s, r in RANK.items() if r >= RANK[rule.severity]]
+    rows = con.execute(
+        """
+        SELECT run, data->>'detector' AS det, data->>'metric' AS metric, max(step) AS step, count(*) AS n,
+               arg_max(data->>'message', seq) AS msg, arg_max(data->>'severity', seq) AS sev
+        FROM events
+        WHERE kind = 'anomaly' AND host = $host AND run IN (SELECT unnest($runs::VARCHAR[]))
+          AND data->>'severity' IN (SELECT unnest($sevs::VARCHAR[])) AND data->>'detector' <> 'stalled_run'
+        GROUP BY ALL
+        """,
+        {"host": OBSERVATORY_HOST, "sevs": sevs} | _in(sorted(runs)),
+    ).fetchall()
+    episode = settings.get("alert_episode_steps")
+    out = []
+    for run, det, metric, step, n, msg, sev in rows:
+        r = runs[run]
+        if r.status != "running" or (r.last_step or 0) - (step or 0) > episode:
+            continue
+        more = f" ({n} findings)" if n > 1 else ""
+        out.append(Firing(run, rule.name, sev if sev in RANK else rule.severity, f"{det} on {metric}: {msg}{more}",
+                          step, finding={"detector": det, "metric": metric, "step": step}))  # fmt: skip
+    return out
+
+
+def _progress(con, runs: list[str]) -> dict[str, dict]:
+    """Per run: the newest metric's time (the last step's), the newest phase (any host) and the newest attempt."""
+    out: dict[str, dict] = {r: {"progress_t": None, "phase": None} for r in runs}
+    for run, t in con.execute(
+        "SELECT run, max(last_t) FROM metric_series WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run",
+        _in(runs),
+    ).fetchall():
+        out[run]["progress_t"] = t
+    for run, host, t, phase, budget, attempt in con.execute(
+        """
+        SELECT run, arg_max(host, t), max(t), arg_max(data->>'phase', t), arg_max(TRY_CAST(data->>'budget_s' AS DOUBLE), t),
+               max(TRY_CAST(data->>'attempt' AS BIGINT))
+        FROM events WHERE kind = 'phase' AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
+        """,
+        _in(runs),
+    ).fetchall():
+        out[run]["phase"] = {"host": host, "t": t, "phase": phase, "budget_s": budget, "attempt": attempt}
+    return out
+
+
+def _stalled(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[Firing]:
+    """No new step for the rule's time, on this clock; while a process is in a budgeted phase (compile, eval,
+    checkpoint), its budget (or `phase_budget_s`) instead, counted from the phase's start."""
+    stall_s = rule.stall_s if rule.stall_s is not None else settings.get("anomaly_stall_s")
+    live = [r for r, x in runs.items() if x.status in ("running", "crashed")]
+    out = []
+    for run, p in _progress(con, live).items():
+        r, ph = runs[run], p["phase"]
+        ref, allowed, what = p["progress_t"] or r.start_time, stall_s, "no new step"
+        if ph and ph["phase"] in PHASE_BUDGETED and (p["progress_t"] is None or ph["t"] >= p["progress_t"]):
+            budget = ph["budget_s"] if ph["budget_s"] is not None else settings.get("phase_budget_s")
+            ref, allowed, what = ph["t"], max(stall_s, budget), f"still in {ph['phase']}"
+        if ref is None or now - ref <= allowed:
+            continue
+        first = p["progress_t"] is None
+        alive = r.last_event_t is not None and now - r.last_event_t < stall_s
+        why = ("its processes still send heartbeats: a hang" if alive
+               else "its processes are silent too: dead or frozen")  # fmt: skip
+        where = "before its first step" if first else f"after step {r.last_step}"
+        out.append(Firing(run, rule.name, rule.severity,
+                          f"{what} for {(now - ref) / 60:.1f} min {where} (allowed {allowed / 60:.1f} min); {why}",
+                          r.last_step, attempt=(ph or {}).get("attempt")))  # fmt: skip
+    return out
+
+
+def _frozen_hosts(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
+    """One process of a running run silent for `anomaly_stall_s` longer than its newest sibling."""
+    stall_s = settings.get("anomaly_stall_s")
+    live = sorted(r for r, x in runs.items() if x.status == "running")
+    if not live:
+        return []
+    rows = con.execute(
+        """
+        WITH last AS (
+            SELECT run, host, max(t) AS t FROM events
+            WHERE host <> $host AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY ALL
+            UNION ALL
+            SELECT run, host, max(t) FROM metrics WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY ALL
+        ), per AS (SELECT run, host, max(t) AS t FROM last GROUP BY ALL)
+        SELECT run, host, t, max(t) OVER (PARTITION BY run) AS newest, count(*) OVER (PARTITION BY run) AS n FROM per
+        """,
+        {"host": OBSERVATORY_HOST} | _in(live),
+    ).fetchall()
+    return [
+        Firing(
+            run,
+            rule.name,
+            rule.severity,
+            f"host {host} silent for {(newest - t) / 60:.1f} min while {n - 1} sibling(s) go on",
+            runs[run].last_step,
+            host=host,
+        )  # fmt: skip
+        for run, host, t, newest, n in rows
+        if n > 1 and newest - t > stall_s
+    ]
+
+
+def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
+    """The rule's metric past its limit at each of the run's last `for_steps` logged steps."""
+    live = sorted(r for r, x in runs.items() if x.status == "running")
+    if not live:
+        return []
+    rows = con.execute(
+        """
+        SELECT run, list(value ORDER BY step DESC), max(step) FROM (
+            SELECT run, step, value, row_number() OVER (PARTITION BY run ORDER BY step DESC) AS k FROM metrics
+            WHERE name = $name AND run IN (SELECT unnest($runs::VARCHAR[]))
+        ) WHERE k <= $n GROUP BY run
+        """,
+        {"name": rule.metric, "n": rule.for_steps} | _in(live),
+    ).fetchall()
+    out = []
+    for run, values, step in rows:
+        if len(values) < rule.for_steps:
+            continue
+        past = (
+            all(v > rule.above for v in values)
+            if rule.above is not None
+            else all(v < rule.below for v in values)
+        )
+        if past:
+            limit = f"above {rule.above:g}" if rule.above is not None else f"below {rule.below:g}"
+            out.append(Firing(run, rule.name, rule.severity,
+                              f"{rule.metric} {limit} for {rule.for_steps} logged step(s): now {values[0]:.4g}", step,
+                              finding={"detector": rule.name, "metric": rule.metric, "step": step}))  # fmt: skip
+    return out
+
+
+def firing(con, rules: Rules, runs: dict[str, LiveRun], now: float) -> list[Firing]:
+    """Every condition firing now, each rule over the runs it is active for."""
+    out: list[Firing] = []
+    for rule in rules.rules:
+        mine = {r: x for r, x in runs.items() if rules.active(rule, r, x.project, x.config)}
+        if not mine:
+            continue
+        if rule.kind == "findings":
+            out += _findings(con, rule, mine)
+        elif rule.kind == "stalled":
+            out += _stalled(con, rule, mine, now)
+        elif rule.kind == "frozen_host":
+            out += _frozen_hosts(con, rule, mine)
+        elif rule.kind == "metric":
+            out += _metric(con, rule, mine)
+    return out

@@ -1,0 +1,261 @@
+"""Alert rules: the default set, a lab's own rules, and who is paged for which run.
+
+A rules file (YAML, setting `alerts_file`) holds four lists, each optional::
+
+    channels:            # where alerts go: any apprise URL (Slack, Discord, mailto, ntfy, PagerDuty, json://...)
+      - url: slack://T000/B000/XXXX
+        name: lab-slack            # shown in the alert's `channels` (the URL is a secret: never shown)
+        min_severity: warn         # info | warn | critical (default warn)
+    rules:               # metric rules on top of the defaults
+      - name: loss-high
+        metric: train/loss
+        above: 4.0                 # or below: (MFU below B)
+        for_steps: 20              # the last N logged values all past it
+        severity: critical
+        project: demo              # scope, optional: project and/or run (a glob)
+      - name: no-step
+        no_step_for_s: 600         # a stall rule with its own threshold
+    silences:            # alerts still open and resolve, but nobody is sent them until `until`
+      - run: "sweep-*"
+        rule: "*"
+        until: "2026-12-06T12:00:00Z"
+    disabled:            # rules off for a scope: no alert at all
+      - project: scratch
+        rule: findings
+
+The defaults, on for every run: `findings` (a detector's critical finding), `stalled` (no new step
+for `anomaly_stall_s`, or longer while the run is in a phase with a budget: compile, eval,
+checkpoint), `frozen_host` (one process silent while its siblings go on). A run's own config
+turns them off with `alerts: {enabled: false}` or `alerts: {disable: [rule, ...]}`.
+`observatory alerts silence|disable|enable` edit the file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from observatory import settings
+from observatory.events import SEVERITIES
+
+__all__ = ["Rule", "Scope", "Silence", "Channel", "Rules", "DEFAULT_RULES", "load", "save", "parse_until",
+           "RulesError"]  # fmt: skip
+
+RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+class RulesError(ValueError):
+    """The rules file is wrong: names the file, the entry and the field."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which runs an entry is for: a project and/or a run-id glob; both empty: every run."""
+
+    run: str | None = None
+    project: str | None = None
+
+    def matches(self, run: str, project: str | None) -> bool:
+        if self.project is not None and self.project != project:
+            return False
+        return self.run is None or fnmatch.fnmatchcase(run, self.run)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: str  # findings | stalled | frozen_host | metric
+    severity: str = "critical"
+    scope: Scope = Scope()
+    metric: str | None = None
+    above: float | None = None
+    below: float | None = None
+    for_steps: int = 1
+    stall_s: float | None = None  # stalled: None = the setting anomaly_stall_s
+
+
+@dataclass(frozen=True)
+class Silence:
+    rule: str
+    scope: Scope
+    until: float  # Unix seconds
+
+
+@dataclass(frozen=True)
+class Channel:
+    url: str
+    name: str
+    min_severity: str = "warn"
+
+
+@dataclass
+class Rules:
+    rules: list[Rule]
+    channels: list[Channel] = field(default_factory=list)
+    silences: list[Silence] = field(default_factory=list)
+    disabled: list[tuple[str, Scope]] = field(default_factory=list)
+    path: Path | None = None
+
+    def active(self, rule: Rule, run: str, project: str | None, config: Any) -> bool:
+        """Whether `rule` looks at `run` at all (scope, the file's `disabled`, the run's `alerts` config)."""
+        if not rule.scope.matches(run, project):
+            return False
+        if any(fnmatch.fnmatchcase(rule.name, r) and s.matches(run, project) for r, s in self.disabled):
+            return False
+        own = config.get("alerts") if isinstance(config, dict) else None
+        if isinstance(own, dict):
+            if own.get("enabled") is False:
+                return False
+            off = own.get("disable")
+            if isinstance(off, list) and rule.name in off:
+                return False
+        return True
+
+    def silenced(self, rule: str, run: str, project: str | None, now: float) -> bool:
+        return any(s.until > now and fnmatch.fnmatchcase(rule, s.rule) and s.scope.matches(run, project)
+                   for s in self.silences)  # fmt: skip
+
+
+DEFAULT_RULES = (
+    Rule("findings", "findings"),
+    Rule("stalled", "stalled"),
+    Rule("frozen_host", "frozen_host"),
+)
+
+
+def default_path() -> Path:
+    return Path(settings.get("alerts_file"))
+
+
+def parse_until(text: str, now: float | None = None) -> float:
+    """'2h', '30m', '1d', '90s' from now, or an ISO time ('2026-12-06T12:00:00Z'), as Unix seconds."""
+    now = time.time() if now is None else now
+    t = text.strip()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if t and t[-1] in units and t[:-1].replace(".", "", 1).isdigit():
+        return now + float(t[:-1]) * units[t[-1]]
+    try:
+        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        raise RulesError(f"until: {text!r} is neither a duration (30m, 2h, 1d) nor an ISO time") from None
+    if dt.tzinfo is None:
+        raise RulesError(f"until: {text!r} has no time zone (add Z for UTC)")
+    return dt.timestamp()
+
+
+def _scope(entry: dict, where: str) -> Scope:
+    for key in ("run", "project"):
+        if entry.get(key) is not None and not isinstance(entry[key], str):
+            raise RulesError(f"{where}.{key}: expected a string")
+    return Scope(entry.get("run"), entry.get("project"))
+
+
+def _rule(entry: dict, where: str) -> Rule:
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise RulesError(f"{where}.name: every rule needs a name")
+    sev = entry.get("severity", "critical")
+    if sev not in RANK:
+        raise RulesError(f"{where}.severity: must be one of {', '.join(SEVERITIES)}, got {sev!r}")
+    scope = _scope(entry, where)
+    if "no_step_for_s" in entry:
+        s = entry["no_step_for_s"]
+        if not isinstance(s, (int, float)) or isinstance(s, bool) or s <= 0:
+            raise RulesError(f"{where}.no_step_for_s: expected seconds > 0")
+        return Rule(name, "stalled", sev, scope, stall_s=float(s))
+    metric = entry.get("metric")
+    if not isinstance(metric, str) or not metric:
+        raise RulesError(f"{where}: a rule needs `metric` (with `above` or `below`) or `no_step_for_s`")
+    above, below = entry.get("above"), entry.get("below")
+    for key, v in (("above", above), ("below", below)):
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+            raise RulesError(f"{where}.{key}: expected a number")
+    if (above is None) == (below is None):
+        raise RulesError(f"{where}: a metric rule needs exactly one of `above` and `below`")
+    n = entry.get("for_steps", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise RulesError(f"{where}.for_steps: expected an integer >= 1")
+    return Rule(name, "metric", sev, scope, metric, above, below, n)
+
+
+def load(path: str | os.PathLike | None = None) -> Rules:
+    """The rules in force: the defaults plus the file's (a missing file: the defaults alone)."""
+    p = Path(path) if path is not None else default_path()
+    if not p.exists():
+        return Rules(list(DEFAULT_RULES), path=p)
+    try:
+        doc = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise RulesError(f"{p}: not YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise RulesError(f"{p}: expected a mapping with channels, rules, silences, disabled")
+    out = Rules(list(DEFAULT_RULES), path=p)
+    for section in doc:
+        if section not in ("channels", "rules", "silences", "disabled"):
+            raise RulesError(f"{p}: unknown section {section!r} (channels, rules, silences, disabled)")
+        if not isinstance(doc[section], list):
+            raise RulesError(f"{p}: {section}: expected a list")
+    for i, e in enumerate(doc.get("rules") or []):
+        where = f"{p}: rules[{i}]"
+        if not isinstance(e, dict):
+            raise RulesError(f"{where}: expected a mapping")
+        rule = _rule(e, where)
+        if any(r.name == rule.name for r in out.rules):
+            raise RulesError(f"{where}.name: {rule.name!r} is already a rule")
+        out.rules.append(rule)
+    for i, e in enumerate(doc.get("channels") or []):
+        where = f"{p}: channels[{i}]"
+        if not isinstance(e, dict) or not isinstance(e.get("url"), str):
+            raise RulesError(f"{where}.url: every channel needs an apprise URL")
+        url = os.path.expandvars(e["url"])  # ${SLACK_WEBHOOK}: keep the secret out of the file
+        sev = e.get("min_severity", "warn")
+        if sev not in RANK:
+            raise RulesError(f"{where}.min_severity: must be one of {', '.join(SEVERITIES)}")
+        out.channels.append(Channel(url, str(e.get("name") or url.split("://", 1)[0]), sev))
+    for i, e in enumerate(doc.get("silences") or []):
+        where = f"{p}: silences[{i}]"
+        if not isinstance(e, dict) or e.get("until") is None:
+            raise RulesError(f"{where}.until: a silence needs an end")
+        until = e["until"]
+        until = until.timestamp() if isinstance(until, datetime) else parse_until(str(until))
+        out.silences.append(Silence(str(e.get("rule", "*")), _scope(e, where), until))
+    for i, e in enumerate(doc.get("disabled") or []):
+        where = f"{p}: disabled[{i}]"
+        if not isinstance(e, dict):
+            raise RulesError(f"{where}: expected a mapping")
+        out.disabled.append((str(e.get("rule", "*")), _scope(e, where)))
+    return out
+
+
+def save(path: Path, section: str, entry: dict) -> None:
+    """Append `entry` to `section` of the rules file (made if missing), keeping the rest as it is."""
+    doc: dict = {}
+    if path.exists():
+        doc = yaml.safe_load(path.read_text()) or {}
+    doc.setdefault(section, []).append(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+    os.replace(tmp, path)
+    load(path)  # what was written reads back (raises on a bad entry)
+
+
+def remove(path: Path, section: str, match: dict) -> int:
+    """Remove the entries of `section` equal to `match` on its keys; how many went."""
+    if not path.exists():
+        return 0
+    doc = yaml.safe_load(path.read_text()) or {}
+    old = doc.get(section) or []
+    keep = [e for e in old if not all(e.get(k) == v for k, v in match.items())]
+    doc[section] = keep
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+    os.replace(tmp, path)
+    return len(old) - len(keep)
