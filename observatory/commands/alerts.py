@@ -11,7 +11,7 @@ import click
 from observatory import settings
 from observatory.commands import common_options
 
-__all__ = ["alerts", "metrics"]
+__all__ = ["alerts", "metrics", "goodput"]
 
 _s = settings.SETTINGS["alerts_file"]
 rules_option = click.option(
@@ -184,3 +184,29 @@ def metrics(runs_dir, db, port, bind):
         pass
     finally:
         server.server_close()
+
+
+@click.command("goodput")
+@click.argument("runs", nargs=-1, required=True)
+@common_options
+@click.option("--json", "as_json", is_flag=True, help="The goodput view's row per run, as JSON lines.")
+def goodput(runs, runs_dir, db, as_json):
+    """Where each run's wall time went: productive steps, init, compile, evals, checkpoints, stalls, redone
+    steps and time down between attempts (the `goodput` SQL view; `goodput_segments` has it over time)."""
+    from observatory.queries.goodput import describe_goodput
+    from observatory.queries.goodput import goodput as read
+    from observatory.store import using
+
+    if not db.exists():
+        raise click.UsageError(f"no store at {db}")
+    with using(db) as con:
+        rows = read(con, list(runs))
+    for run in runs:
+        if run not in rows:
+            click.echo(f"{run}: no run with logged steps or phases of process 0 in {db}", err=True)
+        elif as_json:
+            click.echo(json.dumps(rows[run], default=str))
+        else:
+            click.echo(f"{run}  {describe_goodput(rows[run])}")
+    if len(rows) < len(set(runs)):
+        raise SystemExit(1)

@@ -19,6 +19,7 @@ from observatory import lineage as lin
 from observatory import settings
 from observatory.events import OBSERVATORY_HOST, describe
 from observatory.queries import report as q
+from observatory.queries.goodput import describe_goodput, goodput
 from observatory.redact import redacted_note
 from observatory.report.format import fmt_time, fmt_value
 from observatory.store import run_status_sql, using
@@ -284,6 +285,9 @@ def build(db, run: str, *, now: float | None = None) -> Report:
                 f"{info['ladder_name']} rung {info.get('ladder_rung')}" if info.get("ladder_name") else "-",
             ),
         ]
+        gp = goodput(con, [run]).get(run)
+        if gp is not None and gp["total_s"]:
+            summary.append(("goodput", describe_goodput(gp)))
         if info.get("redactions"):
             summary.append(("secrets", redacted_note(info["redactions"])))
         for did, reason in unreadable:  # a foreign log's decision record that is not valid: named, not fatal

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from observatory.store.goodput import GOODPUT_DOCS, GOODPUT_VIEWS
+
 __all__ = [
     "DDL",
     "VIEWS",
@@ -198,7 +200,8 @@ TABLE_DOCS = {
     "decisions": "View: each decision's current state, folded from its `decision` events in order "
     "(`id`, `state` JSON, `home_run`, `created`, `updated`, `n_events`, `title`, `kind`, `status`).",
 }
-VIEW_NAMES = ("latest_metrics", "run_drop_fraction", "run_summary", "histograms", "decisions")
+VIEW_NAMES = ("latest_metrics", "run_drop_fraction", "run_summary", "histograms", "decisions", *GOODPUT_DOCS)
+TABLE_DOCS.update(GOODPUT_DOCS)
 
 _COL_RE = re.compile(r"^\s+(\w+)\s+([A-Z][A-Z0-9\[\]]*)[^-]*?(?:--\s*(.*))?$")
 
@@ -421,3 +424,4 @@ def ensure_schema(con) -> None:
     con.execute(ROLLUP_DDL)
     con.execute(VIEWS)
     con.execute(DECISIONS_VIEW_DDL)
+    con.execute(GOODPUT_VIEWS)
