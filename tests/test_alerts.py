@@ -283,3 +283,32 @@ def test_the_follower_alerts_a_silent_run_on_its_own_clock(
         th.join(30)
     assert webhook[1] and "quiet" in webhook[1][0]["title"], "no alert within 30 s"
     assert time.monotonic() - t0 < 2 + 5 + 5  # the stall threshold plus the clock's period, and slack
+
+
+def test_a_frozen_host_among_heartbeating_siblings_and_its_telemetry_stored(runs_dir, db_path, rules_file):
+    """Host 1 froze (no heartbeat) while host 0 heartbeats with no new step: the frozen host is named; the
+    heartbeats land in `heartbeats` and `host_telemetry`, secrets in telemetry names hidden."""
+    import duckdb
+
+    now = time.time()
+    beat = lambda h, t, **tm: ("heartbeat", {"phase": "train", "step": 3, **tm}, 3, t)  # noqa: E731
+    run_log(runs_dir, "pod", steps=[1, 2, 3], t_last=now - 900, host=0,
+            extra=[beat(0, now - 60 * k, **{"system/cpu_percent": 50.0 + k}) for k in (10, 5, 0)])  # fmt: skip
+    run_log(
+        runs_dir,
+        "pod",
+        steps=[1, 2, 3],
+        t_last=now - 900,
+        host=1,
+        extra=[beat(1, now - 800, **{"system/rss_bytes": 1e9, "api_key=sk-abcdefghijklmnopqrstuvwx": 1.0})],
+    )
+    ingest(runs_dir, db_path, emit=None)
+    got = {(a["rule"], a.get("host")) for a in stored_alerts(db_path)}
+    assert ("frozen_host", 1) in got and ("frozen_host", 0) not in got
+    stall = next(a for a in stored_alerts(db_path) if a["rule"] == "stalled")
+    assert "still send heartbeats: a hang" in stall["message"]
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM heartbeats WHERE run = 'pod'").fetchone() == (4,)
+        assert con.execute("SELECT count(*) FROM events WHERE kind = 'heartbeat'").fetchone() == (0,)
+        names = {r[0] for r in con.execute("SELECT DISTINCT name FROM host_telemetry").fetchall()}
+        assert "system/cpu_percent" in names and not any("sk-abcdefghij" in n for n in names)

@@ -145,7 +145,8 @@ def _stalled(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[Firi
 
 
 def _frozen_hosts(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
-    """One process of a running run silent for `anomaly_stall_s` longer than its newest sibling."""
+    """One process of a running run silent (no event, step or heartbeat) for `anomaly_stall_s` longer than its
+    newest sibling: its siblings' heartbeats do not hide it."""
     stall_s = settings.get("anomaly_stall_s")
     live = sorted(r for r, x in runs.items() if x.status == "running")
     if not live:
@@ -157,6 +158,8 @@ def _frozen_hosts(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
             WHERE host <> $host AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY ALL
             UNION ALL
             SELECT run, host, max(t) FROM metrics WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY ALL
+            UNION ALL
+            SELECT run, host, max(t) FROM heartbeats WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY ALL
         ), per AS (SELECT run, host, max(t) AS t FROM last GROUP BY ALL)
         SELECT run, host, t, max(t) OVER (PARTITION BY run) AS newest, count(*) OVER (PARTITION BY run) AS n FROM per
         """,

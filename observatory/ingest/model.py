@@ -10,6 +10,7 @@ piece of odd lines); tests check that the bulk path stores what judging every li
 from __future__ import annotations
 
 import errno
+import functools
 import gzip
 import json
 import math
@@ -159,6 +160,8 @@ class Batch:
         self.events: list[tuple] = []  # (run, host, seq, kind, step, t, v, known, data_json)
         self.metrics: dict[str, list] = {k: [] for k in ("run", "step", "name", "value", "t", "host")}
         self.experts: dict[str, list] = {k: [] for k in ("run", "step", "layer", "expert", "routed", "dropped")}
+        self.heartbeats: list[tuple] = []  # (run, host, seq, t, step, phase)
+        self.telemetry: dict[str, list] = {k: [] for k in ("run", "host", "t", "name", "value")}
         self.lifecycle: list[dict] = []  # run_start / run_end / final failure events, applied to `runs`
         self.activity: dict[str, list] = {}  # run -> [max t, max step], from the run's own processes
         self.observed: set[str] = set()  # runs that got events written by the observatory itself (host 1000)
@@ -347,6 +350,22 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
         x["dropped"].extend(data["dropped"])
         b.n_expert_rows += n
         b.touched["expert_load"].add(run)
+    elif kind == "heartbeat":  # typed rows, not `events`: a thousand processes' pulses would swamp it
+        phase = data.get("phase")
+        if isinstance(phase, str):
+            phase, n = _clean_text(phase[:64])
+            b.hid(run, n)
+        b.heartbeats.append((run, lf.host, ev["seq"], t, data.get("step"), phase if isinstance(phase, str) else None))
+        tm = b.telemetry
+        for name, value in data.items():
+            if name not in ("phase", "step"):
+                name, n = _clean_text(name)
+                b.hid(run, n)
+                tm["run"].append(run)
+                tm["host"].append(lf.host)
+                tm["t"].append(t)
+                tm["name"].append(name)
+                tm["value"].append(decode_number(value))
     else:
         data, n = scrub_event(kind, data)  # every writer's secrets, by key and by pattern (ours already hid its own)
         b.hid(run, n)
@@ -354,6 +373,12 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
         b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
         if kind in ("run_start", "run_end") or is_final_failure(kind, data):
             b.lifecycle.append({"run": run, "kind": kind, "t": t, "step": step, "data": data, "host": lf.host})
+
+
+@functools.lru_cache(maxsize=4096)
+def _clean_text(text: str) -> tuple[str, int]:
+    """`scrub_text`, remembered: heartbeats repeat the same few telemetry names at every beat."""
+    return scrub_text(text)
 
 
 MAX_DEPTH = 64  # levels of objects and arrays in an event's data (the data object itself is 1)
@@ -379,6 +404,8 @@ def _check_store_ranges(ev: dict) -> None:
     step = ev.get("step")
     if step is not None and step > (I32 if ev["kind"] == "expert_load" else I64):
         raise ValidationError("step", f"step {step} is too large for the store")
+    if ev["kind"] == "heartbeat" and isinstance(ev["data"].get("step"), int) and not 0 <= ev["data"]["step"] <= I64:
+        raise ValidationError("data.step", "the step a heartbeat is at must be >= 0 and fit a 64-bit integer")
     if ev["host"] > U16:
         raise ValidationError("host", f"host {ev['host']} is above {U16}")
     if ev["kind"] == "expert_load":

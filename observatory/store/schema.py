@@ -97,6 +97,21 @@ CREATE TABLE IF NOT EXISTS events (
     known BOOLEAN NOT NULL,      -- false: a kind this reader does not know, kept raw
     data  JSON                   -- the kind's payload
 );
+CREATE TABLE IF NOT EXISTS heartbeats (
+    run   VARCHAR NOT NULL,      -- run id
+    host  USMALLINT NOT NULL,    -- the process that sent it
+    seq   BIGINT NOT NULL,       -- its sequence number within (run, host)
+    t     DOUBLE NOT NULL,       -- wall time, Unix seconds
+    step  BIGINT,                -- the step the process was at
+    phase VARCHAR                -- the phase it was in (init, compile, train, eval, checkpoint, shutdown)
+);
+CREATE TABLE IF NOT EXISTS host_telemetry (
+    run   VARCHAR NOT NULL,      -- run id
+    host  USMALLINT NOT NULL,    -- the process that measured it
+    t     DOUBLE NOT NULL,       -- wall time of its heartbeat, Unix seconds
+    name  VARCHAR NOT NULL,      -- e.g. system/cpu_percent, system/rss_bytes, accel/0/hbm_used_bytes
+    value DOUBLE                 -- the value
+);
 CREATE TABLE IF NOT EXISTS rejected_events (
     file        VARCHAR NOT NULL, -- path of the event log
     run         VARCHAR,         -- the run folder the file lives in
@@ -180,10 +195,14 @@ TABLE_DOCS = {
     "metrics": "One row per (run, step, name) scalar from `metrics` events.",
     "expert_load": "One row per (run, step, layer, expert) from `expert_load` events; narrow "
     "integer types so that 10^9 rows stay small.",
-    "events": "Every event that is not `metrics` or `expert_load` (run_start, run_end, eval, "
+    "events": "Every event that is not `metrics`, `expert_load` or `heartbeat` (run_start, run_end, eval, "
     "checkpoint, config_diff, decision, forecast, anomaly, failure, note, summary, histogram, "
     "artifact, unknown kinds), "
     "payload as JSON. `(run, host, seq)` identifies an event.",
+    "heartbeats": "One row per `heartbeat` event: each process's pulse (its step and phase), every "
+    "`heartbeat_s` while it lives. Heartbeats are kept here and in `host_telemetry`, not in `events`.",
+    "host_telemetry": "One row per (heartbeat, telemetry name): each process's host telemetry over time "
+    "(names in docs/events.md's heartbeat row; a name a platform cannot measure is absent).",
     "rejected_events": "Lines ingest could not accept, with file, line, field and reason; the rest "
     "of the file is ingested. Torn final lines of ended or crashed runs appear here as `truncated`. "
     "At most `max_rejected_per_file` lines of one file are stored; `ingest_files.rejected` counts "
