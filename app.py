@@ -14,7 +14,7 @@ from collections.abc import Callable
 import streamlit as st
 
 from observatory.dashboard.cache import StoreBusy
-from observatory.dashboard.pages import PAGES, compare, decisions, experts, live, reports, runs, sql
+from observatory.dashboard.pages import PAGES, compare, decisions, experts, health, live, reports, runs, sql
 from observatory.queries import user_sql
 
 st.set_page_config(page_title="Observatory", page_icon="🔭", layout="wide")
@@ -34,6 +34,7 @@ RENDER: dict[str, Callable[[], None]] = {
     "runs": runs.render,
     "live": live.render,
     "experts": experts.render,
+    "health": health.render,
     "compare": compare.render,
     "decisions": decisions.render,
     "ladder": _ladder,
@@ -55,7 +56,7 @@ def _page(module: str) -> Callable[[], None]:
     return run
 
 
-# One flat top bar: eight pages fit, and sections would hide them in drop-downs. Top, not the
+# One flat top bar: nine pages fit, and sections would hide them in drop-downs. Top, not the
 # sidebar: the sidebar's page list delays the Live page's first chart.
 pages = [
     st.Page(_page(module), title=title, url_path=url, icon=icon, default=module == "runs")

@@ -1,4 +1,4 @@
-"""Dashboard pages, one module each with `render()`: runs, live, experts, compare, decisions, ladder, reports, sql.
+"""Dashboard pages, one module each with `render()`: runs, live, experts, health, compare, decisions, ladder, reports, sql.
 
 `PAGES` lists them in navigation order as (module name, title, url path, icon);
 `app.py` routes to them.
@@ -10,6 +10,7 @@ PAGES = (
     ("runs", "Runs", "runs", ":material/list:"),
     ("live", "Live run", "live", ":material/monitoring:"),
     ("experts", "Experts", "experts", ":material/grid_on:"),
+    ("health", "Health", "health", ":material/monitor_heart:"),
     ("compare", "Compare", "compare", ":material/compare_arrows:"),
     ("decisions", "Decisions", "decisions", ":material/gavel:"),
     ("ladder", "Ladder", "ladder", ":material/stacked_line_chart:"),

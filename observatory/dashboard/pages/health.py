@@ -1,0 +1,136 @@
+"""Health: every host of a run, from their heartbeats: who is silent, who is slow, who is running out of memory.
+
+First the run's goodput (where its wall time went) and its open alerts; then the hosts × time
+heatmap of one measure (seconds per step from each host's own heartbeats, or any telemetry name:
+CPU, RSS, accelerator memory, ...), rows thinned to readable ticks at 1,000 hosts as the Experts page
+does at 384 experts; then the hosts table, the silent ones first; and one host's every telemetry
+name over time, picked from the table's host list (or `?host=`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import streamlit as st
+
+from observatory.alerts import open_alerts
+from observatory.dashboard.cache import derive, query_all
+from observatory.dashboard.charts import _ticks, scatter
+from observatory.dashboard.runs_table import is_running, run_row
+from observatory.dashboard.widgets import pick_run, show_chart
+from observatory.queries import health as qh
+from observatory.queries.goodput import describe_goodput, goodput
+
+NAME_KEY = "health_name"
+
+
+def _alerts(con, run: str) -> list[dict]:
+    return sorted(
+        open_alerts(con, [run]).values(), key=lambda d: (d.get("severity") != "critical", d.get("rule", ""))
+    )
+
+
+def _goodput(con, run: str) -> dict | None:
+    return goodput(con, [run]).get(run)
+
+
+def host_heatmap(m: dict) -> dict:
+    """hosts down, time across, one measure; a figure dict."""
+    hosts = [str(h) for h in m["hosts"]]
+    height = int(min(800, max(260, 6 * len(hosts) + 110)))
+    t = np.asarray(m["t"])
+    return {
+        "data": [
+            {
+                "type": "heatmap",
+                "z": m["z"].astype(np.float32),
+                "x": ((t - t[0]) / 60.0).round(2),
+                "y": hosts,
+                "colorscale": "Viridis",
+                "hovertemplate": "host %{y}, minute %{x}: %{z:.4g}<extra></extra>",
+                "colorbar": {"title": {"text": m["name"]}},
+            }
+        ],
+        "layout": {
+            "title": {"text": f"{m['name']}, every host", "font": {"size": 14}},
+            "height": height,
+            "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
+            "xaxis": {"title": {"text": "minutes since the first heartbeat"}},
+            "yaxis": {
+                "title": {"text": "host"},
+                "type": "category",
+                "autorange": "reversed",
+                **_ticks(hosts, {}, height - 76, 14),
+            },  # fmt: skip
+        },
+    }
+
+
+def host_figure(series: dict, host: int) -> dict:
+    """One host's every telemetry name over time, one line each (normalised hover keeps the real value)."""
+    data = []
+    for name, d in series.items():
+        t = np.asarray(d["t"], dtype=float)
+        data.append(scatter(x=(t - t[0]) / 60.0 if len(t) else t, y=d["value"], mode="lines", name=name,
+                            hovertemplate="minute %{x:.1f}: %{y:.4g}<extra>" + name + "</extra>"))  # fmt: skip
+    return {
+        "data": data,
+        "layout": {
+            "title": {"text": f"Host {host}: telemetry over time", "font": {"size": 14}},
+            "height": 320,
+            "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
+            "xaxis": {"title": {"text": "minutes since its first heartbeat"}},
+            "yaxis": {"type": "log", "title": {"text": "value (log)"}},
+            "legend": {"orientation": "h", "y": -0.25},
+        },
+    }
+
+
+def render() -> None:
+    st.title("Health")
+    run = pick_run()
+    if run is None:
+        return
+    name = st.session_state.get(NAME_KEY, qh.STEP_TIME)
+    live = is_running(run_row(run))
+    view, alerts, gp = query_all(
+        (qh.health_view, run, name), (_alerts, run), (_goodput, run), keep_fresh=live
+    )
+    if gp is not None and gp["total_s"]:
+        st.markdown(f"**Goodput:** {describe_goodput(gp)}.")
+    for a in alerts:
+        host = f" host {a['host']}" if a.get("host") is not None else ""
+        (st.error if a.get("severity") == "critical" else st.warning)(
+            f"{a.get('rule', '?')}{host}: {a.get('message', '')}", icon=":material/notifications_active:"
+        )
+    hosts = view["hosts"]
+    if not hosts["host"]:
+        st.info("This run's processes sent no heartbeats (the trainer, `observatory.init` and the Levanter "
+                "tracker send one every `heartbeat_s`).")  # fmt: skip
+        return
+    st.caption(f"{len(hosts['host'])} host(s) sent heartbeats.")
+    if name not in view["names"]:
+        name = qh.STEP_TIME
+    st.selectbox("Measure", view["names"], index=view["names"].index(name), key=NAME_KEY)
+    if view["matrix"] is not None:
+        show_chart(derive(host_heatmap, view["matrix"]), key=f"health_map_{run}")
+    now = time.time()
+    table = {
+        "host": hosts["host"],
+        "silent for (s)": [round(now - t, 1) for t in hosts["last_t"]],
+        "step": hosts["step"],
+        "phase": hosts["phase"],
+        **{n.split("/", 1)[1]: hosts[n] for n in qh.SUMMARY_NAMES if any(v is not None for v in hosts[n])},
+    }
+    order = np.argsort(-np.asarray(table["silent for (s)"]))  # the silent first
+    st.dataframe({k: [v[i] for i in order] for k, v in table.items()}, hide_index=True, key="health_hosts")
+    wanted = st.query_params.get("host")
+    ids = hosts["host"]
+    host = st.selectbox("One host's telemetry", ids, key="health_host",
+                        index=ids.index(int(wanted)) if wanted and wanted.isdigit() and int(wanted) in ids else 0)  # fmt: skip
+    if st.query_params.get("host") != str(host):
+        st.query_params["host"] = str(host)
+    series = query_all((qh.host_series, run, int(host)), keep_fresh=live)[0]
+    if series:
+        show_chart(derive(host_figure, series, int(host)), key=f"health_host_{run}")

@@ -1,0 +1,119 @@
+"""Every host's health: the Health page's reads, from `heartbeats` and `host_telemetry`.
+
+`health_view` is the page's one query batch for a run: per host, its newest heartbeat (age, step,
+phase) and newest value of a few telemetry names; the hosts × time matrix of one telemetry name (or
+of seconds per step, from each host's own heartbeats); and the telemetry names the run has. The
+matrix is bucketed in SQL to at most `buckets` columns, so 1,000 hosts come back as one 1,000 × 200
+array, not 10^7 rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["health_view", "host_series", "STEP_TIME", "SUMMARY_NAMES"]
+
+STEP_TIME = "seconds per step"  # the matrix of each host's own step rate, from its heartbeats
+SUMMARY_NAMES = ("system/cpu_percent", "system/rss_bytes", "system/mem_available_bytes",
+                 "accel/0/hbm_used_bytes", "accel/0/hbm_limit_bytes", "accel/0/util")  # fmt: skip
+
+
+def _hosts(con, run: str) -> dict[str, Any]:
+    rows = con.execute(
+        """
+        SELECT host, max(t) AS last_t, arg_max(step, t) AS step, arg_max(phase, t) AS phase, count(*) AS beats
+        FROM heartbeats WHERE run = $run GROUP BY host ORDER BY host
+        """,
+        {"run": run},
+    ).fetchall()
+    latest = con.execute(
+        """
+        SELECT host, name, arg_max(value, t) FROM host_telemetry
+        WHERE run = $run AND list_contains($names::VARCHAR[], name) GROUP BY ALL
+        """,
+        {"run": run, "names": list(SUMMARY_NAMES)},
+    ).fetchall()
+    per: dict[int, dict[str, float]] = {}
+    for host, name, value in latest:
+        per.setdefault(host, {})[name] = value
+    return {
+        "host": [r[0] for r in rows],
+        "last_t": [r[1] for r in rows],
+        "step": [r[2] for r in rows],
+        "phase": [r[3] for r in rows],
+        "beats": [r[4] for r in rows],
+        **{n: [per.get(r[0], {}).get(n) for r in rows] for n in SUMMARY_NAMES},
+    }
+
+
+def _matrix(con, run: str, name: str, buckets: int) -> dict[str, Any] | None:
+    """hosts × time buckets of `name` (mean per bucket), or of seconds per step (STEP_TIME)."""
+    ext = con.execute("SELECT min(t), max(t) FROM heartbeats WHERE run = $run", {"run": run}).fetchone()
+    if ext[0] is None:
+        return None
+    t0, width = ext[0], max((ext[1] - ext[0]) / buckets, 1e-9)
+    params = {"run": run, "t0": t0, "w": width, "n": buckets - 1}
+    if name == STEP_TIME:
+        sql = """
+            SELECT host, least(CAST(floor((t - $t0) / $w) AS BIGINT), $n) AS b,
+                   (max(t) - min(t)) / nullif(max(step) - min(step), 0) AS v
+            FROM heartbeats WHERE run = $run AND step IS NOT NULL GROUP BY ALL
+        """
+    else:
+        params["name"] = name
+        sql = """
+            SELECT host, least(CAST(floor((t - $t0) / $w) AS BIGINT), $n) AS b, avg(value) AS v
+            FROM host_telemetry WHERE run = $run AND name = $name GROUP BY ALL
+        """
+    rows = con.execute(sql, params).fetchnumpy()
+    if not len(rows["host"]):
+        return None
+    hosts = np.unique(rows["host"])
+    z = np.full((len(hosts), buckets), np.nan, dtype=np.float64)
+    v = np.asarray(rows["v"], dtype=np.float64)
+    if np.ma.isMaskedArray(rows["v"]):
+        v = np.ma.filled(rows["v"].astype(np.float64), np.nan)
+    z[np.searchsorted(hosts, rows["host"]), rows["b"]] = v
+    return {
+        "hosts": hosts.tolist(),
+        "t": (t0 + width * (np.arange(buckets) + 0.5)).tolist(),
+        "z": z,
+        "name": name,
+    }
+
+
+def health_view(con, run: str, name: str, buckets: int = 200) -> dict[str, Any]:
+    """The Health page's data for `run`: its hosts' newest state, the matrix of `name`, the names it has."""
+    names = [r[0] for r in con.execute(
+        "SELECT DISTINCT name FROM host_telemetry WHERE run = $run ORDER BY name", {"run": run}).fetchall()]  # fmt: skip
+    return {
+        "hosts": _hosts(con, run),
+        "matrix": _matrix(con, run, name, buckets),
+        "names": [STEP_TIME, *names],
+    }
+
+
+def host_series(con, run: str, host: int, max_points: int = 2000) -> dict[str, dict[str, list]]:
+    """Every telemetry name of one host over time (bucketed to `max_points` per name): {name: {t, value}}."""
+    ext = con.execute(
+        "SELECT min(t), max(t) FROM host_telemetry WHERE run = $run AND host = $host",
+        {"run": run, "host": host},
+    ).fetchone()
+    if ext[0] is None:
+        return {}
+    width = max((ext[1] - ext[0]) / max_points, 1e-9)
+    rows = con.execute(
+        """
+        SELECT name, min(t) AS t, avg(value) AS v FROM host_telemetry WHERE run = $run AND host = $host
+        GROUP BY name, CAST(floor((t - $t0) / $w) AS BIGINT) ORDER BY name, t
+        """,
+        {"run": run, "host": host, "t0": ext[0], "w": width},
+    ).fetchall()
+    out: dict[str, dict[str, list]] = {}
+    for name, t, v in rows:
+        d = out.setdefault(name, {"t": [], "value": []})
+        d["t"].append(t)
+        d["value"].append(v)
+    return out
