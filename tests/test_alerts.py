@@ -312,3 +312,21 @@ def test_a_frozen_host_among_heartbeating_siblings_and_its_telemetry_stored(runs
         assert con.execute("SELECT count(*) FROM events WHERE kind = 'heartbeat'").fetchone() == (0,)
         names = {r[0] for r in con.execute("SELECT DISTINCT name FROM host_telemetry").fetchall()}
         assert "system/cpu_percent" in names and not any("sk-abcdefghij" in n for n in names)
+
+
+def test_a_straggler_and_memory_creep_are_named_and_a_healthy_pod_pages_nobody(runs_dir, db_path, rules_file):
+    now = time.time()
+    for h in range(4):  # host 2 takes 1.6x as long per step; host 3's accelerator fills toward its limit
+        beats = []
+        for k in range(20):
+            t = now - 300 + 15 * k
+            used = 40e9 + (k * 1.5e9 if h == 3 else 0)
+            beats.append(("heartbeat", {"phase": "train", "step": int(k * 10 / (1.6 if h == 2 else 1)),
+                                        "accel/0/hbm_used_bytes": used, "accel/0/hbm_limit_bytes": 80e9}, None, t))  # fmt: skip
+        run_log(runs_dir, "pod", steps=[1, 2, 3], t_last=now, host=h, extra=beats)
+        run_log(runs_dir, "calm", steps=[1, 2, 3], t_last=now, host=h,
+                extra=[(kind, {**d, "accel/0/hbm_used_bytes": 40e9, "step": k * 10}, s, t)
+                       for k, (kind, d, s, t) in enumerate(beats)])  # fmt: skip
+    ingest(runs_dir, db_path, emit=None)
+    got = {(a["run"], a["rule"], a.get("host")) for a in stored_alerts(db_path)}
+    assert got == {("pod", "straggler", 2), ("pod", "memory_creep", 3)}

@@ -210,6 +210,83 @@ def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
     return out
 
 
+STRAGGLER_RATIO = 1.3  # a host this much slower per step than the median host, over the whole window
+WINDOW_S = 600.0  # the straggler and memory rules look at the last ten minutes of heartbeats
+
+
+def _stragglers(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[Firing]:
+    """A host whose own seconds per step, over the last `WINDOW_S` of its heartbeats, is `STRAGGLER_RATIO` times
+    the median host's (three hosts or more: with two, which one is slow is a coin toss)."""
+    live = sorted(r for r, x in runs.items() if x.status == "running")
+    if not live:
+        return []
+    rows = con.execute(
+        """
+        WITH per AS (
+            SELECT run, host, (max(t) - min(t)) / nullif(max(step) - min(step), 0) AS s_per_step
+            FROM heartbeats WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND t >= $since AND step IS NOT NULL
+            GROUP BY ALL HAVING count(*) >= 3
+        )
+        SELECT run, host, s_per_step, median(s_per_step) OVER (PARTITION BY run) AS mid, count(*) OVER (PARTITION BY run)
+        FROM per WHERE s_per_step IS NOT NULL
+        """,
+        {"since": now - WINDOW_S} | _in(live),
+    ).fetchall()
+    return [
+        Firing(
+            run,
+            rule.name,
+            rule.severity,
+            f"host {host} takes {s:.3g} s per step, {s / mid:.2f}x the median host's {mid:.3g} s "
+            f"(last {WINDOW_S / 60:.0f} min, {n} hosts)",
+            runs[run].last_step,
+            host=host,
+        )  # fmt: skip
+        for run, host, s, mid, n in rows
+        if n >= 3 and mid and s > STRAGGLER_RATIO * mid
+    ]
+
+
+def _memory(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[Firing]:
+    """An accelerator's memory above `MEMORY_FULL` of its limit, or rising at a pace that reaches the limit
+    within `MEMORY_HORIZON_S` (a least-squares slope over the last `WINDOW_S` of heartbeats)."""
+    live = sorted(r for r, x in runs.items() if x.status == "running")
+    if not live:
+        return []
+    rows = con.execute(
+        """
+        WITH used AS (
+            SELECT run, host, regexp_extract(name, '^accel/([^/]+)/', 1) AS dev, t, value FROM host_telemetry
+            WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND t >= $since AND name LIKE 'accel/%/hbm_used_bytes'
+        ), lim AS (
+            SELECT run, host, regexp_extract(name, '^accel/([^/]+)/', 1) AS dev, arg_max(value, t) AS limit_bytes
+            FROM host_telemetry
+            WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND t >= $since AND name LIKE 'accel/%/hbm_limit_bytes'
+            GROUP BY ALL
+        )
+        SELECT u.run, u.host, u.dev, arg_max(u.value, u.t), regr_slope(u.value, u.t), any_value(l.limit_bytes)
+        FROM used u JOIN lim l USING (run, host, dev) GROUP BY ALL HAVING count(*) >= 3
+        """,
+        {"since": now - WINDOW_S} | _in(live),
+    ).fetchall()
+    out = []
+    for run, host, dev, used, slope, limit in rows:
+        if not limit:
+            continue
+        left = (limit - used) / slope if slope and slope > 0 else float("inf")
+        if used / limit >= MEMORY_FULL or left <= MEMORY_HORIZON_S:
+            eta = f"; at this pace full in {left / 60:.0f} min" if left < float("inf") else ""
+            out.append(Firing(run, rule.name, rule.severity,
+                              f"host {host} accelerator {dev}: {used / limit:.0%} of its memory used{eta}",
+                              runs[run].last_step, host=host,
+                              finding={"detector": rule.name, "metric": f"accel/{dev}/hbm_used_bytes"}))  # fmt: skip
+    return out
+
+
+MEMORY_FULL = 0.95
+MEMORY_HORIZON_S = 3600.0
+
+
 def firing(con, rules: Rules, runs: dict[str, LiveRun], now: float) -> list[Firing]:
     """Every condition firing now, each rule over the runs it is active for."""
     out: list[Firing] = []
@@ -225,4 +302,8 @@ def firing(con, rules: Rules, runs: dict[str, LiveRun], now: float) -> list[Firi
             out += _frozen_hosts(con, rule, mine)
         elif rule.kind == "metric":
             out += _metric(con, rule, mine)
+        elif rule.kind == "straggler":
+            out += _stragglers(con, rule, mine, now)
+        elif rule.kind == "memory_creep":
+            out += _memory(con, rule, mine, now)
     return out

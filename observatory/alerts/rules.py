@@ -25,7 +25,9 @@ A rules file (YAML, setting `alerts_file`) holds four lists, each optional::
 
 The defaults, on for every run: `findings` (a detector's critical finding), `stalled` (no new step
 for `anomaly_stall_s`, or longer while the run is in a phase with a budget: compile, eval,
-checkpoint), `frozen_host` (one process silent while its siblings go on). A run's own config
+checkpoint), `frozen_host` (one process silent while its siblings go on), and two warnings: `straggler`
+(a host slower per step than the median host by 1.3x over ten minutes) and `memory_creep` (an
+accelerator past 95% of its memory, or on pace to fill it within the hour). A run's own config
 turns them off with `alerts: {enabled: false}` or `alerts: {disable: [rule, ...]}`.
 `observatory alerts silence|disable|enable` edit the file.
 """
@@ -71,7 +73,7 @@ class Scope:
 @dataclass(frozen=True)
 class Rule:
     name: str
-    kind: str  # findings | stalled | frozen_host | metric
+    kind: str  # findings | stalled | frozen_host | straggler | memory_creep | metric
     severity: str = "critical"
     scope: Scope = Scope()
     metric: str | None = None
@@ -127,6 +129,8 @@ DEFAULT_RULES = (
     Rule("findings", "findings"),
     Rule("stalled", "stalled"),
     Rule("frozen_host", "frozen_host"),
+    Rule("straggler", "straggler", "warn"),
+    Rule("memory_creep", "memory_creep", "warn"),
 )
 
 
