@@ -406,6 +406,8 @@ def test_detect_command(tmp_path, ingest):
     res = cli.invoke(main, [*args, "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "grad_spike" in res.output and "nonfinite" in res.output and "(not written)" in res.output
+    res = cli.invoke(main, [*args, "--dry-run", "--fail-on", "critical"])  # a cron job can act on it
+    assert res.exit_code == 1 and "a new finding is critical (--fail-on critical)" in res.output
     assert not (runs / "r1" / "events.1000.jsonl").exists()
     A._STATE.clear()
     fresh = tmp_path / "fresh.duckdb"  # --ingest: ingest, detect, store the findings
@@ -415,8 +417,8 @@ def test_detect_command(tmp_path, ingest):
     assert {r["detector"] for r in rows} == {"grad_spike", "loss_spike", "nonfinite"}
     assert all(r["run"] == "r1" and len(r["window"]) == 2 for r in rows)
     assert len(stored_anomalies(fresh, "r1")) == 3
-    res = cli.invoke(main, [*args, "--full"])
-    assert res.exit_code == 0 and "0 new finding(s)" in res.output
+    res = cli.invoke(main, [*args, "--full", "--fail-on", "info"])
+    assert res.exit_code == 0 and "0 new finding(s)" in res.output  # nothing new: nothing to fail on
 
 
 def test_nonfinite_in_any_metric_through_the_store(tmp_path, ingest):

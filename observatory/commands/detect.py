@@ -26,7 +26,9 @@ __all__ = ["detect"]
 @click.option("--ingest", "do_ingest", is_flag=True, help="Ingest the runs dir first and store the findings after.")
 @click.option("--dry-run", is_flag=True, help="Print findings without writing them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new findings as JSON lines.")
-def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json):
+@click.option("--fail-on", type=click.Choice(["info", "warn", "critical"]), default=None,
+              help="Exit 1 when a new finding has this severity or a worse one (for cron jobs and CI).")  # fmt: skip
+def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json, fail_on):
     """Run the instability detectors over RUNS (default: every stored run).
 
     Thresholds are the `anomaly_*` settings (see `observatory settings`), each
@@ -54,4 +56,9 @@ def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json):
             ingest(runs_dir, db)
         elif not as_json:
             click.echo("run `observatory ingest` to store them", err=True)
+    rank = {"info": 0, "warn": 1, "critical": 2}
+    if fail_on is not None and any(rank.get(f.severity, 0) >= rank[fail_on] for f in found):
+        worst = max(found, key=lambda f: rank.get(f.severity, 0)).severity
+        click.echo(f"exit 1: a new finding is {worst} (--fail-on {fail_on})", err=True)
+        raise SystemExit(1)
 
