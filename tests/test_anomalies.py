@@ -278,8 +278,10 @@ def write_run(runs_dir, run, steps, loss, grad, end=True, load=None, extra=None)
 
 
 def anomaly_lines(runs_dir, run):
+    """The findings in the run's observatory file (which holds its alerts too)."""
     p = runs_dir / run / "events.1000.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+    lines = [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+    return [e for e in lines if e["kind"] != "alert"]
 
 
 @pytest.fixture
@@ -478,3 +480,18 @@ def test_level_noise_is_kept_for_the_same_values_only():
     y[250] += 1.0
     other = R.level_noise(y, 64, 16)
     assert other[0] is not first[0] and not np.array_equal(other[1], first[1], equal_nan=True)
+
+
+def test_a_long_checkpoint_or_first_compile_is_not_a_stalled_run(monkeypatch):
+    """A silence that began when a process entered a budgeted phase is allowed that phase's budget."""
+    monkeypatch.setenv("OBSERVATORY_PHASE_BUDGET_S", "1800")
+    now = 10_000.0
+    ckpt = {"phase": "checkpoint", "phase_t": now - 360, "budget_s": 600.0}
+    assert D.stalled(50, now - 360, False, TH, now, ckpt) == []  # a 6-minute save with a 10-minute budget
+    assert D.stalled(50, now - 700, False, TH, now, {**ckpt, "phase_t": now - 700})  # past its budget
+    compiling = {"phase": "compile", "phase_t": now - 360, "budget_s": None}
+    assert D.stalled(None, now - 360, False, TH, now, compiling) == []  # a 6-minute first compile
+    train = {"phase": "train", "phase_t": now - 360, "budget_s": None}
+    assert D.stalled(50, now - 360, False, TH, now, train)  # training silently for 6 minutes is a stall
+    older = {**ckpt, "phase_t": now - 900}  # the save ended long ago: later events, then silence
+    assert D.stalled(50, now - 360, False, TH, now, older)

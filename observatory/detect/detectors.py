@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from observatory import settings
 from observatory.detect.rolling import level_noise as _level_noise
 from observatory.detect.rolling import rolling, shift
 from observatory.detect.rolling import trailing as _trailing
@@ -542,11 +543,18 @@ def throughput_drops(steps, tps, th: Thresholds, metric: str = THROUGHPUT) -> li
 
 
 def stalled(
-    last_step: int | None, last_t: float | None, ended: bool, th: Thresholds, now: float | None = None
+    last_step: int | None, last_t: float | None, ended: bool, th: Thresholds, now: float | None = None,
+    phase: dict | None = None,
 ):
-    """A run with no run_end whose writers have been silent for `stall_s`."""
+    """A run with no run_end whose writers have been silent for `stall_s`; longer (the phase's `budget_s`, else
+    the setting `phase_budget_s`) when its newest event is a process entering init, compile, eval or checkpoint:
+    a long first compile or a synchronous save is not a stall (`phase`: {phase, phase_t, budget_s})."""
     now = time.time() if now is None else now
-    if ended or last_t is None or now - last_t < th.stall_s:
+    allowed = th.stall_s
+    if phase and phase.get("phase") in ("init", "compile", "eval", "checkpoint") and phase.get("phase_t") == last_t:
+        budget = phase.get("budget_s")
+        allowed = max(allowed, budget if budget is not None else settings.get("phase_budget_s"))
+    if ended or last_t is None or now - last_t < allowed:
         return []
     s = int(last_step or 0)
     return [

@@ -288,7 +288,7 @@ class _RunScan:
                               load_drop=(self.drop[0], self.drop[1], self.since_x is not None))  # fmt: skip
         found = sorted(found + self.experts, key=lambda f: (f.step, f.detector, f.metric))
         if activity is not None:
-            found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now)
+            found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now, activity)
         new, fresh = [], set()
         for f in found:
             if f.key not in self.keys and f.key not in fresh:

@@ -276,7 +276,8 @@ def anomaly_events(con, run: str | None = None, detector: str | None = None) -> 
 
 
 def run_activity(con, runs: list[str] | None = None) -> list[dict[str, Any]]:
-    """Per run: whether it wrote run_end, its last step and the time of its newest event.
+    """Per run: whether it wrote run_end, its last step, the time of its newest event, and its newest phase
+    (`phase`, `phase_t`, `budget_s`: what a silence is allowed while a process compiles, evaluates or saves).
 
     The observatory's own events (host 1000) do not count as the run being alive. The last step and
     time are the `runs` table's (`last_step`, `last_event_t`: ingest keeps them from the run's own
@@ -288,17 +289,22 @@ def run_activity(con, runs: list[str] | None = None) -> list[dict[str, Any]]:
     rows = con.execute(
         f"""
         WITH ev AS (
-            SELECT run, bool_or(kind = 'run_end') AS ended FROM events WHERE host <> $host {only.format("run")}
+            SELECT run, bool_or(kind = 'run_end') AS ended,
+                   arg_max(data->>'phase', t) FILTER (WHERE kind = 'phase') AS phase,
+                   max(t) FILTER (WHERE kind = 'phase') AS phase_t,
+                   arg_max(TRY_CAST(data->>'budget_s' AS DOUBLE), t) FILTER (WHERE kind = 'phase') AS budget_s
+            FROM events WHERE host <> $host {only.format("run")}
             GROUP BY run
         )
-        SELECT r.run, coalesce(ev.ended, false), r.last_event_t, r.last_step
+        SELECT r.run, coalesce(ev.ended, false), r.last_event_t, r.last_step, ev.phase, ev.phase_t, ev.budget_s
         FROM runs r LEFT JOIN ev ON ev.run = r.run
         WHERE r.last_event_t IS NOT NULL {only.format("r.run")}
         ORDER BY r.run
         """,
         params,
     ).fetchall()
-    return [{"run": r, "ended": bool(e), "last_t": t, "last_step": s} for r, e, t, s in rows]
+    return [{"run": r, "ended": bool(e), "last_t": t, "last_step": s, "phase": p, "phase_t": pt, "budget_s": b}
+            for r, e, t, s, p, pt, b in rows]  # fmt: skip
 
 
 def run_ids(con) -> list[str]:
