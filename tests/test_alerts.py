@@ -330,3 +330,53 @@ def test_a_straggler_and_memory_creep_are_named_and_a_healthy_pod_pages_nobody(r
     ingest(runs_dir, db_path, emit=None)
     got = {(a["run"], a["rule"], a.get("host")) for a in stored_alerts(db_path)}
     assert got == {("pod", "straggler", 2), ("pod", "memory_creep", 3)}
+
+
+def _series_run(runs_dir, run, values: dict[str, list[float]], now: float, end: bool = False):
+    n = len(next(iter(values.values())))
+    evs = [event(run, "run_start", {"config": {}}, 0, step=0, t=now - n - 5)]
+    evs += [
+        event(run, "metrics", {k: v[i] for k, v in values.items()}, i + 1, step=i + 1, t=now - n + i)
+        for i in range(n)
+    ]
+    if end:
+        evs.append(event(run, "run_end", {"status": "completed"}, n + 1, step=n, t=now))
+    write_lines(runs_dir / run / "events.0.jsonl", evs)
+
+
+def test_regression_and_drift_rules_catch_what_a_128_step_window_misses(runs_dir, db_path, rules_file):
+    """A run 30% slower than its baseline from the start; one decaying slowly to 55%; router entropy sliding
+    5.95 -> 5.50 and drop fraction 3% -> 12% over 4k steps: each fires. A healthy run on a busy machine (one
+    step in five at half speed) fires nothing."""
+    import numpy as np
+
+    rules_file.write_text(
+        rules_file.read_text()
+        + """rules:
+  - {name: slower-than-base, metric: throughput/tokens_per_s, ratio_below: 0.8, for_steps: 200, baseline_run: base}
+  - {name: slower-than-before, metric: throughput/tokens_per_s, ratio_below: 0.8, for_steps: 200, over_steps: 3500}
+  - {name: entropy-drift, metric: router/entropy, fall: 0.3, for_steps: 200, over_steps: 3000, severity: warn}
+  - {name: drop-high, metric: moe/drop_fraction, above: 0.07, for_steps: 50, severity: warn}
+"""
+    )
+    now, n = time.time(), 4000
+    rng = np.random.default_rng(0)
+    flat = 1000 + rng.normal(0, 20, n)
+    busy = np.where(rng.random(n) < 0.2, flat / 2, flat)
+    ramp = np.linspace(0, 1, n)
+    healthy = {"throughput/tokens_per_s": list(busy), "router/entropy": list(5.95 + rng.normal(0, 0.01, n)),
+               "moe/drop_fraction": list(0.03 + rng.normal(0, 0.002, n))}  # fmt: skip
+    _series_run(
+        runs_dir, "base", {"throughput/tokens_per_s": list(flat)}, now - 10_000, end=True
+    )  # the baseline
+    _series_run(runs_dir, "busy", healthy, now)
+    _series_run(runs_dir, "slow", {**healthy, "throughput/tokens_per_s": list(0.7 * flat)}, now)
+    _series_run(
+        runs_dir, "decay", {**healthy, "throughput/tokens_per_s": list(flat * (1 - 0.45 * ramp))}, now
+    )
+    _series_run(runs_dir, "drift", {**healthy, "router/entropy": list(5.95 - 0.45 * ramp),
+                                    "moe/drop_fraction": list(0.03 + 0.09 * ramp)}, now)  # fmt: skip
+    ingest(runs_dir, db_path, emit=None)
+    got = {(a["run"], a["rule"]) for a in stored_alerts(db_path)}
+    assert got == {("slow", "slower-than-base"), ("decay", "slower-than-base"), ("decay", "slower-than-before"),
+                   ("drift", "entropy-drift"), ("drift", "drop-high")}  # fmt: skip

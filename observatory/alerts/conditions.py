@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from observatory import settings
 from observatory.alerts.rules import RANK, Rule, Rules
 from observatory.events import OBSERVATORY_HOST
@@ -179,34 +181,83 @@ def _frozen_hosts(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
     ]
 
 
-def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
-    """The rule's metric past its limit at each of the run's last `for_steps` logged steps."""
-    live = sorted(r for r, x in runs.items() if x.status == "running")
-    if not live:
-        return []
+def _tails(con, name: str, runs: list[str], n: int) -> dict[str, tuple[list[float], list[int]]]:
+    """Each run's last `n` logged values of `name`, newest first (values, steps)."""
     rows = con.execute(
         """
-        SELECT run, list(value ORDER BY step DESC), max(step) FROM (
+        SELECT run, list(value ORDER BY step DESC), list(step ORDER BY step DESC) FROM (
             SELECT run, step, value, row_number() OVER (PARTITION BY run ORDER BY step DESC) AS k FROM metrics
             WHERE name = $name AND run IN (SELECT unnest($runs::VARCHAR[]))
         ) WHERE k <= $n GROUP BY run
         """,
-        {"name": rule.metric, "n": rule.for_steps} | _in(live),
+        {"name": name, "n": n, "runs": runs},
     ).fetchall()
+    return {run: (values, steps) for run, values, steps in rows}
+
+
+def _baseline(con, rule: Rule, steps: list[int]) -> float | None:
+    """The named baseline run's median of the rule's metric over the same steps."""
+    row = con.execute(
+        "SELECT median(value) FROM metrics WHERE run = $run AND name = $name AND step BETWEEN $lo AND $hi",
+        {"run": rule.baseline_run, "name": rule.metric, "lo": min(steps), "hi": max(steps)},
+    ).fetchone()
+    return row[0] if row else None
+
+
+def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
+    """The rule's metric past its limit: at each of the last `for_steps` logged steps (`above`, `below`), or in
+    the median of them (`ratio_below` a baseline, `rise` or `fall` against `over_steps` logged steps before)."""
+    live = sorted(r for r, x in runs.items() if x.status == "running")
+    if not live:
+        return []
+    n = rule.for_steps
+    own_history = (
+        rule.rise is not None or rule.fall is not None or (rule.ratio_below and not rule.baseline_run)
+    )
+    tails = _tails(con, rule.metric, live, n + rule.over_steps if own_history else n)
     out = []
-    for run, values, step in rows:
-        if len(values) < rule.for_steps:
+    for run, (values, steps) in tails.items():
+        now, now_steps = values[:n], steps[:n]
+        if len(now) < n:
             continue
-        past = (
-            all(v > rule.above for v in values)
-            if rule.above is not None
-            else all(v < rule.below for v in values)
-        )
-        if past:
+        finite = [v for v in now if v == v]
+        mid = float(np.median(finite)) if finite else float("nan")
+        if rule.above is not None or rule.below is not None:
+            past = (
+                all(v > rule.above for v in now)
+                if rule.above is not None
+                else all(v < rule.below for v in now)
+            )
             limit = f"above {rule.above:g}" if rule.above is not None else f"below {rule.below:g}"
-            out.append(Firing(run, rule.name, rule.severity,
-                              f"{rule.metric} {limit} for {rule.for_steps} logged step(s): now {values[0]:.4g}", step,
-                              finding={"detector": rule.name, "metric": rule.metric, "step": step}))  # fmt: skip
+            text = f"{rule.metric} {limit} for {n} logged step(s): now {now[0]:.4g}"
+        else:
+            if rule.ratio_below is not None and rule.baseline_run:
+                base, what = _baseline(con, rule, now_steps), f"run {rule.baseline_run}'s"
+            else:
+                # own history: the median of the window `over_steps` logged steps back (a regression: the
+                # median of all of those before the window)
+                before = (
+                    values[n:]
+                    if rule.ratio_below is not None
+                    else values[rule.over_steps : rule.over_steps + n]
+                )
+                if len(values) < n + rule.over_steps:
+                    continue
+                base = float(np.median([v for v in before if v == v] or [np.nan]))
+                what = f"its own {rule.over_steps} logged steps before"
+            if base is None or base != base:
+                continue
+            if rule.ratio_below is not None:
+                past = mid < rule.ratio_below * base
+                text = f"{rule.metric} median {mid:.4g} over the last {n} logged steps is {mid / base:.0%} of {what} {base:.4g}"
+            else:
+                delta = mid - base
+                past = delta > rule.rise if rule.rise is not None else -delta > rule.fall
+                text = (f"{rule.metric} drifted {delta:+.4g} (median {base:.4g} -> {mid:.4g}) over "
+                        f"{rule.over_steps} logged steps")  # fmt: skip
+        if past:
+            out.append(Firing(run, rule.name, rule.severity, text, now_steps[0],
+                              finding={"detector": rule.name, "metric": rule.metric, "step": now_steps[0]}))  # fmt: skip
     return out
 
 

@@ -13,6 +13,16 @@ A rules file (YAML, setting `alerts_file`) holds four lists, each optional::
         for_steps: 20              # the last N logged values all past it
         severity: critical
         project: demo              # scope, optional: project and/or run (a glob)
+      - name: slower-than-baseline
+        metric: throughput/tokens_per_s
+        ratio_below: 0.8           # median of the last 200 values below 0.8x the baseline's median
+        for_steps: 200
+        baseline_run: ladder-d768  # optional: else the run's own median over `over_steps` before
+      - name: entropy-drift
+        metric: router/entropy
+        fall: 0.3                  # or rise: (loss creeping up): the last 200 vs 2,000 logged steps before
+        for_steps: 200
+        over_steps: 2000
       - name: no-step
         no_step_for_s: 600         # a stall rule with its own threshold
     silences:            # alerts still open and resolve, but nobody is sent them until `until`
@@ -81,6 +91,15 @@ class Rule:
     below: float | None = None
     for_steps: int = 1
     stall_s: float | None = None  # stalled: None = the setting anomaly_stall_s
+    # a regression: the median of the last `for_steps` values below `ratio_below` x a baseline's median (the
+    # named `baseline_run`'s over the same steps, else the run's own over the `over_steps` logged steps before)
+    ratio_below: float | None = None
+    baseline_run: str | None = None
+    # a slow drift: the median of the last `for_steps` values `rise` above (or `fall` below) the median of
+    # the `for_steps` values `over_steps` logged steps earlier
+    rise: float | None = None
+    fall: float | None = None
+    over_steps: int = 2000
 
 
 @dataclass(frozen=True)
@@ -177,16 +196,27 @@ def _rule(entry: dict, where: str) -> Rule:
     metric = entry.get("metric")
     if not isinstance(metric, str) or not metric:
         raise RulesError(f"{where}: a rule needs `metric` (with `above` or `below`) or `no_step_for_s`")
-    above, below = entry.get("above"), entry.get("below")
-    for key, v in (("above", above), ("below", below)):
+    limits = {k: entry.get(k) for k in ("above", "below", "ratio_below", "rise", "fall")}
+    for key, v in limits.items():
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
             raise RulesError(f"{where}.{key}: expected a number")
-    if (above is None) == (below is None):
-        raise RulesError(f"{where}: a metric rule needs exactly one of `above` and `below`")
+    given = [k for k, v in limits.items() if v is not None]
+    if len(given) != 1:
+        raise RulesError(
+            f"{where}: a metric rule needs exactly one of `above`, `below`, `ratio_below`, `rise`, `fall`"
+        )
     n = entry.get("for_steps", 1)
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise RulesError(f"{where}.for_steps: expected an integer >= 1")
-    return Rule(name, "metric", sev, scope, metric, above, below, n)
+    over = entry.get("over_steps", 2000)
+    if not isinstance(over, int) or isinstance(over, bool) or over < 1:
+        raise RulesError(f"{where}.over_steps: expected an integer >= 1")
+    base = entry.get("baseline_run")
+    if base is not None and (not isinstance(base, str) or given != ["ratio_below"]):
+        raise RulesError(f"{where}.baseline_run: a run id, with `ratio_below`")
+    return Rule(name, "metric", sev, scope, metric, limits["above"], limits["below"], n,
+                ratio_below=limits["ratio_below"], baseline_run=base, rise=limits["rise"], fall=limits["fall"],
+                over_steps=over)  # fmt: skip
 
 
 def load(path: str | os.PathLike | None = None) -> Rules:
