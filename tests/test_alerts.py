@@ -380,3 +380,21 @@ def test_regression_and_drift_rules_catch_what_a_128_step_window_misses(runs_dir
     got = {(a["run"], a["rule"]) for a in stored_alerts(db_path)}
     assert got == {("slow", "slower-than-base"), ("decay", "slower-than-base"), ("decay", "slower-than-before"),
                    ("drift", "entropy-drift"), ("drift", "drop-high")}  # fmt: skip
+
+
+def test_the_live_page_marks_the_alerts_of_its_run(runs_dir, db_path, rules_file, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    now = time.time()
+    run_log(runs_dir, "silent", steps=list(range(1, 40)), t_last=now - 1000)
+    ingest(runs_dir, db_path, emit=None)
+    monkeypatch.setenv("OBSERVATORY_DB", str(db_path))
+    at = AppTest.from_string(
+        "from observatory.dashboard.pages import live\nlive.render()\n", default_timeout=60
+    )
+    at.query_params["run"] = "silent"
+    at.run()
+    assert not at.exception, at.exception
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    marks = [t for s in specs for t in s["data"] if t.get("name") == "alert"]
+    assert marks and "stalled open: no new step" in marks[0]["text"][0]

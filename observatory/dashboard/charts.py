@@ -43,6 +43,7 @@ MARKER_STYLE = {  # kind -> (symbol, colour)
     "decision": ("star", "#2ca02c"),
     "note": ("circle-open", "#17becf"),
     "run_end": ("line-ns", "#000000"),
+    "alert": ("bowtie", "#e377c2"),  # an alert opened or resolved (`observatory alerts`)
 }
 
 

@@ -41,7 +41,7 @@ __all__ = [
     "SQL_EXAMPLES",
 ]
 
-MARKER_KINDS = ("failure", "anomaly", "checkpoint", "config_diff", "decision", "note", "run_end")
+MARKER_KINDS = ("failure", "anomaly", "alert", "checkpoint", "config_diff", "decision", "note", "run_end")
 
 
 def _frame(con, sql: str, params) -> pl.DataFrame:
