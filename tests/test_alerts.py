@@ -398,3 +398,18 @@ def test_the_live_page_marks_the_alerts_of_its_run(runs_dir, db_path, rules_file
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     marks = [t for s in specs for t in s["data"] if t.get("name") == "alert"]
     assert marks and "stalled open: no new step" in marks[0]["text"][0]
+
+
+def test_back_to_training_after_an_eval_starts_the_stall_clock_again(runs_dir, db_path, rules_file):
+    now = time.time()
+    ph = lambda p, t: ("phase", {"phase": p, "attempt": 0}, None, t)  # noqa: E731
+    # a 14-minute eval ended 2 minutes ago; no step logged since: not a stall yet
+    run_log(
+        runs_dir,
+        "evaled",
+        steps=[1, 2],
+        t_last=now - 960,
+        extra=[ph("eval", now - 960), ph("train", now - 120)],
+    )
+    ingest(runs_dir, db_path, emit=None)
+    assert stored_alerts(db_path) == []

@@ -130,6 +130,10 @@ def _stalled(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[Firi
     for run, p in _progress(con, live).items():
         r, ph = runs[run], p["phase"]
         ref, allowed, what = p["progress_t"] or r.start_time, stall_s, "no new step"
+        if (
+            ph and ref is not None and ph["t"] > ref
+        ):  # a phase entered since (back to train after an eval): its clock
+            ref = ph["t"]
         if ph and ph["phase"] in PHASE_BUDGETED and (p["progress_t"] is None or ph["t"] >= p["progress_t"]):
             budget = ph["budget_s"] if ph["budget_s"] is not None else settings.get("phase_budget_s")
             ref, allowed, what = ph["t"], max(stall_s, budget), f"still in {ph['phase']}"
