@@ -93,6 +93,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("anomaly_throughput_drop", 0.5, "throughput drop: flag below this fraction of the trailing median"),
         Setting("anomaly_throughput_steps", 5, "throughput drop: consecutive logged steps it must last"),
         Setting("anomaly_stall_s", 300.0, "stalled run: seconds without events (and no run_end) to flag"),
+        Setting("heartbeat_s", 30.0, "every writing process sends a heartbeat (its step, phase and host telemetry) this often; 0 turns them off", low=0.0),
         Setting("alerts_file", "data/alerts.yaml", "alert rules, channels, silences and disabled rules (YAML; `observatory alerts`)"),
         Setting("alert_horizon_s", 21600.0, "alerts: a running or crashed run is watched until its writers have been silent this long", low=60.0),
         Setting("alert_episode_steps", 200, "alerts: a finding's alert resolves once the run is this many steps past its newest finding", low=1),

@@ -33,7 +33,9 @@ from typing import Any, Protocol
 import msgspec
 
 from observatory import settings
-from observatory.events import OBSERVATORY_HOST, RUN_ID_RE, STATUSES, VERSION, encode_value
+from observatory.events import OBSERVATORY_HOST, PHASES, RUN_ID_RE, STATUSES, VERSION, encode_value
+from observatory.logtail import last_seq as _tail
+from observatory.logtail import next_attempt as _attempt
 from observatory.redact import redact
 
 # Encodes a clean event (finite floats, ints, str keys: `metrics` and `expert_load`) ~15x faster
@@ -99,6 +101,7 @@ class Run:
         flush_interval: float = 0.2,
         sinks: Iterable[Sink] = (),
         install_signal_handlers: bool = True,
+        heartbeat_s: float | None = None,
     ):
         if not RUN_ID_RE.match(run_id):
             raise ValueError(f"run id {run_id!r} must match [A-Za-z0-9._-]{{1,128}}")
@@ -116,6 +119,9 @@ class Run:
         self._shared = host >= OBSERVATORY_HOST
         self._end: int | None = None  # file size after our last append (shared files only)
         self._seq = self._next_seq()  # assigned on the writer thread, so file order is seq order
+        # the restart attempt this process is: 0 for a new log, one past the newest phase's for a resumed one
+        self.attempt = 0 if self._seq == 0 else _attempt(self.path)
+        self._phase: str | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._dropped = 0
         self._dropped_reported = 0
@@ -133,6 +139,11 @@ class Run:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"observatory-writer-{run_id}", daemon=True)
         self._thread.start()
+        every = settings.get("heartbeat_s") if heartbeat_s is None else heartbeat_s
+        if every and every > 0 and not self._shared:
+            from observatory.telemetry import Heartbeat
+
+            Heartbeat(self._heartbeat, float(every), self._stop, f"observatory-heartbeat-{run_id}").start()
         self._old_handlers: dict[int, Any] = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -167,6 +178,8 @@ class Run:
 
     def _put_metrics(self, data: dict[str, float], step: int) -> None:
         """Queue a `metrics` event of checked floats, with the queue's drop count when it grew."""
+        if self._phase in ("init", "compile"):  # a step's values: this process trains now
+            self.phase("train", step=step)
         # NaN/inf need their string form on disk; finite values can be dumped as they are
         clean = all(map(math.isfinite, data.values()))
         dropped = self._dropped
@@ -202,6 +215,31 @@ class Run:
         except ValidationError as e:
             raise ValueError(f"event({kind!r}): {e}") from None
         self._put(kind, dict(data), step)
+
+    def phase(self, name: str, budget_s: float | None = None, step: int | None = None) -> None:
+        """Say this process enters a phase: init, compile, train, eval, checkpoint or shutdown. `budget_s`: how long
+        it may take before it counts as a hang (a long eval or a synchronous save is not a stall); `step`: the
+        step it is at (default: the last one logged)."""
+        if name not in PHASES:
+            raise ValueError(f"phase: must be one of {', '.join(PHASES)}, got {name!r}")
+        if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0):
+            raise ValueError(f"phase: budget_s must be a number of seconds > 0, got {budget_s!r}")
+        self._phase = name
+        data: dict[str, Any] = {"phase": name, "attempt": self.attempt}
+        if budget_s is not None:
+            data["budget_s"] = float(budget_s)
+        self._put("phase", data, self._last_step if step is None else check_step(step, "phase"))
+
+    def _heartbeat(self) -> None:
+        from observatory.telemetry import sample
+
+        data: dict[str, Any] = {k: v for k, v in sample().items() if math.isfinite(v)}
+        if self._phase is not None:
+            data["phase"] = self._phase
+        if self._last_step is not None:
+            data["step"] = self._last_step
+        if not self._finished:
+            self._put("heartbeat", data, self._last_step, clean=True)
 
     def note(self, text: str, author: str | None = None, step: int | None = None) -> None:
         self.event("note", {"text": text, **({"author": author} if author else {})}, step)
@@ -441,31 +479,6 @@ class Run:
             self._finish_killed()
         elif not self._stop.is_set():
             self.close()
-
-
-def _tail(path: Path, size: int) -> tuple[int | None, bool]:
-    """(seq of the last readable event, whether the last line is torn) in the first `size` bytes of a log."""
-    if size <= 0:
-        return None, False
-    torn = False
-    try:
-        with open(path, "rb") as f:
-            for span in (64 << 10, 1 << 20):  # the last line is short; look further back only if it is not
-                start = max(0, size - span)
-                f.seek(start)
-                data = f.read(size - start)
-                torn = not data.endswith(b"\n")
-                lines = data.split(b"\n")
-                for raw in reversed(lines[1:] if start else lines):  # lines[0] may start mid-line
-                    try:
-                        return int(json.loads(raw)["seq"]), torn
-                    except (ValueError, KeyError, TypeError):
-                        continue
-                if start == 0:
-                    break
-    except FileNotFoundError:
-        pass
-    return None, torn
 
 
 def _counts(what: str, values: Iterable[int]) -> list[int]:

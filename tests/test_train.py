@@ -112,6 +112,11 @@ def test_base_run_writes_the_full_event_stream(base):
     assert [e["step"] for e in ckpts] == [20, 40, 60]
     assert all(Path(e["data"]["path"]).is_dir() and e["data"]["bytes"] > 10_000 for e in ckpts)
     assert evs[-1]["kind"] == "run_end" and evs[-1]["data"] == {"status": "completed", "final_step": 60}
+    # the process's phases, in order: a long eval or a synchronous save is a phase, not a stall
+    phases = [(e["data"]["phase"], e["step"]) for e in of(evs, "phase")]
+    assert phases[:3] == [("init", None), ("compile", None), ("train", 1)]
+    assert ("eval", 30) in phases and ("checkpoint", 20) in phases and phases[-1][0] == "shutdown"
+    assert {e["data"]["attempt"] for e in of(evs, "phase")} == {0}
 
 
 def test_loss_falls_below_the_corpus_unigram_entropy(base):
@@ -172,6 +177,9 @@ def test_resume_continues_the_same_run_and_sequence(base, tmp_path):
     ls = losses(allev)
     assert abs(ls[61] - ls[60]) < 0.5 and ls[61] < 3.5  # picked up the trained weights
     assert of(allev, "run_end")[-1]["data"] == {"status": "completed", "final_step": 70}
+    resumed = [e for e in of(allev, "phase") if e["seq"] > evs[-1]["seq"]]
+    assert resumed[0]["data"] == {"phase": "init", "attempt": 1}  # the restart has an identity
+    assert {e["data"]["attempt"] for e in resumed} == {1}
     # the store: running while the resumed process writes (the log cut before its last run_end; the
     # first session's run_end and no second run_start before it), completed at step 70 after
     from observatory import store

@@ -196,6 +196,7 @@ def train_with_status(
         write_start=(pid == 0 and not resume),
         install_signal_handlers=False,
     )
+    # observatory.init said phase "init"; phases and heartbeats tell a hang, a stall and a dead process apart
     status, loop = "failed", None
     try:
         loop = _Loop(cfg, run, corpus, mesh, model, optimizer, runs_dir, model_info)
@@ -241,6 +242,7 @@ class _Loop:
         self.lrs = lr_schedule(cfg)
         self.flops_per_token = model_info["flops_per_token"]
         self.preempted = self.halted = False
+        self.compiling = False  # between the first dispatch and its values (`_fit`, `_finish_step`)
         self.signals: _Signals | None = None
         self.ckpt = Checkpointer(checkpoint_dir(runs_dir, run.id), keep=cfg.checkpoint.keep,
                                  async_save=cfg.checkpoint.async_save)
@@ -323,6 +325,8 @@ class _Loop:
         if cfg.failure.on_nan == "rollback" and not self.ckpt.steps():
             self.save(wait=True)  # something to roll back to before the first periodic checkpoint
         self._pending = pending = None  # (step, outputs, lr, faults) of the dispatched step not yet read
+        self.run.phase("compile")  # the first step jits; `_finish_step` says "train" once it has run
+        self.compiling = True
         self.t_last = None
         self.t_skip_next = False
         step = self.step
@@ -364,16 +368,19 @@ class _Loop:
         cfg = self.cfg
         busy = False
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+            self.run.phase("eval", step=step)
             self.evaluate(step)
             busy = True
         if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps:
             self.step = step
+            self.run.phase("checkpoint", step=step)
             self.save()
             busy = True
         else:
             self._emit_checkpoints()
         if busy:  # the next step's wall time includes this host work: do not report it as throughput
             self.t_skip_next = True
+            self.run.phase("train", step=step)
 
     def _finish_step(self, step: int, out: dict, lr: float, due) -> str | None:
         """Bring step `step`'s values to the host, log them, and decide what a NaN means."""
@@ -386,6 +393,9 @@ class _Loop:
         now = time.perf_counter()
         self.step = step
         cfg, run = self.cfg, self.run
+        if self.compiling:
+            run.phase("train", step=step)
+            self.compiling = False
         loss = float(vals["train/loss"])
         for f in due:
             if f.kind != "crash" and self.pid == 0:
@@ -462,6 +472,7 @@ class _Loop:
                                     "bpb": bits_per_byte(loss)}, step=step)
 
     def close(self, save: bool) -> None:
+        self.run.phase("shutdown")
         try:
             if save and self.cfg.checkpoint.at_exit and self.step > 0:
                 self.save()

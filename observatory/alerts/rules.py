@@ -37,7 +37,8 @@ The defaults, on for every run: `findings` (a detector's critical finding), `sta
 for `anomaly_stall_s`, or longer while the run is in a phase with a budget: compile, eval,
 checkpoint), `frozen_host` (one process silent while its siblings go on), and two warnings: `straggler`
 (a host slower per step than the median host by 1.3x over ten minutes) and `memory_creep` (an
-accelerator past 95% of its memory, or on pace to fill it within the hour). A run's own config
+accelerator past 95% of its memory, or on pace to fill it within the hour) and `mfu_drop` (info: the median
+MFU of the last 200 logged steps below 80% of the 2,000 before). A run's own config
 turns them off with `alerts: {enabled: false}` or `alerts: {disable: [rule, ...]}`.
 `observatory alerts silence|disable|enable` edit the file.
 """
@@ -150,6 +151,10 @@ DEFAULT_RULES = (
     Rule("frozen_host", "frozen_host"),
     Rule("straggler", "straggler", "warn"),
     Rule("memory_creep", "memory_creep", "warn"),
+    # MFU below 80% of the run's own level, on the median of 200 logged steps against the 2,000 before: a
+    # regression that lasts, not a busy minute; info (stored and shown, sent only where a channel takes info):
+    # a laptop's other jobs can hold a small run's MFU down for 200 steps. A lab wanting a page sets its own rule
+    Rule("mfu_drop", "metric", "info", metric="throughput/mfu", for_steps=200, ratio_below=0.8, over_steps=2000),
 )
 
 

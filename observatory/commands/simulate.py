@@ -12,21 +12,29 @@ from observatory.commands import common_options
 __all__ = ["simulate"]
 
 PRESET_NAMES = ("tiny", "ladder", "535b")
+FAULTS = ("healthy", "frozen", "straggler", "hang", "preempt", "mfu_drop", "hbm_creep")  # simulate_ops.FAULTS
 
 
 @click.command("simulate")
 @click.option("--preset", type=click.Choice(PRESET_NAMES), required=True, help="Shape and story of the runs.")
 @click.option("--steps", type=int, help="Schedule length [default: tiny 200, ladder 200, 535b 500].")
 @common_options
-@click.option("--run-id", help="Main run id [default: sim-<preset>]; the fork is <id>-fork, ladder rungs <id>-<rung>.")
+@click.option(
+    "--run-id", help="Main run id [default: sim-<preset>]; the fork is <id>-fork, ladder rungs <id>-<rung>."
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same bytes.")
 @click.option(
-    "--expert-load-every", type=int, help="expert_load every K steps, 0 = never [default: tiny 1, ladder 5, 535b 10]."
+    "--expert-load-every",
+    type=int,
+    help="expert_load every K steps, 0 = never [default: tiny 1, ladder 5, 535b 10].",
 )
 @click.option("--hosts", type=int, default=1, show_default=True, help="Processes: one event file each.")
 @click.option("--replace", is_flag=True, help="Overwrite runs simulated earlier with other arguments.")
 @click.option("--ingest", "do_ingest", is_flag=True, help="Also update the store (--db) from the runs dir.")
-def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts, replace, do_ingest):
+@click.option("--fault", type=click.Choice(FAULTS),
+              help="Instead of the preset's story: a live many-host job (phases, heartbeats) playing one operator "
+                   "fault, ending now, with its goodput ground truth in a summary event (docs/operate.md).")  # fmt: skip
+def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts, replace, do_ingest, fault):
     """Write synthetic runs as real event logs (deterministic by seed).
 
     535b: the reference MoE (48 layers x 384 experts, top-8 + 2 shared, seq 4096) with a
@@ -36,6 +44,9 @@ def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts
     """
     from observatory.interop.simulate import simulate as run_simulate
 
+    if fault is not None:
+        _fault(fault, steps, runs_dir, db, run_id, seed, hosts, do_ingest)
+        return
     try:
         res = run_simulate(
             preset, runs_dir, steps=steps, run_id=run_id, seed=seed, expert_load_every=expert_load_every,
@@ -62,3 +73,21 @@ def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts
         click.echo(f"next: observatory {command} --runs-dir {shlex.quote(str(runs_dir))}", err=True)
     if res.conflicts:
         sys.exit(1)
+
+
+def _fault(fault, steps, runs_dir, db, run_id, seed, hosts, do_ingest) -> None:
+    from observatory.interop.simulate_ops import simulate_ops
+
+    try:
+        run, truth = simulate_ops(
+            fault, runs_dir, hosts=max(hosts, 8), steps=steps or 3000, seed=seed, run_id=run_id
+        )
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(
+        f"{run} -> {runs_dir}: {max(hosts, 8)} hosts, fault {fault}; goodput {truth['sim/goodput']:.4f}"
+    )
+    if do_ingest:
+        from observatory.interop import ingest_runs
+
+        click.echo(f"store {db}: {ingest_runs(runs_dir, db).summary()}")

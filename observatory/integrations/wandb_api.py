@@ -454,6 +454,7 @@ def _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir, host, 
         run_class=Run,
         **options,
     )
+    run.phase("init")  # the first log says "train" (the writer's rule): a hang before it is told apart
     run.name = name or run.id
     run.wandb_rules = wandb_rules
     run.project, run.group, run.notes = project, group, notes

@@ -222,6 +222,7 @@ class ObservatoryTracker(Tracker):
     def __init__(self, run_id: str, runs_dir: str | os.PathLike, *, name: str | None = None,
                  tags: list[str] | None = None, host: int = 0, **writer_options: Any):
         self.run = Run(run_id, runs_dir, host, **writer_options)
+        self.run.phase("init")  # Levanter's first logged step says "train" (the writer's rule)
         self.run_name = name
         self.tags = list(tags or [])
         self._config: dict[str, Any] = {}

@@ -1,0 +1,103 @@
+"""Host telemetry for heartbeats: what this process and its machine look like now, as a flat map of numbers.
+
+Names (docs/events.md's heartbeat row): `system/cpu_percent` (this process, since the last sample),
+`system/rss_bytes`, `system/mem_available_bytes` (psutil); per local accelerator `i`,
+`accel/<i>/hbm_used_bytes` and `accel/<i>/hbm_limit_bytes` from jax's `memory_stats()` when jax is
+already imported (never imported here); on NVIDIA GPUs, `accel/<i>/util`, `accel/<i>/power_w`,
+`accel/<i>/temp_c`, `accel/<i>/ecc_errors` (and HBM, when jax gave none) from nvidia-ml-py when it is
+installed. A name a platform cannot measure is left out. Each source that fails once is not asked again.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+__all__ = ["sample", "Heartbeat"]
+
+_OFF: set[str] = set()  # sources that failed: not asked again in this process
+_PROC: Any = None
+_NVML: Any = None
+
+
+def _psutil(out: dict[str, float]) -> None:
+    global _PROC
+    import psutil
+
+    if _PROC is None:
+        _PROC = psutil.Process()
+        _PROC.cpu_percent(None)  # the first call starts the interval
+    out["system/cpu_percent"] = float(_PROC.cpu_percent(None))
+    out["system/rss_bytes"] = float(_PROC.memory_info().rss)
+    out["system/mem_available_bytes"] = float(psutil.virtual_memory().available)
+
+
+def _jax(out: dict[str, float]) -> None:
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return
+    for i, d in enumerate(jax.local_devices()):
+        stats = d.memory_stats() or {}
+        if "bytes_in_use" in stats:
+            out[f"accel/{i}/hbm_used_bytes"] = float(stats["bytes_in_use"])
+        if "bytes_limit" in stats:
+            out[f"accel/{i}/hbm_limit_bytes"] = float(stats["bytes_limit"])
+
+
+def _nvml(out: dict[str, float]) -> None:
+    global _NVML
+    if _NVML is None:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        _NVML = pynvml
+    nv = _NVML
+    for i in range(nv.nvmlDeviceGetCount()):
+        h = nv.nvmlDeviceGetHandleByIndex(i)
+        out[f"accel/{i}/util"] = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+        out[f"accel/{i}/power_w"] = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+        out[f"accel/{i}/temp_c"] = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        if f"accel/{i}/hbm_used_bytes" not in out:
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            out[f"accel/{i}/hbm_used_bytes"], out[f"accel/{i}/hbm_limit_bytes"] = (
+                float(mem.used),
+                float(mem.total),
+            )
+        try:
+            out[f"accel/{i}/ecc_errors"] = float(nv.nvmlDeviceGetTotalEccErrors(
+                h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))  # fmt: skip
+        except nv.NVMLError:
+            pass  # no ECC on this board
+
+
+_SOURCES = (("psutil", _psutil), ("jax", _jax), ("nvml", _nvml))
+
+
+def sample() -> dict[str, float]:
+    """The telemetry this platform can give now."""
+    out: dict[str, float] = {}
+    for name, fn in _SOURCES:
+        if name in _OFF:
+            continue
+        try:
+            fn(out)
+        except Exception:  # not installed, no driver, no device: this source says nothing from now on
+            _OFF.add(name)
+    return out
+
+
+class Heartbeat(threading.Thread):
+    """Every `every_s` until `stop` is set: `beat()` (the writer's `heartbeat` event). A daemon: it never keeps a
+    process alive, and a process frozen whole (SIGSTOP, a dead machine) stops beating with it."""
+
+    def __init__(self, beat, every_s: float, stop: threading.Event, name: str):
+        super().__init__(name=name, daemon=True)
+        self._beat, self._every, self._stop_event = beat, every_s, stop
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._every):
+            try:
+                self._beat()
+            except Exception:  # a finished run, a full queue: the next beat tries again
+                pass
