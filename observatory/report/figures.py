@@ -12,7 +12,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from observatory.report.collect import OVERVIEW_METRICS, Report
+from observatory.report.collect import Report
 
 __all__ = ["figures", "MARKS"]
 
@@ -55,7 +55,7 @@ def _finite(points):
 
 
 def overview(rep: Report) -> go.Figure | None:
-    names = [n for n in OVERVIEW_METRICS if rep.series.get(n)]
+    names = [n for n in rep.series if rep.series.get(n)]  # the loss first (`collect.overview_names`)
     if not names:
         return None
     fig = make_subplots(
@@ -65,7 +65,7 @@ def overview(rep: Report) -> go.Figure | None:
         xs, ys = _xy(rep.series[name])
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, line=dict(width=1.5)), row=i, col=1)
         bad = [s for s, v in rep.series[name] if v is None or not math.isfinite(v)]
-        if name == "train/loss":  # a downsampled series leaves NaNs out; the report lists them all
+        if name == rep.loss_name:  # a downsampled series leaves NaNs out; the report lists them all
             bad = sorted(set(bad) | set(rep.nonfinite[:MAX_MARKERS]))
         if bad:
             fin = _finite(rep.series[name])
@@ -113,7 +113,7 @@ def overview(rep: Report) -> go.Figure | None:
 def window(rep: Report, w: dict) -> go.Figure:
     """Loss (left axis) and grad norm (right axis, log when it spans decades) around one finding."""
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    names = sorted(w["series"], key=lambda n: (n != "train/loss", n))
+    names = sorted(w["series"], key=lambda n: (n != rep.loss_name, n))
     for j, name in enumerate(names):
         pts = w["series"][name]
         xs, ys = _xy(pts)
