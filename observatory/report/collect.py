@@ -157,7 +157,12 @@ def _forecasts(con, run: str, events: list[dict], decisions: list) -> tuple[list
                 }
             )
     for dcs in decisions:
-        if dcs.forecast is not None:
+        fc = dcs.forecast
+        same = None if fc is None else next(
+            (f for f in fcs if f["metric"] == fc.metric and math.isclose(f["value"], fc.value, rel_tol=1e-3)), None)
+        if same is not None:  # the decision pre-registered this forecast event's number: one row, both sources
+            same["source_text"] = f"decision {dcs.id}; {same['source_text']}"
+        elif dcs.forecast is not None:
             fcs.append(
                 {
                     "metric": dcs.forecast.metric,
@@ -169,6 +174,9 @@ def _forecasts(con, run: str, events: list[dict], decisions: list) -> tuple[list
                 }
             )
     actuals = q.metric_series(con, run, sorted({f["metric"] for f in fcs}))
+    for metric, pts in actuals.items():  # `eval/loss` that is not a metric: the run's eval events
+        if not pts and metric.startswith("eval/"):
+            actuals[metric] = q.eval_series(con, run, metric.removeprefix("eval/"))
     for f in fcs:
         pts = [(s, v) for s, v in actuals.get(f["metric"], []) if math.isfinite(v)]
         if f["step"] is not None:
@@ -235,7 +243,14 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
             + "."
         )
     for f in rep_parts["forecasts"][:3]:
-        if f["actual"] is not None:
+        if f["actual"] is not None and f["low"] is not None and f["high"] is not None:
+            missed = f["verdict"] != "inside band"
+            lines.append(
+                f"The forecast {f['metric']} {fmt_value(f['value'])} (band {fmt_value(f['low'])}–"
+                f"{fmt_value(f['high'])}) {'missed' if missed else 'held'}: actual {fmt_value(f['actual'])} "
+                f"at step {f['actual_step']}, {f['verdict']}."
+            )
+        elif f["actual"] is not None:
             lines.append(
                 f"Forecast {f['metric']} = {fmt_value(f['value'])}; actual {fmt_value(f['actual'])} "
                 f"at step {f['actual_step']} ({f['verdict']})."

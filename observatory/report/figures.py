@@ -228,10 +228,19 @@ def forecast(rep: Report) -> go.Figure | None:
                     hovertext=[f.get("source_text", "") for f in fs],
                 )
             )
+        for f in fs:  # the headline: where the run ended up against the band
+            if f.get("actual") is not None and f.get("actual_step") is not None:
+                fig.add_annotation(x=f["actual_step"], y=f["actual"], text=f"actual {f['actual']:.4g}: {f['verdict']}",
+                                   showarrow=True, arrowhead=2, ax=-60, ay=-40,
+                                   font=dict(color="#2ca02c" if f["verdict"] == "inside band" else "#d62728"))  # fmt: skip
     if not fig.data:
         return None
-    fig.update_layout(height=320, title="Forecast against what happened", **LAYOUT)
-    fig.update_xaxes(title_text="step")
+    xs = [x for t in fig.data for x in (t.x or ()) if x is not None]
+    verdicts = sorted({f["verdict"] for f in rep.forecasts if f.get("low") is not None and f.get("actual") is not None})
+    title = "Forecast against what happened" + (f": {', '.join(verdicts)}" if verdicts else "")
+    fig.update_layout(height=320, title=title, **LAYOUT)
+    # from step 0 (a lone forecast point must not get an axis of its own width, 199 to 201)
+    fig.update_xaxes(title_text="step", range=[0, max(xs) * 1.04 + 1] if xs else None)
     return fig
 
 
