@@ -52,13 +52,9 @@ def store(tmp_path_factory):
         ours.log({"train/loss": 3.0 - i / 10, "loss": 99.0}, step=i)  # our name wins over a plain one
     ours.finish()
     ingest(runs_dir, db, emit=None)
-    old = os.environ.get("OBSERVATORY_DB")
-    os.environ["OBSERVATORY_DB"] = str(db)
-    yield db, plain
-    if old is None:
-        os.environ.pop("OBSERVATORY_DB", None)
-    else:
-        os.environ["OBSERVATORY_DB"] = old
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OBSERVATORY_DB", str(db))
+        yield db, plain
 
 
 # ---------------------------------------------------------------- item 1: the loss rule, every page
