@@ -26,12 +26,21 @@ The layout, one stage of the flow per package; each imports only itself and the 
 from __future__ import annotations
 
 from observatory.integrations import wandb_api
-from observatory.integrations.wandb_api import ConfigError, Error, define_metric, finish, init, log, watch
+from observatory.integrations.wandb_api import (
+    ConfigError,
+    Error,
+    Settings,
+    define_metric,
+    finish,
+    init,
+    log,
+    watch,
+)
 from observatory.store import connect
 from observatory.writer import Run
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "run", "config", "summary", "Error",
-           "ConfigError", "Run", "connect"]  # fmt: skip
+           "ConfigError", "Settings", "Run", "connect"]  # fmt: skip
 __version__ = "0.1.0"
 
 run: wandb_api.Run | wandb_api.DisabledRun | None = None

@@ -8,7 +8,8 @@
    the follower (`observatory ingest --follow`) and the dashboard (`streamlit run app.py`).
    When a training run ends, the next one starts (`demo-<time>`), so something is always
    training; the Live page draws each run against the previous one (same name and steps).
-4. Print the URL; Ctrl-C stops them all.
+4. Once the dashboard answers, print a few lines, the URL last (the follower's and the dashboard's
+   own output go to log files in the runs dir); Ctrl-C stops them all.
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ def _trainer(bin_dir: Path, runs_dir: Path, run_id: str, steps: str, env: dict) 
     )
 
 
+def _wait_healthy(port: int, dashboard: subprocess.Popen, seconds: float = 120.0) -> None:
+    """Until the dashboard answers its health check (so the URL printed last works when clicked)."""
+    import urllib.request
+
+    deadline = time.time() + seconds
+    while time.time() < deadline and dashboard.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+
+
 def _stop(signum, frame):
     raise KeyboardInterrupt
 
@@ -87,27 +101,26 @@ def main() -> int:
 
     n = seed_samples(runs_dir)
     print(f"demo: {n} sample runs copied or updated in {runs_dir}" if n else f"demo: runs dir {runs_dir}")
-    subprocess.run([bin_dir / "observatory", "ingest"], env=env, check=True)
-    subprocess.run([bin_dir / "observatory", "runs"], env=env, check=False)
+    subprocess.run([bin_dir / "observatory", "ingest", "-q"], env=env, check=True)  # one summary line
 
     # SIGTERM (a service manager, `kill`) stops the children too, like Ctrl-C does
     signal.signal(signal.SIGTERM, _stop)
     run_id = "demo-" + time.strftime("%Y%m%d-%H%M%S")
+    logs = {name: runs_dir / f"demo.{name}.log" for name in ("ingest", "dashboard")}
     procs = {
         "trainer": _trainer(bin_dir, runs_dir, run_id, steps, env),
-        "ingest": subprocess.Popen([bin_dir / "observatory", "ingest", "--follow"], env=env),
-        "dashboard": subprocess.Popen(
-            [bin_dir / "observatory", "dashboard", "--port", str(port)], env=env, stdout=subprocess.DEVNULL
-        ),
+        "ingest": subprocess.Popen([bin_dir / "observatory", "ingest", "--follow"], env=env,
+                                   stdout=open(logs["ingest"], "w"), stderr=subprocess.STDOUT),  # fmt: skip
+        "dashboard": subprocess.Popen([bin_dir / "observatory", "dashboard", "--port", str(port)], env=env,
+                                      stdout=open(logs["dashboard"], "w"), stderr=subprocess.STDOUT),  # fmt: skip
     }
+    _wait_healthy(port, procs["dashboard"])
     print(
-        f"\n  Dashboard:  http://localhost:{port}/live?run={run_id}\n"
-        f"  Live run:   {run_id}, {steps} steps (trainer log: {runs_dir / (run_id + '.trainer.log')});\n"
-        "              when it ends the next demo run starts (OBSERVATORY_DEMO_STEPS sets the steps)\n"
+        f"  Live run:   {run_id}, {steps} steps; the next starts when it ends (OBSERVATORY_DEMO_STEPS)\n"
+        f"  Logs:       {runs_dir}/{run_id}.trainer.log, demo.ingest.log, demo.dashboard.log\n"
         f'  Store:      {db}   try: observatory sql "SELECT * FROM latest_metrics LIMIT 10"\n'
-        "  Decisions:  the sample ladder's decision history, http://localhost:"
-        f"{port}/decisions\n"
-        "  Ctrl-C stops the demo.\n",
+        "  Ctrl-C stops the demo.\n\n"
+        f"  Dashboard:  http://localhost:{port}/live?run={run_id}",
         flush=True,
     )
     failed = False
@@ -116,7 +129,7 @@ def main() -> int:
             time.sleep(1)
             for name in ("ingest", "dashboard"):
                 if procs[name].poll() is not None:
-                    print(f"demo: {name} exited with {procs[name].returncode}", file=sys.stderr)
+                    print(f"demo: {name} exited with {procs[name].returncode}; see {logs[name]}", file=sys.stderr)
                     return 1
             rc = procs["trainer"].poll()
             if rc is not None and rc != 0 and not failed:

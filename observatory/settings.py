@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Setting", "SETTINGS", "get", "describe"]
+__all__ = ["Setting", "SETTINGS", "get", "describe", "quiet", "LOSS_NAMES"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class Setting:
     help: str
     low: float | None = None  # inclusive bounds of a numeric setting (None: unbounded)
     high: float | None = None
+    path: bool = False  # a path: `~` expanded; a default under ~/.local/share follows $XDG_DATA_HOME
 
     @property
     def env(self) -> str:
@@ -54,11 +55,19 @@ class Setting:
         return f"at most {self.high}" if self.high is not None else ""
 
 
+# the per-user data folder of `runs` and `db` ($XDG_DATA_HOME/observatory when XDG_DATA_HOME is set)
+DATA_HOME = "~/.local/share/observatory"
+# the names W&B, Hugging Face, Lightning and our trainer users give the loss, most specific first
+LOSS_NAMES = ("train/loss", "train/ce_loss", "loss", "train_loss", "training_loss", "train/loss_step",
+              "eval/loss", "eval_loss", "val/loss", "val_loss", "validation_loss")  # fmt: skip
+
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
-        Setting("runs", "data/runs", "runs dir: where event logs live (flag --runs-dir)"),
-        Setting("db", "data/observatory.duckdb", "the DuckDB store (flag --db)"),
+        Setting("runs", f"{DATA_HOME}/runs", "runs dir: where event logs live (flag --runs-dir); the per-user default is the same from any folder, so a run started anywhere is on the dashboard", path=True),
+        Setting("db", f"{DATA_HOME}/observatory.duckdb", "the DuckDB store (flag --db)", path=True),
+        Setting("loss_names", ",".join(LOSS_NAMES), "a run's loss: the first of these comma-separated metric names it logged (the Live chart, the Runs table's last loss, the report)"),
+        Setting("quiet", False, "`observatory.init` and `finish` print no line (wandb's `settings=Settings(quiet=True)`; WANDB_QUIET and WANDB_SILENT count too)"),
         Setting("stale_after_s", 120.0, "a run with no run_end and no event for this long is shown as crashed"),
         Setting("sql_time_limit_ms", 5000, "time limit for one user SQL query"),
         Setting("sql_max_rows", 10000, "row cap for one user SQL query; more rows set `truncated`"),
@@ -107,7 +116,23 @@ SETTINGS: dict[str, Setting] = {
 def get(name: str) -> Any:
     s = SETTINGS[name]
     raw = os.environ.get(s.env)
+    if s.path:
+        return _expand(s.default if raw is None or raw == "" else raw, raw is None or raw == "")
     return s.default if raw is None or raw == "" else s.check(s.parse(raw), raw)
+
+
+def _expand(value: str, default: bool) -> str:
+    """A path setting's value with `~` expanded; the default's data folder under $XDG_DATA_HOME when set."""
+    xdg = os.environ.get("XDG_DATA_HOME")
+    if default and xdg and value.startswith("~/.local/share/"):
+        value = os.path.join(xdg, value.removeprefix("~/.local/share/"))
+    return os.path.expanduser(value)
+
+
+def quiet() -> bool:
+    """Whether `init` and `finish` keep quiet: the `quiet` setting, or wandb's WANDB_QUIET / WANDB_SILENT."""
+    on = ("1", "true", "yes", "on")
+    return bool(get("quiet")) or any(os.environ.get(v, "").strip().lower() in on for v in ("WANDB_QUIET", "WANDB_SILENT"))
 
 
 def describe() -> list[tuple[str, Any, str, str]]:

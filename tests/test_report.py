@@ -282,5 +282,6 @@ def test_reports_page_renders(env):
     at.query_params["run"] = "nan"
     at.run()
     assert not at.exception
-    text = " ".join(m.value for m in at.markdown)
-    assert f"first became non-finite at step {NAN_AT}" in text
+    (frame,) = at.get("iframe")  # the story once, in the report (not also in Markdown above it)
+    assert f"first became non-finite at step {NAN_AT}" in frame.proto.srcdoc
+    assert not any("first became non-finite" in m.value for m in at.markdown)

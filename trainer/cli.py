@@ -37,7 +37,7 @@ def _train_parser() -> argparse.ArgumentParser:
         description="Train a model. Overrides are key.sub=value (e.g. optimizer.lr=1e-3 inject=nan@20).",
     )
     t.add_argument("--config", help="YAML config (trainer/configs/*.yaml); optional with --resume/--fork")
-    t.add_argument("--runs-dir", default=None, help="where event logs go (default: env OBSERVATORY_RUNS or data/runs)")
+    t.add_argument("--runs-dir", default=None, help="where event logs go (default: the `runs` setting: env OBSERVATORY_RUNS, else ~/.local/share/observatory/runs)")
     t.add_argument("--run-id", default=None, help="run id (default: <name>-<time>-<random>)")
     g = t.add_mutually_exclusive_group()
     g.add_argument("--resume", metavar="RUN[@STEP]", help="continue RUN from its latest (or STEP's) checkpoint")

@@ -1,6 +1,6 @@
 """Ingest: event logs → DuckDB store, incremental, exactly-once, every line validated.
 
-    report = ingest("data/runs", "data/observatory.duckdb")          # one pass
+    report = ingest(runs_dir, db)                                    # one pass
     ingest(runs, db, follow=True, stop_event=ev)                      # tail until stopped
 
 - `files`: the runs dir's logs, what each has that the store has not, reading one;

@@ -49,6 +49,7 @@ from observatory.integrations.wandb_objects import (
     Error,
     MetricRule,
     PreInit,
+    Settings,
     Summary,
     config_changes,
     config_dict,
@@ -56,7 +57,7 @@ from observatory.integrations.wandb_objects import (
 )
 from observatory.redact import redact
 
-__all__ = ["Error", "ConfigError", "PreInit", "Run", "DisabledRun", "init", "log", "finish", "define_metric",
+__all__ = ["Error", "ConfigError", "Settings", "PreInit", "Run", "DisabledRun", "init", "log", "finish", "define_metric",
            "watch", "active", "on_active_change", "RESUME_MODES"]  # fmt: skip
 
 RESUME_MODES = (None, False, True, "allow", "auto", "must", "never")
@@ -86,6 +87,7 @@ class Run(writer.Run):
         self.wandb_rules = True  # False: the writer's rules (see the module docstring)
         self._rules: list[MetricRule] = []
         self._rule_of: dict[str, MetricRule | None] = {}
+        self.quiet = True  # `init` sets it: False prints a line at init and at finish (see `_say`)
 
     disabled = False
 
@@ -154,7 +156,11 @@ class Run(writer.Run):
                 final["writer/refused_logs"] = self.refused_logs
             if final:
                 self._put("summary", redact(final), None)
+        done = self._finished
         super().finish(status, final_step)
+        if not done and not (quiet or self.quiet):
+            _say(f"run {self.id} {status}, {self.logged_events} events in {self.path}; "
+                 f"see it: {show_command(self.dir.parent)} && observatory report {self.id}")  # fmt: skip
         _deactivate(self)
 
     def _aggregate(self, flat: dict[str, float]) -> None:
@@ -285,6 +291,23 @@ def _install_excepthook() -> None:
         sys.excepthook = _excepthook
 
 
+def show_command(runs_dir: Path) -> str:
+    """The command that puts a run of `runs_dir` on the dashboard (the runs dir named when it is not the default)."""
+    flag = "" if Path(runs_dir).resolve() == Path(settings.get("runs")).resolve() else f" --runs-dir {runs_dir}"
+    return f"observatory ingest{flag}"
+
+
+def _quiet(ws: Any) -> bool:
+    """wandb's `settings=Settings(quiet=True)` (or silent, or a dict of them), the `quiet` setting, WANDB_QUIET."""
+    get = ws.get if isinstance(ws, Mapping) else (lambda k: getattr(ws, k, None))
+    return settings.quiet() or (ws is not None and bool(get("quiet") or get("silent")))
+
+
+def _say(msg: str) -> None:
+    """The line `init` and `finish` print (stderr, as wandb's `wandb: ...` lines)."""
+    print(f"observatory: {msg}", file=sys.stderr, flush=True)
+
+
 def _warn(msg: str) -> None:
     print(f"observatory: {msg}", file=sys.stderr)
 
@@ -397,6 +420,7 @@ def init(
         raise ValueError(f"init: resume must be one of allow, auto, must, never, True, False, None, got {resume!r}")
     if id is not None and run_id is not None and id != run_id:
         raise ValueError(f"init: id={id!r} and run_id={run_id!r} name two runs; pass one")
+    quiet = _quiet(kwargs.get("settings"))
     for key in [k for k in kwargs if k in IGNORED_INIT_ARGS]:
         kwargs.pop(key)
     if reinit in ("return_previous", False) and _active is not None:
@@ -418,6 +442,9 @@ def init(
         run = _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir or dir, host,
                      parent or _fork_point(fork_from, "fork_from") or _fork_point(resume_from, "resume_from"),
                      source, write_start, allow_val_change, wandb_rules, kwargs)  # fmt: skip
+        run.quiet = quiet
+        if not quiet:
+            _say(f"run {run.id} logs to {run.path}; see it: {show_command(run.dir.parent)} && observatory dashboard")
         _install_excepthook()
     if reinit != "create_new":
         _set_active(run)

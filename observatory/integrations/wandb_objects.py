@@ -17,7 +17,7 @@ from observatory.redact import redact
 if TYPE_CHECKING:
     from observatory.writer import Run
 
-__all__ = ["Error", "ConfigError", "PreInit", "Config", "Summary", "flatten_metrics", "config_dict"]
+__all__ = ["Error", "ConfigError", "Settings", "PreInit", "Config", "Summary", "flatten_metrics", "config_dict"]
 
 
 class Error(RuntimeError):
@@ -26,6 +26,17 @@ class Error(RuntimeError):
 
 class ConfigError(Error):
     """wandb's ConfigError: a config value changed without `allow_val_change=True`."""
+
+
+class Settings:
+    """wandb's `Settings(...)` for `init(settings=)`: `quiet` or `silent` keep `init` and `finish` from printing
+    their line; the other fields are accepted and unused."""
+
+    def __init__(self, **fields: Any):
+        self.__dict__.update(fields)
+
+    def __repr__(self) -> str:
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
 
 
 class PreInit:

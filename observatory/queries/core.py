@@ -21,6 +21,9 @@ __all__ = [
     "list_runs",
     "metric_series",
     "rejected",
+    "loss_names",
+    "loss_name",
+    "LAST_LOSS_SQL",
 ]
 
 # Columns `list_runs` returns, in order.
@@ -113,6 +116,26 @@ def list_runs(
 ) -> list[dict[str, Any]]:
     """Every run, newest first (`search_runs` with no search and no limit)."""
     return search_runs(con, status=status, projects=projects, groups=groups, now=now)
+
+
+def loss_names() -> list[str]:
+    """The `loss_names` setting as a list: a run's loss is the first of these it logged."""
+    return [n.strip() for n in str(settings.get("loss_names")).split(",") if n.strip()]
+
+
+def loss_name(names) -> str | None:
+    """The loss among a run's metric `names`: the first of `loss_names()` it logged, or None. The one rule of
+    the Live chart, the report and (as `LAST_LOSS_SQL`) the Runs table's last loss."""
+    have = set(names)
+    return next((n for n in loss_names() if n in have), None)
+
+
+# `loss_name`'s rule in SQL, set-wise over the runs of a GROUP BY run on metric_series (its `name` and
+# `last_value`), with the parameter $loss_names = loss_names(): the last value of each run's loss
+LAST_LOSS_SQL = (
+    "arg_min(last_value, list_position($loss_names::VARCHAR[], name)) "
+    "FILTER (WHERE list_contains($loss_names::VARCHAR[], name))"
+)
 
 
 def metric_series(con, run: str, name: str, lo: int | None = None, hi: int | None = None) -> dict[str, list]:

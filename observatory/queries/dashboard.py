@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 
 from observatory.queries import experts
+from observatory.queries.core import LAST_LOSS_SQL, loss_names
 from observatory.store.schema import METRIC_RESOLUTIONS
 
 __all__ = [
@@ -320,13 +321,13 @@ def forecasts(con, run: str) -> list[dict[str, Any]]:
 
 def runs_extras(con, runs: list[str]) -> pl.DataFrame:
     """Per run of `runs` (a page of them, never every run): planned steps (config `steps` or `train.steps`),
-    last loss, tokens seen, last metric step/time, values redacted at ingest."""
+    last loss (`core.loss_name`'s rule), tokens seen, last metric step/time, values redacted at ingest."""
     return _frame(
         con,
-        """
+        f"""
         WITH m AS (
             SELECT run,
-                   max(last_value) FILTER (WHERE name = 'train/loss') AS last_loss,
+                   {LAST_LOSS_SQL} AS last_loss,
                    max(last_value) FILTER (WHERE name = 'data/tokens') AS tokens,
                    max(last_step) AS last_metric_step, max(last_t) AS last_metric_t
             FROM metric_series WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
@@ -337,7 +338,7 @@ def runs_extras(con, runs: list[str]) -> pl.DataFrame:
                m.last_loss, m.tokens, m.last_metric_step, m.last_metric_t, r.redactions
         FROM runs r LEFT JOIN m USING (run) WHERE r.run IN (SELECT unnest($runs::VARCHAR[]))
         """,
-        {"runs": list(runs)},
+        {"runs": list(runs), "loss_names": loss_names()},
     )
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "metric_names",
     "metric_series",
     "nonfinite_steps",
+    "eval_series",
     "expert_load_by_layer",
     "expert_load_matrix",
     "drop_series",
@@ -159,6 +160,16 @@ def metric_series(
     for name, step, value in rows:
         out[name].append((int(step), math.nan if value is None else float(value)))
     return out
+
+
+def eval_series(con, run: str, field: str = "loss") -> list[tuple[int, float]]:
+    """[(step, value)] of one field (`loss`, `bpb`) of a run's `eval` events, the datasets' mean at a step."""
+    rows = con.execute(
+        """SELECT step, avg(TRY_CAST(json_extract_string(data, '$.' || ?) AS DOUBLE)) AS v FROM events
+           WHERE run = ? AND kind = 'eval' AND step IS NOT NULL GROUP BY step HAVING v IS NOT NULL ORDER BY step""",
+        [field, run],
+    ).fetchall()
+    return [(int(s), float(v)) for s, v in rows]
 
 
 def nonfinite_steps(con, run: str, name: str) -> list[int]:

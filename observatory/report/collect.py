@@ -19,16 +19,18 @@ from observatory import lineage as lin
 from observatory import settings
 from observatory.events import OBSERVATORY_HOST, describe
 from observatory.queries import report as q
+from observatory.queries.core import loss_name
 from observatory.queries.goodput import describe_goodput, goodput
 from observatory.redact import redacted_note
 from observatory.report.format import fmt_time, fmt_value
 from observatory.store import run_status_sql, using
 
-__all__ = ["Report", "build", "effective_status", "MAX_POINTS", "OVERVIEW_METRICS"]
+__all__ = ["Report", "build", "effective_status", "MAX_POINTS", "OVERVIEW_METRICS", "overview_names"]
 
 MAX_POINTS = 4000  # per overview curve: min and max of each bucket, so spikes survive
 MAX_WINDOWS = 12  # metric windows around failures/anomalies; more would bury the first ones
-WINDOW_METRICS = ("train/loss", "grad/norm/total")
+WINDOW_METRICS = ("train/loss", "grad/norm/total")  # the loss: the run's own (`loss_name`)
+MAX_PLAIN = 12  # a run without our names (a W&B script's `loss`, `acc`): its first metrics drawn instead
 SEVERITY_RANK = {"critical": 0, "warn": 1, "info": 2}
 # the curves of the overview figure, read at up to MAX_POINTS points each
 OVERVIEW_METRICS = (
@@ -61,7 +63,8 @@ class Report:
     ladder: list[dict[str, Any]]
     decisions: list[Any]  # observatory.decisions.Decision
     metric_names: list[str] = field(default_factory=list)
-    nonfinite: list[int] = field(default_factory=list)  # steps where train/loss is NaN or inf
+    nonfinite: list[int] = field(default_factory=list)  # steps where the loss is NaN or inf
+    loss_name: str | None = None  # the run's loss (`queries.core.loss_name`): train/loss, or a W&B run's `loss`, ...
 
 
 def effective_status(info: dict[str, Any], now: float | None = None) -> str:
@@ -80,7 +83,16 @@ def effective_status(info: dict[str, Any], now: float | None = None) -> str:
         ).fetchall()[0][0]
 
 
-def _windows(con, run: str, timeline: list[dict], last_step: int | None) -> list[dict]:
+def overview_names(names: list[str]) -> list[str]:
+    """The overview's curves: the run's loss, then `OVERVIEW_METRICS` it logged; a run with none of them
+    (a W&B script's `acc`, `val/loss`) gets its own metrics, the first `MAX_PLAIN`, instead."""
+    loss = loss_name(names)
+    known = [n for n in OVERVIEW_METRICS[1:] if n in names]
+    rest = known or [n for n in names if n != loss][: MAX_PLAIN - (loss is not None)]
+    return ([loss] if loss else []) + rest
+
+
+def _windows(con, run: str, timeline: list[dict], last_step: int | None, loss: str | None) -> list[dict]:
     half = max(10, min(100, (last_step or 0) // 20))
     cands = []
     for e in timeline:
@@ -96,7 +108,7 @@ def _windows(con, run: str, timeline: list[dict], last_step: int | None) -> list
             continue
         seen.add((e["kind"], first, last))
         lo, hi = max(0, first - half), last + half
-        series = q.metric_series(con, run, list(WINDOW_METRICS), lo, hi)
+        series = q.metric_series(con, run, [loss or WINDOW_METRICS[0], *WINDOW_METRICS[1:]], lo, hi)
         series = {k: v for k, v in series.items() if v}
         out.append(
             {
@@ -146,7 +158,12 @@ def _forecasts(con, run: str, events: list[dict], decisions: list) -> tuple[list
                 }
             )
     for dcs in decisions:
-        if dcs.forecast is not None:
+        fc = dcs.forecast
+        same = None if fc is None else next(
+            (f for f in fcs if f["metric"] == fc.metric and math.isclose(f["value"], fc.value, rel_tol=1e-3)), None)
+        if same is not None:  # the decision pre-registered this forecast event's number: one row, both sources
+            same["source_text"] = f"decision {dcs.id}; {same['source_text']}"
+        elif dcs.forecast is not None:
             fcs.append(
                 {
                     "metric": dcs.forecast.metric,
@@ -158,6 +175,9 @@ def _forecasts(con, run: str, events: list[dict], decisions: list) -> tuple[list
                 }
             )
     actuals = q.metric_series(con, run, sorted({f["metric"] for f in fcs}))
+    for metric, pts in actuals.items():  # `eval/loss` that is not a metric: the run's eval events
+        if not pts and metric.startswith("eval/"):
+            actuals[metric] = q.eval_series(con, run, metric.removeprefix("eval/"))
     for f in fcs:
         pts = [(s, v) for s, v in actuals.get(f["metric"], []) if math.isfinite(v)]
         if f["step"] is not None:
@@ -197,7 +217,7 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
         lines.append(f"It started from {info['parent_run']} at step {info.get('parent_step')}.")
     nf = rep_parts["nonfinite"]
     if nf:
-        lines.append(f"train/loss first became non-finite at step {nf[0]} ({len(nf)} non-finite steps).")
+        lines.append(f"{rep_parts['loss_name'] or 'train/loss'} first became non-finite at step {nf[0]} ({len(nf)} non-finite steps).")
     anoms = [e for e in tl if e["kind"] == "anomaly" and e["step"] is not None]
     fails = [e for e in tl if e["kind"] == "failure"]
     if anoms:
@@ -224,7 +244,14 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
             + "."
         )
     for f in rep_parts["forecasts"][:3]:
-        if f["actual"] is not None:
+        if f["actual"] is not None and f["low"] is not None and f["high"] is not None:
+            missed = f["verdict"] != "inside band"
+            lines.append(
+                f"The forecast {f['metric']} {fmt_value(f['value'])} (band {fmt_value(f['low'])}–"
+                f"{fmt_value(f['high'])}) {'missed' if missed else 'held'}: actual {fmt_value(f['actual'])} "
+                f"at step {f['actual_step']}, {f['verdict']}."
+            )
+        elif f["actual"] is not None:
             lines.append(
                 f"Forecast {f['metric']} = {fmt_value(f['value'])}; actual {fmt_value(f['actual'])} "
                 f"at step {f['actual_step']} ({f['verdict']})."
@@ -253,8 +280,9 @@ def build(db, run: str, *, now: float | None = None) -> Report:
             for e in events
         ]
         names = q.metric_names(con, run)
-        series = q.metric_series(con, run, [n for n in OVERVIEW_METRICS if n in names], max_points=MAX_POINTS)
-        nonfinite = q.nonfinite_steps(con, run, "train/loss")
+        loss = loss_name(names)
+        series = q.metric_series(con, run, overview_names(names), max_points=MAX_POINTS)
+        nonfinite = q.nonfinite_steps(con, run, loss) if loss else []
         last_step = info.get("final_step") if info.get("final_step") is not None else info.get("last_step")
         unreadable: list[tuple[str, str]] = []
         every = dec.list_decisions(con, unreadable=unreadable)
@@ -265,14 +293,14 @@ def build(db, run: str, *, now: float | None = None) -> Report:
         li = lin.lineage(con, run) if info.get("start_time") is not None else None
         ladder = q.ladder_runs(con, info["ladder_name"]) if info.get("ladder_name") else []
         tokens = q.last_value(con, run, "data/tokens")
-        final_loss = q.last_value(con, run, "train/loss", finite=True)
+        final_loss = q.last_value(con, run, loss, finite=True) if loss else None
         summary = [
             ("status", status),
             ("name", info.get("name") or "-"),
             ("steps", fmt_value(last_step)),
             ("tokens", fmt_value(tokens[1]) if tokens else fmt_value((info.get("data") or {}).get("tokens"))),
             (
-                "final train/loss (last finite)",
+                f"final {loss or 'train/loss'} (last finite)",
                 f"{fmt_value(final_loss[1])} at step {final_loss[0]}" if final_loss else "-",
             ),
             ("first non-finite loss", f"step {nonfinite[0]}" if nonfinite else "none"),
@@ -305,6 +333,7 @@ def build(db, run: str, *, now: float | None = None) -> Report:
             "status": status,
             "timeline": timeline,
             "nonfinite": nonfinite,
+            "loss_name": loss,
             "decisions": decisions,
             "forecasts": forecasts,
         }
@@ -316,7 +345,7 @@ def build(db, run: str, *, now: float | None = None) -> Report:
             summary=summary,
             timeline=timeline,
             series=series,
-            windows=_windows(con, run, timeline, last_step),
+            windows=_windows(con, run, timeline, last_step, loss),
             expert_layers=q.expert_load_by_layer(con, run),
             expert_matrix=q.expert_load_matrix(con, run),
             drops=q.drop_series(con, run),
@@ -329,6 +358,7 @@ def build(db, run: str, *, now: float | None = None) -> Report:
             decisions=decisions,
             metric_names=names,
             nonfinite=nonfinite,
+            loss_name=loss,
         )
 
     with using(db) as con:

@@ -12,7 +12,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from observatory.report.collect import OVERVIEW_METRICS, Report
+from observatory.report.collect import Report
 
 __all__ = ["figures", "MARKS"]
 
@@ -55,7 +55,7 @@ def _finite(points):
 
 
 def overview(rep: Report) -> go.Figure | None:
-    names = [n for n in OVERVIEW_METRICS if rep.series.get(n)]
+    names = [n for n in rep.series if rep.series.get(n)]  # the loss first (`collect.overview_names`)
     if not names:
         return None
     fig = make_subplots(
@@ -65,7 +65,7 @@ def overview(rep: Report) -> go.Figure | None:
         xs, ys = _xy(rep.series[name])
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, line=dict(width=1.5)), row=i, col=1)
         bad = [s for s, v in rep.series[name] if v is None or not math.isfinite(v)]
-        if name == "train/loss":  # a downsampled series leaves NaNs out; the report lists them all
+        if name == rep.loss_name:  # a downsampled series leaves NaNs out; the report lists them all
             bad = sorted(set(bad) | set(rep.nonfinite[:MAX_MARKERS]))
         if bad:
             fin = _finite(rep.series[name])
@@ -113,7 +113,7 @@ def overview(rep: Report) -> go.Figure | None:
 def window(rep: Report, w: dict) -> go.Figure:
     """Loss (left axis) and grad norm (right axis, log when it spans decades) around one finding."""
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    names = sorted(w["series"], key=lambda n: (n != "train/loss", n))
+    names = sorted(w["series"], key=lambda n: (n != rep.loss_name, n))
     for j, name in enumerate(names):
         pts = w["series"][name]
         xs, ys = _xy(pts)
@@ -228,10 +228,19 @@ def forecast(rep: Report) -> go.Figure | None:
                     hovertext=[f.get("source_text", "") for f in fs],
                 )
             )
+        for f in fs:  # the headline: where the run ended up against the band
+            if f.get("actual") is not None and f.get("actual_step") is not None:
+                fig.add_annotation(x=f["actual_step"], y=f["actual"], text=f"actual {f['actual']:.4g}: {f['verdict']}",
+                                   showarrow=True, arrowhead=2, ax=-60, ay=-40,
+                                   font=dict(color="#2ca02c" if f["verdict"] == "inside band" else "#d62728"))  # fmt: skip
     if not fig.data:
         return None
-    fig.update_layout(height=320, title="Forecast against what happened", **LAYOUT)
-    fig.update_xaxes(title_text="step")
+    xs = [x for t in fig.data for x in (t.x or ()) if x is not None]
+    verdicts = sorted({f["verdict"] for f in rep.forecasts if f.get("low") is not None and f.get("actual") is not None})
+    title = "Forecast against what happened" + (f": {', '.join(verdicts)}" if verdicts else "")
+    fig.update_layout(height=320, title=title, **LAYOUT)
+    # from step 0 (a lone forecast point must not get an axis of its own width, 199 to 201)
+    fig.update_xaxes(title_text="step", range=[0, max(xs) * 1.04 + 1] if xs else None)
     return fig
 
 

@@ -180,6 +180,18 @@ def lineage_graph(tree: list[dict], current: str) -> go.Figure:
     return fig
 
 
+def _pair(ss, chosen: list[str]) -> None:
+    """The config diff's runs A and B before their widgets: each one of `chosen`, and B not A while two are
+    chosen. B kept a run of an earlier choice (the only run, when runs are picked one at a time), so a
+    second pick left it equal to A."""
+    if ss.get("compare_a") not in chosen:
+        ss["compare_a"] = chosen[0]
+    if ss.get("compare_b") not in chosen or (ss["compare_b"] == ss["compare_a"] and len(chosen) > 1
+                                            and ss.get("_compare_chosen") != chosen):  # fmt: skip
+        ss["compare_b"] = next((r for r in chosen if r != ss["compare_a"]), chosen[0])
+    ss["_compare_chosen"] = list(chosen)
+
+
 def render() -> None:
     st.title("Compare")
     qp = st.query_params
@@ -203,6 +215,7 @@ def render() -> None:
     # the three tabs' data on one connection, with the widgets' current (or default) choices;
     # a choice that differs later is simply another (cached) query
     ss = st.session_state
+    _pair(ss, chosen)
     calls = [
         (qd.metric_names_for, chosen),
         (qd.runs_view, chosen, ss.get("compare_metric") or qp.get("metric") or "train/loss",
@@ -240,8 +253,8 @@ def render() -> None:
             _overlay(chosen, metric, x, smoothing)
     with tab_diff:
         c1, c2 = st.columns(2)
-        a = c1.selectbox("Run A", chosen, index=0, key="compare_a")
-        b = c2.selectbox("Run B", chosen, index=min(1, len(chosen) - 1), key="compare_b")
+        a = c1.selectbox("Run A", chosen, key="compare_a")
+        b = c2.selectbox("Run B", chosen, key="compare_b")
         configs = query(qd.run_configs, [a, b])
         rows = config_diff(configs.get(a, {}), configs.get(b, {}))
         if a == b:

@@ -13,6 +13,8 @@ with the worst layer named, however many layers the model has. A run that has
 gone silent without `run_end` gets a banner. The loss chart also draws, thin and grey,
 the newest earlier run with the same name and planned steps (the same recipe: e.g. the
 previous `make demo` run), so a live run is seen against where the last one went.
+A run that logged none of the loss names below (a W&B script's `loss`, `acc`) gets one panel per
+metric, grouped by prefix, as W&B draws them (`dashboard.auto_panels`).
 Below the panel, an expander holds the run's details: project, group, source,
 summary, histograms and artifacts (`dashboard.run_details`).
 """
@@ -27,6 +29,7 @@ import streamlit as st
 
 from observatory import settings
 from observatory.dashboard.after_paint import after_first_paint
+from observatory.dashboard.auto_panels import render_auto
 from observatory.dashboard.cache import derive, query, query_all
 from observatory.dashboard.charts import add_markers, band, layer_band, scatter, series_figure
 from observatory.dashboard.run_details import render_details
@@ -175,6 +178,7 @@ def panel_calls(run: str) -> list[tuple]:
         (qd.markers, run),
         (qd.evals, run),
         (qd.forecasts, run),
+        (qd.metric_names_for, [run]),
     ]
 
 
@@ -227,11 +231,15 @@ def _panel(run: str, live: bool = False) -> None:
     # a live run's is kept fresh in the background while viewers watch it, so no refresh waits for it
     calls = runs_calls(runs=[run], limit=1)
     batch = query_all(*calls, *panel_calls(run), keep_fresh=live)
-    view, all_marks, evals, fcs = batch[len(calls) :]
+    view, all_marks, evals, fcs, names = batch[len(calls) :]
     me = run_row(run, keep_fresh=live)  # from the batch above
     if me is None:
         return  # the status line above says so
     wkey = f"live_window_{run}"
+    if not set(LOSS) & set(names):  # none of our loss names (a W&B script's `loss`, `acc`): W&B's panels
+        if not render_auto(run, names, all_marks, _smoothing(), live, _controls):
+            st.info("No metrics logged yet for this run.")
+        return
     if view["extent"] is None:
         st.info("No metrics logged yet for this run.")
         return

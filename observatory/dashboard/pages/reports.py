@@ -1,7 +1,8 @@
 """Reports: the post-mortem of one run, as `observatory report RUN` writes it, rendered in place.
 
 The report is the same self-contained HTML file the CLI writes (interactive plotly
-figures, plotly.js inline), shown in a frame, with a download button. The chosen
+figures, plotly.js inline), shown in a frame as tall as the report (the page scrolls, not
+the frame; the report's summary is in it, once), with a download button. The chosen
 run lives in the URL (`?run=ID`).
 """
 
@@ -38,7 +39,6 @@ def render() -> None:
     except ValueError as e:
         st.warning(md_escape(e))
         return
-    st.markdown("\n".join(f"- {md_escape(line)}" for line in rep["story"]))
     st.download_button(
         "Download the report (HTML, works offline)",
         rep["html"],
@@ -46,4 +46,4 @@ def render() -> None:
         mime="text/html",
         key="report_download",
     )
-    st.iframe(rep["html"], height=1400)
+    st.iframe(rep["html"], height="content")

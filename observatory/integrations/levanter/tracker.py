@@ -443,7 +443,7 @@ def _run_id(run_id: str | None) -> str:
 class ObservatoryConfig(TrackerConfig):
     """`trainer.tracker: {type: observatory, ...}` in a Levanter config."""
 
-    runs_dir: str | None = None  # default: the `runs` setting (env OBSERVATORY_RUNS, else data/runs)
+    runs_dir: str | None = None  # default: the `runs` setting (env OBSERVATORY_RUNS, else the per-user runs dir)
     run_id: str | None = None  # default: Levanter's run id (trainer.id)
     name: str | None = None  # a human-readable name for the run
     tags: list[str] = dataclasses.field(default_factory=list)
