@@ -103,7 +103,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("anomaly_throughput_steps", 5, "throughput drop: consecutive logged steps it must last"),
         Setting("anomaly_stall_s", 300.0, "stalled run: seconds without events (and no run_end) to flag"),
         Setting("heartbeat_s", 30.0, "every writing process sends a heartbeat (its step, phase and host telemetry) this often; 0 turns them off", low=0.0),
-        Setting("alerts_file", "data/alerts.yaml", "alert rules, channels, silences and disabled rules (YAML; `observatory alerts`)"),
+        Setting("alerts_file", f"{DATA_HOME}/alerts.yaml", "alert rules, channels, silences and disabled rules (YAML; `observatory alerts`)", path=True),
         Setting("alert_horizon_s", 21600.0, "alerts: a running or crashed run is watched until its writers have been silent this long", low=60.0),
         Setting("alert_episode_steps", 200, "alerts: a finding's alert resolves once the run is this many steps past its newest finding", low=1),
         Setting("phase_budget_s", 1800.0, "how long init, compile, eval or checkpoint may take before it is a stall, when the phase event gives no budget_s", low=1.0),

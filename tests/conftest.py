@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,6 +16,9 @@ import pytest
 # Simulated CPU devices for the MoE expert-parallel tests (8-device meshes); it must be set before
 # jax is first imported in this pytest process. setdefault keeps a value the user already exported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Every ingest evaluates the alert rules: the tests' rules are their own (none unless a test writes a file),
+# never the developer's per-user rules file and its channels.
+os.environ["OBSERVATORY_ALERTS_FILE"] = os.path.join(tempfile.mkdtemp(prefix="obs-test-alerts-"), "alerts.yaml")
 
 
 @pytest.fixture(scope="module")
