@@ -32,11 +32,15 @@ def test_init_log_finish_round_trip(runs_dir):
     run.log_expert_load(1, 0, np.array([3, 4]), [0, 1])
     run.event("eval", {"dataset": "val", "loss": float("nan")}, step=1)
     run.finish()
-    evs = read_events(run.path)
-    assert [e["kind"] for e in evs] == ["run_start", "metrics", "expert_load", "eval", "run_end"]
-    assert [e["seq"] for e in evs] == list(range(5))
-    for e in evs:
+    allev = read_events(run.path)
+    assert [e["seq"] for e in allev] == list(range(7))
+    for e in allev:
         validate_event(e, run_folder=run.id, host=0)
+    # init says the process is in "init"; its first logged step, "train"
+    assert [(e["data"], e["step"]) for e in allev if e["kind"] == "phase"] == [
+        ({"phase": "init", "attempt": 0}, None), ({"phase": "train", "attempt": 0}, 1)]  # fmt: skip
+    evs = [e for e in allev if e["kind"] != "phase"]
+    assert [e["kind"] for e in evs] == ["run_start", "metrics", "expert_load", "eval", "run_end"]
     assert evs[0]["data"]["name"] == "my run" and evs[0]["data"]["tags"] == ["a"]
     assert evs[1]["data"] == {"train/loss": 2.5, "n": 1.5, "i": 3.0}
     assert evs[3]["data"]["loss"] == "nan"  # JSON has no NaN: the contract's string form
@@ -126,15 +130,15 @@ def test_full_queue_drops_count_and_reports(runs_dir):
     for step in range(50):
         run.log({"x": float(step)}, step=step)
     assert time.perf_counter() - t0 < 0.5, "a full queue must not block the caller"
-    assert run.dropped_events == 45
+    assert run.dropped_events == 46  # the queue's 5 places: the first step's "train" phase and 4 steps
     sink.release.set()
     run.flush()
     run.log({"x": 99.0}, step=99)
     run.finish()
     evs = read_events(run.path)
     metrics = [e for e in evs if e["kind"] == "metrics"]
-    assert [m["step"] for m in metrics] == [0, 1, 2, 3, 4, 99]
-    assert metrics[-1]["data"]["writer/dropped_events"] == 45.0
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3, 99]
+    assert metrics[-1]["data"]["writer/dropped_events"] == 46.0
     assert "writer/dropped_events" not in metrics[0]["data"]
 
 
@@ -159,7 +163,7 @@ def test_resume_continues_seq_after_a_torn_line(runs_dir):
     run2.log({"x": 2.0}, step=2)
     run2.finish()
     lines = run.path.read_text().splitlines()
-    assert lines[3] == '{"v":1,"ru'
+    assert lines[5] == '{"v":1,"ru'  # after run_start, two phases, a step and run_end
     seqs = [json.loads(x)["seq"] for x in lines if x.startswith('{"v":1,"run"')]
     assert seqs == list(range(len(seqs)))
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from observatory import settings, writer
-from observatory.events import STATUSES
+from observatory.events import OBSERVATORY_HOST, STATUSES
 from observatory.integrations.wandb_objects import (
     Config,
     ConfigError,
@@ -481,7 +481,8 @@ def _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir, host, 
         run_class=Run,
         **options,
     )
-    run.phase("init")  # the first log says "train" (the writer's rule): a hang before it is told apart
+    if host < OBSERVATORY_HOST:  # a process of the run (not the observatory's own file): its phases
+        run.phase("init")  # the first log says "train" (the writer's rule): a hang before it is told apart
     run.name = name or run.id
     run.wandb_rules = wandb_rules
     run.project, run.group, run.notes = project, group, notes
