@@ -44,7 +44,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 # The timing tests (readers see new data within 2 s) run first, in a pytest process of their
-# own (see the README's note on them).
+# own (no other test's load skews their clock).
 test: setup chromium levanter-venv
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -m timing

@@ -20,7 +20,7 @@ The layout, one stage of the flow per package; each imports only itself and the 
       markup                    log text made inert for Markdown and HTML
     dashboard/ integrations/    Streamlit pages over queries; wandb-compatible API, Levanter tracker
     commands/ cli demo          the `observatory` command line and `make demo`
-    docs                        the README's generated sections (settings, schema, CLI table)
+    docs                        the generated sections of docs/cli.md and docs/schema.md
 """
 
 from __future__ import annotations

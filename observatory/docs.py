@@ -1,9 +1,10 @@
-"""Regenerate the README sections that follow from code: `python -m observatory.docs`.
+"""Regenerate the documentation sections that follow from code: `python -m observatory.docs`.
 
-The settings table comes from `observatory.settings.SETTINGS`, the SQL schema
-from `observatory.store.SCHEMA_DOC` (itself generated from the DDL) and the CLI
-table from the click commands of `observatory.cli.COMMANDS`, so the README cannot
-drift from them; `tests/test_docs.py` checks the README is up to date.
+The settings table (docs/cli.md) comes from `observatory.settings.SETTINGS`, the SQL
+schema (docs/schema.md) from `observatory.store.SCHEMA_DOC` (itself generated from the
+DDL) and the CLI table (docs/cli.md) from the click commands of
+`observatory.cli.COMMANDS`, so the pages cannot drift from them; `tests/test_docs.py`
+checks they are up to date.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from observatory.cli import COMMANDS
 from observatory.settings import SETTINGS
 from observatory.store import SCHEMA_DOC
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+PAGES = {"settings": DOCS / "cli.md", "cli": DOCS / "cli.md", "schema": DOCS / "schema.md"}  # block -> its page
 
 
 def settings_table() -> str:
@@ -33,7 +35,7 @@ def _bounds(s) -> str:
 
 
 def schema_doc() -> str:
-    # the README nests the tables under "## SQL schema"
+    # docs/schema.md nests the tables under its title
     return re.sub(r"^## ", "### ", SCHEMA_DOC.strip(), flags=re.M)
 
 
@@ -87,22 +89,33 @@ def cli_table() -> str:
 SECTIONS = {"settings": settings_table, "schema": schema_doc, "cli": cli_table}
 
 
-def render(text: str) -> str:
-    for name, fn in SECTIONS.items():
+def render(text: str, blocks=None) -> str:
+    """`text` with its generated blocks (`blocks`: their names; default every one it must hold) made anew."""
+    for name in blocks or SECTIONS:
+        fn = SECTIONS[name]
         pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
         if not pattern.search(text):
-            raise SystemExit(f"README.md has no <!-- BEGIN {name} --> ... <!-- END {name} --> block")
+            raise SystemExit(f"no <!-- BEGIN {name} --> ... <!-- END {name} --> block")
         text = pattern.sub(lambda m, fn=fn: m.group(1) + fn() + "\n" + m.group(2), text)
     return text
 
 
+def blocks_of(page: Path) -> list[str]:
+    return [name for name, p in PAGES.items() if p == page]
+
+
 def main() -> int:
-    old = README.read_text()
-    new = render(old)
+    stale = []
+    for page in dict.fromkeys(PAGES.values()):
+        old = page.read_text()
+        new = render(old, blocks_of(page))
+        if new != old:
+            stale.append(page.name)
+            if "--check" not in sys.argv:
+                page.write_text(new)
     if "--check" in sys.argv:
-        return 0 if new == old else 1
-    README.write_text(new)
-    print("README.md " + ("updated" if new != old else "already up to date"))
+        return 1 if stale else 0
+    print(f"updated {', '.join(stale)}" if stale else "docs already up to date")
     return 0
 
 

@@ -160,7 +160,7 @@ def drive_tracker(out: Path) -> None:
     import observatory.integrations.levanter  # noqa: F401  (registers `type: observatory`)
     from observatory.integrations.levanter.names import markdown_table
 
-    (out / "names.md").write_text(markdown_table() + "\n")  # the README's copy is checked against it
+    (out / "names.md").write_text(markdown_table() + "\n")  # docs/levanter.md's copy is checked against it
 
     class Mode(str, enum.Enum):  # noqa: UP042  (the str-subclass enums Levanter configs use)
         fast = "fast"

@@ -171,8 +171,8 @@ def test_mixtral_run_reaches_the_experts_page(mixtral, monkeypatch):
     np.testing.assert_allclose(np.nansum(z, axis=0), 1.0, atol=1e-6)
 
 
-def test_readme_has_the_name_table(calls):
-    assert calls["names"].strip() in (ROOT / "README.md").read_text(), "README's Levanter name table is stale"
+def test_the_docs_have_the_name_table(calls):
+    assert calls["names"].strip() in (ROOT / "docs" / "levanter.md").read_text(), "docs/levanter.md's name table is stale"
 
 
 def test_tracker_calls_map_onto_events(calls):

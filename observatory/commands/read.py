@@ -80,7 +80,7 @@ def sql(query, runs_dir, db, fmt, out, max_rows, time_limit_ms):
     observatory sql "SELECT run, name, value FROM latest_metrics WHERE name = 'train/loss'"
 
     Tables: runs, metrics, expert_load, events, rejected_events, ingest_files and the
-    rollups; views latest_metrics, run_drop_fraction, decisions (see the README for the
+    rollups; views latest_metrics, run_drop_fraction, decisions (see docs/schema.md for the
     schema). Every format takes every column type: table and csv write lists, structs,
     maps and JSON as JSON text, json embeds them, parquet keeps their types.
     """

@@ -1,14 +1,14 @@
 """The store's schema, declared once: tables, views, rollup tables, and the run status readers show.
 
 - `DDL`: the tables ingest fills (`runs`, `metrics`, `expert_load`, `events`,
-  `rejected_events`, `ingest_files`); its column comments are the README's docs
+  `rejected_events`, `ingest_files`); its column comments are docs/schema.md's
   (`SCHEMA_DOC`, from `TABLE_DOCS` and `schema_columns()`), so the two cannot drift.
 - `VIEWS` and `DECISIONS_VIEW_DDL`: `latest_metrics`, `run_drop_fraction`, `run_summary`
   (metrics' latest values overridden by `summary` events), `histograms`, and `decisions`
   (the fold of `decision` events, `DECISIONS_SQL`).
 - `ROLLUP_DDL`: the tables `observatory.store.rollups` keeps up to date at ingest
   time for the dashboard, and `detector_state`, where the detectors' scans stopped
-  (`observatory.detect.scan`); internal: not in the README.
+  (`observatory.detect.scan`); internal: not in docs/schema.md.
 - `run_status_sql(cut)`: the one definition of a run's status as every reader
   shows it (`crashed` after `stale_after_s` of silence).
 

@@ -9,7 +9,7 @@ something where the meaning matches ours:
 - `eval`: an eval loss (and its bits per byte) becomes an `eval` event (the Live
   page draws those on the loss chart).
 
-`translate` applies the table to one flat `log` payload. The README's Levanter
+`translate` applies the table to one flat `log` payload. docs/levanter.md's
 section shows the same table (`markdown_table` prints it).
 """
 
@@ -154,7 +154,7 @@ def _match(name: str) -> Name | None:
 
 
 def markdown_table() -> str:
-    """`NAMES` as the README's Markdown table."""
+    """`NAMES` as docs/levanter.md's Markdown table."""
     lines = ["| Levanter / Marin name | becomes | origin | note |", "|---|---|---|---|"]
     for row in NAMES:
         shown = row.source.replace(r"(?P<layer>\d+)", "{i}").replace(r"(?P<expert>\d+)", "{j}")

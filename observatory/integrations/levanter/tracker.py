@@ -5,7 +5,7 @@ registry; `ObservatoryConfig` registers there as `type: observatory`. The tracke
 through `observatory.writer.Run`, whose background thread does the serialising and the
 disk, so a training step only pays for a dict and a queue put.
 
-How Levanter's calls map (the README's Levanter section has the metric-name table):
+How Levanter's calls map (docs/levanter.md has the metric-name table):
 
 - `log_hyperparameters` -> `run_start.config`. `run_start` is written at the first
   `log_hyperparameters` (Levanter sends the whole config right after building the
