@@ -1,7 +1,8 @@
 """`observatory dashboard`: start the Streamlit dashboard (`streamlit run app.py`) on a port.
 
-Runs from the directory that holds `app.py`, so `.streamlit/config.toml` (the
-public-deployment settings) applies. --db and --runs-dir reach the app as
+The app is the package's `observatory/dashboard/app.py` (an installed wheel has it); the
+command runs from that folder, so its `.streamlit/config.toml` (the public-deployment
+settings) applies. --db and --runs-dir reach the app as
 OBSERVATORY_DB / OBSERVATORY_RUNS, the settings every page reads.
 """
 
@@ -19,8 +20,8 @@ __all__ = ["dashboard", "app_path", "streamlit_argv"]
 
 
 def app_path() -> Path:
-    """app.py of this checkout (the package is installed editable next to it)."""
-    return Path(__file__).resolve().parents[2] / "app.py"
+    """The dashboard's app.py, in the package (a checkout and an installed wheel alike)."""
+    return Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 
 
 def streamlit_argv(app: Path, port: int, address: str, base_url_path: str = "") -> list[str]:
@@ -52,7 +53,7 @@ def dashboard(runs_dir, db, port, address, base_url_path, dry_run):
     """Start the Streamlit dashboard over the store (read-only; run `observatory ingest --follow` beside it)."""
     app = app_path()
     if not app.is_file():
-        raise click.ClickException(f"cannot find the dashboard entry {app}; run from a checkout of the project")
+        raise click.ClickException(f"cannot find the dashboard entry {app}: a broken install? reinstall observatory")
     argv = streamlit_argv(app, port, address, base_url_path)
     env = dict(os.environ, OBSERVATORY_DB=str(Path(db).resolve()), OBSERVATORY_RUNS=str(Path(runs_dir).resolve()))
     url = f"http://{'localhost' if address in ('127.0.0.1', '0.0.0.0') else address}:{port}/{base_url_path.strip('/')}"

@@ -1,0 +1,80 @@
+"""The package as a user installs it: the wheel built from this checkout, installed into a fresh venv, serves
+the dashboard and ingests, queries and reports from a folder outside the repository."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_built_wheel_works_outside_the_checkout(tmp_path):
+    dist = tmp_path / "dist"
+    # the build backend from PyPI (build isolation), as `pip install .` or a release build gets it
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    (wheel,) = dist.glob("observatory-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py, bin_ = venv / "bin" / "python", venv / "bin"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    # its dependencies: this venv's (already installed), after the fresh venv's own site-packages
+    site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                        text=True).strip())  # fmt: skip
+    (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    away = tmp_path / "elsewhere"  # not the checkout: nothing of the repository is on hand here
+    away.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBSERVATORY_")}
+    env.update(HOME=str(tmp_path / "home"), PYTHONPATH="", XDG_DATA_HOME=str(tmp_path / "xdg"))
+
+    def obs(*args: str) -> str:
+        r = subprocess.run([str(bin_ / "observatory"), *args], cwd=away, env=env, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+        assert r.returncode == 0, f"observatory {' '.join(args)}: {r.stdout}{r.stderr}"
+        return r.stdout + r.stderr
+
+    where = subprocess.check_output([str(py), "-c", "import observatory; print(observatory.__file__)"], cwd=away,
+                                    env=env, text=True)  # fmt: skip
+    assert where.startswith(str(site)), where  # the wheel's copy, not the checkout's
+    obs("simulate", "--preset", "tiny", "--steps", "60")
+    assert "ingested" in obs("ingest")
+    assert "sim-tiny" in obs("sql", "SELECT run FROM runs ORDER BY run")
+    obs("report", "sim-tiny", "--out", str(away / "reports"))
+    assert (away / "reports" / "sim-tiny.html").stat().st_size > 10_000
+    port = _free_port()
+    server = subprocess.Popen([str(bin_ / "observatory"), "dashboard", "--port", str(port)], cwd=away, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=5) as r:
+                    assert r.read() == b"ok"
+                break
+            except OSError:
+                assert server.poll() is None, "the dashboard exited"
+                assert time.time() < deadline, "the dashboard did not answer within 90 s"
+                time.sleep(1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert b"<title>Streamlit</title>" in r.read() or r.status == 200
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
