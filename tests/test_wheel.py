@@ -78,3 +78,48 @@ def test_the_built_wheel_works_outside_the_checkout(tmp_path):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
+
+
+@pytest.mark.slow
+def test_a_light_install_runs_a_wandb_loop_and_says_what_the_cli_needs(tmp_path):
+    """`pip install observatory` for `import observatory as wandb`: the wheel's own requirements are light,
+    a W&B loop runs with them alone (no duckdb, streamlit, scipy, polars), and the CLI says what to add."""
+    import shutil
+    import zipfile
+
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    (wheel,) = dist.glob("observatory-*.whl")
+    meta = zipfile.ZipFile(wheel).read("observatory-0.1.0.dist-info/METADATA").decode()
+    core = {line.split(":", 1)[1].split(">")[0].split(";")[0].strip().lower() for line in meta.splitlines()
+            if line.startswith("Requires-Dist:") and "extra ==" not in line}  # fmt: skip
+    assert core == {"msgspec", "psutil", "click", "pyyaml"}, core
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                        text=True).strip())  # fmt: skip
+    here = Path(sysconfig.get_path("purelib"))
+    for pkg in ("msgspec", "psutil", "click", "yaml"):  # the core requirements only, copied from this venv
+        shutil.copytree(here / pkg, site / pkg)
+    loop = ("import sys, observatory as wandb\n"
+            "wandb.init(project='mnist', config={'lr': 3e-4})\n"
+            "for i in range(5): wandb.log({'loss': 1.0 / (i + 1), 'acc': i / 5})\n"
+            "wandb.finish()\n"
+            "heavy = {'duckdb', 'streamlit', 'scipy', 'polars', 'pyarrow', 'plotly'} & set(sys.modules)\n"
+            "print('heavy', sorted(heavy))\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBSERVATORY_")}
+    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "xdg"), PYTHONPATH="")
+    out = subprocess.run(
+        [str(py), "-c", loop], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "heavy []" in out.stdout
+    (log,) = (tmp_path / "xdg" / "observatory" / "runs").glob("*/events.0.jsonl")
+    assert '"loss"' in log.read_text()
+    cli = subprocess.run([str(venv / "bin" / "observatory"), "ingest"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert cli.returncode == 1 and "pip install 'observatory[server]'" in cli.stderr, cli.stderr
