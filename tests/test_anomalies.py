@@ -495,3 +495,17 @@ def test_a_long_checkpoint_or_first_compile_is_not_a_stalled_run(monkeypatch):
     assert D.stalled(50, now - 360, False, TH, now, train)  # training silently for 6 minutes is a stall
     older = {**ckpt, "phase_t": now - 900}  # the save ended long ago: later events, then silence
     assert D.stalled(50, now - 360, False, TH, now, older)
+
+
+def test_a_grad_spike_the_loss_did_not_follow_is_a_warning():
+    """Critical is kept for what an operator must act on: a grad-norm spike the run absorbed is a warning; the
+    same spike with the loss spiking after it stays critical."""
+    steps, loss, grad = bloom(700, at=500)
+    calm = loss.copy()
+    calm[480:] = calm[479]  # the loss does not react
+    grad_only = [f for f in A.detect_frame(frame_of(steps, **{D.LOSS: calm, D.GRAD: grad}), None, TH)
+                 if f.detector == "grad_spike"]  # fmt: skip
+    both = [f for f in A.detect_frame(frame_of(steps, **{D.LOSS: loss, D.GRAD: grad}), None, TH)
+            if f.detector == "grad_spike"]  # fmt: skip
+    assert grad_only and all(f.severity == "warn" and "the loss did not follow" in f.message for f in grad_only)
+    assert any(f.severity == "critical" for f in both)
