@@ -124,7 +124,7 @@ LAYERS = [
     {"observatory.ingest"},
     {"observatory.report", "observatory.interop", "observatory.lineage", "observatory.markup"},
     {"observatory.dashboard", "observatory.integrations"},
-    {"observatory.commands", "observatory.cli", "observatory.demo", "observatory.entry", "observatory"},
+    {"observatory.commands", "observatory.cli", "observatory.demo", "observatory.entry", "observatory.app", "observatory"},
     {"observatory.docs"},  # the README's generated sections: from settings, the schema and the CLI
 ]
 

@@ -1,6 +1,6 @@
 """`observatory dashboard`: start the Streamlit dashboard (`streamlit run app.py`) on a port.
 
-The app is the package's `observatory/dashboard/app.py` (an installed wheel has it); the
+The app is the package's `observatory/app.py` (an installed wheel has it); the
 command runs from that folder, so its `.streamlit/config.toml` (the public-deployment
 settings) applies. --db and --runs-dir reach the app as
 OBSERVATORY_DB / OBSERVATORY_RUNS, the settings every page reads.
@@ -21,7 +21,7 @@ __all__ = ["dashboard", "app_path", "streamlit_argv"]
 
 def app_path() -> Path:
     """The dashboard's app.py, in the package (a checkout and an installed wheel alike)."""
-    return Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+    return Path(__file__).resolve().parents[1] / "app.py"
 
 
 def streamlit_argv(app: Path, port: int, address: str, base_url_path: str = "") -> list[str]:

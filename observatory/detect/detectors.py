@@ -50,7 +50,7 @@ from observatory.detect.rolling import rolling, shift
 from observatory.detect.rolling import trailing as _trailing
 from observatory.detect.thresholds import Thresholds
 
-__all__ = ["Finding", "loss_spikes", "loss_dips", "grad_spikes", "update_spikes", "grad_growth",
+__all__ = ["Finding", "unfollowed", "loss_spikes", "loss_dips", "grad_spikes", "update_spikes", "grad_growth",
            "incomplete_recovery", "drop_jumps", "hot_experts", "hot_from_ratio", "dead_experts",
            "dead_from_zeros", "nonfinite", "throughput_drops", "stalled", "LOSS", "GRAD", "UPDATE", "DROP",
            "THROUGHPUT", "SPIKE_GAP"]  # fmt: skip
@@ -569,3 +569,15 @@ def stalled(
             {"silent_s": round(now - last_t, 1)},
         )
     ]
+
+
+FOLLOW_STEPS = 16  # a loss spike this close to a grad spike is its consequence
+
+
+def unfollowed(grad: list[Finding], loss: list[Finding]) -> list[Finding]:
+    """Grad spikes the loss did not follow (no loss spike within FOLLOW_STEPS) are warnings, not critical: the run
+    absorbed them and an operator has nothing to do; a grad spike the loss followed stays critical."""
+    near = [f.step for f in loss]
+    return [replace(f, severity="warn", message=f"{f.message}; the loss did not follow")
+            if f.severity == "critical" and not any(abs(s - f.step) <= FOLLOW_STEPS for s in near) else f
+            for f in grad]  # fmt: skip

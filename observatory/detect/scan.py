@@ -56,6 +56,7 @@ from observatory.detect.detectors import (
     nonfinite,
     stalled,
     throughput_drops,
+    unfollowed,
     update_spikes,
 )
 from observatory.detect.expert_scan import expert_findings
@@ -170,18 +171,6 @@ def detect_frame(
     return sorted(out, key=lambda f: (f.step, f.detector, f.metric))
 
 
-FOLLOW_STEPS = 16  # a loss spike this close to a grad spike is its consequence
-
-
-def _unfollowed(grad: list[Finding], loss: list[Finding]) -> list[Finding]:
-    """Grad spikes the loss did not follow (no loss spike within FOLLOW_STEPS) are warnings, not critical: the run
-    absorbed them and an operator has nothing to do; a grad spike the loss followed stays critical."""
-    near = [f.step for f in loss]
-    return [replace(f, severity="warn", message=f"{f.message}; the loss did not follow")
-            if f.severity == "critical" and not any(abs(s - f.step) <= FOLLOW_STEPS for s in near) else f
-            for f in grad]  # fmt: skip
-
-
 def detect_series(
     series: dict[str, tuple[np.ndarray, np.ndarray]],
     steps: np.ndarray,
@@ -207,7 +196,7 @@ def detect_series(
         out += _keep(loss_dips(st, x, th), st, spike_dep, truncated)
     if (s := series.get(GRAD)) is not None:
         st, g = s
-        out += _keep(_unfollowed(grad_spikes(st, g, th), spikes), st, spike_dep, truncated)
+        out += _keep(unfollowed(grad_spikes(st, g, th), spikes), st, spike_dep, truncated)
         out += _keep(grad_growth(st, g, th), st, 2 * th.window + th.growth_steps + 1, truncated)
     if (s := series.get(UPDATE)) is not None:
         out += _keep(update_spikes(s[0], s[1], th), s[0], spike_dep, truncated)
