@@ -9,8 +9,9 @@ open the dashboard. None of it may run script or inject links:
   `:emoji:` and `$math$` syntax included, newlines folded. For the pages' `st.markdown`,
   captions, subheaders and alerts, and for Markdown reports.
 - `markdown_html(text)`: Markdown prose (a decision's hypothesis, say) rendered to HTML
-  with markdown-it-py, raw HTML disabled (it is shown as text) and only `http:`,
-  `https:`, `mailto:` and relative links and images (`safe_url`): no `javascript:`,
+  with markdown-it-py, raw HTML disabled (it is shown as text), images shown as text (no
+  reader's browser fetches a log writer's URL) and only `http:`, `https:`, `mailto:` and
+  relative links (`safe_url`): no `javascript:`,
   `data:`, `vbscript:` or `file:`, however they are spelled or entity-encoded.
 - `Markup`: a str that is already HTML (what `markdown_html` returns); HTML builders
   escape every other str.
@@ -65,7 +66,8 @@ def safe_url(url: str) -> bool:
 
 
 _MD = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
-_MD.validateLink = safe_url  # links and images with any other scheme stay text
+_MD.validateLink = safe_url  # links with any other scheme stay text
+_MD.disable("image")  # an image would make every reader's browser fetch the log writer's URL: `![alt](url)` stays text
 
 
 def markdown_html(text: str) -> Markup:
