@@ -35,7 +35,10 @@ PAGES = [
 _MD = MarkdownIt("commonmark")
 # what a planted part becomes when Markdown or Streamlit renders it
 _RENDERED = re.compile(r"<(?:strong|em|h\d|b)>[^<]*MK|<a href=\"(?:https?:)?//evil\.invalid|<img\b")
-_DIRECTIVE = re.compile(r"(?<!\\):(red|material)(?!\\)[\[/]|(?<!\\)\[LINKMK|(?<!\\)\[IMGMK")
+# Streamlit's directives, and the bare URLs GitHub-flavoured Markdown links whether escaped or not
+_DIRECTIVE = re.compile(
+    r"(?<!\\):(red|material)(?!\\)[\[/]|(?<!\\)\[LINKMK|(?<!\\)\[IMGMK|(?i:https?|www)\\?[:.]"
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,17 @@ def monkeypatch_module():
 def markdown_texts(at: AppTest) -> list[str]:
     """Every string the page hands Streamlit to render as Markdown."""
     out = []
-    for kind in ("markdown", "caption", "subheader", "header", "title", "info", "warning", "error", "success"):
+    for kind in (
+        "markdown",
+        "caption",
+        "subheader",
+        "header",
+        "title",
+        "info",
+        "warning",
+        "error",
+        "success",
+    ):
         out += [str(e.value) for e in at.get(kind)]
     for kind in ("expander", "tab", "metric", "toggle", "checkbox", "button", "selectbox", "multiselect",
                  "text_input", "radio", "slider"):  # fmt: skip
@@ -79,7 +92,9 @@ def inert(md: str) -> list[str]:
 
 @pytest.mark.parametrize(("name", "query"), PAGES, ids=[f"{n}?{'&'.join(q)}" for n, q in PAGES])
 def test_every_page_over_every_field_planted(hostile_db, name, query):
-    at = AppTest.from_string(f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=120)
+    at = AppTest.from_string(
+        f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=120
+    )
     for k, v in query.items():
         at.query_params[k] = v
     at.run()

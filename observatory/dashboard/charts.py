@@ -13,7 +13,6 @@ without validating it again.
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from observatory.events import describe
+from observatory.markup import plot_text
 
 __all__ = [
     "smooth",
@@ -127,7 +127,7 @@ def series_figure(
         # numpy arrays travel as base64 typed arrays (NaN = gap): plotly's JSON encoder is
         # an order of magnitude slower on lists of floats
         xs = d[x].cast(pl.Float64).to_numpy()
-        label = str(g) if g is not None else title
+        label = plot_text(g if g is not None else title)
         wide = "n" in d.columns and d["n"].max() > 1
         lo_v = d["min"].cast(pl.Float64).to_numpy()
         hi_v = d["max"].cast(pl.Float64).to_numpy()
@@ -265,7 +265,9 @@ def layer_heatmap(ov: dict[str, Any], selected: int | None, title: str) -> dict[
     layer, step, drop fraction, and the busiest expert's load over the mean.
     """
     layers = [str(x) for x in ov["layers"]]
-    steps, z, hot = _logged(np.isfinite(ov["drop_frac"]).any(axis=0), ov["steps"], ov["drop_frac"], ov["hot_max"])
+    steps, z, hot = _logged(
+        np.isfinite(ov["drop_frac"]).any(axis=0), ov["steps"], ov["drop_frac"], ov["hot_max"]
+    )
     peak = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
     height = int(min(800, max(260, 9 * len(layers) + 110)))
     layout: dict[str, Any] = {
@@ -348,8 +350,11 @@ def expert_heatmap(
                 "zmax": max(top, 0.01),  # an all-zero matrix (no drops) reads as zero, not as mid-scale
                 "colorbar": {"title": {"text": "share" if share_first else "dropped"}, "tickformat": ".1%"},
                 "hovertemplate": "expert %{y} · step %{x}<br>"
-                + ("load share %{z:.2%}<br>dropped %{customdata:.1%}" if share_first
-                   else "dropped %{z:.1%}<br>load share %{customdata:.2%}")
+                + (
+                    "load share %{z:.2%}<br>dropped %{customdata:.1%}"
+                    if share_first
+                    else "dropped %{z:.1%}<br>load share %{customdata:.2%}"
+                )
                 + "<extra></extra>",
             }  # fmt: skip
         ],
@@ -358,7 +363,12 @@ def expert_heatmap(
             "height": height,
             "margin": {"l": 70, "r": 10, "t": 36, "b": 30},
             "dragmode": "select",
-            "yaxis": {"title": "expert (busiest first)", "type": "category", "autorange": "reversed", **ticks},
+            "yaxis": {
+                "title": "expert (busiest first)",
+                "type": "category",
+                "autorange": "reversed",
+                **ticks,
+            },
         },
     }
 
@@ -371,7 +381,7 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 def marker_text(kind: str, data: Any) -> str:
     """One line of hover text for an event marker: plotly hover renders a subset of HTML, so escaped."""
-    return html.escape(f"{kind.replace('_', ' ')}: {describe(kind, data)}", quote=False)
+    return plot_text(f"{kind.replace('_', ' ')}: {describe(kind, data)}")
 
 
 def add_markers(fig: dict[str, Any], markers, y_at: float | None = None, lines: bool = True) -> None:

@@ -15,7 +15,7 @@ import streamlit as st
 from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.runs_table import ago
 from observatory.dashboard.widgets import show_chart
-from observatory.markup import md_escape
+from observatory.markup import md_escape, plot_text
 from observatory.queries import details as qdet
 
 __all__ = ["render_details", "details_calls"]
@@ -42,7 +42,9 @@ def render_details(run: str) -> None:
     if info is None:
         return
     n_logged = sum(r["origin"] == "summary" for r in summary)
-    with st.expander(f"Run details: summary ({len(summary)} keys), {len(hist_names)} histograms, {len(arts)} artifacts"):
+    with st.expander(
+        f"Run details: summary ({len(summary)} keys), {len(hist_names)} histograms, {len(arts)} artifacts"
+    ):
         source = info["source"] or {}
         facts = [
             f"**{label}** {md_escape(value)}"  # someone else's text: shown literally
@@ -109,11 +111,11 @@ def _histogram(run: str, names: list[tuple[str, int]]) -> None:
                 "x": [(a + b) / 2 for a, b in zip(lim[:-1], lim[1:], strict=True)],
                 "width": [b - a for a, b in zip(lim[:-1], lim[1:], strict=True)],
                 "y": h["bucket_counts"],
-                "name": name,
+                "name": plot_text(name),
             }
         ],
         "layout": {
-            "title": {"text": f"{name} at step {h['step']}"},
+            "title": {"text": plot_text(f"{name} at step {h['step']}")},
             "height": 260,
             "xaxis": {"title": {"text": "value"}},
             "yaxis": {"title": {"text": "count"}},

@@ -32,7 +32,7 @@ from observatory.dashboard.charts import add_markers, band, layer_band, scatter,
 from observatory.dashboard.run_details import render_details
 from observatory.dashboard.runs_table import PAGE, ago, is_running, run_row, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
-from observatory.markup import md_escape
+from observatory.markup import md_escape, plot_text
 from observatory.queries import dashboard as qd
 from observatory.redact import redacted_note
 
@@ -75,7 +75,7 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[dict]:
         if metric and metric not in metric_names and "loss" not in metric:
             continue
         src = f.get("source") or {}
-        label = f"forecast {metric}" + (
+        label = plot_text(f"forecast {metric}") + plot_text(
             f" ({src.get('ladder') or src.get('name')})"
             if isinstance(src, dict) and (src.get("ladder") or src.get("name"))
             else ""
@@ -169,8 +169,15 @@ def panel_calls(run: str) -> list[tuple]:
     return [
         # the loss at 1,000 buckets, the half-width health charts at 300 (each point costs the browser)
         (
-            qd.live_view, run, list(LOSS), HEALTH_NAMES, *requested_window(f"live_window_{run}"), 1000, 300,
-            list(LAYER_FAMILIES.values()), True,
+            qd.live_view,
+            run,
+            list(LOSS),
+            HEALTH_NAMES,
+            *requested_window(f"live_window_{run}"),
+            1000,
+            300,
+            list(LAYER_FAMILIES.values()),
+            True,
         ),  # fmt: skip
         (qd.markers, run),
         (qd.evals, run),
@@ -294,9 +301,11 @@ def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, 
                     x=e["step"].to_list(),
                     y=e["loss"].to_list(),
                     mode="lines+markers",
-                    name=f"eval {ds}",
+                    name=plot_text(f"eval {ds}"),
                     line={"dash": "dot"},
-                    hovertemplate="%{x}: eval %{y:.4g}<extra>" + str(ds) + "</extra>",
+                    hovertemplate="%{x}: eval %{y:.4g}<extra>"
+                    + plot_text(ds).replace("%", "%%")
+                    + "</extra>",
                 )
             )
     fig["data"].extend(forecast_traces(fcs))
@@ -356,7 +365,9 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
             fig["data"][:0] = layer_band(layers, "layers")  # behind the run-level line
             worst = bands["worst"].get(fam)
             if worst:
-                fig["layout"]["title"]["text"] = f"{title} · worst: layer {worst['layer']} ({worst['mean']:.3g})"
+                fig["layout"]["title"]["text"] = (
+                    f"{title} · worst: layer {worst['layer']} ({worst['mean']:.3g})"
+                )
             top = pl.concat([top.cast(pl.Float64), layers["max"].drop_nulls()])
         add_markers(  # small charts: failures and config changes only, no lines
             fig,
