@@ -112,3 +112,30 @@ def test_the_markers_are_caught_when_not_escaped():
     from observatory.markup import md_escape
 
     assert inert(md_escape(" ".join(m.format(w="t") for m in MARKS.values()))) == []
+
+
+# every query parameter a page reads, with values a visitor can send: each is used or ignored, never a crash
+PARAMS = {
+    "runs": ["q", "status", "project", "group", "ladder", "tags", "by", "page"],
+    "live": ["run"],
+    "experts": ["run", "layer"],
+    "compare": ["runs", "metric", "x"],
+    "decisions": ["decision"],
+    "reports": ["run"],
+    "ladder": ["ladder"],
+}
+BAD_VALUES = ["²", "9" * 5000, "-1", "1e9", "nan", "", " ", "x" * 100_000, "../../etc/passwd", "a\x00b", "🙂",
+              "hostile,hostile-2," + "y" * 300, "%00", "<img src=http://evil.invalid/p.png>", "0x10"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_every_query_parameter_with_hostile_values(hostile_db, name):
+    for key in PARAMS[name]:
+        for value in BAD_VALUES:
+            at = AppTest.from_string(f"from observatory.dashboard.pages import {name}\n{name}.render()\n",
+                                     default_timeout=120)  # fmt: skip
+            at.query_params[key] = value
+            if name == "experts" and key == "layer":
+                at.query_params["run"] = HOSTILE
+            at.run()
+            assert not at.exception, (name, key, value[:40], [e.value for e in at.exception])

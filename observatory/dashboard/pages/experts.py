@@ -14,6 +14,7 @@ store answers in milliseconds.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import polars as pl
@@ -24,6 +25,7 @@ from observatory.dashboard.charts import expert_heatmap, layer_band, layer_heatm
 from observatory.dashboard.runs_table import is_running, run_row, runs_calls
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.detect.thresholds import Thresholds
+from observatory.events import RUN_ID_RE
 from observatory.queries import experts as qe
 
 LAYER_KEY = "experts_layer"
@@ -120,8 +122,13 @@ def _view_call(run: str) -> tuple:
     """The page's one data query for `run`: layer from the widget or ?layer=, window from the slider."""
     qp_layer = st.query_params.get("layer")
     layer = st.session_state.get(LAYER_KEY)
-    if layer is None and qp_layer and qp_layer.isdigit():
-        layer = int(qp_layer)
+    if layer is None and qp_layer is not None:
+        if re.fullmatch(
+            r"[0-9]{1,6}", qp_layer
+        ):  # "²" is a digit to str.isdigit; 5,000 digits overflow int()
+            layer = int(qp_layer)
+        else:
+            st.caption("Ignored `?layer=`: not a layer number.")
     return (qe.experts_view, run, layer, *requested_window(f"experts_window_{run}"), 400, 500)
 
 
@@ -173,16 +180,19 @@ def _findings_table(findings: pl.DataFrame, layer: int) -> None:
             },
             key="experts_findings",
         )
-    others = findings.filter(pl.col("layer") != layer).group_by("layer", "detector").len().sort("layer", "detector")
+    others = (
+        findings.filter(pl.col("layer") != layer)
+        .group_by("layer", "detector")
+        .len()
+        .sort("layer", "detector")
+    )
     if others.height:
         per = {}
         for lay, det, n in others.iter_rows():
             per.setdefault(lay, []).append(f"{n} {det.split('_')[0]}")
         shown = list(per.items())[:12]
         more = f" and {len(per) - len(shown)} more layers" if len(per) > len(shown) else ""
-        st.caption(
-            "Other layers: " + "; ".join(f"layer {k}: {', '.join(v)}" for k, v in shown) + more + "."
-        )
+        st.caption("Other layers: " + "; ".join(f"layer {k}: {', '.join(v)}" for k, v in shown) + more + ".")
 
 
 def overview_figure(view: dict) -> dict:
@@ -205,14 +215,18 @@ def layer_figures(view: dict, layer: int) -> dict:
         "drop": expert_heatmap(hm, "drop_frac", order, marked, f"Layer {layer}: dropped / routed ({res})"),
         "hot": qe.hot_experts(hm, top=10).to_arrow(),  # Arrow: st.dataframe sends it as it is
         "layers_drop": layer_summary(series, "drop_fraction", "Drop fraction per layer", layer),
-        "layers_hot": layer_summary(series, "hot_max", "Hot expert: max / mean load per layer (worst step)", layer),
+        "layers_hot": layer_summary(
+            series, "hot_max", "Hot expert: max / mean load per layer (worst step)", layer
+        ),
     }
 
 
 def render() -> None:
     st.title("Experts")
     wanted = st.query_params.get("run")
-    if wanted:  # a deep link: the run list and this run's view on one connection
+    if wanted and RUN_ID_RE.fullmatch(
+        wanted
+    ):  # a deep link: the run list and this run's view on one connection
         query_all(*runs_calls(runs=[wanted], limit=1), _view_call(wanted))
     run = pick_run()
     if run is None:

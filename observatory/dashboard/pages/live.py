@@ -32,6 +32,7 @@ from observatory.dashboard.charts import add_markers, band, layer_band, scatter,
 from observatory.dashboard.run_details import render_details
 from observatory.dashboard.runs_table import PAGE, ago, is_running, run_row, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
+from observatory.events import RUN_ID_RE
 from observatory.markup import md_escape, plot_text
 from observatory.queries import dashboard as qd
 from observatory.redact import redacted_note
@@ -383,7 +384,9 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
 def render() -> None:
     st.title("Live run")
     wanted = st.query_params.get("run")
-    if wanted:  # a deep link: fetch the run list and the panel's data on one connection
+    if (
+        wanted and RUN_ID_RE.fullmatch(wanted)
+    ):  # a deep link (validated before any query: pick_run notes a bad one): fetch the run list and the panel's data on one connection
         query_all(*runs_calls(runs=[wanted], limit=1), *panel_calls(wanted))
     with st.columns([3, 1])[0]:  # a run picker three quarters wide
         run = pick_run()

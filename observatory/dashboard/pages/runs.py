@@ -10,6 +10,7 @@ mean and spread of the last loss) and the runs with their rung and seed.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from urllib.parse import quote
@@ -37,7 +38,10 @@ def render() -> None:
     qp = st.query_params
     c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
     text = c1.text_input(
-        "Search", value=qp.get("q", ""), placeholder="run id or prefix, name, tag, ladder, project, group", key="runs_q"
+        "Search",
+        value=qp.get("q", ""),
+        placeholder="run id or prefix, name, tag, ladder, project, group",
+        key="runs_q",
     )
     statuses = c2.multiselect(
         "Status",
@@ -71,7 +75,11 @@ def render() -> None:
         else:
             del qp["by"]
     first = (page - 1) * PAGE
-    st.write(f"{first + 1:,}–{first + len(shown):,} of {total:,} runs" if shown else f"0 of {facets['total']:,} runs")
+    st.write(
+        f"{first + 1:,}–{first + len(shown):,} of {total:,} runs"
+        if shown
+        else f"0 of {facets['total']:,} runs"
+    )
     if not shown:
         st.info("No run matches these filters.")
         return
@@ -85,7 +93,7 @@ def render() -> None:
 def _page(pages: int) -> int:
     """The page shown (`?page=N`, 1-based), a bad or out-of-range value taken as the nearest page."""
     raw = st.query_params.get("page", "1")
-    page = int(raw) if raw.isdigit() and len(raw) < 10 else 1
+    page = int(raw) if re.fullmatch(r"[0-9]{1,9}", raw) else 1  # "²" is a digit to str.isdigit, not to int()
     return min(max(page, 1), pages)
 
 
@@ -141,9 +149,13 @@ def _by_ladder(shown: list[dict]) -> None:
     names = sorted({r["ladder"].split(" / ")[0] for r in shown if r["ladder"]})
     lruns = query_all(*((ql.ladder_runs, n) for n in names))
     groups = ladder_groups(shown, dict(zip(names, lruns, strict=True)))
-    for i, g in enumerate(groups):  # keys by position: a ladder's name is log text (`x_rungs` named another's table)
+    for i, g in enumerate(
+        groups
+    ):  # keys by position: a ladder's name is log text (`x_rungs` named another's table)
         st.subheader(f"Ladder {md_escape(g['name'])}")
-        st.caption(f"{len(g['runs'])} runs · [open the Ladder page](ladder?ladder={quote(g['name'], safe='')})")
+        st.caption(
+            f"{len(g['runs'])} runs · [open the Ladder page](ladder?ladder={quote(g['name'], safe='')})"
+        )
         st.dataframe(
             pl.DataFrame(
                 {
