@@ -22,42 +22,14 @@ SECRET_VALUES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        "api_key",
-        "hf_token",
-        "wandb.api_key",
-        "accessToken",
-        "DB_PASSWORD",
-        "private_key",
-        "aws_secret_access_key",
-        "client_secret",
-        "auth",
-        "credentials",
-    ],
-)
+@pytest.mark.parametrize("key", ["api_key", "hf_token", "wandb.api_key", "accessToken", "DB_PASSWORD", "private_key",
+                                 "aws_secret_access_key", "client_secret", "auth", "credentials"])
 def test_secret_keys(key):
     assert is_secret_key(key)
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        "tokenizer",
-        "max_tokens",
-        "author",
-        "tokens_per_s",
-        "lr",
-        "passage",
-        "keys",
-        "flops_per_token",
-        "model.flops_per_token",
-        "pad_token_id",
-        "eos_token",
-        "token_count",
-    ],
-)
+@pytest.mark.parametrize("key", ["tokenizer", "max_tokens", "author", "tokens_per_s", "lr", "passage", "keys",
+                                 "flops_per_token", "model.flops_per_token", "pad_token_id", "eos_token", "token_count"])
 def test_ordinary_keys(key):
     assert not is_secret_key(key)
 
@@ -73,14 +45,8 @@ def test_every_secret_shape_is_hidden_in_text(text):
 
 
 def test_nested_config_by_key_and_pattern_counted():
-    cfg = {
-        "wandb": {"api_key": WANDB_KEY, "project": "p"},
-        "hf_token": None,
-        "model": {"tokenizer": "gpt2"},
-        "list": [{"secret": "s", "ok": 1}],
-        "notes": "used hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345 to pull",
-        "n": 3,
-    }
+    cfg = {"wandb": {"api_key": WANDB_KEY, "project": "p"}, "hf_token": None, "model": {"tokenizer": "gpt2"},
+           "list": [{"secret": "s", "ok": 1}], "notes": "used hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345 to pull", "n": 3}
     out, n = scrub(cfg)
     assert out["wandb"] == {"api_key": REDACTED, "project": "p"}
     assert out["hf_token"] is None  # nothing to hide
@@ -94,10 +60,7 @@ def test_nested_config_by_key_and_pattern_counted():
 
 def test_git_commit_hashes_and_numbers_survive():
     commit = "a" * 40
-    assert scrub({"code": {"commit": commit, "dirty": False}, "lr": 3e-4}) == (
-        {"code": {"commit": commit, "dirty": False}, "lr": 3e-4},
-        0,
-    )
+    assert scrub({"code": {"commit": commit, "dirty": False}, "lr": 3e-4}) == ({"code": {"commit": commit, "dirty": False}, "lr": 3e-4}, 0)
 
 
 # issue 36: the class of "a secret the pair rule saw only the first word of, or did not see at all".

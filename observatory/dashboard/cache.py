@@ -279,9 +279,7 @@ def _refill(db: str, due: list[tuple[list[str], list, tuple]], filled: dict) -> 
                     return
                 try:
                     _fill_on(con, keys, parsed)
-                    filled[tuple(keys)] = (
-                        stamp  # the stamp from before the fill: a commit during it is seen next
-                    )
+                    filled[tuple(keys)] = stamp  # the stamp from before the fill: a commit during it is seen next
                 except duckdb.IOException:
                     raise  # the connection itself failed: the rest of this round is left to the next one
                 except Exception:  # this batch's own error, which the next viewer's own fill will show

@@ -60,17 +60,12 @@ def overview(rep: Report) -> go.Figure | None:
     if not names:
         return None
     fig = make_subplots(
-        rows=len(names),
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=0.04,
-        subplot_titles=[plot_text(n) for n in names],
+        rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=[plot_text(n) for n in names]
     )
     for i, name in enumerate(names, start=1):
         xs, ys = _xy(rep.series[name])
-        fig.add_trace(
-            go.Scatter(x=xs, y=ys, mode="lines", name=plot_text(name), line=dict(width=1.5)), row=i, col=1
-        )
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=plot_text(name), line=dict(width=1.5)),
+                      row=i, col=1)
         bad = [s for s, v in rep.series[name] if v is None or not math.isfinite(v)]
         if name == "train/loss":  # a downsampled series leaves NaNs out; the report lists them all
             bad = sorted(set(bad) | set(rep.nonfinite[:MAX_MARKERS]))

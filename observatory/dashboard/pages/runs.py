@@ -38,10 +38,7 @@ def render() -> None:
     qp = st.query_params
     c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
     text = c1.text_input(
-        "Search",
-        value=qp.get("q", ""),
-        placeholder="run id or prefix, name, tag, ladder, project, group",
-        key="runs_q",
+        "Search", value=qp.get("q", ""), placeholder="run id or prefix, name, tag, ladder, project, group", key="runs_q"
     )
     statuses = c2.multiselect(
         "Status",
@@ -75,11 +72,7 @@ def render() -> None:
         else:
             del qp["by"]
     first = (page - 1) * PAGE
-    st.write(
-        f"{first + 1:,}–{first + len(shown):,} of {total:,} runs"
-        if shown
-        else f"0 of {facets['total']:,} runs"
-    )
+    st.write(f"{first + 1:,}–{first + len(shown):,} of {total:,} runs" if shown else f"0 of {facets['total']:,} runs")
     if not shown:
         st.info("No run matches these filters.")
         return
@@ -149,13 +142,9 @@ def _by_ladder(shown: list[dict]) -> None:
     names = sorted({r["ladder"].split(" / ")[0] for r in shown if r["ladder"]})
     lruns = query_all(*((ql.ladder_runs, n) for n in names))
     groups = ladder_groups(shown, dict(zip(names, lruns, strict=True)))
-    for i, g in enumerate(
-        groups
-    ):  # keys by position: a ladder's name is log text (`x_rungs` named another's table)
+    for i, g in enumerate(groups):  # keys by position: a ladder's name is log text (`x_rungs` named another's table)
         st.subheader(f"Ladder {md_escape(g['name'])}")
-        st.caption(
-            f"{len(g['runs'])} runs · [open the Ladder page](ladder?ladder={quote(g['name'], safe='')})"
-        )
+        st.caption(f"{len(g['runs'])} runs · [open the Ladder page](ladder?ladder={quote(g['name'], safe='')})")
         st.dataframe(
             pl.DataFrame(
                 {
