@@ -7,12 +7,22 @@ Sections (each prints its own figures; `--only NAME` runs one):
   statement with its reasons, and the worst time and peak memory of any statement as a
   ratio to its limit (goal: 0 harmful, both ratios at most 1.5).
 
+- `secrets`: the redaction classes of issue 36 (tests/test_redact.py's generator: every secret
+  key in every context -- query string, after another pair, header, JSON -- with every value
+  shape, and tokens glued to word characters). Harmful: any part of a value left.
+- `text`: every page and view over tests/hostile_store.py (every field of every event kind
+  planted with Markdown, HTML, Streamlit directives, foreign images and links) under
+  AppTest: each Markdown text with a planted part is harmless when it would render none of
+  it, harmful when it would (or the page raised).
+- `params`: every query parameter of every page with 15 hostile values: harmful when the
+  page raises.
+
 - `load`: `bench/bench_load.py` (20 viewers on Live, Experts and SQL for 2 minutes while a
   run trains: time to first chart against one viewer, errors, busy, staleness, RSS).
 - `faults`: `bench/bench_public_faults.py` (the fault matrix: each scenario, recovered or
   not, events lost).
 
-    python bench/bench_public.py [--only sql|load|faults] [--verbose]
+    python bench/bench_public.py [--only sql|secrets|text|params|load|faults] [--verbose]
 """
 
 from __future__ import annotations
@@ -65,6 +75,93 @@ def section_sql(verbose: bool) -> bool:
     return counts["harmful"] == 0 and t_ratio <= 1.5 and m_ratio <= 1.5
 
 
+def _counts(name: str, tried: int, refused: int, harmless: int, harmful: list[str], verbose: bool) -> bool:
+    print(f"{name}: tried {tried}, refused {refused}, harmless {harmless}, harmful {len(harmful)}")
+    for h in harmful if verbose else harmful[:10]:
+        print(f"  HARMFUL {h}")
+    return not harmful
+
+
+def section_secrets(verbose: bool) -> bool:
+    """Each secret shape of test_redact's generator through scrub_text: refused = the whole value hidden."""
+    from test_redact import _CONTEXTS, _KEYS, _VALUES, _value_parts
+
+    from observatory.redact import scrub_text
+
+    tried, harmful = 0, []
+    for context in _CONTEXTS:
+        for key in _KEYS:
+            for v in _VALUES:
+                if '"' in context and "&" in v:
+                    continue
+                tried += 1
+                out, _ = scrub_text(f"before {context.format(k=key, v=v)}\nafter")
+                if [p for p in _value_parts(v) if p in out]:
+                    harmful.append(repr(out[:120]))
+    glued = ["ghp_0123456789ABCDEFGHIJKLMNOPQRSTUVWXyz", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345", "AKIAIOSFODNN7EXAMPLE"]
+    for token in glued:
+        for glue in ("k_", "%3D", "x", "9", "/"):
+            tried += 1
+            out, _ = scrub_text(f"name {glue}{token} end")
+            if token[6:16] in out:
+                harmful.append(repr(out))
+    return _counts("secrets", tried, tried - len(harmful), 0, harmful, verbose)
+
+
+def _hostile_env() -> None:
+    from hostile_store import write_hostile_runs
+
+    from observatory.ingest import ingest
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_public_hostile_"))
+    write_hostile_runs(tmp / "runs")
+    ingest(tmp / "runs", tmp / "store.duckdb", emit=None)
+    os.environ["OBSERVATORY_DB"] = str(tmp / "store.duckdb")
+
+
+def _page(name: str, query: dict):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_string(f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=120)
+    for k, v in query.items():
+        at.query_params[k] = v
+    return at.run()
+
+
+def section_text(verbose: bool) -> bool:
+    from test_hostile_pages import PAGES, inert, markdown_texts
+
+    _hostile_env()
+    tried = harmless = 0
+    harmful = []
+    for name, query in PAGES:
+        at = _page(name, query)
+        if at.exception:
+            harmful.append(f"{name} {query}: raised")
+        for t in markdown_texts(at):
+            if "MK" in t or "rocket_launch" in t:
+                tried += 1
+                bad = inert(t)
+                harmless += not bad
+                harmful += [f"{name} {query}: {b}" for b in bad[:1]]
+    return _counts("text", tried, 0, harmless, harmful, verbose)
+
+
+def section_params(verbose: bool) -> bool:
+    from test_hostile_pages import BAD_VALUES, HOSTILE, PARAMS
+
+    _hostile_env()
+    tried, harmful = 0, []
+    for name, keys in PARAMS.items():
+        for key in keys:
+            for value in BAD_VALUES:
+                tried += 1
+                query = {key: value} | ({"run": HOSTILE} if key == "layer" else {})
+                if _page(name, query).exception:
+                    harmful.append(f"{name}?{key}={value[:20]!r}")
+    return _counts("params", tried, 0, tried - len(harmful), harmful, verbose)
+
+
 def _script(name: str) -> bool:
     """Another bench script of this folder, in a process of its own; True when it met its goals."""
     return subprocess.run([sys.executable, str(ROOT / "bench" / name)]).returncode == 0
@@ -78,7 +175,8 @@ def section_faults(verbose: bool) -> bool:
     return _script("bench_public_faults.py")
 
 
-SECTIONS = {"sql": section_sql, "load": section_load, "faults": section_faults}
+SECTIONS = {"sql": section_sql, "secrets": section_secrets, "text": section_text, "params": section_params,
+            "load": section_load, "faults": section_faults}  # fmt: skip
 
 
 def main() -> None:

@@ -6,12 +6,16 @@ open the dashboard. None of it may run script or inject links:
 
 - `md_escape(text)`: the text as Markdown that renders as exactly that text -- every
   Markdown and HTML special character backslash-escaped, Streamlit's `:color[...]`,
-  `:emoji:` and `$math$` syntax included, newlines folded. For the pages' `st.markdown`,
+  `:emoji:` and `$math$` syntax included, newlines folded, bare URLs and addresses kept
+  from being linked (a zero-width space after `https`, `www`, `@`). For the pages' `st.markdown`,
   captions, subheaders and alerts, and for Markdown reports.
 - `markdown_html(text)`: Markdown prose (a decision's hypothesis, say) rendered to HTML
-  with markdown-it-py, raw HTML disabled (it is shown as text) and only `http:`,
-  `https:`, `mailto:` and relative links and images (`safe_url`): no `javascript:`,
+  with markdown-it-py, raw HTML disabled (it is shown as text), images shown as text (no
+  reader's browser fetches a log writer's URL) and only `http:`, `https:`, `mailto:` and
+  relative links (`safe_url`): no `javascript:`,
   `data:`, `vbscript:` or `file:`, however they are spelled or entity-encoded.
+- `plot_text(text)`: the text for a plotly figure (a trace name, title, hover text):
+  plotly renders a subset of HTML (`<b>`, `<a href>`, `<br>`) there, so HTML-escaped.
 - `Markup`: a str that is already HTML (what `markdown_html` returns); HTML builders
   escape every other str.
 """
@@ -25,7 +29,7 @@ from urllib.parse import unquote
 
 from markdown_it import MarkdownIt
 
-__all__ = ["Markup", "md_escape", "markdown_html", "safe_url"]
+__all__ = ["Markup", "md_escape", "markdown_html", "plot_text", "safe_url"]
 
 
 class Markup(str):
@@ -37,11 +41,23 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]()<>&~:$|!])")
 _MD_BLOCK_START = re.compile(r"^([#+\-=>]|\d+[.)])")  # a heading, list, rule or quote at the line's start
 
 
+# GitHub-flavoured Markdown (Streamlit's) links bare URLs and addresses after parsing, escapes or not:
+# a zero-width space after the scheme, `www` or `@` keeps them text
+_AUTOLINK = re.compile(r"(?i)(https?|ftps?|mailto|xmpp|www)(?=[:.])|(@)")
+ZWSP = "\u200b"
+
+
 def md_escape(text: object) -> str:
     """`text` (any value, shown with str) as Markdown that renders literally, on one line."""
     s = " ".join(str(text).split())  # newlines would start blocks (headings, lists, code)
+    s = _AUTOLINK.sub(lambda m: m.group(0) + ZWSP, s)
     s = _MD_SPECIAL.sub(r"\\\1", s)
     return _MD_BLOCK_START.sub(lambda m: m.group(1)[:-1] + "\\" + m.group(1)[-1], s)
+
+
+def plot_text(text: object) -> str:
+    """`text` for a plotly figure's names, titles and hover text: shown as text, not plotly's HTML."""
+    return html.escape(str(text), quote=False)
 
 
 _SAFE_SCHEMES = ("http", "https", "mailto")
@@ -65,7 +81,10 @@ def safe_url(url: str) -> bool:
 
 
 _MD = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
-_MD.validateLink = safe_url  # links and images with any other scheme stay text
+_MD.validateLink = safe_url  # links with any other scheme stay text
+_MD.disable(
+    "image"
+)  # an image would make every reader's browser fetch the log writer's URL: `![alt](url)` stays text
 
 
 def markdown_html(text: str) -> Markup:

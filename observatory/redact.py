@@ -6,10 +6,16 @@ Two rules, applied by every writer we ship and again at ingest, for every writer
   a secret word (`hf_token`, `db_password`, `wandb.api_key`, `accessToken`) is replaced
   by `REDACTED`. A word that merely starts like one (`tokenizer`, `max_tokens`,
   `author`) is not secret.
-- **By value pattern**, inside any string: well-known credential shapes (W&B keys after
-  a `WANDB_API_KEY`-like name, Hugging Face `hf_…`, GitHub `ghp_…`/`github_pat_…`,
-  `sk-…` API keys, AWS `AKIA…` key ids, `Bearer …` tokens, PEM blocks) and
-  `name=value` / `name: value` pairs in free text whose name is secret by the key rule.
+- **By value pattern**, inside any string, glued to other word characters too
+  (`k_ghp_…`, `%3Dhf_…`): well-known credential shapes (W&B keys after a
+  `WANDB_API_KEY`-like name, Hugging Face `hf_…`, GitHub `ghp_…`/`github_pat_…`, `sk-…`
+  API keys, AWS `AKIA…` key ids, `Bearer`/`Basic`/`Digest` credentials, a URL's
+  `user:password@`, PEM blocks) and `name=value` / `name: value` pairs whose name is
+  secret by the key rule -- in prose, JSON, headers and query strings
+  (`https://host/v1?api_key=S`, `user=bob&password=S`). The whole value is hidden: a
+  quoted one to its quote, an unquoted one to the line's end or the next pair
+  (`password: correct horse battery staple`); a `Cookie`'s or `Authorization`'s to the
+  line's end.
 
 `scrub` returns the redacted copy and how many values it hid, so the store can record
 that something was hidden (a count per run), not only hide it.
@@ -60,20 +66,76 @@ def is_secret_key(key: str) -> bool:
     return any(_is_secret_word(words, i) for i in range(len(words))) or any(p in joined for p in SECRET_PAIRS)
 
 
-# Credential shapes that are secret wherever they appear. Each keeps a harmless prefix (group 1).
+# Credential shapes that are secret wherever they appear, glued to other word characters too
+# (`k_ghp_...`, `%3Dhf_...`). Each keeps a harmless prefix (group 1).
 _PATTERNS = (
     # W&B: 40 hex (or longer, newer keys) right after a WANDB_API_KEY-like name
     re.compile(r"(?i)(wandb[_\-.]?api[_\-.]?key[\"']?\s*[=:]?\s*[\"']?)[0-9a-f]{40,}"),
-    re.compile(r"()\bhf_[A-Za-z0-9]{20,}"),
-    re.compile(r"()\bghp_[A-Za-z0-9]{20,}"),
-    re.compile(r"()\bgithub_pat_[A-Za-z0-9_]{20,}"),
-    re.compile(r"()\bsk-[A-Za-z0-9_\-]{16,}"),
-    re.compile(r"()\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
-    re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=\-]{8,}"),
+    re.compile(r"()hf_[A-Za-z0-9]{20,}"),
+    re.compile(r"()gh[pousr]_[A-Za-z0-9]{20,}"),
+    re.compile(r"()github_pat_[A-Za-z0-9_]{20,}"),
+    # sk-...: mixed case and a digit (a run named `task-runner-production` is not a key)
+    re.compile(r"()sk-(?=[\w\-]*[0-9])(?=[\w\-]*[A-Z])(?=[\w\-]*[a-z])[A-Za-z0-9_\-]{16,}"),
+    re.compile(r"()(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])"),
+    re.compile(r"(?i)(\b(?:bearer|token)\s+)[A-Za-z0-9._~+/=\-]{8,}"),
+    # Basic/Digest credentials: base64 with a digit, '+', '/' or '=' in it ("basic tokenization" is prose)
+    re.compile(r"(?i)(\b(?:basic|digest)\s+)(?=[A-Za-z0-9+/]*[0-9+/=])[A-Za-z0-9+/]{8,}={0,2}"),
+    # a URL's user:password@
+    re.compile(r"(://[^/\s:@]{1,256}:)[^@\s/]{1,512}(?=@)"),
     re.compile(r"()-----BEGIN [A-Z0-9 ]+-----[\s\S]*?(?:-----END [A-Z0-9 ]+-----|$)"),
 )
-# name=value or name: value in free text; the value is hidden when the name is secret
-_PAIR = re.compile(r"""([A-Za-z_][\w.\-]{0,63})(["']?\s*[=:]\s*)("[^"\n]{0,512}"|'[^'\n]{0,512}'|[^\s"',;}\]]{1,512})""")
+# `name=value` / `name: value` in free text, in a query string (`?api_key=S`, `user=bob&password=S`) or in
+# JSON-ish text (`"password": "S"`): the head; the value is found after it when the name is secret
+_PAIR_HEAD = re.compile(r"""([A-Za-z_][\w.\-]{0,63})(["']?\s*[=:]\s*)""")
+_QUOTED = re.compile(r""""[^"\n]*"?|'[^'\n]*'?""")
+# an unquoted secret value runs to the line's end (`password: correct horse battery staple`,
+# `Authorization: Basic <base64>`) or to where the next pair begins (`password=S&user=bob`, `S; lr=3`)
+_VALUE_END = re.compile(r"""[&;,]\s*["']?[A-Za-z_][\w.\-]{0,63}["']?\s*[=:]|["'}\]]|$""")
+_WHOLE_LINE = frozenset(("cookie", "authorization"))  # their values are themselves pairs: hide all of it
+
+
+def _secret_value_end(text: str, start: int, name: str) -> int:
+    """Where the value of the secret `name` that starts at `start` ends."""
+    q = _QUOTED.match(text, start)
+    if q is not None:
+        return q.end()
+    nl = text.find("\n", start)
+    end = len(text) if nl < 0 else nl
+    if not _WHOLE_LINE & set(_words(name)):
+        end = _VALUE_END.search(text, start, end).start()
+    if text.count("(", 0, start) > text.count(
+        ")", 0, start
+    ):  # `(password=S) at step 3`: the parenthesis closes it
+        close = text.find(")", start, end)
+        end = end if close < 0 else close
+    return end
+
+
+def _scrub_pairs(text: str) -> tuple[str, int]:
+    spans: list[tuple[int, int, int, str]] = []  # (head start, head end, value end, replacement)
+    pos = n = 0
+    while (m := _PAIR_HEAD.search(text, pos)) is not None:
+        name = m.group(1)
+        if not is_secret_key(name):
+            pos = m.end()  # a value may hold a pair of its own: `https://host/v1?api_key=S`
+            continue
+        end = _secret_value_end(text, m.end(), name)
+        value = text[m.end() : end]
+        bare = value.strip("'\"").strip()
+        if bare and bare != REDACTED:
+            quote = value[0] if value[:1] in ("'", '"') else ""
+            closing = quote if len(value) > 1 and value.endswith(quote) else ""
+            spans.append((m.start(), m.end(), end, quote + REDACTED + closing))
+            n += REDACTED not in value  # `Basic <redacted>`: counted once, by its pattern
+        pos = max(end, m.end() + 1)
+    if not spans:
+        return text, 0
+    parts, last = [], 0
+    for _, head_end, end, repl in spans:
+        parts += (text[last:head_end], repl)
+        last = end
+    parts.append(text[last:])
+    return "".join(parts), n
 
 
 def scrub_text(text: str) -> tuple[str, int]:
@@ -87,18 +149,9 @@ def scrub_text(text: str) -> tuple[str, int]:
 
     for pat in _PATTERNS:
         text = pat.sub(sub, text)
-
-    def pair(m: re.Match) -> str:
-        nonlocal n
-        value = m.group(3)
-        quote = value[0] if value[:1] in ("'", '"') else ""
-        if value.strip("'\"") in (REDACTED, "") or not is_secret_key(m.group(1)):
-            return m.group(0)
-        n += 1
-        return m.group(1) + m.group(2) + quote + REDACTED + quote
-
     if "=" in text or ":" in text:
-        text = _PAIR.sub(pair, text)
+        text, n_pairs = _scrub_pairs(text)
+        n += n_pairs
     return text, n
 
 

@@ -36,6 +36,14 @@ SECRETS = {
     "decision": "ghp_PlantedInADecisionText0123456789",
     "ckpt": "hf_PlantedInACheckpointPath0123456",
     "artifact": "sk-PlantedInAnArtifactPath0123456",
+    # issue 36: in a query string, after another pair, longer than a word, glued to a word character
+    "query": "planted-query-api-key-value",
+    "after_pair": "planted-after-a-pair-pw",
+    "gs_query": "planted-gs-credential-value",
+    "basic": "cGxhbnRlZDpiYXNpYy1hdXRo",
+    "multiword": "horse battery staple",
+    "glued_ghp": "ghp_PlantedGluedToAWord0123456789",
+    "glued_hf": "hf_PlantedAfterAPercent0123456789",
 }
 PEM = f"-----BEGIN RSA PRIVATE KEY-----\n{SECRETS['pem']}\n-----END RSA PRIVATE KEY-----"
 RUN = "foreign"
@@ -59,17 +67,22 @@ def write_foreign_run(runs_dir: Path) -> Path:
         "steps": 20,
     }
     lines = [
-        _line(0, "run_start", {"config": config, "name": f"run with {s['ghp']}", "tags": ["ok", s["hf_tag"]],
+        _line(0, "run_start", {"config": config, "name": f"run with {s['ghp']}", "tags": ["ok", s["hf_tag"], f"q%3D{s['glued_hf']}"],
                                "notes": f"launched with {s['sk']}", "project": f"Bearer {s['bearer']}",
                                "group": s["akia"]}),  # fmt: skip
     ]
     seq = 1
     for step in range(20):
-        lines.append(_line(seq, "metrics", {"train/loss": 3.0 - 0.1 * step, f"debug/{s['hf_metric']}": 1.0}, step))
+        metrics = {"train/loss": 3.0 - 0.1 * step, f"debug/{s['hf_metric']}": 1.0, f"k_{s['glued_ghp']}": 2.0}
+        lines.append(_line(seq, "metrics", metrics, step))
         seq += 1
     events = [
         ("note", {"text": f"rotated password={s['password']} today", "author": f"ci {s['gpat']}"}, 3),
-        ("failure", {"type": "exception", "message": f"401 for Authorization: Bearer {s['bearer']}",
+        ("note", {"text": f"GET https://host/v1?api_key={s['query']}&page=2 then user=bob&password={s['after_pair']}",
+                  "author": f"password: correct {s['multiword']}"}, 3),  # fmt: skip
+        ("checkpoint", {"path": f"gs://b/x?credential={s['gs_query']}"}, 4),
+        ("failure", {"type": "exception", "message": f"401 for Authorization: Bearer {s['bearer']} / "
+                                                    f"Authorization: Basic {s['basic']}",
                      "traceback": f"Traceback:\n  key = load()\n{PEM}"}, 5),  # fmt: skip
         ("config_diff", {"against": {"run": RUN, "step": 0},
                          "changes": {"wandb.api_key": [s["diff_old"], s["diff_new"]], "optimizer.lr": [3e-4, 1e-4]}}, 6),

@@ -61,3 +61,82 @@ def test_nested_config_by_key_and_pattern_counted():
 def test_git_commit_hashes_and_numbers_survive():
     commit = "a" * 40
     assert scrub({"code": {"commit": commit, "dirty": False}, "lr": 3e-4}) == ({"code": {"commit": commit, "dirty": False}, "lr": 3e-4}, 0)
+
+
+# issue 36: the class of "a secret the pair rule saw only the first word of, or did not see at all".
+# Every secret key, in every context a log writes one in, with every value shape: nothing of the value is left.
+_KEYS = [
+    "password",
+    "api_key",
+    "credential",
+    "token",
+    "client_secret",
+    "X-Api-Key",
+    "db.passwd",
+    "accessToken",
+]
+_VALUES = ["S3cretValue9", "correct horse battery staple", "a&b=c", "dXNlcjpwYXNzd29yZA=="]
+_CONTEXTS = [
+    "https://host/v1?{k}={v}",  # in a query string
+    "gs://b/x?page=2&{k}={v}",  # after another pair in a query string
+    "user=bob&{k}={v}",  # after another pair
+    "user=bob; {k}={v}",
+    "{k}: {v}",  # a header, or YAML
+    "ran with {k} = {v}",
+    '{{"{k}": "{v}"}}',  # JSON
+    "({k}={v})",
+]
+
+
+def _value_parts(v: str) -> list[str]:
+    return [p for p in v.replace("&", " ").replace("=", " ").split() if len(p) > 1]
+
+
+@pytest.mark.parametrize("context", _CONTEXTS)
+@pytest.mark.parametrize("key", _KEYS)
+def test_a_secret_value_is_hidden_whole_in_every_context(context, key):
+    for v in _VALUES:
+        if '"' in context and "&" in v:
+            continue
+        out, n = scrub_text(f"before {context.format(k=key, v=v)}\nafter")
+        assert n == 1, (context, key, v, out)
+        assert not [p for p in _value_parts(v) if p in out], (context, key, v, out)
+        assert out.startswith("before ") and out.endswith("\nafter")
+        assert scrub_text(out) == (out, 0)
+
+
+@pytest.mark.parametrize("token", ["ghp_0123456789ABCDEFGHIJKLMNOPQRSTUVWXyz", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
+                                   "sk-proj-Abc123Def456Ghi789Jkl012", "AKIAIOSFODNN7EXAMPLE",
+                                   "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFG"])  # fmt: skip
+@pytest.mark.parametrize("glue", ["k_", "%3D", "x", "9", "/", "-"])
+def test_a_token_glued_to_a_word_character_is_hidden(token, glue):
+    out, n = scrub_text(f"name {glue}{token} end")
+    assert n == 1 and token[6:16] not in out, out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Authorization: Basic dXNlcjpwYXNzd29yZA==",
+        "Cookie: session=abc123; theme=dark",
+        "see https://bob:hunter2pw@host/x",
+        "Proxy-Authorization: Digest dXNlcjpwYXNz",
+    ],
+)
+def test_multi_part_credentials(text):
+    out, n = scrub_text(text)
+    assert n == 1 and not [p for p in ("dXNlcjpw", "abc123", "theme", "hunter2pw", "dark") if p in out], out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "task-runner-production-01",
+        "basic tokenization works",
+        "tokenizer: gpt2, lr=3",
+        "https://host/v1?page=2&sort=asc",
+        "see https://example.com/a:b@c",
+    ],
+)
+def test_ordinary_text_survives(text):
+    assert scrub_text(text) == (text, 0)

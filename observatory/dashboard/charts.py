@@ -13,7 +13,6 @@ without validating it again.
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from observatory.events import describe
+from observatory.markup import plot_text
 
 __all__ = [
     "smooth",
@@ -128,7 +128,7 @@ def series_figure(
         # numpy arrays travel as base64 typed arrays (NaN = gap): plotly's JSON encoder is
         # an order of magnitude slower on lists of floats
         xs = d[x].cast(pl.Float64).to_numpy()
-        label = str(g) if g is not None else title
+        label = plot_text(g if g is not None else title)
         wide = "n" in d.columns and d["n"].max() > 1
         lo_v = d["min"].cast(pl.Float64).to_numpy()
         hi_v = d["max"].cast(pl.Float64).to_numpy()
@@ -372,7 +372,7 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 def marker_text(kind: str, data: Any) -> str:
     """One line of hover text for an event marker: plotly hover renders a subset of HTML, so escaped."""
-    return html.escape(f"{kind.replace('_', ' ')}: {describe(kind, data)}", quote=False)
+    return plot_text(f"{kind.replace('_', ' ')}: {describe(kind, data)}")
 
 
 def add_markers(fig: dict[str, Any], markers, y_at: float | None = None, lines: bool = True) -> None:

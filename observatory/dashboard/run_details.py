@@ -15,7 +15,7 @@ import streamlit as st
 from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.runs_table import ago
 from observatory.dashboard.widgets import show_chart
-from observatory.markup import md_escape
+from observatory.markup import md_escape, plot_text
 from observatory.queries import details as qdet
 
 __all__ = ["render_details", "details_calls"]
@@ -109,11 +109,11 @@ def _histogram(run: str, names: list[tuple[str, int]]) -> None:
                 "x": [(a + b) / 2 for a, b in zip(lim[:-1], lim[1:], strict=True)],
                 "width": [b - a for a, b in zip(lim[:-1], lim[1:], strict=True)],
                 "y": h["bucket_counts"],
-                "name": name,
+                "name": plot_text(name),
             }
         ],
         "layout": {
-            "title": {"text": f"{name} at step {h['step']}"},
+            "title": {"text": plot_text(f"{name} at step {h['step']}")},
             "height": 260,
             "xaxis": {"title": {"text": "value"}},
             "yaxis": {"title": {"text": "count"}},

@@ -62,7 +62,7 @@ def pick_run(label: str = "Run", key: str = "run", prefer_running: bool = True) 
         row = run_row(wanted)
         rows = ([row] if row is not None else []) + rows
     if not rows:
-        st.info(f"No run matches {text!r}." if text.strip() else
+        st.info(f"No run matches {md_escape(repr(text))}." if text.strip() else
                 "No runs in the store yet. Start one with `trainer train` and `observatory ingest --follow`.")  # fmt: skip
         return None
     ids = [r["run"] for r in rows]

@@ -12,6 +12,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from observatory.markup import plot_text
 from observatory.report.collect import Report
 
 __all__ = ["figures", "MARKS"]
@@ -59,11 +60,12 @@ def overview(rep: Report) -> go.Figure | None:
     if not names:
         return None
     fig = make_subplots(
-        rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=names
+        rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=[plot_text(n) for n in names]
     )
     for i, name in enumerate(names, start=1):
         xs, ys = _xy(rep.series[name])
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, line=dict(width=1.5)), row=i, col=1)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=plot_text(name), line=dict(width=1.5)),
+                      row=i, col=1)
         bad = [s for s, v in rep.series[name] if v is None or not math.isfinite(v)]
         if name == rep.loss_name:  # a downsampled series leaves NaNs out; the report lists them all
             bad = sorted(set(bad) | set(rep.nonfinite[:MAX_MARKERS]))
@@ -75,9 +77,9 @@ def overview(rep: Report) -> go.Figure | None:
                     x=bad,
                     y=[y0] * len(bad),
                     mode="markers",
-                    name=f"{name} non-finite",
+                    name=plot_text(f"{name} non-finite"),
                     marker=dict(color="#d62728", symbol="x", size=9),
-                    hovertext=[f"{name} is NaN/inf at step {s}" for s in bad],
+                    hovertext=[plot_text(f"{name} is NaN/inf at step {s}") for s in bad],
                 ),
                 row=i,
                 col=1,
@@ -96,7 +98,7 @@ def overview(rep: Report) -> go.Figure | None:
                 mode="markers",
                 name=kind,
                 marker=dict(color=color, symbol=symbol, size=10),
-                hovertext=[e["text"][:200] for e in items],
+                hovertext=[plot_text(e["text"][:200]) for e in items],
                 hoverinfo="text+x",
             ),
             row=1,

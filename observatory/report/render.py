@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from observatory.lineage import format_text
-from observatory.markup import Markup, markdown_html, md_escape
+from observatory.markup import Markup, md_escape
 from observatory.report.collect import Report, build
 from observatory.report.format import flatten, fmt_time, fmt_value
 
@@ -265,7 +265,13 @@ def _table(head: list[str], rows: list[list[str]], classes: list[str] | None = N
     return f"<table>{thead}<tbody>{''.join(body)}</tbody></table>"
 
 
-PROSE = ("hypothesis", "goal", "action", "outcome", "follow-up")  # decision fields rendered as Markdown
+PROSE = ("hypothesis", "goal", "action", "outcome", "follow-up")  # decision fields kept as written, lines and all
+
+
+def _prose(text: str) -> Markup:
+    """A decision's prose as text with its line breaks: a log writer's Markdown would render its links and
+    formatting in every reader's report (issue 36), so it is shown as written."""
+    return Markup("<br>".join(escape(line) for line in str(text).split("\n")))
 
 
 def _html_cell(c: Any) -> str:
@@ -308,7 +314,7 @@ class _Html:
 
     def decision(self, d) -> None:
         self.parts.append(f'<h3 id="decision-{escape(d.id)}">{escape(d.id)}: {escape(d.title)}</h3>')
-        rows = [[k, markdown_html(v) if k in PROSE else v] for k, v in _decision_fields(d)]
+        rows = [[k, _prose(v) if k in PROSE else v] for k, v in _decision_fields(d)]
         self.table(["field", "value"], rows)
 
     def pre(self, text: str) -> None:

@@ -192,6 +192,11 @@ def _pair(ss, chosen: list[str]) -> None:
     ss["_compare_chosen"] = list(chosen)
 
 
+def _metric_param(name: str | None) -> str | None:
+    """`?metric=` if it can be a metric name (at most 256 characters): a longer one is never queried."""
+    return name if name is not None and 0 < len(name) <= 256 else None
+
+
 def render() -> None:
     st.title("Compare")
     qp = st.query_params
@@ -202,7 +207,7 @@ def render() -> None:
     text = c1.text_input("Find runs", key="compare_q", placeholder="id, prefix, name, tag, project")
     found = [r["run"] for r in runs_table(search=text.strip() or None)]
     if not found and not linked:
-        st.info(f"No run matches {text!r}." if text.strip() else "No runs in the store yet.")
+        st.info(f"No run matches {md_escape(repr(text))}." if text.strip() else "No runs in the store yet.")
         return
     ids = list(dict.fromkeys([*linked, *st.session_state.get("compare_runs", []), *found]))
     chosen = c2.multiselect("Runs", ids, default=linked or found[:2], key="compare_runs")
@@ -218,7 +223,7 @@ def render() -> None:
     _pair(ss, chosen)
     calls = [
         (qd.metric_names_for, chosen),
-        (qd.runs_view, chosen, ss.get("compare_metric") or qp.get("metric") or "train/loss",
+        (qd.runs_view, chosen, ss.get("compare_metric") or _metric_param(qp.get("metric")) or "train/loss",
          *requested_window("compare_window"), 1000),
         (qd.run_configs, [ss.get("compare_a") or chosen[0], ss.get("compare_b") or chosen[min(1, len(chosen) - 1)]]),
         (lineage_view, ss.get("compare_lineage_run") or chosen[0], "train/loss"),

@@ -59,7 +59,8 @@ def filter_decisions(ds: list[dict], statuses=(), kinds=(), text: str = "") -> l
 def _detail(d: dict) -> None:
     st.subheader(f"{STATUS_ICON.get(d['status'], '•')} {md_escape(d['title'])}")
     st.caption(
-        f"`{d['id']}` · {d['kind']} · {d['status']} · by {d.get('author') or '-'} · "
+        f"{md_escape(d['id'])} · {md_escape(d['kind'])} · {md_escape(d['status'])} · "
+        f"by {md_escape(d.get('author') or '-')} · "
         f"created {_when(d.get('created'))} · updated {_when(d.get('updated'))}"
     )
     for name in ("hypothesis", "goal", "action", "outcome", "follow_up"):

@@ -14,6 +14,7 @@ store answers in milliseconds.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import polars as pl
@@ -24,6 +25,7 @@ from observatory.dashboard.charts import expert_heatmap, layer_band, layer_heatm
 from observatory.dashboard.runs_table import is_running, run_row, runs_calls
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
 from observatory.detect.thresholds import Thresholds
+from observatory.events import RUN_ID_RE
 from observatory.queries import experts as qe
 
 LAYER_KEY = "experts_layer"
@@ -120,8 +122,11 @@ def _view_call(run: str) -> tuple:
     """The page's one data query for `run`: layer from the widget or ?layer=, window from the slider."""
     qp_layer = st.query_params.get("layer")
     layer = st.session_state.get(LAYER_KEY)
-    if layer is None and qp_layer and qp_layer.isdigit():
-        layer = int(qp_layer)
+    if layer is None and qp_layer is not None:
+        if re.fullmatch(r"[0-9]{1,6}", qp_layer):  # "²" is a digit to str.isdigit; 5,000 digits overflow int()
+            layer = int(qp_layer)
+        else:
+            st.caption("Ignored `?layer=`: not a layer number.")
     return (qe.experts_view, run, layer, *requested_window(f"experts_window_{run}"), 400, 500)
 
 
@@ -212,7 +217,7 @@ def layer_figures(view: dict, layer: int) -> dict:
 def render() -> None:
     st.title("Experts")
     wanted = st.query_params.get("run")
-    if wanted:  # a deep link: the run list and this run's view on one connection
+    if wanted and RUN_ID_RE.fullmatch(wanted):  # a deep link: the run list and this run's view on one connection
         query_all(*runs_calls(runs=[wanted], limit=1), _view_call(wanted))
     run = pick_run()
     if run is None:

@@ -35,7 +35,8 @@ from observatory.dashboard.charts import add_markers, band, layer_band, scatter,
 from observatory.dashboard.run_details import render_details
 from observatory.dashboard.runs_table import PAGE, ago, is_running, run_row, runs_calls, runs_table
 from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
-from observatory.markup import md_escape
+from observatory.events import RUN_ID_RE
+from observatory.markup import md_escape, plot_text
 from observatory.queries import dashboard as qd
 from observatory.redact import redacted_note
 
@@ -78,7 +79,7 @@ def forecast_traces(forecasts: list[dict], metric_names=LOSS) -> list[dict]:
         if metric and metric not in metric_names and "loss" not in metric:
             continue
         src = f.get("source") or {}
-        label = f"forecast {metric}" + (
+        label = plot_text(f"forecast {metric}") + plot_text(
             f" ({src.get('ladder') or src.get('name')})"
             if isinstance(src, dict) and (src.get("ladder") or src.get("name"))
             else ""
@@ -302,9 +303,9 @@ def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, 
                     x=e["step"].to_list(),
                     y=e["loss"].to_list(),
                     mode="lines+markers",
-                    name=f"eval {ds}",
+                    name=plot_text(f"eval {ds}"),
                     line={"dash": "dot"},
-                    hovertemplate="%{x}: eval %{y:.4g}<extra>" + str(ds) + "</extra>",
+                    hovertemplate="%{x}: eval %{y:.4g}<extra>" + plot_text(ds).replace("%", "%%") + "</extra>",
                 )
             )
     fig["data"].extend(forecast_traces(fcs))
@@ -380,7 +381,7 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
 def render() -> None:
     st.title("Live run")
     wanted = st.query_params.get("run")
-    if wanted:  # a deep link: fetch the run list and the panel's data on one connection
+    if wanted and RUN_ID_RE.fullmatch(wanted):  # a deep link (a bad one is never queried: pick_run notes it): fetch the run list and the panel's data on one connection
         query_all(*runs_calls(runs=[wanted], limit=1), *panel_calls(wanted))
     with st.columns([3, 1])[0]:  # a run picker three quarters wide
         run = pick_run()

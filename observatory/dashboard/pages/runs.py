@@ -10,14 +10,17 @@ mean and spread of the last loss) and the runs with their rung and seed.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
+from urllib.parse import quote
 
 import polars as pl
 import streamlit as st
 
 from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.runs_table import PAGE, ago, runs_table
+from observatory.markup import md_escape
 from observatory.queries import core
 from observatory.queries import ladder as ql
 
@@ -83,7 +86,7 @@ def render() -> None:
 def _page(pages: int) -> int:
     """The page shown (`?page=N`, 1-based), a bad or out-of-range value taken as the nearest page."""
     raw = st.query_params.get("page", "1")
-    page = int(raw) if raw.isdigit() and len(raw) < 10 else 1
+    page = int(raw) if re.fullmatch(r"[0-9]{1,9}", raw) else 1  # "²" is a digit to str.isdigit, not to int()
     return min(max(page, 1), pages)
 
 
@@ -139,9 +142,9 @@ def _by_ladder(shown: list[dict]) -> None:
     names = sorted({r["ladder"].split(" / ")[0] for r in shown if r["ladder"]})
     lruns = query_all(*((ql.ladder_runs, n) for n in names))
     groups = ladder_groups(shown, dict(zip(names, lruns, strict=True)))
-    for g in groups:
-        st.subheader(f"Ladder {g['name']}")
-        st.caption(f"{len(g['runs'])} runs · [open the Ladder page](ladder?ladder={g['name']})")
+    for i, g in enumerate(groups):  # keys by position: a ladder's name is log text (`x_rungs` named another's table)
+        st.subheader(f"Ladder {md_escape(g['name'])}")
+        st.caption(f"{len(g['runs'])} runs · [open the Ladder page](ladder?ladder={quote(g['name'], safe='')})")
         st.dataframe(
             pl.DataFrame(
                 {
@@ -158,9 +161,9 @@ def _by_ladder(shown: list[dict]) -> None:
                 "mean last loss": st.column_config.NumberColumn(format="%.4f"),
                 "seed spread": st.column_config.NumberColumn(format="percent", help="1 sigma of the seeds"),
             },
-            key=f"runs_ladder_{g['name']}_rungs",
+            key=f"runs_ladder_rungs_{i}",
         )
-        _table(g["runs"], key=f"runs_ladder_{g['name']}", ladder_cols=True)
+        _table(g["runs"], key=f"runs_ladder_table_{i}", ladder_cols=True)
     rest = [r for r in shown if not r["ladder"]]
     if rest:
         st.subheader("Not in a ladder")

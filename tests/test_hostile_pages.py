@@ -1,0 +1,141 @@
+"""Every page over a store holding every optional field of every event kind, each free-text field planted.
+
+`hostile_store` plants Markdown, HTML, Streamlit directives, foreign image and link URLs and
+a ladder name that ends like another ladder's widget key into every free-text field that
+`observatory.events.KINDS` declares. Under AppTest each page (and each of its views a query
+parameter opens) runs without an exception (a duplicate widget key is one), and every text
+it hands Streamlit as Markdown (markdown, captions, headers, alerts, labels) is inert: it
+renders as no bold, link, image, HTML, heading, colour or icon. tests/test_hostile_browser.py
+checks the same pages in chromium.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hostile_store import DECISION, HOSTILE, HOSTILE2, MARKS, write_hostile_runs
+from markdown_it import MarkdownIt
+from streamlit.testing.v1 import AppTest
+
+from observatory.ingest import ingest
+
+PAGES = [
+    ("runs", {}),
+    ("runs", {"by": "ladder"}),
+    ("runs", {"group": "g", "project": "p"}),
+    ("live", {"run": HOSTILE}),
+    ("experts", {"run": HOSTILE}),
+    ("compare", {"runs": f"{HOSTILE},{HOSTILE2}"}),
+    ("decisions", {"decision": DECISION}),
+    ("decisions", {}),
+    ("reports", {"run": HOSTILE}),
+    ("ladder", {}),
+]
+_MD = MarkdownIt("commonmark")
+# what a planted part becomes when Markdown or Streamlit renders it
+_RENDERED = re.compile(r"<(?:strong|em|h\d|b)>[^<]*MK|<a href=\"(?:https?:)?//evil\.invalid|<img\b")
+# Streamlit's directives, and the bare URLs GitHub-flavoured Markdown links whether escaped or not
+_DIRECTIVE = re.compile(
+    r"(?<!\\):(red|material)(?!\\)[\[/]|(?<!\\)\[LINKMK|(?<!\\)\[IMGMK|(?i:https?|www)\\?[:.]"
+)
+
+
+@pytest.fixture(scope="module")
+def hostile_db(tmp_path_factory, monkeypatch_module):
+    tmp = tmp_path_factory.mktemp("hostile")
+    write_hostile_runs(tmp / "runs")
+    ingest(tmp / "runs", tmp / "store.duckdb", emit=None)
+    monkeypatch_module.setenv("OBSERVATORY_DB", str(tmp / "store.duckdb"))
+    return tmp / "store.duckdb"
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def markdown_texts(at: AppTest) -> list[str]:
+    """Every string the page hands Streamlit to render as Markdown."""
+    out = []
+    for kind in (
+        "markdown",
+        "caption",
+        "subheader",
+        "header",
+        "title",
+        "info",
+        "warning",
+        "error",
+        "success",
+    ):
+        out += [str(e.value) for e in at.get(kind)]
+    for kind in ("expander", "tab", "metric", "toggle", "checkbox", "button", "selectbox", "multiselect",
+                 "text_input", "radio", "slider"):  # fmt: skip
+        for e in at.get(kind):
+            out += [str(getattr(e, a)) for a in ("label", "help") if getattr(e, a, None)]
+    return out
+
+
+def inert(md: str) -> list[str]:
+    """What of the planted formatting in `md` would render; [] when none."""
+    if "MK" not in md and "rocket_launch" not in md:
+        return []
+    found = []
+    html = _MD.render(md)
+    found += [m.group(0) for m in _RENDERED.finditer(html)]
+    found += [md[m.start() : m.start() + 40] for m in _DIRECTIVE.finditer(md)]
+    return found
+
+
+@pytest.mark.parametrize(("name", "query"), PAGES, ids=[f"{n}?{'&'.join(q)}" for n, q in PAGES])
+def test_every_page_over_every_field_planted(hostile_db, name, query):
+    at = AppTest.from_string(
+        f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=120
+    )
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    texts = markdown_texts(at)
+    assert texts, name
+    rendered = {t[:80]: inert(t) for t in texts if inert(t)}
+    assert rendered == {}, f"{name}: planted formatting renders"
+
+
+def test_the_markers_are_caught_when_not_escaped():
+    """The check above sees each planted part when it is not escaped (so a pass means escaped, not unseen)."""
+    for part in MARKS.values():
+        assert inert("x " + part.format(w="t")), part
+    from observatory.markup import md_escape
+
+    assert inert(md_escape(" ".join(m.format(w="t") for m in MARKS.values()))) == []
+
+
+# every query parameter a page reads, with values a visitor can send: each is used or ignored, never a crash
+PARAMS = {
+    "runs": ["q", "status", "project", "group", "ladder", "tags", "by", "page"],
+    "live": ["run"],
+    "experts": ["run", "layer"],
+    "compare": ["runs", "metric", "x"],
+    "decisions": ["decision"],
+    "reports": ["run"],
+    "ladder": ["ladder"],
+}
+BAD_VALUES = ["²", "9" * 5000, "-1", "1e9", "nan", "", " ", "x" * 100_000, "../../etc/passwd", "a\x00b", "🙂",
+              "hostile,hostile-2," + "y" * 300, "%00", "<img src=http://evil.invalid/p.png>", "0x10"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_every_query_parameter_with_hostile_values(hostile_db, name):
+    for key in PARAMS[name]:
+        for value in BAD_VALUES:
+            at = AppTest.from_string(f"from observatory.dashboard.pages import {name}\n{name}.render()\n",
+                                     default_timeout=120)  # fmt: skip
+            at.query_params[key] = value
+            if name == "experts" and key == "layer":
+                at.query_params["run"] = HOSTILE
+            at.run()
+            assert not at.exception, (name, key, value[:40], [e.value for e in at.exception])
