@@ -103,3 +103,19 @@ def test_cli_table_is_regenerated_from_the_commands():
 
     stale = CLI_MD.replace("| `observatory ingest` |", "| `observatory ingest --old-flag` |", 1)
     assert stale != CLI_MD and docs.render(stale, ["cli", "settings"]) == CLI_MD
+
+
+def _relative_links(page: Path) -> list[tuple[str, Path]]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # code blocks hold no links
+    out = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"^[a-z]+:|^#", target):
+            continue  # a URL, mailto: or an anchor on the same page
+        out.append((target, (page.parent / target.split("#", 1)[0]).resolve()))
+    return out
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+def test_every_relative_link_resolves(page):
+    broken = [target for target, path in _relative_links(page) if not path.exists()]
+    assert not broken, f"{page.relative_to(ROOT)} links to what is not there: {broken}"
