@@ -42,11 +42,13 @@ chromium:
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The timing tests (readers see new data within 2 s) run first, in a pytest process of their
 # own (no other test's load skews their clock).
 test: setup chromium levanter-venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q -m timing
 	$(BIN)/pytest -q -m "not timing"
 

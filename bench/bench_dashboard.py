@@ -60,8 +60,10 @@ def build_real(db: Path, steps: int) -> None:
     if not runs.exists():
         simulate("535b", runs, steps=steps, expert_load_every=10)
     wall, mb, _ = child(["ingest", "-q", "--runs-dir", str(runs), "--db", str(db)])
-    print(f"built {db} through simulate + observatory ingest ({steps} steps) in {wall:.0f} s; "
-          f"ingester peak RSS {mb:.0f} MB")
+    print(
+        f"built {db} through simulate + observatory ingest ({steps} steps) in {wall:.0f} s; "
+        f"ingester peak RSS {mb:.0f} MB"
+    )
 
 
 # ---------------------------------------------------------------- 1. queries
@@ -196,10 +198,26 @@ BARE_PAGE = textwrap.dedent(
 def _serve(script: Path, db: Path, port: int, log) -> subprocess.Popen:
     env = dict(os.environ, OBSERVATORY_DB=str(db))  # default cache TTL: loads are seconds apart, so cold
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(script), "--server.port", str(port), "--server.address",
-         "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(script),
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
@@ -278,8 +296,12 @@ def main() -> None:
         choices=("queries", "browser"),
         help="one part only (e.g. the browser part against a small store from bench/gen_store.py)",
     )
-    ap.add_argument("--real", type=int, metavar="STEPS", help="build the store by simulate + ingest (535b preset)")
-    ap.add_argument("--run", default=None, help="the run the pages show (default: bench-moe; sim-535b with --real)")
+    ap.add_argument(
+        "--real", type=int, metavar="STEPS", help="build the store by simulate + ingest (535b preset)"
+    )
+    ap.add_argument(
+        "--run", default=None, help="the run the pages show (default: bench-moe; sim-535b with --real)"
+    )
     a = ap.parse_args()
     global RUN
     RUN = a.run or ("sim-535b" if a.real else RUN)
@@ -293,8 +315,10 @@ def main() -> None:
         db = db or Path(tempfile.gettempdir()) / "observatory-bench-dashboard.duckdb"
         t = time.time()
         info = generate(db, 100_000, 16, 64, 30)
-        print(f"generated {db}: {info['expert_load_rows']:,} expert_load rows, {info['metric_rows']:,} metric rows "
-              f"in {time.time() - t:.0f} s (rollups {info['rollups']:.0f} s)")  # fmt: skip
+        print(
+            f"generated {db}: {info['expert_load_rows']:,} expert_load rows, {info['metric_rows']:,} metric rows "
+            f"in {time.time() - t:.0f} s (rollups {info['rollups']:.0f} s)"
+        )
         made = db
     with store.connect(db) as con:
         n_rows = con.execute("SELECT count(*) FROM expert_load").fetchall()[0][0]
@@ -302,9 +326,13 @@ def main() -> None:
         import resource
 
         worst, self_mb = (
-            (None, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024) if a.only == "browser" else bench_queries(db)
+            (None, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            if a.only == "browser"
+            else bench_queries(db)
         )
-        print(f"\npeak RSS of this process after the page queries (before the reference scans): {self_mb:.0f} MB")
+        print(
+            f"\npeak RSS of this process after the page queries (before the reference scans): {self_mb:.0f} MB"
+        )
         browser = None if a.no_browser or a.only == "queries" else bench_browser(db, a.repeats)
     finally:
         if made is not None and not a.keep:
@@ -315,19 +343,27 @@ def main() -> None:
     print("| target | measured | goal | command |")
     print("|---|---|---|---|")
     if worst is not None:
-        print(f"| dashboard: slowest page's queries on {n_rows / 1e6:.0f}M expert_load rows | {worst:.0f} ms ({worst / GOAL_MS:.2f}x of 500 ms) "
-              f"| <= 500 ms | `{cmd}` |")  # fmt: skip
+        print(
+            f"| dashboard: slowest page's queries on {n_rows / 1e6:.0f}M expert_load rows | {worst:.0f} ms ({worst / GOAL_MS:.2f}x of 500 ms) "
+            f"| <= 500 ms | `{cmd}` |"
+        )
     if worst is not None:
-        print(f"| dashboard process peak RSS, page queries ({n_rows / 1e6:.0f}M expert_load rows) | {self_mb:.0f} MB "
-              f"| <= 1.5 GB | `{cmd}` |")  # fmt: skip
+        print(
+            f"| dashboard process peak RSS, page queries ({n_rows / 1e6:.0f}M expert_load rows) | {self_mb:.0f} MB "
+            f"| <= 1.5 GB | `{cmd}` |"
+        )
     if RSS_MB:
-        print(f"| dashboard: streamlit server peak RSS ({n_rows / 1e6:.0f}M expert_load rows) | app {RSS_MB[0]:.0f} MB, "
-              f"bare page {RSS_MB[1]:.0f} MB "
-              f"| <= 1.5 GB | `{cmd}` |")  # fmt: skip
+        print(
+            f"| dashboard: streamlit server peak RSS ({n_rows / 1e6:.0f}M expert_load rows) | app {RSS_MB[0]:.0f} MB, "
+            f"bare page {RSS_MB[1]:.0f} MB "
+            f"| <= 1.5 GB | `{cmd}` |"
+        )
     if browser:
         live, bare = browser
-        print(f"| dashboard: Live page first chart vs bare plotly page | {live:.2f} s vs {bare:.2f} s ({live / bare:.2f}x) "
-              f"| <= 1.3x | `{cmd}` |")  # fmt: skip
+        print(
+            f"| dashboard: Live page first chart vs bare plotly page | {live:.2f} s vs {bare:.2f} s ({live / bare:.2f}x) "
+            f"| <= 1.3x | `{cmd}` |"
+        )
 
 
 if __name__ == "__main__":

@@ -214,7 +214,9 @@ def report(title: str, truth: dict, ours: dict, base: dict, series: dict, secs: 
     for run, kind, n, first, peak, lead in so["rows"]:
         dets = ", ".join(sorted({f["detector"] for f in ours.get(run, [])})) or "-"
         print(f"| {run} | {kind} | {n} | {first} | {peak} | {lead} | {dets} |")
-    print("\n| detector set | recall | false alarms / 10k clean steps | lead (median, min) | warned before peak, grad-norm precursor |")
+    print(
+        "\n| detector set | recall | false alarms / 10k clean steps | lead (median, min) | warned before peak, grad-norm precursor |"
+    )
     print("|---|---|---|---|---|")
     for name, s in (("observatory", so), ("OLMo-core mean+6σ/128 on loss", sb)):
         ld = f"{np.median(s['leads']):.0f}, {min(s['leads'])}" if s["leads"] else "-"
@@ -234,7 +236,9 @@ def _short(s: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="instability detectors: recall, false alarms, lead time")
-    ap.add_argument("--steps", default="300", help="steps per real suite run; several: 200,300 (one suite each)")
+    ap.add_argument(
+        "--steps", default="300", help="steps per real suite run; several: 200,300 (one suite each)"
+    )
     ap.add_argument("--synthetic-only", action="store_true", help="skip the real suite (no trainer needed)")
     ap.add_argument("--out", type=Path, default=suite.DEFAULT_OUT)
     a = ap.parse_args(argv)
@@ -250,8 +254,11 @@ def main(argv=None) -> int:
             so, sb = report("real tiny-trainer runs", truth, *evaluate(truth, a.out / "runs", tmp / "real"))
             rows.append(("real", so, sb))
         syn = suite.build_synthetic(a.out / "synthetic", 600)
-        so, sb = report("synthetic runs (BLOOM-like precursor, growth, bad batch, clean)", syn,
-                        *evaluate(syn, a.out / "synthetic" / "runs", tmp / "synthetic"))  # fmt: skip
+        so, sb = report(
+            "synthetic runs (BLOOM-like precursor, growth, bad batch, clean)",
+            syn,
+            *evaluate(syn, a.out / "synthetic" / "runs", tmp / "synthetic"),
+        )
         rows.append(("synthetic", so, sb))
         full_s, inc_s, open_s = timing(tmp)
     print(

@@ -61,7 +61,9 @@ def writer_kills(tmp: Path, kills: int, rng: random.Random) -> tuple[int, float,
 
     max_lost, max_age, bad_lines = 0, 0.0, 0
     for i in range(kills):
-        proc = subprocess.Popen([sys.executable, str(script), str(runs), f"dur{i}"], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(runs), f"dur{i}"], stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.2, 2.0))
         proc.kill()
@@ -70,17 +72,26 @@ def writer_kills(tmp: Path, kills: int, rng: random.Random) -> tuple[int, float,
         logged = {int(s): float(t) for s, t in (line.split() for line in out.splitlines())}
         rep = ingest(runs, db, hooks=False, emit=None)
         with duckdb.connect(str(db), read_only=True) as con:
-            got = {r[0] for r in con.execute("SELECT step FROM metrics WHERE run = ?", [f"dur{i}"]).fetchall()}
+            got = {
+                r[0] for r in con.execute("SELECT step FROM metrics WHERE run = ?", [f"dur{i}"]).fetchall()
+            }
             n_bad = con.execute(
-                "SELECT count(*) FROM rejected_events WHERE run = ? AND reason NOT LIKE 'truncated%'", [f"dur{i}"]
+                "SELECT count(*) FROM rejected_events WHERE run = ? AND reason NOT LIKE 'truncated%'",
+                [f"dur{i}"],
             ).fetchall()[0][0]
         lost = [s for s in logged if s not in got]
         max_lost = max(max_lost, len(lost))
         if lost:
             max_age = max(max_age, t_kill - min(logged[s] for s in lost))
         bad_lines += n_bad + (rep.rejected - rep.truncated)
-        print(f"  writer kill {i}: logged {len(logged)}, lost {len(lost)}"
-              + (f" (oldest logged {t_kill - min(logged[s] for s in lost):.2f} s before the kill)" if lost else ""))  # fmt: skip
+        print(
+            f"  writer kill {i}: logged {len(logged)}, lost {len(lost)}"
+            + (
+                f" (oldest logged {t_kill - min(logged[s] for s in lost):.2f} s before the kill)"
+                if lost
+                else ""
+            )
+        )
     return max_lost, max_age, bad_lines
 
 
@@ -91,8 +102,16 @@ def ingester_kills(tmp: Path, kills: int, rng: random.Random) -> tuple[bool, int
         path.parent.mkdir(parents=True)
         with open(path, "w") as f:
             for seq in range(3000):
-                ev = {"v": 1, "run": f"run{r}", "kind": "metrics", "step": seq, "t": 1.7e9 + seq, "host": 0, "seq": seq,
-                      "data": {f"m{i}": seq * 0.5 + i for i in range(20)}}  # fmt: skip
+                ev = {
+                    "v": 1,
+                    "run": f"run{r}",
+                    "kind": "metrics",
+                    "step": seq,
+                    "t": 1.7e9 + seq,
+                    "host": 0,
+                    "seq": seq,
+                    "data": {f"m{i}": seq * 0.5 + i for i in range(20)},
+                }
                 f.write(json.dumps(ev, separators=(",", ":")) + "\n")
     script = tmp / "ingester.py"
     script.write_text(INGESTER)
@@ -102,7 +121,9 @@ def ingester_kills(tmp: Path, kills: int, rng: random.Random) -> tuple[bool, int
     clean_s = time.perf_counter() - t0  # the kills land within a clean ingest's time (start-up included)
     n_kills = 0
     for _ in range(kills):
-        proc = subprocess.Popen([sys.executable, str(script), str(runs), str(db)], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(runs), str(db)], stdout=subprocess.PIPE, text=True
+        )
         time.sleep(rng.uniform(0.3, 0.9) * clean_s)
         if proc.poll() is None:
             proc.kill()
@@ -113,9 +134,13 @@ def ingester_kills(tmp: Path, kills: int, rng: random.Random) -> tuple[bool, int
     with duckdb.connect(str(db), read_only=True) as a, duckdb.connect(str(ref), read_only=True) as b:
         same = a.execute(sql).fetchall() == b.execute(sql).fetchall()
         dups = a.execute("SELECT count(*) - count(DISTINCT (run, step, name)) FROM metrics").fetchall()[0][0]
-        same = same and dups == 0 and a.execute("SELECT count(*) FROM metrics").fetchall()[0][0] == 4 * 3000 * 20
-    print(f"  ingester: killed {n_kills} times before it finished (clean ingest {clean_s:.1f} s); final store {'identical to' if same else 'DIFFERENT from'} "
-          f"a clean ingest, {dups} duplicate rows")  # fmt: skip
+        same = (
+            same and dups == 0 and a.execute("SELECT count(*) FROM metrics").fetchall()[0][0] == 4 * 3000 * 20
+        )
+    print(
+        f"  ingester: killed {n_kills} times before it finished (clean ingest {clean_s:.1f} s); final store {'identical to' if same else 'DIFFERENT from'} "
+        f"a clean ingest, {dups} duplicate rows"
+    )
     return same, n_kills
 
 
@@ -129,8 +154,10 @@ def main() -> None:
         max_lost, max_age, bad = writer_kills(Path(tmp), args.kills, rng)
         same, n_kills = ingester_kills(Path(tmp), max(3, args.kills // 2), rng)
     ok = max_age <= 1.0 and bad == 0 and same
-    print(f"writer: at most {max_lost} events lost per kill, all logged within {max_age:.2f} s of the kill; "
-          f"{bad} corrupt lines. ingester: exactly-once after {n_kills} kills: {same}")  # fmt: skip
+    print(
+        f"writer: at most {max_lost} events lost per kill, all logged within {max_age:.2f} s of the kill; "
+        f"{bad} corrupt lines. ingester: exactly-once after {n_kills} kills: {same}"
+    )
     print(
         f"| durability under SIGKILL | writer: lost only events logged <= {max_age:.2f} s before the kill "
         f"(max {max_lost}/kill, {args.kills} kills), {bad} corrupt lines; ingest killed {n_kills}x: "

@@ -49,8 +49,18 @@ TOOLS = {
     "mlflow": "MLflow (sqlite backend)",
     "tensorboardX": "tensorboardX",
 }
-NAMES = ["train/loss", "train/ce_loss", "train/z_loss", "router/lb_loss", "router/entropy",
-         "grad/norm/total", "opt/lr", "throughput/tokens_per_s", "throughput/mfu", "data/tokens"]  # fmt: skip
+NAMES = [
+    "train/loss",
+    "train/ce_loss",
+    "train/z_loss",
+    "router/lb_loss",
+    "router/entropy",
+    "grad/norm/total",
+    "opt/lr",
+    "throughput/tokens_per_s",
+    "throughput/mfu",
+    "data/tokens",
+]
 METRIC = "train/loss"
 
 
@@ -175,8 +185,14 @@ def _tensorboardx(tmp: Path, read: bool):
     return log, w.close, read_back
 
 
-START = {"observatory": _observatory, "observatory-log": _observatory, "trackio": _trackio,
-         "wandb": _wandb, "mlflow": _mlflow, "tensorboardX": _tensorboardx}  # fmt: skip
+START = {
+    "observatory": _observatory,
+    "observatory-log": _observatory,
+    "trackio": _trackio,
+    "wandb": _wandb,
+    "mlflow": _mlflow,
+    "tensorboardX": _tensorboardx,
+}
 
 
 def child(tool: str, steps: int, n_metrics: int) -> dict:
@@ -195,10 +211,21 @@ def child(tool: str, steps: int, n_metrics: int) -> dict:
         t2 = time.perf_counter()
     if read:
         want = [p[METRIC] for p in payloads]
-        ok = list(got_steps) == list(range(steps)) and all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got, want, strict=True))
+        ok = list(got_steps) == list(range(steps)) and all(
+            abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got, want, strict=True)
+        )
         if not ok:
-            return {"tool": tool, "missing": f"history wrong: {len(got)} points, steps {list(got_steps)[:3]}..."}
-    return {"tool": tool, "log_s": t1 - t0, "read_s": t2 - t1, "total_s": t2 - t0, "points": steps * n_metrics}
+            return {
+                "tool": tool,
+                "missing": f"history wrong: {len(got)} points, steps {list(got_steps)[:3]}...",
+            }
+    return {
+        "tool": tool,
+        "log_s": t1 - t0,
+        "read_s": t2 - t1,
+        "total_s": t2 - t0,
+        "points": steps * n_metrics,
+    }
 
 
 def main() -> None:
@@ -215,37 +242,71 @@ def main() -> None:
         return
     tools = args.only.split(",")
     runs: dict[str, list[dict]] = {t: [] for t in tools}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    }
     for rnd in range(args.repeats):
         order = tools if rnd % 2 == 0 else tools[::-1]  # alternate, side by side
         for tool in order:
             if rnd and all(r.get("total_s", 0) > args.slow_s for r in runs[tool]):
                 continue
             out = subprocess.run(
-                [sys.executable, __file__, "--child", tool, "--steps", str(args.steps), "--metrics", str(args.metrics)],
-                capture_output=True, text=True, timeout=3600, env=env,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    tool,
+                    "--steps",
+                    str(args.steps),
+                    "--metrics",
+                    str(args.metrics),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=3600,
+                env=env,
+            )
             lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
-            r = json.loads(lines[-1]) if out.returncode == 0 and lines else {"tool": tool, "missing": f"failed (rc {out.returncode}): {out.stderr.strip()[-300:]}"}
+            r = (
+                json.loads(lines[-1])
+                if out.returncode == 0 and lines
+                else {"tool": tool, "missing": f"failed (rc {out.returncode}): {out.stderr.strip()[-300:]}"}
+            )
             runs[tool].append(r)
-            print(f"  round {rnd + 1} {tool}: " + (f"{r['total_s']:.2f} s" if "total_s" in r else r["missing"]), file=sys.stderr)
+            print(
+                f"  round {rnd + 1} {tool}: " + (f"{r['total_s']:.2f} s" if "total_s" in r else r["missing"]),
+                file=sys.stderr,
+            )
     med = {}
     for tool, rs in runs.items():
         ok = [r for r in rs if "total_s" in r]
-        med[tool] = {k: statistics.median(r[k] for r in ok) for k in ("log_s", "read_s", "total_s")} if ok else {"missing": rs[-1]["missing"]}
+        med[tool] = (
+            {k: statistics.median(r[k] for r in ok) for k in ("log_s", "read_s", "total_s")}
+            if ok
+            else {"missing": rs[-1]["missing"]}
+        )
     points = args.steps * args.metrics
     base = med.get("observatory", {}).get("total_s")
-    print(f"log {points:,} points ({args.steps:,} steps x {args.metrics} metrics, one log call per step), then read "
-          f"{METRIC}'s {args.steps:,}-point history; median of {args.repeats}, first log call to history in memory")  # fmt: skip
-    print(f"{'tool':36} {'version':>9} {'log':>8} {'read':>8} {'total':>8} {'points/s':>10} {'÷ Observatory':>14} runs")
+    print(
+        f"log {points:,} points ({args.steps:,} steps x {args.metrics} metrics, one log call per step), then read "
+        f"{METRIC}'s {args.steps:,}-point history; median of {args.repeats}, first log call to history in memory"
+    )
+    print(
+        f"{'tool':36} {'version':>9} {'log':>8} {'read':>8} {'total':>8} {'points/s':>10} {'÷ Observatory':>14} runs"
+    )
     for tool in tools:
         m = med[tool]
         if "missing" in m:
             print(f"{TOOLS[tool]:36} {version(tool):>9}  {m['missing']}")
             continue
         ratio = f"{m['total_s'] / base:.1f}×" if base and tool != "observatory" else ""
-        print(f"{TOOLS[tool]:36} {version(tool):>9} {m['log_s']:7.2f}s {m['read_s']:7.2f}s {m['total_s']:7.2f}s "
-              f"{points / m['total_s'] / 1000:9.1f}k {ratio:>14} {sum('total_s' in r for r in runs[tool]):4}")  # fmt: skip
+        print(
+            f"{TOOLS[tool]:36} {version(tool):>9} {m['log_s']:7.2f}s {m['read_s']:7.2f}s {m['total_s']:7.2f}s "
+            f"{points / m['total_s'] / 1000:9.1f}k {ratio:>14} {sum('total_s' in r for r in runs[tool]):4}"
+        )
 
 
 if __name__ == "__main__":

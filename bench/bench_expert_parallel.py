@@ -34,8 +34,16 @@ def child(args) -> None:
     from trainer.model import TRAINABLE, ModelConfig, Transformer, make_train_step
 
     d = args.d_model
-    cfg = ModelConfig(d_model=d, n_layers=args.layers, n_heads=4, seq_len=args.seq, n_routed=8, top_k=2,
-                      d_ff=4 * d, capacity_factor=1.25)
+    cfg = ModelConfig(
+        d_model=d,
+        n_layers=args.layers,
+        n_heads=4,
+        seq_len=args.seq,
+        n_routed=8,
+        top_k=2,
+        d_ff=4 * d,
+        capacity_factor=1.25,
+    )
     mesh = make_mesh(args.data, args.expert)
     model = Transformer(cfg, rngs=nnx.Rngs(0), mesh=mesh)
     opt = nnx.Optimizer(model, optax.adamw(1e-3), wrt=TRAINABLE)
@@ -43,22 +51,52 @@ def child(args) -> None:
     step = make_train_step()
 
     rng = np.random.default_rng(0)
-    batches = [shard_batch(mesh, jnp.asarray(rng.integers(0, 256, (args.batch, args.seq + 1)), jnp.int32))
-               for _ in range(args.steps + 1)]
+    batches = [
+        shard_batch(mesh, jnp.asarray(rng.integers(0, 256, (args.batch, args.seq + 1)), jnp.int32))
+        for _ in range(args.steps + 1)
+    ]
     jax.block_until_ready(step(model, opt, batches[0]))
     times = []
     for b in batches[1:]:
         t = time.perf_counter()
         loss, drop = jax.block_until_ready(step(model, opt, b))
         times.append(time.perf_counter() - t)
-    print(json.dumps({"devices": jax.device_count(), "data": args.data, "expert": args.expert,
-                      "step_s": float(np.median(times)), "loss": float(loss), "drop": float(drop)}))
+    print(
+        json.dumps(
+            {
+                "devices": jax.device_count(),
+                "data": args.data,
+                "expert": args.expert,
+                "step_s": float(np.median(times)),
+                "loss": float(loss),
+                "drop": float(drop),
+            }
+        )
+    )
 
 
 def run_child(devices: int, data: int, expert: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--devices", str(devices), "--data", str(data),
-           "--expert", str(expert), "--steps", str(args.steps), "--batch", str(args.batch),
-           "--seq", str(args.seq), "--d-model", str(args.d_model), "--layers", str(args.layers)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--devices",
+        str(devices),
+        "--data",
+        str(data),
+        "--expert",
+        str(expert),
+        "--steps",
+        str(args.steps),
+        "--batch",
+        str(args.batch),
+        "--seq",
+        str(args.seq),
+        "--d-model",
+        str(args.d_model),
+        "--layers",
+        str(args.layers),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     if out.returncode:
         raise SystemExit(f"child {devices} devices failed:\n{out.stderr[-3000:]}")
@@ -85,14 +123,18 @@ def main(argv=None):
     for data, expert in ((1, 8), (2, 4)):
         results.append(run_child(8, data, expert, args))
     for r in results:
-        print(f"devices={r['devices']} mesh data={r['data']} x expert={r['expert']}: "
-              f"step {r['step_s'] * 1e3:.0f} ms, loss {r['loss']:.4f}, drop {r['drop']:.3f}")
+        print(
+            f"devices={r['devices']} mesh data={r['data']} x expert={r['expert']}: "
+            f"step {r['step_s'] * 1e3:.0f} ms, loss {r['loss']:.4f}, drop {r['drop']:.3f}"
+        )
     ratios = {f"{r['data']}x{r['expert']}": r["step_s"] / one["step_s"] for r in results[1:]}
     for k, v in ratios.items():
         print(f"step time 8 devices (mesh {k}) / 1 device = {v:.2f}x")
     meas = ", ".join(f"{v:.2f}x ({k})" for k, v in ratios.items())
-    print(f"| Expert-parallel overhead, 8 simulated devices vs 1 | {meas} | {GOAL} | "
-          f"`python bench/bench_expert_parallel.py` |")
+    print(
+        f"| Expert-parallel overhead, 8 simulated devices vs 1 | {meas} | {GOAL} | "
+        f"`python bench/bench_expert_parallel.py` |"
+    )
 
 
 if __name__ == "__main__":

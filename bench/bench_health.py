@@ -28,8 +28,14 @@ from observatory.alerts import conditions, rules
 from observatory.queries import health as qh
 from observatory.store import using
 
-NAMES = ("system/cpu_percent", "system/rss_bytes", "system/mem_available_bytes",
-         "accel/0/hbm_used_bytes", "accel/0/hbm_limit_bytes", "accel/0/util")  # fmt: skip
+NAMES = (
+    "system/cpu_percent",
+    "system/rss_bytes",
+    "system/mem_available_bytes",
+    "accel/0/hbm_used_bytes",
+    "accel/0/hbm_limit_bytes",
+    "accel/0/util",
+)
 
 
 def build(db: Path, hosts: int, steps: int, step_s: float, every_s: float) -> float:
@@ -99,11 +105,14 @@ def main() -> None:
     with using(db) as con:  # one connection, as a page batch or a clock tick has
         cases = {
             "Health page: seconds-per-step matrix + hosts": lambda: qh.health_view(con, "pod", qh.STEP_TIME),
-            "Health page: a telemetry name's matrix + hosts": lambda: qh.health_view(con, "pod", "system/rss_bytes"),
+            "Health page: a telemetry name's matrix + hosts": lambda: qh.health_view(
+                con, "pod", "system/rss_bytes"
+            ),
             "Health page: one host's every name": lambda: qh.host_series(con, "pod", a.hosts // 2),
             "alerts: every rule over the run (a clock tick)": lambda: conditions.firing(
-                con, rule_set, conditions.live_runs(con, time.time()), time.time()),
-        }  # fmt: skip
+                con, rule_set, conditions.live_runs(con, time.time()), time.time()
+            ),
+        }
         for name, fn in cases.items():
             print(f"{name:<50} {1000 * timed(fn, a.repeats):8.0f} ms (median of {a.repeats})")
     print("target: each Health page batch <= 500 ms of queries")

@@ -42,16 +42,19 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=0.1, help="seconds between beats in the beating blocks")
     a = ap.parse_args()
     enable_compile_cache()
-    cfg = load_config(ROOT / "trainer" / "configs" / "tiny.yaml",
-                      ["telemetry.progress=false", "telemetry.peak_flops=1e10", "checkpoint.at_exit=false"])  # fmt: skip
+    cfg = load_config(
+        ROOT / "trainer" / "configs" / "tiny.yaml",
+        ["telemetry.progress=false", "telemetry.peak_flops=1e10", "checkpoint.at_exit=false"],
+    )
     corpus = load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.expert)
     model = Transformer(cfg.model, rngs=nnx.Rngs(0), mesh=mesh)
     opt = nnx.Optimizer(model, make_optimizer(cfg), wrt=TRAINABLE)
     place_on_mesh((model, opt), mesh)
     runs = Path(tempfile.mkdtemp(prefix="bench-heartbeat-"))
-    run = observatory.init(run_id="beats", config=cfg.to_dict(), runs_dir=runs, heartbeat_s=0,
-                           install_signal_handlers=False)  # fmt: skip
+    run = observatory.init(
+        run_id="beats", config=cfg.to_dict(), runs_dir=runs, heartbeat_s=0, install_signal_handlers=False
+    )
     loop = _Loop(cfg, run, corpus, mesh, model, opt, runs, _model_counts(cfg))
     loop.peak = 1e10
     lr, poison = np.float32(1e-3), np.float32(0.0)
@@ -60,7 +63,9 @@ def main() -> None:
     step = 0
     for _ in range(10):  # compile and warm up
         step += 1
-        loop._finish_step(step, train_step(model, opt, batches[step % 8], lr, poison, telemetry=True), float(lr), [])
+        loop._finish_step(
+            step, train_step(model, opt, batches[step % 8], lr, poison, telemetry=True), float(lr), []
+        )
     for b in range(2 * a.blocks):
         name = ("beating", "quiet")[b % 2] if (b // 2) % 2 == 0 else ("quiet", "beating")[b % 2]
         stop = threading.Event()
@@ -77,9 +82,13 @@ def main() -> None:
     run.finish()
     beats = sum(1 for line in run.path.read_text().splitlines() if '"heartbeat"' in line)
     q, h = statistics.median(times["quiet"]), statistics.median(times["beating"])
-    print(f"{len(times['quiet'])} steps a variant in {a.blocks} alternated blocks each; {beats} heartbeats written")
-    print(f"median step: quiet {1000 * q:.2f} ms, beating every {a.every:g} s {1000 * h:.2f} ms "
-          f"-> {100 * (h / q - 1):+.2f}% ({100 * (h / q - 1) * a.every / 30:+.3f}% at the default 30 s)")  # fmt: skip
+    print(
+        f"{len(times['quiet'])} steps a variant in {a.blocks} alternated blocks each; {beats} heartbeats written"
+    )
+    print(
+        f"median step: quiet {1000 * q:.2f} ms, beating every {a.every:g} s {1000 * h:.2f} ms "
+        f"-> {100 * (h / q - 1):+.2f}% ({100 * (h / q - 1) * a.every / 30:+.3f}% at the default 30 s)"
+    )
     print("target: <= 1% of the step")
 
 

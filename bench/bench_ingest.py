@@ -46,7 +46,9 @@ CHECK_SQL = """SELECT (SELECT (count(*), sum(hash(run, step, name, value, t, hos
                       (SELECT (count(*), sum(hash(run, step, layer, expert, routed, dropped)::HUGEINT)) FROM expert_load)"""
 
 
-def make_log(path: Path, steps: int, scalars: int, layers: int = 8, experts: int = 64, every: int = 10) -> int:
+def make_log(
+    path: Path, steps: int, scalars: int, layers: int = 8, experts: int = 64, every: int = 10
+) -> int:
     """A realistic log: `scalars` metrics per step, expert_load for every layer every `every` steps."""
     rng = random.Random(0)
     names = [f"train/m{i:02d}" for i in range(scalars)]
@@ -56,15 +58,46 @@ def make_log(path: Path, steps: int, scalars: int, layers: int = 8, experts: int
         for step in range(steps):
             t = 1.7e9 + step * 0.05
             data = {n: rng.random() for n in names}
-            f.write(json.dumps({"v": 1, "run": "bench", "kind": "metrics", "step": step, "t": t, "host": 0,
-                                "seq": seq, "data": data}, separators=(",", ":")) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "run": "bench",
+                        "kind": "metrics",
+                        "step": step,
+                        "t": t,
+                        "host": 0,
+                        "seq": seq,
+                        "data": data,
+                    },
+                    separators=(",", ":"),
+                )
+                + "\n"
+            )
             seq += 1
             if step % every == 0:
                 for layer in range(layers):
-                    d = {"layer": layer, "routed": [rng.randrange(5000) for _ in range(experts)],
-                         "dropped": [rng.randrange(50) for _ in range(experts)]}  # fmt: skip
-                    f.write(json.dumps({"v": 1, "run": "bench", "kind": "expert_load", "step": step, "t": t,
-                                        "host": 0, "seq": seq, "data": d}, separators=(",", ":")) + "\n")  # fmt: skip
+                    d = {
+                        "layer": layer,
+                        "routed": [rng.randrange(5000) for _ in range(experts)],
+                        "dropped": [rng.randrange(50) for _ in range(experts)],
+                    }
+                    f.write(
+                        json.dumps(
+                            {
+                                "v": 1,
+                                "run": "bench",
+                                "kind": "expert_load",
+                                "step": step,
+                                "t": t,
+                                "host": 0,
+                                "seq": seq,
+                                "data": d,
+                            },
+                            separators=(",", ":"),
+                        )
+                        + "\n"
+                    )
                     seq += 1
     return steps * scalars
 
@@ -74,8 +107,12 @@ def baseline(path: Path, db: Path) -> float:
     con = duckdb.connect(str(db))
     con.execute("SET enable_progress_bar = false")
     store.ensure_schema(con)
-    cols = "{v:'INT',run:'VARCHAR',kind:'VARCHAR',step:'BIGINT',t:'DOUBLE',host:'INT',seq:'BIGINT',data:'JSON'}"
-    con.execute(f"CREATE TEMP TABLE raw AS SELECT * FROM read_json('{path}', format='newline_delimited', columns={cols})")
+    cols = (
+        "{v:'INT',run:'VARCHAR',kind:'VARCHAR',step:'BIGINT',t:'DOUBLE',host:'INT',seq:'BIGINT',data:'JSON'}"
+    )
+    con.execute(
+        f"CREATE TEMP TABLE raw AS SELECT * FROM read_json('{path}', format='newline_delimited', columns={cols})"
+    )
     con.execute("""INSERT INTO metrics SELECT run, step, unnest(map_keys(m)), unnest(map_values(m)), t, host
                    FROM (SELECT *, json_transform(data, '"MAP(VARCHAR, DOUBLE)"') AS m FROM raw WHERE kind = 'metrics')""")
     con.execute("""INSERT INTO expert_load SELECT run, step, x.layer, unnest(range(len(x.routed))), unnest(x.routed),
@@ -102,17 +139,25 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20_000)
     ap.add_argument("--scalars", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--preset", choices=["535b"], help="the reference run's shape, end to end (bench/ingest_535b.py)")
-    ap.add_argument("--expert-steps", type=int, default=500, help="535b: steps of the expert_load-every-step log")
+    ap.add_argument(
+        "--preset", choices=["535b"], help="the reference run's shape, end to end (bench/ingest_535b.py)"
+    )
+    ap.add_argument(
+        "--expert-steps", type=int, default=500, help="535b: steps of the expert_load-every-step log"
+    )
     ap.add_argument("--metric-steps", type=int, default=20_000, help="535b: steps of the metrics-only log")
-    ap.add_argument("--rebuild-steps", type=int, default=10_000, help="535b: steps of the rebuilt run (load every 10)")
+    ap.add_argument(
+        "--rebuild-steps", type=int, default=10_000, help="535b: steps of the rebuilt run (load every 10)"
+    )
     ap.add_argument("--keep", type=Path, help="535b: build in this folder and keep it")
     args = ap.parse_args()
     if args.preset:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from bench.ingest_535b import run_535b  # only for the preset
 
-        run_535b(args, {k: ap.get_default(k) for k in ("repeat", "expert_steps", "metric_steps", "rebuild_steps")})
+        run_535b(
+            args, {k: ap.get_default(k) for k in ("repeat", "expert_steps", "metric_steps", "rebuild_steps")}
+        )
         return
     best: dict[str, tuple[float, float]] = {}  # side -> (wall s, CPU s) of its fastest run
     reps, sums = {}, {}
@@ -121,7 +166,9 @@ def main() -> None:
         log = tmp / "runs" / "bench" / "events.0.jsonl"
         n_values = make_log(log, args.steps, args.scalars)
         mb = log.stat().st_size / 1e6
-        ingest(tmp / "warm-runs", tmp / "warm.duckdb", hooks=False, emit=None)  # imports, once, outside the clock
+        ingest(
+            tmp / "warm-runs", tmp / "warm.duckdb", hooks=False, emit=None
+        )  # imports, once, outside the clock
         for i in range(args.repeat):
             # process CPU seconds (all threads) too: on a shared, loaded machine wall time is mostly waiting
             for side in ("msgspec", "sql", "duckdb"):
@@ -136,24 +183,42 @@ def main() -> None:
                         got = con.execute("SELECT count(*) FROM metrics").fetchall()[0][0]
                         sums[side] = con.execute(CHECK_SQL).fetchall()
                     assert got == n_values == reps[side].metric_values, (side, got, n_values)
-                    assert sums[side] == sums.get("msgspec", sums[side]), ("the two paths stored different data", sums)
+                    assert sums[side] == sums.get("msgspec", sums[side]), (
+                        "the two paths stored different data",
+                        sums,
+                    )
                 for p in (db, db.with_name(db.name + ".wal")):
                     p.unlink(missing_ok=True)
                 if side not in best or wall < best[side][0]:
                     best[side] = (wall, cpu)
     rate = {side: n_values / w for side, (w, _) in best.items()}
     cpu_rate = {side: n_values / c for side, (_, c) in best.items()}
-    print(f"log: {args.steps} steps, {n_values:,} metric values + expert_load, {mb:.0f} MB; best of {args.repeat}")
-    for side, label in (("msgspec", "observatory, msgspec path"), ("sql", "observatory, line-by-line path"),
-                        ("duckdb", "plain DuckDB read_json+INSERT")):  # fmt: skip
+    print(
+        f"log: {args.steps} steps, {n_values:,} metric values + expert_load, {mb:.0f} MB; best of {args.repeat}"
+    )
+    for side, label in (
+        ("msgspec", "observatory, msgspec path"),
+        ("sql", "observatory, line-by-line path"),
+        ("duckdb", "plain DuckDB read_json+INSERT"),
+    ):
         w, c = best[side]
-        extra = f" ({reps[side].fast_events}/{reps[side].events} events on a vectorised path)" if side in reps else ""
-        print(f"{label:31s}: {w:6.2f} s  {rate[side] / 1e6:5.2f} M values/s; {c:5.2f} CPU s "
-              f"({cpu_rate[side] / 1e6:5.2f} M values per CPU s){extra}")  # fmt: skip
-    print(f"ratios (wall): msgspec / line-by-line path {rate['msgspec'] / rate['sql']:.2f}x, msgspec / plain DuckDB "
-          f"{rate['msgspec'] / rate['duckdb']:.2f}x, line-by-line path / plain DuckDB {rate['sql'] / rate['duckdb']:.2f}x")  # fmt: skip
-    print(f"ratios (CPU s): msgspec / line-by-line path {cpu_rate['msgspec'] / cpu_rate['sql']:.2f}x, msgspec / plain DuckDB "
-          f"{cpu_rate['msgspec'] / cpu_rate['duckdb']:.2f}x")  # fmt: skip
+        extra = (
+            f" ({reps[side].fast_events}/{reps[side].events} events on a vectorised path)"
+            if side in reps
+            else ""
+        )
+        print(
+            f"{label:31s}: {w:6.2f} s  {rate[side] / 1e6:5.2f} M values/s; {c:5.2f} CPU s "
+            f"({cpu_rate[side] / 1e6:5.2f} M values per CPU s){extra}"
+        )
+    print(
+        f"ratios (wall): msgspec / line-by-line path {rate['msgspec'] / rate['sql']:.2f}x, msgspec / plain DuckDB "
+        f"{rate['msgspec'] / rate['duckdb']:.2f}x, line-by-line path / plain DuckDB {rate['sql'] / rate['duckdb']:.2f}x"
+    )
+    print(
+        f"ratios (CPU s): msgspec / line-by-line path {cpu_rate['msgspec'] / cpu_rate['sql']:.2f}x, msgspec / plain DuckDB "
+        f"{cpu_rate['msgspec'] / cpu_rate['duckdb']:.2f}x"
+    )
     print(
         f"| ingest throughput | {rate['msgspec'] / 1e6:.2f} M metric values/s ({rate['msgspec'] / rate['duckdb']:.2f}x plain DuckDB "
         f"read_json+INSERT at {rate['duckdb'] / 1e6:.2f} M/s; {rate['msgspec'] / rate['sql']:.2f}x the line-by-line path at "

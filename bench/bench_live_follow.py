@@ -67,13 +67,28 @@ def running_run(runs: Path, steps: int) -> Path:
     return log
 
 
-def measure(browser, runs: Path, db: Path, log: Path, tries: int, rng: random.Random,
-            tmp: Path) -> tuple[list[float], list[float]]:  # fmt: skip
+def measure(
+    browser, runs: Path, db: Path, log: Path, tries: int, rng: random.Random, tmp: Path
+) -> tuple[list[float], list[float]]:
     """Seconds from appending a step to `log` until the Live page's status line shows it, and until its loss
     chart is redrawn with it, `tries` times."""
-    follower = subprocess.Popen([sys.executable, "-m", "observatory.cli", "ingest", "--follow", "-q", "--runs-dir",
-                                 str(runs), "--db", str(db)], env=ENV, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+    follower = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "observatory.cli",
+            "ingest",
+            "--follow",
+            "-q",
+            "--runs-dir",
+            str(runs),
+            "--db",
+            str(db),
+        ],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     append_steps(log, 1)  # news since the ingest (a long run's ingest outlasts `stale_after_s`)
     with open(tmp / f"streamlit-{db.stem}.log", "wb") as slog:
         port = _free_port()
@@ -100,7 +115,9 @@ def measure(browser, runs: Path, db: Path, log: Path, tries: int, rng: random.Ra
                 while t_status is None or t_chart is None:
                     now = time.perf_counter() - t0
                     if now > 60:
-                        raise RuntimeError(f"step {step} not on the Live page after 60 s ({t_status}, {t_chart})")
+                        raise RuntimeError(
+                            f"step {step} not on the Live page after 60 s ({t_status}, {t_chart})"
+                        )
                     if t_status is None and (last_step(page) or -1) >= step:
                         t_status = now
                     if t_chart is None and page.evaluate(LOSS_JS) != before:
@@ -153,28 +170,45 @@ def main() -> None:
             sides[name] = (runs, db, log)
         res = {}
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True)
+            browser = pw.chromium.launch(
+                executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True
+            )
             try:
                 for name, (runs, db, log) in sides.items():
                     res[name] = st, ch = measure(browser, runs, db, log, args.tries, rng, tmp)
-                    print(f"{name} run (step ~{append_target(log):,}): a new step in the status line after "
-                          f"{summary(st)}: {', '.join(f'{x:.2f}' for x in st)}", flush=True)  # fmt: skip
-                    print(f"{name} run: on the loss chart after {summary(ch)}: {', '.join(f'{x:.2f}' for x in ch)}",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"{name} run (step ~{append_target(log):,}): a new step in the status line after "
+                        f"{summary(st)}: {', '.join(f'{x:.2f}' for x in st)}",
+                        flush=True,
+                    )
+                    print(
+                        f"{name} run: on the loss chart after {summary(ch)}: {', '.join(f'{x:.2f}' for x in ch)}",
+                        flush=True,
+                    )
             finally:
                 browser.close()
     (s_st, s_ch), (l_st, l_ch) = res["short"], res["long"]
-    within = [f"{k} {sum(x <= GOAL_S for x in v)}/{len(v)}" for k, v in
-              (("status line at step 60", s_st), (f"at step {args.steps:,}", l_st),
-               ("loss chart at step 60", s_ch), (f"at step {args.steps:,}", l_ch))]  # fmt: skip
-    print(f"long / short, medians: status line {statistics.median(l_st) / statistics.median(s_st):.2f}x, loss chart "
-          f"{statistics.median(l_ch) / statistics.median(s_ch):.2f}x; within {GOAL_S:g} s: {', '.join(within)} "
-          f"(the follower's 0.5 s poll + its pass + the status line's {STATUS_S:g} s / the charts' {REFRESH_S} s "
-          "refresh + the redraw)")  # fmt: skip
+    within = [
+        f"{k} {sum(x <= GOAL_S for x in v)}/{len(v)}"
+        for k, v in (
+            ("status line at step 60", s_st),
+            (f"at step {args.steps:,}", l_st),
+            ("loss chart at step 60", s_ch),
+            (f"at step {args.steps:,}", l_ch),
+        )
+    ]
+    print(
+        f"long / short, medians: status line {statistics.median(l_st) / statistics.median(s_st):.2f}x, loss chart "
+        f"{statistics.median(l_ch) / statistics.median(s_ch):.2f}x; within {GOAL_S:g} s: {', '.join(within)} "
+        f"(the follower's 0.5 s poll + its pass + the status line's {STATUS_S:g} s / the charts' {REFRESH_S} s "
+        "refresh + the redraw)"
+    )
     cmd = "python bench/bench_live_follow.py" + (f" --steps {args.steps}" if args.steps != 10_000 else "")
-    print(f"| --follow: a new step on the Live page, in chromium | status line: step 60 {summary(s_st)}; step "
-          f"{args.steps:,} {summary(l_st)}. Loss chart: step 60 {summary(s_ch)}; step {args.steps:,} {summary(l_ch)} "
-          f"| <= {GOAL_S:g} s at any step | {cmd} |")  # fmt: skip
+    print(
+        f"| --follow: a new step on the Live page, in chromium | status line: step 60 {summary(s_st)}; step "
+        f"{args.steps:,} {summary(l_st)}. Loss chart: step 60 {summary(s_ch)}; step {args.steps:,} {summary(l_ch)} "
+        f"| <= {GOAL_S:g} s at any step | {cmd} |"
+    )
 
 
 if __name__ == "__main__":

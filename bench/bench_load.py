@@ -170,7 +170,9 @@ class LockWatch:
 
     def _held(self, inode: int) -> bool:
         with open("/proc/locks") as f:
-            return any(" WRITE " in line and line.split()[5].endswith(f":{inode}") for line in f if "FLOCK" in line)
+            return any(
+                " WRITE " in line and line.split()[5].endswith(f":{inode}") for line in f if "FLOCK" in line
+            )
 
     def _run(self) -> None:
         since = None
@@ -194,8 +196,10 @@ class LockWatch:
         ms = [1000 * (b - a) for a, b in self.holds if t0 <= a <= t1]
         if not ms:
             return "  store write lock: never seen held (or /proc/locks unreadable)"
-        return (f"  store write lock (the follower's batches): held {sum(ms) / 10 / (t1 - t0):.0f} % of the load, "
-                f"{len(ms)} holds, p50 {pct(ms, 50):.0f} ms, p95 {pct(ms, 95):.0f} ms, max {max(ms):.0f} ms")  # fmt: skip
+        return (
+            f"  store write lock (the follower's batches): held {sum(ms) / 10 / (t1 - t0):.0f} % of the load, "
+            f"{len(ms)} holds, p50 {pct(ms, 50):.0f} ms, p95 {pct(ms, 95):.0f} ms, max {max(ms):.0f} ms"
+        )
 
 
 def growth_mb_per_min(samples: list[tuple[float, float]]) -> float:
@@ -217,7 +221,9 @@ class World:
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.procs: list[subprocess.Popen] = []
         self.env = dict(os.environ, OBSERVATORY_RUNS=str(self.runs_dir), OBSERVATORY_DB=str(self.db))
-        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), self.env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), self.env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
         self.steps = steps
         self.port = free_port()
 
@@ -236,9 +242,20 @@ class World:
         nice = ["nice", "-n", str(self.trainer_nice)] if self.trainer_nice else []
         self.trainer = self._spawn(
             "trainer",
-            [*nice, str(BIN / "trainer"), "train", "--config", "trainer/configs/tiny.yaml", "--runs-dir", str(self.runs_dir),
-             "--run-id", RUN, f"steps={self.steps}", "checkpoint.every=1000000"],
-        )  # fmt: skip
+            [
+                *nice,
+                str(BIN / "trainer"),
+                "train",
+                "--config",
+                "trainer/configs/tiny.yaml",
+                "--runs-dir",
+                str(self.runs_dir),
+                "--run-id",
+                RUN,
+                f"steps={self.steps}",
+                "checkpoint.every=1000000",
+            ],
+        )
         deadline = time.time() + timeout_s
         while not list(self.runs_dir.glob(f"{RUN}/events.*.jsonl")):
             self._alive(deadline, "trainer", self.trainer)
@@ -247,7 +264,9 @@ class World:
                 if any(b'"metrics"' in p.read_bytes() for p in self.runs_dir.glob(f"{RUN}/events.*.jsonl")):
                     break
             self._alive(deadline, "trainer", self.trainer)
-        subprocess.run([*obs, "ingest", *where, "--quiet"], cwd=ROOT, env=self.env, check=True, capture_output=True)
+        subprocess.run(
+            [*obs, "ingest", *where, "--quiet"], cwd=ROOT, env=self.env, check=True, capture_output=True
+        )
         self.follower = self._spawn("follow", [*obs, "ingest", *where, "--follow", "--quiet"])
         self.server = self._spawn("dashboard", [*obs, "dashboard", *where, "--port", str(self.port)])
         while True:
@@ -344,9 +363,17 @@ class Figures:
         }
 
     def lines(self) -> list[str]:
-        arrive = f"arriving over the first {self.ramp_s:g} s" if self.ramp_s else "all arriving at the same instant"
-        out = [f"load: {self.viewers} viewers x {self.duration_s:.0f} s on Live/Experts/SQL ({arrive}), {self.views} views"]
-        out.append(f"  {'page':<8} {'1 p50':>7} {'1 p95':>7} {'N p50':>7} {'N p95':>7} {'ratio':>6}  (first chart, s)")
+        arrive = (
+            f"arriving over the first {self.ramp_s:g} s"
+            if self.ramp_s
+            else "all arriving at the same instant"
+        )
+        out = [
+            f"load: {self.viewers} viewers x {self.duration_s:.0f} s on Live/Experts/SQL ({arrive}), {self.views} views"
+        ]
+        out.append(
+            f"  {'page':<8} {'1 p50':>7} {'1 p95':>7} {'N p50':>7} {'N p95':>7} {'ratio':>6}  (first chart, s)"
+        )
         for p in PAGES:
             s, n = self.single.get(p, []), self.load.get(p, [])
             if s and n:
@@ -378,9 +405,11 @@ class Figures:
             "  server CPU-s, one viewer: per view "
             + ", ".join(f"{p} {med(self.cpu_view.get(p, [])):.3f}" for p in PAGES)
             + "; per Live refresh "
-            + ", ".join(f"every {k:g} s {med([c for i, c in self.cpu_refresh if i == k]):.3f} "
-                        f"({sum(i == k for i, _ in self.cpu_refresh)} refreshes)"
-                        for k in sorted({i for i, _ in self.cpu_refresh}, reverse=True))  # fmt: skip
+            + ", ".join(
+                f"every {k:g} s {med([c for i, c in self.cpu_refresh if i == k]):.3f} "
+                f"({sum(i == k for i, _ in self.cpu_refresh)} refreshes)"
+                for k in sorted({i for i, _ in self.cpu_refresh}, reverse=True)
+            )
         )
         out.append(
             f"  server CPU-s under load: {self.server_cpu_s:.1f} for {self.views} views and {self.refreshes} "
@@ -393,10 +422,15 @@ class Figures:
             f"({os.cpu_count()} cores)"
         )
         if self.sql_phases:
-            out.append("  sql phases (s): " + "; ".join(
-                f"{who}: page to its form p50 {pct(f, 50):.2f} p95 {pct(f, 95):.2f}, "
-                f"query to its rows p50 {pct(q, 50):.2f} p95 {pct(q, 95):.2f}"
-                for who, (f, q) in self.sql_phases.items() if f))  # fmt: skip
+            out.append(
+                "  sql phases (s): "
+                + "; ".join(
+                    f"{who}: page to its form p50 {pct(f, 50):.2f} p95 {pct(f, 95):.2f}, "
+                    f"query to its rows p50 {pct(q, 50):.2f} p95 {pct(q, 95):.2f}"
+                    for who, (f, q) in self.sql_phases.items()
+                    if f
+                )
+            )
         if self.lock_line:
             out.append(self.lock_line)
         for name, good in self.ok().items():
@@ -405,8 +439,14 @@ class Figures:
 
 
 def measure(
-    world: World, viewers: int, duration_s: float, single_views: int = 8, dwell=(8.0, 16.0), profile: Path | None = None,
-    ramp_s: float = 0.0, dump: Path | None = None,
+    world: World,
+    viewers: int,
+    duration_s: float,
+    single_views: int = 8,
+    dwell=(8.0, 16.0),
+    profile: Path | None = None,
+    ramp_s: float = 0.0,
+    dump: Path | None = None,
 ) -> Figures:
     """The single-viewer baseline, then `viewers` at once for `duration_s`, with staleness and RSS.
 
@@ -435,7 +475,9 @@ def measure(
 
         for k in range(single_views):
             for p in PAGES:
-                v = asyncio.run(view_page(world.port, p, page_query(p), 6.0, sqls[k % len(sqls)], cpu=server_cpu))
+                v = asyncio.run(
+                    view_page(world.port, p, page_query(p), 6.0, sqls[k % len(sqls)], cpu=server_cpu)
+                )
                 single_err += v.errors
                 single_seen.append(v)
                 if v.first is not None:
@@ -448,10 +490,25 @@ def measure(
         spy = None
         if profile is not None:
             spy = subprocess.Popen(
-                [str(BIN / "py-spy") if (BIN / "py-spy").exists() else "py-spy", "record", "--pid", str(world.server.pid), "--duration", str(int(duration_s)),
-                 "--rate", "50", "--nonblocking", "--gil", "--format", "raw", "--output", str(profile)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+                [
+                    str(BIN / "py-spy") if (BIN / "py-spy").exists() else "py-spy",
+                    "record",
+                    "--pid",
+                    str(world.server.pid),
+                    "--duration",
+                    str(int(duration_s)),
+                    "--rate",
+                    "50",
+                    "--nonblocking",
+                    "--gil",
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(profile),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         c0, r0, o0 = rss.proc.cpu_times(), os.times(), world.cpu_s()
         views = asyncio.run(run_viewers(world.port, viewers, duration_s, sqls, dwell, ramp_s))
         if spy is not None:
@@ -471,17 +528,31 @@ def measure(
         locks.stop()
     load = {p: [v.first for v in views if v.page == p and v.first is not None] for p in PAGES}
     if dump is not None:
+
         def rows(vs: list[View]) -> list[dict]:
-            return [{"page": v.page, "opened": v.opened, "first": v.first, "form": v.form, "errors": v.errors}
-                    for v in vs]  # fmt: skip
-        dump.write_text(json.dumps({"single": rows(single_seen), "load": rows(views), "load_from": t_idle,
-                                    "load_to": t_end, "holds": locks.holds}))  # fmt: skip
+            return [
+                {"page": v.page, "opened": v.opened, "first": v.first, "form": v.form, "errors": v.errors}
+                for v in vs
+            ]
+
+        dump.write_text(
+            json.dumps(
+                {
+                    "single": rows(single_seen),
+                    "load": rows(views),
+                    "load_from": t_idle,
+                    "load_to": t_end,
+                    "holds": locks.holds,
+                }
+            )
+        )
     at, before = staleness([v for v in views if v.page == "live"], clock)
     during = rss.between(t_idle, t_end)
 
     def phases(vs: list[View]) -> tuple[list[float], list[float]]:
         done = [v for v in vs if v.page == "sql" and v.form is not None and v.first is not None]
         return [v.form for v in done], [v.first - v.form for v in done]
+
     return Figures(
         viewers=viewers,
         duration_s=duration_s,
@@ -511,26 +582,56 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--viewers", type=int, default=20)
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of load (hard stop)")
-    ap.add_argument("--single-views", type=int, default=8, help="baseline views per page with one viewer (its median is the ratio's denominator: 4 swung 3x between runs)")
-    ap.add_argument("--trainer-nice", type=int, default=0, metavar="N",
-                    help="run the trainer under `nice -n N`: as on a server whose visitors come before a trainer "
-                         "that shares its cores (the lab's own trainer runs on its cluster)")  # fmt: skip
-    ap.add_argument("--ramp", type=float, default=8.0, metavar="S",
-                    help="the viewers arrive evenly over the first S seconds (default: the shortest dwell, as people who "
-                         "browse page after page do); 0: all open a page in the same instant, a burst of 20x the steady "
-                         "rate whose views are the top 10%% of a 2-minute run's")  # fmt: skip
+    ap.add_argument(
+        "--single-views",
+        type=int,
+        default=8,
+        help="baseline views per page with one viewer (its median is the ratio's denominator: 4 swung 3x between runs)",
+    )
+    ap.add_argument(
+        "--trainer-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the trainer under `nice -n N`: as on a server whose visitors come before a trainer "
+        "that shares its cores (the lab's own trainer runs on its cluster)",
+    )
+    ap.add_argument(
+        "--ramp",
+        type=float,
+        default=8.0,
+        metavar="S",
+        help="the viewers arrive evenly over the first S seconds (default: the shortest dwell, as people who "
+        "browse page after page do); 0: all open a page in the same instant, a burst of 20x the steady "
+        "rate whose views are the top 10%% of a 2-minute run's",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, store)")
-    ap.add_argument("--profile", type=Path, help="write py-spy's collapsed stacks of the dashboard under load here")
-    ap.add_argument("--dump", type=Path, help="write every view's times and the write lock's holds here (JSON)")
+    ap.add_argument(
+        "--profile", type=Path, help="write py-spy's collapsed stacks of the dashboard under load here"
+    )
+    ap.add_argument(
+        "--dump", type=Path, help="write every view's times and the write lock's holds here (JSON)"
+    )
     args = ap.parse_args()
     if args.viewers > 50 or args.duration > 600:
         ap.error("bounded: at most 50 viewers and 600 s")
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
     try:
         with World(tmp, trainer_nice=args.trainer_nice) as world:
-            figs = measure(world, args.viewers, args.duration, args.single_views, profile=args.profile, ramp_s=args.ramp, dump=args.dump)
+            figs = measure(
+                world,
+                args.viewers,
+                args.duration,
+                args.single_views,
+                profile=args.profile,
+                ramp_s=args.ramp,
+                dump=args.dump,
+            )
         print("\n".join(figs.lines()))
-        print(f"  trainer: nice {args.trainer_nice}" + ("" if args.trainer_nice else " (it competes with the server as an equal)"))
+        print(
+            f"  trainer: nice {args.trainer_nice}"
+            + ("" if args.trainer_nice else " (it competes with the server as an equal)")
+        )
     finally:
         if args.keep:
             print(f"kept {tmp}")

@@ -38,8 +38,18 @@ def _payloads(n: int) -> list[dict[str, float]]:
     import random
 
     rng = random.Random(0)
-    names = ["train/loss", "train/ce_loss", "train/z_loss", "router/lb_loss", "router/entropy",
-             "grad/norm/total", "opt/lr", "throughput/tokens_per_s", "throughput/mfu", "data/tokens"]  # fmt: skip
+    names = [
+        "train/loss",
+        "train/ce_loss",
+        "train/z_loss",
+        "router/lb_loss",
+        "router/entropy",
+        "grad/norm/total",
+        "opt/lr",
+        "throughput/tokens_per_s",
+        "throughput/mfu",
+        "data/tokens",
+    ]
     return [{k: rng.random() for k in names} for _ in range(n)]
 
 
@@ -89,8 +99,13 @@ def child(tool: str, steps: int, compute_s: float) -> dict:
         finish()
         finish_s = time.perf_counter() - t0
     times.sort()
-    return {"tool": tool, "median_us": statistics.median(times) * 1e6,
-            "p99_us": times[int(0.99 * (len(times) - 1))] * 1e6, "finish_s": finish_s, "calls": steps}  # fmt: skip
+    return {
+        "tool": tool,
+        "median_us": statistics.median(times) * 1e6,
+        "p99_us": times[int(0.99 * (len(times) - 1))] * 1e6,
+        "finish_s": finish_s,
+        "calls": steps,
+    }
 
 
 def main() -> None:
@@ -106,16 +121,31 @@ def main() -> None:
     results = []
     for tool in args.only.split(","):
         out = subprocess.run(
-            [sys.executable, __file__, "--child", tool, "--steps", str(args.steps), "--compute-ms", str(args.compute_ms)],
-            capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                tool,
+                "--steps",
+                str(args.steps),
+                "--compute-ms",
+                str(args.compute_ms),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
         if out.returncode != 0 or not lines:
-            results.append({"tool": tool, "missing": f"failed (rc {out.returncode}): {out.stderr.strip()[-300:]}"})
+            results.append(
+                {"tool": tool, "missing": f"failed (rc {out.returncode}): {out.stderr.strip()[-300:]}"}
+            )
         else:
             results.append(json.loads(lines[-1]))
     base = next((r["median_us"] for r in results if r["tool"] == "observatory" and "median_us" in r), None)
-    print(f"run.log of 10 scalars, step=None, {args.steps} calls each, {args.compute_ms:g} ms of sleep between calls")
+    print(
+        f"run.log of 10 scalars, step=None, {args.steps} calls each, {args.compute_ms:g} ms of sleep between calls"
+    )
     print(f"{'tool':46} {'version':>9} {'median':>10} {'p99':>10} {'÷ Observatory':>14} {'finish':>9}")
     for r in results:
         name = TOOLS[r["tool"]]
@@ -123,8 +153,10 @@ def main() -> None:
             print(f"{name:46} {version(r['tool']):>9}  {r['missing']}")
             continue
         ratio = f"{r['median_us'] / base:.1f}×" if base else "-"
-        print(f"{name:46} {version(r['tool']):>9} {r['median_us']:8.1f}µs {r['p99_us']:8.1f}µs {ratio:>14} "
-              f"{r['finish_s']:8.2f}s")  # fmt: skip
+        print(
+            f"{name:46} {version(r['tool']):>9} {r['median_us']:8.1f}µs {r['p99_us']:8.1f}µs {ratio:>14} "
+            f"{r['finish_s']:8.2f}s"
+        )
 
 
 if __name__ == "__main__":

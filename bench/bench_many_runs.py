@@ -35,7 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ingest_535b import child  # noqa: E402 (bench/ is not a package)
 
-METRICS = ("train/loss", "train/accuracy", "opt/lr", "grad/norm/total", "throughput/tokens_per_s", "data/tokens")
+METRICS = (
+    "train/loss",
+    "train/accuracy",
+    "opt/lr",
+    "grad/norm/total",
+    "throughput/tokens_per_s",
+    "data/tokens",
+)
 
 
 def write_runs(root: Path, n: int, start: int = 0, seed: int = 0) -> int:
@@ -49,20 +56,54 @@ def write_runs(root: Path, n: int, start: int = 0, seed: int = 0) -> int:
 
         def ev(kind: str, step: int, data: dict, run=run, lines=lines) -> None:
             nonlocal t, seq
-            lines.append(json.dumps({"v": 1, "run": run, "kind": kind, "step": step, "t": round(t, 3), "host": 0,
-                                     "seq": seq, "data": data}, separators=(",", ":")))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "run": run,
+                        "kind": kind,
+                        "step": step,
+                        "t": round(t, 3),
+                        "host": 0,
+                        "seq": seq,
+                        "data": data,
+                    },
+                    separators=(",", ":"),
+                )
+            )
             seq += 1
             t += 0.5
 
-        ev("run_start", 0, {"config": {"lr": 10 ** rnd.uniform(-4, -2), "width": rnd.choice([64, 128, 256]),
-                                       "seed": i % 7}, "name": run, "project": f"proj{i % 5}",
-                            "group": f"g{i % 50}", "tags": ["sweep", f"w{i % 3}"]})  # fmt: skip
+        ev(
+            "run_start",
+            0,
+            {
+                "config": {
+                    "lr": 10 ** rnd.uniform(-4, -2),
+                    "width": rnd.choice([64, 128, 256]),
+                    "seed": i % 7,
+                },
+                "name": run,
+                "project": f"proj{i % 5}",
+                "group": f"g{i % 50}",
+                "tags": ["sweep", f"w{i % 3}"],
+            },
+        )
         steps, loss = rnd.randint(20, 50), 4.0
         for s in range(1, steps + 1):
             loss *= 0.98
-            ev("metrics", s, {"train/loss": round(loss + rnd.gauss(0, 0.02), 5), "train/accuracy": round(0.2 + s / 100, 4),
-                              "opt/lr": 1e-3, "grad/norm/total": round(rnd.uniform(0.5, 1.5), 4),
-                              "throughput/tokens_per_s": round(rnd.uniform(9e3, 1.1e4), 1), "data/tokens": s * 4096})  # fmt: skip
+            ev(
+                "metrics",
+                s,
+                {
+                    "train/loss": round(loss + rnd.gauss(0, 0.02), 5),
+                    "train/accuracy": round(0.2 + s / 100, 4),
+                    "opt/lr": 1e-3,
+                    "grad/norm/total": round(rnd.uniform(0.5, 1.5), 4),
+                    "throughput/tokens_per_s": round(rnd.uniform(9e3, 1.1e4), 1),
+                    "data/tokens": s * 4096,
+                },
+            )
         ev("eval", steps, {"dataset": "val", "loss": round(loss, 4)})
         ev("run_end", steps, {"status": "completed", "final_step": steps})
         d = root / run
@@ -80,17 +121,44 @@ def write_one_run(root: Path, nbytes: int) -> int:
     rnd = random.Random(1)
     total, seq = 0, 0
     with open(d / "events.0.jsonl", "w") as f:
-        head = json.dumps({"v": 1, "run": "one-big", "kind": "run_start", "step": 0, "t": 1.76e9, "host": 0, "seq": 0,
-                           "data": {"config": {"lr": 1e-3}, "name": "one-big"}}, separators=(",", ":")) + "\n"  # fmt: skip
+        head = (
+            json.dumps(
+                {
+                    "v": 1,
+                    "run": "one-big",
+                    "kind": "run_start",
+                    "step": 0,
+                    "t": 1.76e9,
+                    "host": 0,
+                    "seq": 0,
+                    "data": {"config": {"lr": 1e-3}, "name": "one-big"},
+                },
+                separators=(",", ":"),
+            )
+            + "\n"
+        )
         f.write(head)
         total += len(head)
         step = 0
         while total < nbytes:
             step += 1
             seq += 1
-            line = json.dumps({"v": 1, "run": "one-big", "kind": "metrics", "step": step, "t": 1.76e9 + step,
-                               "host": 0, "seq": seq, "data": {m: round(rnd.uniform(0, 4), 5) for m in METRICS}},
-                              separators=(",", ":")) + "\n"  # fmt: skip
+            line = (
+                json.dumps(
+                    {
+                        "v": 1,
+                        "run": "one-big",
+                        "kind": "metrics",
+                        "step": step,
+                        "t": 1.76e9 + step,
+                        "host": 0,
+                        "seq": seq,
+                        "data": {m: round(rnd.uniform(0, 4), 5) for m in METRICS},
+                    },
+                    separators=(",", ":"),
+                )
+                + "\n"
+            )
             f.write(line)
             total += len(line)
     return total
@@ -109,10 +177,16 @@ def startup() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", default="1000,10000,100000", help="comma-separated run counts (default %(default)s)")
-    ap.add_argument("--tmp", type=Path, default=None, help="work folder (default: a new temporary one, removed)")
+    ap.add_argument(
+        "--runs", default="1000,10000,100000", help="comma-separated run counts (default %(default)s)"
+    )
+    ap.add_argument(
+        "--tmp", type=Path, default=None, help="work folder (default: a new temporary one, removed)"
+    )
     ap.add_argument("--no-pages", action="store_true", help="ingest only: no CLI search, chromium or server")
-    ap.add_argument("--keep", action="store_true", help="keep the work folder and its stores (store-<N>.duckdb)")
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the work folder and its stores (store-<N>.duckdb)"
+    )
     a = ap.parse_args()
     sizes = sorted(int(x) for x in a.runs.split(","))
     tmp = a.tmp or Path(tempfile.mkdtemp(prefix="bench-many-runs-"))
@@ -130,10 +204,19 @@ def main() -> None:
             total = sum(p.stat().st_size for p in runs.glob("*/events.0.jsonl"))
             db = tmp / f"store-{n}.duckdb"
             wall, rss = ingest(runs, db, f"ingest-{n}")
-            r = rows[n] = {"runs": n, "bytes": total, "ingest_s": wall, "per_run_ms": 1000 * wall / n, "rss_mb": rss,
-                           "mb_per_s": total / 1e6 / wall}  # fmt: skip
-            print(f"{n:>7,} runs ({total / 1e6:,.0f} MB, written in {gen:.0f} s): ingest into a new store {wall:,.1f} s "
-                  f"= {r['per_run_ms']:.2f} ms a run, {r['mb_per_s']:.1f} MB/s, peak RSS {rss:,.0f} MB", flush=True)  # fmt: skip
+            r = rows[n] = {
+                "runs": n,
+                "bytes": total,
+                "ingest_s": wall,
+                "per_run_ms": 1000 * wall / n,
+                "rss_mb": rss,
+                "mb_per_s": total / 1e6 / wall,
+            }
+            print(
+                f"{n:>7,} runs ({total / 1e6:,.0f} MB, written in {gen:.0f} s): ingest into a new store {wall:,.1f} s "
+                f"= {r['per_run_ms']:.2f} ms a run, {r['mb_per_s']:.1f} MB/s, peak RSS {rss:,.0f} MB",
+                flush=True,
+            )
             extra = tmp / "extra"
             shutil.rmtree(extra, ignore_errors=True)
             write_runs(extra, 1, start=n + 10_000_000)
@@ -158,7 +241,10 @@ def main() -> None:
         write_one_run(one, rows[big]["bytes"])
         wall, rss = ingest(one, tmp / "one.duckdb", "one-run")
         rows[big]["one_run_s"] = wall
-        print(f"the same {rows[big]['bytes'] / 1e6:,.0f} MB as one run: {wall:,.1f} s, peak RSS {rss:,.0f} MB", flush=True)
+        print(
+            f"the same {rows[big]['bytes'] / 1e6:,.0f} MB as one run: {wall:,.1f} s, peak RSS {rss:,.0f} MB",
+            flush=True,
+        )
         summary(rows, sizes, up)
     finally:
         if not a.keep:
@@ -169,17 +255,26 @@ def summary(rows: dict[int, dict], sizes: list[int], up: float) -> None:
     lo, hi = rows[sizes[0]], rows[sizes[-1]]
     print("\n== summary (targets in brackets)")
     per = hi["per_run_ms"] / lo["per_run_ms"]
-    print(f"per run at {sizes[-1]:,} vs at {sizes[0]:,}: {hi['per_run_ms']:.2f} / {lo['per_run_ms']:.2f} ms = "
-          f"{per:.2f}x [<= 1.3x]; {sizes[-1]:,} runs in {hi['ingest_s'] / 60:.1f} min [<= 10 min at 100k]")  # fmt: skip
-    print(f"as {sizes[-1]:,} runs vs as one run, same bytes: {hi['ingest_s']:,.1f} / {hi['one_run_s']:,.1f} s = "
-          f"{hi['ingest_s'] / hi['one_run_s']:.2f}x [<= 2x]")  # fmt: skip
+    print(
+        f"per run at {sizes[-1]:,} vs at {sizes[0]:,}: {hi['per_run_ms']:.2f} / {lo['per_run_ms']:.2f} ms = "
+        f"{per:.2f}x [<= 1.3x]; {sizes[-1]:,} runs in {hi['ingest_s'] / 60:.1f} min [<= 10 min at 100k]"
+    )
+    print(
+        f"as {sizes[-1]:,} runs vs as one run, same bytes: {hi['ingest_s']:,.1f} / {hi['one_run_s']:,.1f} s = "
+        f"{hi['ingest_s'] / hi['one_run_s']:.2f}x [<= 2x]"
+    )
     print(f"append one run at {sizes[-1]:,}: {hi['append_s']:.2f} s [<= 2 s + start-up {up:.2f} s]")
     if "search_s" in hi:
         print(f"runs --search at {sizes[-1]:,}: {hi['search_s']:.2f} s [<= 1 s]")
-        for key, what, goal in (("runs_page_s", "Runs page first table", 1.5), ("live_page_s", "Live page first chart", 1.5),
-                                ("server_rss_mb", "dashboard RSS", 1.2)):  # fmt: skip
-            print(f"{what} at {sizes[-1]:,} vs {sizes[0]:,}: {hi[key]:.2f} / {lo[key]:.2f} = {hi[key] / lo[key]:.2f}x "
-                  f"[<= {goal}x]")  # fmt: skip
+        for key, what, goal in (
+            ("runs_page_s", "Runs page first table", 1.5),
+            ("live_page_s", "Live page first chart", 1.5),
+            ("server_rss_mb", "dashboard RSS", 1.2),
+        ):
+            print(
+                f"{what} at {sizes[-1]:,} vs {sizes[0]:,}: {hi[key]:.2f} / {lo[key]:.2f} = {hi[key] / lo[key]:.2f}x "
+                f"[<= {goal}x]"
+            )
 
 
 if __name__ == "__main__":

@@ -62,16 +62,30 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     d = args.d_model
-    cfg = ModelConfig(d_model=d, n_layers=args.layers, n_heads=args.heads, seq_len=args.seq,
-                      n_routed=args.experts, top_k=args.top_k, d_ff=4 * d, d_expert=2 * d, d_shared=2 * d,
-                      n_shared=1, capacity_factor=args.capacity_factor, gating="aux_free", lb_coef=0.0)
+    cfg = ModelConfig(
+        d_model=d,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        seq_len=args.seq,
+        n_routed=args.experts,
+        top_k=args.top_k,
+        d_ff=4 * d,
+        d_expert=2 * d,
+        d_shared=2 * d,
+        n_shared=1,
+        capacity_factor=args.capacity_factor,
+        gating="aux_free",
+        lb_coef=0.0,
+    )
     total, active = param_counts(cfg)
     fpt = flops_per_token(cfg)
     tokens = args.batch * args.seq
     print(f"devices: {jax.devices()}")
-    print(f"model: d_model={d} layers={cfg.n_layers} experts={cfg.n_routed} top_k={cfg.top_k} "
-          f"d_expert={cfg.d_expert} params total={total / 1e6:.1f}M active={active / 1e6:.1f}M "
-          f"flops/token={fpt / 1e6:.1f}M tokens/step={tokens}")
+    print(
+        f"model: d_model={d} layers={cfg.n_layers} experts={cfg.n_routed} top_k={cfg.top_k} "
+        f"d_expert={cfg.d_expert} params total={total / 1e6:.1f}M active={active / 1e6:.1f}M "
+        f"flops/token={fpt / 1e6:.1f}M tokens/step={tokens}"
+    )
 
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     opt = nnx.Optimizer(model, optax.adamw(1e-3, weight_decay=0.1), wrt=TRAINABLE)
@@ -99,12 +113,18 @@ def main(argv=None):
     ratio = achieved / peak
     cpu_ratio = (fpt * tokens / best_step_cpu) / (2 * n**3 / best_mm_cpu)
     print(f"matmul peak (f32 {n}x{n}): {peak / 1e9:.1f} GFLOP/s")
-    print(f"train step: {best_step * 1e3:.0f} ms, {tokens / best_step:.0f} tokens/s, "
-          f"{achieved / 1e9:.1f} GFLOP/s (loss {float(loss):.3f}: the same batch every step)")
-    print(f"MFU = achieved / peak = {ratio:.1%} (goal >= {GOAL:.0%}); matmul timed as {reps} x {n}^3 "
-          f"back to back per window")
+    print(
+        f"train step: {best_step * 1e3:.0f} ms, {tokens / best_step:.0f} tokens/s, "
+        f"{achieved / 1e9:.1f} GFLOP/s (loss {float(loss):.3f}: the same batch every step)"
+    )
+    print(
+        f"MFU = achieved / peak = {ratio:.1%} (goal >= {GOAL:.0%}); matmul timed as {reps} x {n}^3 "
+        f"back to back per window"
+    )
     print(f"same ratio in process CPU seconds (insensitive to other processes' load): {cpu_ratio:.1%}")
-    print(f"| MoE train-step MFU vs f32 matmul peak | {ratio:.1%} | >= {GOAL:.0%} | `python bench/bench_mfu.py` |")
+    print(
+        f"| MoE train-step MFU vs f32 matmul peak | {ratio:.1%} | >= {GOAL:.0%} | `python bench/bench_mfu.py` |"
+    )
     return ratio
 
 

@@ -61,16 +61,35 @@ class Writer:
 
     def ev(self, kind: str, data: dict, step: int | None = None) -> float:
         t = time.time()
-        line = {"v": 1, "run": self.run, "kind": kind, "step": step, "t": t, "host": self.host, "seq": self.seq,
-                "data": data}  # fmt: skip
+        line = {
+            "v": 1,
+            "run": self.run,
+            "kind": kind,
+            "step": step,
+            "t": t,
+            "host": self.host,
+            "seq": self.seq,
+            "data": data,
+        }
         self.seq += 1
         self.f.write(json.dumps(line) + "\n")
         self.f.flush()
         return t
 
 
-def pod(runs: Path, run: str, hosts: int, stop: threading.Event, marks: dict, *, frozen: int | None = None,
-        slow: int | None = None, creep: int | None = None, phases: bool = False, rng=None) -> None:  # fmt: skip
+def pod(
+    runs: Path,
+    run: str,
+    hosts: int,
+    stop: threading.Event,
+    marks: dict,
+    *,
+    frozen: int | None = None,
+    slow: int | None = None,
+    creep: int | None = None,
+    phases: bool = False,
+    rng=None,
+) -> None:
     """A many-host job: host 0 logs steps; every host heartbeats each second with its own step."""
     rng = rng or random.Random(0)
     ws = [Writer(runs, run, h) for h in range(hosts)]
@@ -95,8 +114,11 @@ def pod(runs: Path, run: str, hosts: int, stop: threading.Event, marks: dict, *,
             if h == frozen and time.time() - t0 > 5:
                 continue
             own = int(step / 1.6) if h == slow else step
-            tm = {"system/cpu_percent": 50.0, "accel/0/hbm_limit_bytes": 80e9,
-                  "accel/0/hbm_used_bytes": 40e9 + (1.5e9 * k if h == creep else 0)}  # fmt: skip
+            tm = {
+                "system/cpu_percent": 50.0,
+                "accel/0/hbm_limit_bytes": 80e9,
+                "accel/0/hbm_used_bytes": 40e9 + (1.5e9 * k if h == creep else 0),
+            }
             t = w.ev("heartbeat", {"phase": "train", "step": own, **tm}, own)
             if h == frozen:
                 marks["last_beat"] = t
@@ -145,18 +167,41 @@ rules:
   - {{name: mfu-drop, metric: throughput/mfu, ratio_below: 0.8, for_steps: 20, over_steps: 100}}
   - {{name: loss-divergence, metric: train/loss, rise: 0.2, for_steps: 20, over_steps: 100, severity: warn}}
 """)
-    env = {**os.environ, "OBSERVATORY_ANOMALY_STALL_S": str(STALL_S), "OBSERVATORY_ALERTS_FILE": str(rules),
-           "OBSERVATORY_PHASE_BUDGET_S": str(3 * STALL_S)}  # fmt: skip
-    follower = subprocess.Popen([sys.executable, "-m", "observatory.cli", "ingest", "--follow", "-q",
-                                 "--runs-dir", str(runs), "--db", str(db)], env=env,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+    env = {
+        **os.environ,
+        "OBSERVATORY_ANOMALY_STALL_S": str(STALL_S),
+        "OBSERVATORY_ALERTS_FILE": str(rules),
+        "OBSERVATORY_PHASE_BUDGET_S": str(3 * STALL_S),
+    }
+    follower = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "observatory.cli",
+            "ingest",
+            "--follow",
+            "-q",
+            "--runs-dir",
+            str(runs),
+            "--db",
+            str(db),
+        ],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
     stop, marks = threading.Event(), {}
     jobs = [
-        threading.Thread(target=pod, args=(runs, "pod", a.hosts, stop, marks),
-                         kwargs={"frozen": a.hosts * 2 // 3, "slow": 7, "creep": 11}),
+        threading.Thread(
+            target=pod,
+            args=(runs, "pod", a.hosts, stop, marks),
+            kwargs={"frozen": a.hosts * 2 // 3, "slow": 7, "creep": 11},
+        ),
         threading.Thread(target=pod, args=(runs, "healthy", 20, stop, {}), kwargs={"phases": True}),
-        *(threading.Thread(target=single, args=(runs, w, stop, marks, w)) for w in ("hang", "nan", "mfu", "diverge")),
-    ]  # fmt: skip
+        *(
+            threading.Thread(target=single, args=(runs, w, stop, marks, w))
+            for w in ("hang", "nan", "mfu", "diverge")
+        ),
+    ]
     t0 = time.time()
     for j in jobs:
         j.start()
@@ -179,23 +224,41 @@ rules:
         print(f"{what:<44} {late:>12}   target {target:<28} {title}")
 
     frozen = a.hosts * 2 // 3
-    print(f"{a.hosts}-host pod, stall threshold {STALL_S:g} s, writers ran {time.time() - t0:.0f} s; "
-          f"{len(GOT)} messages in all")  # fmt: skip
-    say(f"frozen host {frozen} among {a.hosts}: after its last beat",
-        first(lambda b: f"pod host {frozen}: frozen_host" in b["title"]), marks.get("last_beat"),
-        f"<= {2 * STALL_S:g} s (2x the threshold)")  # fmt: skip
-    say("hang before the first step: past its budget", first(lambda b: "hang: stalled" in b["title"]),
-        marks.get("hang_due"), f"<= {STALL_S:g} s (one clock tick +)")  # fmt: skip
-    say("NaN loss: line to webhook", first(lambda b: "nan:" in b["title"] and "findings" in b["title"]),
-        marks.get("nan_at"), "<= 5 s")  # fmt: skip
+    print(
+        f"{a.hosts}-host pod, stall threshold {STALL_S:g} s, writers ran {time.time() - t0:.0f} s; "
+        f"{len(GOT)} messages in all"
+    )
+    say(
+        f"frozen host {frozen} among {a.hosts}: after its last beat",
+        first(lambda b: f"pod host {frozen}: frozen_host" in b["title"]),
+        marks.get("last_beat"),
+        f"<= {2 * STALL_S:g} s (2x the threshold)",
+    )
+    say(
+        "hang before the first step: past its budget",
+        first(lambda b: "hang: stalled" in b["title"]),
+        marks.get("hang_due"),
+        f"<= {STALL_S:g} s (one clock tick +)",
+    )
+    say(
+        "NaN loss: line to webhook",
+        first(lambda b: "nan:" in b["title"] and "findings" in b["title"]),
+        marks.get("nan_at"),
+        "<= 5 s",
+    )
     say("straggler host 7", first(lambda b: "pod host 7: straggler" in b["title"]), None, "alerted")
     say("HBM creep host 11", first(lambda b: "pod host 11: memory_creep" in b["title"]), None, "alerted")
     say("MFU drop to 70%", first(lambda b: "mfu: mfu-drop" in b["title"]), None, "alerted")
     say("slow loss divergence", first(lambda b: "diverge: loss-divergence" in b["title"]), None, "alerted")
-    healthy = [f"{b['title']}: {b['message'].splitlines()[0]}" for _, b in opened
-               if b["title"].split("] ", 1)[-1].startswith("healthy")]  # fmt: skip
-    print(f"{'healthy 20-host pod (eval, checkpoint, jitter)':<44} {len(healthy):>12}   target 0 alerts"
-          + (f"   {healthy}" if healthy else ""))  # fmt: skip
+    healthy = [
+        f"{b['title']}: {b['message'].splitlines()[0]}"
+        for _, b in opened
+        if b["title"].split("] ", 1)[-1].startswith("healthy")
+    ]
+    print(
+        f"{'healthy 20-host pod (eval, checkpoint, jitter)':<44} {len(healthy):>12}   target 0 alerts"
+        + (f"   {healthy}" if healthy else "")
+    )
     return 0
 
 

@@ -98,7 +98,11 @@ def section_secrets(verbose: bool) -> bool:
                 out, _ = scrub_text(f"before {context.format(k=key, v=v)}\nafter")
                 if [p for p in _value_parts(v) if p in out]:
                     harmful.append(repr(out[:120]))
-    glued = ["ghp_0123456789ABCDEFGHIJKLMNOPQRSTUVWXyz", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345", "AKIAIOSFODNN7EXAMPLE"]
+    glued = [
+        "ghp_0123456789ABCDEFGHIJKLMNOPQRSTUVWXyz",
+        "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
+        "AKIAIOSFODNN7EXAMPLE",
+    ]
     for token in glued:
         for glue in ("k_", "%3D", "x", "9", "/"):
             tried += 1
@@ -122,7 +126,9 @@ def _hostile_env() -> None:
 def _page(name: str, query: dict):
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_string(f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=120)
+    at = AppTest.from_string(
+        f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=120
+    )
     for k, v in query.items():
         at.query_params[k] = v
     return at.run()
@@ -175,8 +181,14 @@ def section_faults(verbose: bool) -> bool:
     return _script("bench_public_faults.py")
 
 
-SECTIONS = {"sql": section_sql, "secrets": section_secrets, "text": section_text, "params": section_params,
-            "load": section_load, "faults": section_faults}  # fmt: skip
+SECTIONS = {
+    "sql": section_sql,
+    "secrets": section_secrets,
+    "text": section_text,
+    "params": section_params,
+    "load": section_load,
+    "faults": section_faults,
+}
 
 
 def main() -> None:

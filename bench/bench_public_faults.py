@@ -124,9 +124,11 @@ def two_followers(tmp: Path, runs: Path, clean: Path) -> tuple[int, str]:
 def hostile(tmp: Path) -> tuple[int, str]:
     runs, db = tmp / "hostile-runs", tmp / "hostile.duckdb"
     event = faults.event
-    for name, raw in (("dotdot", event("../etc", "metrics", {"x": 1.0}, 1, 1)),
-                      ("deep", '{"v":1,"run":"deep","kind":"note","data":' + "[" * 10_000 + "]" * 10_000 + "}"),
-                      ("keys", event("keys", "metrics", {f"k{i}": 1.0 for i in range(1_000_000)}, 1, 1))):  # fmt: skip
+    for name, raw in (
+        ("dotdot", event("../etc", "metrics", {"x": 1.0}, 1, 1)),
+        ("deep", '{"v":1,"run":"deep","kind":"note","data":' + "[" * 10_000 + "]" * 10_000 + "}"),
+        ("keys", event("keys", "metrics", {f"k{i}": 1.0 for i in range(1_000_000)}, 1, 1)),
+    ):
         (runs / name).mkdir(parents=True)
         good = [event(name, "metrics", {"x": float(s)}, s, s) for s in (0, 2)]
         (runs / name / "events.0.jsonl").write_text(f"{good[0]}\n{raw}\n{good[1]}\n")

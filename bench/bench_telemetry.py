@@ -66,8 +66,9 @@ def interleaved(variants: dict, pairs: int, runs: Path) -> dict[str, list[float]
     info = _model_counts(cfg)
     loops = {}
     for name, c in variants.items():
-        run = observatory.init(run_id=f"pairs-{name}", config=c.to_dict(), runs_dir=runs,
-                               install_signal_handlers=False)
+        run = observatory.init(
+            run_id=f"pairs-{name}", config=c.to_dict(), runs_dir=runs, install_signal_handlers=False
+        )
         loops[name] = _Loop(c, run, corpus, mesh, model, opt, runs, info)
         loops[name].peak = 1e10
     lr, poison = np.float32(1e-3), np.float32(0.0)
@@ -96,10 +97,20 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     enable_compile_cache()
-    common = [f"steps={args.steps}", "eval.every=0", "checkpoint.every=0", "checkpoint.at_exit=false",
-              "telemetry.progress=false", "telemetry.peak_flops=1e10", "schedule.warmup_steps=5", *args.overrides]
+    common = [
+        f"steps={args.steps}",
+        "eval.every=0",
+        "checkpoint.every=0",
+        "checkpoint.at_exit=false",
+        "telemetry.progress=false",
+        "telemetry.peak_flops=1e10",
+        "schedule.warmup_steps=5",
+        *args.overrides,
+    ]
     variants = {
-        "full": load_config(args.config, [*common, "telemetry.enabled=true", "telemetry.expert_load_every=1"]),
+        "full": load_config(
+            args.config, [*common, "telemetry.enabled=true", "telemetry.expert_load_every=1"]
+        ),
         "off": load_config(args.config, [*common, "telemetry.enabled=false"]),
     }
     times: dict[str, list[float]] = {"full": [], "off": []}
@@ -124,28 +135,38 @@ def main() -> None:
                 # CPU seconds per step of this process (all its threads), setup cancelled out by the
                 # short run: other processes on a shared machine inflate wall time, not this.
                 cpu[name].append((c_long - c_short) / (args.steps - WARMUP))
-                print(f"rep {rep} {name:4s}: wall {1e3 * times[name][-1]:.2f} ms/step, "
-                      f"cpu {1e3 * cpu[name][-1]:.2f} ms/step", file=sys.stderr)
+                print(
+                    f"rep {rep} {name:4s}: wall {1e3 * times[name][-1]:.2f} ms/step, "
+                    f"cpu {1e3 * cpu[name][-1]:.2f} ms/step",
+                    file=sys.stderr,
+                )
         n_events = sum(1 for _ in (runs / run_id / "events.0.jsonl").open())
     ratios = [f / o for f, o in zip(times["full"], times["off"], strict=True)]
     # Wall time, best-of-reps per variant (as timeit does): other processes only ever add time.
     full_ms, off_ms = 1e3 * min(times["full"]), 1e3 * min(times["off"])
     ratio = full_ms / off_ms
     cpu_ratio = statistics.median(cpu["full"]) / statistics.median(cpu["off"])
-    print(f"wall, best of {args.reps}: full telemetry {full_ms:.2f} ms/step, off {off_ms:.2f} ms/step "
-          f"(per-rep ratios {', '.join(f'{r:.3f}' for r in ratios)}); CPU time per step, median: full "
-          f"{1e3 * statistics.median(cpu['full']):.2f} ms, off {1e3 * statistics.median(cpu['off']):.2f} ms "
-          f"= {cpu_ratio:.3f}x; the last run wrote {n_events} events")
+    print(
+        f"wall, best of {args.reps}: full telemetry {full_ms:.2f} ms/step, off {off_ms:.2f} ms/step "
+        f"(per-rep ratios {', '.join(f'{r:.3f}' for r in ratios)}); CPU time per step, median: full "
+        f"{1e3 * statistics.median(cpu['full']):.2f} ms, off {1e3 * statistics.median(cpu['off']):.2f} ms "
+        f"= {cpu_ratio:.3f}x; the last run wrote {n_events} events"
+    )
     pf, po = statistics.median(pair_times["full"]), statistics.median(pair_times["off"])
     per_pair = [f / o for f, o in zip(pair_times["full"], pair_times["off"], strict=True)]
     q = np.percentile(per_pair, [25, 75])
-    print(f"interleaved, {args.pairs} pairs: median step full {1e3 * pf:.2f} ms, off {1e3 * po:.2f} ms = "
-          f"{pf / po:.3f}x (per-pair ratio median {statistics.median(per_pair):.3f}, IQR {q[0]:.3f}-{q[1]:.3f})")
+    print(
+        f"interleaved, {args.pairs} pairs: median step full {1e3 * pf:.2f} ms, off {1e3 * po:.2f} ms = "
+        f"{pf / po:.3f}x (per-pair ratio median {statistics.median(per_pair):.3f}, IQR {q[0]:.3f}-{q[1]:.3f})"
+    )
     print("| target | measured | goal | command |")
     print("|---|---|---|---|")
-    print(f"| telemetry overhead: step time, full telemetry every step / off (interleaved pairs, "
-          f"{1e3 * pf:.1f} vs {1e3 * po:.1f} ms; whole-loop best-of {ratio:.3f}x) | {pf / po:.3f}x | <= 1.02x | "
-          f"`python bench/bench_telemetry.py` |")
+    print(
+        f"| telemetry overhead: step time, full telemetry every step / off (interleaved pairs, "
+        f"{1e3 * pf:.1f} vs {1e3 * po:.1f} ms; whole-loop best-of {ratio:.3f}x) | {pf / po:.3f}x | <= 1.02x | "
+        f"`python bench/bench_telemetry.py` |"
+    )
+
 
 if __name__ == "__main__":
     main()

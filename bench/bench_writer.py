@@ -67,7 +67,9 @@ def bench_synchronous(tmp: Path, steps: int, payloads) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2000, help="back-to-back steps")
-    ap.add_argument("--paced-steps", type=int, default=200, help="steps with 50 ms of simulated compute between")
+    ap.add_argument(
+        "--paced-steps", type=int, default=200, help="steps with 50 ms of simulated compute between"
+    )
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     payloads = [one_step_payload(rng, s) for s in range(64)]
@@ -79,11 +81,17 @@ def main() -> None:
     p99_obs = sorted(obs)[int(0.99 * len(obs))]
     mean_paced, p99_paced = statistics.fmean(paced), sorted(paced)[int(0.99 * len(paced))]
     print(f"{args.steps} steps of 50 scalars + 8x64 expert_load")
-    print(f"observatory writer : median {med_obs * 1e6:7.0f} us/step = {med_obs / STEP_S:.2%} of a 50 ms step "
-          f"(p99 {p99_obs * 1e6:.0f} us, back to back: the writer thread competes for the GIL)")  # fmt: skip
-    print(f"  paced, 50 ms compute between steps ({args.paced_steps} steps): mean {mean_paced * 1e6:.0f} us "
-          f"= {mean_paced / STEP_S:.2%}, p99 {p99_paced * 1e6:.0f} us")  # fmt: skip
-    print(f"synchronous write  : median {med_sync * 1e6:7.0f} us/step = {med_sync / STEP_S:.2%} of a 50 ms step")
+    print(
+        f"observatory writer : median {med_obs * 1e6:7.0f} us/step = {med_obs / STEP_S:.2%} of a 50 ms step "
+        f"(p99 {p99_obs * 1e6:.0f} us, back to back: the writer thread competes for the GIL)"
+    )
+    print(
+        f"  paced, 50 ms compute between steps ({args.paced_steps} steps): mean {mean_paced * 1e6:.0f} us "
+        f"= {mean_paced / STEP_S:.2%}, p99 {p99_paced * 1e6:.0f} us"
+    )
+    print(
+        f"synchronous write  : median {med_sync * 1e6:7.0f} us/step = {med_sync / STEP_S:.2%} of a 50 ms step"
+    )
     print(f"ratio writer / synchronous: {med_obs / med_sync:.2f}")
     print(
         f"| writer call time per step (50 scalars + 8x64 expert_load) | median {med_obs * 1e6:.0f} us = "

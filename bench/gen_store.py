@@ -47,8 +47,12 @@ METRICS = (
 )
 
 
-LAYER_METRICS = ("router/layer_{}/z_loss", "router/layer_{}/lb_loss", "router/layer_{}/entropy",
-                 "moe/layer_{}/drop_fraction")  # fmt: skip
+LAYER_METRICS = (
+    "router/layer_{}/z_loss",
+    "router/layer_{}/lb_loss",
+    "router/layer_{}/entropy",
+    "moe/layer_{}/drop_fraction",
+)
 
 
 def generate(

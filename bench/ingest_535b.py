@@ -39,8 +39,14 @@ from observatory import store
 from observatory.interop.simulate import simulate
 
 RUN = "sim-535b"
-TARGETS = {"expert": 0.25, "metrics": 0.3, "rebuild_s": 600.0, "append_s": 2.0, "follow_s": 2.0,
-           "ingest_rss_mb": 2048.0}  # fmt: skip
+TARGETS = {
+    "expert": 0.25,
+    "metrics": 0.3,
+    "rebuild_s": 600.0,
+    "append_s": 2.0,
+    "follow_s": 2.0,
+    "ingest_rss_mb": 2048.0,
+}
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
 
@@ -75,8 +81,12 @@ def child(args: list[str], env: dict | None = None, label: str | None = None) ->
     Its peak RSS is its own VmHWM (`_LAUNCH`); its CPU seconds go to `CPU[label]`: on a shared, loaded
     machine wall time is partly waiting."""
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", f"MARK = {_MARK!r}\n" + _LAUNCH, *args], env=env or ENV,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-c", f"MARK = {_MARK!r}\n" + _LAUNCH, *args],
+        env=env or ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     err = p.stderr.read().decode()
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
@@ -84,7 +94,7 @@ def child(args: list[str], env: dict | None = None, label: str | None = None) ->
     CPU.setdefault(label or args[0], []).append(ru.ru_utime + ru.ru_stime)
     if p.returncode:
         raise RuntimeError(f"{args}: exit {p.returncode}: {err[-2000:]}")
-    kb = [int(x[len(_MARK):]) for x in err.splitlines() if x.startswith(_MARK)]
+    kb = [int(x[len(_MARK) :]) for x in err.splitlines() if x.startswith(_MARK)]
     if not kb:
         raise RuntimeError(f"{args}: the child did not report its peak RSS: {err[-2000:]}")
     return wall, kb[-1] / 1024, "\n".join(x for x in err.splitlines() if not x.startswith(_MARK))
@@ -135,8 +145,11 @@ def core_side_by_side(runs: Path, tmp: Path, table: str, repeat: int) -> dict:
         engine.append(engine_append(db, table, tmp))
         for p in (db, db.with_name(db.name + ".wal")):
             p.unlink(missing_ok=True)
-    return {"ours_s": statistics.median(ours), "engine_s": statistics.median(engine),
-            "ratio": statistics.median(engine) / statistics.median(ours)}  # fmt: skip
+    return {
+        "ours_s": statistics.median(ours),
+        "engine_s": statistics.median(engine),
+        "ratio": statistics.median(engine) / statistics.median(ours),
+    }
 
 
 def count(db: Path, sql: str):
@@ -161,23 +174,38 @@ def side_by_side(runs: Path, tmp: Path, table: str, repeat: int) -> dict:
                 p.unlink(missing_ok=True)
     o, e = statistics.median(ours), statistics.median(engine)
     oc, ec = statistics.median(CPU[f"ours {table}"]), statistics.median(CPU[f"engine {table}"])
-    return {"rows": n, "ours_s": o, "engine_s": e, "ours_rate": n / o, "engine_rate": n / e, "ratio": e / o,
-            "cpu_ratio": ec / oc, "ours_cpu": oc, "engine_cpu": ec, "rss_mb": max(rss), "db": db,
-            "engine_insert_s": statistics.median(ENGINE_INSERT[table][-repeat:])}  # fmt: skip
+    return {
+        "rows": n,
+        "ours_s": o,
+        "engine_s": e,
+        "ours_rate": n / o,
+        "engine_rate": n / e,
+        "ratio": e / o,
+        "cpu_ratio": ec / oc,
+        "ours_cpu": oc,
+        "engine_cpu": ec,
+        "rss_mb": max(rss),
+        "db": db,
+        "engine_insert_s": statistics.median(ENGINE_INSERT[table][-repeat:]),
+    }
 
 
 def _side_line(head: str, x: dict, unit: str) -> str:
     """One `side_by_side` result as the bench prints it: ours, the engine (and its INSERT alone), both ratios."""
-    return (f"{head}: ours {x['ours_s']:.2f} s ({x['ours_rate'] / 1e6:.2f} M {unit}/s, peak RSS {x['rss_mb']:.0f} MB), "
-            f"engine {x['engine_s']:.2f} s ({x['engine_rate'] / 1e6:.2f} M {unit}/s; its INSERT alone "
-            f"{x['engine_insert_s']:.2f} s): {x['ratio']:.3f}x; CPU s ours {x['ours_cpu']:.2f}, engine "
-            f"{x['engine_cpu']:.2f}: {x['cpu_ratio']:.3f}x")  # fmt: skip
+    return (
+        f"{head}: ours {x['ours_s']:.2f} s ({x['ours_rate'] / 1e6:.2f} M {unit}/s, peak RSS {x['rss_mb']:.0f} MB), "
+        f"engine {x['engine_s']:.2f} s ({x['engine_rate'] / 1e6:.2f} M {unit}/s; its INSERT alone "
+        f"{x['engine_insert_s']:.2f} s): {x['ratio']:.3f}x; CPU s ours {x['ours_cpu']:.2f}, engine "
+        f"{x['engine_cpu']:.2f}: {x['cpu_ratio']:.3f}x"
+    )
 
 
 def _core_line(table: str, c: dict) -> str:
     """One `core_side_by_side` result as the bench prints it."""
-    return (f"{table}, line path alone (in-process ingest, hooks off): {c['ours_s']:.2f} s vs engine "
-            f"{c['engine_s']:.2f} s: {c['ratio']:.3f}x")  # fmt: skip
+    return (
+        f"{table}, line path alone (in-process ingest, hooks off): {c['ours_s']:.2f} s vs engine "
+        f"{c['engine_s']:.2f} s: {c['ratio']:.3f}x"
+    )
 
 
 def append_steps(log: Path, k: int, at_step: int | None = None) -> int:
@@ -204,9 +232,23 @@ def append_steps(log: Path, k: int, at_step: int | None = None) -> int:
 
 def freshness(runs: Path, db: Path, log: Path, tries: int = 3) -> list[float]:
     """Seconds from appending a step to `log` until a read-only query sees it, under `ingest --follow`."""
-    p = subprocess.Popen([sys.executable, "-m", "observatory.cli", "ingest", "--follow", "-q", "--runs-dir",
-                          str(runs), "--db", str(db)], env=ENV, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)  # fmt: skip
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "observatory.cli",
+            "ingest",
+            "--follow",
+            "-q",
+            "--runs-dir",
+            str(runs),
+            "--db",
+            str(db),
+        ],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     out = []
     try:
         time.sleep(1.0)
@@ -243,8 +285,11 @@ def append_target(log: Path) -> int:
 def compile_bytecode() -> None:
     """The package's bytecode, as `pip install` (and `make setup`) leaves it: where PYTHONDONTWRITEBYTECODE
     is set, an editable checkout whose sources changed would compile them again at every child's start."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(__file__).resolve().parents[1] / "observatory")],
-                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(Path(__file__).resolve().parents[1] / "observatory")],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def run_535b(args, defaults: dict) -> None:
@@ -261,8 +306,14 @@ def run_535b(args, defaults: dict) -> None:
             simulate("535b", rx, steps=args.expert_steps, expert_load_every=1)
         res["expert"] = x = side_by_side(rx, tmp, "expert_load", args.repeat)
         mb_x = sum(f.stat().st_size for f in rx.glob("*/events.0.jsonl")) / 1e6
-        print(_side_line(f"expert_load: {args.expert_steps} steps, every step, {mb_x:.0f} MB, {x['rows']:,} rows", x, "rows"),
-              flush=True)  # fmt: skip
+        print(
+            _side_line(
+                f"expert_load: {args.expert_steps} steps, every step, {mb_x:.0f} MB, {x['rows']:,} rows",
+                x,
+                "rows",
+            ),
+            flush=True,
+        )
         res["core_x"] = cx = core_side_by_side(rx, tmp, "expert_load", args.repeat)
         print(_core_line("expert_load", cx), flush=True)
         # 2. metrics only
@@ -270,7 +321,9 @@ def run_535b(args, defaults: dict) -> None:
         if not rm.exists():
             simulate("535b", rm, steps=args.metric_steps, expert_load_every=0)
         res["metrics"] = m = side_by_side(rm, tmp, "metrics", args.repeat)
-        print(_side_line(f"metrics: {args.metric_steps} steps, {m['rows']:,} values", m, "values"), flush=True)
+        print(
+            _side_line(f"metrics: {args.metric_steps} steps, {m['rows']:,} values", m, "values"), flush=True
+        )
         res["core"] = c = core_side_by_side(rm, tmp, "metrics", args.repeat)
         print(_core_line("metrics", c), flush=True)
         # 3. rebuild
@@ -283,23 +336,34 @@ def run_535b(args, defaults: dict) -> None:
         scale = 100_000 / args.rebuild_steps
         res["rebuild"] = {"s": wall, "rss_mb": mb, "rows": rows, "values": vals, "s_100k": wall * scale}
         res["rebuild"]["how"] = how = "measured" if scale == 1 else f"x{scale:g}, extrapolated"
-        print(f"rebuild: {args.rebuild_steps} steps, expert_load every 10: {rows:,} expert rows + {vals:,} "
-              f"metric values in {wall:.1f} s, {CPU['rebuild'][-1]:.1f} CPU s (peak RSS {mb:.0f} MB); at 100k steps: "
-              f"{wall * scale / 60:.1f} min ({how})", flush=True)  # fmt: skip
+        print(
+            f"rebuild: {args.rebuild_steps} steps, expert_load every 10: {rows:,} expert rows + {vals:,} "
+            f"metric values in {wall:.1f} s, {CPU['rebuild'][-1]:.1f} CPU s (peak RSS {mb:.0f} MB); at 100k steps: "
+            f"{wall * scale / 60:.1f} min ({how})",
+            flush=True,
+        )
         # 4. append 10 steps
         log = rr / RUN / "events.0.jsonl"
-        noop = [child(["ingest", "--runs-dir", str(rr), "--db", str(db), "-q"])[0] for _ in range(args.repeat)]
+        noop = [
+            child(["ingest", "--runs-dir", str(rr), "--db", str(db), "-q"])[0] for _ in range(args.repeat)
+        ]
         app = []
         for _ in range(args.repeat):
             append_steps(log, 10)
             app.append(child(["ingest", "--runs-dir", str(rr), "--db", str(db), "-q"])[0])
         start = [child(["--help"])[0] for _ in range(args.repeat)]
-        res["append"] = {"s": statistics.median(app), "noop_s": statistics.median(noop),
-                         "startup_s": statistics.median(start)}  # fmt: skip
+        res["append"] = {
+            "s": statistics.median(app),
+            "noop_s": statistics.median(noop),
+            "startup_s": statistics.median(start),
+        }
         a = res["append"]
-        print(f"append 10 steps at step {args.rebuild_steps}: observatory ingest {a['s']:.2f} s; with nothing "
-              f"new {a['noop_s']:.2f} s; `observatory --help` (start-up) {a['startup_s']:.2f} s; "
-              f"append - start-up {a['s'] - a['startup_s']:.2f} s", flush=True)  # fmt: skip
+        print(
+            f"append 10 steps at step {args.rebuild_steps}: observatory ingest {a['s']:.2f} s; with nothing "
+            f"new {a['noop_s']:.2f} s; `observatory --help` (start-up) {a['startup_s']:.2f} s; "
+            f"append - start-up {a['s'] - a['startup_s']:.2f} s",
+            flush=True,
+        )
         # 5. --follow freshness, small run and big run
         rs, dbs = tmp / "runs-small", tmp / "small.duckdb"
         if not rs.exists():
@@ -307,26 +371,48 @@ def run_535b(args, defaults: dict) -> None:
         small = freshness(rs, dbs, rs / RUN / "events.0.jsonl")
         big = freshness(rr, db, log)
         res["follow"] = {"small": statistics.median(small), "big": statistics.median(big)}
-        print(f"--follow: a new step visible after {res['follow']['small']:.2f} s at step ~60, "
-              f"{res['follow']['big']:.2f} s at step ~{args.rebuild_steps} (medians of {len(small)})", flush=True)  # fmt: skip
+        print(
+            f"--follow: a new step visible after {res['follow']['small']:.2f} s at step ~60, "
+            f"{res['follow']['big']:.2f} s at step ~{args.rebuild_steps} (medians of {len(small)})",
+            flush=True,
+        )
     finally:
         if tmp_ctx is not None:
             tmp_ctx.cleanup()
-    x, m, r, a, f, c = res["expert"], res["metrics"], res["rebuild"], res["append"], res["follow"], res["core"]
+    x, m, r, a, f, c = (
+        res["expert"],
+        res["metrics"],
+        res["rebuild"],
+        res["append"],
+        res["follow"],
+        res["core"],
+    )
     cmd = "python bench/bench_ingest.py --preset 535b" + "".join(  # the arguments that made these figures
-        f" --{k.replace('_', '-')} {getattr(args, k)}" for k in ("repeat", "expert_steps", "metric_steps", "rebuild_steps")
-        if getattr(args, k) != defaults[k])  # fmt: skip
+        f" --{k.replace('_', '-')} {getattr(args, k)}"
+        for k in ("repeat", "expert_steps", "metric_steps", "rebuild_steps")
+        if getattr(args, k) != defaults[k]
+    )
     cx = res["core_x"]
-    print(f"| ingest, expert_load (535b, every step) | {x['ours_rate'] / 1e6:.2f} M rows/s, {x['ratio']:.2f}x "
-          f"DuckDB's Arrow append ({x['engine_rate'] / 1e6:.1f} M/s); the line path alone {cx['ratio']:.2f}x "
-          f"| >= {TARGETS['expert']}x | {cmd} |")  # fmt: skip
-    print(f"| ingest, metrics (535b) | {m['ours_rate'] / 1e6:.2f} M values/s, {m['ratio']:.2f}x DuckDB's Arrow "
-          f"append ({m['engine_rate'] / 1e6:.1f} M/s); the line path alone (no start-up, no hooks) "
-          f"{c['ratio']:.2f}x | >= {TARGETS['metrics']}x | {cmd} |")  # fmt: skip
-    print(f"| rebuild, 535b run, expert_load every 10 | {r['s']:.0f} s at {args.rebuild_steps} steps "
-          f"({r['rows'] / 1e6:.1f}M rows): {r['s_100k'] / 60:.1f} min at 100k steps, {r['how']} | < 10 min | {cmd} |")  # fmt: skip
-    print(f"| append 10 steps + observatory ingest | {a['s']:.2f} s at step {args.rebuild_steps} (start-up "
-          f"{a['startup_s']:.2f} s) | <= 2 s + start-up | {cmd} |")  # fmt: skip
-    print(f"| ingest --follow: new step visible | {f['small']:.2f} s at step 60, {f['big']:.2f} s at step "
-          f"{args.rebuild_steps} | <= 2 s | {cmd} |")  # fmt: skip
+    print(
+        f"| ingest, expert_load (535b, every step) | {x['ours_rate'] / 1e6:.2f} M rows/s, {x['ratio']:.2f}x "
+        f"DuckDB's Arrow append ({x['engine_rate'] / 1e6:.1f} M/s); the line path alone {cx['ratio']:.2f}x "
+        f"| >= {TARGETS['expert']}x | {cmd} |"
+    )
+    print(
+        f"| ingest, metrics (535b) | {m['ours_rate'] / 1e6:.2f} M values/s, {m['ratio']:.2f}x DuckDB's Arrow "
+        f"append ({m['engine_rate'] / 1e6:.1f} M/s); the line path alone (no start-up, no hooks) "
+        f"{c['ratio']:.2f}x | >= {TARGETS['metrics']}x | {cmd} |"
+    )
+    print(
+        f"| rebuild, 535b run, expert_load every 10 | {r['s']:.0f} s at {args.rebuild_steps} steps "
+        f"({r['rows'] / 1e6:.1f}M rows): {r['s_100k'] / 60:.1f} min at 100k steps, {r['how']} | < 10 min | {cmd} |"
+    )
+    print(
+        f"| append 10 steps + observatory ingest | {a['s']:.2f} s at step {args.rebuild_steps} (start-up "
+        f"{a['startup_s']:.2f} s) | <= 2 s + start-up | {cmd} |"
+    )
+    print(
+        f"| ingest --follow: new step visible | {f['small']:.2f} s at step 60, {f['big']:.2f} s at step "
+        f"{args.rebuild_steps} | <= 2 s | {cmd} |"
+    )
     print(f"| ingester peak RSS | {max(x['rss_mb'], m['rss_mb'], r['rss_mb']):.0f} MB | <= 2 GB | {cmd} |")

@@ -41,7 +41,9 @@ class View:
     refreshes: int = 0
 
 
-def _client_state(page: str, query: str, page_hash: str = "", fragment: str = "", widgets=(), auto: bool | None = None):
+def _client_state(
+    page: str, query: str, page_hash: str = "", fragment: str = "", widgets=(), auto: bool | None = None
+):
     """A rerun's client state; `fragment`: rerun that fragment alone (by itself, `auto`, unless told)."""
     # lazy: streamlit's protobufs, which --help does not need
     from streamlit.proto.ClientState_pb2 import ClientState
@@ -73,7 +75,12 @@ def _sql_submit(page_hash: str, area_id: str, button_id: str, sql: str, fragment
 
 
 async def view_page(
-    port: int, page: str, query: str, dwell_s: float, sql: str | None = None, cpu: Callable[[], float] | None = None
+    port: int,
+    page: str,
+    query: str,
+    dwell_s: float,
+    sql: str | None = None,
+    cpu: Callable[[], float] | None = None,
 ) -> View:
     """Open `page?query` as a new session, follow it for `dwell_s` seconds, close it.
 
@@ -129,18 +136,30 @@ async def view_page(
                     v.errors.append(f"page not found: {msg.page_not_found.page_name}")
                 elif kind == "auto_rerun" and msg.auto_rerun.fragment_id not in refreshers:
                     refreshers[msg.auto_rerun.fragment_id] = asyncio.create_task(
-                        refresh(msg.auto_rerun.interval, msg.auto_rerun.fragment_id))  # fmt: skip
+                        refresh(msg.auto_rerun.interval, msg.auto_rerun.fragment_id)
+                    )
                 elif kind == "script_finished":
                     if cpu and v.first is not None and v.cpu_view is None:
                         v.cpu_view = cpu() - cpu0
-                    elif cpu and refresh_cpu and msg.script_finished == ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY:
+                    elif (
+                        cpu
+                        and refresh_cpu
+                        and msg.script_finished == ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY
+                    ):
                         interval, c = refresh_cpu.pop(0)
                         v.cpu_refresh.append((interval, cpu() - c))
                     if page == "sql" and not submitted and "area" in ids and "button" in ids:
                         submitted = True
                         v.form = now - t0
-                        await ws.send(_sql_submit(page_hash, ids["area"], ids["button"], sql or "SELECT 1",
-                                                  ids.get("fragment", "")))  # fmt: skip
+                        await ws.send(
+                            _sql_submit(
+                                page_hash,
+                                ids["area"],
+                                ids["button"],
+                                sql or "SELECT 1",
+                                ids.get("fragment", ""),
+                            )
+                        )
                 elif kind == "delta" and msg.delta.HasField("new_element"):
                     el = msg.delta.new_element
                     what = el.WhichOneof("type")
@@ -181,8 +200,15 @@ def page_query(page: str) -> str:
     return {"live": f"run={RUN}", "experts": f"run={RUN}", "sql": ""}[page]
 
 
-async def viewer(port: int, stop_at: float, seed: int, out: list[View], sqls: list[str], dwell=(8.0, 16.0),
-                 arrive_s: float = 0.0):  # fmt: skip
+async def viewer(
+    port: int,
+    stop_at: float,
+    seed: int,
+    out: list[View],
+    sqls: list[str],
+    dwell=(8.0, 16.0),
+    arrive_s: float = 0.0,
+):
     """One viewer until `stop_at`: page after page (Live, Experts, SQL in turn from a random start), the first
     opened `arrive_s` seconds after the load starts."""
     rng = random.Random(seed)
@@ -195,8 +221,9 @@ async def viewer(port: int, stop_at: float, seed: int, out: list[View], sqls: li
         out.append(await view_page(port, page, page_query(page), min(rng.uniform(*dwell), left), sql))
 
 
-async def run_viewers(port: int, n: int, duration_s: float, sqls: list[str], dwell=(8.0, 16.0),
-                      ramp_s: float = 0.0) -> list[View]:  # fmt: skip
+async def run_viewers(
+    port: int, n: int, duration_s: float, sqls: list[str], dwell=(8.0, 16.0), ramp_s: float = 0.0
+) -> list[View]:
     """`n` viewers at once until the hard stop; they arrive evenly over the first `ramp_s` seconds (0: all at once)."""
     out: list[View] = []
     stop_at = time.time() + duration_s

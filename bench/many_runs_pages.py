@@ -38,14 +38,30 @@ def _vmhwm_mb(pid: int) -> float:
 def _server_pid(url: str) -> int | None:
     """The pid of the streamlit process listening on `url`'s port (ours: started by `dashboard`)."""
     port = url.rsplit(":", 1)[1]
-    out = subprocess.run(["pgrep", "-f", "--", f"--server.port {port}"], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        ["pgrep", "-f", "--", f"--server.port {port}"], capture_output=True, text=True
+    ).stdout.split()
     return int(out[0]) if out else None
 
 
 def search_s(db: Path, prefix: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "observatory.cli", "runs", "--db", str(db), "--search", prefix,
-                    "--limit", "20"], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "observatory.cli",
+            "runs",
+            "--db",
+            str(db),
+            "--search",
+            prefix,
+            "--limit",
+            "20",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t0
 
 
@@ -64,32 +80,42 @@ def measure(db: Path, run: str, prefix: str, repeat: int = 3) -> dict:
     out = {"search_s": statistics.median(search_s(db, prefix) for _ in range(repeat))}
     log = Path(db).with_suffix(".streamlit.log")
     with dashboard(Path(db), log) as url, chromium() as browser:
+
         def runs_ready(page):
             page.wait_for_function(
                 "() => (document.querySelector('[data-testid=\"stDataFrame\"]') || {}).textContent?.includes('live?run=')",
-                timeout=LOAD_MS)  # fmt: skip
+                timeout=LOAD_MS,
+            )
 
         def live_ready(page):
-            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').length > 0",
-                                   timeout=LOAD_MS)  # fmt: skip
+            page.wait_for_function(
+                "() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').length > 0",
+                timeout=LOAD_MS,
+            )
 
         out["runs_page_s"] = statistics.median(_timed(browser, f"{url}/", runs_ready) for _ in range(repeat))
-        out["live_page_s"] = statistics.median(_timed(browser, f"{url}/live?run={run}", live_ready) for _ in range(repeat))
+        out["live_page_s"] = statistics.median(
+            _timed(browser, f"{url}/live?run={run}", live_ready) for _ in range(repeat)
+        )
         pid = _server_pid(url)
         out["server_rss_mb"] = _vmhwm_mb(pid) if pid else float("nan")
     return out
 
 
 def describe(d: dict) -> str:
-    return (f"runs --search {d['search_s']:.2f} s; Runs page first table {d['runs_page_s']:.2f} s; Live page "
-            f"first chart {d['live_page_s']:.2f} s; dashboard server peak RSS {d['server_rss_mb']:,.0f} MB")  # fmt: skip
+    return (
+        f"runs --search {d['search_s']:.2f} s; Runs page first table {d['runs_page_s']:.2f} s; Live page "
+        f"first chart {d['live_page_s']:.2f} s; dashboard server peak RSS {d['server_rss_mb']:,.0f} MB"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", type=Path, required=True)
     ap.add_argument("--run", required=True)
-    ap.add_argument("--prefix", default=None, help="the search (default: the run id less its last two characters)")
+    ap.add_argument(
+        "--prefix", default=None, help="the search (default: the run id less its last two characters)"
+    )
     a = ap.parse_args()
     print(describe(measure(a.db, a.run, a.prefix or a.run[:-2])))
 

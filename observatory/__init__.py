@@ -39,8 +39,21 @@ from observatory.integrations.wandb_api import (
 from observatory.store import connect
 from observatory.writer import Run
 
-__all__ = ["init", "log", "finish", "define_metric", "watch", "run", "config", "summary", "Error",
-           "ConfigError", "Settings", "Run", "connect"]  # fmt: skip
+__all__ = [
+    "init",
+    "log",
+    "finish",
+    "define_metric",
+    "watch",
+    "run",
+    "config",
+    "summary",
+    "Error",
+    "ConfigError",
+    "Settings",
+    "Run",
+    "connect",
+]
 __version__ = "0.1.0"
 
 run: wandb_api.Run | wandb_api.DisabledRun | None = None

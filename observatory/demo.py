@@ -109,10 +109,18 @@ def main() -> int:
     logs = {name: runs_dir / f"demo.{name}.log" for name in ("ingest", "dashboard")}
     procs = {
         "trainer": _trainer(bin_dir, runs_dir, run_id, steps, env),
-        "ingest": subprocess.Popen([bin_dir / "observatory", "ingest", "--follow"], env=env,
-                                   stdout=open(logs["ingest"], "w"), stderr=subprocess.STDOUT),  # fmt: skip
-        "dashboard": subprocess.Popen([bin_dir / "observatory", "dashboard", "--port", str(port)], env=env,
-                                      stdout=open(logs["dashboard"], "w"), stderr=subprocess.STDOUT),  # fmt: skip
+        "ingest": subprocess.Popen(
+            [bin_dir / "observatory", "ingest", "--follow"],
+            env=env,
+            stdout=open(logs["ingest"], "w"),
+            stderr=subprocess.STDOUT,
+        ),
+        "dashboard": subprocess.Popen(
+            [bin_dir / "observatory", "dashboard", "--port", str(port)],
+            env=env,
+            stdout=open(logs["dashboard"], "w"),
+            stderr=subprocess.STDOUT,
+        ),
     }
     _wait_healthy(port, procs["dashboard"])
     print(
@@ -129,12 +137,18 @@ def main() -> int:
             time.sleep(1)
             for name in ("ingest", "dashboard"):
                 if procs[name].poll() is not None:
-                    print(f"demo: {name} exited with {procs[name].returncode}; see {logs[name]}", file=sys.stderr)
+                    print(
+                        f"demo: {name} exited with {procs[name].returncode}; see {logs[name]}",
+                        file=sys.stderr,
+                    )
                     return 1
             rc = procs["trainer"].poll()
             if rc is not None and rc != 0 and not failed:
                 failed = True  # no restart loop on a trainer that cannot run; the rest stays up
-                print(f"demo: trainer exited with {rc}; see {runs_dir / (run_id + '.trainer.log')}", file=sys.stderr)
+                print(
+                    f"demo: trainer exited with {rc}; see {runs_dir / (run_id + '.trainer.log')}",
+                    file=sys.stderr,
+                )
             elif rc == 0:
                 time.sleep(1)  # the next run id is a second later
                 run_id = "demo-" + time.strftime("%Y%m%d-%H%M%S")

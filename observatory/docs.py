@@ -21,7 +21,11 @@ from observatory.settings import SETTINGS
 from observatory.store import SCHEMA_DOC
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-PAGES = {"settings": DOCS / "cli.md", "cli": DOCS / "cli.md", "schema": DOCS / "schema.md"}  # block -> its page
+PAGES = {
+    "settings": DOCS / "cli.md",
+    "cli": DOCS / "cli.md",
+    "schema": DOCS / "schema.md",
+}  # block -> its page
 
 
 def settings_table() -> str:
@@ -43,7 +47,9 @@ def schema_doc() -> str:
 SHARED_OPTIONS = {"runs_dir", "db", "help"}
 
 
-def _commands(cmds: dict[str, click.Command], prefix: str = "observatory") -> Iterator[tuple[str, click.Command]]:
+def _commands(
+    cmds: dict[str, click.Command], prefix: str = "observatory"
+) -> Iterator[tuple[str, click.Command]]:
     """(`observatory name [sub]`, command) for every command, a group's subcommands in its place."""
     for name, cmd in cmds.items():
         if isinstance(cmd, click.Group):
@@ -78,8 +84,11 @@ def cli_table() -> str:
     for name, cmd in _commands(COMMANDS):
         ctx = click.Context(cmd, info_name=name)
         args = " ".join(_argument(p) for p in cmd.params if isinstance(p, click.Argument))
-        opts = [_option(p, ctx) for p in cmd.params
-                if isinstance(p, click.Option) and not p.hidden and p.name not in SHARED_OPTIONS]  # fmt: skip
+        opts = [
+            _option(p, ctx)
+            for p in cmd.params
+            if isinstance(p, click.Option) and not p.hidden and p.name not in SHARED_OPTIONS
+        ]
         options = ", ".join(f"`{_cell(o)}`" for o in opts) or "-"
         usage = f"{name} {args}".strip()
         rows.append(f"| `{_cell(usage)}` | {options} | {_cell(cmd.get_short_help_str(limit=300))} |")

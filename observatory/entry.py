@@ -15,6 +15,8 @@ def run() -> None:
     try:
         from observatory.cli import run as cli_run
     except ModuleNotFoundError as e:  # a light install: say what to install, not a traceback
-        sys.exit(f"observatory: the command line needs the server extra ({e.name} is not installed): "
-                 "pip install 'observatory[server]'")  # fmt: skip
+        sys.exit(
+            f"observatory: the command line needs the server extra ({e.name} is not installed): "
+            "pip install 'observatory[server]'"
+        )
     cli_run()

@@ -64,7 +64,9 @@ class ValidationError(ValueError):
 @dataclass(frozen=True)
 class Field:
     name: str
-    type: str  # "str", "int", "number", "bool", "object", "list", "int_list", "number_list", "str_list", "any"
+    type: (
+        str  # "str", "int", "number", "bool", "object", "list", "int_list", "number_list", "str_list", "any"
+    )
     required: bool = False
     doc: str = ""
 
@@ -284,7 +286,9 @@ def validate_data(kind: str, data: dict) -> None:
             if not name:
                 raise ValidationError("data", "summary has an empty name")
             if not isinstance(value, (str, bool)) and decode_number(value) is None:
-                raise ValidationError(f"data.{name}", f"summary value must be a number, string or bool, got {value!r:.60}")
+                raise ValidationError(
+                    f"data.{name}", f"summary value must be a number, string or bool, got {value!r:.60}"
+                )
         return
     for f in spec.fields:
         if f.name not in data or data[f.name] is None:
@@ -334,7 +338,9 @@ def validate_event(ev: Any, *, run_folder: str | None = None, host: int | None =
         raise ValidationError("v", f"unknown format version {v} (this reader knows {SUPPORTED_VERSIONS})")
     run = ev.get("run")
     if not isinstance(run, str) or not RUN_ID_RE.match(run):
-        raise ValidationError("run", "missing or not a run id matching [A-Za-z0-9._-]{1,128} (and not . or ..)")
+        raise ValidationError(
+            "run", "missing or not a run id matching [A-Za-z0-9._-]{1,128} (and not . or ..)"
+        )
     if run_folder is not None and run != run_folder:
         raise ValidationError("run", f"run id {run!r} does not match its folder {run_folder!r}")
     kind = ev.get("kind")
@@ -416,7 +422,9 @@ def _describe(kind: str, d: dict) -> str:
         budget = f" (budget {fmt_value(d['budget_s'])} s)" if d.get("budget_s") is not None else ""
         return f"{d.get('phase', '?')}, attempt {d.get('attempt', '?')}{budget}"
     if kind == "alert":
-        return f"[{d.get('severity', '?')}] {d.get('rule', '?')} {d.get('state', '?')}: {d.get('message', '')}"
+        return (
+            f"[{d.get('severity', '?')}] {d.get('rule', '?')} {d.get('state', '?')}: {d.get('message', '')}"
+        )
     if kind == "artifact":
         size = f" ({d['bytes'] / 1e6:.1f} MB)" if isinstance(d.get("bytes"), (int, float)) else ""
         return f"{d.get('type', '?')} {d.get('name', '?')}: {d.get('path', '?')}{size}"

@@ -33,7 +33,9 @@ def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]
     items = list(items)
     if not items:
         return 0
-    w = init(run_id=run, runs_dir=runs_dir, host=OBSERVATORY_HOST, write_start=False, install_signal_handlers=False)
+    w = init(
+        run_id=run, runs_dir=runs_dir, host=OBSERVATORY_HOST, write_start=False, install_signal_handlers=False
+    )
     try:
         for data, step in items:
             w.event(kind, data, step=step)

@@ -36,7 +36,15 @@ REDACTED = "<redacted>"
 SECRET_WORDS = frozenset(
     "token secret secrets password passwd pwd credential credentials apikey auth authorization cookie".split()
 )
-SECRET_PAIRS = ("api_key", "private_key", "access_key", "secret_key", "client_secret", "session_token", "auth_token")
+SECRET_PAIRS = (
+    "api_key",
+    "private_key",
+    "access_key",
+    "secret_key",
+    "client_secret",
+    "session_token",
+    "auth_token",
+)
 
 
 def _words(key: str) -> list[str]:
@@ -46,19 +54,25 @@ def _words(key: str) -> list[str]:
 
 # "token" in a model's vocabulary, not a credential: flops_per_token, pad_token_id, eos_token, token_count
 _VOCAB_BEFORE = frozenset("per pad bos eos unk sep cls mask start end special max min num".split())
-_VOCAB_AFTER = frozenset("id ids count counts len length budget limit type types index embedding embeddings".split())
+_VOCAB_AFTER = frozenset(
+    "id ids count counts len length budget limit type types index embedding embeddings".split()
+)
 
 
 def _is_secret_word(words: list[str], i: int) -> bool:
     w = words[i]
     if w not in SECRET_WORDS:
         return False
-    if w == "token" and ((i > 0 and words[i - 1] in _VOCAB_BEFORE) or (i + 1 < len(words) and words[i + 1] in _VOCAB_AFTER)):
+    if w == "token" and (
+        (i > 0 and words[i - 1] in _VOCAB_BEFORE) or (i + 1 < len(words) and words[i + 1] in _VOCAB_AFTER)
+    ):
         return False
     return True
 
 
-@functools.lru_cache(maxsize=1 << 14)  # a lab's runs repeat their config keys: a sweep's 10^5 run_starts, a few names
+@functools.lru_cache(
+    maxsize=1 << 14
+)  # a lab's runs repeat their config keys: a sweep's 10^5 run_starts, a few names
 def is_secret_key(key: str) -> bool:
     """True for keys whose values must not be stored (see SECRET_WORDS and SECRET_PAIRS)."""
     words = _words(key)

@@ -58,57 +58,180 @@ class Setting:
 # the per-user data folder of `runs` and `db` ($XDG_DATA_HOME/observatory when XDG_DATA_HOME is set)
 DATA_HOME = "~/.local/share/observatory"
 # the names W&B, Hugging Face, Lightning and our trainer users give the loss, most specific first
-LOSS_NAMES = ("train/loss", "train/ce_loss", "loss", "train_loss", "training_loss", "train/loss_step",
-              "eval/loss", "eval_loss", "val/loss", "val_loss", "validation_loss")  # fmt: skip
+LOSS_NAMES = (
+    "train/loss",
+    "train/ce_loss",
+    "loss",
+    "train_loss",
+    "training_loss",
+    "train/loss_step",
+    "eval/loss",
+    "eval_loss",
+    "val/loss",
+    "val_loss",
+    "validation_loss",
+)
 
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
-        Setting("runs", f"{DATA_HOME}/runs", "runs dir: where event logs live (flag --runs-dir); the per-user default is the same from any folder, so a run started anywhere is on the dashboard", path=True),
+        Setting(
+            "runs",
+            f"{DATA_HOME}/runs",
+            "runs dir: where event logs live (flag --runs-dir); the per-user default is the same from any folder, so a run started anywhere is on the dashboard",
+            path=True,
+        ),
         Setting("db", f"{DATA_HOME}/observatory.duckdb", "the DuckDB store (flag --db)", path=True),
-        Setting("loss_names", ",".join(LOSS_NAMES), "a run's loss: the first of these comma-separated metric names it logged (the Live chart, the Runs table's last loss, the report)"),
-        Setting("quiet", False, "`observatory.init` and `finish` print no line (wandb's `settings=Settings(quiet=True)`; WANDB_QUIET and WANDB_SILENT count too)"),
-        Setting("stale_after_s", 120.0, "a run with no run_end and no event for this long is shown as crashed"),
+        Setting(
+            "loss_names",
+            ",".join(LOSS_NAMES),
+            "a run's loss: the first of these comma-separated metric names it logged (the Live chart, the Runs table's last loss, the report)",
+        ),
+        Setting(
+            "quiet",
+            False,
+            "`observatory.init` and `finish` print no line (wandb's `settings=Settings(quiet=True)`; WANDB_QUIET and WANDB_SILENT count too)",
+        ),
+        Setting(
+            "stale_after_s", 120.0, "a run with no run_end and no event for this long is shown as crashed"
+        ),
         Setting("sql_time_limit_ms", 5000, "time limit for one user SQL query"),
         Setting("sql_max_rows", 10000, "row cap for one user SQL query; more rows set `truncated`"),
-        Setting("sql_memory_limit_mb", 512, "memory limit for one user SQL query (DuckDB memory_limit, and its worker process may grow by no more)"),
+        Setting(
+            "sql_memory_limit_mb",
+            512,
+            "memory limit for one user SQL query (DuckDB memory_limit, and its worker process may grow by no more)",
+        ),
         Setting("sql_threads", 2, "threads one user SQL query may use"),
-        Setting("sql_max_concurrent", 4, "user SQL queries that run at once per server process; more wait sql_queue_wait_ms, then are told the server is busy"),
-        Setting("sql_queue_wait_ms", 1000, "how long a user SQL query waits for a free slot (sql_max_concurrent) before it is told to try again"),
+        Setting(
+            "sql_max_concurrent",
+            4,
+            "user SQL queries that run at once per server process; more wait sql_queue_wait_ms, then are told the server is busy",
+        ),
+        Setting(
+            "sql_queue_wait_ms",
+            1000,
+            "how long a user SQL query waits for a free slot (sql_max_concurrent) before it is told to try again",
+        ),
         Setting("sql_max_result_mb", 64, "largest result one user SQL query may return (after the row cap)"),
-        Setting("sql_kill_after", 1.25, "a user SQL worker still running at this multiple of sql_time_limit_ms (DuckDB's interrupt did not land: a long scalar function, a frozen process) is SIGKILLed and replaced; 1.5 at most keeps every query under 1.5x its limit", low=1.0, high=1.5),
+        Setting(
+            "sql_kill_after",
+            1.25,
+            "a user SQL worker still running at this multiple of sql_time_limit_ms (DuckDB's interrupt did not land: a long scalar function, a frozen process) is SIGKILLed and replaced; 1.5 at most keeps every query under 1.5x its limit",
+            low=1.0,
+            high=1.5,
+        ),
         Setting("lock_timeout_s", 30.0, "how long a reader or writer retries a busy store before giving up"),
         Setting("follow_interval_s", 0.5, "how often `ingest --follow` polls the runs dir"),
         Setting("max_line_bytes", 8 << 20, "ingest rejects an event line longer than this many bytes"),
-        Setting("max_rejected_per_file", 1000, "rejected lines of one event log stored with their text in rejected_events; past it they are only counted (ingest_files.rejected), so a hostile log cannot fill the store", low=0),
+        Setting(
+            "max_rejected_per_file",
+            1000,
+            "rejected lines of one event log stored with their text in rejected_events; past it they are only counted (ingest_files.rejected), so a hostile log cannot fill the store",
+            low=0,
+        ),
         Setting("cache_ttl_s", 1.0, "dashboard query cache lifetime"),
-        Setting("dashboard_memory_limit_mb", 1024, "DuckDB memory limit of the dashboard's page queries (its buffer cache and working memory; more spills to disk), so a large store cannot grow the server past it", low=64),
-        Setting("anomaly_window", 128, "anomaly detectors: trailing window (logged steps) for rolling baselines"),
-        Setting("anomaly_min_history", 16, "anomaly detectors: logged steps of history needed before flagging"),
-        Setting("anomaly_loss_z", 6.0, "loss spike: robust sigmas above the recent level (noise: IQR of step-to-step changes over the window)"),
-        Setting("anomaly_loss_min_rise", 0.05, "loss spike: also needs loss above its recent level by this fraction"),
-        Setting("anomaly_loss_dip", 0.5, "loss dip: loss below its recent level by this fraction (and anomaly_loss_z sigmas)"),
+        Setting(
+            "dashboard_memory_limit_mb",
+            1024,
+            "DuckDB memory limit of the dashboard's page queries (its buffer cache and working memory; more spills to disk), so a large store cannot grow the server past it",
+            low=64,
+        ),
+        Setting(
+            "anomaly_window", 128, "anomaly detectors: trailing window (logged steps) for rolling baselines"
+        ),
+        Setting(
+            "anomaly_min_history", 16, "anomaly detectors: logged steps of history needed before flagging"
+        ),
+        Setting(
+            "anomaly_loss_z",
+            6.0,
+            "loss spike: robust sigmas above the recent level (noise: IQR of step-to-step changes over the window)",
+        ),
+        Setting(
+            "anomaly_loss_min_rise",
+            0.05,
+            "loss spike: also needs loss above its recent level by this fraction",
+        ),
+        Setting(
+            "anomaly_loss_dip",
+            0.5,
+            "loss dip: loss below its recent level by this fraction (and anomaly_loss_z sigmas)",
+        ),
         Setting("anomaly_grad_z", 6.0, "grad-norm spike: robust z-score of log grad norm to flag"),
-        Setting("anomaly_grad_min_ratio", 5.0, "grad-norm spike: also needs grad norm / its recent level above this"),
-        Setting("anomaly_grad_single_ratio", 10.0, "grad-norm spike: one step this many times the level is enough (else two in a row)"),
-        Setting("anomaly_grad_growth", 3.0, "grad-norm growth: rolling median / lowest earlier rolling median to flag"),
+        Setting(
+            "anomaly_grad_min_ratio",
+            5.0,
+            "grad-norm spike: also needs grad norm / its recent level above this",
+        ),
+        Setting(
+            "anomaly_grad_single_ratio",
+            10.0,
+            "grad-norm spike: one step this many times the level is enough (else two in a row)",
+        ),
+        Setting(
+            "anomaly_grad_growth",
+            3.0,
+            "grad-norm growth: rolling median / lowest earlier rolling median to flag",
+        ),
         Setting("anomaly_growth_steps", 32, "grad-norm growth: logged steps the growth must last"),
-        Setting("anomaly_recovery_steps", 64, "incomplete recovery: steps after a loss spike to be back near baseline"),
-        Setting("anomaly_recovery_tol", 0.05, "incomplete recovery: allowed fraction above the pre-spike loss"),
+        Setting(
+            "anomaly_recovery_steps",
+            64,
+            "incomplete recovery: steps after a loss spike to be back near baseline",
+        ),
+        Setting(
+            "anomaly_recovery_tol", 0.05, "incomplete recovery: allowed fraction above the pre-spike loss"
+        ),
         Setting("anomaly_drop_jump", 0.1, "drop-fraction jump: absolute rise over the recent level to flag"),
         Setting("anomaly_drop_z", 6.0, "drop-fraction jump: also needs this many robust sigmas of its noise"),
-        Setting("anomaly_hot_ratio", 4.0, "hot expert: max/mean routed load in a layer to flag (can only fire below n_routed/top_k)"),
-        Setting("anomaly_expert_steps", 20, "hot/dead expert: consecutive logged steps the condition must last"),
-        Setting("anomaly_throughput_drop", 0.5, "throughput drop: flag below this fraction of the trailing median"),
+        Setting(
+            "anomaly_hot_ratio",
+            4.0,
+            "hot expert: max/mean routed load in a layer to flag (can only fire below n_routed/top_k)",
+        ),
+        Setting(
+            "anomaly_expert_steps", 20, "hot/dead expert: consecutive logged steps the condition must last"
+        ),
+        Setting(
+            "anomaly_throughput_drop", 0.5, "throughput drop: flag below this fraction of the trailing median"
+        ),
         Setting("anomaly_throughput_steps", 5, "throughput drop: consecutive logged steps it must last"),
         Setting("anomaly_stall_s", 300.0, "stalled run: seconds without events (and no run_end) to flag"),
-        Setting("heartbeat_s", 30.0, "every writing process sends a heartbeat (its step, phase and host telemetry) this often; 0 turns them off", low=0.0),
-        Setting("alerts_file", f"{DATA_HOME}/alerts.yaml", "alert rules, channels, silences and disabled rules (YAML; `observatory alerts`)", path=True),
-        Setting("alert_horizon_s", 21600.0, "alerts: a running or crashed run is watched until its writers have been silent this long", low=60.0),
-        Setting("alert_episode_steps", 200, "alerts: a finding's alert resolves once the run is this many steps past its newest finding", low=1),
-        Setting("phase_budget_s", 1800.0, "how long init, compile, eval or checkpoint may take before it is a stall, when the phase event gives no budget_s", low=1.0),
+        Setting(
+            "heartbeat_s",
+            30.0,
+            "every writing process sends a heartbeat (its step, phase and host telemetry) this often; 0 turns them off",
+            low=0.0,
+        ),
+        Setting(
+            "alerts_file",
+            f"{DATA_HOME}/alerts.yaml",
+            "alert rules, channels, silences and disabled rules (YAML; `observatory alerts`)",
+            path=True,
+        ),
+        Setting(
+            "alert_horizon_s",
+            21600.0,
+            "alerts: a running or crashed run is watched until its writers have been silent this long",
+            low=60.0,
+        ),
+        Setting(
+            "alert_episode_steps",
+            200,
+            "alerts: a finding's alert resolves once the run is this many steps past its newest finding",
+            low=1,
+        ),
+        Setting(
+            "phase_budget_s",
+            1800.0,
+            "how long init, compile, eval or checkpoint may take before it is a stall, when the phase event gives no budget_s",
+            low=1.0,
+        ),
         Setting("public_url", "http://localhost:8501", "the dashboard's address, for the links in alerts"),
-        Setting("ladder_deviation_evals", 3, "ladder: consecutive evals outside a target's forecast band to flag"),
+        Setting(
+            "ladder_deviation_evals", 3, "ladder: consecutive evals outside a target's forecast band to flag"
+        ),
     )
 }
 
@@ -132,7 +255,9 @@ def _expand(value: str, default: bool) -> str:
 def quiet() -> bool:
     """Whether `init` and `finish` keep quiet: the `quiet` setting, or wandb's WANDB_QUIET / WANDB_SILENT."""
     on = ("1", "true", "yes", "on")
-    return bool(get("quiet")) or any(os.environ.get(v, "").strip().lower() in on for v in ("WANDB_QUIET", "WANDB_SILENT"))
+    return bool(get("quiet")) or any(
+        os.environ.get(v, "").strip().lower() in on for v in ("WANDB_QUIET", "WANDB_SILENT")
+    )
 
 
 def describe() -> list[tuple[str, Any, str, str]]:

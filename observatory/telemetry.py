@@ -65,8 +65,9 @@ def _nvml(out: dict[str, float]) -> None:
                 float(mem.total),
             )
         try:
-            out[f"accel/{i}/ecc_errors"] = float(nv.nvmlDeviceGetTotalEccErrors(
-                h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))  # fmt: skip
+            out[f"accel/{i}/ecc_errors"] = float(
+                nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+            )
         except nv.NVMLError:
             pass  # no ECC on this board
 

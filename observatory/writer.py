@@ -44,6 +44,7 @@ _CLEAN = msgspec.json.Encoder()
 
 __all__ = ["init", "Run", "Sink", "new_run_id"]
 
+
 class Sink(Protocol):
     """Somewhere else events go too (e.g. a W&B mirror). Called on the writer thread."""
 
@@ -184,7 +185,9 @@ class Run:
         clean = all(map(math.isfinite, data.values()))
         dropped = self._dropped
         if dropped > self._dropped_reported:
-            data["writer/dropped_events"] = float(dropped)  # cumulative count of events the full queue dropped
+            data["writer/dropped_events"] = float(
+                dropped
+            )  # cumulative count of events the full queue dropped
         if self._put("metrics", data, step, clean=clean) and dropped > self._dropped_reported:
             self._dropped_reported = dropped
 
@@ -222,7 +225,9 @@ class Run:
         step it is at (default: the last one logged)."""
         if name not in PHASES:
             raise ValueError(f"phase: must be one of {', '.join(PHASES)}, got {name!r}")
-        if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0):
+        if budget_s is not None and (
+            isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0
+        ):
             raise ValueError(f"phase: budget_s must be a number of seconds > 0, got {budget_s!r}")
         self._phase = name
         data: dict[str, Any] = {"phase": name, "attempt": self.attempt}
@@ -493,7 +498,9 @@ def _counts(what: str, values: Iterable[int]) -> list[int]:
         if isinstance(v, bool) or not isinstance(v, int):
             if isinstance(v, float) and v.is_integer():
                 continue
-            raise TypeError(f"log_expert_load: {what} counts must be integers, got {type(v).__name__} {v!r:.40}")
+            raise TypeError(
+                f"log_expert_load: {what} counts must be integers, got {type(v).__name__} {v!r:.40}"
+            )
     out = [int(v) for v in vals]
     if out and min(out) < 0:
         raise ValueError(f"log_expert_load: {what} counts must be >= 0, got {min(out)}")
@@ -574,5 +581,3 @@ def init(
             start["tags"] = list(tags)
         run._put("run_start", start, None)
     return run
-
-

@@ -18,7 +18,9 @@ import pytest
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # Every ingest evaluates the alert rules: the tests' rules are their own (none unless a test writes a file),
 # never the developer's per-user rules file and its channels.
-os.environ["OBSERVATORY_ALERTS_FILE"] = os.path.join(tempfile.mkdtemp(prefix="obs-test-alerts-"), "alerts.yaml")
+os.environ["OBSERVATORY_ALERTS_FILE"] = os.path.join(
+    tempfile.mkdtemp(prefix="obs-test-alerts-"), "alerts.yaml"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +45,21 @@ def db_path(tmp_path) -> Path:
     return tmp_path / "store.duckdb"
 
 
-def event(run: str, kind: str, data: dict, seq: int, step: int | None = None, t: float | None = None, host: int = 0) -> dict:
+def event(
+    run: str, kind: str, data: dict, seq: int, step: int | None = None, t: float | None = None, host: int = 0
+) -> dict:
     """One event envelope (version 1) as a dict; `t` defaults to now (so the run is not stale)."""
     t = time.time() if t is None else t
-    return {"v": 1, "run": run, "kind": kind, "step": step, "t": t + seq * 0.01, "host": host, "seq": seq, "data": data}
+    return {
+        "v": 1,
+        "run": run,
+        "kind": kind,
+        "step": step,
+        "t": t + seq * 0.01,
+        "host": host,
+        "seq": seq,
+        "data": data,
+    }
 
 
 def append_in_pieces(src: Path, dst: Path, n: int):

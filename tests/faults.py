@@ -33,9 +33,22 @@ TABLES = {
 }
 
 
-def event(run: str, kind: str, data: dict, seq: int, step: int | None = None, host: int = 0, t: float | None = None) -> str:
-    return json.dumps({"v": 1, "run": run, "kind": kind, "step": step, "t": 1.7e9 + seq if t is None else t,
-                       "host": host, "seq": seq, "data": data}, separators=(",", ":"))  # fmt: skip
+def event(
+    run: str, kind: str, data: dict, seq: int, step: int | None = None, host: int = 0, t: float | None = None
+) -> str:
+    return json.dumps(
+        {
+            "v": 1,
+            "run": run,
+            "kind": kind,
+            "step": step,
+            "t": 1.7e9 + seq if t is None else t,
+            "host": host,
+            "seq": seq,
+            "data": data,
+        },
+        separators=(",", ":"),
+    )
 
 
 def write_runs(runs: Path, n_runs: int = 3, steps: int = 4000, experts: bool = True) -> None:
@@ -44,10 +57,26 @@ def write_runs(runs: Path, n_runs: int = 3, steps: int = 4000, experts: bool = T
         run = f"run{r}"
         lines, seq = [event(run, "run_start", {"config": {"lr": 1e-3 * (r + 1)}, "name": run}, 0)], 1
         for s in range(steps):
-            lines.append(event(run, "metrics", {"train/loss": 3.0 / (1 + s), "opt/lr": 1e-3, "grad/norm": 1.0 + s % 5}, seq, s))
+            lines.append(
+                event(
+                    run,
+                    "metrics",
+                    {"train/loss": 3.0 / (1 + s), "opt/lr": 1e-3, "grad/norm": 1.0 + s % 5},
+                    seq,
+                    s,
+                )
+            )
             seq += 1
             if experts and s % 4 == 0:
-                lines.append(event(run, "expert_load", {"layer": 0, "routed": [s % 7, 3, 5, 1], "dropped": [0, 1, 0, 0]}, seq, s))
+                lines.append(
+                    event(
+                        run,
+                        "expert_load",
+                        {"layer": 0, "routed": [s % 7, 3, 5, 1], "dropped": [0, 1, 0, 0]},
+                        seq,
+                        s,
+                    )
+                )
                 seq += 1
             if s % 500 == 0:
                 lines.append(event(run, "note", {"text": f"step {s}"}, seq, s))
@@ -108,8 +137,13 @@ CHILD = textwrap.dedent(
 def child(runs: Path, db: Path, follow: bool, **env: str) -> subprocess.Popen:
     e = dict(os.environ, PYTHONPATH=str(ROOT), **{k: str(v) for k, v in env.items()})
     e.setdefault("OBSERVATORY_FOLLOW_INTERVAL_S", "0.1")
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(runs), str(db), "follow" if follow else "once"],
-                            env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(runs), str(db), "follow" if follow else "once"],
+        env=e,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def run_once_measured(runs: Path, db: Path, timeout: float = 600, **env: str) -> tuple[str, int]:
@@ -121,8 +155,13 @@ def run_once_measured(runs: Path, db: Path, timeout: float = 600, **env: str) ->
         "print('PEAK', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n"
     )
     e = dict(os.environ, PYTHONPATH=str(ROOT), **{k: str(v) for k, v in env.items()})
-    out = subprocess.run([sys.executable, "-c", code, sys.executable, "-c", CHILD, str(runs), str(db), "once"],
-                         env=e, capture_output=True, text=True, timeout=timeout).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code, sys.executable, "-c", CHILD, str(runs), str(db), "once"],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    ).stdout
     peak = int(out.rsplit("PEAK", 1)[1].strip())
     return out, peak
 

@@ -37,8 +37,14 @@ def planted(where: str) -> str:
     return f"{where} " + " ".join(m.format(w=w) for m in MARKS.values())
 
 
-_ENUMS = {("run_end", "status"): STATUSES, ("anomaly", "severity"): SEVERITIES, ("alert", "severity"): SEVERITIES,
-          ("alert", "state"): ALERT_STATES, ("phase", "phase"): PHASES, ("heartbeat", "phase"): PHASES}  # fmt: skip
+_ENUMS = {
+    ("run_end", "status"): STATUSES,
+    ("anomaly", "severity"): SEVERITIES,
+    ("alert", "severity"): SEVERITIES,
+    ("alert", "state"): ALERT_STATES,
+    ("phase", "phase"): PHASES,
+    ("heartbeat", "phase"): PHASES,
+}
 
 
 def _object(kind: str, name: str, run: str, ladder: str) -> Any:
@@ -96,9 +102,16 @@ def _data(kind: str, run: str, ladder: str, step: int) -> dict:
     if kind == "expert_load":
         data |= {"layer": 0, "routed": [5, 3, 2, 6], "dropped": [0, 1, 0, 2]}
     if kind == "decision":
-        data |= {"id": DECISION, "title": planted("decision.title"), "kind": "intervention", "status": "running",
-                 "hypothesis": planted("decision.hypothesis"), "author": planted("decision.author"),
-                 "action": planted("decision.action"), "runs": [{"run": run, "step": step}]}  # fmt: skip
+        data |= {
+            "id": DECISION,
+            "title": planted("decision.title"),
+            "kind": "intervention",
+            "status": "running",
+            "hypothesis": planted("decision.hypothesis"),
+            "author": planted("decision.author"),
+            "action": planted("decision.action"),
+            "runs": [{"run": run, "step": step}],
+        }
     if kind == "summary":
         data = {planted("summary.key"): planted("summary.value"), "final/loss": 1.0}
     if kind == "metrics":

@@ -169,7 +169,9 @@ def drive_tracker(out: Path) -> None:
     class Inner:
         path: Path = Path("/data/x")
 
-    cfg = draccus.decode(TrackerConfig, {"type": "observatory", "runs_dir": str(out / "runs"), "tags": ["unit"]})
+    cfg = draccus.decode(
+        TrackerConfig, {"type": "observatory", "runs_dir": str(out / "runs"), "tags": ["unit"]}
+    )
     tracker = cfg.init("levanter-calls")
     tracker.log_hyperparameters(
         {
@@ -184,7 +186,9 @@ def drive_tracker(out: Path) -> None:
             "steps": (1, 2, 3),
         }
     )
-    tracker.log({"train/loss": jnp.asarray(3.5), "np": np.asarray(2.0), "py": 1, "nested": {"a": 0.5}}, step=0)
+    tracker.log(
+        {"train/loss": jnp.asarray(3.5), "np": np.asarray(2.0), "py": 1, "nested": {"a": 0.5}}, step=0
+    )
     tracker.log({"from_jit": 7.0}, step=None)  # what jit_log sends from inside jit
     grad = SummaryStats.from_array(jnp.linspace(-1.0, 1.0, 101), num_bins=10)
     tracker.log({"train/loss": 3.0, "grad/hist/w": grad, "note_text": "hello"}, step=1)
@@ -192,8 +196,12 @@ def drive_tracker(out: Path) -> None:
     counts = jnp.asarray([10.0, 30.0, 0.0, 24.0])
     ids = jnp.arange(4, dtype=jnp.float32)
     hist = SummaryStats.from_reduced_values(
-        min=jnp.asarray(0.0), max=jnp.asarray(3.0), num=counts.sum(), nonzero_count=jnp.sum(counts > 0),
-        sum=jnp.sum(counts * ids), sum_squares=jnp.sum(counts * ids * ids),
+        min=jnp.asarray(0.0),
+        max=jnp.asarray(3.0),
+        num=counts.sum(),
+        nonzero_count=jnp.sum(counts > 0),
+        sum=jnp.sum(counts * ids),
+        sum_squares=jnp.sum(counts * ids * ids),
         histogram=Histogram(bucket_limits=jnp.arange(5, dtype=jnp.float32), bucket_counts=counts),
     )
     tracker.log(
@@ -237,7 +245,9 @@ def main() -> None:
         "JAX_PLATFORMS": "cpu",
         "GIT_PYTHON_REFRESH": "quiet",
     }
-    subprocess.run([sys.executable, "-m", args.launcher, "--config_path", str(cfg)], env=env, cwd=out, check=True)
+    subprocess.run(
+        [sys.executable, "-m", args.launcher, "--config_path", str(cfg)], env=env, cwd=out, check=True
+    )
     (out / "run.json").write_text(
         json.dumps({"run_id": run_id, "runs_dir": str(out / "runs"), "wandb_dir": str(out / "wandb")})
     )

@@ -52,8 +52,9 @@ T0 = 1.7e9
 
 
 def _line(seq: int, kind: str, data: dict, step: int | None = None) -> str:
-    return json.dumps({"v": 1, "run": RUN, "kind": kind, "step": step, "t": T0 + seq, "host": 0, "seq": seq,
-                       "data": data})  # fmt: skip
+    return json.dumps(
+        {"v": 1, "run": RUN, "kind": kind, "step": step, "t": T0 + seq, "host": 0, "seq": seq, "data": data}
+    )
 
 
 def write_foreign_run(runs_dir: Path) -> Path:
@@ -67,9 +68,18 @@ def write_foreign_run(runs_dir: Path) -> Path:
         "steps": 20,
     }
     lines = [
-        _line(0, "run_start", {"config": config, "name": f"run with {s['ghp']}", "tags": ["ok", s["hf_tag"], f"q%3D{s['glued_hf']}"],
-                               "notes": f"launched with {s['sk']}", "project": f"Bearer {s['bearer']}",
-                               "group": s["akia"]}),  # fmt: skip
+        _line(
+            0,
+            "run_start",
+            {
+                "config": config,
+                "name": f"run with {s['ghp']}",
+                "tags": ["ok", s["hf_tag"], f"q%3D{s['glued_hf']}"],
+                "notes": f"launched with {s['sk']}",
+                "project": f"Bearer {s['bearer']}",
+                "group": s["akia"],
+            },
+        ),
     ]
     seq = 1
     for step in range(20):
@@ -78,27 +88,56 @@ def write_foreign_run(runs_dir: Path) -> Path:
         seq += 1
     events = [
         ("note", {"text": f"rotated password={s['password']} today", "author": f"ci {s['gpat']}"}, 3),
-        ("note", {"text": f"GET https://host/v1?api_key={s['query']}&page=2 then user=bob&password={s['after_pair']}",
-                  "author": f"password: correct {s['multiword']}"}, 3),  # fmt: skip
+        (
+            "note",
+            {
+                "text": f"GET https://host/v1?api_key={s['query']}&page=2 then user=bob&password={s['after_pair']}",
+                "author": f"password: correct {s['multiword']}",
+            },
+            3,
+        ),
         ("checkpoint", {"path": f"gs://b/x?credential={s['gs_query']}"}, 4),
-        ("failure", {"type": "exception", "message": f"401 for Authorization: Bearer {s['bearer']} / "
-                                                    f"Authorization: Basic {s['basic']}",
-                     "traceback": f"Traceback:\n  key = load()\n{PEM}"}, 5),  # fmt: skip
-        ("config_diff", {"against": {"run": RUN, "step": 0},
-                         "changes": {"wandb.api_key": [s["diff_old"], s["diff_new"]], "optimizer.lr": [3e-4, 1e-4]}}, 6),
+        (
+            "failure",
+            {
+                "type": "exception",
+                "message": f"401 for Authorization: Bearer {s['bearer']} / Authorization: Basic {s['basic']}",
+                "traceback": f"Traceback:\n  key = load()\n{PEM}",
+            },
+            5,
+        ),
+        (
+            "config_diff",
+            {
+                "against": {"run": RUN, "step": 0},
+                "changes": {"wandb.api_key": [s["diff_old"], s["diff_new"]], "optimizer.lr": [3e-4, 1e-4]},
+            },
+            6,
+        ),
         ("checkpoint", {"path": f"/ckpt/{s['ckpt']}/step6"}, 6),
         ("artifact", {"name": "weights", "type": "model", "path": f"s3://bucket/{s['artifact']}"}, 7),
         ("weird_kind", {"nested": {"auth_token": s["unknown_kind"]}}, 7),
-        ("decision", {"id": DECISION, "title": f"Rotate {s['decision']} after the leak", "kind": "intervention",
-                      "status": "running", "hypothesis": f"the key {s['decision']} leaked",
-                      "runs": [{"run": RUN, "step": 7}]}, 7),  # fmt: skip
+        (
+            "decision",
+            {
+                "id": DECISION,
+                "title": f"Rotate {s['decision']} after the leak",
+                "kind": "intervention",
+                "status": "running",
+                "hypothesis": f"the key {s['decision']} leaked",
+                "runs": [{"run": RUN, "step": 7}],
+            },
+            7,
+        ),
         ("run_end", {"status": "failed", "final_step": 19}, 19),
     ]
     for kind, data, step in events:
         lines.append(_line(seq, kind, data, step))
         seq += 1
     # rejected lines: the raw line is stored (capped), so it must be scrubbed too
-    lines.append(_line(seq, "note", {"text": f"bad seq {s['sk_rejected']}"}).replace(f'"seq": {seq}', '"seq": "x"'))
+    lines.append(
+        _line(seq, "note", {"text": f"bad seq {s['sk_rejected']}"}).replace(f'"seq": {seq}', '"seq": "x"')
+    )
     lines.append('{"v": 1, "run": "foreign", "kind": "note", "data": {"text": "' + s["akia_bad_json"] + '"')
     path = runs_dir / RUN / "events.0.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)

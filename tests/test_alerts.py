@@ -138,8 +138,10 @@ def test_a_frozen_host_is_named_though_its_sibling_goes_on(runs_dir, db_path, ru
 
 
 def test_metric_rule_per_run_config_disable_and_silence(runs_dir, db_path, rules_file, webhook):
-    rules_file.write_text(rules_file.read_text() + "rules:\n  - name: loss-high\n    metric: train/loss\n"
-                          "    above: 2.5\n    for_steps: 3\n    severity: warn\n")  # fmt: skip
+    rules_file.write_text(
+        rules_file.read_text() + "rules:\n  - name: loss-high\n    metric: train/loss\n"
+        "    above: 2.5\n    for_steps: 3\n    severity: warn\n"
+    )
     now = time.time()
     run_log(runs_dir, "hot", steps=[1, 2, 3], t_last=now)
     run_log(runs_dir, "hot-off", steps=[1, 2, 3], t_last=now, config={"alerts": {"enabled": False}})
@@ -219,8 +221,10 @@ def test_mail_reaches_a_real_smtp_server(tmp_path, monkeypatch):
     ctl.start()
     try:
         p = tmp_path / "a.yaml"
-        p.write_text(f"channels:\n  - url: mailto://127.0.0.1:{port}?from=obs@example.com&to=ops@example.com\n"
-                     "    name: ops-mail\n")  # fmt: skip
+        p.write_text(
+            f"channels:\n  - url: mailto://127.0.0.1:{port}?from=obs@example.com&to=ops@example.com\n"
+            "    name: ops-mail\n"
+        )
         r = CliRunner().invoke(cli, ["alerts", "test", "--rules", str(p)])
         assert r.exit_code == 0, r.output
         assert "ops-mail" in r.output and len(got) == 1 and "[TEST] observatory alerts" in got[0]
@@ -292,8 +296,14 @@ def test_a_frozen_host_among_heartbeating_siblings_and_its_telemetry_stored(runs
 
     now = time.time()
     beat = lambda h, t, **tm: ("heartbeat", {"phase": "train", "step": 3, **tm}, 3, t)  # noqa: E731
-    run_log(runs_dir, "pod", steps=[1, 2, 3], t_last=now - 900, host=0,
-            extra=[beat(0, now - 60 * k, **{"system/cpu_percent": 50.0 + k}) for k in (10, 5, 0)])  # fmt: skip
+    run_log(
+        runs_dir,
+        "pod",
+        steps=[1, 2, 3],
+        t_last=now - 900,
+        host=0,
+        extra=[beat(0, now - 60 * k, **{"system/cpu_percent": 50.0 + k}) for k in (10, 5, 0)],
+    )
     run_log(
         runs_dir,
         "pod",
@@ -321,12 +331,31 @@ def test_a_straggler_and_memory_creep_are_named_and_a_healthy_pod_pages_nobody(r
         for k in range(20):
             t = now - 300 + 15 * k
             used = 40e9 + (k * 1.5e9 if h == 3 else 0)
-            beats.append(("heartbeat", {"phase": "train", "step": int(k * 10 / (1.6 if h == 2 else 1)),
-                                        "accel/0/hbm_used_bytes": used, "accel/0/hbm_limit_bytes": 80e9}, None, t))  # fmt: skip
+            beats.append(
+                (
+                    "heartbeat",
+                    {
+                        "phase": "train",
+                        "step": int(k * 10 / (1.6 if h == 2 else 1)),
+                        "accel/0/hbm_used_bytes": used,
+                        "accel/0/hbm_limit_bytes": 80e9,
+                    },
+                    None,
+                    t,
+                )
+            )
         run_log(runs_dir, "pod", steps=[1, 2, 3], t_last=now, host=h, extra=beats)
-        run_log(runs_dir, "calm", steps=[1, 2, 3], t_last=now, host=h,
-                extra=[(kind, {**d, "accel/0/hbm_used_bytes": 40e9, "step": k * 10}, s, t)
-                       for k, (kind, d, s, t) in enumerate(beats)])  # fmt: skip
+        run_log(
+            runs_dir,
+            "calm",
+            steps=[1, 2, 3],
+            t_last=now,
+            host=h,
+            extra=[
+                (kind, {**d, "accel/0/hbm_used_bytes": 40e9, "step": k * 10}, s, t)
+                for k, (kind, d, s, t) in enumerate(beats)
+            ],
+        )
     ingest(runs_dir, db_path, emit=None)
     got = {(a["run"], a["rule"], a.get("host")) for a in stored_alerts(db_path)}
     assert got == {("pod", "straggler", 2), ("pod", "memory_creep", 3)}
@@ -364,8 +393,11 @@ def test_regression_and_drift_rules_catch_what_a_128_step_window_misses(runs_dir
     flat = 1000 + rng.normal(0, 20, n)
     busy = np.where(rng.random(n) < 0.2, flat / 2, flat)
     ramp = np.linspace(0, 1, n)
-    healthy = {"throughput/tokens_per_s": list(busy), "router/entropy": list(5.95 + rng.normal(0, 0.01, n)),
-               "moe/drop_fraction": list(0.03 + rng.normal(0, 0.002, n))}  # fmt: skip
+    healthy = {
+        "throughput/tokens_per_s": list(busy),
+        "router/entropy": list(5.95 + rng.normal(0, 0.01, n)),
+        "moe/drop_fraction": list(0.03 + rng.normal(0, 0.002, n)),
+    }
     _series_run(
         runs_dir, "base", {"throughput/tokens_per_s": list(flat)}, now - 10_000, end=True
     )  # the baseline
@@ -374,12 +406,25 @@ def test_regression_and_drift_rules_catch_what_a_128_step_window_misses(runs_dir
     _series_run(
         runs_dir, "decay", {**healthy, "throughput/tokens_per_s": list(flat * (1 - 0.45 * ramp))}, now
     )
-    _series_run(runs_dir, "drift", {**healthy, "router/entropy": list(5.95 - 0.45 * ramp),
-                                    "moe/drop_fraction": list(0.03 + 0.09 * ramp)}, now)  # fmt: skip
+    _series_run(
+        runs_dir,
+        "drift",
+        {
+            **healthy,
+            "router/entropy": list(5.95 - 0.45 * ramp),
+            "moe/drop_fraction": list(0.03 + 0.09 * ramp),
+        },
+        now,
+    )
     ingest(runs_dir, db_path, emit=None)
     got = {(a["run"], a["rule"]) for a in stored_alerts(db_path)}
-    assert got == {("slow", "slower-than-base"), ("decay", "slower-than-base"), ("decay", "slower-than-before"),
-                   ("drift", "entropy-drift"), ("drift", "drop-high")}  # fmt: skip
+    assert got == {
+        ("slow", "slower-than-base"),
+        ("decay", "slower-than-base"),
+        ("decay", "slower-than-before"),
+        ("drift", "entropy-drift"),
+        ("drift", "drop-high"),
+    }
 
 
 def test_the_live_page_marks_the_alerts_of_its_run(runs_dir, db_path, rules_file, monkeypatch):

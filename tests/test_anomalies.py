@@ -459,7 +459,11 @@ def test_rolling_quantiles_equal_polars_bit_for_bit():
         for window, least in ((128, 16), (16, 8), (32, 1)):
             med, q25, lo = rolling(x, window, least, (0.5, 0.25, 0.0))
             kw = {"window_size": window, "min_samples": least}
-            ref = (s.rolling_median(**kw), s.rolling_quantile(0.25, interpolation="linear", **kw), s.rolling_min(**kw))
+            ref = (
+                s.rolling_median(**kw),
+                s.rolling_quantile(0.25, interpolation="linear", **kw),
+                s.rolling_min(**kw),
+            )
             for got, want in zip((med, q25, lo), ref, strict=True):
                 assert np.array_equal(got, want.fill_null(np.nan).to_numpy(), equal_nan=True)
 
@@ -503,9 +507,17 @@ def test_a_grad_spike_the_loss_did_not_follow_is_a_warning():
     steps, loss, grad = bloom(700, at=500)
     calm = loss.copy()
     calm[480:] = calm[479]  # the loss does not react
-    grad_only = [f for f in A.detect_frame(frame_of(steps, **{D.LOSS: calm, D.GRAD: grad}), None, TH)
-                 if f.detector == "grad_spike"]  # fmt: skip
-    both = [f for f in A.detect_frame(frame_of(steps, **{D.LOSS: loss, D.GRAD: grad}), None, TH)
-            if f.detector == "grad_spike"]  # fmt: skip
-    assert grad_only and all(f.severity == "warn" and "the loss did not follow" in f.message for f in grad_only)
+    grad_only = [
+        f
+        for f in A.detect_frame(frame_of(steps, **{D.LOSS: calm, D.GRAD: grad}), None, TH)
+        if f.detector == "grad_spike"
+    ]
+    both = [
+        f
+        for f in A.detect_frame(frame_of(steps, **{D.LOSS: loss, D.GRAD: grad}), None, TH)
+        if f.detector == "grad_spike"
+    ]
+    assert grad_only and all(
+        f.severity == "warn" and "the loss did not follow" in f.message for f in grad_only
+    )
     assert any(f.severity == "critical" for f in both)

@@ -32,7 +32,10 @@ def test_tasks_run_in_order_on_one_worker_and_held_rows_go_at_their_limit(monkey
     def insert(held):
         rows = [r for part in held for r in part]
         calls.append((rows, threading.current_thread().name))
-        con.execute("INSERT INTO t SELECT k, i FROM (SELECT unnest(?) AS p) CROSS JOIN (SELECT p[1] AS k, p[2]::INTEGER AS i)", [rows])
+        con.execute(
+            "INSERT INTO t SELECT k, i FROM (SELECT unnest(?) AS p) CROSS JOIN (SELECT p[1] AS k, p[2]::INTEGER AS i)",
+            [rows],
+        )
 
     with Appends() as ap:
         ap.hold([("a", 1), ("a", 2)], 2, insert, limit=4)
@@ -43,7 +46,14 @@ def test_tasks_run_in_order_on_one_worker_and_held_rows_go_at_their_limit(monkey
     assert [rows for rows, _ in calls] == [[("a", 1), ("a", 2), ("b", 3), ("b", 4)], [("d", 6)]]
     assert {name for _, name in calls} == {"observatory-ingest_0"}  # the worker, not the caller
     # one worker, in submission order: the table's rows are in the order they were handed over
-    assert con.execute("SELECT k, i FROM t").fetchall() == [("a", 1), ("a", 2), ("b", 3), ("b", 4), ("c", 5), ("d", 6)]
+    assert con.execute("SELECT k, i FROM t").fetchall() == [
+        ("a", 1),
+        ("a", 2),
+        ("b", 3),
+        ("b", 4),
+        ("c", 5),
+        ("d", 6),
+    ]
 
 
 def test_a_second_rows_task_waits_for_the_first_and_a_busy_worker_lets_more_be_held():
@@ -131,4 +141,6 @@ def test_an_insert_that_fails_on_the_worker_rolls_the_whole_batch_back(tmp_path,
     monkeypatch.setattr(msgspec_lines, "_insert", real)
     assert ingest(runs, db, hooks=False, emit=None).metric_values == 6000
     with store.connect(db) as con:
-        assert con.execute("SELECT count(*), min(step), max(step) FROM metrics").fetchall() == [(6000, 0, 2999)]
+        assert con.execute("SELECT count(*), min(step), max(step) FROM metrics").fetchall() == [
+            (6000, 0, 2999)
+        ]

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("observatory", "trainer")
-MAX_LINES = 600
+MAX_LINES = 800  # with `ruff format` over the whole tree (no `fmt: skip`): the count says something about design
 
 
 def _modules() -> dict[str, Path]:
@@ -115,7 +115,13 @@ def test_no_import_cycles():
 # Stages bottom to top (ARCHITECTURE.md, README's package map): a module imports only its own
 # stage and stages below it.
 LAYERS = [
-    {"observatory.settings", "observatory.events", "observatory.redact", "observatory.logtail", "observatory.telemetry"},
+    {
+        "observatory.settings",
+        "observatory.events",
+        "observatory.redact",
+        "observatory.logtail",
+        "observatory.telemetry",
+    },
     {"observatory.writer"},
     {"observatory.findings"},
     {"observatory.store"},
@@ -124,7 +130,14 @@ LAYERS = [
     {"observatory.ingest"},
     {"observatory.report", "observatory.interop", "observatory.lineage", "observatory.markup"},
     {"observatory.dashboard", "observatory.integrations"},
-    {"observatory.commands", "observatory.cli", "observatory.demo", "observatory.entry", "observatory.app", "observatory"},
+    {
+        "observatory.commands",
+        "observatory.cli",
+        "observatory.demo",
+        "observatory.entry",
+        "observatory.app",
+        "observatory",
+    },
     {"observatory.docs"},  # the README's generated sections: from settings, the schema and the CLI
 ]
 
@@ -146,9 +159,17 @@ def test_stages_import_only_downwards(mod):
 
 
 def test_trainer_uses_only_the_event_writer_of_observatory():
-    allowed = {"observatory", "observatory.writer", "observatory.settings", "observatory.events",
-               "observatory.redact", "observatory.interop.wandb_mirror"}  # fmt: skip
-    used = {t for m, ts in GRAPH.items() if m.startswith("trainer") for t in ts if t.startswith("observatory")}
+    allowed = {
+        "observatory",
+        "observatory.writer",
+        "observatory.settings",
+        "observatory.events",
+        "observatory.redact",
+        "observatory.interop.wandb_mirror",
+    }
+    used = {
+        t for m, ts in GRAPH.items() if m.startswith("trainer") for t in ts if t.startswith("observatory")
+    }
     assert used <= allowed, f"trainer imports more of observatory than its writer: {sorted(used - allowed)}"
 
 
@@ -156,7 +177,9 @@ def test_observatory_core_never_imports_jax():
     for mod, path in MODULES.items():
         if mod.startswith("observatory") and not mod.startswith("observatory.integrations"):
             tree = ast.parse(path.read_text())
-            names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            names = {
+                a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+            }
             names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
             assert not names & {"jax", "flax", "optax", "orbax"}, f"{mod} imports JAX"
 
@@ -164,7 +187,9 @@ def test_observatory_core_never_imports_jax():
 @pytest.mark.parametrize("mod", sorted(MODULES))
 def test_no_file_over_the_limit(mod):
     n = len(MODULES[mod].read_text().splitlines())
-    assert n <= MAX_LINES, f"{MODULES[mod].relative_to(ROOT)} has {n} lines (> {MAX_LINES}): two ideas, split it"
+    assert n <= MAX_LINES, (
+        f"{MODULES[mod].relative_to(ROOT)} has {n} lines (> {MAX_LINES}): two ideas, split it"
+    )
 
 
 @pytest.mark.parametrize("mod", sorted(MODULES))
@@ -179,11 +204,18 @@ def test_readme_layout_names_every_package_and_only_real_ones():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Code layout", 1)[1].split("\n## ", 1)[0]
     diagram = section.split("```", 2)[1]
-    top = {p.name.removesuffix(".py") for p in (ROOT / "observatory").iterdir()
-           if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()}  # fmt: skip
-    rows = [line for line in diagram.splitlines() if line.strip() and "│" not in line and "trainer/" not in line]
+    top = {
+        p.name.removesuffix(".py")
+        for p in (ROOT / "observatory").iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()
+    }
+    rows = [
+        line for line in diagram.splitlines() if line.strip() and "│" not in line and "trainer/" not in line
+    ]
     # a row is its stage's names, then 3+ spaces, then what they do
-    names = [re.match(r"^\s*((?:[a-z_]+/?\s{1,2})*[a-z_]+/?)(?:\s{3,}|$)", row).group(1).split() for row in rows]
+    names = [
+        re.match(r"^\s*((?:[a-z_]+/?\s{1,2})*[a-z_]+/?)(?:\s{3,}|$)", row).group(1).split() for row in rows
+    ]
     named = {n.rstrip("/") for ns in names for n in ns}
     missing = sorted(t for t in top if t not in named)
     assert missing == [], f"README's layout diagram lacks {missing}"
@@ -192,6 +224,10 @@ def test_readme_layout_names_every_package_and_only_real_ones():
             if name != "observatory":
                 assert name.split(".")[1] in named, f"{name} is not in the README diagram"
     order = [max(_layer(f"observatory.{n.rstrip('/')}") for n in ns) for ns in names]
-    assert order == sorted(order, reverse=True), "README's diagram lists the stages out of order (top is last)"
+    assert order == sorted(order, reverse=True), (
+        "README's diagram lists the stages out of order (top is last)"
+    )
     for mod in re.findall(r"`([a-z_]+)\.py`", section):
-        assert (ROOT / "trainer" / f"{mod}.py").exists(), f"README names trainer/{mod}.py, which does not exist"
+        assert (ROOT / "trainer" / f"{mod}.py").exists(), (
+            f"README names trainer/{mod}.py, which does not exist"
+        )

@@ -45,19 +45,36 @@ GOOD_AFTER = event("a", "metrics", {"train/loss": 2.0}, 2, 2)
         (event("a", "metrics", {"x": 1.0}, 0, 1), "seq", "seq 0 is not above the previous seq 0"),
         (event("b", "metrics", {"x": 1.0}, 1, 1), "run", "does not match its folder 'a'"),
         (event("a", "metrics", {"x": "fast"}, 1, 1), "data.x", "metric value must be a number"),
-        (event("a", "expert_load", {"layer": 0, "routed": [1, 2], "dropped": [0]}, 1, 1), "data.dropped", "one entry per expert"),
+        (
+            event("a", "expert_load", {"layer": 0, "routed": [1, 2], "dropped": [0]}, 1, 1),
+            "data.dropped",
+            "one entry per expert",
+        ),
         (event("a", "eval", {"loss": 2.0}, 1, 1), "data.dataset", "eval requires dataset"),
         (event("a", "run_end", {"status": "exploded"}, 1, 1), "data.status", "must be one of"),
     ],
-    ids=["json", "not-object", "v-missing", "t-missing", "step-type", "host", "version", "seq", "run-folder",
-         "metric-value", "expert-payload", "eval-payload", "run_end-status"],  # fmt: skip
+    ids=[
+        "json",
+        "not-object",
+        "v-missing",
+        "t-missing",
+        "step-type",
+        "host",
+        "version",
+        "seq",
+        "run-folder",
+        "metric-value",
+        "expert-payload",
+        "eval-payload",
+        "run_end-status",
+    ],
 )
 def test_malformed_line_is_rejected_and_the_rest_kept(runs_dir, db_path, bad, field, reason):
     path = write_lines(runs_dir / "a" / "events.0.jsonl", [GOOD_BEFORE, bad, GOOD_AFTER])
     rep, msgs = ingest(runs_dir, db_path)
     assert rep.events == 2 and rep.rejected == 1
     assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [(0,), (2,)]
-    (file, line, fld, why, raw), = q(db_path, "SELECT file, line, field, reason, raw FROM rejected_events")
+    ((file, line, fld, why, raw),) = q(db_path, "SELECT file, line, field, reason, raw FROM rejected_events")
     assert (file, line, fld) == ("a/events.0.jsonl", 2, field)
     assert reason in why
     assert raw == (bad if isinstance(bad, str) else json.dumps(bad, separators=(",", ":")))
@@ -75,7 +92,11 @@ def test_truncated_last_line_waits_while_live_then_is_recorded(runs_dir, db_path
     rep, msgs = ingest(runs_dir, db_path)
     assert rep.truncated == 1
     assert q(db_path, "SELECT line, reason, raw FROM rejected_events") == [
-        (2, "truncated: a 29-byte final line has no newline (the writer died mid-line)", '{"v":1,"run":"a","kind":"metr')
+        (
+            2,
+            "truncated: a 29-byte final line has no newline (the writer died mid-line)",
+            '{"v":1,"run":"a","kind":"metr',
+        )
     ]
     assert msgs == [f"{path}:2: truncated: a 29-byte final line has no newline (the writer died mid-line)"]
     # a resumed writer starts a fresh line; nothing is glued to the torn one
@@ -90,7 +111,9 @@ def test_truncated_last_line_waits_while_live_then_is_recorded(runs_dir, db_path
 
 
 def test_truncated_after_run_end(runs_dir, db_path):
-    path = write_lines(runs_dir / "a" / "events.0.jsonl", [GOOD_BEFORE, event("a", "run_end", {"status": "completed"}, 1)])
+    path = write_lines(
+        runs_dir / "a" / "events.0.jsonl", [GOOD_BEFORE, event("a", "run_end", {"status": "completed"}, 1)]
+    )
     with open(path, "ab") as f:
         f.write(b'{"v":1')
     rep, msgs = ingest(runs_dir, db_path)
@@ -136,7 +159,9 @@ def test_single_100mb_line_is_capped_and_memory_stays_bounded(runs_dir, db_path,
         "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1); "
         "print(r.events, r.rejected, hwm)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
     events, rejected, maxrss_kb = map(int, out.stdout.split())
     assert (events, rejected) == (2, 1)
     assert f"{path}:2: line is 104857" in out.stderr and "over max_line_bytes" in out.stderr
@@ -146,15 +171,24 @@ def test_single_100mb_line_is_capped_and_memory_stays_bounded(runs_dir, db_path,
 
 
 def test_nan_and_inf_encodings(runs_dir, db_path):
-    write_lines(runs_dir / "a" / "events.0.jsonl", [
-        event("a", "metrics", {"loss": "nan", "g": "inf", "h": "-inf", "i": "+inf", "j": "NaN"}, 0, 0),
-        '{"v":1,"run":"a","kind":"metrics","step":1,"t":1.0,"host":0,"seq":1,"data":{"loss":NaN}}',
-        event("a", "metrics", {"loss": "not-a-number"}, 2, 2),
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "a" / "events.0.jsonl",
+        [
+            event("a", "metrics", {"loss": "nan", "g": "inf", "h": "-inf", "i": "+inf", "j": "NaN"}, 0, 0),
+            '{"v":1,"run":"a","kind":"metrics","step":1,"t":1.0,"host":0,"seq":1,"data":{"loss":NaN}}',
+            event("a", "metrics", {"loss": "not-a-number"}, 2, 2),
+        ],
+    )
     rep, msgs = ingest(runs_dir, db_path)
     rows = q(db_path, "SELECT step, name, value::VARCHAR FROM metrics ORDER BY step, name")
-    assert rows == [(0, "g", "inf"), (0, "h", "-inf"), (0, "i", "inf"), (0, "j", "nan"), (0, "loss", "nan"),
-                    (1, "loss", "nan")]  # fmt: skip
+    assert rows == [
+        (0, "g", "inf"),
+        (0, "h", "-inf"),
+        (0, "i", "inf"),
+        (0, "j", "nan"),
+        (0, "loss", "nan"),
+        (1, "loss", "nan"),
+    ]
     assert len(msgs) == 1 and ":3: data.loss: metric value must be a number" in msgs[0]
 
 
@@ -168,7 +202,9 @@ def test_events_file_in_wrong_run_folder(runs_dir, db_path):
 
 
 def test_corrupt_gzip(runs_dir, db_path):
-    data = gzip.compress(b"".join(json.dumps(event("a", "metrics", {"x": 1.0}, i, i)).encode() + b"\n" for i in range(50)))
+    data = gzip.compress(
+        b"".join(json.dumps(event("a", "metrics", {"x": 1.0}, i, i)).encode() + b"\n" for i in range(50))
+    )
     path = runs_dir / "a" / "events.0.jsonl.gz"
     path.parent.mkdir()
     path.write_bytes(data[: len(data) // 2])
@@ -185,8 +221,11 @@ def test_db_deleted_during_follow(runs_dir, db_path, monkeypatch):
     write_lines(path, [event("a", "metrics", {"x": float(i)}, i, i) for i in range(5)])
     stop = threading.Event()
     msgs: list[str] = []
-    th = threading.Thread(target=_ingest, args=(runs_dir, db_path), kwargs={"follow": True, "stop_event": stop,
-                                                                            "hooks": False, "emit": msgs.append})  # fmt: skip
+    th = threading.Thread(
+        target=_ingest,
+        args=(runs_dir, db_path),
+        kwargs={"follow": True, "stop_event": stop, "hooks": False, "emit": msgs.append},
+    )
     th.start()
     try:
         _wait(lambda: db_path.exists() and q(db_path, "SELECT count(*) FROM metrics") == [(5,)])
@@ -234,8 +273,6 @@ def _wait(cond, timeout=30.0):
     raise AssertionError("condition not met in time")
 
 
-
-
 def test_a_store_file_that_is_not_a_store_is_the_error_not_the_logs(runs_dir, db_path):
     """A --db that is not a DuckDB file fails the ingest with the store's name and DuckDB's reason; no log
     is blamed or skipped for it, and the same logs go into a real store whole afterwards."""
@@ -259,17 +296,22 @@ def test_a_store_file_that_is_not_a_store_is_the_error_not_the_logs(runs_dir, db
     assert q(good, "SELECT count(*) FROM metrics") == [(2,)]
 
 
-@pytest.mark.parametrize("name", ['we"ird', "back\\slash", "tab\there", "both\"\\"])
+@pytest.mark.parametrize("name", ['we"ird', "back\\slash", "tab\there", 'both"\\'])
 def test_a_metric_name_msgspec_cannot_name_keeps_the_file(runs_dir, db_path, name):
     """A quote, backslash or control character in a metric name (valid JSON, a valid name): msgspec cannot
     make a field of it, so that run's metrics decode as dicts; every line is stored, the odd name too
     (the file was skipped whole at every ingest)."""
-    lines = [event("a", "metrics", {"train/loss": 1.0 + i, **({name: 2.0} if i == 5 else {})}, i, i) for i in range(40)]
+    lines = [
+        event("a", "metrics", {"train/loss": 1.0 + i, **({name: 2.0} if i == 5 else {})}, i, i)
+        for i in range(40)
+    ]
     write_lines(runs_dir / "a" / "events.0.jsonl", lines)
     rep, msgs = ingest(runs_dir, db_path)
     assert rep.events == 40 and rep.rejected == 0 and msgs == []
     assert q(db_path, "SELECT count(*) FROM metrics") == [(41,)]
-    assert q(db_path, "SELECT value FROM metrics WHERE name = ?".replace("?", "'" + name.replace("'", "''") + "'")) == [(2.0,)]
+    assert q(
+        db_path, "SELECT value FROM metrics WHERE name = ?".replace("?", "'" + name.replace("'", "''") + "'")
+    ) == [(2.0,)]
 
 
 def test_a_line_nested_too_deeply_is_rejected_and_the_rest_kept(runs_dir, db_path):
@@ -290,8 +332,10 @@ def test_a_rejected_metric_name_holding_a_secret_is_stored_hidden(runs_dir, db_p
     """`rejected_events.field` names the bad value's field, here a metric name that is a token: it is hidden
     there as in the raw line and the reason (the SQL console's own "Rejected lines" example selects it)."""
     token = "ghp_" + "Z" * 30
-    write_lines(runs_dir / "a" / "events.0.jsonl", [GOOD_BEFORE, event("a", "metrics", {token: "not a number"}, 1, 1)])
+    write_lines(
+        runs_dir / "a" / "events.0.jsonl", [GOOD_BEFORE, event("a", "metrics", {token: "not a number"}, 1, 1)]
+    )
     rep, _ = ingest(runs_dir, db_path)
     assert rep.rejected == 1
-    (field, reason, raw), = q(db_path, "SELECT field, reason, raw FROM rejected_events")
+    ((field, reason, raw),) = q(db_path, "SELECT field, reason, raw FROM rejected_events")
     assert field and token not in field and token not in reason and token not in raw

@@ -133,7 +133,8 @@ def test_experts_page_at_384_experts(scale_server, browser, tmp_path):
     try:
         page.get_by_role("heading", name="Experts").first.wait_for()
         page.wait_for_function(
-            "() => document.querySelectorAll('.js-plotly-plot .heatmaplayer image').length >= 3", timeout=LOAD_MS
+            "() => document.querySelectorAll('.js-plotly-plot .heatmaplayer image').length >= 3",
+            timeout=LOAD_MS,
         )
         wait_idle(page)
         shot = tmp_path / "experts-384.png"
@@ -148,7 +149,12 @@ def test_experts_page_at_384_experts(scale_server, browser, tmp_path):
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 1)
         page.wait_for_function("() => document.querySelectorAll('.hoverlayer text').length > 0")
         hover = " ".join(page.eval_on_selector_all(".hoverlayer text", "els => els.map(e => e.textContent)"))
-        assert f"expert {HOT_EXPERT}" in hover and "step" in hover and "load share" in hover and "dropped" in hover
+        assert (
+            f"expert {HOT_EXPERT}" in hover
+            and "step" in hover
+            and "load share" in hover
+            and "dropped" in hover
+        )
     finally:
         page.close()
 

@@ -38,7 +38,9 @@ def test_round_trip_restores_model_and_optimizer(tmp_path, async_save):
     assert ck.completed() == []  # each save reported once
 
     other, other_opt = _make(1)
-    assert not all(np.array_equal(a, b) for a, b in zip(_flat(model, opt), _flat(other, other_opt), strict=True))
+    assert not all(
+        np.array_equal(a, b) for a, b in zip(_flat(model, opt), _flat(other, other_opt), strict=True)
+    )
     meta = ck.restore(5, other, other_opt)
     assert meta == {"config": {"steps": 9}, "lr_scale": 0.5, "step": 5}
     assert all(np.array_equal(a, b) for a, b in zip(_flat(model, opt), _flat(other, other_opt), strict=True))

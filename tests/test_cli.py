@@ -32,11 +32,14 @@ def real_store(tmp_path_factory):
     runs_dir, db = tmp / "runs", tmp / "store.duckdb"
     res = run("simulate", "--preset", "tiny", "--steps", "60", "--runs-dir", runs_dir, "--db", db)
     assert res.exit_code == 0, res.output
-    write_lines(runs_dir / "r1" / "events.0.jsonl", [
-        event("r1", "run_start", {"config": {"lr": 0.1}, "name": "first", "tags": ["a", "b"]}, 0),
-        event("r1", "metrics", {"train/loss": 3.0}, 1, 0),
-        "{broken",
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "r1" / "events.0.jsonl",
+        [
+            event("r1", "run_start", {"config": {"lr": 0.1}, "name": "first", "tags": ["a", "b"]}, 0),
+            event("r1", "metrics", {"train/loss": 3.0}, 1, 0),
+            "{broken",
+        ],
+    )
     decisions.new(runs_dir, db, ingest=ingest, title="Lower the LR", kind="experiment", runs=[])
     assert run("ingest", "-q", "--runs-dir", runs_dir, "--db", db).exit_code == 0
     return runs_dir, db
@@ -44,8 +47,12 @@ def real_store(tmp_path_factory):
 
 def _relations(db) -> list[str]:
     with store.connect(db) as con:
-        names = [r[0] for r in con.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' ORDER BY 1").fetchall()]  # fmt: skip
+        names = [
+            r[0]
+            for r in con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' ORDER BY 1"
+            ).fetchall()
+        ]
     # the store really has every table and view the schema module declares
     assert set(schema_columns()) | set(VIEW_NAMES) <= set(names)
     return names
@@ -88,8 +95,14 @@ def test_csv_writes_nested_and_json_values_as_json_text(real_store):
     assert res.exit_code == 0, res.output
     (row,) = list(csv.DictReader(io.StringIO(res.stdout)))
     assert json.loads(row["tags"]) == ["a", "b"] and json.loads(row["config"]) == {"lr": 0.1}
-    res = run("sql", "SELECT {'a': 1, 'b': [1, 2]} AS s, MAP {'k': 2} AS m, [[1], [2, 3]] AS ll", "--db", db,
-              "--format", "csv")  # fmt: skip
+    res = run(
+        "sql",
+        "SELECT {'a': 1, 'b': [1, 2]} AS s, MAP {'k': 2} AS m, [[1], [2, 3]] AS ll",
+        "--db",
+        db,
+        "--format",
+        "csv",
+    )
     (row,) = list(csv.DictReader(io.StringIO(res.stdout)))
     assert json.loads(row["s"]) == {"a": 1, "b": [1, 2]} and json.loads(row["ll"]) == [[1], [2, 3]]
     assert json.loads(row["m"]) == {"k": 2}
@@ -153,7 +166,10 @@ def test_traceback_flag_shows_the_traceback(tmp_path):
 
 
 # commands that neither read nor write a store or a runs dir (the alerts' rules-file edits and channel test)
-NO_STORE = {"observatory settings", *(f"observatory alerts {c}" for c in ("silence", "disable", "enable", "test"))}
+NO_STORE = {
+    "observatory settings",
+    *(f"observatory alerts {c}" for c in ("silence", "disable", "enable", "test")),
+}
 LEAVES = list(docs._commands(COMMANDS))  # every command, a group's subcommands in its place
 SHARED = {p.name: p for p in click.command()(common_options(lambda **_: None)).params}
 
@@ -168,7 +184,11 @@ def test_every_command_takes_the_shared_store_flags(name, cmd):
         assert flag in params, f"observatory {name} has no --{flag.replace('_', '-')}"
         mine, shared = params[flag], SHARED[flag]
         assert (mine.opts, mine.help, mine.show_default, mine.type) == (
-            shared.opts, shared.help, shared.show_default, shared.type)  # fmt: skip
+            shared.opts,
+            shared.help,
+            shared.show_default,
+            shared.type,
+        )
 
 
 def test_decide_list_takes_runs_dir(tmp_path, monkeypatch):
@@ -192,10 +212,13 @@ def test_store_flags_default_to_their_env(tmp_path, monkeypatch):
 
 def _three_files(runs_dir):
     for r in ("a", "b", "c"):
-        write_lines(runs_dir / r / "events.0.jsonl", [
-            event(r, "run_start", {"config": {}}, 0),
-            *[event(r, "metrics", {"train/loss": 1.0 / (i + 1)}, i + 1, i) for i in range(40)],
-        ])  # fmt: skip
+        write_lines(
+            runs_dir / r / "events.0.jsonl",
+            [
+                event(r, "run_start", {"config": {}}, 0),
+                *[event(r, "metrics", {"train/loss": 1.0 / (i + 1)}, i + 1, i) for i in range(40)],
+            ],
+        )
 
 
 def test_ingest_reports_progress_per_batch(runs_dir, db_path, monkeypatch):
@@ -257,19 +280,27 @@ def test_import_jsonl_shows_progress_per_file(runs_dir, db_path, tmp_path, tty):
     res = run("import", "jsonl", *files, "--runs-dir", other, "--db", tmp_path / "o.duckdb")
     assert res.exit_code == 0, res.output
     assert "3/3" in res.stderr and "import" in res.stderr
-    res = run("import", "jsonl", *files, "-q", "--runs-dir", tmp_path / "third", "--db", tmp_path / "t.duckdb")
+    res = run(
+        "import", "jsonl", *files, "-q", "--runs-dir", tmp_path / "third", "--db", tmp_path / "t.duckdb"
+    )
     assert res.exit_code == 0 and "3/3" not in res.output and "host 0" not in res.output
 
 
 def test_ladder_fit_reports_progress_per_round(tmp_path, tty):
     runs_dir, db = tmp_path / "runs", tmp_path / "s.duckdb"
-    assert run("simulate", "--preset", "ladder", "--steps", "40", "--runs-dir", runs_dir, "--db", db,
-               "--ingest").exit_code == 0  # fmt: skip
+    assert (
+        run(
+            "simulate", "--preset", "ladder", "--steps", "40", "--runs-dir", runs_dir, "--db", db, "--ingest"
+        ).exit_code
+        == 0
+    )
     name = json.loads(run("ladder", "list", "--json", "--db", db).stdout)[0]["name"]
     res = run("ladder", "fit", name, "--n-boot", "5", "--runs-dir", runs_dir, "--db", db)
     assert res.exit_code == 0, res.output
     assert "fit" in res.stderr and "backtest" in res.stderr and "rounds" in res.stderr
-    res = run("ladder", "fit", name, "--n-boot", "5", "--no-backtest", "-q", "--runs-dir", runs_dir, "--db", db)
+    res = run(
+        "ladder", "fit", name, "--n-boot", "5", "--no-backtest", "-q", "--runs-dir", runs_dir, "--db", db
+    )
     assert res.exit_code == 0 and res.stderr == ""
 
     from observatory.ladder.fit import FitConfig, fit_ladder
@@ -285,11 +316,18 @@ def test_ladder_fit_reports_progress_per_round(tmp_path, tty):
 
 def test_runs_table_shows_every_runs_name(runs_dir, db_path):
     """A run named after its id (every sample ladder run) still shows its name, not an empty cell."""
-    write_lines(runs_dir / "ladder-cpu-d24" / "events.0.jsonl", [
-        event("ladder-cpu-d24", "run_start", {"config": {}, "name": "ladder-cpu-d24",
-                                              "ladder": {"name": "ladder-cpu", "rung": "d24"}}, 0),
-        event("ladder-cpu-d24", "run_end", {"status": "completed", "final_step": 0}, 1),
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "ladder-cpu-d24" / "events.0.jsonl",
+        [
+            event(
+                "ladder-cpu-d24",
+                "run_start",
+                {"config": {}, "name": "ladder-cpu-d24", "ladder": {"name": "ladder-cpu", "rung": "d24"}},
+                0,
+            ),
+            event("ladder-cpu-d24", "run_end", {"status": "completed", "final_step": 0}, 1),
+        ],
+    )
     ingest(runs_dir, db_path, emit=None)
     out = run("runs", "--db", db_path, "--format", "table", env={"COLUMNS": "300"}).output
     row = next(line for line in out.splitlines() if "ladder-cpu-d24" in line and "completed" in line)
@@ -300,7 +338,9 @@ def test_quiet_leaves_out_rejected_lines_not_errors(runs_dir, db_path):
     """-q: "only the summary and errors". A rejected line (and the count past the stored ones) is left
     out, the summary counts it; a missing runs dir and a host number the store cannot hold are said."""
     write_lines(runs_dir / "a" / "events.0.jsonl", [event("a", "metrics", {"x": 1.0}, 0, 0), "not json"])
-    write_lines(runs_dir / "b" / f"events.{2**16}.jsonl", [event("b", "metrics", {"x": 1.0}, 0, 0, host=2**16)])
+    write_lines(
+        runs_dir / "b" / f"events.{2**16}.jsonl", [event("b", "metrics", {"x": 1.0}, 0, 0, host=2**16)]
+    )
     res = run("ingest", "-q", "--runs-dir", runs_dir, "--db", db_path)
     assert res.exit_code == 0, res.output
     lines = res.stderr.strip().splitlines()

@@ -17,12 +17,15 @@ from observatory.cli import main
 def env(runs_dir, db_path, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_RUNS", str(runs_dir))
     monkeypatch.setenv("OBSERVATORY_DB", str(db_path))
-    write_lines(runs_dir / "r1" / "events.0.jsonl", [
-        event("r1", "run_start", {"config": {"lr": 0.1}, "name": "first", "tags": ["t"]}, 0),
-        *[event("r1", "metrics", {"train/loss": 3.0 - i, "opt/lr": 0.1}, i + 1, i) for i in range(3)],
-        "{broken",
-        event("r1", "run_end", {"status": "completed", "final_step": 2}, 5),
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "r1" / "events.0.jsonl",
+        [
+            event("r1", "run_start", {"config": {"lr": 0.1}, "name": "first", "tags": ["t"]}, 0),
+            *[event("r1", "metrics", {"train/loss": 3.0 - i, "opt/lr": 0.1}, i + 1, i) for i in range(3)],
+            "{broken",
+            event("r1", "run_end", {"status": "completed", "final_step": 2}, 5),
+        ],
+    )
     return runs_dir, db_path
 
 
@@ -40,11 +43,15 @@ def test_ingest_then_runs_and_sql(env, tmp_path):
 
     res = run("runs", "--format", "json")
     rows = json.loads(res.stdout)
-    assert [(r["run"], r["name"], r["status"], r["final_step"]) for r in rows] == [("r1", "first", "completed", 2)]
+    assert [(r["run"], r["name"], r["status"], r["final_step"]) for r in rows] == [
+        ("r1", "first", "completed", 2)
+    ]
     table = run("runs").stdout
     assert "r1" in table and "completed" in table
 
-    res = run("sql", "SELECT step, value FROM metrics WHERE name = 'train/loss' ORDER BY step", "--format", "csv")
+    res = run(
+        "sql", "SELECT step, value FROM metrics WHERE name = 'train/loss' ORDER BY step", "--format", "csv"
+    )
     assert res.stdout.splitlines() == ["step,value", "0,3.0", "1,2.0", "2,1.0"]
     res = run("sql", "SELECT name, value FROM latest_metrics ORDER BY name", "--format", "json")
     assert json.loads(res.stdout) == [{"name": "opt/lr", "value": 0.1}, {"name": "train/loss", "value": 1.0}]

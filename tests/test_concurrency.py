@@ -67,7 +67,9 @@ def test_writer_follower_and_readers_at_once(tmp_path):
         lags.append(lag)
         if lag <= 0:
             break
-    assert min(lags) <= 0, f"readers lagged more than 2 s behind the writer on every attempt (by {lags} steps)"
+    assert min(lags) <= 0, (
+        f"readers lagged more than 2 s behind the writer on every attempt (by {lags} steps)"
+    )
 
 
 def _scenario(tmp_path: Path) -> int:
@@ -80,22 +82,41 @@ def _scenario(tmp_path: Path) -> int:
     env = {**os.environ, "OBSERVATORY_FOLLOW_INTERVAL_S": "0.2"}
     seconds = 8.0
     obs = [sys.executable, "-m", "observatory.cli"]
-    follower = subprocess.Popen(obs + ["ingest", "--follow", "--runs-dir", str(runs_dir), "--db", str(db)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
-    writer = subprocess.Popen([sys.executable, str(tmp_path / "writer.py"), str(runs_dir), str(seconds)],
-                              stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    follower = subprocess.Popen(
+        obs + ["ingest", "--follow", "--runs-dir", str(runs_dir), "--db", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    writer = subprocess.Popen(
+        [sys.executable, str(tmp_path / "writer.py"), str(runs_dir), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     first = writer.stdout.readline()  # the writer is logging
     deadline = time.time() + 60
     while time.time() < deadline and not _has_run(db):  # steady state: the follower is up and warm
         time.sleep(0.1)
     readers = [
-        subprocess.Popen([sys.executable, str(tmp_path / "reader.py"), str(db), str(seconds + 3)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "reader.py"), str(db), str(seconds + 3)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for _ in range(3)
     ]
     cli_runs = [
-        subprocess.run(obs + ["sql", "SELECT count(*) FROM metrics", "--db", str(db), "--format", "csv"],
-                       capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+        subprocess.run(
+            obs + ["sql", "SELECT count(*) FROM metrics", "--db", str(db), "--format", "csv"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         for _ in range(2)
     ]
     w_out = first + writer.stdout.read()  # not communicate(timeout=): it would skip readline's buffer

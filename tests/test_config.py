@@ -22,10 +22,21 @@ def test_shipped_configs_load(name):
 
 
 def test_overrides_are_parsed_by_field_type():
-    cfg = load_config(CONFIGS / "tiny.yaml", [
-        "optimizer.lr=1e-3", "steps=2e3", "model.qk_norm=false", "data.path=none", "data.name=corpus",
-        "schedule.kind=wsd", "tags=a,b", "inject=nan@5", "inject=lr_spike@3:x10", "mesh.expert=2",
-    ])
+    cfg = load_config(
+        CONFIGS / "tiny.yaml",
+        [
+            "optimizer.lr=1e-3",
+            "steps=2e3",
+            "model.qk_norm=false",
+            "data.path=none",
+            "data.name=corpus",
+            "schedule.kind=wsd",
+            "tags=a,b",
+            "inject=nan@5",
+            "inject=lr_spike@3:x10",
+            "mesh.expert=2",
+        ],
+    )
     assert cfg.optimizer.lr == 1e-3 and isinstance(cfg.optimizer.lr, float)
     assert cfg.steps == 2000 and isinstance(cfg.steps, int)
     assert cfg.model.qk_norm is False and cfg.data.path is None and cfg.data.name == "corpus"
@@ -34,22 +45,25 @@ def test_overrides_are_parsed_by_field_type():
     assert cfg.mesh.expert == 2
 
 
-@pytest.mark.parametrize("override, message", [
-    ("optimizer.lrr=1", "unknown config key 'optimizer.lrr'; did you mean optimizer.lr"),
-    ("optimiser.lr=1", "did you mean optimizer.lr"),
-    ("model.d_modle=64", "did you mean model.d_model"),
-    ("steps=ten", "steps: expected an integer, got 'ten'"),
-    ("steps=1.5", "steps: expected an integer"),
-    ("model.qk_norm=maybe", "model.qk_norm: expected true or false"),
-    ("failure.on_nan=retry", "failure.on_nan: must be one of halt, skip_batch, rollback"),
-    ("optimizer.lr=-1", "optimizer.lr: must be > 0"),
-    ("mesh=2", "'mesh' is a section"),
-    ("inject=nan@", "inject: cannot parse 'nan@'"),
-    ("inject=lr_spike@3", "needs a factor"),
-    ("data.batch_size=10", "must be a multiple of mesh.data * mesh.expert"),
-    ("model.n_heads=3", "model.n_heads=3"),
-    ("nonsense", "expected key.sub=value"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optimizer.lrr=1", "unknown config key 'optimizer.lrr'; did you mean optimizer.lr"),
+        ("optimiser.lr=1", "did you mean optimizer.lr"),
+        ("model.d_modle=64", "did you mean model.d_model"),
+        ("steps=ten", "steps: expected an integer, got 'ten'"),
+        ("steps=1.5", "steps: expected an integer"),
+        ("model.qk_norm=maybe", "model.qk_norm: expected true or false"),
+        ("failure.on_nan=retry", "failure.on_nan: must be one of halt, skip_batch, rollback"),
+        ("optimizer.lr=-1", "optimizer.lr: must be > 0"),
+        ("mesh=2", "'mesh' is a section"),
+        ("inject=nan@", "inject: cannot parse 'nan@'"),
+        ("inject=lr_spike@3", "needs a factor"),
+        ("data.batch_size=10", "must be a multiple of mesh.data * mesh.expert"),
+        ("model.n_heads=3", "model.n_heads=3"),
+        ("nonsense", "expected key.sub=value"),
+    ],
+)
 def test_bad_overrides_name_the_key(override, message):
     extra = ["mesh.expert=4"] if "batch_size" in override else []
     with pytest.raises(ValueError) as e:

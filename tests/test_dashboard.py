@@ -395,8 +395,14 @@ def test_runs_page_with_a_run_of_a_group_and_a_ladder(tmp_path, monkeypatch):
     """One run_start with both `group` and `ladder` (the group filter and the by-ladder toggle were both keyed
     `runs_group`: StreamlitDuplicateElementKey for every visitor); both widgets shown and used, no exception."""
     runs = tmp_path / "runs"
-    run = observatory.init(run_id="both", config={}, group="g", ladder={"name": "L", "rung": "s"}, runs_dir=runs,
-                           install_signal_handlers=False)  # fmt: skip
+    run = observatory.init(
+        run_id="both",
+        config={},
+        group="g",
+        ladder={"name": "L", "rung": "s"},
+        runs_dir=runs,
+        install_signal_handlers=False,
+    )
     run.log({"train/loss": 1.0}, step=1)
     run.finish()
     ingest(runs, tmp_path / "s.duckdb", emit=None)

@@ -26,13 +26,27 @@ def as_json(wired: dict):
 
 def _series() -> dict:
     n = 400
-    df = pl.DataFrame({
-        "step": np.arange(n) * 8, "min": np.linspace(3, 1, n), "max": np.linspace(4, 2, n),
-        "last": np.r_[np.linspace(3.5, 1.5, n - 1), np.nan], "n": np.full(n, 8), "n_nonfinite": np.r_[np.zeros(n - 1), 1],
-    })  # fmt: skip
+    df = pl.DataFrame(
+        {
+            "step": np.arange(n) * 8,
+            "min": np.linspace(3, 1, n),
+            "max": np.linspace(4, 2, n),
+            "last": np.r_[np.linspace(3.5, 1.5, n - 1), np.nan],
+            "n": np.full(n, 8),
+            "n_nonfinite": np.r_[np.zeros(n - 1), 1],
+        }
+    )
     fig = charts.series_figure(df, "train/loss", smoothing=0.6, log_y=True)
-    bands = pl.DataFrame({"step": np.arange(50), "min": np.zeros(50), "max": np.ones(50), "mean": np.full(50, 0.5),
-                          "worst_layer": np.arange(50) % 48, "n_layers": np.full(50, 48)})  # fmt: skip
+    bands = pl.DataFrame(
+        {
+            "step": np.arange(50),
+            "min": np.zeros(50),
+            "max": np.ones(50),
+            "mean": np.full(50, 0.5),
+            "worst_layer": np.arange(50) % 48,
+            "n_layers": np.full(50, 48),
+        }
+    )
     fig["data"] += charts.layer_band(bands, "drop fraction")
     return fig
 
@@ -42,14 +56,28 @@ def _heatmaps() -> list[dict]:
     layers, steps, experts = 48, 60, 384
     drop = rng.random((layers, steps)) * 0.07
     drop[:, 5] = np.nan  # a step without expert_load: dropped from the drawing
-    ov = {"layers": np.arange(layers), "steps": np.arange(steps) * 16, "drop_frac": drop, "hot_max": rng.random((layers, steps)) * 3}
+    ov = {
+        "layers": np.arange(layers),
+        "steps": np.arange(steps) * 16,
+        "drop_frac": drop,
+        "hot_max": rng.random((layers, steps)) * 3,
+    }
     routed = rng.integers(0, 5000, (experts, steps)).astype(float)
     share = routed / routed.sum(axis=0)
-    hm = {"experts": np.arange(experts), "steps": np.arange(steps) * 16, "routed": routed, "share": share,
-          "drop_frac": rng.random((experts, steps)) * 0.1}  # fmt: skip
+    hm = {
+        "experts": np.arange(experts),
+        "steps": np.arange(steps) * 16,
+        "routed": routed,
+        "share": share,
+        "drop_frac": rng.random((experts, steps)) * 0.1,
+    }
     order = np.argsort(-routed.sum(axis=1))
-    return [charts.layer_heatmap(ov, 3, "drop fraction by layer"),
-            charts.expert_heatmap(hm, "share", order, {int(order[0]): "hot 17", int(order[-1]): "dead"}, "layer 3")]  # fmt: skip
+    return [
+        charts.layer_heatmap(ov, 3, "drop fraction by layer"),
+        charts.expert_heatmap(
+            hm, "share", order, {int(order[0]): "hot 17", int(order[-1]): "dead"}, "layer 3"
+        ),
+    ]
 
 
 def _odd_arrays() -> dict:
@@ -57,19 +85,38 @@ def _odd_arrays() -> dict:
     under a skipped key (`range`), inside lists and tuples, and a layout with a template of its own."""
     return {
         "data": [
-            {"type": "scatter", "x": np.arange(10, dtype=np.int64), "y": np.arange(10, dtype=np.int64) * 100_000,
-             "customdata": np.ones((10, 3)), "marker": {"color": np.arange(10, dtype=np.uint64), "size": np.array([], float)}},
-            {"type": "scatter", "x": np.array([2**40, 2**41], dtype=np.int64), "y": (np.float32(1.5), 2),
-             "text": ["a", "<b>b</b>"], "line": {"width": 0}},
+            {
+                "type": "scatter",
+                "x": np.arange(10, dtype=np.int64),
+                "y": np.arange(10, dtype=np.int64) * 100_000,
+                "customdata": np.ones((10, 3)),
+                "marker": {"color": np.arange(10, dtype=np.uint64), "size": np.array([], float)},
+            },
+            {
+                "type": "scatter",
+                "x": np.array([2**40, 2**41], dtype=np.int64),
+                "y": (np.float32(1.5), 2),
+                "text": ["a", "<b>b</b>"],
+                "line": {"width": 0},
+            },
             {"type": "heatmap", "z": [np.arange(3.0), np.arange(3.0)], "zmin": np.float64(0.0)},
         ],
-        "layout": {"xaxis": {"range": np.array([0.0, 5.0])}, "shapes": [{"type": "line", "x0": 1, "x1": 1}],
-                   "annotations": ({"text": "x", "x": np.int64(3)},), "template": {"layout": {"font": {"size": 9}}}},
-    }  # fmt: skip
+        "layout": {
+            "xaxis": {"range": np.array([0.0, 5.0])},
+            "shapes": [{"type": "line", "x0": 1, "x1": 1}],
+            "annotations": ({"text": "x", "x": np.int64(3)},),
+            "template": {"layout": {"font": {"size": 9}}},
+        },
+    }
 
 
-CASES = {"series": _series, "layer heatmap": lambda: _heatmaps()[0], "expert heatmap": lambda: _heatmaps()[1],
-         "odd arrays": _odd_arrays, "empty": lambda: {"data": [], "layout": {}}}  # fmt: skip
+CASES = {
+    "series": _series,
+    "layer heatmap": lambda: _heatmaps()[0],
+    "expert heatmap": lambda: _heatmaps()[1],
+    "odd arrays": _odd_arrays,
+    "empty": lambda: {"data": [], "layout": {}},
+}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -78,7 +125,9 @@ def test_wire_figure_is_plotlys_wire_form(name):
     ours, ref = wire_figure(fig), plotly_wire(fig)
     assert as_json(ours) == as_json(ref)
     # arrays travel base64-encoded (`bdata`), as plotly sends them, not as lists of numbers
-    assert pio.to_json(ours, validate=False).count('"bdata"') == pio.to_json(ref, validate=False).count('"bdata"')
+    assert pio.to_json(ours, validate=False).count('"bdata"') == pio.to_json(ref, validate=False).count(
+        '"bdata"'
+    )
 
 
 def test_wire_figure_leaves_its_input_as_it_was():
@@ -86,5 +135,7 @@ def test_wire_figure_leaves_its_input_as_it_was():
     fig = _odd_arrays()
     before = pio.to_json(fig, validate=False)
     wire_figure(fig)
-    assert isinstance(fig["data"][0]["x"], np.ndarray) and fig["layout"]["template"] == {"layout": {"font": {"size": 9}}}
+    assert isinstance(fig["data"][0]["x"], np.ndarray) and fig["layout"]["template"] == {
+        "layout": {"font": {"size": 9}}
+    }
     assert pio.to_json(fig, validate=False) == before

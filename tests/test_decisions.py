@@ -96,11 +96,32 @@ def test_transitions():
 def test_life_cycle_through_cli(store):
     runs, db = store
     res = invoke(
-        "decide", "new", "--title", "Enable z-loss", "--kind", "intervention", "--run", "r1@5",
-        "--trigger-metric", "grad/norm/total", "--trigger-rule", "> 4 for 50 steps", "--action", "z_loss=1e-4",
-        "--forecast-metric", "train/loss", "--forecast-value", "2.1", "--alternative", "lower LR",
-        "--config-change", "model.z_loss=[0, 1.0e-4]", "--cost-steps", "200", "--json",
-    )  # fmt: skip
+        "decide",
+        "new",
+        "--title",
+        "Enable z-loss",
+        "--kind",
+        "intervention",
+        "--run",
+        "r1@5",
+        "--trigger-metric",
+        "grad/norm/total",
+        "--trigger-rule",
+        "> 4 for 50 steps",
+        "--action",
+        "z_loss=1e-4",
+        "--forecast-metric",
+        "train/loss",
+        "--forecast-value",
+        "2.1",
+        "--alternative",
+        "lower LR",
+        "--config-change",
+        "model.z_loss=[0, 1.0e-4]",
+        "--cost-steps",
+        "200",
+        "--json",
+    )
     rec = json.loads(res.output)
     did = rec["id"]
     assert did == "enable-z-loss" and rec["status"] == "proposed" and rec["author"] == "tester"
@@ -181,7 +202,9 @@ def test_clearing_a_field_and_python_api(store):
     d = dec.new(runs, db, title="Lower LR", goal="stable", runs=["r1"], ingest=ingest)
     d2 = dec.update(runs, db, d.id, goal="", ingest=ingest)
     assert d2.goal == "" and dec.get(db, d.id).goal == ""
-    assert dec.update(runs, db, d.id, goal="", ingest=ingest) == dec.get(db, d.id)  # nothing changed: no event
+    assert dec.update(runs, db, d.id, goal="", ingest=ingest) == dec.get(
+        db, d.id
+    )  # nothing changed: no event
     assert len(dec.history(db, d.id)) == 2
     with pytest.raises(ValueError, match="already exists"):
         dec.new(runs, db, id=d.id, title="again", ingest=ingest)
@@ -239,11 +262,32 @@ def _rich_decisions(runs, db):
         ingest=ingest,
     )
     dec.update(runs, db, a.id, status="running", ingest=ingest)
-    dec.update(runs, db, a.id, status="succeeded", outcome="worked\n", follow_up="## Outcome\nkeep it on",
-               ingest=ingest)  # fmt: skip
-    dec.new(runs, db, id="ladder-policy", title="Policy: every hero run has a ladder", kind="policy", ingest=ingest)
-    dec.new(runs, db, id="odd", title="Odd values", hypothesis="  leading space", extra={"reviewer": "bo"},
-            ingest=ingest)  # fmt: skip
+    dec.update(
+        runs,
+        db,
+        a.id,
+        status="succeeded",
+        outcome="worked\n",
+        follow_up="## Outcome\nkeep it on",
+        ingest=ingest,
+    )
+    dec.new(
+        runs,
+        db,
+        id="ladder-policy",
+        title="Policy: every hero run has a ladder",
+        kind="policy",
+        ingest=ingest,
+    )
+    dec.new(
+        runs,
+        db,
+        id="odd",
+        title="Odd values",
+        hypothesis="  leading space",
+        extra={"reviewer": "bo"},
+        ingest=ingest,
+    )
 
 
 def test_markdown_export_import_round_trip(store, tmp_path):
@@ -335,9 +379,17 @@ def test_decisions_page_renders(store):
 def test_at_sets_when_a_decision_was_made_and_changed(store):
     """`--at ISO` records a decision with the times it was made, for a history written down later."""
     invoke(
-        "decide", "new", "--title", "Lower the LR", "--id", "lower-lr", "--run", "r1@3",
-        "--at", "2026-11-29T12:21:03Z",
-    )  # fmt: skip
+        "decide",
+        "new",
+        "--title",
+        "Lower the LR",
+        "--id",
+        "lower-lr",
+        "--run",
+        "r1@3",
+        "--at",
+        "2026-11-29T12:21:03Z",
+    )
     # a time without a zone is UTC
     invoke("decide", "update", "lower-lr", "--status", "running", "--at", "2026-11-29T13:00:00")
     d = json.loads(invoke("decide", "show", "lower-lr", "--json").output)
@@ -361,7 +413,9 @@ def test_an_invalid_foreign_record_is_named_and_the_rest_still_listed(store, tmp
 
     runs, db = store
     invoke("decide", "new", "--title", "keep the LR", "--run", "r1@3", "--id", "D-ok")
-    with observatory.init(run_id="r1", runs_dir=runs, host=5, write_start=False, install_signal_handlers=False) as r:
+    with observatory.init(
+        run_id="r1", runs_dir=runs, host=5, write_start=False, install_signal_handlers=False
+    ) as r:
         r.event("decision", {"id": "D-bad", "title": "lower the LR", "status": "accepted"}, step=4)
     _ingest(runs, db)
 

@@ -45,8 +45,12 @@ def test_a_first_demo_run_is_drawn_against_the_samples_previous_demo_run(tmp_pat
     runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
     demo.seed_samples(runs)
     # the demo's live run as demo.py starts it: tiny.yaml (named "tiny"), DEFAULT_STEPS steps
-    cfg = load_config(ROOT / "trainer" / "configs" / "tiny.yaml", [f"steps={demo.DEFAULT_STEPS}", *demo.LONG_RUN])
-    with observatory.writer.init(run_id="demo-new", runs_dir=runs, name=cfg.name, config=cfg.to_dict()) as run:
+    cfg = load_config(
+        ROOT / "trainer" / "configs" / "tiny.yaml", [f"steps={demo.DEFAULT_STEPS}", *demo.LONG_RUN]
+    )
+    with observatory.writer.init(
+        run_id="demo-new", runs_dir=runs, name=cfg.name, config=cfg.to_dict()
+    ) as run:
         run.log({"train/loss": 5.0}, step=0)
     ingest(runs, db, hooks=False)
     monkeypatch.setenv("OBSERVATORY_DB", str(db))
@@ -97,8 +101,9 @@ def test_ladder_page_marks_the_samples_decisions(tmp_path, monkeypatch):
     demo.seed_samples(runs)
     ingest(runs, db, hooks=False)
     monkeypatch.setenv("OBSERVATORY_DB", str(db))
-    at = AppTest.from_string("from observatory.dashboard.pages import ladder\nladder.render()\n",
-                             default_timeout=180).run()  # fmt: skip
+    at = AppTest.from_string(
+        "from observatory.dashboard.pages import ladder\nladder.render()\n", default_timeout=180
+    ).run()
     assert not at.exception, at.exception
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     targets = [c for c in charts if "against its" in c["layout"].get("title", {}).get("text", "")]
@@ -122,19 +127,34 @@ def test_demo_prints_a_few_lines_and_the_url_last(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, OBSERVATORY_RUNS=str(tmp_path / "runs"), OBSERVATORY_DB=str(tmp_path / "obs.duckdb"),
-               OBSERVATORY_PORT=str(port), OBSERVATORY_DEMO_STEPS="20",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # fmt: skip
+    env = dict(
+        os.environ,
+        OBSERVATORY_RUNS=str(tmp_path / "runs"),
+        OBSERVATORY_DB=str(tmp_path / "obs.duckdb"),
+        OBSERVATORY_PORT=str(port),
+        OBSERVATORY_DEMO_STEPS="20",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
     log = tmp_path / "demo.log"
-    proc = subprocess.Popen([sys.executable, "-m", "observatory.demo"], cwd=ROOT, env=env, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "observatory.demo"],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline and "Dashboard:" not in log.read_text() and proc.poll() is None:
             time.sleep(1)
         time.sleep(3)  # whatever the children print at their start would come now
         lines = [line for line in log.read_text().splitlines() if line.strip()]
-        assert lines and lines[-1].strip() == f"Dashboard:  http://localhost:{port}/live?run=" + lines[-1].split("=")[-1]
+        assert (
+            lines
+            and lines[-1].strip()
+            == f"Dashboard:  http://localhost:{port}/live?run=" + lines[-1].split("=")[-1]
+        )
         assert len(lines) <= 8, "\n".join(lines)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

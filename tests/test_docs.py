@@ -57,7 +57,9 @@ def test_every_cli_command_is_in_the_cli_reference(command):
 
 @pytest.mark.parametrize("name", sorted(settings.SETTINGS))
 def test_every_setting_is_documented(name):
-    assert settings.SETTINGS[name].env in CLI_MD, f"setting {name} ({settings.SETTINGS[name].env}) not in docs/cli.md"
+    assert settings.SETTINGS[name].env in CLI_MD, (
+        f"setting {name} ({settings.SETTINGS[name].env}) not in docs/cli.md"
+    )
 
 
 def test_generated_doc_sections_are_up_to_date():
@@ -65,7 +67,9 @@ def test_generated_doc_sections_are_up_to_date():
 
     for page in set(docs.PAGES.values()):
         text = page.read_text()
-        assert docs.render(text, docs.blocks_of(page)) == text, f"{page.name} is stale: run `python -m observatory.docs`"
+        assert docs.render(text, docs.blocks_of(page)) == text, (
+            f"{page.name} is stale: run `python -m observatory.docs`"
+        )
 
 
 def _cli_rows() -> dict[str, str]:
@@ -92,7 +96,9 @@ def test_cli_table_has_every_command_and_its_options():
     for name, cmd in leaves.items():
         for p in cmd.params:
             if isinstance(p, click.Option) and p.name not in docs.SHARED_OPTIONS:
-                assert max(p.opts, key=len) in rows[name], f"{name}: {p.opts} missing from docs/cli.md's CLI table"
+                assert max(p.opts, key=len) in rows[name], (
+                    f"{name}: {p.opts} missing from docs/cli.md's CLI table"
+                )
             if isinstance(p, click.Argument):
                 assert p.human_readable_name.upper() in rows[name]
         assert cmd.get_short_help_str(limit=300).split("(")[0].strip() in rows[name].replace("\\|", "|")
@@ -115,7 +121,9 @@ def _relative_links(page: Path) -> list[tuple[str, Path]]:
     return out
 
 
-@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name
+)
 def test_every_relative_link_resolves(page):
     broken = [target for target, path in _relative_links(page) if not path.exists()]
     assert not broken, f"{page.relative_to(ROOT)} links to what is not there: {broken}"

@@ -16,7 +16,16 @@ from observatory.events import (
 
 
 def ev(**kw):
-    base = {"v": 1, "run": "r-1.a_b", "kind": "metrics", "step": 3, "t": 1.5, "host": 0, "seq": 0, "data": {"x": 1}}
+    base = {
+        "v": 1,
+        "run": "r-1.a_b",
+        "kind": "metrics",
+        "step": 3,
+        "t": 1.5,
+        "host": 0,
+        "seq": 0,
+        "data": {"x": 1},
+    }
     return {**base, **kw}
 
 
@@ -30,10 +39,20 @@ def test_valid_event_passes():
 @pytest.mark.parametrize(
     "bad, field",
     [
-        (ev(v=2), "v"), (ev(v=True), "v"), (ev(run="has space"), "run"), (ev(run="x" * 129), "run"),
-        (ev(kind=""), "kind"), (ev(step=-1), "step"), (ev(step=2.0), "step"), (ev(t="now"), "t"),
-        (ev(t=None), "t"), (ev(host=-1), "host"), (ev(seq=None), "seq"), (ev(data=[]), "data"),
-        (ev(data={"x": "1"}), "data.x"), (ev(data={"": 1}), "data"),
+        (ev(v=2), "v"),
+        (ev(v=True), "v"),
+        (ev(run="has space"), "run"),
+        (ev(run="x" * 129), "run"),
+        (ev(kind=""), "kind"),
+        (ev(step=-1), "step"),
+        (ev(step=2.0), "step"),
+        (ev(t="now"), "t"),
+        (ev(t=None), "t"),
+        (ev(host=-1), "host"),
+        (ev(seq=None), "seq"),
+        (ev(data=[]), "data"),
+        (ev(data={"x": "1"}), "data.x"),
+        (ev(data={"": 1}), "data"),
         (ev(kind="expert_load", data={"layer": 0, "routed": [1], "dropped": [1, 2]}), "data.dropped"),
         (ev(kind="expert_load", data={"layer": 0, "routed": [-1], "dropped": [0]}), "data.routed"),
         (ev(kind="anomaly", data={"detector": "d", "severity": "meh", "message": "m"}), "data.severity"),
@@ -44,7 +63,7 @@ def test_valid_event_passes():
         (ev(run="."), "run"),
         (ev(run="../x"), "run"),
     ],
-)  # fmt: skip
+)
 def test_invalid_events_name_the_field(bad, field):
     with pytest.raises(ValidationError) as e:
         validate_event(bad)

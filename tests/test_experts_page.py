@@ -146,13 +146,17 @@ def test_layer_queries_match_the_raw_rows(store):
         ).fetchall()
         # every logged step is its own column here: the column mean of per-step fractions
         per_step = {
-            layer: np.mean([loads(s, layer)[1].sum() / loads(s, layer)[0].sum() for s in range(0, STEPS, EVERY)])
+            layer: np.mean(
+                [loads(s, layer)[1].sum() / loads(s, layer)[0].sum() for s in range(0, STEPS, EVERY)]
+            )
             for layer in range(LAYERS)
         }
         assert [r[0] for r in raw] == list(ov["layers"])
         assert np.nanmean(ov["drop_frac"], axis=1) == pytest.approx([per_step[x] for x in range(LAYERS)])
         assert view["heatmap"]["share"].shape[1] <= 80_000 // EXPERTS  # the cell budget caps the columns
-        bands = qd.layer_bands(con, RUN, ["moe/layer_*/drop_fraction", "router/layer_*/lb_loss"], 0, STEPS - 1)
+        bands = qd.layer_bands(
+            con, RUN, ["moe/layer_*/drop_fraction", "router/layer_*/lb_loss"], 0, STEPS - 1
+        )
         assert bands["worst"]["moe/layer_*/drop_fraction"]["layer"] == WORST_DROP_LAYER
         assert bands["worst"]["router/layer_*/lb_loss"]["layer"] == WORST_LB_LAYER
         d = bands["data"].filter(bands["data"]["family"] == "router/layer_*/lb_loss")

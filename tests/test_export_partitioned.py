@@ -60,15 +60,25 @@ def test_layout_is_kind_then_run(exported):
             assert rel[1].startswith("run=")
         assert len(rel) <= 3
     kinds = {p.name for p in out.iterdir()}
-    assert {"kind=runs", "kind=metrics", "kind=expert_load", "kind=run_start", "kind=eval", "kind=failure",
-            "kind=config_diff", "kind=unknown"} <= kinds  # fmt: skip
+    assert {
+        "kind=runs",
+        "kind=metrics",
+        "kind=expert_load",
+        "kind=run_start",
+        "kind=eval",
+        "kind=failure",
+        "kind=config_diff",
+        "kind=unknown",
+    } <= kinds
     assert not list(out.parent.glob(".*partial*"))
 
 
 def test_counts_per_run_and_kind_match_the_store(exported):
     db, out, res = exported
     p = _parquet(out)
-    got = dict(((k, r), n) for k, r, n in p.execute("SELECT kind, run, count(*) FROM p GROUP BY ALL").fetchall())
+    got = dict(
+        ((k, r), n) for k, r, n in p.execute("SELECT kind, run, count(*) FROM p GROUP BY ALL").fetchall()
+    )
     want = {}
     for r, n in _store(db, "SELECT run, count(*) FROM metrics GROUP BY run"):
         want["metrics", r] = n
@@ -88,7 +98,9 @@ def test_values_series_and_expert_load_match_the_store(exported):
     m = _parquet(out, "kind=metrics/*/*.parquet")
     sql = "SELECT run, name, count(*), sum(value) FILTER (WHERE isfinite(value)), count(*) FILTER (WHERE isnan(value)) FROM {} GROUP BY ALL ORDER BY ALL"
     assert m.execute(sql.format("p")).fetchall() == _store(db, sql.format("metrics"))
-    series = "SELECT step, value, t, host FROM {} WHERE run = 'sim-tiny' AND name = 'train/loss' ORDER BY step, t"
+    series = (
+        "SELECT step, value, t, host FROM {} WHERE run = 'sim-tiny' AND name = 'train/loss' ORDER BY step, t"
+    )
     a, b = m.execute(series.format("p")).fetchall(), _store(db, series.format("metrics"))
     assert len(a) == len(b) > 60  # the rollback replays some steps
     for x, y in zip(a, b, strict=True):
@@ -103,12 +115,16 @@ def test_events_and_runs_keep_their_payloads(exported):
     db, out, _ = exported
     ev = _parquet(out, "kind=*/*/*.parquet")
     q = "SELECT run, host, seq, step, t, data::VARCHAR FROM {} WHERE {} ORDER BY run, host, seq"
-    assert ev.execute(q.format("p", "kind = 'eval'")).fetchall() == _store(db, q.format("events", "kind = 'eval'"))
+    assert ev.execute(q.format("p", "kind = 'eval'")).fetchall() == _store(
+        db, q.format("events", "kind = 'eval'")
+    )
     (raw,) = ev.execute("SELECT raw_kind FROM p WHERE kind = 'unknown'").fetchall()
     assert raw == ("../../escape",)
     r = _parquet(out, "kind=runs/*/*.parquet")
     cols = "run, status, parent_run, parent_step, final_step, config::VARCHAR, mesh::VARCHAR, tags"
-    assert r.execute(f"SELECT {cols} FROM p ORDER BY run").fetchall() == _store(db, f"SELECT {cols} FROM runs ORDER BY run")
+    assert r.execute(f"SELECT {cols} FROM p ORDER BY run").fetchall() == _store(
+        db, f"SELECT {cols} FROM runs ORDER BY run"
+    )
 
 
 def test_refuses_a_folder_that_is_not_empty_and_a_hostile_run_id(exported, tmp_path):

@@ -61,7 +61,9 @@ def test_sigkill_of_the_follower_at_10_random_points(runs, clean, tmp_path):
         # every other kill lands inside a transaction for sure (the child says it is in one)
         in_tx = i % 2 == 0
         # ~80 slow transactions of work: 32 KB batches (read in 16 KB chunks, the line limit)
-        p = child(runs, db, True, SMALL_BATCHES=32 << 10, IN_TX_SLEEP_S=0.1, OBSERVATORY_MAX_LINE_BYTES=16 << 10)
+        p = child(
+            runs, db, True, SMALL_BATCHES=32 << 10, IN_TX_SLEEP_S=0.1, OBSERVATORY_MAX_LINE_BYTES=16 << 10
+        )
         if in_tx:
             kinds.append("in-transaction" if read_until(p, "IN_TX", rng.randint(1, 3), 30) else "idle")
         else:
@@ -131,7 +133,9 @@ def test_log_truncated_and_rewritten_under_the_follower(runs, tmp_path):
     assert said and str(path) in said[0], msgs
     before = dump(db)
     # rewritten: the old lines, then new events the writer added after it restarted
-    extra = [event("run1", "note", {"text": f"after restart {i}"}, 10_000 + i, 5000 + i) + "\n" for i in range(5)]
+    extra = [
+        event("run1", "note", {"text": f"after restart {i}"}, 10_000 + i, 5000 + i) + "\n" for i in range(5)
+    ]
     path.write_text("".join(lines) + "".join(extra))
     ingest(runs, db, hooks=False, emit=msgs.append)
     after = dump(db)
@@ -143,8 +147,13 @@ def test_two_followers_the_second_says_who_holds_it_and_waits(runs, clean, tmp_p
     db = tmp_path / "two.duckdb"
     first = child(runs, db, True)
     try:
-        assert wait_for(lambda: db.with_name(db.name + ".follower").exists() and
-                        "pid" in db.with_name(db.name + ".follower").read_text(), timeout=60)  # fmt: skip
+        assert wait_for(
+            lambda: (
+                db.with_name(db.name + ".follower").exists()
+                and "pid" in db.with_name(db.name + ".follower").read_text()
+            ),
+            timeout=60,
+        )
         second = child(runs, db, True)
         line = ""
         for line in second.stdout:
@@ -219,7 +228,10 @@ def _hostile(runs, name: str, raw: bytes, gz: bool = False) -> None:
     """Run `name`: a good line, the hostile bytes as a line, a good line."""
     folder = runs / name
     folder.mkdir(parents=True)
-    good = [event(name, "metrics", {"x": 1.0}, 0, 0).encode(), event(name, "metrics", {"x": 2.0}, 2, 2).encode()]
+    good = [
+        event(name, "metrics", {"x": 1.0}, 0, 0).encode(),
+        event(name, "metrics", {"x": 2.0}, 2, 2).encode(),
+    ]
     data = good[0] + b"\n" + raw + b"\n" + good[1] + b"\n"
     if gz:
         (folder / "events.0.jsonl.gz").write_bytes(gzip.compress(data, 1))
@@ -246,7 +258,9 @@ HOSTILE = {
     "nul": event("nul\u0000run", "metrics", {"x": 1.0}, 1, 1).encode(),
     "raw-nul": b'{"v":1,"run":"raw-nul\x00","kind":"metrics"}',
     "deep": b'{"v":1,"run":"deep","kind":"note","step":1,"t":1.7e9,"host":0,"seq":1,"data":{"text":"x","n":'
-    + b"[" * 10_000 + b"]" * 10_000 + b"}}",
+    + b"[" * 10_000
+    + b"]" * 10_000
+    + b"}}",
     "keys": event("keys", "metrics", {f"k{i}": 1.0 for i in range(1_000_000)}, 1, 1).encode(),
     "limit": None,  # a line of exactly max_line_bytes, and one a byte over
 }
@@ -265,8 +279,14 @@ def test_hostile_lines_are_rejected_clearly_with_bounded_memory_and_the_rest_ing
     folder.mkdir()
     over = at_limit.replace(b'"seq":1', b'"seq":3').replace(b'"text":"y', b'"text":"yy')
     (folder / "events.0.jsonl").write_bytes(
-        event("limit", "metrics", {"x": 1.0}, 0, 0).encode() + b"\n" + at_limit + b"\n" + over + b"\n"
-        + event("limit", "metrics", {"x": 2.0}, 4, 4).encode() + b"\n"
+        event("limit", "metrics", {"x": 1.0}, 0, 0).encode()
+        + b"\n"
+        + at_limit
+        + b"\n"
+        + over
+        + b"\n"
+        + event("limit", "metrics", {"x": 2.0}, 4, 4).encode()
+        + b"\n"
     )
     _gzip_bomb(runs, "bomb", 1 << 30)
     out, peak = run_once_measured(runs, db)

@@ -59,8 +59,17 @@ def test_goodput_splits_a_preempted_run_by_what_its_time_went_to(runs_dir, db_pa
             "SELECT attempt, category, sum(seconds) FROM goodput_segments WHERE run = 'g' GROUP BY ALL ORDER BY ALL"
         ).fetchall()
     # the first step after each compile is the compile's (it holds the jit): 1 s of each attempt
-    expect = {"init_s": 20, "compile_s": 42, "checkpoint_s": 5, "down_s": 60, "stall_s": 31, "redone_s": 49,
-              "productive_s": 99 + 49, "eval_s": 0, "other_s": 0}  # fmt: skip
+    expect = {
+        "init_s": 20,
+        "compile_s": 42,
+        "checkpoint_s": 5,
+        "down_s": 60,
+        "stall_s": 31,
+        "redone_s": 49,
+        "productive_s": 99 + 49,
+        "eval_s": 0,
+        "other_s": 0,
+    }
     assert {k: row[k] for k in expect} == pytest.approx(expect)
     assert row["total_s"] == pytest.approx(sum(expect.values())) and row["attempts"] == 2
     assert row["goodput"] == pytest.approx(148 / 355)

@@ -29,9 +29,22 @@ def store(tmp_path, monkeypatch):
             t = t0 + 10 * k
             # host 3 is slow: each of its steps takes twice as long; host 5's RSS creeps up
             step = k // 2 if h == 3 else k
-            evs.append(event("pod", "heartbeat", {"phase": "train", "step": step, "system/cpu_percent": 40.0 + h,
-                                                  "system/rss_bytes": 1e9 * (1 + (k / 10 if h == 5 else 0))},
-                             k + 1, step=step, t=t, host=h))  # fmt: skip
+            evs.append(
+                event(
+                    "pod",
+                    "heartbeat",
+                    {
+                        "phase": "train",
+                        "step": step,
+                        "system/cpu_percent": 40.0 + h,
+                        "system/rss_bytes": 1e9 * (1 + (k / 10 if h == 5 else 0)),
+                    },
+                    k + 1,
+                    step=step,
+                    t=t,
+                    host=h,
+                )
+            )
             if h == 0:
                 evs.append(event("pod", "metrics", {"train/loss": 3.0}, 1000 + k, step=k, t=t, host=0))
         for e in evs:

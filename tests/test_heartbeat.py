@@ -41,12 +41,16 @@ def test_phase_checks_its_arguments_and_a_resume_is_the_next_attempt(tmp_path):
         r.phase("eval", budget_s=-1)
     r.phase("checkpoint", budget_s=600)  # observatory.init said "init"
     r.close()  # killed: no run_end
-    again = observatory.init(run_id="ph", runs_dir=tmp_path, heartbeat_s=0, write_start=False,
-                             install_signal_handlers=False)  # fmt: skip
+    again = observatory.init(
+        run_id="ph", runs_dir=tmp_path, heartbeat_s=0, write_start=False, install_signal_handlers=False
+    )
     again.finish()
     phases = [e["data"] for e in lines(tmp_path, "ph") if e["kind"] == "phase"]
-    assert phases == [{"phase": "init", "attempt": 0}, {"phase": "checkpoint", "attempt": 0, "budget_s": 600.0},
-                      {"phase": "init", "attempt": 1}]  # fmt: skip
+    assert phases == [
+        {"phase": "init", "attempt": 0},
+        {"phase": "checkpoint", "attempt": 0, "budget_s": 600.0},
+        {"phase": "init", "attempt": 1},
+    ]
     assert not [e for e in lines(tmp_path, "ph") if e["kind"] == "heartbeat"]  # heartbeat_s=0: off
 
 

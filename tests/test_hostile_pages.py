@@ -72,8 +72,19 @@ def markdown_texts(at: AppTest) -> list[str]:
         "success",
     ):
         out += [str(e.value) for e in at.get(kind)]
-    for kind in ("expander", "tab", "metric", "toggle", "checkbox", "button", "selectbox", "multiselect",
-                 "text_input", "radio", "slider"):  # fmt: skip
+    for kind in (
+        "expander",
+        "tab",
+        "metric",
+        "toggle",
+        "checkbox",
+        "button",
+        "selectbox",
+        "multiselect",
+        "text_input",
+        "radio",
+        "slider",
+    ):
         for e in at.get(kind):
             out += [str(getattr(e, a)) for a in ("label", "help") if getattr(e, a, None)]
     return out
@@ -124,16 +135,32 @@ PARAMS = {
     "reports": ["run"],
     "ladder": ["ladder"],
 }
-BAD_VALUES = ["²", "9" * 5000, "-1", "1e9", "nan", "", " ", "x" * 100_000, "../../etc/passwd", "a\x00b", "🙂",
-              "hostile,hostile-2," + "y" * 300, "%00", "<img src=http://evil.invalid/p.png>", "0x10"]  # fmt: skip
+BAD_VALUES = [
+    "²",
+    "9" * 5000,
+    "-1",
+    "1e9",
+    "nan",
+    "",
+    " ",
+    "x" * 100_000,
+    "../../etc/passwd",
+    "a\x00b",
+    "🙂",
+    "hostile,hostile-2," + "y" * 300,
+    "%00",
+    "<img src=http://evil.invalid/p.png>",
+    "0x10",
+]
 
 
 @pytest.mark.parametrize("name", list(PARAMS))
 def test_every_query_parameter_with_hostile_values(hostile_db, name):
     for key in PARAMS[name]:
         for value in BAD_VALUES:
-            at = AppTest.from_string(f"from observatory.dashboard.pages import {name}\n{name}.render()\n",
-                                     default_timeout=120)  # fmt: skip
+            at = AppTest.from_string(
+                f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=120
+            )
             at.query_params[key] = value
             if name == "experts" and key == "layer":
                 at.query_params["run"] = HOSTILE

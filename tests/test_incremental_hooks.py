@@ -33,13 +33,17 @@ def _r(v):
 
 def snapshot(db) -> dict[str, list]:
     with connect(db) as con:
-        return {t: sorted(repr(tuple(map(_r, row))) for row in con.execute(f"SELECT * FROM {t}").fetchall())
-                for t in TABLES}  # fmt: skip
+        return {
+            t: sorted(repr(tuple(map(_r, row))) for row in con.execute(f"SELECT * FROM {t}").fetchall())
+            for t in TABLES
+        }
 
 
 def anomalies(db) -> list[tuple]:
     with connect(db) as con:
-        return sorted((a["run"], a["detector"], a["metric"], a["window"][0], a["step"]) for a in qa.anomaly_events(con))
+        return sorted(
+            (a["run"], a["detector"], a["metric"], a["window"][0], a["step"]) for a in qa.anomaly_events(con)
+        )
 
 
 @pytest.fixture
@@ -115,8 +119,9 @@ def test_expert_scan_equals_the_pivot_of_per_expert_sums(tmp_path):
     assert {f.detector for f in ref} == {"hot_expert", "dead_expert"}
 
 
-
-def test_after_commit_hooks_read_beside_readers_and_their_state_lands_in_the_store(tmp_path, no_stall, monkeypatch):
+def test_after_commit_hooks_read_beside_readers_and_their_state_lands_in_the_store(
+    tmp_path, no_stall, monkeypatch
+):
     """The detectors run on a read-only connection: another process opens the store while they run (the
     write lock is the batch's alone). Their state is written by the next batch, or at the end of the call."""
     import subprocess
@@ -135,8 +140,10 @@ def test_after_commit_hooks_read_beside_readers_and_their_state_lands_in_the_sto
     real = A.after_ingest
 
     def hook(con, runs_dir, wanted, **kw):
-        probe = (f"from observatory import store\nwith store.connect(r'{db}', timeout_s=0.5) as c:\n"
-                 "    print(c.execute('SELECT count(*) FROM runs').fetchall()[0][0])")  # fmt: skip
+        probe = (
+            f"from observatory import store\nwith store.connect(r'{db}', timeout_s=0.5) as c:\n"
+            "    print(c.execute('SELECT count(*) FROM runs').fetchall()[0][0])"
+        )
         p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
         opened.append(p.stdout.strip() if p.returncode == 0 else f"failed: {p.stderr[-300:]}")
         real(con, runs_dir, wanted, **kw)
@@ -144,7 +151,9 @@ def test_after_commit_hooks_read_beside_readers_and_their_state_lands_in_the_sto
 
     monkeypatch.setattr(A, "after_ingest", hook)
     # the detectors alone after the commit: the other hooks' findings would start a findings round
-    monkeypatch.setattr(hooks, "BUILTIN", tuple(h for h in hooks.BUILTIN if h.name in ("rollups", "anomalies")))
+    monkeypatch.setattr(
+        hooks, "BUILTIN", tuple(h for h in hooks.BUILTIN if h.name in ("rollups", "anomalies"))
+    )
     monkeypatch.setattr(hooks, "save_pending_to", lambda db, emit: None)  # only the next batch saves
     ingest(runs, db, emit=None)
     assert opened and all(x.isdigit() for x in opened), opened  # a reader got in during the hooks

@@ -36,7 +36,15 @@ def _run_lines(run: str, steps: int, start_seq: int = 0, experts: int = 4, layer
         seq += 1
         for layer in range(layers):
             routed = [step + layer + e for e in range(experts)]
-            out.append(event(run, "expert_load", {"layer": layer, "routed": routed, "dropped": [1] * experts}, seq, step))
+            out.append(
+                event(
+                    run,
+                    "expert_load",
+                    {"layer": layer, "routed": routed, "dropped": [1] * experts},
+                    seq,
+                    step,
+                )
+            )
             seq += 1
     return out
 
@@ -47,8 +55,9 @@ def test_ingest_counts_and_idempotent(runs_dir, db_path):
     rep = ingest(runs_dir, db_path, emit=None)
     assert rep.events == len(lines) and rep.rejected == 0
     assert q(db_path, "SELECT count(*), count(DISTINCT name) FROM metrics") == [(20, 2)]
-    assert q(db_path, "SELECT count(*), sum(routed), sum(dropped) FROM expert_load") == [(80, sum(
-        s + layer + e for s in range(10) for layer in range(2) for e in range(4)), 80)]
+    assert q(db_path, "SELECT count(*), sum(routed), sum(dropped) FROM expert_load") == [
+        (80, sum(s + layer + e for s in range(10) for layer in range(2) for e in range(4)), 80)
+    ]
     assert q(db_path, "SELECT max(expert), max(layer) FROM expert_load") == [(3, 1)]
     again = ingest(runs_dir, db_path, emit=None)
     assert again.events == 0 and again.files == 0
@@ -89,34 +98,63 @@ def test_gz_copy_is_read_and_deduplicated(runs_dir, db_path):
 
 
 def test_nan_inf_strings_stored_as_ieee(runs_dir, db_path):
-    write_lines(runs_dir / "a" / "events.0.jsonl", [
-        event("a", "metrics", {"train/loss": "nan", "g": "inf", "h": "-inf", "ok": 1.5}, 0, 3),
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "a" / "events.0.jsonl",
+        [
+            event("a", "metrics", {"train/loss": "nan", "g": "inf", "h": "-inf", "ok": 1.5}, 0, 3),
+        ],
+    )
     ingest(runs_dir, db_path, emit=None)
     vals = dict(q(db_path, "SELECT name, value FROM metrics"))
-    assert math.isnan(vals["train/loss"]) and vals["g"] == math.inf and vals["h"] == -math.inf and vals["ok"] == 1.5
+    assert (
+        math.isnan(vals["train/loss"])
+        and vals["g"] == math.inf
+        and vals["h"] == -math.inf
+        and vals["ok"] == 1.5
+    )
 
 
 def test_run_status_lifecycle(runs_dir, db_path, monkeypatch):
     now = time.time()
-    write_lines(runs_dir / "done" / "events.0.jsonl", [
-        event("done", "run_start", {"config": {}, "parent": {"run": "p", "step": 7},
-                                    "ladder": {"name": "lad", "rung": "d64"}, "tags": ["x"]}, 0, t=now),
-        event("done", "metrics", {"loss": 1.0}, 1, 5, t=now),
-        event("done", "run_end", {"status": "preempted", "final_step": 5}, 2, t=now),
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "done" / "events.0.jsonl",
+        [
+            event(
+                "done",
+                "run_start",
+                {
+                    "config": {},
+                    "parent": {"run": "p", "step": 7},
+                    "ladder": {"name": "lad", "rung": "d64"},
+                    "tags": ["x"],
+                },
+                0,
+                t=now,
+            ),
+            event("done", "metrics", {"loss": 1.0}, 1, 5, t=now),
+            event("done", "run_end", {"status": "preempted", "final_step": 5}, 2, t=now),
+        ],
+    )
     write_lines(runs_dir / "live" / "events.0.jsonl", [event("live", "run_start", {"config": {}}, 0, t=now)])
-    write_lines(runs_dir / "dead" / "events.0.jsonl", [event("dead", "run_start", {"config": {}}, 0, t=now - 1000)])
+    write_lines(
+        runs_dir / "dead" / "events.0.jsonl", [event("dead", "run_start", {"config": {}}, 0, t=now - 1000)]
+    )
     ingest(runs_dir, db_path, emit=None)
     with store.connect(db_path) as con:
         runs = {r["run"]: r for r in list_runs(con)}
     assert runs["done"]["status"] == "preempted" and runs["done"]["final_step"] == 5
     assert (runs["done"]["parent_run"], runs["done"]["parent_step"]) == ("p", 7)
-    assert (runs["done"]["ladder_name"], runs["done"]["ladder_rung"], runs["done"]["tags"]) == ("lad", "d64", ["x"])
+    assert (runs["done"]["ladder_name"], runs["done"]["ladder_rung"], runs["done"]["tags"]) == (
+        "lad",
+        "d64",
+        ["x"],
+    )
     assert runs["live"]["status"] == "running"
     assert runs["dead"]["status"] == "crashed"  # silent longer than stale_after_s, no run_end
     # a resume writes a new run_start after the run_end: running again
-    write_lines(runs_dir / "done" / "events.0.jsonl", [event("done", "run_start", {"config": {}}, 3, t=now + 10)])
+    write_lines(
+        runs_dir / "done" / "events.0.jsonl", [event("done", "run_start", {"config": {}}, 3, t=now + 10)]
+    )
     ingest(runs_dir, db_path, emit=None)
     assert q(db_path, "SELECT status, end_time FROM runs WHERE run = 'done'") == [("running", None)]
     # a crashed run that speaks again is running
@@ -131,33 +169,52 @@ def test_a_run_resumed_without_a_new_run_start_is_running(runs_dir, db_path):
     second run_start: events after its run_end mean it is running again, until its next run_end."""
     now = time.time()
     log = runs_dir / "r" / "events.0.jsonl"
-    write_lines(log, [
-        event("r", "run_start", {"config": {}}, 0, t=now),
-        event("r", "metrics", {"loss": 1.0}, 1, 5, t=now),
-        event("r", "run_end", {"status": "preempted", "final_step": 5}, 2, t=now),
-    ])  # fmt: skip
+    write_lines(
+        log,
+        [
+            event("r", "run_start", {"config": {}}, 0, t=now),
+            event("r", "metrics", {"loss": 1.0}, 1, 5, t=now),
+            event("r", "run_end", {"status": "preempted", "final_step": 5}, 2, t=now),
+        ],
+    )
     ingest(runs_dir, db_path, emit=None)
     assert q(db_path, "SELECT status, final_step FROM runs") == [("preempted", 5)]
-    write_lines(log, [event("r", "note", {"text": "resumed from checkpoint at step 5"}, 3, 5, t=now + 30),
-                      event("r", "metrics", {"loss": 0.9}, 4, 6, t=now + 30)])  # fmt: skip
+    write_lines(
+        log,
+        [
+            event("r", "note", {"text": "resumed from checkpoint at step 5"}, 3, 5, t=now + 30),
+            event("r", "metrics", {"loss": 0.9}, 4, 6, t=now + 30),
+        ],
+    )
     ingest(runs_dir, db_path, emit=None)
-    assert q(db_path, "SELECT status, end_time, final_step, last_step FROM runs") == [("running", None, None, 6)]
+    assert q(db_path, "SELECT status, end_time, final_step, last_step FROM runs") == [
+        ("running", None, None, 6)
+    ]
     write_lines(log, [event("r", "run_end", {"status": "completed", "final_step": 6}, 5, t=now + 30)])
     ingest(runs_dir, db_path, emit=None)
     assert q(db_path, "SELECT status, final_step FROM runs") == [("completed", 6)]
     # the same log in one batch, and a two-host run whose host 1 logged after host 0's run_end (its own
     # run_end comes later still): completed, not running
-    write_lines(runs_dir / "h" / "events.0.jsonl", [
-        event("h", "run_start", {"config": {}}, 0, t=now),
-        event("h", "run_end", {"status": "completed", "final_step": 3}, 1, t=now),
-    ])  # fmt: skip
-    write_lines(runs_dir / "h" / "events.1.jsonl", [
-        event("h", "metrics", {"loss": 1.0}, 0, 3, t=now + 1, host=1),
-        event("h", "run_end", {"status": "completed", "final_step": 3}, 1, t=now + 1, host=1),
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "h" / "events.0.jsonl",
+        [
+            event("h", "run_start", {"config": {}}, 0, t=now),
+            event("h", "run_end", {"status": "completed", "final_step": 3}, 1, t=now),
+        ],
+    )
+    write_lines(
+        runs_dir / "h" / "events.1.jsonl",
+        [
+            event("h", "metrics", {"loss": 1.0}, 0, 3, t=now + 1, host=1),
+            event("h", "run_end", {"status": "completed", "final_step": 3}, 1, t=now + 1, host=1),
+        ],
+    )
     fresh = db_path.with_name("fresh.duckdb")
     ingest(runs_dir, fresh, emit=None)
-    assert q(fresh, "SELECT run, status, final_step FROM runs ORDER BY run") == [("h", "completed", 3), ("r", "completed", 6)]
+    assert q(fresh, "SELECT run, status, final_step FROM runs ORDER BY run") == [
+        ("h", "completed", 3),
+        ("r", "completed", 6),
+    ]
 
 
 def test_a_final_failure_is_crashed_at_its_time_until_the_run_writes_again(runs_dir, db_path):
@@ -166,24 +223,39 @@ def test_a_final_failure_is_crashed_at_its_time_until_the_run_writes_again(runs_
     rebuild). Events written after it make the run running again; older ones (another host) do not."""
     now = time.time()
     stop = {"type": "crashed", "message": "log ends without an exit record", "final": True}
-    log = write_lines(runs_dir / "c" / "events.0.jsonl", [
-        event("c", "run_start", {"config": {}}, 0, t=now),
-        event("c", "metrics", {"loss": 1.0}, 1, 1, t=now),
-        event("c", "failure", stop, 2, 1, t=now),
-    ])  # fmt: skip
-    write_lines(runs_dir / "f" / "events.0.jsonl", [
-        event("f", "run_start", {"config": {}}, 0, t=now),
-        event("f", "failure", {"type": "nan_loss", "message": "loss is nan", "action": "halt"}, 1, 1, t=now),
-    ])  # fmt: skip
+    log = write_lines(
+        runs_dir / "c" / "events.0.jsonl",
+        [
+            event("c", "run_start", {"config": {}}, 0, t=now),
+            event("c", "metrics", {"loss": 1.0}, 1, 1, t=now),
+            event("c", "failure", stop, 2, 1, t=now),
+        ],
+    )
+    write_lines(
+        runs_dir / "f" / "events.0.jsonl",
+        [
+            event("f", "run_start", {"config": {}}, 0, t=now),
+            event(
+                "f", "failure", {"type": "nan_loss", "message": "loss is nan", "action": "halt"}, 1, 1, t=now
+            ),
+        ],
+    )
     sql = "SELECT run, status, end_time, final_step FROM runs ORDER BY run"
     want = [("c", "crashed", now + 0.02, None), ("f", "running", None, None)]
     ingest(runs_dir, db_path, emit=None)
     assert q(db_path, sql) == want
     rebuild(runs_dir, db_path, emit=None)
     assert q(db_path, sql) == want
-    write_lines(runs_dir / "c" / "events.1.jsonl", [event("c", "metrics", {"loss": 2.0}, 0, 0, t=now - 5, host=1)])
+    write_lines(
+        runs_dir / "c" / "events.1.jsonl", [event("c", "metrics", {"loss": 2.0}, 0, 0, t=now - 5, host=1)]
+    )
     ingest(runs_dir, db_path, emit=None)
-    assert q(db_path, sql)[0] == ("c", "crashed", now + 0.02, None)  # older than the crash: not a sign of life
+    assert q(db_path, sql)[0] == (
+        "c",
+        "crashed",
+        now + 0.02,
+        None,
+    )  # older than the crash: not a sign of life
     write_lines(log, [event("c", "metrics", {"loss": 0.9}, 3, 2, t=now + 10)])
     ingest(runs_dir, db_path, emit=None)
     assert q(db_path, sql)[0] == ("c", "running", None, None)
@@ -196,37 +268,58 @@ def test_a_final_failure_is_crashed_at_its_time_until_the_run_writes_again(runs_
 
 
 def test_unknown_kind_kept_and_flagged(runs_dir, db_path):
-    write_lines(runs_dir / "a" / "events.0.jsonl", [
-        event("a", "gpu_temps", {"gpu0": 71}, 0),
-        event("a", "note", {"text": "hello **world**"}, 1),
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "a" / "events.0.jsonl",
+        [
+            event("a", "gpu_temps", {"gpu0": 71}, 0),
+            event("a", "note", {"text": "hello **world**"}, 1),
+        ],
+    )
     ingest(runs_dir, db_path, emit=None)
     assert q(db_path, "SELECT kind, known, data->>'$.gpu0' FROM events ORDER BY seq") == [
-        ("gpu_temps", False, "71"), ("note", True, None)
+        ("gpu_temps", False, "71"),
+        ("note", True, None),
     ]
 
 
 def test_summary_histogram_artifact_are_known_and_queryable(runs_dir, db_path):
-    write_lines(runs_dir / "a" / "events.0.jsonl", [
-        event("a", "summary", {"best/loss": 2.5, "best/name": "d64", "done": True}, 0),
-        event("a", "histogram", {"name": "router/hist", "bucket_limits": [0, 1, 2], "bucket_counts": [3, 4]}, 1, step=5),
-        event("a", "artifact", {"name": "cfg", "type": "config", "path": "/x/cfg.yaml", "bytes": 12}, 2),
-        event("a", "histogram", {"name": "bad", "bucket_limits": [0, 1], "bucket_counts": [3, 4]}, 3, step=6),
-        event("a", "summary", {"nested": {"a": 1}}, 4),
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "a" / "events.0.jsonl",
+        [
+            event("a", "summary", {"best/loss": 2.5, "best/name": "d64", "done": True}, 0),
+            event(
+                "a",
+                "histogram",
+                {"name": "router/hist", "bucket_limits": [0, 1, 2], "bucket_counts": [3, 4]},
+                1,
+                step=5,
+            ),
+            event("a", "artifact", {"name": "cfg", "type": "config", "path": "/x/cfg.yaml", "bytes": 12}, 2),
+            event(
+                "a", "histogram", {"name": "bad", "bucket_limits": [0, 1], "bucket_counts": [3, 4]}, 3, step=6
+            ),
+            event("a", "summary", {"nested": {"a": 1}}, 4),
+        ],
+    )
     ingest(runs_dir, db_path, emit=None)
     assert q(db_path, "SELECT kind, known, step FROM events ORDER BY seq") == [
-        ("summary", True, None), ("histogram", True, 5), ("artifact", True, None)
+        ("summary", True, None),
+        ("histogram", True, 5),
+        ("artifact", True, None),
     ]
-    assert q(db_path, "SELECT data->>'$.best/name', data->>'$.bucket_counts[1]' FROM events WHERE seq <= 1 ORDER BY seq") == [
-        ("d64", None), (None, "4")
-    ]
+    assert q(
+        db_path,
+        "SELECT data->>'$.best/name', data->>'$.bucket_counts[1]' FROM events WHERE seq <= 1 ORDER BY seq",
+    ) == [("d64", None), (None, "4")]
     rejected = q(db_path, "SELECT line, field FROM rejected_events ORDER BY line")
     assert rejected == [(4, "data.bucket_limits"), (5, "data.nested")]
 
 
 def test_rebuild_gives_same_answers(runs_dir, db_path):
-    write_lines(runs_dir / "a" / "events.0.jsonl", [event("a", "run_start", {"config": {}}, 0)] + _run_lines("a", 8, 1))
+    write_lines(
+        runs_dir / "a" / "events.0.jsonl",
+        [event("a", "run_start", {"config": {}}, 0)] + _run_lines("a", 8, 1),
+    )
     write_lines(runs_dir / "a" / "events.0.jsonl", ["{not json"])
     write_lines(runs_dir / "b" / "events.0.jsonl", _run_lines("b", 3))
     ingest(runs_dir, db_path, emit=None)
@@ -255,23 +348,61 @@ def test_fast_path_agrees_with_validate_event(runs_dir, db_path):
     variants = []
     for base in (base_m, base_x):
         variants.append(dict(base))
-        for key, bad in [("v", 2), ("v", "1"), ("v", 1.0), ("run", "b"), ("run", 7), ("kind", ""), ("step", -1),
-                         ("step", 1.5), ("step", "3"), ("step", True), ("t", "1"), ("t", None), ("t", True),
-                         ("host", 1), ("host", -1), ("host", 0.0), ("seq", -2), ("seq", 1.5), ("data", [1]),
-                         ("data", None), ("step", None)]:  # fmt: skip
+        for key, bad in [
+            ("v", 2),
+            ("v", "1"),
+            ("v", 1.0),
+            ("run", "b"),
+            ("run", 7),
+            ("kind", ""),
+            ("step", -1),
+            ("step", 1.5),
+            ("step", "3"),
+            ("step", True),
+            ("t", "1"),
+            ("t", None),
+            ("t", True),
+            ("host", 1),
+            ("host", -1),
+            ("host", 0.0),
+            ("seq", -2),
+            ("seq", 1.5),
+            ("data", [1]),
+            ("data", None),
+            ("step", None),
+        ]:
             variants.append({**base, key: bad})
         variants.append({k: v for k, v in base.items() if k != "step"})
         variants.append({k: v for k, v in base.items() if k != "seq"})
-    for data in [{"a": True}, {"a": "3"}, {"a": None}, {"a": [1]}, {"a": {"b": 1}}, {"": 1.0}, {"a": "nan"},
-                 {"a": 1e308}, {"a": -0.0}, {"a:b": 1}, {}]:  # fmt: skip
+    for data in [
+        {"a": True},
+        {"a": "3"},
+        {"a": None},
+        {"a": [1]},
+        {"a": {"b": 1}},
+        {"": 1.0},
+        {"a": "nan"},
+        {"a": 1e308},
+        {"a": -0.0},
+        {"a:b": 1},
+        {},
+    ]:
         variants.append({**base_m, "data": data})
-    for data in [{"layer": 1.5, "routed": [1], "dropped": [0]}, {"layer": 1, "routed": [1.5], "dropped": [0]},
-                 {"layer": 1, "routed": [1.0], "dropped": [0]}, {"layer": 1, "routed": [-1], "dropped": [0]},
-                 {"layer": 1, "routed": [1, 2], "dropped": [0]}, {"layer": 1, "routed": [True], "dropped": [0]},
-                 {"layer": 1, "routed": ["1"], "dropped": [0]}, {"layer": -1, "routed": [1], "dropped": [0]},
-                 {"routed": [1], "dropped": [0]}, {"layer": 1, "routed": [], "dropped": []},
-                 {"layer": 1, "routed": [1], "dropped": [0], "extra": 1}, {"layer": 1, "routed": [5000000000], "dropped": [0]},
-                 {"layer": 70000, "routed": [1], "dropped": [0]}]:  # fmt: skip
+    for data in [
+        {"layer": 1.5, "routed": [1], "dropped": [0]},
+        {"layer": 1, "routed": [1.5], "dropped": [0]},
+        {"layer": 1, "routed": [1.0], "dropped": [0]},
+        {"layer": 1, "routed": [-1], "dropped": [0]},
+        {"layer": 1, "routed": [1, 2], "dropped": [0]},
+        {"layer": 1, "routed": [True], "dropped": [0]},
+        {"layer": 1, "routed": ["1"], "dropped": [0]},
+        {"layer": -1, "routed": [1], "dropped": [0]},
+        {"routed": [1], "dropped": [0]},
+        {"layer": 1, "routed": [], "dropped": []},
+        {"layer": 1, "routed": [1], "dropped": [0], "extra": 1},
+        {"layer": 1, "routed": [5000000000], "dropped": [0]},
+        {"layer": 70000, "routed": [1], "dropped": [0]},
+    ]:
         variants.append({**base_x, "data": data})
     lines, expected = [], 0
     for i, ev in enumerate(variants):
@@ -280,7 +411,9 @@ def test_fast_path_agrees_with_validate_event(runs_dir, db_path):
         try:
             validate_event(ev, run_folder="a", host=0)
             ok = ev["kind"] != "expert_load" or (
-                ev.get("step") is not None and ev["data"]["layer"] <= 65535 and max(ev["data"]["routed"], default=0) < 2**32
+                ev.get("step") is not None
+                and ev["data"]["layer"] <= 65535
+                and max(ev["data"]["routed"], default=0) < 2**32
             )
         except ValidationError:
             ok = False
@@ -299,10 +432,15 @@ def test_fast_path_agrees_with_validate_event(runs_dir, db_path):
 
 
 def test_seq_must_increase_and_duplicates_skip(runs_dir, db_path):
-    write_lines(runs_dir / "a" / "events.0.jsonl", [
-        event("a", "metrics", {"x": 1.0}, 0, 0), event("a", "metrics", {"x": 2.0}, 1, 1),
-        event("a", "metrics", {"x": 3.0}, 1, 2), event("a", "metrics", {"x": 4.0}, 5, 3),
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "a" / "events.0.jsonl",
+        [
+            event("a", "metrics", {"x": 1.0}, 0, 0),
+            event("a", "metrics", {"x": 2.0}, 1, 1),
+            event("a", "metrics", {"x": 3.0}, 1, 2),
+            event("a", "metrics", {"x": 4.0}, 5, 3),
+        ],
+    )
     rep = ingest(runs_dir, db_path, emit=None)
     assert rep.events == 3 and rep.rejected == 1
     assert q(db_path, "SELECT line, field, reason FROM rejected_events") == [
@@ -312,14 +450,21 @@ def test_seq_must_increase_and_duplicates_skip(runs_dir, db_path):
 
 @pytest.mark.parametrize("kind", ["metrics", "expert_load"])
 def test_many_lines_bulk(runs_dir, db_path, kind):
-    lines = [event("a", "metrics", {f"m{i}": i * 0.5 for i in range(50)}, s, s) if kind == "metrics" else
-             event("a", "expert_load", {"layer": s % 8, "routed": list(range(64)), "dropped": [0] * 64}, s, s // 8)
-             for s in range(2000)]  # fmt: skip
+    lines = [
+        event("a", "metrics", {f"m{i}": i * 0.5 for i in range(50)}, s, s)
+        if kind == "metrics"
+        else event(
+            "a", "expert_load", {"layer": s % 8, "routed": list(range(64)), "dropped": [0] * 64}, s, s // 8
+        )
+        for s in range(2000)
+    ]
     write_lines(runs_dir / "a" / "events.0.jsonl", lines)
     rep = ingest(runs_dir, db_path, emit=None)
     assert rep.events == rep.fast_events == 2000
     if kind == "metrics":
-        assert q(db_path, "SELECT count(*), sum(value) FROM metrics") == [(100_000, 2000 * sum(i * 0.5 for i in range(50)))]
+        assert q(db_path, "SELECT count(*), sum(value) FROM metrics") == [
+            (100_000, 2000 * sum(i * 0.5 for i in range(50)))
+        ]
     else:
         assert q(db_path, "SELECT count(*), sum(routed), count(DISTINCT (step, layer)) FROM expert_load") == [
             (128_000, 2000 * sum(range(64)), 2000)
@@ -333,11 +478,17 @@ def test_hooks_run_and_their_failures_do_not_stop_ingest(runs_dir, db_path, monk
 
     write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 5))
     _ingest(runs_dir, db_path, emit=None)
-    assert q(db_path, "SELECT count(*) FROM metric_series WHERE run = 'a'") == [(2,)]  # rollups ran in the batch
+    assert q(db_path, "SELECT count(*) FROM metric_series WHERE run = 'a'") == [
+        (2,)
+    ]  # rollups ran in the batch
 
     seen = []
-    monkeypatch.setattr(rollups, "after_ingest", lambda con, touched: (_ for _ in ()).throw(RuntimeError("rollup bug")))
-    monkeypatch.setattr(anomalies, "after_ingest", lambda db, runs, touched, **kw: seen.append(set(touched)) or 1 / 0)
+    monkeypatch.setattr(
+        rollups, "after_ingest", lambda con, touched: (_ for _ in ()).throw(RuntimeError("rollup bug"))
+    )
+    monkeypatch.setattr(
+        anomalies, "after_ingest", lambda db, runs, touched, **kw: seen.append(set(touched)) or 1 / 0
+    )
     write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 8, 15)[15:])
     msgs: list[str] = []
     rep = _ingest(runs_dir, db_path, emit=msgs.append)
@@ -353,12 +504,21 @@ def test_rows_committed_without_their_rollups_are_rolled_up_by_the_next_call(run
     hooks, even when it finds nothing new to read, and equal what one call with hooks makes."""
     write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 20))
     ingest(runs_dir, db_path)  # hooks off: the rows, no rollups (the state a kill between the two leaves)
-    assert q(db_path, "SELECT count(*) FROM metrics_r8") == [(0,)] and q(db_path, "SELECT count(*) FROM metrics") == [(40,)]
+    assert q(db_path, "SELECT count(*) FROM metrics_r8") == [(0,)] and q(
+        db_path, "SELECT count(*) FROM metrics"
+    ) == [(40,)]
     rep = _ingest(runs_dir, db_path, emit=None)
     assert rep.events == 0  # nothing new was read
     whole = tmp_path / "whole.duckdb"
     _ingest(runs_dir, whole, emit=None)
-    for table in ("metrics_r8", "metrics_r512", "metric_series", "expert_layer_step", "expert_load_r16", "expert_load_r1024"):
+    for table in (
+        "metrics_r8",
+        "metrics_r512",
+        "metric_series",
+        "expert_layer_step",
+        "expert_load_r16",
+        "expert_load_r1024",
+    ):
         sql = f"SELECT * FROM {table} ORDER BY ALL"
         got = q(db_path, sql)
         assert got and got == q(whole, sql), table
@@ -368,28 +528,53 @@ def test_observatory_findings_do_not_revive_a_crashed_run(runs_dir, db_path):
     from observatory.events import OBSERVATORY_HOST
 
     old = time.time() - 3600
-    write_lines(runs_dir / "a" / "events.0.jsonl", [event("a", "run_start", {"config": {}}, 0, t=old),
-                                                    event("a", "metrics", {"x": 1.0}, 1, 7, t=old)])  # fmt: skip
-    write_lines(runs_dir / "a" / f"events.{OBSERVATORY_HOST}.jsonl", [
-        event("a", "anomaly", {"detector": "stall", "severity": "warn", "message": "silent"}, 0, 7, host=OBSERVATORY_HOST)
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "a" / "events.0.jsonl",
+        [event("a", "run_start", {"config": {}}, 0, t=old), event("a", "metrics", {"x": 1.0}, 1, 7, t=old)],
+    )
+    write_lines(
+        runs_dir / "a" / f"events.{OBSERVATORY_HOST}.jsonl",
+        [
+            event(
+                "a",
+                "anomaly",
+                {"detector": "stall", "severity": "warn", "message": "silent"},
+                0,
+                7,
+                host=OBSERVATORY_HOST,
+            )
+        ],
+    )
     rep = ingest(runs_dir, db_path, emit=None)
     assert rep.events == 3
-    assert q(db_path, "SELECT status, last_step, last_event_t < epoch(now()) - 3000 FROM runs") == [("crashed", 7, True)]
-    assert q(db_path, "SELECT kind, host FROM events WHERE kind = 'anomaly'") == [("anomaly", OBSERVATORY_HOST)]
+    assert q(db_path, "SELECT status, last_step, last_event_t < epoch(now()) - 3000 FROM runs") == [
+        ("crashed", 7, True)
+    ]
+    assert q(db_path, "SELECT kind, host FROM events WHERE kind = 'anomaly'") == [
+        ("anomaly", OBSERVATORY_HOST)
+    ]
 
 
 def test_one_ingest_leaves_auto_decisions_in_the_store(runs_dir, db_path):
     """The decision hook's records (config_diff, handled failure) are ingested in the same call, once."""
     from observatory.queries.decisions import current_states
 
-    write_lines(runs_dir / "a" / "events.0.jsonl", [
-        event("a", "run_start", {"config": {"optim": {"lr": 3e-4}}}, 0),
-        event("a", "config_diff", {"against": {"run": "p", "step": 10}, "changes": {"optim.lr": [1e-3, 3e-4]}}, 1, 0),
-        *_run_lines("a", 3, 2, layers=1),
-        event("a", "failure", {"type": "nan_loss", "message": "nan", "action": "skip_batch"}, 8, 2),
-        event("a", "failure", {"type": "exception", "message": "boom", "action": "halt"}, 9, 2),
-    ])  # fmt: skip
+    write_lines(
+        runs_dir / "a" / "events.0.jsonl",
+        [
+            event("a", "run_start", {"config": {"optim": {"lr": 3e-4}}}, 0),
+            event(
+                "a",
+                "config_diff",
+                {"against": {"run": "p", "step": 10}, "changes": {"optim.lr": [1e-3, 3e-4]}},
+                1,
+                0,
+            ),
+            *_run_lines("a", 3, 2, layers=1),
+            event("a", "failure", {"type": "nan_loss", "message": "nan", "action": "skip_batch"}, 8, 2),
+            event("a", "failure", {"type": "exception", "message": "boom", "action": "halt"}, 9, 2),
+        ],
+    )
     rep = _ingest(runs_dir, db_path, emit=None)
     assert rep.rejected == 0
 
@@ -405,7 +590,9 @@ def test_one_ingest_leaves_auto_decisions_in_the_store(runs_dir, db_path):
     assert q(db_path, "SELECT status, last_step FROM runs") == [("running", 2)]
     again = _ingest(runs_dir, db_path, emit=None)
     assert again.events == 0 and q(db_path, "SELECT count(*) FROM events WHERE kind = 'decision'") == [(2,)]
-    write_lines(runs_dir / "a" / "events.0.jsonl", _run_lines("a", 5, 10, layers=1)[6:])  # more activity: hook reruns
+    write_lines(
+        runs_dir / "a" / "events.0.jsonl", _run_lines("a", 5, 10, layers=1)[6:]
+    )  # more activity: hook reruns
     _ingest(runs_dir, db_path, emit=None)
     written = [json.loads(x) for x in (runs_dir / "a" / "events.1000.jsonl").read_text().splitlines()]
     assert sorted(e["data"]["id"] for e in written if e["kind"] == "decision") == ["auto-a-1", "auto-a-8"]
@@ -422,13 +609,19 @@ def test_a_host_above_the_stores_range_skips_that_file_with_a_clear_error(tmp_pa
     write_lines(runs / "ok" / "events.70000.jsonl", [{**e, "host": 70000} for e in _run_lines("ok", 2)])
     said: list[str] = []
     report = ingest(runs, db, emit=said.append)
-    assert q(db, "SELECT count(DISTINCT step), min(host), max(host) FROM metrics WHERE run = 'ok'") == [(3, 0, 0)]
+    assert q(db, "SELECT count(DISTINCT step), min(host), max(host) FROM metrics WHERE run = 'ok'") == [
+        (3, 0, 0)
+    ]
     bad = [m for m in said if "events.70000.jsonl" in m]
     assert len(bad) == 1 and "host 70000" in bad[0] and "above 65535" in bad[0] and "skipped" in bad[0]
     assert report.events == 3 * 3 and not any("cannot ingest" in m for m in said)
     said.clear()
-    ingest(runs, db, emit=said.append)  # a later ingest says it again (it is still there), nothing else changes
-    assert [m for m in said if "events.70000.jsonl" in m] and q(db, "SELECT count(*) FROM ingest_files") == [(1,)]
+    ingest(
+        runs, db, emit=said.append
+    )  # a later ingest says it again (it is still there), nothing else changes
+    assert [m for m in said if "events.70000.jsonl" in m] and q(db, "SELECT count(*) FROM ingest_files") == [
+        (1,)
+    ]
 
 
 def test_hooks_are_declared_in_one_place():
@@ -468,10 +661,13 @@ def test_runs_rows_kept_by_updates_equal_one_pass(tmp_path):
 
 def _files(runs_dir, n: int) -> None:
     for r in range(n):
-        write_lines(runs_dir / f"r{r}" / "events.0.jsonl", [
-            event(f"r{r}", "run_start", {"config": {}}, 0),
-            *[event(f"r{r}", "metrics", {"train/loss": 1.0 / (i + 1)}, i + 1, i) for i in range(40)],
-        ])  # fmt: skip
+        write_lines(
+            runs_dir / f"r{r}" / "events.0.jsonl",
+            [
+                event(f"r{r}", "run_start", {"config": {}}, 0),
+                *[event(f"r{r}", "metrics", {"train/loss": 1.0 / (i + 1)}, i + 1, i) for i in range(40)],
+            ],
+        )
 
 
 def _transactions(monkeypatch) -> list[int]:

@@ -42,8 +42,19 @@ TABLES = {
     "ingest_files": "SELECT * FROM ingest_files",
     "runs": "SELECT * FROM runs",
 }
-REPORT_FIELDS = ("files", "events", "metric_values", "expert_rows", "rejected", "duplicates", "truncated", "bytes",
-                 "passes", "runs", "messages")  # fmt: skip
+REPORT_FIELDS = (
+    "files",
+    "events",
+    "metric_values",
+    "expert_rows",
+    "rejected",
+    "duplicates",
+    "truncated",
+    "bytes",
+    "passes",
+    "runs",
+    "messages",
+)
 
 
 def _norm(x):
@@ -54,8 +65,10 @@ def _norm(x):
 
 def dump(db: Path) -> dict[str, list[tuple]]:
     with store.connect(db) as con:
-        return {t: sorted((tuple(_norm(v) for v in r) for r in con.execute(sql).fetchall()), key=repr)
-                for t, sql in TABLES.items()}  # fmt: skip
+        return {
+            t: sorted((tuple(_norm(v) for v in r) for r in con.execute(sql).fetchall()), key=repr)
+            for t, sql in TABLES.items()
+        }
 
 
 # --------------------------------------------------------------- the logs
@@ -85,7 +98,9 @@ def _tricky(run: str, seq: int) -> list[str | bytes]:
         f'{{{env},"kind":"expert_load","step":3,"seq":{s + 14},"data":{{"layer":1,"routed":[],"dropped":[],"x":[1]}}}}',
         f'{{{env},"kind":"metrics","step":3,"seq":9223372036854775808,"data":{{"a":1}}}}',  # seq too large
         f'{{{env},"kind":"metrics","step":3,"seq":-1,"data":{{"a":1}}}}',
-        f'{{{env},"kind":"metrics","step":3,"seq":{s + 15},"data":{{"a":1}},"x":"\xff"}}'.encode("latin-1"),  # not UTF-8
+        f'{{{env},"kind":"metrics","step":3,"seq":{s + 15},"data":{{"a":1}},"x":"\xff"}}'.encode(
+            "latin-1"
+        ),  # not UTF-8
         f'{{{env},"kind":"metrics","step":3,"seq":{s + 16},"data":{{"a":1}},"x":"a\x01b"}}',  # control character
         f' {{{env},"kind":"metrics","step":3,"seq":{s + 17},"data":{{"a":1}}}}',  # leading space
         f'{{{env},"kind":"metrics","step":3,"seq":{s + 18},"data":{{"a":1}}}} ',  # trailing space
@@ -125,17 +140,28 @@ def _bad_events(run: str, seq: int) -> list[dict]:
     """One of each rejection tests/test_bad_input.py checks, as envelopes."""
     m = event(run, "metrics", {"x": 1.0}, seq, 1)
     return [
-        m | {"v": None}, {k: v for k, v in m.items() if k != "t"}, m | {"step": "12"}, m | {"host": 3}, m | {"v": 9},
-        event("zz", "metrics", {"x": 1.0}, seq, 1), event(run, "metrics", {"x": "fast"}, seq, 1),
+        m | {"v": None},
+        {k: v for k, v in m.items() if k != "t"},
+        m | {"step": "12"},
+        m | {"host": 3},
+        m | {"v": 9},
+        event("zz", "metrics", {"x": 1.0}, seq, 1),
+        event(run, "metrics", {"x": "fast"}, seq, 1),
         event(run, "expert_load", {"layer": 0, "routed": [1, 2], "dropped": [0]}, seq, 1),
-        event(run, "eval", {"loss": 2.0}, seq, 1), event(run, "run_end", {"status": "exploded"}, seq, 1),
-    ]  # fmt: skip
+        event(run, "eval", {"loss": 2.0}, seq, 1),
+        event(run, "run_end", {"status": "exploded"}, seq, 1),
+    ]
 
 
 def _other(run: str, kind: str, seq: int, step: int, rng: random.Random) -> dict:
     data = {
-        "run_start": {"config": {"lr": 3e-4, "nested": {"x": [1, 2]}}, "name": run, "tags": ["a"],
-                      "ladder": {"name": "lad", "rung": "d64"}, "parent": {"run": "p", "step": 5}},
+        "run_start": {
+            "config": {"lr": 3e-4, "nested": {"x": [1, 2]}},
+            "name": run,
+            "tags": ["a"],
+            "ladder": {"name": "lad", "rung": "d64"},
+            "parent": {"run": "p", "step": 5},
+        },
         "eval": {"dataset": "val", "loss": rng.random(), "bpb": "nan"},
         "checkpoint": {"path": f"/ckpt/{step}", "bytes": 123},
         "config_diff": {"against": {"run": "p", "step": 1}, "changes": {"opt.lr": [1, 2]}},
@@ -172,12 +198,43 @@ def make_log(path: Path, run: str, host: int, seed: int, steps: int, messy: bool
         if step % 5 == 0:
             for layer in range(2):
                 n = rng.randrange(0, 6)
-                add(event(run, "expert_load", {"layer": layer, "routed": [rng.randrange(1000) for _ in range(n)],
-                                               "dropped": [rng.randrange(10) for _ in range(n)]},
-                          seq, step, t=1.7e9 + step, host=host))  # fmt: skip
+                add(
+                    event(
+                        run,
+                        "expert_load",
+                        {
+                            "layer": layer,
+                            "routed": [rng.randrange(1000) for _ in range(n)],
+                            "dropped": [rng.randrange(10) for _ in range(n)],
+                        },
+                        seq,
+                        step,
+                        t=1.7e9 + step,
+                        host=host,
+                    )
+                )
         if rng.random() < 0.08:
-            add(_other(run, rng.choice(["eval", "checkpoint", "config_diff", "decision", "forecast", "anomaly",
-                                         "failure", "note"]), seq, step, rng) | {"host": host})  # fmt: skip
+            add(
+                _other(
+                    run,
+                    rng.choice(
+                        [
+                            "eval",
+                            "checkpoint",
+                            "config_diff",
+                            "decision",
+                            "forecast",
+                            "anomaly",
+                            "failure",
+                            "note",
+                        ]
+                    ),
+                    seq,
+                    step,
+                    rng,
+                )
+                | {"host": host}
+            )
         if messy and rng.random() < 0.15:
             r = rng.random()
             if r < 0.3:
@@ -218,8 +275,12 @@ def build_runs(root: Path, seed: int, steps: int) -> dict[Path, list[bytes]]:
         root / "bad run!" / "events.0.jsonl": make_log(root, "bad run!", 0, seed + 3, 5, messy=False),
     }
     half = files[root / "alpha" / "events.1.jsonl"][: steps // 2]
-    files[root / "alpha" / "events.1.jsonl.gz"] = half  # an import copy: the live file's first half are duplicates
-    files[root / "beta" / "events.0.jsonl"][-1] = files[root / "beta" / "events.0.jsonl"][-1][:-1]  # torn last line
+    files[root / "alpha" / "events.1.jsonl.gz"] = (
+        half  # an import copy: the live file's first half are duplicates
+    )
+    files[root / "beta" / "events.0.jsonl"][-1] = files[root / "beta" / "events.0.jsonl"][-1][
+        :-1
+    ]  # torn last line
     return files
 
 
@@ -261,8 +322,11 @@ def _assert_same(out) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("piece", [(4 << 20, 4 << 20), (1500, 1500), (3000, 700)],
-                         ids=["one-piece", "many-pieces", "metrics-pieces-smaller"])  # fmt: skip
+@pytest.mark.parametrize(
+    "piece",
+    [(4 << 20, 4 << 20), (1500, 1500), (3000, 700)],
+    ids=["one-piece", "many-pieces", "metrics-pieces-smaller"],
+)
 def test_fast_path_store_equals_old_path(tmp_path, monkeypatch, seed, piece):
     monkeypatch.setattr(ingest_fast, "PIECE_BYTES", piece[0])
     monkeypatch.setattr(ingest_fast, "METRICS_PIECE_BYTES", piece[1])
@@ -316,7 +380,11 @@ def test_a_line_that_does_not_fit_is_judged_alone(tmp_path, monkeypatch):
     pieces, checked = [], []
     real_check = ingest_fast.check_line
     monkeypatch.setattr(ingest_fast, "plain_ingest_chunk", lambda *a: pieces.append(a))
-    monkeypatch.setattr(ingest_fast, "check_line", lambda b, lf, st, n, raw: (checked.append(raw), real_check(b, lf, st, n, raw)))
+    monkeypatch.setattr(
+        ingest_fast,
+        "check_line",
+        lambda b, lf, st, n, raw: (checked.append(raw), real_check(b, lf, st, n, raw)),
+    )
     monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 1000)
     lines = [event("a", "metrics", {"loss": 1.0 + i}, i, i) for i in range(100)]
     lines[50]["data"]["loss"] = "nan"
@@ -325,7 +393,9 @@ def test_a_line_that_does_not_fit_is_judged_alone(tmp_path, monkeypatch):
     assert rep.events == 100 and rep.rejected == 0
     assert pieces == [] and len(checked) == 1 and b'"nan"' in checked[0]
     with store.connect(tmp_path / "s.duckdb") as con:
-        assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [(100, 1)]
+        assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [
+            (100, 1)
+        ]
 
 
 def test_a_piece_is_decoded_in_bulk_around_a_line_that_does_not_fit(tmp_path, monkeypatch):
@@ -343,20 +413,28 @@ def test_a_piece_is_decoded_in_bulk_around_a_line_that_does_not_fit(tmp_path, mo
     assert rep.events == 299 and rep.rejected == 1  # the string step is rejected, as validate_event says
     assert len(alone) == 2 and b'"nan"' in alone[0] and b'"153"' in alone[1]
     with store.connect(tmp_path / "s.duckdb") as con:
-        assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [(598, 1)]
+        assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [
+            (598, 1)
+        ]
 
 
 def test_a_piece_of_many_odd_lines_goes_to_the_old_path(tmp_path, monkeypatch):
     """Every other line with a NaN string: that piece is judged line by line; the store is the same."""
     seen = []
     real = ingest_fast.plain_ingest_chunk
-    monkeypatch.setattr(ingest_fast, "plain_ingest_chunk", lambda b, lf, st, ch, m: (seen.append(ch.data), real(b, lf, st, ch, m)))
+    monkeypatch.setattr(
+        ingest_fast,
+        "plain_ingest_chunk",
+        lambda b, lf, st, ch, m: (seen.append(ch.data), real(b, lf, st, ch, m)),
+    )
     lines = [event("a", "metrics", {"loss": "nan" if i % 2 else 1.0 + i}, i, i) for i in range(100)]
     write_lines(tmp_path / "runs" / "a" / "events.0.jsonl", lines)
     rep = ingest(tmp_path / "runs", tmp_path / "s.duckdb", hooks=False, emit=None)
     assert rep.events == 100 and rep.rejected == 0 and len(seen) == 1
     with store.connect(tmp_path / "s.duckdb") as con:
-        assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [(100, 50)]
+        assert con.execute("SELECT count(*), count(*) FILTER (isnan(value)) FROM metrics").fetchall() == [
+            (100, 50)
+        ]
 
 
 def test_changing_key_sets_give_the_same_store(tmp_path, monkeypatch):
@@ -373,11 +451,13 @@ def test_changing_key_sets_give_the_same_store(tmp_path, monkeypatch):
         data = {n: rng.choice([rng.random(), rng.randrange(-5, 5), -0.0, 1e300, 5e-324]) for n in names}
         lines.append(event("lay", "metrics", data, i, i, t=1.7e9))
     raw = json.dumps(event("lay", "metrics", {"train/m0": 1.0}, 400, 400, t=1.7e9), separators=(",", ":"))
-    extra = [raw.replace('"data":{', '"data":{"train/m1":5.0,"train/m1":6.0,'),  # a duplicate key: the last wins
-             raw.replace('"seq":400', '"seq":401').replace('"train/m0":1.0', '"train/m0":1e999'),  # inf
-             raw.replace('"seq":400', '"seq":402').replace('"train/m0"', '""'),  # an empty name
-             raw.replace('"seq":400', '"seq":403').replace("1.0", "true"),  # a bool
-             raw.replace('"seq":400', '"seq":404').replace('{"train/m0":1.0}', "{}")]  # fmt: skip
+    extra = [
+        raw.replace('"data":{', '"data":{"train/m1":5.0,"train/m1":6.0,'),  # a duplicate key: the last wins
+        raw.replace('"seq":400', '"seq":401').replace('"train/m0":1.0', '"train/m0":1e999'),  # inf
+        raw.replace('"seq":400', '"seq":402').replace('"train/m0"', '""'),  # an empty name
+        raw.replace('"seq":400', '"seq":403').replace("1.0", "true"),  # a bool
+        raw.replace('"seq":400', '"seq":404').replace('{"train/m0":1.0}', "{}"),
+    ]
     lines += extra
     write_lines(tmp_path / "runs" / "lay" / "events.0.jsonl", lines)
     ingest_fast._LAYOUTS.pop("lay", None)
@@ -397,10 +477,16 @@ def test_each_tricky_line_alone(tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     for k, line in enumerate(_tricky("r", 10)):
         run = f"case{k:02d}"
-        line = line.replace(b'"run":"r"', f'"run":"{run}"'.encode()) if isinstance(line, bytes) else line.replace('"run":"r"', f'"run":"{run}"')
+        line = (
+            line.replace(b'"run":"r"', f'"run":"{run}"'.encode())
+            if isinstance(line, bytes)
+            else line.replace('"run":"r"', f'"run":"{run}"')
+        )
         good = [event(run, "metrics", {"x": 1.0}, i, i, t=1.7e9) for i in range(3)]
-        after = [event(run, "expert_load", {"layer": 0, "routed": [1, 2], "dropped": [0, 1]}, 100 + i, 9, t=1.7e9)
-                 for i in range(3)]  # fmt: skip
+        after = [
+            event(run, "expert_load", {"layer": 0, "routed": [1, 2], "dropped": [0, 1]}, 100 + i, 9, t=1.7e9)
+            for i in range(3)
+        ]
         write_lines(runs / run / "events.0.jsonl", [*good, line, *after])
     out = _ingest_both(tmp_path, monkeypatch, runs)
     _assert_same(out)
@@ -429,10 +515,15 @@ def test_pieces_of_metrics_lines_are_cut_smaller(monkeypatch):
     seq = iter(range(10**6))
 
     def lines(kind, n):
-        data = ({"layer": 0, "routed": list(range(30)), "dropped": [0] * 30} if kind == "expert_load"
-                else {f"loss/{i}": i * 0.5 for i in range(8)})  # fmt: skip
-        return [json.dumps(event("r", kind, data, next(seq), step=i, t=1.7e9), separators=(",", ":")).encode()
-                for i in range(n)]  # fmt: skip
+        data = (
+            {"layer": 0, "routed": list(range(30)), "dropped": [0] * 30}
+            if kind == "expert_load"
+            else {f"loss/{i}": i * 0.5 for i in range(8)}
+        )
+        return [
+            json.dumps(event("r", kind, data, next(seq), step=i, t=1.7e9), separators=(",", ":")).encode()
+            for i in range(n)
+        ]
 
     runs = [("metrics", 40), ("expert_load", 60), ("metrics", 40)]
     kinds = [k for k, n in runs for _ in range(n)]

@@ -165,7 +165,18 @@ def test_status_none_is_crashed_at_the_last_event_from_the_logs_alone(tb_root, t
     runs = tmp_path / "runs"
     stores = [tmp_path / "o.duckdb", tmp_path / "fresh.duckdb"]
     r = CliRunner().invoke(
-        cli, ["import", "tensorboard", str(root), "--status", "none", "--runs-dir", str(runs), "--db", str(stores[0])]
+        cli,
+        [
+            "import",
+            "tensorboard",
+            str(root),
+            "--status",
+            "none",
+            "--runs-dir",
+            str(runs),
+            "--db",
+            str(stores[0]),
+        ],
     )
     assert r.exit_code == 0 and "status crashed" in r.output, r.output
     r = CliRunner().invoke(cli, ["ingest", "--runs-dir", str(runs), "--db", str(stores[1]), "-q"])

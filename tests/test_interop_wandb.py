@@ -362,7 +362,9 @@ def _log(runs: Path, run: str = "wandb-good1") -> list[dict]:
 
 def _row(db) -> tuple:
     with connect(db) as con:
-        return con.execute("SELECT status, end_time, last_event_t FROM runs WHERE run = 'wandb-good1'").fetchall()[0]
+        return con.execute(
+            "SELECT status, end_time, last_event_t FROM runs WHERE run = 'wandb-good1'"
+        ).fetchall()[0]
 
 
 @pytest.mark.slow
@@ -378,7 +380,11 @@ def test_a_truncated_import_is_crashed_from_the_logs_alone(wandb_runs, tmp_path,
     want = ("crashed", last_t, last_t)
     assert _row(db) == want  # the import's own store
     fresh = tmp_path / "fresh.duckdb"
-    for args in (["ingest", "--db", str(fresh)], ["rebuild", "--db", str(fresh)], ["rebuild", "--db", str(db)]):
+    for args in (
+        ["ingest", "--db", str(fresh)],
+        ["rebuild", "--db", str(fresh)],
+        ["rebuild", "--db", str(db)],
+    ):
         r = CliRunner().invoke(cli, [*args, "--runs-dir", str(runs), "-q"])
         assert r.exit_code == 0, r.output
         assert _row(fresh if str(fresh) in args else db) == want, args
@@ -409,8 +415,10 @@ def test_a_cut_run_imported_again_after_it_grew_extends_its_log(wandb_runs, tmp_
     markers = [i for i, e in enumerate(log) if e["kind"] == "failure" and e["data"].get("final")]
     assert len(markers) == 2 and markers[1] == len(log) - 1
     grown, _ = convert_wandb_file(src)  # the same events as a fresh import of the grown source
-    assert _same(_metrics(grown), {e["step"]: {k: float(v) for k, v in e["data"].items()}
-                                   for e in log if e["kind"] == "metrics"})  # fmt: skip
+    assert _same(
+        _metrics(grown),
+        {e["step"]: {k: float(v) for k, v in e["data"].items()} for e in log if e["kind"] == "metrics"},
+    )
     last_t = max(e["t"] for e in log if e["kind"] == "metrics")
     assert log[markers[0]]["t"] < last_t
     assert _row(db) == ("crashed", last_t, last_t)

@@ -24,14 +24,26 @@ from observatory.store import connect
 
 TIMEOUT = 60
 # (id, project, group)
-RUNS = (("mnist-a1", "mnist", "sweep-a"), ("mnist-a2", "mnist", "sweep-a"), ("mnist-b1", "mnist", "sweep-b"),
-        ("cifar-1", "cifar", None), ("plain", None, None))  # fmt: skip
+RUNS = (
+    ("mnist-a1", "mnist", "sweep-a"),
+    ("mnist-a2", "mnist", "sweep-a"),
+    ("mnist-b1", "mnist", "sweep-b"),
+    ("cifar-1", "cifar", None),
+    ("plain", None, None),
+)
 
 
 def _write(runs_dir):
     for rid, project, group in RUNS:
-        run = wandb.init(project=project, group=group, id=rid, name=f"name of {rid}", notes=f"notes on {rid}",
-                         dir=runs_dir, config={"lr": 1e-3})  # fmt: skip
+        run = wandb.init(
+            project=project,
+            group=group,
+            id=rid,
+            name=f"name of {rid}",
+            notes=f"notes on {rid}",
+            dir=runs_dir,
+            config={"lr": 1e-3},
+        )
         for step in range(5):
             run.log({"loss": 5.0 - step, "acc": 0.1 * step})
         if rid == "mnist-a1":
@@ -39,10 +51,28 @@ def _write(runs_dir):
             run.summary["loss"] = 0.5  # set, then a later log replaces it: finish's summary says so
             run.log({"loss": 0.25})
             run.summary.update({"eval": {"ppl": 12.5}, "note": "good"})
-            run.event("histogram", {"name": "grad/hist", "bucket_limits": [0.0, 1.0, 2.0, 4.0],
-                                    "bucket_counts": [3, 5, 1], "min": 0.1, "max": 3.9, "count": 9}, step=2)  # fmt: skip
-            run.event("histogram", {"name": "grad/hist", "bucket_limits": [0.0, 1.0, 2.0, 4.0],
-                                    "bucket_counts": [1, 7, 2], "count": 10}, step=4)  # fmt: skip
+            run.event(
+                "histogram",
+                {
+                    "name": "grad/hist",
+                    "bucket_limits": [0.0, 1.0, 2.0, 4.0],
+                    "bucket_counts": [3, 5, 1],
+                    "min": 0.1,
+                    "max": 3.9,
+                    "count": 9,
+                },
+                step=2,
+            )
+            run.event(
+                "histogram",
+                {
+                    "name": "grad/hist",
+                    "bucket_limits": [0.0, 1.0, 2.0, 4.0],
+                    "bucket_counts": [1, 7, 2],
+                    "count": 10,
+                },
+                step=4,
+            )
             run.event("artifact", {"name": "config", "type": "config", "path": "/tmp/cfg.yaml", "bytes": 123})
         run.finish()
 
@@ -63,9 +93,12 @@ def store(tmp_path_factory):
 
 
 def test_run_start_fields_are_columns(store):
-    res = run_user_sql(store, "SELECT run, name, project, run_group, notes, source->>'$.trainer' FROM runs ORDER BY run")
+    res = run_user_sql(
+        store, "SELECT run, name, project, run_group, notes, source->>'$.trainer' FROM runs ORDER BY run"
+    )
     assert res.rows == [
-        (rid, f"name of {rid}", project, group, f"notes on {rid}", "wandb-api") for rid, project, group in sorted(RUNS)
+        (rid, f"name of {rid}", project, group, f"notes on {rid}", "wandb-api")
+        for rid, project, group in sorted(RUNS)
     ]
     res = run_user_sql(store, "SELECT project, count(*) FROM runs GROUP BY ALL ORDER BY ALL")
     assert res.rows == [("cifar", 1), ("mnist", 3), (None, 1)]
@@ -75,10 +108,17 @@ def test_list_runs_and_cli_filter_by_project_and_group(store):
     with connect(store) as con:
         assert {r["run"] for r in list_runs(con, projects=["mnist"])} == {"mnist-a1", "mnist-a2", "mnist-b1"}
         assert {r["run"] for r in list_runs(con, projects=["mnist"], groups=["sweep-b"])} == {"mnist-b1"}
-        assert {r["run"] for r in list_runs(con, projects=["mnist", "cifar"])} == {"mnist-a1", "mnist-a2", "mnist-b1", "cifar-1"}
+        assert {r["run"] for r in list_runs(con, projects=["mnist", "cifar"])} == {
+            "mnist-a1",
+            "mnist-a2",
+            "mnist-b1",
+            "cifar-1",
+        }
         assert len(list_runs(con)) == len(RUNS)
     cli = CliRunner()
-    res = cli.invoke(main, ["runs", "--db", str(store), "--project", "mnist", "--group", "sweep-a", "--format", "json"])
+    res = cli.invoke(
+        main, ["runs", "--db", str(store), "--project", "mnist", "--group", "sweep-a", "--format", "json"]
+    )
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
     assert sorted(r["run"] for r in rows) == ["mnist-a1", "mnist-a2"]
@@ -118,19 +158,24 @@ def test_later_summary_event_overrides_key_by_key(tmp_path):
 
 def test_histograms_and_artifacts_are_queryable(store):
     res = run_user_sql(
-        store, "SELECT step, bucket_counts, count FROM histograms WHERE run = 'mnist-a1' AND name = 'grad/hist' ORDER BY step"
+        store,
+        "SELECT step, bucket_counts, count FROM histograms WHERE run = 'mnist-a1' AND name = 'grad/hist' ORDER BY step",
     )
     assert res.rows == [(2, [3, 5, 1], 9.0), (4, [1, 7, 2], 10.0)]
     with connect(store) as con:
         assert details.histogram_names(con, "mnist-a1") == [("grad/hist", 2)]
         assert details.histograms(con, "mnist-a1", "grad/hist")[-1]["bucket_limits"] == [0.0, 1.0, 2.0, 4.0]
         arts = details.artifacts(con, "mnist-a1")
-        assert [(a["name"], a["type"], a["path"], a["bytes"]) for a in arts] == [("config", "config", "/tmp/cfg.yaml", 123)]
+        assert [(a["name"], a["type"], a["path"], a["bytes"]) for a in arts] == [
+            ("config", "config", "/tmp/cfg.yaml", 123)
+        ]
         assert details.run_info(con, "cifar-1")["project"] == "cifar"
 
 
 def _page(name: str, **query) -> AppTest:
-    at = AppTest.from_string(f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=TIMEOUT)
+    at = AppTest.from_string(
+        f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=TIMEOUT
+    )
     for k, v in query.items():
         at.query_params[k] = v
     return at.run()
@@ -200,5 +245,7 @@ def test_a_small_ingest_and_query_do_not_import_pandas(tmp_path):
         f"con = connect({str(db)!r}); n = len(metric_series(con, 'small', 'train/loss')['step']); con.close()\n"
         "print(n, 'pandas' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
+    )
     assert out.stdout.split() == ["20", "False"], out.stderr

@@ -120,22 +120,30 @@ def test_forward_errors_predict_each_rung_from_the_smaller_rungs_only():
     extrapolates), not each rung from all the others; the smallest rung, predicted backwards,
     does not widen it."""
     rungs = synth_rungs([1e10, 2.2e10, 5e10, 1.1e11, 2.4e11], noise=0.002, seed=5)
-    rungs[0] = Rung(run="r0", rung="r0", flops=1e10, curve={f: v * 1.2 for f, v in rungs[0].curve.items()}, steps=100)
+    rungs[0] = Rung(
+        run="r0", rung="r0", flops=1e10, curve={f: v * 1.2 for f, v in rungs[0].curve.items()}, steps=100
+    )
     fit = fit_ladder(rungs, FitConfig(n_boot=20))
     # rungs with >= 2 smaller rungs get a forward error; every rung a leave-one-out error
-    assert set(fit.fwd_err[1.0]) == {"r2", "r3", "r4"} and set(fit.loo_err[1.0]) == {f"r{i}" for i in range(5)}
+    assert set(fit.fwd_err[1.0]) == {"r2", "r3", "r4"} and set(fit.loo_err[1.0]) == {
+        f"r{i}" for i in range(5)
+    }
     # the largest rung's forward error is exactly the backtest's (both fit the four smaller rungs)
     bt = backtest(rungs, FitConfig(n_boot=20))
     assert 100 * (math.exp(fit.fwd_err[1.0]["r4"]) - 1) == pytest.approx(bt.final_error_pct, abs=1e-3)
     # the broken smallest rung, left out, is predicted ~17% low from the others: the largest LOO error,
     # and the "max" band takes it; the forward band does not see it
     assert max(fit.loo_err[1.0].values(), key=abs) == fit.loo_err[1.0]["r0"] < math.log(0.9)
-    assert fit.loo_halfwidth(1.0) == pytest.approx(abs(fit.fwd_err[1.0]["r4"]))  # the ladder's own last extrapolation
+    assert fit.loo_halfwidth(1.0) == pytest.approx(
+        abs(fit.fwd_err[1.0]["r4"])
+    )  # the ladder's own last extrapolation
     assert fit.loo_halfwidth(1.0) < 0.5 * abs(fit.loo_err[1.0]["r0"])
     old = fit_ladder(rungs, FitConfig(n_boot=20, loo="max"))
     assert old.loo_halfwidth(1.0) == pytest.approx(abs(fit.loo_err[1.0]["r0"]))
     narrow, wide = fit.forecast(5e11).final, old.forecast(5e11).final
-    assert narrow.value == pytest.approx(wide.value) and narrow.high - narrow.low < 0.75 * (wide.high - wide.low)
+    assert narrow.value == pytest.approx(wide.value) and narrow.high - narrow.low < 0.75 * (
+        wide.high - wide.low
+    )
 
 
 def test_fit_config_validates():
@@ -156,8 +164,20 @@ def test_curve_by_fraction_snaps_evals_to_five_percent_marks():
 
 def test_deviations_need_k_consecutive_evals_outside():
     points = [{"step": s, "value": 3.0, "low": 2.9, "high": 3.1} for s in (10, 100)]
-    evals = [{"step": s, "loss": v} for s, v in
-             [(5, 9.0), (10, 3.0), (20, 3.3), (30, 3.4), (40, 3.0), (50, 3.2), (60, 3.3), (70, 3.5), (80, 3.0)]]
+    evals = [
+        {"step": s, "loss": v}
+        for s, v in [
+            (5, 9.0),
+            (10, 3.0),
+            (20, 3.3),
+            (30, 3.4),
+            (40, 3.0),
+            (50, 3.2),
+            (60, 3.3),
+            (70, 3.5),
+            (80, 3.0),
+        ]
+    ]
     assert deviations(points, evals, k=4) == []
     ex = deviations(points, evals, k=3)
     assert [e["window"] for e in ex] == [[50, 70]]  # step 5 has no band; 20-30 is only two
@@ -186,8 +206,16 @@ def seeded_rungs(flops, offsets, noise=0.0005, seed=0):
     for i, c in enumerate(flops):
         for k, off in enumerate(offsets):
             curve = {f: law(c, f) * math.exp(off + rng.normal(0, noise)) for f in FRACTIONS}
-            out.append(Rung(run=f"r{i}" + (f"-s{k}" if k else ""), rung=f"r{i}", flops=c, curve=curve,
-                            steps=100, seed=k))
+            out.append(
+                Rung(
+                    run=f"r{i}" + (f"-s{k}" if k else ""),
+                    rung=f"r{i}",
+                    flops=c,
+                    curve=curve,
+                    steps=100,
+                    seed=k,
+                )
+            )
     return out
 
 
@@ -263,8 +291,10 @@ def test_ladder_spec_seeds_plan_one_run_per_rung_and_seed(tmp_path):
 
     base = Path(__file__).resolve().parent.parent / "trainer" / "configs" / "tiny.yaml"
     y = tmp_path / "lad.yaml"
-    body = (f"name: lad\nbase: {base}\ntokens_per_param: 2\nrungs:\n  - {{rung: a, overrides: [model.d_model=16]}}\n"
-            "  - {rung: b, overrides: [model.d_model=24]}\ntarget: {rung: t, overrides: [model.d_model=32]}\n")
+    body = (
+        f"name: lad\nbase: {base}\ntokens_per_param: 2\nrungs:\n  - {{rung: a, overrides: [model.d_model=16]}}\n"
+        "  - {rung: b, overrides: [model.d_model=24]}\ntarget: {rung: t, overrides: [model.d_model=32]}\n"
+    )
     y.write_text(body + "seeds: 3\n")
     spec = load_ladder_spec(y)
     assert spec.seeds == (0, 1, 2)
@@ -312,8 +342,14 @@ def test_trainer_ladder_plan_with_seeds_and_target_seed(capsys):
     cfg = str(Path(__file__).resolve().parent.parent / "trainer" / "configs" / "ladder_cpu.yaml")
     assert main(["--config", cfg, "--plan", "--seeds", "2", "--target-seed", "3"]) == 0
     out = capsys.readouterr().out
-    ids = [line.split()[2] for line in out.splitlines() if line.strip().startswith(("d24", "d32", "d40", "d48", "d72"))]
-    assert ids == [f"ladder-cpu-{r}{s}" for s in ("", "-s1") for r in ("d24", "d32", "d40", "d48")] + ["ladder-cpu-d72-s3"]
+    ids = [
+        line.split()[2]
+        for line in out.splitlines()
+        if line.strip().startswith(("d24", "d32", "d40", "d48", "d72"))
+    ]
+    assert ids == [f"ladder-cpu-{r}{s}" for s in ("", "-s1") for r in ("d24", "d32", "d40", "d48")] + [
+        "ladder-cpu-d72-s3"
+    ]
     for bad in (["--seeds", "0"], ["--target-seed", "-1"]):
         assert main(["--config", cfg, "--plan", *bad]) == 2
         assert "must be >= " in capsys.readouterr().err

@@ -36,23 +36,45 @@ def law(c, f=1.0):
     return E + A * (f * c) ** -ALPHA
 
 
-def write_run(runs_dir, run_id, flops, *, target=False, push=None, seed=0, rung=None, ladder_seed=None,
-              offset=None, name="syn"):
+def write_run(
+    runs_dir,
+    run_id,
+    flops,
+    *,
+    target=False,
+    push=None,
+    seed=0,
+    rung=None,
+    ladder_seed=None,
+    offset=None,
+    name="syn",
+):
     """A run whose eval loss follows `law` (x `push` from 40% of the schedule on, if given).
 
     rung/ladder_seed: write it as seed `ladder_seed` of rung `rung` (ladder.seed in run_start);
     offset: the run's whole-curve log offset (default: a 0.1% random draw).
     """
     rng = np.random.default_rng(seed)
-    ladder = {"name": name, "rung": "target" if target else (rung or run_id), "flops": flops, "steps": STEPS,
-              "params_active": int(math.sqrt(flops / 12)), "tokens": int(math.sqrt(flops / 3))}
+    ladder = {
+        "name": name,
+        "rung": "target" if target else (rung or run_id),
+        "flops": flops,
+        "steps": STEPS,
+        "params_active": int(math.sqrt(flops / 12)),
+        "tokens": int(math.sqrt(flops / 3)),
+    }
     if ladder_seed is not None:
         ladder["seed"] = ladder_seed
     if target:
         ladder["target"] = True
     common = rng.normal(0, 0.001) if offset is None else offset
-    with observatory.init(run_id=run_id, runs_dir=runs_dir, config={"steps": STEPS}, ladder=ladder,
-                          install_signal_handlers=False) as run:
+    with observatory.init(
+        run_id=run_id,
+        runs_dir=runs_dir,
+        config={"steps": STEPS},
+        ladder=ladder,
+        install_signal_handlers=False,
+    ) as run:
         for step in range(1, STEPS + 1):
             f = step / STEPS
             loss = law(flops, f) * math.exp(common + rng.normal(0, 0.0003))
@@ -105,8 +127,12 @@ def test_fit_json_and_list(ladder_store):
     h = fit["fractions"]["1.00"]["loo_halfwidth"]
     assert h == pytest.approx(abs(fit["forward_final"]["syn-r3"]))
     old = json.loads(invoke("ladder", "fit", "syn", "--json", "--band", "max", "--no-backtest"))["fit"]
-    assert old["fractions"]["1.00"]["loo_halfwidth"] == pytest.approx(max(abs(e) for e in old["loo_final"].values()))
-    out = invoke("ladder", "forecast", "syn", "--target", "syn-x", "--flops", "1e12", "--band", "none", "--dry-run")
+    assert old["fractions"]["1.00"]["loo_halfwidth"] == pytest.approx(
+        max(abs(e) for e in old["loo_final"].values())
+    )
+    out = invoke(
+        "ladder", "forecast", "syn", "--target", "syn-x", "--flops", "1e12", "--band", "none", "--dry-run"
+    )
     assert '"band": "none"' in out
 
 
@@ -118,7 +144,9 @@ def test_fit_errors_are_clear(ladder_store):
 
 
 def _forecast_then_run(runs, db, run_id, push=None):
-    invoke("ladder", "forecast", "syn", "--target", run_id, "--flops", str(TARGET_FLOPS), "--steps", str(STEPS))
+    invoke(
+        "ladder", "forecast", "syn", "--target", run_id, "--flops", str(TARGET_FLOPS), "--steps", str(STEPS)
+    )
     write_run(runs, run_id, TARGET_FLOPS, target=True, push=push, seed=7)
     ingest(runs, db, emit=None)
 
@@ -132,11 +160,15 @@ def test_forecast_is_pre_registered_and_clean_target_stays_inside(ladder_store):
     assert fc["kind"] == "forecast" and start["kind"] == "run_start"
     assert fc["t"] < start["t"]
     assert fc["data"]["pre_registered"] is True
-    assert fc["data"]["source"]["ladder"] == "syn" and fc["data"]["source"]["fit_version"].startswith(FIT_VERSION + ":")
+    assert fc["data"]["source"]["ladder"] == "syn" and fc["data"]["source"]["fit_version"].startswith(
+        FIT_VERSION + ":"
+    )
     assert len(fc["data"]["points"]) == 20 and fc["data"]["target_step"] == STEPS
     # in the store, too
     with connect(db) as con:
-        (t_fc,) = con.execute("SELECT t FROM events WHERE kind = 'forecast' AND run = 'syn-target'").fetchone()
+        (t_fc,) = con.execute(
+            "SELECT t FROM events WHERE kind = 'forecast' AND run = 'syn-target'"
+        ).fetchone()
         (t_start,) = con.execute("SELECT start_time FROM runs WHERE run = 'syn-target'").fetchone()
     assert t_fc < t_start
     band = forecast_band(db, "syn-target")
@@ -158,7 +190,9 @@ def test_target_pushed_off_course_gets_one_deviation_anomaly(ladder_store):
     with connect(db) as con:
         rows = con.execute(
             "SELECT step, data FROM events WHERE kind = 'anomaly' AND run = 'syn-pushed' "
-            "AND json_extract_string(data, '$.detector') = ?", [DETECTOR]).fetchall()
+            "AND json_extract_string(data, '$.detector') = ?",
+            [DETECTOR],
+        ).fetchall()
     assert len(rows) == 1, rows
     d = json.loads(rows[0][1])
     assert d["window"][0] == 40  # the first eval after the push
@@ -178,7 +212,9 @@ def test_forecast_for_started_run_is_marked_not_pre_registered(ladder_store):
     assert fc["data"]["pre_registered"] is False
 
 
-@pytest.mark.skipif(not any(SAMPLES.glob("ladder-cpu-*/events.0.jsonl.gz")), reason="sample ladder not generated")
+@pytest.mark.skipif(
+    not any(SAMPLES.glob("ladder-cpu-*/events.0.jsonl.gz")), reason="sample ladder not generated"
+)
 def test_real_trainer_lr_spike_leaves_the_band(tmp_path):
     """Real trainer runs against the committed sample ladder: the smallest rung's recipe retrained
     clean stays inside the band the ladder forecasts for it; with inject=lr_spike it leaves it."""
@@ -202,18 +238,37 @@ def test_real_trainer_lr_spike_leaves_the_band(tmp_path):
         from trainer.config import apply_overrides, from_dict
 
         cfg = from_dict(apply_overrides(rung.cfg.to_dict(), list(extra)))
-        res = CliRunner().invoke(cli, ["ladder", "forecast", spec.name, "--target", run_id, "--runs-dir", str(runs),
-                                       "--db", str(db), "--flops", repr(rung.ladder["flops"]),
-                                       "--steps", str(rung.cfg.steps)])
+        res = CliRunner().invoke(
+            cli,
+            [
+                "ladder",
+                "forecast",
+                spec.name,
+                "--target",
+                run_id,
+                "--runs-dir",
+                str(runs),
+                "--db",
+                str(db),
+                "--flops",
+                repr(rung.ladder["flops"]),
+                "--steps",
+                str(rung.cfg.steps),
+            ],
+        )
         assert res.exit_code == 0, res.output
         train(cfg, runs, run_id=run_id, ladder={**rung.ladder, "rung": "target", "target": True})
     ingest(runs, db, emit=None)  # ingest's hook (anomalies.after_ingest) may already run the check
     found = {a["run"] for a in check_targets(db, runs, ["re-clean", "re-spike"])}
     ingest(runs, db, emit=None)
     with connect(db) as con:
-        stored = {r[0] for r in con.execute(
-            "SELECT run FROM events WHERE kind = 'anomaly' AND json_extract_string(data, '$.detector') = ?",
-            [DETECTOR]).fetchall()}
+        stored = {
+            r[0]
+            for r in con.execute(
+                "SELECT run FROM events WHERE kind = 'anomaly' AND json_extract_string(data, '$.detector') = ?",
+                [DETECTOR],
+            ).fetchall()
+        }
     assert "re-spike" in found | stored
     assert "re-clean" not in found | stored
 
@@ -244,20 +299,41 @@ def test_seeded_ladder_through_the_store(tmp_path, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_DB", str(db))
     for i, c in enumerate(RUNG_FLOPS):
         for k, off in enumerate((-0.004, 0.004)):  # seeds 0.8% apart: sd 0.57% in log loss
-            write_run(runs, f"sd-r{i}" + (f"-s{k}" if k else ""), c, seed=10 * i + k, rung=f"r{i}",
-                      ladder_seed=k, offset=off, name="sd")
+            write_run(
+                runs,
+                f"sd-r{i}" + (f"-s{k}" if k else ""),
+                c,
+                seed=10 * i + k,
+                rung=f"r{i}",
+                ladder_seed=k,
+                offset=off,
+                name="sd",
+            )
     ingest(runs, db, emit=None)
     assert "sd                           4     8" in invoke("ladder", "list")
     out = json.loads(invoke("ladder", "fit", "sd", "--json"))
     fit = out["fit"]
     assert [(r["rung"], r["seeds"], r["runs"]) for r in fit["rungs"]] == [
-        (f"r{i}", 2, [f"sd-r{i}", f"sd-r{i}-s1"]) for i in range(4)]
+        (f"r{i}", 2, [f"sd-r{i}", f"sd-r{i}-s1"]) for i in range(4)
+    ]
     assert fit["noise"]["value"] == pytest.approx(0.008 / math.sqrt(2), rel=0.1)
     assert fit["noise"]["source"] == "seeds (dof 4)"
     assert abs(out["backtest"]["final_error_pct"]) < 1.0
     # the mean of the two seeds is (nearly) the law: the fit's final loss lands on it
     assert fit["rungs"][3]["final_loss"] == pytest.approx(law(RUNG_FLOPS[3]), rel=0.002)
-    invoke("ladder", "forecast", "sd", "--target", "sd-target", "--flops", str(TARGET_FLOPS), "--steps", str(STEPS))
-    fc = json.loads((runs / "sd-target" / f"events.{OBSERVATORY_HOST}.jsonl").read_text().splitlines()[0])["data"]
+    invoke(
+        "ladder",
+        "forecast",
+        "sd",
+        "--target",
+        "sd-target",
+        "--flops",
+        str(TARGET_FLOPS),
+        "--steps",
+        str(STEPS),
+    )
+    fc = json.loads((runs / "sd-target" / f"events.{OBSERVATORY_HOST}.jsonl").read_text().splitlines()[0])[
+        "data"
+    ]
     assert len(fc["source"]["rungs"]) == 8 and fc["source"]["noise_source"] == "seeds (dof 4)"
     assert math.log(fc["high"] / fc["value"]) >= 1.645 * fc["source"]["noise"] * 0.99  # the target is one run

@@ -43,7 +43,10 @@ def levanter_run(out: Path, model: str) -> dict:
     env.pop("XLA_FLAGS", None)  # conftest's 8 host devices: these runs use one (batch 4 would not divide)
     proc = subprocess.run(
         [str(PYTHON), str(FIXTURE), str(out), "--model", model],
-        env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     if model == "calls":  # ends with an uncaught exception on purpose
         assert proc.returncode != 0 and "boom in the training loop" in proc.stderr
@@ -77,8 +80,10 @@ def calls(tmp_path_factory):
     out = tmp_path_factory.mktemp("levanter-calls")
     info = levanter_run(out, "calls")
     path = Path(info["runs_dir"]) / info["run_id"] / "events.0.jsonl"
-    return {"events": [json.loads(line) for line in path.read_text().splitlines()],
-            "names": (out / "names.md").read_text()}
+    return {
+        "events": [json.loads(line) for line in path.read_text().splitlines()],
+        "names": (out / "names.md").read_text(),
+    }
 
 
 def page(db: Path, name: str, run: str, monkeypatch) -> AppTest:
@@ -104,8 +109,11 @@ def test_llama_run_ingests_with_config_and_summary(llama):
         status, final_step, tags, config = con.execute(
             "SELECT status, final_step, tags, config FROM runs WHERE run = ?", [llama["run_id"]]
         ).fetchone()
-        kinds = dict(con.execute("SELECT kind, count(*) FROM events WHERE run = ? GROUP BY kind",
-                                 [llama["run_id"]]).fetchall())
+        kinds = dict(
+            con.execute(
+                "SELECT kind, count(*) FROM events WHERE run = ? GROUP BY kind", [llama["run_id"]]
+            ).fetchall()
+        )
     assert status == "completed" and final_step == 19
     assert tags == ["levanter", "llama"]
     config = json.loads(config)
@@ -134,7 +142,9 @@ def test_llama_run_on_the_live_page(llama, monkeypatch):
 
 def test_llama_wandb_offline_files_give_the_same_loss(llama):
     runs_dir, db = llama["out"] / "wandb-runs", llama["out"] / "wandb.duckdb"
-    r = CliRunner().invoke(cli, ["import", "wandb", llama["wandb_dir"], "--runs-dir", str(runs_dir), "--db", str(db)])
+    r = CliRunner().invoke(
+        cli, ["import", "wandb", llama["wandb_dir"], "--runs-dir", str(runs_dir), "--db", str(db)]
+    )
     assert r.exit_code == 0, r.output
     with duckdb.connect(str(db), read_only=True) as con:
         (wandb_run,) = con.execute("SELECT run FROM runs").fetchone()
@@ -146,7 +156,7 @@ def test_llama_wandb_offline_files_give_the_same_loss(llama):
 
 def test_mixtral_run_reaches_the_experts_page(mixtral, monkeypatch):
     with duckdb.connect(str(mixtral["db"]), read_only=True) as con:
-        status, = con.execute("SELECT status FROM runs WHERE run = ?", [mixtral["run_id"]]).fetchone()
+        (status,) = con.execute("SELECT status FROM runs WHERE run = ?", [mixtral["run_id"]]).fetchone()
         loads = con.execute(
             "SELECT step, layer, list(routed ORDER BY expert) FROM expert_load WHERE run = ? "
             "GROUP BY step, layer ORDER BY step, layer",
@@ -172,7 +182,9 @@ def test_mixtral_run_reaches_the_experts_page(mixtral, monkeypatch):
 
 
 def test_the_docs_have_the_name_table(calls):
-    assert calls["names"].strip() in (ROOT / "docs" / "levanter.md").read_text(), "docs/levanter.md's name table is stale"
+    assert calls["names"].strip() in (ROOT / "docs" / "levanter.md").read_text(), (
+        "docs/levanter.md's name table is stale"
+    )
 
 
 def test_tracker_calls_map_onto_events(calls):

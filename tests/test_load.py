@@ -266,7 +266,9 @@ def test_five_viewers_for_20_s_while_training(tmp_path):
     from bench import bench_load
 
     with bench_load.World(tmp_path) as world:
-        figs = bench_load.measure(world, viewers=5, duration_s=20.0, single_views=3, dwell=(5.0, 8.0), ramp_s=2.0)
+        figs = bench_load.measure(
+            world, viewers=5, duration_s=20.0, single_views=3, dwell=(5.0, 8.0), ramp_s=2.0
+        )
     report = "\n".join(figs.lines())
     assert "arriving over the first 2 s" in report, report
     print(report)
@@ -289,8 +291,13 @@ async def _sql_view(port: int, sql: str) -> tuple[list[str], list[str]]:
     runs: list[list[str]] = [[]]
     ids: dict[str, str] = {}
     page_hash = ""
-    async with websockets.connect(f"ws://127.0.0.1:{port}/_stcore/stream", subprotocols=["streamlit"],
-                                  origin=f"http://127.0.0.1:{port}", max_size=None, open_timeout=60) as ws:  # fmt: skip
+    async with websockets.connect(
+        f"ws://127.0.0.1:{port}/_stcore/stream",
+        subprotocols=["streamlit"],
+        origin=f"http://127.0.0.1:{port}",
+        max_size=None,
+        open_timeout=60,
+    ) as ws:
         await ws.send(bench_load._rerun("sql", ""))
         while True:
             msg = ForwardMsg()
@@ -312,7 +319,9 @@ async def _sql_view(port: int, sql: str) -> tuple[list[str], list[str]]:
                     return runs[0], runs[1]
                 assert "area" in ids and "button" in ids, runs
                 runs.append([])
-                await ws.send(bench_load._sql_submit(page_hash, ids["area"], ids["button"], sql, ids["fragment"]))
+                await ws.send(
+                    bench_load._sql_submit(page_hash, ids["area"], ids["button"], sql, ids["fragment"])
+                )
 
 
 @pytest.mark.browser  # a real Streamlit server (no chromium: its own protocol)
@@ -327,7 +336,9 @@ def test_running_a_query_reruns_the_console_alone(tmp_path):
 
     _, db = make_store(tmp_path)
     with dashboard(db, tmp_path / "server.log") as url:
-        opening, submitted = _asyncio.run(_sql_view(int(url.rsplit(":", 1)[1]), "SELECT run FROM runs ORDER BY run"))
+        opening, submitted = _asyncio.run(
+            _sql_view(int(url.rsplit(":", 1)[1]), "SELECT run FROM runs ORDER BY run")
+        )
     assert opening.count("dataframe") >= 10  # the schema browser: one per table
     assert submitted.count("dataframe") == 1, submitted  # the result, and nothing of the schema
     assert "text_area" in submitted  # the console itself was redrawn

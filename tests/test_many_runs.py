@@ -32,10 +32,25 @@ def _lines(run: str, host: int, first: int, last: int, seq0: int, rnd: random.Ra
         loss = 4.0 * 0.98**s + rnd.gauss(0, 0.01)
         if i % 50 == 7 and s == 30:
             loss *= 8  # a spike the detectors flag
-        data = {"train/loss": "nan" if (i % 97 == 3 and s == 25) else round(loss, 6),
-                "grad/norm/total": round(rnd.uniform(0.9, 1.1), 4), "opt/lr": 1e-3}  # fmt: skip
-        out.append(json.dumps({"v": 1, "run": run, "kind": "metrics", "step": s, "t": T0 + i / 100 + s, "host": host,
-                               "seq": seq0 + k, "data": data}))  # fmt: skip
+        data = {
+            "train/loss": "nan" if (i % 97 == 3 and s == 25) else round(loss, 6),
+            "grad/norm/total": round(rnd.uniform(0.9, 1.1), 4),
+            "opt/lr": 1e-3,
+        }
+        out.append(
+            json.dumps(
+                {
+                    "v": 1,
+                    "run": run,
+                    "kind": "metrics",
+                    "step": s,
+                    "t": T0 + i / 100 + s,
+                    "host": host,
+                    "seq": seq0 + k,
+                    "data": data,
+                }
+            )
+        )
     return out
 
 
@@ -51,16 +66,43 @@ def _write(root, i: int, upto: int | None = None) -> None:
         have = path.read_text().splitlines() if path.exists() else []
         lines = []
         if not have:
-            lines.append(json.dumps({"v": 1, "run": run, "kind": "run_start", "step": 0, "t": T0 + i / 100, "host": host,
-                                     "seq": 0, "data": {"config": {"lr": 1e-3, "seed": i}, "project": f"p{i % 3}",
-                                                        "group": f"g{i % 20}", "tags": ["sweep"]}}))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "run": run,
+                        "kind": "run_start",
+                        "step": 0,
+                        "t": T0 + i / 100,
+                        "host": host,
+                        "seq": 0,
+                        "data": {
+                            "config": {"lr": 1e-3, "seed": i},
+                            "project": f"p{i % 3}",
+                            "group": f"g{i % 20}",
+                            "tags": ["sweep"],
+                        },
+                    }
+                )
+            )
         first = 1 + max(0, len(have) - 1)
         last = 40 if upto is None else upto
         lines += _lines(run, host, first, last, len(have) + len(lines), rnd, i)
         if last == 40:
-            lines.append(json.dumps({"v": 1, "run": run, "kind": "run_end", "step": 40, "t": T0 + i / 100 + 41,
-                                     "host": host, "seq": len(have) + len(lines), "data": {"status": "completed",
-                                                                                         "final_step": 40}}))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "run": run,
+                        "kind": "run_end",
+                        "step": 40,
+                        "t": T0 + i / 100 + 41,
+                        "host": host,
+                        "seq": len(have) + len(lines),
+                        "data": {"status": "completed", "final_step": 40},
+                    }
+                )
+            )
         with open(path, "a") as f:
             f.write("".join(x + "\n" for x in lines))
 
@@ -71,12 +113,20 @@ def _r(v):
 
 def snapshot(db) -> dict[str, list]:
     with connect(db) as con:
-        out = {t: sorted(repr(tuple(map(_r, r))) for r in con.execute(f"SELECT * FROM {t}").fetchall()) for t in TABLES}
+        out = {
+            t: sorted(repr(tuple(map(_r, r))) for r in con.execute(f"SELECT * FROM {t}").fetchall())
+            for t in TABLES
+        }
         out["runs"] = sorted(map(repr, con.execute("SELECT * FROM runs").fetchall()))
-        out["findings"] = sorted(con.execute(
-            "SELECT run, data->>'detector', data->>'metric', data->>'severity', data->'window' FROM events "
-            "WHERE kind = 'anomaly'").fetchall())  # fmt: skip
-        out["counts"] = con.execute("SELECT (SELECT count(*) FROM metrics), (SELECT count(*) FROM events)").fetchall()
+        out["findings"] = sorted(
+            con.execute(
+                "SELECT run, data->>'detector', data->>'metric', data->>'severity', data->'window' FROM events "
+                "WHERE kind = 'anomaly'"
+            ).fetchall()
+        )
+        out["counts"] = con.execute(
+            "SELECT (SELECT count(*) FROM metrics), (SELECT count(*) FROM events)"
+        ).fetchall()
     return out
 
 

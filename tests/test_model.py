@@ -145,7 +145,7 @@ def test_aux_free_bias_balances_and_is_not_optimized():
     update_router_bias(model, routed0)
     b = np.asarray(moe.router_bias[...])
     assert b[0] == pytest.approx(0.3 - 0.02)  # overloaded expert pushed down by exactly the rate
-    assert (b[1:][np.asarray(routed0)[0, 1:] < routed0.mean()] == pytest.approx(0.02))
+    assert b[1:][np.asarray(routed0)[0, 1:] < routed0.mean()] == pytest.approx(0.02)
     for _ in range(25):
         update_router_bias(model, fwd(model, batch[:, :-1]))
     assert imbalance(fwd(model, batch[:, :-1])) < 0.6 * start

@@ -49,7 +49,12 @@ def _objective(fn, **kw):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "mesh_shape,gating,top_k",
-    [((1, 1), "softmax_topk", 2), ((2, 4), "softmax_topk", 2), ((1, 8), "aux_free", 2), ((2, 4), "aux_free", 1)],
+    [
+        ((1, 1), "softmax_topk", 2),
+        ((2, 4), "softmax_topk", 2),
+        ((1, 8), "aux_free", 2),
+        ((2, 4), "aux_free", 1),
+    ],
 )
 def test_expert_parallel_matches_reference(mesh_shape, gating, top_k):
     p, x = _params()
@@ -93,22 +98,51 @@ def test_capacity_every_token_to_one_expert(mesh_shape):
     assert c == 4
     assert capacity(0.55, 100, 3, 3) == 55  # float noise (55.00000000000001) must not add a slot
     assert capacity(1.25, 16, 2, 8) == 5 and capacity(0.01, 16, 1, 8) == 1
-    y, st = _fwd(x, p["router_w"], jnp.zeros(e), p["w_gate"], p["w_up"], p["w_down"], top_k=1,
-                        capacity_factor=cf, aux_free=False, mesh=mesh)
+    y, st = _fwd(
+        x,
+        p["router_w"],
+        jnp.zeros(e),
+        p["w_gate"],
+        p["w_up"],
+        p["w_down"],
+        top_k=1,
+        capacity_factor=cf,
+        aux_free=False,
+        mesh=mesh,
+    )
     assert st.routed.tolist() == [0, 0, 0, B * S]
     assert st.dropped.tolist() == [0, 0, 0, B * (S - c)]
     # the kept assignments are the FIRST c tokens of every group (token order within a rank)
     kept = np.abs(np.asarray(y)).sum(-1) > 0  # (B, S)
     assert kept[:, :c].all() and not kept[:, c:].any()
     # top-2: C = 8; expert 3 takes every token's first choice, expert 1 every second choice.
-    y2, st2 = _fwd(x, p["router_w"], jnp.zeros(e), p["w_gate"], p["w_up"], p["w_down"], top_k=2,
-                          capacity_factor=cf, aux_free=False, mesh=mesh)
+    y2, st2 = _fwd(
+        x,
+        p["router_w"],
+        jnp.zeros(e),
+        p["w_gate"],
+        p["w_up"],
+        p["w_down"],
+        top_k=2,
+        capacity_factor=cf,
+        aux_free=False,
+        mesh=mesh,
+    )
     c2 = capacity(cf, S, 2, e)
     assert c2 == 8
     assert st2.routed.tolist() == [0, B * S, 0, B * S]
     assert st2.dropped.tolist() == [0, B * (S - c2), 0, B * (S - c2)]
-    _, ref = _ref(x, p["router_w"], jnp.zeros(e), p["w_gate"], p["w_up"], p["w_down"], top_k=2,
-                           capacity_factor=cf, aux_free=False)
+    _, ref = _ref(
+        x,
+        p["router_w"],
+        jnp.zeros(e),
+        p["w_gate"],
+        p["w_up"],
+        p["w_down"],
+        top_k=2,
+        capacity_factor=cf,
+        aux_free=False,
+    )
     assert ref.dropped.tolist() == st2.dropped.tolist()
 
 
@@ -121,8 +155,9 @@ def test_priority_is_rank_then_token():
     w_gate = jnp.ones((e, d, 3))
     w_up = jnp.ones((e, d, 3))
     w_down = jnp.stack([jnp.ones((3, d)), -jnp.ones((3, d))])  # expert 0 -> +, expert 1 -> -
-    y, st = _fwd(x, router_w, jnp.zeros(e), w_gate, w_up, w_down, top_k=2, capacity_factor=0.5,
-                        aux_free=False)
+    y, st = _fwd(
+        x, router_w, jnp.zeros(e), w_gate, w_up, w_down, top_k=2, capacity_factor=0.5, aux_free=False
+    )
     assert capacity(0.5, s, 2, e) == 4
     assert st.dropped.tolist() == [4, 4]
     sign = np.sign(np.asarray(y)[0, :, 0])
@@ -164,11 +199,29 @@ def test_aux_free_bias_only_selects():
     """The bias changes which experts are chosen, never the gate weights' values."""
     p, x = _params()
     big = jnp.zeros(E).at[5].set(10.0)  # forces expert 5 into every token's top-2
-    _, st = _fwd(x, p["router_w"], big, p["w_gate"], p["w_up"], p["w_down"], top_k=2,
-                        capacity_factor=8.0, aux_free=True)
+    _, st = _fwd(
+        x,
+        p["router_w"],
+        big,
+        p["w_gate"],
+        p["w_up"],
+        p["w_down"],
+        top_k=2,
+        capacity_factor=8.0,
+        aux_free=True,
+    )
     assert int(st.routed[5]) == B * S
-    _, st_plain = _fwd(x, p["router_w"], big, p["w_gate"], p["w_up"], p["w_down"], top_k=2,
-                              capacity_factor=8.0, aux_free=False)
+    _, st_plain = _fwd(
+        x,
+        p["router_w"],
+        big,
+        p["w_gate"],
+        p["w_up"],
+        p["w_down"],
+        top_k=2,
+        capacity_factor=8.0,
+        aux_free=False,
+    )
     assert int(st_plain.routed[5]) < B * S  # softmax_topk ignores the bias
     # router statistics are computed from the unbiased probabilities in both cases
     np.testing.assert_allclose(st.router_z, st_plain.router_z, rtol=1e-6)
@@ -178,7 +231,17 @@ def test_aux_free_bias_only_selects():
 def test_bad_mesh_sizes_are_clear():
     p, x = _params()
     with pytest.raises(ValueError, match="n_routed=6 is not divisible by mesh expert=4"):
-        _fwd(x, p["router_w"][:, :6], jnp.zeros(6), p["w_gate"][:6], p["w_up"][:6], p["w_down"][:6],
-                    top_k=2, capacity_factor=1.0, aux_free=False, mesh=make_mesh(2, 4))
+        _fwd(
+            x,
+            p["router_w"][:, :6],
+            jnp.zeros(6),
+            p["w_gate"][:6],
+            p["w_up"][:6],
+            p["w_down"][:6],
+            top_k=2,
+            capacity_factor=1.0,
+            aux_free=False,
+            mesh=make_mesh(2, 4),
+        )
     with pytest.raises(ValueError, match="needs 16 devices"):
         make_mesh(4, 4)

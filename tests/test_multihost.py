@@ -35,11 +35,35 @@ def test_two_processes_train_together(tmp_path):
     env = dict(os.environ, XLA_FLAGS="")  # one device per process, whatever the caller set
     procs = [
         subprocess.Popen(
-            [str(BIN / "trainer"), "train", "--config", "trainer/configs/tiny.yaml", "--runs-dir", str(tmp_path),
-             "--run-id", "mh", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id",
-             str(i), "steps=4", "mesh.expert=2", "model.n_layers=1", "eval.every=0", "checkpoint.every=2",
-             "telemetry.progress=false", "telemetry.peak_flops=1e10"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                str(BIN / "trainer"),
+                "train",
+                "--config",
+                "trainer/configs/tiny.yaml",
+                "--runs-dir",
+                str(tmp_path),
+                "--run-id",
+                "mh",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+                "steps=4",
+                "mesh.expert=2",
+                "model.n_layers=1",
+                "eval.every=0",
+                "checkpoint.every=2",
+                "telemetry.progress=false",
+                "telemetry.peak_flops=1e10",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in range(2)
     ]
     outs = []
@@ -68,8 +92,9 @@ def test_two_processes_train_together(tmp_path):
     assert len(loads) == 1 and all(sum(e["data"]["routed"]) == 16 * 64 * 2 for e in loads)
     # host 1: host-local throughput only, never the global metrics
     m1 = [e for e in ev1 if e["kind"] == "metrics"]
-    assert m1 and all(set(e["data"]) <= {"throughput/tokens_per_s", "throughput/step_time_s",
-                                         "throughput/mfu"} for e in m1)
+    assert m1 and all(
+        set(e["data"]) <= {"throughput/tokens_per_s", "throughput/step_time_s", "throughput/mfu"} for e in m1
+    )
     assert all(e["host"] == 1 for e in ev1)
     for evs in (ev0, ev1):
         assert evs[-1]["kind"] == "run_end" and evs[-1]["data"] == {"status": "completed", "final_step": 4}

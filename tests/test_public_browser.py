@@ -49,11 +49,26 @@ def _write(runs: Path, run: str, config: dict, extra: list[tuple[str, dict, int]
 
     def put(kind, data, step=None):
         nonlocal seq
-        lines.append(json.dumps({"v": 1, "run": run, "kind": kind, "step": step, "t": T0 + seq, "host": 0,
-                                 "seq": seq, "data": data}))  # fmt: skip
+        lines.append(
+            json.dumps(
+                {
+                    "v": 1,
+                    "run": run,
+                    "kind": kind,
+                    "step": step,
+                    "t": T0 + seq,
+                    "host": 0,
+                    "seq": seq,
+                    "data": data,
+                }
+            )
+        )
         seq += 1
 
-    put("run_start", {"config": config, "name": " ".join(PAYLOADS[:4]), "tags": PAYLOADS[4:8], "notes": PAYLOADS[8]})
+    put(
+        "run_start",
+        {"config": config, "name": " ".join(PAYLOADS[:4]), "tags": PAYLOADS[4:8], "notes": PAYLOADS[8]},
+    )
     for step in range(30):
         put("metrics", {"train/loss": 3.0 - 0.05 * step, "grad/norm/total": 1.0}, step)
         if step in {s for _, _, s in extra}:
@@ -71,9 +86,20 @@ def xss_store(tmp_path_factory):
     runs, db = tmp / "runs", tmp / "store.duckdb"
     events = [("note", {"text": p}, 3 + i) for i, p in enumerate(PAYLOADS)]
     events += [("failure", {"type": "exception", "message": p, "traceback": p}, 20) for p in PAYLOADS[:3]]
-    events.append(("decision", {"id": DEC, "title": PAYLOADS[0] + PAYLOADS[2], "kind": "intervention",
-                                "status": "running", "hypothesis": "\n\n".join(PAYLOADS),
-                                "runs": [{"run": XSS, "step": 10}]}, 10))  # fmt: skip
+    events.append(
+        (
+            "decision",
+            {
+                "id": DEC,
+                "title": PAYLOADS[0] + PAYLOADS[2],
+                "kind": "intervention",
+                "status": "running",
+                "hypothesis": "\n\n".join(PAYLOADS),
+                "runs": [{"run": XSS, "step": 10}],
+            },
+            10,
+        )
+    )
     _write(runs, XSS, {f"k{i}": p for i, p in enumerate(PAYLOADS)} | {"lr": 1e-3}, events)
     _write(runs, XSS2, {f"k{i}": p[::-1] for i, p in enumerate(PAYLOADS)} | {"lr": 2e-3}, [])
     write_foreign_run(runs)

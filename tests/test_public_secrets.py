@@ -41,11 +41,11 @@ ALL = {**SECRETS, **WB, **TB}
 
 MAKE_WANDB = f"""
 import sys, wandb
-run = wandb.init(mode="offline", dir=sys.argv[1], project="obs-secrets", id="leaky", name="run {WB['wb_name']}",
-                 tags=["{WB['wb_tag']}"], config={{"api_key": "{WB['wb_key']}", "nested": {{"hf_token": "x"}},
-                 "cmd": "pull with {WB['wb_hf']}", "lr": 1e-3}})
+run = wandb.init(mode="offline", dir=sys.argv[1], project="obs-secrets", id="leaky", name="run {WB["wb_name"]}",
+                 tags=["{WB["wb_tag"]}"], config={{"api_key": "{WB["wb_key"]}", "nested": {{"hf_token": "x"}},
+                 "cmd": "pull with {WB["wb_hf"]}", "lr": 1e-3}})
 for s in range(10):
-    wandb.log({{"train/loss": 2.0 - 0.1 * s, "debug/{WB['wb_metric']}": 1.0}}, step=s)
+    wandb.log({{"train/loss": 2.0 - 0.1 * s, "debug/{WB["wb_metric"]}": 1.0}}, step=s)
 run.finish()
 """
 
@@ -130,7 +130,9 @@ def test_rebuild_redacts_a_store_built_before_redaction(world, tmp_path):
     db = tmp_path / "old.duckdb"
     shutil.copy(world["db"], db)
     with write_connection(db) as con:
-        con.duckdb.execute("UPDATE runs SET config = '{\"wandb\": {\"api_key\": \"" + SECRETS["wandb_hex"] + "\"}}'")
+        con.duckdb.execute(
+            'UPDATE runs SET config = \'{"wandb": {"api_key": "' + SECRETS["wandb_hex"] + "\"}}'"
+        )
         con.duckdb.execute("ALTER TABLE runs DROP COLUMN redactions")
     assert leaks(_dump_store(db)) == ["wandb_hex"]
     rebuild(world["runs"], db, emit=None)
@@ -139,8 +141,13 @@ def test_rebuild_redacts_a_store_built_before_redaction(world, tmp_path):
 
 
 def test_sql_console_shows_no_secret(world):
-    for sql in ("SELECT * FROM runs", "SELECT * FROM events", "SELECT * FROM rejected_events",
-                "SELECT DISTINCT name FROM metrics", "SELECT * FROM decisions"):  # fmt: skip
+    for sql in (
+        "SELECT * FROM runs",
+        "SELECT * FROM events",
+        "SELECT * FROM rejected_events",
+        "SELECT DISTINCT name FROM metrics",
+        "SELECT * FROM decisions",
+    ):
         res = CliRunner().invoke(cli, ["sql", sql, "--db", str(world["db"]), "--format", "json"])
         assert res.exit_code == 0, res.output
         assert leaks(res.output, ALL) == [], sql
@@ -164,7 +171,9 @@ def _tree_text(at: AppTest) -> str:
 
 
 def _page(name: str) -> AppTest:
-    return AppTest.from_string(f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=90)
+    return AppTest.from_string(
+        f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=90
+    )
 
 
 PAGES = [
@@ -230,9 +239,13 @@ def _pdf_text(path: Path) -> str:
     if pypdf is not None:
         return "\n".join(p.extract_text() or "" for p in pypdf.PdfReader(str(path)).pages)
     if shutil.which("pdftotext"):
-        return subprocess.run(["pdftotext", str(path), "-"], capture_output=True, text=True, check=True).stdout
-    pytest.skip("PDF text check needs pypdf (pip install pypdf) or pdftotext (apt-get install poppler-utils); "
-                "the HTML it prints is checked by test_reports_hold_no_secret")  # fmt: skip
+        return subprocess.run(
+            ["pdftotext", str(path), "-"], capture_output=True, text=True, check=True
+        ).stdout
+    pytest.skip(
+        "PDF text check needs pypdf (pip install pypdf) or pdftotext (apt-get install poppler-utils); "
+        "the HTML it prints is checked by test_reports_hold_no_secret"
+    )
 
 
 def test_pdf_report_holds_no_secret(world, tmp_path):
@@ -250,8 +263,21 @@ def test_exports_hold_no_secret(world, tmp_path, fmt, run):
     import duckdb
 
     out = tmp_path / f"x.{fmt}"
-    res = CliRunner().invoke(cli, ["export", run, "--format", fmt, "--out", str(out),
-                                   "--db", str(world["db"]), "--runs-dir", str(world["runs"])])  # fmt: skip
+    res = CliRunner().invoke(
+        cli,
+        [
+            "export",
+            run,
+            "--format",
+            fmt,
+            "--out",
+            str(out),
+            "--db",
+            str(world["db"]),
+            "--runs-dir",
+            str(world["runs"]),
+        ],
+    )
     assert res.exit_code == 0, res.output
     if fmt == "parquet":
         text = "\n".join(map(repr, duckdb.sql(f"SELECT * FROM read_parquet('{out}')").fetchall()))

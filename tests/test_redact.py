@@ -22,14 +22,42 @@ SECRET_VALUES = [
 ]
 
 
-@pytest.mark.parametrize("key", ["api_key", "hf_token", "wandb.api_key", "accessToken", "DB_PASSWORD", "private_key",
-                                 "aws_secret_access_key", "client_secret", "auth", "credentials"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "api_key",
+        "hf_token",
+        "wandb.api_key",
+        "accessToken",
+        "DB_PASSWORD",
+        "private_key",
+        "aws_secret_access_key",
+        "client_secret",
+        "auth",
+        "credentials",
+    ],
+)
 def test_secret_keys(key):
     assert is_secret_key(key)
 
 
-@pytest.mark.parametrize("key", ["tokenizer", "max_tokens", "author", "tokens_per_s", "lr", "passage", "keys",
-                                 "flops_per_token", "model.flops_per_token", "pad_token_id", "eos_token", "token_count"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "tokenizer",
+        "max_tokens",
+        "author",
+        "tokens_per_s",
+        "lr",
+        "passage",
+        "keys",
+        "flops_per_token",
+        "model.flops_per_token",
+        "pad_token_id",
+        "eos_token",
+        "token_count",
+    ],
+)
 def test_ordinary_keys(key):
     assert not is_secret_key(key)
 
@@ -38,15 +66,31 @@ def test_ordinary_keys(key):
 def test_every_secret_shape_is_hidden_in_text(text):
     out, n = scrub_text(f"the run failed ({text}) at step 3")
     assert n >= 1 and REDACTED in out
-    for part in ("hunter2", WANDB_KEY, "AbCdEfGh", "0123456789ABCDEF", "abcdefghijklmnop", "Abc123Def",
-                 "IOSFODNN7", "eyJhbGci", "MIIEow", "horse"):  # fmt: skip
+    for part in (
+        "hunter2",
+        WANDB_KEY,
+        "AbCdEfGh",
+        "0123456789ABCDEF",
+        "abcdefghijklmnop",
+        "Abc123Def",
+        "IOSFODNN7",
+        "eyJhbGci",
+        "MIIEow",
+        "horse",
+    ):
         assert part not in out
     assert out.startswith("the run failed (") and out.endswith("at step 3")
 
 
 def test_nested_config_by_key_and_pattern_counted():
-    cfg = {"wandb": {"api_key": WANDB_KEY, "project": "p"}, "hf_token": None, "model": {"tokenizer": "gpt2"},
-           "list": [{"secret": "s", "ok": 1}], "notes": "used hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345 to pull", "n": 3}
+    cfg = {
+        "wandb": {"api_key": WANDB_KEY, "project": "p"},
+        "hf_token": None,
+        "model": {"tokenizer": "gpt2"},
+        "list": [{"secret": "s", "ok": 1}],
+        "notes": "used hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345 to pull",
+        "n": 3,
+    }
     out, n = scrub(cfg)
     assert out["wandb"] == {"api_key": REDACTED, "project": "p"}
     assert out["hf_token"] is None  # nothing to hide
@@ -60,7 +104,10 @@ def test_nested_config_by_key_and_pattern_counted():
 
 def test_git_commit_hashes_and_numbers_survive():
     commit = "a" * 40
-    assert scrub({"code": {"commit": commit, "dirty": False}, "lr": 3e-4}) == ({"code": {"commit": commit, "dirty": False}, "lr": 3e-4}, 0)
+    assert scrub({"code": {"commit": commit, "dirty": False}, "lr": 3e-4}) == (
+        {"code": {"commit": commit, "dirty": False}, "lr": 3e-4},
+        0,
+    )
 
 
 # issue 36: the class of "a secret the pair rule saw only the first word of, or did not see at all".
@@ -105,9 +152,16 @@ def test_a_secret_value_is_hidden_whole_in_every_context(context, key):
         assert scrub_text(out) == (out, 0)
 
 
-@pytest.mark.parametrize("token", ["ghp_0123456789ABCDEFGHIJKLMNOPQRSTUVWXyz", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
-                                   "sk-proj-Abc123Def456Ghi789Jkl012", "AKIAIOSFODNN7EXAMPLE",
-                                   "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFG"])  # fmt: skip
+@pytest.mark.parametrize(
+    "token",
+    [
+        "ghp_0123456789ABCDEFGHIJKLMNOPQRSTUVWXyz",
+        "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
+        "sk-proj-Abc123Def456Ghi789Jkl012",
+        "AKIAIOSFODNN7EXAMPLE",
+        "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFG",
+    ],
+)
 @pytest.mark.parametrize("glue", ["k_", "%3D", "x", "9", "/", "-"])
 def test_a_token_glued_to_a_word_character_is_hidden(token, glue):
     out, n = scrub_text(f"name {glue}{token} end")

@@ -40,12 +40,17 @@ def q(db, sql):
 
 def bad(i: int) -> bytes:
     """Three kinds of short bad line: junk, an object that is no event, an event of another run."""
-    return [b"junk %d" % i, b'{"v":1,"run":"a","kind":"metrics","n":%d}' % i,
-            b'{"v":1,"run":"b","kind":"metrics","step":1,"t":1.7e9,"host":0,"seq":%d,"data":{}}' % (i + 5)][i % 3]  # fmt: skip
+    return [
+        b"junk %d" % i,
+        b'{"v":1,"run":"a","kind":"metrics","n":%d}' % i,
+        b'{"v":1,"run":"b","kind":"metrics","step":1,"t":1.7e9,"host":0,"seq":%d,"data":{}}' % (i + 5),
+    ][i % 3]
 
 
 def good(seq: int) -> bytes:
-    return json.dumps(event("a", "metrics", {"train/loss": float(seq)}, seq, seq), separators=(",", ":")).encode()
+    return json.dumps(
+        event("a", "metrics", {"train/loss": float(seq)}, seq, seq), separators=(",", ":")
+    ).encode()
 
 
 def counts(db, rel: str) -> tuple[int, int, int]:
@@ -65,7 +70,10 @@ def test_rejected_lines_past_the_cap_are_counted_not_stored(runs_dir, db_path, m
     path.parent.mkdir()
     path.write_bytes(gzip.compress(data) if gz else data)
     rep, msgs = ingest(runs_dir, db_path)
-    assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [(0,), (1,)]  # the line after the bad ones too
+    assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [
+        (0,),
+        (1,),
+    ]  # the line after the bad ones too
     assert counts(db_path, f"a/{name}") == (CAP, n_bad, n_bad - CAP)
     assert rep.rejected == n_bad and rep.rejected_dropped == n_bad - CAP
     said = [m for m in msgs if "not stored in rejected_events" in m]
@@ -75,7 +83,9 @@ def test_rejected_lines_past_the_cap_are_counted_not_stored(runs_dir, db_path, m
         'counts: observatory sql "SELECT path, rejected, rejected_dropped FROM ingest_files")'
     ], msgs[-3:]
     assert f"{n_bad} rejected ({n_bad - CAP} of them not stored" in rep.summary()
-    assert len([m for m in msgs if m.startswith(f"{path}:") and "not stored" not in m]) == CAP  # one per stored
+    assert (
+        len([m for m in msgs if m.startswith(f"{path}:") and "not stored" not in m]) == CAP
+    )  # one per stored
 
 
 def mixed_lines(n: int, seed: int) -> list[bytes]:
@@ -88,8 +98,20 @@ def mixed_lines(n: int, seed: int) -> list[bytes]:
     for i in range(n):
         r = rng.random()
         if r < 0.45:
-            out.append(rng.choice([b"junk %d" % i, b"[1, 2]", b"123", b'"a string"', b"\xff\xfe%d" % i,
-                                   b"\xef\xbb\xbf" + good(10**6 + i), b"null", b"}{"]))  # fmt: skip
+            out.append(
+                rng.choice(
+                    [
+                        b"junk %d" % i,
+                        b"[1, 2]",
+                        b"123",
+                        b'"a string"',
+                        b"\xff\xfe%d" % i,
+                        b"\xef\xbb\xbf" + good(10**6 + i),
+                        b"null",
+                        b"}{",
+                    ]
+                )
+            )
         elif r < 0.65:
             seq += 1
             out.append(good(seq))
@@ -118,7 +140,9 @@ def test_junk_past_the_cap_counted_in_bulk_leaves_what_one_by_one_leaves(tmp_pat
         monkeypatch.setattr(model, "JUNK_FAST", bulk)
         runs, db = tmp_path / f"runs-{bulk}", tmp_path / f"s-{bulk}.duckdb"
         reports = []
-        for k, (lo, hi) in enumerate([(0, 20), (20, 700), (700, 1500)]):  # under the cap, past it, far past it
+        for k, (lo, hi) in enumerate(
+            [(0, 20), (20, 700), (700, 1500)]
+        ):  # under the cap, past it, far past it
             name = f"events.{k}.jsonl.gz" if gz else "events.0.jsonl"
             path = runs / "a" / name
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,14 +153,26 @@ def test_junk_past_the_cap_counted_in_bulk_leaves_what_one_by_one_leaves(tmp_pat
                 with open(path, "ab") as f:
                     f.write(data)
             rep, msgs = ingest(runs, db)
-            reports.append((rep.rejected, rep.rejected_dropped, rep.events, rep.duplicates,
-                            [m.replace(str(runs), "<runs>") for m in msgs]))  # fmt: skip
-        seen.append((
-            reports,
-            q(db, "SELECT file, line, field, reason, raw FROM rejected_events ORDER BY file, line"),
-            q(db, "SELECT path, line, rejected, rejected_dropped, last_seq FROM ingest_files ORDER BY path"),
-            q(db, "SELECT step, name, value FROM metrics ORDER BY step, name"),
-        ))  # fmt: skip
+            reports.append(
+                (
+                    rep.rejected,
+                    rep.rejected_dropped,
+                    rep.events,
+                    rep.duplicates,
+                    [m.replace(str(runs), "<runs>") for m in msgs],
+                )
+            )
+        seen.append(
+            (
+                reports,
+                q(db, "SELECT file, line, field, reason, raw FROM rejected_events ORDER BY file, line"),
+                q(
+                    db,
+                    "SELECT path, line, rejected, rejected_dropped, last_seq FROM ingest_files ORDER BY path",
+                ),
+                q(db, "SELECT step, name, value FROM metrics ORDER BY step, name"),
+            )
+        )
     assert seen[0] == seen[1]
     reports, rejected, files, metrics = seen[0]
     assert any(dropped for *_, dropped, _ in files)  # the cap was reached, and held in every file:

@@ -66,20 +66,44 @@ def make_store(root: Path) -> tuple[Path, Path]:
     with observatory.init(
         run_id="done", runs_dir=runs, config=cfg, ladder=ladder, install_signal_handlers=False
     ) as r:
-        r.event("forecast", {"metric": "train/loss", "target_step": STEPS - 1, "value": 2.5, "low": 2.4,
-                             "high": 2.6, "method": "ladder", "source": {"ladder": "lad", "fit": 1}})  # fmt: skip
+        r.event(
+            "forecast",
+            {
+                "metric": "train/loss",
+                "target_step": STEPS - 1,
+                "value": 2.5,
+                "low": 2.4,
+                "high": 2.6,
+                "method": "ladder",
+                "source": {"ladder": "lad", "fit": 1},
+            },
+        )
         for s in range(STEPS):
             r.log(_metrics(s), step=s)
             if s % 10 == 0:
                 _experts(r, s)
         r.event("eval", {"dataset": "val", "loss": 2.6}, step=100)
         r.event("checkpoint", {"path": "/ckpt/done/100", "bytes": 12_000_000}, step=100)
-    _finding(runs, "done", "anomaly", {"detector": "loss_spike", "metric": "train/loss", "severity": "warn",
-                                       "message": "robust z 9.1 over 128 steps", "window": [60, 60]}, 60)  # fmt: skip
+    _finding(
+        runs,
+        "done",
+        "anomaly",
+        {
+            "detector": "loss_spike",
+            "metric": "train/loss",
+            "severity": "warn",
+            "message": "robust z 9.1 over 128 steps",
+            "window": [60, 60],
+        },
+        60,
+    )
     with observatory.init(
-        run_id="nan", runs_dir=runs, config=cfg, ladder={"name": "lad", "rung": "d64-hot"},
+        run_id="nan",
+        runs_dir=runs,
+        config=cfg,
+        ladder={"name": "lad", "rung": "d64-hot"},
         install_signal_handlers=False,
-    ) as r:  # fmt: skip
+    ) as r:
         for s in range(NAN_AT + 1):
             r.log(_metrics(s, blowup=NAN_AT), step=s)
             if s % 10 == 0:
@@ -88,9 +112,19 @@ def make_store(root: Path) -> tuple[Path, Path]:
             "failure", {"type": "nan_loss", "message": "train/loss is nan", "action": "halt"}, step=NAN_AT
         )
         r.finish("failed", NAN_AT)
-    _finding(runs, "nan", "anomaly", {"detector": "grad_norm_spike", "metric": "grad/norm/total",
-                                      "severity": "critical", "message": "grad norm x16 in 2 steps",
-                                      "window": [WARN_AT, WARN_AT + 1]}, WARN_AT + 1)  # fmt: skip
+    _finding(
+        runs,
+        "nan",
+        "anomaly",
+        {
+            "detector": "grad_norm_spike",
+            "metric": "grad/norm/total",
+            "severity": "critical",
+            "message": "grad norm x16 in 2 steps",
+            "window": [WARN_AT, WARN_AT + 1],
+        },
+        WARN_AT + 1,
+    )
     crash = observatory.init(
         run_id="crash",
         runs_dir=runs,
@@ -98,15 +132,29 @@ def make_store(root: Path) -> tuple[Path, Path]:
         parent={"run": "done", "step": FORK_AT},
         install_signal_handlers=False,
     )
-    crash.event("config_diff", {"against": {"run": "done", "step": FORK_AT},
-                                "changes": {"optim.lr": [3e-4, 1e-4], "optim.z_loss": [0.0, 1e-4]}}, FORK_AT)  # fmt: skip
+    crash.event(
+        "config_diff",
+        {
+            "against": {"run": "done", "step": FORK_AT},
+            "changes": {"optim.lr": [3e-4, 1e-4], "optim.z_loss": [0.0, 1e-4]},
+        },
+        FORK_AT,
+    )
     for s in range(FORK_AT + 1, 90):
         crash.log(_metrics(s), step=s)
     crash.close()  # the process "dies": no run_end
     time.sleep(0.6)
-    dec.new(runs, db, id="zloss-after-spike", title="Resume with z-loss and a lower LR", kind="intervention",
-            runs=[{"run": "crash", "step": FORK_AT}], action="z_loss=1e-4, lr 3e-4 -> 1e-4",
-            forecast={"metric": "train/loss", "value": 2.45}, author="ana")  # fmt: skip
+    dec.new(
+        runs,
+        db,
+        id="zloss-after-spike",
+        title="Resume with z-loss and a lower LR",
+        kind="intervention",
+        runs=[{"run": "crash", "step": FORK_AT}],
+        action="z_loss=1e-4, lr 3e-4 -> 1e-4",
+        forecast={"metric": "train/loss", "value": 2.45},
+        author="ana",
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OBSERVATORY_STALE_AFTER_S", "0.5")  # the crashed run's writer went silent
         time.sleep(0.6)

@@ -50,8 +50,9 @@ def test_forecast_chart_draws_the_evals_from_step_0_and_the_verdict(db):
 
 def test_reports_page_shows_the_report_once_as_tall_as_it_is(db, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_DB", str(db))
-    at = AppTest.from_string("from observatory.dashboard.pages import reports\nreports.render()\n",
-                             default_timeout=120)  # fmt: skip
+    at = AppTest.from_string(
+        "from observatory.dashboard.pages import reports\nreports.render()\n", default_timeout=120
+    )
     at.query_params["run"] = RUN
     at.run()
     assert not at.exception

@@ -29,8 +29,10 @@ def _r(v):
 
 def snapshot(db) -> dict[str, list]:
     with connect(db) as con:
-        return {t: sorted(repr(tuple(map(_r, row))) for row in con.execute(f"SELECT * FROM {t}").fetchall())
-                for t in TABLES}  # fmt: skip
+        return {
+            t: sorted(repr(tuple(map(_r, row))) for row in con.execute(f"SELECT * FROM {t}").fetchall())
+            for t in TABLES
+        }
 
 
 def rebuilt(db, tmp_path) -> dict[str, list]:

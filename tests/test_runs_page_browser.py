@@ -20,12 +20,43 @@ def _write(runs, i: int) -> None:
     run = f"sweep-{i:04d}"
     d = runs / run
     d.mkdir(parents=True)
-    lines = [{"v": 1, "run": run, "kind": "run_start", "step": 0, "t": 1.76e9 + i, "host": 0, "seq": 0,
-              "data": {"config": {"lr": 1e-3}, "project": "alpha" if i % 2 else "beta", "tags": [f"t{i % 3}"]}}]
-    lines += [{"v": 1, "run": run, "kind": "metrics", "step": s, "t": 1.76e9 + i + s, "host": 0, "seq": s,
-               "data": {"train/loss": 3.0 - s / 10}} for s in range(1, 6)]
-    lines.append({"v": 1, "run": run, "kind": "run_end", "step": 5, "t": 1.76e9 + i + 6, "host": 0, "seq": 6,
-                  "data": {"status": "completed", "final_step": 5}})
+    lines = [
+        {
+            "v": 1,
+            "run": run,
+            "kind": "run_start",
+            "step": 0,
+            "t": 1.76e9 + i,
+            "host": 0,
+            "seq": 0,
+            "data": {"config": {"lr": 1e-3}, "project": "alpha" if i % 2 else "beta", "tags": [f"t{i % 3}"]},
+        }
+    ]
+    lines += [
+        {
+            "v": 1,
+            "run": run,
+            "kind": "metrics",
+            "step": s,
+            "t": 1.76e9 + i + s,
+            "host": 0,
+            "seq": s,
+            "data": {"train/loss": 3.0 - s / 10},
+        }
+        for s in range(1, 6)
+    ]
+    lines.append(
+        {
+            "v": 1,
+            "run": run,
+            "kind": "run_end",
+            "step": 5,
+            "t": 1.76e9 + i + 6,
+            "host": 0,
+            "seq": 6,
+            "data": {"status": "completed", "final_step": 5},
+        }
+    )
     (d / "events.0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -42,8 +73,10 @@ def server(tmp_path_factory):
 def _grid(page, has: str) -> str:
     """The table's text (its accessible table: the grid itself is a canvas) once it shows `has`."""
     page.wait_for_function(
-        "t => (document.querySelector('[data-testid=\"stDataFrame\"]') || {}).textContent?.includes(t)", arg=has,
-        timeout=LOAD_MS)  # fmt: skip
+        "t => (document.querySelector('[data-testid=\"stDataFrame\"]') || {}).textContent?.includes(t)",
+        arg=has,
+        timeout=LOAD_MS,
+    )
     return page.locator('[data-testid="stDataFrame"]').first.text_content()
 
 

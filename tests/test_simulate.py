@@ -40,9 +40,23 @@ def test_run_start_has_the_reference_shape(big):
     assert start["kind"] == "run_start" and start["seq"] == 0
     d = start["data"]
     m = d["config"]["model"]
-    assert (m["d_model"], m["n_layers"], m["n_routed"], m["d_expert"], m["top_k"], m["n_shared"], m["seq_len"]) == (
-        6144, 48, 384, 3072, 8, 2, 4096,
-    )  # fmt: skip
+    assert (
+        m["d_model"],
+        m["n_layers"],
+        m["n_routed"],
+        m["d_expert"],
+        m["top_k"],
+        m["n_shared"],
+        m["seq_len"],
+    ) == (
+        6144,
+        48,
+        384,
+        3072,
+        8,
+        2,
+        4096,
+    )
     assert d["mesh"] == {"data": 11, "expert": 64, "processes": 3, "devices": 704}
     assert d["model"]["params_total"] == 535_000_000_000 and d["model"]["params_active"] == 23_000_000_000
     assert d["model"]["flops_per_token"] > 6 * 23e9
@@ -68,7 +82,9 @@ def test_expert_load_covers_every_layer_and_expert_with_realistic_drops(big):
     # the metric agrees with the counts at a step that logs them
     metrics = next(e for e in _kind(evs, "metrics") if e["step"] == 40)["data"]
     assert metrics["moe/drop_fraction"] == pytest.approx(frac, rel=1e-9)
-    assert metrics["moe/layer_20/drop_fraction"] == pytest.approx(dropped[20].sum() / routed[20].sum(), rel=1e-9)
+    assert metrics["moe/layer_20/drop_fraction"] == pytest.approx(
+        dropped[20].sum() / routed[20].sum(), rel=1e-9
+    )
 
 
 def test_about_sixty_scalars_per_step_with_our_names(big):
@@ -76,10 +92,24 @@ def test_about_sixty_scalars_per_step_with_our_names(big):
     names = set().union(*(e["data"] for e in _kind(evs, "metrics")))
     assert names == set(metric_names(PRESETS["535b"]))
     assert 55 <= len(names) <= 65
-    for n in ("train/loss", "train/ce_loss", "train/z_loss", "router/z_loss", "router/lb_loss", "router/entropy",
-              "moe/drop_fraction", "grad/norm/total", "grad/norm/layers", "opt/lr", "opt/update_norm",
-              "throughput/tokens_per_s", "throughput/mfu", "data/tokens", "router/layer_45/entropy",
-              "moe/layer_0/drop_fraction"):  # fmt: skip
+    for n in (
+        "train/loss",
+        "train/ce_loss",
+        "train/z_loss",
+        "router/z_loss",
+        "router/lb_loss",
+        "router/entropy",
+        "moe/drop_fraction",
+        "grad/norm/total",
+        "grad/norm/layers",
+        "opt/lr",
+        "opt/update_norm",
+        "throughput/tokens_per_s",
+        "throughput/mfu",
+        "data/tokens",
+        "router/layer_45/entropy",
+        "moe/layer_0/drop_fraction",
+    ):
         assert n in names
 
 
@@ -135,8 +165,10 @@ def test_hosts_write_their_own_files(big):
         evs = _events(runs / "sim-535b" / f"events.{h}.jsonl")
         assert {e["kind"] for e in evs} == {"metrics", "failure", "run_end"}
         assert all(e["host"] == h for e in evs) and [e["seq"] for e in evs] == list(range(len(evs)))
-        assert all(set(e["data"]) == {"throughput/tokens_per_s", "throughput/step_time_s", "throughput/mfu"}
-                   for e in _kind(evs, "metrics"))  # fmt: skip
+        assert all(
+            set(e["data"]) == {"throughput/tokens_per_s", "throughput/step_time_s", "throughput/mfu"}
+            for e in _kind(evs, "metrics")
+        )
     assert sorted(p.name for p in (runs / "sim-535b").iterdir()) == [f"events.{h}.jsonl" for h in range(3)]
 
 
@@ -153,9 +185,9 @@ def test_same_seed_same_bytes(tmp_path):
     other = simulate("tiny", tmp_path / "a", steps=60, hosts=2, seed=8)
     assert {s for _, s, _ in other.files} == {"conflict"} and other.conflicts
     assert pa.read_bytes() == pb.read_bytes()  # left alone
-    assert {s for _, s, _ in simulate("tiny", tmp_path / "a", steps=60, hosts=2, seed=8, replace=True).files} == {
-        "replaced"
-    }
+    assert {
+        s for _, s, _ in simulate("tiny", tmp_path / "a", steps=60, hosts=2, seed=8, replace=True).files
+    } == {"replaced"}
     assert not list((tmp_path / "a").rglob("*.partial"))
 
 
@@ -169,7 +201,9 @@ def test_lines_are_what_json_dumps_writes(tmp_path):
 def test_decimal_rows():
     a = np.array([[0, 9, 10, 99, 100], [10**9, 4294967295, 999_999_999, 1, 123456789], [1, 2, 3, 4, 5]])
     for rows in (a, a[2:], a[:, :1], np.zeros((2, 3), np.int64)):
-        assert decimal_rows(rows) == [json.dumps(r, separators=(",", ":"))[1:-1].encode() for r in rows.tolist()]
+        assert decimal_rows(rows) == [
+            json.dumps(r, separators=(",", ":"))[1:-1].encode() for r in rows.tolist()
+        ]
     with pytest.raises(ValueError):
         decimal_rows(np.array([[1 << 32]]))
     with pytest.raises(ValueError):
@@ -186,7 +220,9 @@ def test_ingests_cleanly_and_the_detectors_find_what_was_planted(tmp_path):
         assert con.execute("SELECT count(*) FROM rejected_events").fetchall()[0][0] == 0
         status = dict(con.execute("SELECT run, status FROM runs").fetchall())
         assert status == {"sim-tiny": "completed", "sim-tiny-fork": "completed"}
-        assert con.execute("SELECT parent_run FROM runs WHERE run = 'sim-tiny-fork'").fetchall() == [("sim-tiny",)]
+        assert con.execute("SELECT parent_run FROM runs WHERE run = 'sim-tiny-fork'").fetchall() == [
+            ("sim-tiny",)
+        ]
         found = con.execute(
             "SELECT data->>'detector', data->>'metric', data->'window'->>0, data->'window'->>1 "
             "FROM events WHERE kind = 'anomaly' AND run = 'sim-tiny'"

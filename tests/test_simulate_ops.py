@@ -42,9 +42,13 @@ def store(tmp_path_factory):
 def test_each_fault_is_alerted_by_name_and_the_healthy_job_pages_nobody(store):
     alerts, _, _ = store
     got = {(run, a["rule"], a.get("host")) for run, a in alerts}
-    assert got == {("ops-frozen", "frozen_host", 8), ("ops-hang", "stalled", None),
-                   ("ops-straggler", "straggler", 7), ("ops-hbm_creep", "memory_creep", 3),
-                   ("ops-mfu_drop", "mfu_drop", None)}  # fmt: skip
+    assert got == {
+        ("ops-frozen", "frozen_host", 8),
+        ("ops-hang", "stalled", None),
+        ("ops-straggler", "straggler", 7),
+        ("ops-hbm_creep", "memory_creep", 3),
+        ("ops-mfu_drop", "mfu_drop", None),
+    }
     hang = next(a for run, a in alerts if run == "ops-hang")
     assert "still in compile" in hang["message"] and "before its first step" in hang["message"]
 
@@ -63,8 +67,22 @@ def test_goodput_of_every_simulated_run_equals_the_ground_truth(store):
 
 
 def test_the_cli_plays_a_fault(tmp_path):
-    r = CliRunner().invoke(main, ["simulate", "--preset", "535b", "--fault", "preempt", "--hosts", "200",
-                                  "--steps", "400", "--runs-dir", str(tmp_path)])  # fmt: skip
+    r = CliRunner().invoke(
+        main,
+        [
+            "simulate",
+            "--preset",
+            "535b",
+            "--fault",
+            "preempt",
+            "--hosts",
+            "200",
+            "--steps",
+            "400",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "ops-preempt" in r.output and "200 hosts, fault preempt" in r.output
     assert len(list((tmp_path / "ops-preempt").glob("events.*.jsonl"))) == 200

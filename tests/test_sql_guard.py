@@ -100,12 +100,17 @@ def test_a_worker_that_stops_answering_is_killed_at_the_limit(db):
 def test_the_kill_factor_is_a_setting_within_its_range(db, monkeypatch):
     for bad in ("1.6", "0.9"):
         monkeypatch.setenv("OBSERVATORY_SQL_KILL_AFTER", bad)
-        with pytest.raises(ValueError, match=r"OBSERVATORY_SQL_KILL_AFTER=.* sql_kill_after must be between 1.0 and 1.5"):
+        with pytest.raises(
+            ValueError, match=r"OBSERVATORY_SQL_KILL_AFTER=.* sql_kill_after must be between 1.0 and 1.5"
+        ):
             run_user_sql(db, "SELECT 1")
     monkeypatch.setenv("OBSERVATORY_SQL_KILL_AFTER", "1.5")
     error, elapsed = _frozen_query(db)
     # killed at 1.5x, not at the default 1.25x
-    assert isinstance(error, QueryInterrupted) and 1.5 * TIME_LIMIT_MS / 1000 <= elapsed < 2.5 * TIME_LIMIT_MS / 1000
+    assert (
+        isinstance(error, QueryInterrupted)
+        and 1.5 * TIME_LIMIT_MS / 1000 <= elapsed < 2.5 * TIME_LIMIT_MS / 1000
+    )
     monkeypatch.delenv("OBSERVATORY_SQL_KILL_AFTER")
     assert run_user_sql(db, "SELECT 4").rows == [(4,)]
 
@@ -149,7 +154,9 @@ def test_a_query_out_of_memory_is_reported_as_memory_not_as_changed_settings(db)
     # settings ran out of memory too, right after the query did
     for _ in range(3):
         with pytest.raises(QueryError) as e:
-            run_user_sql(db, "SELECT count(*) FROM range(100000000) a, range(100000000) b", time_limit_ms=3000)
+            run_user_sql(
+                db, "SELECT count(*) FROM range(100000000) a, range(100000000) b", time_limit_ms=3000
+            )
         assert e.value.setting in ("sql_memory_limit_mb", "sql_time_limit_ms"), e.value.message
     assert run_user_sql(db, "SELECT 1").rows == [(1,)]
 

@@ -23,7 +23,10 @@ def test_schema_creates_every_table_and_view(db_path):
 def test_schema_doc_matches_ddl(db_path):
     with store.connect(db_path) as con:
         actual = {
-            (t, c) for t, c in con.execute("SELECT table_name, column_name FROM duckdb_columns() WHERE NOT internal").fetchall()
+            (t, c)
+            for t, c in con.execute(
+                "SELECT table_name, column_name FROM duckdb_columns() WHERE NOT internal"
+            ).fetchall()
         }
     doc = store.SCHEMA_DOC
     for table, cols in store.schema_columns().items():
@@ -32,7 +35,9 @@ def test_schema_doc_matches_ddl(db_path):
             assert (table, col) in actual
             assert comment, f"{table}.{col} has no comment in the DDL (the README documents it from there)"
             assert f"| `{col}` | {typ} |" in doc
-    assert {c for t, c in actual if t == "ingest_files"} == {c for c, _, _ in store.schema_columns()["ingest_files"]}
+    assert {c for t, c in actual if t == "ingest_files"} == {
+        c for c, _, _ in store.schema_columns()["ingest_files"]
+    }
 
 
 def test_connect_is_read_only(db_path):
@@ -43,8 +48,10 @@ def test_connect_is_read_only(db_path):
 
 def test_old_store_gets_new_columns(db_path):
     con = duckdb.connect(str(db_path))
-    con.execute("CREATE TABLE ingest_files (path VARCHAR PRIMARY KEY, run VARCHAR, host USMALLINT, "
-                "byte_offset BIGINT NOT NULL, line BIGINT NOT NULL, last_seq BIGINT, size BIGINT, mtime DOUBLE)")  # fmt: skip
+    con.execute(
+        "CREATE TABLE ingest_files (path VARCHAR PRIMARY KEY, run VARCHAR, host USMALLINT, "
+        "byte_offset BIGINT NOT NULL, line BIGINT NOT NULL, last_seq BIGINT, size BIGINT, mtime DOUBLE)"
+    )
     con.close()
     with store.write_connection(db_path) as con:
         store.ensure_schema(con)
@@ -123,7 +130,11 @@ def test_a_writer_takes_a_gap_between_readers_without_holding_new_readers_back(d
             con.execute("SELECT count(*) FROM runs").fetchall()
 
     assert 0.15 < store.connection.GAP_WAIT_S  # the slow reader leaves within the writer's window
-    threads = [threading.Thread(target=slow_reader), threading.Thread(target=writer), threading.Thread(target=late_reader)]
+    threads = [
+        threading.Thread(target=slow_reader),
+        threading.Thread(target=writer),
+        threading.Thread(target=late_reader),
+    ]
     threads[0].start()
     first_in.wait(5)
     threads[1].start()
@@ -243,8 +254,10 @@ def test_store_imports_without_a_cycle():
     import subprocess
     import sys
 
-    for first, second in (("observatory.store", "observatory.queries.decisions"),
-                          ("observatory.queries.decisions", "observatory.store")):  # fmt: skip
+    for first, second in (
+        ("observatory.store", "observatory.queries.decisions"),
+        ("observatory.queries.decisions", "observatory.store"),
+    ):
         code = f"import {first}, {second}; import observatory.store as s; print(' '.join(s.VIEW_NAMES))"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         assert "decisions" in out.split()
@@ -277,14 +290,32 @@ def test_run_status_is_one_definition_for_ingest_cli_and_reports(runs_dir, db_pa
             info["writer_t"] = qr.last_writer_t(con, run, OBSERVATORY_HOST)
         return listed, stored[0][0] if stored else None, report.effective_status(info)
 
-    write_lines(runs_dir / "quiet" / "events.0.jsonl", [event("quiet", "run_start", {"config": {}}, 0, t=now - 60),
-                                                        event("quiet", "metrics", {"x": 1.0}, 1, 1, t=now - 60)])  # fmt: skip
-    write_lines(runs_dir / "quiet" / f"events.{OBSERVATORY_HOST}.jsonl", [
-        event("quiet", "anomaly", {"detector": "stall", "severity": "warn", "message": "silent"}, 0, 1, t=now,
-              host=OBSERVATORY_HOST)])  # fmt: skip
+    write_lines(
+        runs_dir / "quiet" / "events.0.jsonl",
+        [
+            event("quiet", "run_start", {"config": {}}, 0, t=now - 60),
+            event("quiet", "metrics", {"x": 1.0}, 1, 1, t=now - 60),
+        ],
+    )
+    write_lines(
+        runs_dir / "quiet" / f"events.{OBSERVATORY_HOST}.jsonl",
+        [
+            event(
+                "quiet",
+                "anomaly",
+                {"detector": "stall", "severity": "warn", "message": "silent"},
+                0,
+                1,
+                t=now,
+                host=OBSERVATORY_HOST,
+            )
+        ],
+    )
     write_lines(runs_dir / "live" / "events.0.jsonl", [event("live", "run_start", {"config": {}}, 0, t=now)])
-    write_lines(runs_dir / "notes" / f"events.{OBSERVATORY_HOST}.jsonl", [
-        event("notes", "note", {"text": "a record"}, 0, t=now, host=OBSERVATORY_HOST)])  # fmt: skip
+    write_lines(
+        runs_dir / "notes" / f"events.{OBSERVATORY_HOST}.jsonl",
+        [event("notes", "note", {"text": "a record"}, 0, t=now, host=OBSERVATORY_HOST)],
+    )
     monkeypatch.setenv("OBSERVATORY_STALE_AFTER_S", "30")
     ingest(runs_dir, db_path, hooks=False, emit=None)
     assert shown("quiet") == ("crashed", "crashed", "crashed")  # the host-1000 finding kept nothing alive
@@ -311,11 +342,17 @@ def test_the_writer_writes_big_row_groups_under_the_store_s_own_name(tmp_path, n
     n = store.ROW_GROUP_ROWS * 2 + 5
     with store.write_connection(path) as con:
         store.ensure_schema(con)
-        con.execute("INSERT INTO expert_load SELECT 'r', i // 1000, 0, i % 1000, 1, 0 FROM range(?) t(i)", [n])
+        con.execute(
+            "INSERT INTO expert_load SELECT 'r', i // 1000, 0, i % 1000, 1, 0 FROM range(?) t(i)", [n]
+        )
     with store.write_connection(path) as con:  # a later writer appends into the same size of group
         assert con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0] == f"{path}.tmp"
-        con.execute("INSERT INTO expert_load SELECT 'r', 10**6 + i // 1000, 0, i % 1000, 1, 0 FROM range(?) t(i)", [n])
+        con.execute(
+            "INSERT INTO expert_load SELECT 'r', 10**6 + i // 1000, 0, i % 1000, 1, 0 FROM range(?) t(i)", [n]
+        )
     with store.connect(path) as con:
-        groups = con.execute("SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('expert_load')").fetchall()
+        groups = con.execute(
+            "SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('expert_load')"
+        ).fetchall()
         assert groups[0][0] == -(-2 * n // store.ROW_GROUP_ROWS)  # 5, where DuckDB's default gives 35
         assert con.execute("SELECT count(*) FROM latest_metrics").fetchall() == [(0,)]  # views bind as before

@@ -57,7 +57,9 @@ def test_a_kept_writer_leaves_its_rows_in_the_file_and_no_wal(seeded):
             con.execute("INSERT INTO runs (run, name) VALUES (?, ?)", [f"w{i}", "w"])
             con.execute("COMMIT")
         assert not wal.exists()  # DETACH checkpointed it, as closing did
-        r = _other_process(seeded, "print(con.execute(\"SELECT count(*) FROM runs WHERE name = 'w'\").fetchall()[0][0])")
+        r = _other_process(
+            seeded, "print(con.execute(\"SELECT count(*) FROM runs WHERE name = 'w'\").fetchall()[0][0])"
+        )
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == str(i + 1)
 
@@ -82,7 +84,9 @@ def test_nothing_temporary_or_failed_or_locked_is_kept(seeded):
         con.execute("CREATE TEMP TABLE scratch AS SELECT 1 AS x")
     with store.connect(seeded) as con:
         assert _instance(con) != kept
-        assert con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'temp'").fetchall() == [(0,)]
+        assert con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'temp'"
+        ).fetchall() == [(0,)]
         kept = _instance(con)
     # a unit of work that raised: closed too
     with pytest.raises(ZeroDivisionError), store.connect(seeded) as con:
@@ -111,12 +115,14 @@ def test_readers_and_writers_keep_instances_apart_and_concurrent_readers_get_the
     b = store.connect(seeded)  # two readers at once (two dashboard sessions): two instances
     try:
         assert len({_instance(a), _instance(b), writer}) == 3
-        assert a.execute("SELECT count(*) FROM runs").fetchall() == b.execute("SELECT count(*) FROM runs").fetchall()
+        assert (
+            a.execute("SELECT count(*) FROM runs").fetchall()
+            == b.execute("SELECT count(*) FROM runs").fetchall()
+        )
     finally:
         a.close()
         b.close()
     assert len(connection._INSTANCES._idle[True]) >= 2
-
 
 
 def test_a_prepared_spare_is_the_next_fresh_connection_s_and_only_its(seeded):

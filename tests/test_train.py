@@ -71,7 +71,11 @@ def test_base_run_writes_the_full_event_stream(base):
     assert start["kind"] == "run_start"
     d = start["data"]
     assert d["config"]["steps"] == 60 and d["tags"] == ["base"]
-    assert d["data"]["name"].endswith("-stdlib") and len(d["data"]["fingerprint"]) == 16 and d["data"]["tokens"] > 1e6
+    assert (
+        d["data"]["name"].endswith("-stdlib")
+        and len(d["data"]["fingerprint"]) == 16
+        and d["data"]["tokens"] > 1e6
+    )
     assert d["model"]["params_active"] < d["model"]["params_total"] and d["model"]["flops_per_token"] > 0
     assert d["mesh"] == {"data": 1, "expert": 1, "processes": 1, "devices": d["mesh"]["devices"]}
     assert set(d["code"]) == {"commit", "dirty"}
@@ -79,18 +83,34 @@ def test_base_run_writes_the_full_event_stream(base):
     metrics = of(evs, "metrics")
     assert [m["step"] for m in metrics] == list(range(1, 61))
     m = metrics[30]["data"]
-    for name in ("train/loss", "train/ce_loss", "train/z_loss", "router/z_loss", "router/lb_loss",
-                 "router/entropy", "moe/drop_fraction", "grad/norm/total", "grad/norm/layers",
-                 "grad/norm/embed", "grad/norm/lm_head", "opt/update_norm", "opt/param_norm", "opt/lr",
-                 "throughput/tokens_per_s", "throughput/mfu", "data/tokens"):
+    for name in (
+        "train/loss",
+        "train/ce_loss",
+        "train/z_loss",
+        "router/z_loss",
+        "router/lb_loss",
+        "router/entropy",
+        "moe/drop_fraction",
+        "grad/norm/total",
+        "grad/norm/layers",
+        "grad/norm/embed",
+        "grad/norm/lm_head",
+        "opt/update_norm",
+        "opt/param_norm",
+        "opt/lr",
+        "throughput/tokens_per_s",
+        "throughput/mfu",
+        "data/tokens",
+    ):
         assert name in m, name
     for layer in (0, 1):  # tiny: 2 layers, both MoE
         for name in ("z_loss", "lb_loss", "entropy"):
             assert f"router/layer_{layer}/{name}" in m
         assert f"moe/layer_{layer}/drop_fraction" in m
     assert m["data/tokens"] == 31 * 16 * 64
-    assert m["throughput/mfu"] == pytest.approx(m["throughput/tokens_per_s"] * start["data"]["model"][
-        "flops_per_token"] / 1e10)
+    assert m["throughput/mfu"] == pytest.approx(
+        m["throughput/tokens_per_s"] * start["data"]["model"]["flops_per_token"] / 1e10
+    )
     assert m["opt/lr"] == pytest.approx(float(lr_schedule(load_config(TINY, ["steps=60"]))[31]), rel=1e-5)
     # global norm is the root of the sum of squares of the per-module norms
     mods = [v for k, v in m.items() if k.startswith("grad/norm/") and k != "grad/norm/total"]
@@ -137,8 +157,12 @@ def test_fork_replays_the_same_curve_and_records_an_empty_diff(base):
     diff = of(fe, "config_diff")[0]
     assert diff["data"]["against"] == {"run": "base", "step": 40}
     # only what this fork's overrides changed
-    assert diff["data"]["changes"] == {"checkpoint.every": [20, 0], "checkpoint.keep": [5, 2],
-                                       "eval.every": [30, 0], "tags": [["base"], []]}
+    assert diff["data"]["changes"] == {
+        "checkpoint.every": [20, 0],
+        "checkpoint.keep": [5, 2],
+        "eval.every": [30, 0],
+        "tags": [["base"], []],
+    }
     a, b = losses(evs), losses(fe)
     assert sorted(b) == list(range(41, 61))
     # same weights, optimizer state and batches: the fork continues the parent's curve exactly
@@ -164,8 +188,11 @@ def test_resume_continues_the_same_run_and_sequence(base, tmp_path):
 
     # resume a copy so the other tests keep the original
     shutil.copytree(runs / run_id, tmp_path / run_id)
-    run2, status = train_with_status(cfg("steps=70", "checkpoint.every=20", "checkpoint.keep=5",
-                                         "eval.every=30", "tags=[base]"), tmp_path, resume=run_id)
+    run2, status = train_with_status(
+        cfg("steps=70", "checkpoint.every=20", "checkpoint.keep=5", "eval.every=30", "tags=[base]"),
+        tmp_path,
+        resume=run_id,
+    )
     assert (run2, status) == (run_id, "completed")
     allev = events(tmp_path, run_id)
     assert [e["seq"] for e in allev] == list(range(len(allev)))  # the writer continued the file's seq
@@ -194,7 +221,9 @@ def test_resume_continues_the_same_run_and_sequence(base, tmp_path):
     db = tmp_path / "store.duckdb"
     ingest(live, db, hooks=False, emit=None)
     with store.connect(db) as con:
-        assert con.execute("SELECT status, final_step, last_step FROM runs").fetchall() == [("running", None, 70)]
+        assert con.execute("SELECT status, final_step, last_step FROM runs").fetchall() == [
+            ("running", None, 70)
+        ]
     (live / run_id / "events.0.jsonl").write_bytes(b"".join(lines))
     ingest(live, db, hooks=False, emit=None)
     with store.connect(db) as con:
@@ -202,8 +231,15 @@ def test_resume_continues_the_same_run_and_sequence(base, tmp_path):
 
 
 def test_injected_faults_produce_their_events(tmp_path):
-    c = cfg("steps=8", "inject=lr_spike@3:x10", "inject=bad_batch@4", "inject=nan@6",
-            "failure.on_nan=skip_batch", "eval.every=0", "checkpoint.at_exit=false")
+    c = cfg(
+        "steps=8",
+        "inject=lr_spike@3:x10",
+        "inject=bad_batch@4",
+        "inject=nan@6",
+        "failure.on_nan=skip_batch",
+        "eval.every=0",
+        "checkpoint.at_exit=false",
+    )
     run_id, status = train_with_status(c, tmp_path)
     assert status == "completed"
     evs = events(tmp_path, run_id)
@@ -227,8 +263,14 @@ def test_injected_faults_produce_their_events(tmp_path):
 
 
 def test_nan_rollback_restores_the_checkpoint_with_a_smaller_lr(tmp_path):
-    c = cfg("steps=10", "checkpoint.every=4", "inject=nan@6", "failure.on_nan=rollback",
-            "failure.rollback_lr_scale=0.5", "eval.every=0")
+    c = cfg(
+        "steps=10",
+        "checkpoint.every=4",
+        "inject=nan@6",
+        "failure.on_nan=rollback",
+        "failure.rollback_lr_scale=0.5",
+        "eval.every=0",
+    )
     run_id, status = train_with_status(c, tmp_path)
     assert status == "completed"
     evs = events(tmp_path, run_id)
@@ -245,8 +287,9 @@ def test_nan_rollback_restores_the_checkpoint_with_a_smaller_lr(tmp_path):
 
 
 def test_nan_halt_checkpoints_and_ends_failed(tmp_path):
-    run_id, status = train_with_status(cfg("steps=10", "inject=nan@3", "failure.on_nan=halt", "eval.every=0"),
-                                       tmp_path)
+    run_id, status = train_with_status(
+        cfg("steps=10", "inject=nan@3", "failure.on_nan=halt", "eval.every=0"), tmp_path
+    )
     assert status == "failed"
     evs = events(tmp_path, run_id)
     fail = of(evs, "failure")
@@ -269,13 +312,30 @@ def test_exception_writes_failure_with_traceback_and_run_end_failed(tmp_path):
 
 def _cli(*args, env=None, **kw):
     e = dict(os.environ, **(env or {}))
-    return subprocess.Popen([str(BIN / "trainer"), *args], cwd=ROOT, env=e, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [str(BIN / "trainer"), *args],
+        cwd=ROOT,
+        env=e,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_sigterm_checkpoints_and_ends_preempted(tmp_path):
-    p = _cli("train", "--config", str(TINY), "--runs-dir", str(tmp_path), "--run-id", "pre", "steps=100000",
-             "eval.every=0", *QUIET)
+    p = _cli(
+        "train",
+        "--config",
+        str(TINY),
+        "--runs-dir",
+        str(tmp_path),
+        "--run-id",
+        "pre",
+        "steps=100000",
+        "eval.every=0",
+        *QUIET,
+    )
     path = tmp_path / "pre" / "events.0.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None:
@@ -304,17 +364,29 @@ def test_new_user_trains_tiny_then_ingests_and_lists_it(tmp_path):
     (run_id,) = [d.name for d in runs.iterdir()]
     assert run_id.startswith("tiny-")
     obs = str(BIN / "observatory")
-    r = subprocess.run([obs, "ingest"], env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [obs, "ingest"], env=dict(os.environ, **env), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([obs, "runs"], env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [obs, "runs"], env=dict(os.environ, **env), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert run_id in r.stdout and "completed" in r.stdout
 
 
 def test_wandb_offline_mirror_gets_the_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
-    run_id = train(cfg("steps=3", "eval.every=0", "checkpoint.at_exit=false", "wandb.mode=offline",
-                       "wandb.project=obs-test"), tmp_path)
+    run_id = train(
+        cfg(
+            "steps=3",
+            "eval.every=0",
+            "checkpoint.at_exit=false",
+            "wandb.mode=offline",
+            "wandb.project=obs-test",
+        ),
+        tmp_path,
+    )
     offline = list((tmp_path / run_id / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and run_id in offline[0].name
     assert any(offline[0].rglob("*.wandb"))  # W&B's own record of what the mirror sent

@@ -116,7 +116,9 @@ def test_a_wandb_script_runs_unchanged_and_lands_in_the_store(tmp_path, runs_dir
     db = tmp_path / "store.duckdb"
     ingest(runs_dir, db, emit=None)
     con = connect(db)
-    rows = con.execute("SELECT step, name, value FROM metrics WHERE run = ? ORDER BY step, name", [run_id]).fetchall()
+    rows = con.execute(
+        "SELECT step, name, value FROM metrics WHERE run = ? ORDER BY step, name", [run_id]
+    ).fetchall()
     got: dict[int, dict[str, float]] = {}
     for step, name, value in rows:
         got.setdefault(step, {})[name] = value
@@ -128,16 +130,23 @@ def test_a_wandb_script_runs_unchanged_and_lands_in_the_store(tmp_path, runs_dir
     assert got[100] == {"train/loss": 0.01, "val/acc": 0.125}  # two logs at one explicit step: one row
 
     status, final_step, name, config = con.execute(
-        "SELECT status, final_step, name, config FROM runs WHERE run = ?", [run_id]).fetchone()  # fmt: skip
+        "SELECT status, final_step, name, config FROM runs WHERE run = ?", [run_id]
+    ).fetchone()
     assert (status, final_step, name) == ("completed", 100, "quickstart")
     assert json.loads(config)["optimizer"] == {"name": "adam", "beta1": 0.9}
-    events = con.execute("SELECT kind, step, data FROM events WHERE run = ? AND host = 0 ORDER BY seq", [run_id]).fetchall()
+    events = con.execute(
+        "SELECT kind, step, data FROM events WHERE run = ? AND host = 0 ORDER BY seq", [run_id]
+    ).fetchall()
     by_kind: dict[str, list] = {}
     for kind, step, data in events:
         by_kind.setdefault(kind, []).append((step, json.loads(data)))
     start = by_kind["run_start"][0][1]
     assert (start["project"], start["group"], start["notes"], start["tags"]) == (
-        "my-awesome-project", "cnn", "first try", ["baseline"])  # fmt: skip
+        "my-awesome-project",
+        "cnn",
+        "first try",
+        ["baseline"],
+    )
     assert start["source"]["trainer"] == "wandb-api"
     assert by_kind["config_diff"] == [
         (20, {"against": {"run": run_id, "step": 20}, "changes": {"learning_rate": [0.02, 0.002]}})
@@ -168,8 +177,13 @@ def test_the_drop_in_import_stays_light_and_the_run_still_names_its_version(tmp_
         run.finish()
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OBSERVATORY_RUNS": str(runs_dir)})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OBSERVATORY_RUNS": str(runs_dir)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == "-"
     start = next(e for e in _events(runs_dir / "light" / "events.0.jsonl") if e["kind"] == "run_start")
@@ -184,7 +198,9 @@ def test_the_with_block_quickstart_runs_unchanged(tmp_path, runs_dir):
     db = tmp_path / "store.duckdb"
     ingest(runs_dir, db, hooks=False, emit=None)
     con = connect(db)
-    steps = con.execute("SELECT step, count(*) FROM metrics WHERE run = ? GROUP BY step ORDER BY step", [run_id]).fetchall()
+    steps = con.execute(
+        "SELECT step, count(*) FROM metrics WHERE run = ? GROUP BY step ORDER BY step", [run_id]
+    ).fetchall()
     assert steps == [(s, 2) for s in range(8)]
     assert con.execute("SELECT status FROM runs WHERE run = ?", [run_id]).fetchone() == ("completed",)
 
@@ -313,7 +329,11 @@ def test_define_metric_is_recorded_and_its_statistics_summarised(runs_dir):
     run.define_metric("acc", summary="best", goal="maximize")
     for epoch, (loss, acc) in enumerate([(3.0, 0.2), (1.0, 0.5), (2.0, 0.4)]):
         run.log({"epoch": epoch, "val/loss": loss, "acc": acc})
-    assert (run.summary["val/loss/min"], run.summary["val/loss/mean"], run.summary["val/loss"]) == (1.0, 2.0, 2.0)
+    assert (run.summary["val/loss/min"], run.summary["val/loss/mean"], run.summary["val/loss"]) == (
+        1.0,
+        2.0,
+        2.0,
+    )
     assert run.summary["acc/best"] == 0.5 and "acc" not in run.summary  # a summary without `last` replaces it
     with pytest.raises(ValueError, match="summary must be among"):
         run.define_metric("x", summary="median")
@@ -419,7 +439,9 @@ def test_unknown_modes_and_arguments_are_refused(runs_dir):
         observatory.init(resume="sometimes", dir=runs_dir)
     with pytest.raises(TypeError, match="unexpected keyword"):
         observatory.init(dir=runs_dir, no_such_argument=1, install_signal_handlers=False)
-    run = observatory.init(dir=runs_dir, entity="lab", job_type="train", settings={}, install_signal_handlers=False)
+    run = observatory.init(
+        dir=runs_dir, entity="lab", job_type="train", settings={}, install_signal_handlers=False
+    )
     run.finish()  # wandb's server-side arguments are accepted and unused
 
 
@@ -436,7 +458,11 @@ def test_our_writer_names_keep_the_writers_free_step_order(runs_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("tail, status", [("", "completed"), ("raise SystemError('boom')", "failed")])
 def test_a_script_that_does_not_finish_is_finished_at_exit(tmp_path, runs_dir, tail, status):
-    out = _script(tmp_path, runs_dir, f"import observatory as wandb\nwandb.init(id='x')\nwandb.log({{'a': 1}})\n{tail}\n")
+    out = _script(
+        tmp_path,
+        runs_dir,
+        f"import observatory as wandb\nwandb.init(id='x')\nwandb.log({{'a': 1}})\n{tail}\n",
+    )
     assert out.returncode == (1 if tail else 0)
     evs = _events(runs_dir / "x" / "events.0.jsonl")
     assert evs[-1]["kind"] == "run_end" and evs[-1]["data"]["status"] == status

@@ -63,16 +63,23 @@ def test_wandb_tutorial_from_any_folder_is_drawn_on_live_and_in_its_report(tmp_p
     script_dir.mkdir()
     elsewhere.mkdir()
     (script_dir / "train.py").write_text(TUTORIAL)
-    out = subprocess.run([sys.executable, "train.py"], cwd=script_dir, env=_env(home), capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=script_dir,
+        env=_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "observatory ingest && observatory dashboard" in out.stderr  # what init said to run next
     assert not (script_dir / "data").exists()
     (log,) = (home / ".local/share/observatory/runs").glob("*/events.0.jsonl")
     run = log.parent.name
     cli = Path(sys.executable).parent / "observatory"
-    done = subprocess.run([str(cli), "ingest", "-q"], cwd=elsewhere, env=_env(home), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [str(cli), "ingest", "-q"], cwd=elsewhere, env=_env(home), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     db = home / ".local/share/observatory/observatory.duckdb"
 

@@ -31,8 +31,13 @@ STEPS = 30
 
 def tutorial_run(runs_dir: Path, project: str = "mnist", **kw) -> str:
     """The W&B tutorial loop (plain names, a prefixed eval, a summary), quiet; returns the run id."""
-    run = wandb.init(project=project, config={"lr": 3e-4, "epochs": 3}, dir=runs_dir,
-                     settings=wandb.Settings(quiet=True), **kw)  # fmt: skip
+    run = wandb.init(
+        project=project,
+        config={"lr": 3e-4, "epochs": 3},
+        dir=runs_dir,
+        settings=wandb.Settings(quiet=True),
+        **kw,
+    )
     for i in range(STEPS):
         wandb.log({"loss": 2.0 * math.exp(-i / 10), "acc": 1 - math.exp(-i / 8)})
         if i % 10 == 9:
@@ -104,8 +109,9 @@ def test_panels_are_grouped_by_prefix_loss_first_and_bounded():
 
 
 def live(run: str) -> AppTest:
-    at = AppTest.from_string("from observatory.dashboard.pages import live\nlive.render()\n",
-                             default_timeout=TIMEOUT)  # fmt: skip
+    at = AppTest.from_string(
+        "from observatory.dashboard.pages import live\nlive.render()\n", default_timeout=TIMEOUT
+    )
     at.query_params["run"] = run
     return at.run()
 
@@ -142,17 +148,33 @@ wandb.finish()
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OBSERVATORY_RUNS", "OBSERVATORY_DB", "XDG_DATA_HOME", "WANDB_QUIET", "WANDB_SILENT",
-                        "OBSERVATORY_QUIET")}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "OBSERVATORY_RUNS",
+            "OBSERVATORY_DB",
+            "XDG_DATA_HOME",
+            "WANDB_QUIET",
+            "WANDB_SILENT",
+            "OBSERVATORY_QUIET",
+        )
+    }
     return {**env, "HOME": str(home), **extra}
 
 
 def test_init_writes_to_the_per_user_runs_dir_from_any_folder_and_says_where(tmp_path):
     home, elsewhere = tmp_path / "home", tmp_path / "some" / "folder"
     elsewhere.mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=elsewhere, env=_env(home), capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=elsewhere,
+        env=_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     runs = home / ".local/share/observatory/runs"
     logs = list(runs.glob("*/events.0.jsonl"))
@@ -163,8 +185,9 @@ def test_init_writes_to_the_per_user_runs_dir_from_any_folder_and_says_where(tmp
     assert "completed" in said[1] and "observatory report" in said[1]
     # every command without a flag reads the same place
     cli = Path(sys.executable).parent / "observatory"
-    done = subprocess.run([str(cli), "ingest", "-q"], cwd=tmp_path, env=_env(home), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [str(cli), "ingest", "-q"], cwd=tmp_path, env=_env(home), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert (home / ".local/share/observatory/observatory.duckdb").is_file()
 
@@ -173,8 +196,14 @@ def test_init_writes_to_the_per_user_runs_dir_from_any_folder_and_says_where(tmp
 def test_quiet_init_and_finish_say_nothing(tmp_path, how):
     script = SCRIPT.replace('config={"lr": 3e-4}', 'config={"lr": 3e-4}, settings=wandb.Settings(quiet=True)')
     extra = {how: "true"} if how != "settings" else {}
-    out = subprocess.run([sys.executable, "-c", script if how == "settings" else SCRIPT], cwd=tmp_path,
-                         env=_env(tmp_path / "home", **extra), capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", script if how == "settings" else SCRIPT],
+        cwd=tmp_path,
+        env=_env(tmp_path / "home", **extra),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "observatory:" not in out.stderr
 
@@ -196,8 +225,9 @@ def test_the_runs_and_db_defaults_are_per_user_and_follow_xdg(monkeypatch, tmp_p
 
 def test_compare_config_diff_keeps_run_b_when_both_runs_are_picked_by_hand(store):
     db, plain = store
-    at = AppTest.from_string("from observatory.dashboard.pages import compare\ncompare.render()\n",
-                             default_timeout=TIMEOUT).run()  # fmt: skip
+    at = AppTest.from_string(
+        "from observatory.dashboard.pages import compare\ncompare.render()\n", default_timeout=TIMEOUT
+    ).run()
     at.multiselect(key="compare_runs").set_value([]).run()
     at.multiselect(key="compare_runs").set_value(["ours"]).run()
     at.multiselect(key="compare_runs").set_value(["ours", plain]).run()

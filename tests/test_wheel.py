@@ -28,17 +28,28 @@ def _free_port() -> int:
 def test_the_built_wheel_works_outside_the_checkout(tmp_path):
     dist = tmp_path / "dist"
     # the build backend from PyPI (build isolation), as `pip install .` or a release build gets it
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
-                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = dist.glob("observatory-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py, bin_ = venv / "bin" / "python", venv / "bin"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     # its dependencies: this venv's (already installed), after the fresh venv's own site-packages
-    site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                        text=True).strip())  # fmt: skip
+    site = Path(
+        subprocess.check_output(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
+        ).strip()
+    )
     (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     away = tmp_path / "elsewhere"  # not the checkout: nothing of the repository is on hand here
     away.mkdir()
@@ -46,13 +57,15 @@ def test_the_built_wheel_works_outside_the_checkout(tmp_path):
     env.update(HOME=str(tmp_path / "home"), PYTHONPATH="", XDG_DATA_HOME=str(tmp_path / "xdg"))
 
     def obs(*args: str) -> str:
-        r = subprocess.run([str(bin_ / "observatory"), *args], cwd=away, env=env, capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+        r = subprocess.run(
+            [str(bin_ / "observatory"), *args], cwd=away, env=env, capture_output=True, text=True, timeout=300
+        )
         assert r.returncode == 0, f"observatory {' '.join(args)}: {r.stdout}{r.stderr}"
         return r.stdout + r.stderr
 
-    where = subprocess.check_output([str(py), "-c", "import observatory; print(observatory.__file__)"], cwd=away,
-                                    env=env, text=True)  # fmt: skip
+    where = subprocess.check_output(
+        [str(py), "-c", "import observatory; print(observatory.__file__)"], cwd=away, env=env, text=True
+    )
     assert where.startswith(str(site)), where  # the wheel's copy, not the checkout's
     obs("simulate", "--preset", "tiny", "--steps", "60")
     assert "ingested" in obs("ingest")
@@ -60,8 +73,14 @@ def test_the_built_wheel_works_outside_the_checkout(tmp_path):
     obs("report", "sim-tiny", "--out", str(away / "reports"))
     assert (away / "reports" / "sim-tiny.html").stat().st_size > 10_000
     port = _free_port()
-    server = subprocess.Popen([str(bin_ / "observatory"), "dashboard", "--port", str(port)], cwd=away, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    server = subprocess.Popen(
+        [str(bin_ / "observatory"), "dashboard", "--port", str(port)],
+        cwd=away,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 90
         while True:
@@ -88,29 +107,45 @@ def test_a_light_install_runs_a_wandb_loop_and_says_what_the_cli_needs(tmp_path)
     import zipfile
 
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
-                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = dist.glob("observatory-*.whl")
     meta = zipfile.ZipFile(wheel).read("observatory-0.1.0.dist-info/METADATA").decode()
-    core = {line.split(":", 1)[1].split(">")[0].split(";")[0].strip().lower() for line in meta.splitlines()
-            if line.startswith("Requires-Dist:") and "extra ==" not in line}  # fmt: skip
+    core = {
+        line.split(":", 1)[1].split(">")[0].split(";")[0].strip().lower()
+        for line in meta.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    }
     assert core == {"msgspec", "psutil", "click", "pyyaml"}, core
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
-    site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                        text=True).strip())  # fmt: skip
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    site = Path(
+        subprocess.check_output(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
+        ).strip()
+    )
     here = Path(sysconfig.get_path("purelib"))
     for pkg in ("msgspec", "psutil", "click", "yaml"):  # the core requirements only, copied from this venv
         shutil.copytree(here / pkg, site / pkg)
-    loop = ("import sys, observatory as wandb\n"
-            "wandb.init(project='mnist', config={'lr': 3e-4})\n"
-            "for i in range(5): wandb.log({'loss': 1.0 / (i + 1), 'acc': i / 5})\n"
-            "wandb.finish()\n"
-            "heavy = {'duckdb', 'streamlit', 'scipy', 'polars', 'pyarrow', 'plotly'} & set(sys.modules)\n"
-            "print('heavy', sorted(heavy))\n")  # fmt: skip
+    loop = (
+        "import sys, observatory as wandb\n"
+        "wandb.init(project='mnist', config={'lr': 3e-4})\n"
+        "for i in range(5): wandb.log({'loss': 1.0 / (i + 1), 'acc': i / 5})\n"
+        "wandb.finish()\n"
+        "heavy = {'duckdb', 'streamlit', 'scipy', 'polars', 'pyarrow', 'plotly'} & set(sys.modules)\n"
+        "print('heavy', sorted(heavy))\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OBSERVATORY_")}
     env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "xdg"), PYTHONPATH="")
     out = subprocess.run(
@@ -120,6 +155,12 @@ def test_a_light_install_runs_a_wandb_loop_and_says_what_the_cli_needs(tmp_path)
     assert "heavy []" in out.stdout
     (log,) = (tmp_path / "xdg" / "observatory" / "runs").glob("*/events.0.jsonl")
     assert '"loss"' in log.read_text()
-    cli = subprocess.run([str(venv / "bin" / "observatory"), "ingest"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    cli = subprocess.run(
+        [str(venv / "bin" / "observatory"), "ingest"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 1 and "pip install 'observatory[server]'" in cli.stderr, cli.stderr

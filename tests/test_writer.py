@@ -26,8 +26,14 @@ def read_events(path):
 
 
 def test_init_log_finish_round_trip(runs_dir):
-    run = observatory.init(name="my run", config={"lr": 3e-4, "model": {"d": 64}}, runs_dir=runs_dir,
-                           tags=["a"], ladder={"name": "lad", "rung": "d64"}, install_signal_handlers=False)  # fmt: skip
+    run = observatory.init(
+        name="my run",
+        config={"lr": 3e-4, "model": {"d": 64}},
+        runs_dir=runs_dir,
+        tags=["a"],
+        ladder={"name": "lad", "rung": "d64"},
+        install_signal_handlers=False,
+    )
     run.log({"train/loss": 2.5, "n": np.float32(1.5), "i": np.int64(3)}, step=np.int64(1))
     run.log_expert_load(1, 0, np.array([3, 4]), [0, 1])
     run.event("eval", {"dataset": "val", "loss": float("nan")}, step=1)
@@ -38,7 +44,9 @@ def test_init_log_finish_round_trip(runs_dir):
         validate_event(e, run_folder=run.id, host=0)
     # init says the process is in "init"; its first logged step, "train"
     assert [(e["data"], e["step"]) for e in allev if e["kind"] == "phase"] == [
-        ({"phase": "init", "attempt": 0}, None), ({"phase": "train", "attempt": 0}, 1)]  # fmt: skip
+        ({"phase": "init", "attempt": 0}, None),
+        ({"phase": "train", "attempt": 0}, 1),
+    ]
     evs = [e for e in allev if e["kind"] != "phase"]
     assert [e["kind"] for e in evs] == ["run_start", "metrics", "expert_load", "eval", "run_end"]
     assert evs[0]["data"]["name"] == "my run" and evs[0]["data"]["tags"] == ["a"]
@@ -59,9 +67,17 @@ def test_events_are_on_disk_within_a_second_without_finish(runs_dir):
 
 
 def test_secrets_are_redacted(runs_dir):
-    cfg = {"wandb": {"api_key": "sk-123", "project": "p"}, "db_password": "hunter2", "hf_token": "tok-9",
-           "list": [{"secret": "s3cr3t", "ok": 1}], "accessToken": "at-1", "credentials_file": "/creds",
-           "tokenizer": "bpe", "max_tokens": 4096, "author": "me"}  # fmt: skip
+    cfg = {
+        "wandb": {"api_key": "sk-123", "project": "p"},
+        "db_password": "hunter2",
+        "hf_token": "tok-9",
+        "list": [{"secret": "s3cr3t", "ok": 1}],
+        "accessToken": "at-1",
+        "credentials_file": "/creds",
+        "tokenizer": "bpe",
+        "max_tokens": 4096,
+        "author": "me",
+    }
     run = observatory.init(run_id="r", config=cfg, runs_dir=runs_dir, install_signal_handlers=False)
     run.finish()
     text = run.path.read_text()
@@ -124,7 +140,9 @@ class _BlockingSink:
 
 def test_full_queue_drops_count_and_reports(runs_dir):
     sink = _BlockingSink()
-    run = observatory.init(run_id="q", runs_dir=runs_dir, sinks=[sink], queue_size=5, install_signal_handlers=False)
+    run = observatory.init(
+        run_id="q", runs_dir=runs_dir, sinks=[sink], queue_size=5, install_signal_handlers=False
+    )
     assert sink.entered.wait(10)  # the writer thread is now blocked in the sink, run_start written
     t0 = time.perf_counter()
     for step in range(50):
@@ -197,7 +215,9 @@ def _rest(proc) -> str:
 def _spawn(tmp_path, runs_dir, mode="loop"):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    proc = subprocess.Popen([sys.executable, str(script), str(runs_dir), mode], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(runs_dir), mode], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -235,7 +255,9 @@ def test_sigkill_loses_at_most_the_last_second_and_never_corrupts(tmp_path, runs
         rep = ingest(runs_dir, db_path, hooks=False, emit=None)
         with connect(db_path) as con:
             got = {r[0] for r in con.execute("SELECT step FROM metrics WHERE run = 'child'").fetchall()}
-            n_rejected = con.execute("SELECT count(*) FROM rejected_events WHERE reason NOT LIKE 'truncated%'").fetchall()
+            n_rejected = con.execute(
+                "SELECT count(*) FROM rejected_events WHERE reason NOT LIKE 'truncated%'"
+            ).fetchall()
         must_have = {s for s, t in logged.items() if t < t_kill - 1.0}
         assert must_have <= got, f"lost {sorted(must_have - got)[:5]}... of {len(logged)} logged"
         assert n_rejected == [(0,)] and rep.rejected == rep.truncated
@@ -267,8 +289,12 @@ def test_two_processes_share_the_observatory_file(tmp_path, runs_dir, db_path):
     write_lines(path, [event("shared", "note", {"text": "earlier"}, 7, host=1000)])
     script, go = tmp_path / "shared_child.py", tmp_path / "go"
     script.write_text(SHARED_CHILD)
-    procs = [subprocess.Popen([sys.executable, str(script), str(runs_dir), tag, str(go)], stdout=subprocess.PIPE,
-                              text=True) for tag in ("a", "b")]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(runs_dir), tag, str(go)], stdout=subprocess.PIPE, text=True
+        )
+        for tag in ("a", "b")
+    ]
     for p in procs:
         assert p.stdout.readline().strip() == "ready"  # both numbered from the same tail (seq 8) by now
     go.touch()

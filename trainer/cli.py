@@ -24,7 +24,9 @@ __all__ = ["main", "resolve_config"]
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainer", description="JAX MoE trainer that writes observatory event logs.")
+    p = argparse.ArgumentParser(
+        prog="trainer", description="JAX MoE trainer that writes observatory event logs."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="train a model (see `trainer train --help`)", add_help=False)
     sub.add_parser("ladder", help="run a scaling ladder (see `trainer ladder --help`)", add_help=False)
@@ -37,13 +39,22 @@ def _train_parser() -> argparse.ArgumentParser:
         description="Train a model. Overrides are key.sub=value (e.g. optimizer.lr=1e-3 inject=nan@20).",
     )
     t.add_argument("--config", help="YAML config (trainer/configs/*.yaml); optional with --resume/--fork")
-    t.add_argument("--runs-dir", default=None, help="where event logs go (default: the `runs` setting: env OBSERVATORY_RUNS, else ~/.local/share/observatory/runs)")
+    t.add_argument(
+        "--runs-dir",
+        default=None,
+        help="where event logs go (default: the `runs` setting: env OBSERVATORY_RUNS, else ~/.local/share/observatory/runs)",
+    )
     t.add_argument("--run-id", default=None, help="run id (default: <name>-<time>-<random>)")
     g = t.add_mutually_exclusive_group()
-    g.add_argument("--resume", metavar="RUN[@STEP]", help="continue RUN from its latest (or STEP's) checkpoint")
+    g.add_argument(
+        "--resume", metavar="RUN[@STEP]", help="continue RUN from its latest (or STEP's) checkpoint"
+    )
     g.add_argument("--fork", metavar="RUN@STEP", help="start a new run from RUN's checkpoint at STEP")
-    t.add_argument("--coordinator", default=os.environ.get("TRAINER_COORDINATOR"),
-                   help="multi-host: HOST:PORT of process 0")
+    t.add_argument(
+        "--coordinator",
+        default=os.environ.get("TRAINER_COORDINATOR"),
+        help="multi-host: HOST:PORT of process 0",
+    )
     t.add_argument("--num-processes", type=int, default=int(os.environ.get("TRAINER_NUM_PROCESSES", "1")))
     t.add_argument("--process-id", type=int, default=int(os.environ.get("TRAINER_PROCESS_ID", "0")))
     t.add_argument("--tag", action="append", default=None, help="run tag (repeatable)")
@@ -51,8 +62,14 @@ def _train_parser() -> argparse.ArgumentParser:
     return t
 
 
-def resolve_config(config: str | None, overrides: list[str], *, runs_dir: Path, resume: str | None = None,
-                   fork: str | None = None):
+def resolve_config(
+    config: str | None,
+    overrides: list[str],
+    *,
+    runs_dir: Path,
+    resume: str | None = None,
+    fork: str | None = None,
+):
     """The config a command runs with: the YAML file, else (resume/fork) the checkpoint's config,
     then the overrides."""
     # lazy for start-up time: trainer.config and trainer.checkpoint load JAX
@@ -76,7 +93,9 @@ def resolve_config(config: str | None, overrides: list[str], *, runs_dir: Path, 
 def cmd_train(args) -> int:
     runs_dir = Path(args.runs_dir or settings.get("runs"))
     try:
-        cfg = resolve_config(args.config, args.overrides, runs_dir=runs_dir, resume=args.resume, fork=args.fork)
+        cfg = resolve_config(
+            args.config, args.overrides, runs_dir=runs_dir, resume=args.resume, fork=args.fork
+        )
     except ValueError as e:
         print(f"trainer train: {e}", file=sys.stderr)
         return 2
@@ -84,8 +103,9 @@ def cmd_train(args) -> int:
     enable_compile_cache()
     from trainer.train import train_with_status  # lazy for start-up time (JAX)
 
-    run_id, status = train_with_status(cfg, runs_dir, run_id=args.run_id, resume=args.resume, fork=args.fork,
-                                       tags=args.tag)
+    run_id, status = train_with_status(
+        cfg, runs_dir, run_id=args.run_id, resume=args.resume, fork=args.fork, tags=args.tag
+    )
     print(f"run {run_id}: {status}; events in {runs_dir / run_id}", file=sys.stderr)
     return 0 if status in ("completed", "preempted") else 1
 

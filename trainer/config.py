@@ -83,7 +83,9 @@ class ScheduleConfig:
     decay_fraction: float = 0.2  # wsd only
 
     def __post_init__(self):
-        _require(self.kind in ("cosine", "wsd", "constant"), "schedule.kind", "must be cosine, wsd or constant")
+        _require(
+            self.kind in ("cosine", "wsd", "constant"), "schedule.kind", "must be cosine, wsd or constant"
+        )
         _require(self.warmup_steps >= 0, "schedule.warmup_steps", "must be >= 0")
         _require(0 <= self.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
         _require(0 < self.decay_fraction <= 1, "schedule.decay_fraction", "must be in (0, 1]")
@@ -252,13 +254,26 @@ def _unknown(key: str, where: str = "") -> ValueError:
     close = difflib.get_close_matches(key, all_keys(), n=3, cutoff=0.5)
     if not close:  # a misspelled section or leaf: also try matching the leaf name alone
         leaf = key.rsplit(".", 1)[-1]
-        close = [k for k in all_keys() if k.rsplit(".", 1)[-1] in difflib.get_close_matches(leaf, [
-            x.rsplit(".", 1)[-1] for x in all_keys()], n=3, cutoff=0.6)][:3]
+        close = [
+            k
+            for k in all_keys()
+            if k.rsplit(".", 1)[-1]
+            in difflib.get_close_matches(leaf, [x.rsplit(".", 1)[-1] for x in all_keys()], n=3, cutoff=0.6)
+        ][:3]
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return ValueError(f"{where}unknown config key {key!r}{hint}")
 
 
-_BOOL = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+_BOOL = {
+    "true": True,
+    "yes": True,
+    "on": True,
+    "1": True,
+    "false": False,
+    "no": False,
+    "off": False,
+    "0": False,
+}
 
 
 def coerce(key: str, tp: Any, value: Any) -> Any:
@@ -333,7 +348,9 @@ def coerce(key: str, tp: Any, value: Any) -> Any:
 def from_dict(d: dict[str, Any], cls=TrainConfig, *, prefix: str = "", lines: dict | None = None, source=""):
     """Build `cls` from a nested dict, checking every key and value type."""
     if not isinstance(d, dict):
-        raise ValueError(f"{source}{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(d).__name__}")
+        raise ValueError(
+            f"{source}{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(d).__name__}"
+        )
     hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
@@ -427,8 +444,9 @@ def apply_overrides(base: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                base: dict[str, Any] | None = None) -> TrainConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, base: dict[str, Any] | None = None
+) -> TrainConfig:
     """TrainConfig from a YAML file (or `base` dict, or defaults) plus `key.sub=value` overrides."""
     lines: dict[str, int] = {}
     source = ""

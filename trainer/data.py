@@ -81,7 +81,9 @@ def _read_docs(path: Path) -> list[bytes]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be an object") from None
+            raise ValueError(
+                f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be an object"
+            ) from None
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise ValueError(f"{path}:{lineno}: field 'text' is missing or not a string")
         docs.append(obj["text"].encode("utf-8"))
@@ -199,7 +201,9 @@ def load_corpus(path: str | None = None, *, eval_fraction: float = 0.01, name: s
     if not (tr_path.exists() and ev_path.exists()):
         _build(root, files, eval_fraction, tr_path, ev_path)
     train = np.memmap(tr_path, dtype=np.uint8, mode="r") if tr_path.stat().st_size else np.zeros(0, np.uint8)
-    heldout = np.memmap(ev_path, dtype=np.uint8, mode="r") if ev_path.stat().st_size else np.zeros(0, np.uint8)
+    heldout = (
+        np.memmap(ev_path, dtype=np.uint8, mode="r") if ev_path.stat().st_size else np.zeros(0, np.uint8)
+    )
     if name is None:
         name = f"python{sysconfig.get_python_version()}-stdlib" if default else root.name
     return Corpus(name=name, root=str(root), fingerprint=fp, files=len(files), train=train, heldout=heldout)

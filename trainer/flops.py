@@ -50,7 +50,13 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> float:
     """Training FLOPs per token (forward + backward); see the module docstring for what is counted."""
     p = param_breakdown(cfg)
     t = cfg.seq_len if seq_len is None else seq_len
-    matmul = (p["lm_head"] + p["attention"] + p["dense_ffn"] + p["shared_experts"] + p["router"]
-              + p["routed_experts"] * cfg.top_k / cfg.n_routed)
+    matmul = (
+        p["lm_head"]
+        + p["attention"]
+        + p["dense_ffn"]
+        + p["shared_experts"]
+        + p["router"]
+        + p["routed_experts"] * cfg.top_k / cfg.n_routed
+    )
     attn = 12 * cfg.n_layers * t * cfg.n_heads * cfg.head_dim
     return 6.0 * matmul + attn

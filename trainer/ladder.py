@@ -100,9 +100,14 @@ class LadderSpec:
             raise ValueError(f"{where}warmup_fraction must be in [0, 0.5), got {self.warmup_fraction}")
         if not self.base.exists():
             raise ValueError(f"{where}base config {self.base} does not exist")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
-                isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
-            raise ValueError(f"{where}seeds must be distinct integers >= 0 (or a count), got {list(self.seeds)}")
+        if (
+            not self.seeds
+            or len(set(self.seeds)) != len(self.seeds)
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds)
+        ):
+            raise ValueError(
+                f"{where}seeds must be distinct integers >= 0 (or a count), got {list(self.seeds)}"
+            )
         ids = [_run_id(self.name, r.rung, s) for r in self.rungs for s in self.seeds]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{where}rung labels collide with seed run ids (<rung>-s<k>): {sorted(ids)}")
@@ -183,8 +188,9 @@ class RungPlan:
     seed: int = 0
 
 
-def _plan_one(spec: LadderSpec, r: RungSpec, extra: tuple[str, ...] = (), target: bool = False,
-              seed: int = 0) -> RungPlan:
+def _plan_one(
+    spec: LadderSpec, r: RungSpec, extra: tuple[str, ...] = (), target: bool = False, seed: int = 0
+) -> RungPlan:
     # lazy for start-up time: trainer.config and trainer.flops load JAX, and `trainer --help` imports this module
     from trainer.config import load_config
     from trainer.flops import param_counts
@@ -208,16 +214,25 @@ def _plan_one(spec: LadderSpec, r: RungSpec, extra: tuple[str, ...] = (), target
         eval=dataclasses.replace(cfg.eval, every=steps // EVALS_PER_RUN),
         schedule=dataclasses.replace(cfg.schedule, warmup_steps=round(spec.warmup_fraction * steps)),
     )
-    ladder = {"name": spec.name, "rung": r.rung, "seed": seed, "params_active": int(active),
-              "params_total": int(total), "tokens": int(tokens), "flops": flops, "steps": steps,
-              "tokens_per_param": spec.tokens_per_param}
+    ladder = {
+        "name": spec.name,
+        "rung": r.rung,
+        "seed": seed,
+        "params_active": int(active),
+        "params_total": int(total),
+        "tokens": int(tokens),
+        "flops": flops,
+        "steps": steps,
+        "tokens_per_param": spec.tokens_per_param,
+    }
     if target:
         ladder["target"] = True
     return RungPlan(r.rung, run_id, cfg, ladder, seed)
 
 
-def plan(spec: LadderSpec, target_overrides: tuple[str, ...] = (),
-         target_seed: int | None = None) -> tuple[list[RungPlan], RungPlan | None]:
+def plan(
+    spec: LadderSpec, target_overrides: tuple[str, ...] = (), target_seed: int | None = None
+) -> tuple[list[RungPlan], RungPlan | None]:
     """The rungs' (every rung x seed, seed-major: all rungs of the first seed come first) and the
     target's configs, with steps, evals and compute derived from the recipe. The target is trained
     with the first seed unless `target_seed` (another, independent target run: <name>-<rung>-s<k>)."""
@@ -251,9 +266,16 @@ def _observatory(*args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
-def run_ladder(spec: LadderSpec, runs_dir: Path, db: Path, *, target: bool = False,
-               target_overrides: tuple[str, ...] = (), target_run_id: str | None = None,
-               target_seed: int | None = None) -> list[str]:
+def run_ladder(
+    spec: LadderSpec,
+    runs_dir: Path,
+    db: Path,
+    *,
+    target: bool = False,
+    target_overrides: tuple[str, ...] = (),
+    target_run_id: str | None = None,
+    target_seed: int | None = None,
+) -> list[str]:
     """Train every rung (skipping completed ones) and, with `target`, forecast then train the target."""
     from trainer.train import train  # lazy for start-up time (JAX)
 
@@ -261,13 +283,21 @@ def run_ladder(spec: LadderSpec, runs_dir: Path, db: Path, *, target: bool = Fal
     done = []
     for p in rungs:
         if _completed(runs_dir, p.run_id):
-            print(f"ladder {spec.name}: rung {p.rung} already completed ({p.run_id}); skipping", file=sys.stderr)
+            print(
+                f"ladder {spec.name}: rung {p.rung} already completed ({p.run_id}); skipping", file=sys.stderr
+            )
         elif (runs_dir / p.run_id).exists():
-            raise RuntimeError(f"ladder {spec.name}: {runs_dir / p.run_id} exists but did not complete; "
-                               "remove it to retrain that rung")
+            raise RuntimeError(
+                f"ladder {spec.name}: {runs_dir / p.run_id} exists but did not complete; "
+                "remove it to retrain that rung"
+            )
         else:
-            print(f"ladder {spec.name}: rung {p.rung}: {p.ladder['params_active']:,} active params, "
-                  f"{p.cfg.steps} steps, C={p.ladder['flops']:.3g}", file=sys.stderr, flush=True)
+            print(
+                f"ladder {spec.name}: rung {p.rung}: {p.ladder['params_active']:,} active params, "
+                f"{p.cfg.steps} steps, C={p.ladder['flops']:.3g}",
+                file=sys.stderr,
+                flush=True,
+            )
             train(p.cfg, runs_dir, run_id=p.run_id, ladder=p.ladder, tags=["ladder", spec.name])
         done.append(p.run_id)
     if target:
@@ -275,13 +305,32 @@ def run_ladder(spec: LadderSpec, runs_dir: Path, db: Path, *, target: bool = Fal
             raise ValueError(f"{spec.source}: --target needs a `target:` entry in the ladder config")
         run_id = target_run_id or tgt.run_id
         if (runs_dir / run_id).exists():
-            raise RuntimeError(f"target run folder {runs_dir / run_id} exists; a pre-registered forecast needs "
-                               "a fresh run id (--target-run-id)")
+            raise RuntimeError(
+                f"target run folder {runs_dir / run_id} exists; a pre-registered forecast needs "
+                "a fresh run id (--target-run-id)"
+            )
         _observatory("ingest", "--quiet", "--runs-dir", str(runs_dir), "--db", str(db))
-        _observatory("ladder", "forecast", spec.name, "--target", run_id, "--flops", repr(tgt.ladder["flops"]),
-                     "--steps", str(tgt.cfg.steps), "--runs-dir", str(runs_dir), "--db", str(db))
-        print(f"ladder {spec.name}: target {run_id}: {tgt.ladder['params_active']:,} active params, "
-              f"{tgt.cfg.steps} steps, C={tgt.ladder['flops']:.3g}", file=sys.stderr, flush=True)
+        _observatory(
+            "ladder",
+            "forecast",
+            spec.name,
+            "--target",
+            run_id,
+            "--flops",
+            repr(tgt.ladder["flops"]),
+            "--steps",
+            str(tgt.cfg.steps),
+            "--runs-dir",
+            str(runs_dir),
+            "--db",
+            str(db),
+        )
+        print(
+            f"ladder {spec.name}: target {run_id}: {tgt.ladder['params_active']:,} active params, "
+            f"{tgt.cfg.steps} steps, C={tgt.ladder['flops']:.3g}",
+            file=sys.stderr,
+            flush=True,
+        )
         train(tgt.cfg, runs_dir, run_id=run_id, ladder=tgt.ladder, tags=["ladder-target", spec.name])
         _observatory("ingest", "--quiet", "--runs-dir", str(runs_dir), "--db", str(db))
         # compare the finished target with its band (ingest's hook does this live); idempotent
@@ -305,21 +354,31 @@ def pack(runs_dir: Path, run_ids: list[str], dest: Path) -> list[Path]:
 
 
 def _print_plan(spec: LadderSpec, rungs: list[RungPlan], tgt: RungPlan | None) -> None:
-    print(f"ladder {spec.name}: {spec.tokens_per_param:g} tokens per active parameter, base {spec.base}, "
-          f"seeds {list(spec.seeds)} (the fit averages a rung's seeds)")
-    print(f"{'rung':>8} {'seed':>4} {'run id':>24} {'active':>10} {'total':>10} {'steps':>6} {'tokens':>10} "
-          f"{'FLOPs':>10}")
+    print(
+        f"ladder {spec.name}: {spec.tokens_per_param:g} tokens per active parameter, base {spec.base}, "
+        f"seeds {list(spec.seeds)} (the fit averages a rung's seeds)"
+    )
+    print(
+        f"{'rung':>8} {'seed':>4} {'run id':>24} {'active':>10} {'total':>10} {'steps':>6} {'tokens':>10} "
+        f"{'FLOPs':>10}"
+    )
     for p in rungs + ([tgt] if tgt else []):
         lad = p.ladder
-        print(f"{p.rung + ('*' if lad.get('target') else ''):>8} {p.seed:>4} {p.run_id:>24} {lad['params_active']:>10,} "
-              f"{lad['params_total']:>10,} {p.cfg.steps:>6} {lad['tokens']:>10,} {lad['flops']:>10.3g}")
+        print(
+            f"{p.rung + ('*' if lad.get('target') else ''):>8} {p.seed:>4} {p.run_id:>24} {lad['params_active']:>10,} "
+            f"{lad['params_total']:>10,} {p.cfg.steps:>6} {lad['tokens']:>10,} {lad['flops']:>10.3g}"
+        )
     total = sum(p.ladder["flops"] for p in rungs)
     biggest = max(p.ladder["flops"] for p in rungs)
-    print(f"all rung runs: C={total:.3g}" + (f"; target / largest rung: {tgt.ladder['flops'] / biggest:.2f}x"
-                                              if tgt else ""))
+    print(
+        f"all rung runs: C={total:.3g}"
+        + (f"; target / largest rung: {tgt.ladder['flops'] / biggest:.2f}x" if tgt else "")
+    )
     if tgt:
         print("* target; spec for `observatory ladder fit --target FILE`:")
-        print(json.dumps({"target": {"run": tgt.run_id, "flops": tgt.ladder["flops"], "steps": tgt.cfg.steps}}))
+        print(
+            json.dumps({"target": {"run": tgt.run_id, "flops": tgt.ladder["flops"], "steps": tgt.cfg.steps}})
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,16 +388,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", default=None, help="the store, for --target (default: env OBSERVATORY_DB)")
     ap.add_argument("--plan", action="store_true", help="print rungs, steps and compute; train nothing")
     ap.add_argument("--target", action="store_true", help="after the rungs: forecast, then train the target")
-    ap.add_argument("--target-override", action="append", default=[], metavar="key.sub=value",
-                    help="extra override for the target only, e.g. inject=lr_spike@400:x30 (repeatable)")
+    ap.add_argument(
+        "--target-override",
+        action="append",
+        default=[],
+        metavar="key.sub=value",
+        help="extra override for the target only, e.g. inject=lr_spike@400:x30 (repeatable)",
+    )
     ap.add_argument("--target-run-id", default=None, help="run id of the target (default <ladder>-<rung>)")
-    ap.add_argument("--seeds", type=int, default=None, metavar="N",
-                    help="train seeds 0..N-1 of every rung instead of the config's `seeds:` (e.g. 2 for a quick pass)")
-    ap.add_argument("--target-seed", type=int, default=None, metavar="K",
-                    help="train the target with seed K (run id <ladder>-<rung>-sK): another independent target "
-                         "run, with its own pre-registered forecast (default: the ladder's first seed)")
-    ap.add_argument("--pack", type=Path, default=None, metavar="DIR",
-                    help="afterwards gzip the runs' event logs into DIR/<run>/ (how data/samples is made)")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train seeds 0..N-1 of every rung instead of the config's `seeds:` (e.g. 2 for a quick pass)",
+    )
+    ap.add_argument(
+        "--target-seed",
+        type=int,
+        default=None,
+        metavar="K",
+        help="train the target with seed K (run id <ladder>-<rung>-sK): another independent target "
+        "run, with its own pre-registered forecast (default: the ladder's first seed)",
+    )
+    ap.add_argument(
+        "--pack",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="afterwards gzip the runs' event logs into DIR/<run>/ (how data/samples is made)",
+    )
     args = ap.parse_args(argv)
     runs_dir = Path(args.runs_dir or settings.get("runs"))
     db = Path(args.db or settings.get("db"))
@@ -359,8 +438,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     enable_compile_cache()
     try:
-        done = run_ladder(spec, runs_dir, db, target=args.target, target_overrides=tuple(args.target_override),
-                          target_run_id=args.target_run_id, target_seed=args.target_seed)
+        done = run_ladder(
+            spec,
+            runs_dir,
+            db,
+            target=args.target,
+            target_overrides=tuple(args.target_override),
+            target_run_id=args.target_run_id,
+            target_seed=args.target_seed,
+        )
     except (ValueError, RuntimeError, subprocess.CalledProcessError) as e:
         print(f"trainer ladder: {e}", file=sys.stderr)
         return 1

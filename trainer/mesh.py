@@ -59,8 +59,9 @@ def make_mesh(data: int, expert: int, *, devices=None) -> Mesh:
         )
     if devices is None and need == len(devs):
         return jax.make_mesh((data, expert), AXES, axis_types=(AxisType.Auto, AxisType.Auto))
-    return Mesh(np.asarray(devs[:need]).reshape(data, expert), AXES,
-                axis_types=(AxisType.Auto, AxisType.Auto))
+    return Mesh(
+        np.asarray(devs[:need]).reshape(data, expert), AXES, axis_types=(AxisType.Auto, AxisType.Auto)
+    )
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -216,16 +216,27 @@ class Transformer(nnx.Module):
             if st is not None:
                 per_layer.append(st)
         x = self.final_norm(x)
-        logits = (x.astype(self.cfg.compute_dtype) @ self.lm_head[...].astype(self.cfg.compute_dtype))
-        stats = {name: jnp.stack([getattr(s, name) for s in per_layer]) for name in
-                 ("routed", "dropped", "router_z", "lb", "entropy")} if per_layer else _empty_stats(self.cfg)
+        logits = x.astype(self.cfg.compute_dtype) @ self.lm_head[...].astype(self.cfg.compute_dtype)
+        stats = (
+            {
+                name: jnp.stack([getattr(s, name) for s in per_layer])
+                for name in ("routed", "dropped", "router_z", "lb", "entropy")
+            }
+            if per_layer
+            else _empty_stats(self.cfg)
+        )
         return logits.astype(jnp.float32), stats
 
 
 def _empty_stats(cfg: ModelConfig) -> dict[str, jax.Array]:
     e = cfg.n_routed
-    return dict(routed=jnp.zeros((0, e), jnp.int32), dropped=jnp.zeros((0, e), jnp.int32),
-                router_z=jnp.zeros((0,)), lb=jnp.zeros((0,)), entropy=jnp.zeros((0,)))
+    return dict(
+        routed=jnp.zeros((0, e), jnp.int32),
+        dropped=jnp.zeros((0, e), jnp.int32),
+        router_z=jnp.zeros((0,)),
+        lb=jnp.zeros((0,)),
+        entropy=jnp.zeros((0,)),
+    )
 
 
 def loss_fn(model: Transformer, batch) -> tuple[jax.Array, dict]:
@@ -268,7 +279,8 @@ def loss_fn(model: Transformer, batch) -> tuple[jax.Array, dict]:
         aux[f"router/layer_{i}/lb_loss"] = stats["lb"][j]
         aux[f"router/layer_{i}/entropy"] = stats["entropy"][j]
         aux[f"moe/layer_{i}/drop_fraction"] = (
-            stats["dropped"][j].sum() / jnp.maximum(stats["routed"][j].sum(), 1)).astype(jnp.float32)
+            stats["dropped"][j].sum() / jnp.maximum(stats["routed"][j].sum(), 1)
+        ).astype(jnp.float32)
     return loss, aux
 
 

@@ -104,8 +104,9 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x):  # (B, T, D) -> (B, T, D)
         dt = self.dtype
-        return _swiglu(x.astype(dt), self.w_gate[...].astype(dt), self.w_up[...].astype(dt),
-                       self.w_down[...].astype(dt))
+        return _swiglu(
+            x.astype(dt), self.w_gate[...].astype(dt), self.w_up[...].astype(dt), self.w_down[...].astype(dt)
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -171,8 +172,9 @@ def _finish_stats(s, n_tokens: int, top_k: int, n_routed: int) -> MoEStats:
     )
 
 
-def _moe_local(x, router_w, bias, w_gate, w_up, w_down, *, top_k, capacity_factor, aux_free,
-               dtype, ep_size, reduce_axes):
+def _moe_local(
+    x, router_w, bias, w_gate, w_up, w_down, *, top_k, capacity_factor, aux_free, dtype, ep_size, reduce_axes
+):
     """The per-device body. x ``(G, S, D)`` local sequences; w_* hold this device's ``E/ep`` experts.
 
     Returns y ``(G, S, D)`` and the globally reduced partial sums.
@@ -214,8 +216,20 @@ def _moe_local(x, router_w, bias, w_gate, w_up, w_down, *, top_k, capacity_facto
     return y, st
 
 
-def moe_forward(x, router_w, bias, w_gate, w_up, w_down, *, top_k: int, capacity_factor: float,
-                aux_free: bool, dtype=jnp.float32, mesh: Mesh | None = None):
+def moe_forward(
+    x,
+    router_w,
+    bias,
+    w_gate,
+    w_up,
+    w_down,
+    *,
+    top_k: int,
+    capacity_factor: float,
+    aux_free: bool,
+    dtype=jnp.float32,
+    mesh: Mesh | None = None,
+):
     """Routed-expert part of the MoE layer. x ``(B, T, D)``; router_w ``(D, E)``; bias ``(E,)``;
     w_gate/w_up ``(E, D, F)``; w_down ``(E, F, D)``. Returns y ``(B, T, D)`` and ``MoEStats``.
 
@@ -230,8 +244,10 @@ def moe_forward(x, router_w, bias, w_gate, w_up, w_down, *, top_k: int, capacity
     else:
         ep = mesh.shape[EXPERT_AXIS]
         if n_routed % ep:
-            raise ValueError(f"n_routed={n_routed} is not divisible by mesh expert={ep}; choose "
-                             f"n_routed as a multiple of the expert-parallel size")
+            raise ValueError(
+                f"n_routed={n_routed} is not divisible by mesh expert={ep}; choose "
+                f"n_routed as a multiple of the expert-parallel size"
+            )
         if b % mesh.size:
             raise ValueError(f"batch {b} is not divisible by the mesh size {mesh.size}")
         body = jax.shard_map(
@@ -244,8 +260,9 @@ def moe_forward(x, router_w, bias, w_gate, w_up, w_down, *, top_k: int, capacity
     return y, _finish_stats(st, b * t, top_k, n_routed)
 
 
-def moe_reference(x, router_w, bias, w_gate, w_up, w_down, *, top_k: int, capacity_factor: float,
-                  aux_free: bool):
+def moe_reference(
+    x, router_w, bias, w_gate, w_up, w_down, *, top_k: int, capacity_factor: float, aux_free: bool
+):
     """Plain single-device float32 reference of ``moe_forward`` (same arguments, same outputs).
 
     One-hot dispatch/combine tensors ``(G, S, E, C)`` and a Python loop over top-k ranks for the
@@ -311,8 +328,11 @@ class MoE(nnx.Module):
         self.w_up = nnx.Param(normal_init(rngs, (e, d, f), 0.02), **{EXPERT_SHARDED: True})
         self.w_down = nnx.Param(normal_init(rngs, (e, f, d), out_std), **{EXPERT_SHARDED: True})
         self.router_bias = RouterBias(jnp.asarray(np.zeros((e,), np.float32)))
-        self.shared = (SwiGLU(d, cfg.n_shared * cfg.d_shared, rngs=rngs, dtype=cfg.compute_dtype,
-                              out_std=out_std) if cfg.n_shared > 0 else None)
+        self.shared = (
+            SwiGLU(d, cfg.n_shared * cfg.d_shared, rngs=rngs, dtype=cfg.compute_dtype, out_std=out_std)
+            if cfg.n_shared > 0
+            else None
+        )
         self.top_k = cfg.top_k
         self.capacity_factor = cfg.capacity_factor
         self.aux_free = cfg.gating == "aux_free"
@@ -321,9 +341,18 @@ class MoE(nnx.Module):
 
     def __call__(self, x) -> tuple[jax.Array, MoEStats]:  # x (B, T, D)
         y, stats = moe_forward(
-            x, self.router[...], self.router_bias[...], self.w_gate[...], self.w_up[...],
-            self.w_down[...], top_k=self.top_k, capacity_factor=self.capacity_factor,
-            aux_free=self.aux_free, dtype=self.dtype, mesh=self.mesh)
+            x,
+            self.router[...],
+            self.router_bias[...],
+            self.w_gate[...],
+            self.w_up[...],
+            self.w_down[...],
+            top_k=self.top_k,
+            capacity_factor=self.capacity_factor,
+            aux_free=self.aux_free,
+            dtype=self.dtype,
+            mesh=self.mesh,
+        )
         if self.shared is not None:
             y = y + self.shared(x)
         return y, stats

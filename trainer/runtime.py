@@ -22,7 +22,9 @@ def init_distributed(coordinator: str | None, num_processes: int, process_id: in
 
     # CPU processes exchange collectives through gloo; GPUs/TPUs ignore this setting.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    jax.distributed.initialize(
+        coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+    )
 
 
 def enable_compile_cache() -> None:

@@ -24,8 +24,15 @@ from jax.sharding import PartitionSpec as P
 from trainer.config import TrainConfig
 from trainer.model import TRAINABLE, ModelConfig, loss_fn, update_router_bias
 
-__all__ = ["lr_schedule", "make_optimizer", "place_on_mesh", "train_step", "scalar_names", "eval_step",
-           "measure_peak_flops"]
+__all__ = [
+    "lr_schedule",
+    "make_optimizer",
+    "place_on_mesh",
+    "train_step",
+    "scalar_names",
+    "eval_step",
+    "measure_peak_flops",
+]
 
 
 # ---------------------------------------------------------------- optimizer
@@ -50,7 +57,9 @@ def lr_schedule(cfg: TrainConfig) -> np.ndarray:
             [w, stable_end],
         )
     else:
-        sched = optax.join_schedules([optax.linear_schedule(0.0, o.lr, max(w, 1)), optax.constant_schedule(o.lr)], [w])
+        sched = optax.join_schedules(
+            [optax.linear_schedule(0.0, o.lr, max(w, 1)), optax.constant_schedule(o.lr)], [w]
+        )
     return np.asarray(jax.vmap(sched)(jnp.arange(n + 1)), dtype=np.float32)
 
 
@@ -100,7 +109,9 @@ def place_on_mesh(tree, mesh) -> None:
     for _, var in nnx.iter_graph(tree):
         if isinstance(var, nnx.Variable):
             v = var.get_value()
-            if isinstance(v, jax.Array) and not (isinstance(v.sharding, NamedSharding) and v.sharding.mesh == mesh):
+            if isinstance(v, jax.Array) and not (
+                isinstance(v.sharding, NamedSharding) and v.sharding.mesh == mesh
+            ):
                 var.set_value(jax.device_put(v, rep))
 
 
@@ -124,7 +135,9 @@ def train_step(model, optimizer, batch, lr, poison, telemetry: bool = True):
         return loss * (1.0 + poison), aux  # poison=NaN makes the loss and every gradient NaN
 
     old = _snapshot(nnx.state((model, optimizer)))
-    (loss, aux), grads = nnx.value_and_grad(objective, argnums=nnx.DiffState(0, TRAINABLE), has_aux=True)(model)
+    (loss, aux), grads = nnx.value_and_grad(objective, argnums=nnx.DiffState(0, TRAINABLE), has_aux=True)(
+        model
+    )
     gnorm = optax.global_norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
     optimizer.update(model, grads, lr=lr)

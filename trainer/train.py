@@ -64,10 +64,16 @@ def _model_counts(cfg: TrainConfig) -> dict[str, Any]:
 def _git_info() -> dict[str, Any]:
     here = Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                                timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return {"commit": commit or None, "dirty": bool(dirty)}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
@@ -176,8 +182,15 @@ def train_with_status(
     if cfg.wandb.mode != "disabled" and pid == 0:
         wandb_dir = runs_dir / run_id  # W&B's own files next to our event log
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        sinks.append(WandbMirror(project=cfg.wandb.project, mode=cfg.wandb.mode, run_id=run_id,
-                                 config=cfg.to_dict(), dir=str(wandb_dir)))
+        sinks.append(
+            WandbMirror(
+                project=cfg.wandb.project,
+                mode=cfg.wandb.mode,
+                run_id=run_id,
+                config=cfg.to_dict(),
+                dir=str(wandb_dir),
+            )
+        )
     model_info = _model_counts(cfg)
     run = observatory.init(
         run_id=run_id,
@@ -189,7 +202,12 @@ def train_with_status(
         ladder=ladder,
         code=_git_info(),
         data={"name": corpus.name, "fingerprint": corpus.fingerprint, "tokens": corpus.tokens},
-        mesh={"data": cfg.mesh.data, "expert": cfg.mesh.expert, "processes": nproc, "devices": jax.device_count()},
+        mesh={
+            "data": cfg.mesh.data,
+            "expert": cfg.mesh.expert,
+            "processes": nproc,
+            "devices": jax.device_count(),
+        },
         model=model_info,
         tags=list(tags if tags is not None else cfg.tags),
         sinks=sinks,
@@ -244,8 +262,9 @@ class _Loop:
         self.preempted = self.halted = False
         self.compiling = False  # between the first dispatch and its values (`_fit`, `_finish_step`)
         self.signals: _Signals | None = None
-        self.ckpt = Checkpointer(checkpoint_dir(runs_dir, run.id), keep=cfg.checkpoint.keep,
-                                 async_save=cfg.checkpoint.async_save)
+        self.ckpt = Checkpointer(
+            checkpoint_dir(runs_dir, run.id), keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save
+        )
         self.sharding = batch_sharding(mesh)
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
         self.moe_layer_ids = moe_layers(cfg.model)
@@ -263,15 +282,22 @@ class _Loop:
 
     def _batch(self, step: int, bad: bool) -> jax.Array:
         d = self.cfg.data
-        local = self.corpus.batch(step, d.batch_size, d.seq_len, d.seed, process_index=self.pid,
-                                  process_count=self.nproc)
+        local = self.corpus.batch(
+            step, d.batch_size, d.seq_len, d.seed, process_index=self.pid, process_count=self.nproc
+        )
         if bad:  # inject=bad_batch: one repeated byte, the degenerate batch real pipelines sometimes emit
             local = np.full_like(local, ord(" "))
         return self._global(local)
 
     def _meta(self) -> dict[str, Any]:
-        return {"config": self.cfg.to_dict(), "lr_scale": self.lr_scale, "fired": sorted(self.plan.fired),
-                "rollbacks": self.rollbacks, "tokens": self.step * self.tokens_per_step, "run": self.run.id}
+        return {
+            "config": self.cfg.to_dict(),
+            "lr_scale": self.lr_scale,
+            "fired": sorted(self.plan.fired),
+            "rollbacks": self.rollbacks,
+            "tokens": self.step * self.tokens_per_step,
+            "run": self.run.id,
+        }
 
     def _emit_checkpoints(self, wait: bool = False) -> None:
         for step, path, nbytes in self.ckpt.completed(wait=wait):
@@ -293,8 +319,11 @@ class _Loop:
         self.plan.fired = set(meta.get("fired", []))
         changes = diff_configs(meta.get("config", {}), self.cfg.to_dict())
         if self.pid == 0 and (fork or changes):
-            self.run.event("config_diff", {"against": {"run": src_run, "step": src_step}, "changes": changes},
-                           step=src_step)
+            self.run.event(
+                "config_diff",
+                {"against": {"run": src_run, "step": src_step}, "changes": changes},
+                step=src_step,
+            )
         if self.pid == 0 and not fork:
             self.run.note(f"resumed from checkpoint at step {src_step}", author="trainer", step=src_step)
 
@@ -320,8 +349,9 @@ class _Loop:
         if self.pid == 0 and tel.progress:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=cfg.steps, initial=self.step, desc=self.run.id[:40], unit="step",
-                            dynamic_ncols=True)
+            self.bar = tqdm(
+                total=cfg.steps, initial=self.step, desc=self.run.id[:40], unit="step", dynamic_ncols=True
+            )
         if cfg.failure.on_nan == "rollback" and not self.ckpt.steps():
             self.save(wait=True)  # something to roll back to before the first periodic checkpoint
         self._pending = pending = None  # (step, outputs, lr, faults) of the dispatched step not yet read
@@ -340,8 +370,14 @@ class _Loop:
                 batch = self._batch(step, bad=any(f.kind == "bad_batch" for f in due))
                 lr = self.lrs[min(step, cfg.steps)] * self.lr_scale * self.plan.lr_factor(due)
                 poison = np.float32(np.nan if any(f.kind == "nan" for f in due) else 0.0)
-                out = (step, train_step(self.model, self.optimizer, batch, np.float32(lr), poison,
-                                         telemetry=tel.enabled), float(lr), due)
+                out = (
+                    step,
+                    train_step(
+                        self.model, self.optimizer, batch, np.float32(lr), poison, telemetry=tel.enabled
+                    ),
+                    float(lr),
+                    due,
+                )
             if pending is not None:
                 action = self._finish_step(*pending)  # step N's values, while step N+1 runs
                 if action == "rollback":
@@ -453,8 +489,9 @@ class _Loop:
         self.lr_scale = float(meta.get("lr_scale", 1.0)) * self.cfg.failure.rollback_lr_scale
         self.step = target
         if self.pid == 0:
-            self.run.note(f"rolled back to step {target}; LR scale now {self.lr_scale:g}", author="trainer",
-                          step=target)
+            self.run.note(
+                f"rolled back to step {target}; LR scale now {self.lr_scale:g}", author="trainer", step=target
+            )
         self.t_last = None
         if self.bar is not None:
             self.bar.reset(total=self.cfg.steps)
@@ -463,13 +500,17 @@ class _Loop:
 
     def evaluate(self, step: int) -> None:
         d = self.cfg.data
-        batches = self.corpus.eval_batches(self.cfg.eval.batches, d.batch_size, d.seq_len,
-                                           process_index=self.pid, process_count=self.nproc)
+        batches = self.corpus.eval_batches(
+            self.cfg.eval.batches, d.batch_size, d.seq_len, process_index=self.pid, process_count=self.nproc
+        )
         losses = [eval_step(self.model, self._global(b)) for b in batches]
         loss = float(np.mean(jax.device_get(losses)))
         if self.pid == 0:
-            self.run.event("eval", {"dataset": f"{self.corpus.name}/heldout", "loss": loss,
-                                    "bpb": bits_per_byte(loss)}, step=step)
+            self.run.event(
+                "eval",
+                {"dataset": f"{self.corpus.name}/heldout", "loss": loss, "bpb": bits_per_byte(loss)},
+                step=step,
+            )
 
     def close(self, save: bool) -> None:
         self.run.phase("shutdown")

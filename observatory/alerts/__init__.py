@@ -62,8 +62,13 @@ def open_alerts(con, runs: Iterable[str] | None = None) -> dict[tuple, dict]:
 
 
 def _data(f: Firing, state: str, sent: list[str], message: str) -> dict:
-    d: dict[str, Any] = {"rule": f.rule, "state": state, "severity": f.severity, "message": message,
-                         "channels": sent}  # fmt: skip
+    d: dict[str, Any] = {
+        "rule": f.rule,
+        "state": state,
+        "severity": f.severity,
+        "message": message,
+        "channels": sent,
+    }
     if f.finding:
         d["finding"] = f.finding
     if f.host is not None:
@@ -82,8 +87,9 @@ def _body(f: Firing, state: str, message: str) -> tuple[str, str]:
     return title, f"{message}\nrun {f.run}{host}{attempt}, {where}\n{live_link(f.run, f.step)}"
 
 
-def evaluate(db, runs_dir, *, now: float | None = None, rule_set: rules.Rules | None = None,
-             send: bool = True) -> list[dict]:  # fmt: skip
+def evaluate(
+    db, runs_dir, *, now: float | None = None, rule_set: rules.Rules | None = None, send: bool = True
+) -> list[dict]:
     """Open the episodes that began and resolve those that ended; the `alert` events written (with `run`)."""
     now = time.time() if now is None else now
     rule_set = rule_set or rules.load()
@@ -107,8 +113,16 @@ def evaluate(db, runs_dir, *, now: float | None = None, rule_set: rules.Rules | 
             continue
         run = d["run"]
         r = live.get(run)
-        f = Firing(run, d.get("rule", "?"), d.get("severity", "warn"), d.get("message", ""),
-                   r.last_step if r else None, d.get("host"), d.get("attempt"), d.get("finding"))  # fmt: skip
+        f = Firing(
+            run,
+            d.get("rule", "?"),
+            d.get("severity", "warn"),
+            d.get("message", ""),
+            r.last_step if r else None,
+            d.get("host"),
+            d.get("attempt"),
+            d.get("finding"),
+        )
         why = (
             "the condition cleared"
             if r is not None and r.status == "running"

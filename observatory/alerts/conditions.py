@@ -96,8 +96,16 @@ def _findings(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
         if r.status != "running" or (r.last_step or 0) - (step or 0) > episode:
             continue
         more = f" ({n} findings)" if n > 1 else ""
-        out.append(Firing(run, rule.name, sev if sev in RANK else rule.severity, f"{det} on {metric}: {msg}{more}",
-                          step, finding={"detector": det, "metric": metric, "step": step}))  # fmt: skip
+        out.append(
+            Firing(
+                run,
+                rule.name,
+                sev if sev in RANK else rule.severity,
+                f"{det} on {metric}: {msg}{more}",
+                step,
+                finding={"detector": det, "metric": metric, "step": step},
+            )
+        )
     return out
 
 
@@ -141,12 +149,22 @@ def _stalled(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[Firi
             continue
         first = p["progress_t"] is None
         alive = r.last_event_t is not None and now - r.last_event_t < stall_s
-        why = ("its processes still send heartbeats: a hang" if alive
-               else "its processes are silent too: dead or frozen")  # fmt: skip
+        why = (
+            "its processes still send heartbeats: a hang"
+            if alive
+            else "its processes are silent too: dead or frozen"
+        )
         where = "before its first step" if first else f"after step {r.last_step}"
-        out.append(Firing(run, rule.name, rule.severity,
-                          f"{what} for {(now - ref) / 60:.1f} min {where} (allowed {allowed / 60:.1f} min); {why}",
-                          r.last_step, attempt=(ph or {}).get("attempt")))  # fmt: skip
+        out.append(
+            Firing(
+                run,
+                rule.name,
+                rule.severity,
+                f"{what} for {(now - ref) / 60:.1f} min {where} (allowed {allowed / 60:.1f} min); {why}",
+                r.last_step,
+                attempt=(ph or {}).get("attempt"),
+            )
+        )
     return out
 
 
@@ -179,7 +197,7 @@ def _frozen_hosts(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
             f"host {host} silent for {(newest - t) / 60:.1f} min while {n - 1} sibling(s) go on",
             runs[run].last_step,
             host=host,
-        )  # fmt: skip
+        )
         for run, host, t, newest, n in rows
         if n > 1 and newest - t > stall_s
     ]
@@ -257,11 +275,21 @@ def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
             else:
                 delta = mid - base
                 past = delta > rule.rise if rule.rise is not None else -delta > rule.fall
-                text = (f"{rule.metric} drifted {delta:+.4g} (median {base:.4g} -> {mid:.4g}) over "
-                        f"{rule.over_steps} logged steps")  # fmt: skip
+                text = (
+                    f"{rule.metric} drifted {delta:+.4g} (median {base:.4g} -> {mid:.4g}) over "
+                    f"{rule.over_steps} logged steps"
+                )
         if past:
-            out.append(Firing(run, rule.name, rule.severity, text, now_steps[0],
-                              finding={"detector": rule.name, "metric": rule.metric, "step": now_steps[0]}))  # fmt: skip
+            out.append(
+                Firing(
+                    run,
+                    rule.name,
+                    rule.severity,
+                    text,
+                    now_steps[0],
+                    finding={"detector": rule.name, "metric": rule.metric, "step": now_steps[0]},
+                )
+            )
     return out
 
 
@@ -296,7 +324,7 @@ def _stragglers(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[F
             f"(last {WINDOW_S / 60:.0f} min, {n} hosts)",
             runs[run].last_step,
             host=host,
-        )  # fmt: skip
+        )
         for run, host, s, mid, n in rows
         if n >= 3 and mid and s > STRAGGLER_RATIO * mid
     ]
@@ -331,10 +359,17 @@ def _memory(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[Firin
         left = (limit - used) / slope if slope and slope > 0 else float("inf")
         if used / limit >= MEMORY_FULL or left <= MEMORY_HORIZON_S:
             eta = f"; at this pace full in {left / 60:.0f} min" if left < float("inf") else ""
-            out.append(Firing(run, rule.name, rule.severity,
-                              f"host {host} accelerator {dev}: {used / limit:.0%} of its memory used{eta}",
-                              runs[run].last_step, host=host,
-                              finding={"detector": rule.name, "metric": f"accel/{dev}/hbm_used_bytes"}))  # fmt: skip
+            out.append(
+                Firing(
+                    run,
+                    rule.name,
+                    rule.severity,
+                    f"host {host} accelerator {dev}: {used / limit:.0%} of its memory used{eta}",
+                    runs[run].last_step,
+                    host=host,
+                    finding={"detector": rule.name, "metric": f"accel/{dev}/hbm_used_bytes"},
+                )
+            )
     return out
 
 

@@ -42,7 +42,7 @@ class RunHealth:
                 "observatory_run_seconds_since_progress",
                 "seconds since the newest logged step",
                 labels=labels,
-            ),  # fmt: skip
+            ),
             "up": GaugeMetricFamily("observatory_run_up", "1 while running, 0 once crashed", labels=labels),
         }
         alerts_fam = GaugeMetricFamily(

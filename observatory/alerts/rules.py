@@ -58,8 +58,18 @@ import yaml
 from observatory import settings
 from observatory.events import SEVERITIES
 
-__all__ = ["Rule", "Scope", "Silence", "Channel", "Rules", "DEFAULT_RULES", "load", "save", "parse_until",
-           "RulesError"]  # fmt: skip
+__all__ = [
+    "Rule",
+    "Scope",
+    "Silence",
+    "Channel",
+    "Rules",
+    "DEFAULT_RULES",
+    "load",
+    "save",
+    "parse_until",
+    "RulesError",
+]
 
 RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
@@ -141,8 +151,10 @@ class Rules:
         return True
 
     def silenced(self, rule: str, run: str, project: str | None, now: float) -> bool:
-        return any(s.until > now and fnmatch.fnmatchcase(rule, s.rule) and s.scope.matches(run, project)
-                   for s in self.silences)  # fmt: skip
+        return any(
+            s.until > now and fnmatch.fnmatchcase(rule, s.rule) and s.scope.matches(run, project)
+            for s in self.silences
+        )
 
 
 DEFAULT_RULES = (
@@ -154,7 +166,9 @@ DEFAULT_RULES = (
     # MFU below 80% of the run's own level, on the median of 200 logged steps against the 2,000 before: a
     # regression that lasts, not a busy minute; info (stored and shown, sent only where a channel takes info):
     # a laptop's other jobs can hold a small run's MFU down for 200 steps. A lab wanting a page sets its own rule
-    Rule("mfu_drop", "metric", "info", metric="throughput/mfu", for_steps=200, ratio_below=0.8, over_steps=2000),
+    Rule(
+        "mfu_drop", "metric", "info", metric="throughput/mfu", for_steps=200, ratio_below=0.8, over_steps=2000
+    ),
 )
 
 
@@ -219,9 +233,21 @@ def _rule(entry: dict, where: str) -> Rule:
     base = entry.get("baseline_run")
     if base is not None and (not isinstance(base, str) or given != ["ratio_below"]):
         raise RulesError(f"{where}.baseline_run: a run id, with `ratio_below`")
-    return Rule(name, "metric", sev, scope, metric, limits["above"], limits["below"], n,
-                ratio_below=limits["ratio_below"], baseline_run=base, rise=limits["rise"], fall=limits["fall"],
-                over_steps=over)  # fmt: skip
+    return Rule(
+        name,
+        "metric",
+        sev,
+        scope,
+        metric,
+        limits["above"],
+        limits["below"],
+        n,
+        ratio_below=limits["ratio_below"],
+        baseline_run=base,
+        rise=limits["rise"],
+        fall=limits["fall"],
+        over_steps=over,
+    )
 
 
 def load(path: str | os.PathLike | None = None) -> Rules:

@@ -15,9 +15,13 @@ __all__ = ["alerts", "metrics", "goodput"]
 
 _s = settings.SETTINGS["alerts_file"]
 rules_option = click.option(
-    "--rules", "rules_path", type=click.Path(path_type=Path), default=lambda: settings.get("alerts_file"),
-    show_default=f"{_s.default}, env {_s.env}", help="The alert rules file (YAML).",
-)  # fmt: skip
+    "--rules",
+    "rules_path",
+    type=click.Path(path_type=Path),
+    default=lambda: settings.get("alerts_file"),
+    show_default=f"{_s.default}, env {_s.env}",
+    help="The alert rules file (YAML).",
+)
 
 
 def _load(path: Path):
@@ -95,8 +99,11 @@ def check(runs_dir, db, rules_path, dry_run):
         click.echo(
             f"{d['run']}  {d['state']:<8} {d['severity']:<8} {d['rule']:<12} sent to {d['channels'] or 'nobody'}"
         )
-    click.echo(f"{len(written)} alert event(s) written" + (": run `observatory ingest` to store them" if written else ""),
-               err=True)  # fmt: skip
+    click.echo(
+        f"{len(written)} alert event(s) written"
+        + (": run `observatory ingest` to store them" if written else ""),
+        err=True,
+    )
 
 
 @alerts.command("silence")

@@ -27,12 +27,20 @@ def app_path() -> Path:
 def streamlit_argv(app: Path, port: int, address: str, base_url_path: str = "") -> list[str]:
     """The `python -m streamlit run` command line for a headless, telemetry-free server."""
     argv = [
-        sys.executable, "-m", "streamlit", "run", str(app),
-        "--server.port", str(port),
-        "--server.address", address,
-        "--server.headless", "true",
-        "--browser.gatherUsageStats", "false",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app),
+        "--server.port",
+        str(port),
+        "--server.address",
+        address,
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
     if base_url_path:
         argv += ["--server.baseUrlPath", base_url_path.strip("/")]
     return argv
@@ -47,15 +55,21 @@ def streamlit_argv(app: Path, port: int, address: str, base_url_path: str = "") 
     show_default=True,
     help="Interface to bind; 0.0.0.0 to serve other machines (better: a reverse proxy in front).",
 )
-@click.option("--base-url-path", default="", help="Serve under a sub-path, e.g. 'observatory' behind a proxy.")
+@click.option(
+    "--base-url-path", default="", help="Serve under a sub-path, e.g. 'observatory' behind a proxy."
+)
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 def dashboard(runs_dir, db, port, address, base_url_path, dry_run):
     """Start the Streamlit dashboard over the store (read-only; run `observatory ingest --follow` beside it)."""
     app = app_path()
     if not app.is_file():
-        raise click.ClickException(f"cannot find the dashboard entry {app}: a broken install? reinstall observatory")
+        raise click.ClickException(
+            f"cannot find the dashboard entry {app}: a broken install? reinstall observatory"
+        )
     argv = streamlit_argv(app, port, address, base_url_path)
-    env = dict(os.environ, OBSERVATORY_DB=str(Path(db).resolve()), OBSERVATORY_RUNS=str(Path(runs_dir).resolve()))
+    env = dict(
+        os.environ, OBSERVATORY_DB=str(Path(db).resolve()), OBSERVATORY_RUNS=str(Path(runs_dir).resolve())
+    )
     url = f"http://{'localhost' if address in ('127.0.0.1', '0.0.0.0') else address}:{port}/{base_url_path.strip('/')}"
     if dry_run:
         click.echo(f"cd {app.parent} && OBSERVATORY_DB={env['OBSERVATORY_DB']} " + " ".join(argv))

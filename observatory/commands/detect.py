@@ -22,12 +22,20 @@ __all__ = ["detect"]
 @click.command("detect")
 @click.argument("runs", nargs=-1)
 @common_options
-@click.option("--full", is_flag=True, help="Rescan every step instead of continuing from the last scanned step.")
-@click.option("--ingest", "do_ingest", is_flag=True, help="Ingest the runs dir first and store the findings after.")
+@click.option(
+    "--full", is_flag=True, help="Rescan every step instead of continuing from the last scanned step."
+)
+@click.option(
+    "--ingest", "do_ingest", is_flag=True, help="Ingest the runs dir first and store the findings after."
+)
 @click.option("--dry-run", is_flag=True, help="Print findings without writing them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new findings as JSON lines.")
-@click.option("--fail-on", type=click.Choice(["info", "warn", "critical"]), default=None,
-              help="Exit 1 when a new finding has this severity or a worse one (for cron jobs and CI).")  # fmt: skip
+@click.option(
+    "--fail-on",
+    type=click.Choice(["info", "warn", "critical"]),
+    default=None,
+    help="Exit 1 when a new finding has this severity or a worse one (for cron jobs and CI).",
+)
 def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json, fail_on):
     """Run the instability detectors over RUNS (default: every stored run).
 
@@ -61,4 +69,3 @@ def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json, fail_on):
         worst = max(found, key=lambda f: rank.get(f.severity, 0)).severity
         click.echo(f"exit 1: a new finding is {worst} (--fail-on {fail_on})", err=True)
         raise SystemExit(1)
-

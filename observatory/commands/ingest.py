@@ -13,7 +13,9 @@ __all__ = ["ingest", "rebuild"]
 
 @click.command("ingest")
 @common_options
-@click.option("--follow", "-f", is_flag=True, help="Keep tailing live runs (every follow_interval_s) until Ctrl-C.")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep tailing live runs (every follow_interval_s) until Ctrl-C."
+)
 @quiet_option("No progress bar, nor each rejected line: only the summary and errors.")
 def ingest(runs_dir, db, follow, quiet):
     """Load every event log under the runs dir into the store (incremental, exactly-once).
@@ -28,7 +30,9 @@ def ingest(runs_dir, db, follow, quiet):
         click.echo(f"following {runs_dir} into {db} (Ctrl-C to stop)", err=True)
     try:
         with bar("ingest", quiet or follow) as progress:
-            report = run_ingest(runs_dir, db, follow=follow, emit=_quiet if quiet else _err, progress=progress)
+            report = run_ingest(
+                runs_dir, db, follow=follow, emit=_quiet if quiet else _err, progress=progress
+            )
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(report.summary(), err=True)

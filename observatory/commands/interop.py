@@ -105,7 +105,9 @@ def tensorboard_cmd(paths, runs_dir, db, status, no_ingest, replace, verbose, qu
         raise click.UsageError(f"no tfevents files under {', '.join(map(str, paths))}")
     st = None if status == "none" else status
     with bar("import", quiet, unit="runs") as progress:
-        results = import_tensorboard(paths, runs_dir, db, status=st, ingest=False, replace=replace, progress=progress)
+        results = import_tensorboard(
+            paths, runs_dir, db, status=st, ingest=False, replace=replace, progress=progress
+        )
     _report(results, verbose, runs_dir, db, not no_ingest, quiet)
 
 

@@ -1,9 +1,9 @@
 """`observatory ladder`: fit scaling ladders, backtest them, pre-register a target's forecast, watch it.
 
-    observatory ladder list
-    observatory ladder fit NAME [--target RUN_OR_FILE] [--fix-e E] [--json]
-    observatory ladder forecast NAME --target RUN [--flops C --steps S | --spec FILE] [--fix-e E]
-    observatory ladder check [RUN ...]
+observatory ladder list
+observatory ladder fit NAME [--target RUN_OR_FILE] [--fix-e E] [--json]
+observatory ladder forecast NAME --target RUN [--flops C --steps S | --spec FILE] [--fix-e E]
+observatory ladder check [RUN ...]
 """
 
 from __future__ import annotations
@@ -49,9 +49,13 @@ def _config(fix_e, n_boot, level, independent_e=False, band="forward"):
 
 
 _band_option = click.option(
-    "--band", type=click.Choice(["forward", "max", "rms", "none"]), default="forward", show_default=True,
+    "--band",
+    type=click.Choice(["forward", "max", "rms", "none"]),
+    default="forward",
+    show_default=True,
     help="Held-out-rung error the bootstrap band is widened by: forward (the largest rung predicted from the "
-         "smaller ones), max or rms of the leave-one-rung-out errors, or none.")
+    "smaller ones), max or rms of the leave-one-rung-out errors, or none.",
+)
 
 
 def _load(db, name, dataset):
@@ -96,20 +100,45 @@ def list_cmd(runs_dir, db, as_json):
 @ladder.command("fit")
 @click.argument("name")
 @common_options
-@click.option("--target", "target", default=None, metavar="RUN_OR_FILE",
-              help="Forecast this run (stored, with ladder.flops) or a YAML/JSON file with flops and steps.")
+@click.option(
+    "--target",
+    "target",
+    default=None,
+    metavar="RUN_OR_FILE",
+    help="Forecast this run (stored, with ladder.flops) or a YAML/JSON file with flops and steps.",
+)
 @click.option("--fix-e", type=float, default=None, help="Hold the irreducible loss E at this value.")
 @click.option("--dataset", default=None, help="Eval dataset (default: the one the rungs log most).")
-@click.option("--n-boot", type=int, default=200, show_default=True,
-              help="Bootstrap resamples (all distinct ones are enumerated when fewer).")
+@click.option(
+    "--n-boot",
+    type=int,
+    default=200,
+    show_default=True,
+    help="Bootstrap resamples (all distinct ones are enumerated when fewer).",
+)
 @click.option("--level", type=float, default=0.9, show_default=True, help="Band coverage.")
 @_band_option
 @click.option("--no-backtest", is_flag=True, help="Skip the leave-largest-rung-out backtest.")
-@click.option("--independent-e", is_flag=True, help="Fit E separately at every schedule fraction (default: shared).")
+@click.option(
+    "--independent-e", is_flag=True, help="Fit E separately at every schedule fraction (default: shared)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the fit, the forecast and the backtest as JSON.")
 @quiet_option("No progress bar (the bootstrap and held-out rounds of the fit and the backtest).")
-def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, band, no_backtest, independent_e, as_json,
-            quiet):  # fmt: skip
+def fit_cmd(
+    name,
+    runs_dir,
+    db,
+    target,
+    fix_e,
+    dataset,
+    n_boot,
+    level,
+    band,
+    no_backtest,
+    independent_e,
+    as_json,
+    quiet,
+):
     """Fit ladder NAME; backtest it; forecast a target's whole eval-loss curve."""
     from observatory.ladder.backtest import backtest, compare  # lazy for start-up time: scipy
     from observatory.ladder.fit import fit_ladder
@@ -134,33 +163,57 @@ def fit_cmd(name, runs_dir, db, target, fix_e, dataset, n_boot, level, band, no_
                 raise click.ClickException(str(e)) from None
     elif len(targets) == 1 and isinstance(targets[0]["ladder"].get("flops"), (int, float)):
         t = targets[0]
-        spec = {"run": t["run"], "flops": float(t["ladder"]["flops"]), "steps": t["steps"], "curve": t["curve"]}
+        spec = {
+            "run": t["run"],
+            "flops": float(t["ladder"]["flops"]),
+            "steps": t["steps"],
+            "curve": t["curve"],
+        }
     fc = rows = None
     if spec is not None:
         fc = fit.forecast(spec["flops"], spec["steps"])
         rows = compare(fc, spec.get("curve") or {})
     if as_json:
-        out = {"fit": fit.summary(), "dataset": ds,
-               "backtest": bt.as_dict() if bt else None,
-               "forecast": None if fc is None else {
-                   "target": spec.get("run"), "flops": spec["flops"], "steps": spec["steps"], "points": rows,
-                   "final_inside": _final_inside(rows)}}
+        out = {
+            "fit": fit.summary(),
+            "dataset": ds,
+            "backtest": bt.as_dict() if bt else None,
+            "forecast": None
+            if fc is None
+            else {
+                "target": spec.get("run"),
+                "flops": spec["flops"],
+                "steps": spec["steps"],
+                "points": rows,
+                "final_inside": _final_inside(rows),
+            },
+        }
         click.echo(json.dumps(out, indent=2, default=_json_default))
         return
     _print_fit(fit, ds)
     if bt is not None:
-        click.echo(f"\nbacktest: leave the largest rung ({bt.held_out}) out, forecast its curve from the others")
-        click.echo(f"  final loss: predicted {bt.final_pred:.4f} [{bt.final_low:.4f}, {bt.final_high:.4f}], "
-                   f"observed {bt.final_obs:.4f}, error {bt.final_error_pct:+.2f}%")
-        click.echo(f"  curve points inside the {cfg.level:.0%} band: {bt.coverage:.0%} "
-                   f"({sum(bool(p['inside']) for p in bt.points)}/{sum(p['inside'] is not None for p in bt.points)})")
+        click.echo(
+            f"\nbacktest: leave the largest rung ({bt.held_out}) out, forecast its curve from the others"
+        )
+        click.echo(
+            f"  final loss: predicted {bt.final_pred:.4f} [{bt.final_low:.4f}, {bt.final_high:.4f}], "
+            f"observed {bt.final_obs:.4f}, error {bt.final_error_pct:+.2f}%"
+        )
+        click.echo(
+            f"  curve points inside the {cfg.level:.0%} band: {bt.coverage:.0%} "
+            f"({sum(bool(p['inside']) for p in bt.points)}/{sum(p['inside'] is not None for p in bt.points)})"
+        )
     if fc is not None:
-        click.echo(f"\nforecast for {spec.get('run') or target}: C={spec['flops']:.3g} FLOPs, {spec['steps']} steps")
+        click.echo(
+            f"\nforecast for {spec.get('run') or target}: C={spec['flops']:.3g} FLOPs, {spec['steps']} steps"
+        )
         click.echo(f"  {'frac':>5} {'step':>6} {'value':>8} {'low':>8} {'high':>8} {'observed':>9}")
         for r in rows:
             mark = "" if r["inside"] is None else ("  in" if r["inside"] else "  OUT")
-            click.echo(f"  {r['fraction']:>5.2f} {_fmt(r['step'], 'd'):>6} {r['value']:>8.4f} {r['low']:>8.4f} "
-                       f"{r['high']:>8.4f} {_fmt(r['observed']):>9}{mark}")
+            click.echo(
+                f"  {r['fraction']:>5.2f} {_fmt(r['step'], 'd'):>6} {r['value']:>8.4f} {r['low']:>8.4f} "
+                f"{r['high']:>8.4f} {_fmt(r['observed']):>9}{mark}"
+            )
         fin = _final_inside(rows)
         if fin is not None:
             click.echo(f"  target's final loss {'inside' if fin else 'OUTSIDE'} its band")
@@ -184,38 +237,56 @@ def _print_fit(fit, ds):
     fin = s["final"]
     click.echo(f"ladder {fit.name}: {len(fit.rungs)} rungs, eval dataset {ds}, fit {s['fit_version']}")
     click.echo(f"  L(C) = {fin['E']:.4f} + {fin['A']:.4g} * C^-{fin['alpha']:.4f}   (final eval loss)")
-    click.echo(f"  run-to-run noise {100 * fit.noise:.2f}% (1 sigma; from {fit.noise_source}); "
-               "a rung of several seeds is their mean")
-    click.echo(f"  {'rung':>8} {'run':>26} {'seeds':>5} {'active':>10} {'FLOPs':>10} {'final':>8} {'fit':>8} "
-               f"{'fwd err':>8} {'LOO err':>8}")
-    click.echo("  (fwd err: the rung predicted from the smaller rungs only; LOO err: from all the others;"
-               f" the band uses {'fwd' if fit.config.loo == 'forward' else fit.config.loo})")
+    click.echo(
+        f"  run-to-run noise {100 * fit.noise:.2f}% (1 sigma; from {fit.noise_source}); "
+        "a rung of several seeds is their mean"
+    )
+    click.echo(
+        f"  {'rung':>8} {'run':>26} {'seeds':>5} {'active':>10} {'FLOPs':>10} {'final':>8} {'fit':>8} "
+        f"{'fwd err':>8} {'LOO err':>8}"
+    )
+    click.echo(
+        "  (fwd err: the rung predicted from the smaller rungs only; LOO err: from all the others;"
+        f" the band uses {'fwd' if fit.config.loo == 'forward' else fit.config.loo})"
+    )
 
     def pct(e):
         return "-" if e is None else f"{100 * (math.exp(e) - 1):+.2f}%"
 
     for r in fit.rungs:
         pred = float(fit.final(r.flops))
-        click.echo(f"  {r.rung:>8} {r.run:>26} {r.n_seeds:>5} {_fmt(r.params_active, ',d'):>10} {r.flops:>10.3g} "
-                   f"{_fmt(r.final_loss):>8} {pred:>8.4f} {pct(s['forward_final'].get(r.rung)):>8} "
-                   f"{pct(s['loo_final'].get(r.rung)):>8}")
+        click.echo(
+            f"  {r.rung:>8} {r.run:>26} {r.n_seeds:>5} {_fmt(r.params_active, ',d'):>10} {r.flops:>10.3g} "
+            f"{_fmt(r.final_loss):>8} {pred:>8.4f} {pct(s['forward_final'].get(r.rung)):>8} "
+            f"{pct(s['loo_final'].get(r.rung)):>8}"
+        )
 
 
 @ladder.command("forecast")
 @click.argument("name")
 @common_options
-@click.option("--target", "target", required=True, metavar="RUN", help="Run id of the target (need not exist yet).")
+@click.option(
+    "--target", "target", required=True, metavar="RUN", help="Run id of the target (need not exist yet)."
+)
 @click.option("--flops", type=float, default=None, help="The target's training compute C (FLOPs).")
-@click.option("--steps", type=int, default=None, help="The target's optimizer steps (places the curve points).")
-@click.option("--spec", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="YAML/JSON file with flops and steps (`trainer ladder --plan` prints one).")
+@click.option(
+    "--steps", type=int, default=None, help="The target's optimizer steps (places the curve points)."
+)
+@click.option(
+    "--spec",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="YAML/JSON file with flops and steps (`trainer ladder --plan` prints one).",
+)
 @click.option("--fix-e", type=float, default=None, help="Hold the irreducible loss E at this value.")
 @click.option("--dataset", default=None, help="Eval dataset (default: the one the rungs log most).")
 @click.option("--n-boot", type=int, default=200, show_default=True)
 @click.option("--level", type=float, default=0.9, show_default=True)
 @_band_option
 @click.option("--dry-run", is_flag=True, help="Print the event instead of writing it.")
-def forecast_cmd(name, runs_dir, db, target, flops, steps, spec, fix_e, dataset, n_boot, level, band, dry_run):
+def forecast_cmd(
+    name, runs_dir, db, target, flops, steps, spec, fix_e, dataset, n_boot, level, band, dry_run
+):
     """Pre-register TARGET's forecast: write a `forecast` event (host 1000) into its run folder.
 
     Run this before the target starts; the event's time then precedes its run_start.
@@ -223,7 +294,9 @@ def forecast_cmd(name, runs_dir, db, target, flops, steps, spec, fix_e, dataset,
     from observatory.ladder.fit import fit_ladder  # lazy for start-up time: scipy
 
     if not RUN_ID_RE.match(target):
-        raise click.BadParameter(f"{target!r} is not a run id ([A-Za-z0-9._-]{{1,128}})", param_hint="--target")
+        raise click.BadParameter(
+            f"{target!r} is not a run id ([A-Za-z0-9._-]{{1,128}})", param_hint="--target"
+        )
     cfg = _config(fix_e, n_boot, level, band=band)
     if flops is None:
         with connect(db) as con:
@@ -231,7 +304,8 @@ def forecast_cmd(name, runs_dir, db, target, flops, steps, spec, fix_e, dataset,
                 s = target_spec(con, str(spec) if spec else target)
             except ValueError as e:
                 raise click.ClickException(
-                    f"{e}; give --flops and --steps (or --spec) for a target that has not started") from None
+                    f"{e}; give --flops and --steps (or --spec) for a target that has not started"
+                ) from None
         flops, steps = s["flops"], steps or s["steps"]
     if not (flops > 0):
         raise click.BadParameter(f"must be > 0, got {flops}", param_hint="--flops")
@@ -246,11 +320,15 @@ def forecast_cmd(name, runs_dir, db, target, flops, steps, spec, fix_e, dataset,
         click.echo(json.dumps(data, indent=2, default=_json_default))
         return
     if not data["pre_registered"]:
-        click.echo(f"warning: run {target} has already started; this forecast is NOT pre-registered", err=True)
+        click.echo(
+            f"warning: run {target} has already started; this forecast is NOT pre-registered", err=True
+        )
     path = write_forecast(runs_dir, target, data)
     fin = fc.final
-    click.echo(f"forecast for {target}: final eval loss {fin.value:.4f} [{fin.low:.4f}, {fin.high:.4f}] "
-               f"at step {fin.step}; {len(fc.points)} curve points; written to {path}")
+    click.echo(
+        f"forecast for {target}: final eval loss {fin.value:.4f} [{fin.low:.4f}, {fin.high:.4f}] "
+        f"at step {fin.step}; {len(fc.points)} curve points; written to {path}"
+    )
 
 
 @ladder.command("check")

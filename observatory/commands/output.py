@@ -182,8 +182,14 @@ def _table(columns: list[str], rows: list[tuple], out: Path | None, title: str |
         Console(width=None if sys.stdout.isatty() else 240).print(table)
 
 
-def emit(columns: list[str], rows: list[tuple], fmt: str, out: Path | None, title: str | None = None,
-         types: Sequence[str] | None = None) -> None:  # fmt: skip
+def emit(
+    columns: list[str],
+    rows: list[tuple],
+    fmt: str,
+    out: Path | None,
+    title: str | None = None,
+    types: Sequence[str] | None = None,
+) -> None:
     """Write rows in `fmt` to `out` (stdout when None); `types` are the columns' DuckDB types, if known.
 
     A file that cannot be written is a one-line `click.ClickException`, never a traceback.

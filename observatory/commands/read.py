@@ -22,9 +22,15 @@ def _when(t: float | None) -> str | None:
 
 @click.command("runs")
 @common_options
-@click.option("--search", "text", help="Only runs whose id is TEXT or starts with it, or whose id, name, tag, ladder, "
-                                      "project or group contains each of its words (case-insensitive).")  # fmt: skip
-@click.option("--status", type=click.Choice(["running", "completed", "failed", "preempted", "killed", "crashed"]))
+@click.option(
+    "--search",
+    "text",
+    help="Only runs whose id is TEXT or starts with it, or whose id, name, tag, ladder, "
+    "project or group contains each of its words (case-insensitive).",
+)
+@click.option(
+    "--status", type=click.Choice(["running", "completed", "failed", "preempted", "killed", "crashed"])
+)
 @click.option("--project", "projects", multiple=True, help="Only runs of this project (repeat for several).")
 @click.option("--group", "groups", multiple=True, help="Only runs of this group (repeat for several).")
 @click.option("--limit", type=click.IntRange(min=0), help="At most this many runs (newest first).")
@@ -41,7 +47,19 @@ def runs(runs_dir, db, text, status, projects, groups, limit, fmt, out):
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     if fmt == "table":
-        cols = ["run", "name", "status", "project", "group", "last_step", "started", "ended", "parent", "ladder", "tags"]
+        cols = [
+            "run",
+            "name",
+            "status",
+            "project",
+            "group",
+            "last_step",
+            "started",
+            "ended",
+            "parent",
+            "ladder",
+            "tags",
+        ]
         data = [
             (
                 r["run"],
@@ -73,7 +91,9 @@ def runs(runs_dir, db, text, status, projects, groups, limit, fmt, out):
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), help="Write to this file instead of stdout.")
 @click.option("--max-rows", type=int, default=None, help="Row cap (default: setting sql_max_rows).")
-@click.option("--time-limit-ms", type=int, default=None, help="Time limit (default: setting sql_time_limit_ms).")
+@click.option(
+    "--time-limit-ms", type=int, default=None, help="Time limit (default: setting sql_time_limit_ms)."
+)
 def sql(query, runs_dir, db, fmt, out, max_rows, time_limit_ms):
     """Run one read-only SQL QUERY over the store; writes, file access, ATTACH/INSTALL/LOAD/COPY/SET are refused.
 

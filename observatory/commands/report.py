@@ -37,7 +37,9 @@ def _refresh(runs_dir: Path, db: Path) -> None:
     help="folder for <run>.html|md|pdf (Markdown figures go in <run>_figures/)",
 )
 @click.option("--format", "fmt", type=click.Choice(("html", "md", "pdf")), default="html", show_default=True)
-@click.option("--ingest/--no-ingest", "do_ingest", default=True, show_default=True, help="ingest new events first")
+@click.option(
+    "--ingest/--no-ingest", "do_ingest", default=True, show_default=True, help="ingest new events first"
+)
 @common_options
 def report(run, out_dir, fmt, do_ingest, runs_dir, db):
     """Write a post-mortem report for RUN: what happened and when, with figures.

@@ -31,9 +31,12 @@ FAULTS = ("healthy", "frozen", "straggler", "hang", "preempt", "mfu_drop", "hbm_
 @click.option("--hosts", type=int, default=1, show_default=True, help="Processes: one event file each.")
 @click.option("--replace", is_flag=True, help="Overwrite runs simulated earlier with other arguments.")
 @click.option("--ingest", "do_ingest", is_flag=True, help="Also update the store (--db) from the runs dir.")
-@click.option("--fault", type=click.Choice(FAULTS),
-              help="Instead of the preset's story: a live many-host job (phases, heartbeats) playing one operator "
-                   "fault, ending now, with its goodput ground truth in a summary event (docs/operate.md).")  # fmt: skip
+@click.option(
+    "--fault",
+    type=click.Choice(FAULTS),
+    help="Instead of the preset's story: a live many-host job (phases, heartbeats) playing one operator "
+    "fault, ending now, with its goodput ground truth in a summary event (docs/operate.md).",
+)
 def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts, replace, do_ingest, fault):
     """Write synthetic runs as real event logs (deterministic by seed).
 
@@ -49,9 +52,15 @@ def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts
         return
     try:
         res = run_simulate(
-            preset, runs_dir, steps=steps, run_id=run_id, seed=seed, expert_load_every=expert_load_every,
-            hosts=hosts, replace=replace,
-        )  # fmt: skip
+            preset,
+            runs_dir,
+            steps=steps,
+            run_id=run_id,
+            seed=seed,
+            expert_load_every=expert_load_every,
+            hosts=hosts,
+            replace=replace,
+        )
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     for path, state, _ in res.files:

@@ -64,8 +64,14 @@ def loss_figure(view: dict, all_marks, name: str, smoothing: float) -> dict:
     return fig
 
 
-def render_auto(run: str, names: list[str], all_marks, smoothing: float, live: bool,
-                controls: Callable[[int, int, str, tuple[int, int]], None]) -> bool:  # fmt: skip
+def render_auto(
+    run: str,
+    names: list[str],
+    all_marks,
+    smoothing: float,
+    live: bool,
+    controls: Callable[[int, int, str, tuple[int, int]], None],
+) -> bool:
     """Draw the run's metrics as W&B's automatic panels; False when there is nothing to draw.
 
     `controls(first, last, window_key, window)`: the Live page's smoothing and step window, drawn under the loss.
@@ -78,16 +84,22 @@ def render_auto(run: str, names: list[str], all_marks, smoothing: float, live: b
     if view["extent"] is None:
         return False
     if loss is not None:
-        show_chart(derive(loss_figure, view, all_marks, loss, smoothing), key=f"live_auto_loss_{run}",
-                   window_key=wkey)  # fmt: skip
+        show_chart(
+            derive(loss_figure, view, all_marks, loss, smoothing),
+            key=f"live_auto_loss_{run}",
+            window_key=wkey,
+        )
     controls(*view["extent"], wkey, view["window"])
     for section, members in groups:
         st.subheader(md_escape(section), divider="gray")
         cols = st.columns(2)
         for i, name in enumerate(members):
             with cols[i % 2]:
-                show_chart(derive(metric_figure, view, name, smoothing, 260), key=f"live_auto_{name}_{run}",
-                           window_key=wkey)  # fmt: skip
+                show_chart(
+                    derive(metric_figure, view, name, smoothing, 260),
+                    key=f"live_auto_{name}_{run}",
+                    window_key=wkey,
+                )
     if left:
         st.caption(
             f"{len(left)} more metrics (the first {MAX_PANELS} are drawn): pick them on the Compare page."

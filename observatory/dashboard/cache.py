@@ -232,8 +232,10 @@ def _keeper() -> None:
             for b in [b for b, (t, _, _) in _HOT.items() if now - t > _HOT_FOR_S]:
                 del _HOT[b]
             # the batch viewers asked for last first (in practice the Live panel's)
-            hot = {b: (parsed, db, [_CACHE[k][0] if k in _CACHE else -math.inf for k in b])
-                   for b, (_, parsed, db) in sorted(_HOT.items(), key=lambda kv: -kv[1][0])}  # fmt: skip
+            hot = {
+                b: (parsed, db, [_CACHE[k][0] if k in _CACHE else -math.inf for k in b])
+                for b, (_, parsed, db) in sorted(_HOT.items(), key=lambda kv: -kv[1][0])
+            }
         for b in [b for b in filled if b not in hot]:
             del filled[b]
         due: dict[str, list] = {}  # store -> its due batches, each (keys, calls, the store's stamp), in order
@@ -279,7 +281,9 @@ def _refill(db: str, due: list[tuple[list[str], list, tuple]], filled: dict) -> 
                     return
                 try:
                     _fill_on(con, keys, parsed)
-                    filled[tuple(keys)] = stamp  # the stamp from before the fill: a commit during it is seen next
+                    filled[tuple(keys)] = (
+                        stamp  # the stamp from before the fill: a commit during it is seen next
+                    )
                 except duckdb.IOException:
                     raise  # the connection itself failed: the rest of this round is left to the next one
                 except Exception:  # this batch's own error, which the next viewer's own fill will show

@@ -266,7 +266,9 @@ def layer_heatmap(ov: dict[str, Any], selected: int | None, title: str) -> dict[
     layer, step, drop fraction, and the busiest expert's load over the mean.
     """
     layers = [str(x) for x in ov["layers"]]
-    steps, z, hot = _logged(np.isfinite(ov["drop_frac"]).any(axis=0), ov["steps"], ov["drop_frac"], ov["hot_max"])
+    steps, z, hot = _logged(
+        np.isfinite(ov["drop_frac"]).any(axis=0), ov["steps"], ov["drop_frac"], ov["hot_max"]
+    )
     peak = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
     height = int(min(800, max(260, 9 * len(layers) + 110)))
     layout: dict[str, Any] = {
@@ -349,17 +351,25 @@ def expert_heatmap(
                 "zmax": max(top, 0.01),  # an all-zero matrix (no drops) reads as zero, not as mid-scale
                 "colorbar": {"title": {"text": "share" if share_first else "dropped"}, "tickformat": ".1%"},
                 "hovertemplate": "expert %{y} · step %{x}<br>"
-                + ("load share %{z:.2%}<br>dropped %{customdata:.1%}" if share_first
-                   else "dropped %{z:.1%}<br>load share %{customdata:.2%}")
+                + (
+                    "load share %{z:.2%}<br>dropped %{customdata:.1%}"
+                    if share_first
+                    else "dropped %{z:.1%}<br>load share %{customdata:.2%}"
+                )
                 + "<extra></extra>",
-            }  # fmt: skip
+            }
         ],
         "layout": {
             "title": {"text": title, "font": {"size": 14}},
             "height": height,
             "margin": {"l": 70, "r": 10, "t": 36, "b": 30},
             "dragmode": "select",
-            "yaxis": {"title": "expert (busiest first)", "type": "category", "autorange": "reversed", **ticks},
+            "yaxis": {
+                "title": "expert (busiest first)",
+                "type": "category",
+                "autorange": "reversed",
+                **ticks,
+            },
         },
     }
 

@@ -42,7 +42,9 @@ def render_details(run: str) -> None:
     if info is None:
         return
     n_logged = sum(r["origin"] == "summary" for r in summary)
-    with st.expander(f"Run details: summary ({len(summary)} keys), {len(hist_names)} histograms, {len(arts)} artifacts"):
+    with st.expander(
+        f"Run details: summary ({len(summary)} keys), {len(hist_names)} histograms, {len(arts)} artifacts"
+    ):
         source = info["source"] or {}
         facts = [
             f"**{label}** {md_escape(value)}"  # someone else's text: shown literally

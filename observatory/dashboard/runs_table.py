@@ -14,15 +14,39 @@ __all__ = ["PAGE", "runs_table", "runs_calls", "run_row", "is_running", "ago"]
 PAGE = 50  # runs a table page or a picker shows at once: a lab's 10^5 runs are searched, not listed
 
 
-def runs_calls(search: str | None = None, status=None, projects=(), groups=(), ladders=(), tags=(), limit: int = PAGE,
-               offset: int = 0, runs=None, name: str | None = None) -> tuple[tuple, ...]:  # fmt: skip
+def runs_calls(
+    search: str | None = None,
+    status=None,
+    projects=(),
+    groups=(),
+    ladders=(),
+    tags=(),
+    limit: int = PAGE,
+    offset: int = 0,
+    runs=None,
+    name: str | None = None,
+) -> tuple[tuple, ...]:
     """The run table's query, for a page that batches it with its own on one connection.
 
     `core.search_runs` is the one run search (server-side: a page never loads every run) and the one
     definition of a run's status (a silent run without run_end is `crashed`) for the CLI and the dashboard.
     """
-    return ((core.search_runs, search, status, list(projects), list(groups), list(ladders), list(tags), limit, offset,
-             None, None if runs is None else list(runs), name),)  # fmt: skip
+    return (
+        (
+            core.search_runs,
+            search,
+            status,
+            list(projects),
+            list(groups),
+            list(ladders),
+            list(tags),
+            limit,
+            offset,
+            None,
+            None if runs is None else list(runs),
+            name,
+        ),
+    )
 
 
 def runs_table(keep_fresh: bool = False, **search: Any) -> list[dict[str, Any]]:

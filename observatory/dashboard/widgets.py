@@ -53,22 +53,36 @@ def pick_run(label: str = "Run", key: str = "run", prefer_running: bool = True) 
         st.caption(f"Ignored `?{key}=`: not a run id (letters, digits, `.`, `_`, `-`; at most 128).")
         wanted = None
     c1, c2 = st.columns([1, 2])
-    text = c1.text_input(f"Find a {label.lower()}", key=f"pick_{key}_q", placeholder="id, prefix, name, tag, project")
-    rows = runs_table(search=text.strip() or None, status=["running"] if prefer_running and not text else None)
+    text = c1.text_input(
+        f"Find a {label.lower()}", key=f"pick_{key}_q", placeholder="id, prefix, name, tag, project"
+    )
+    rows = runs_table(
+        search=text.strip() or None, status=["running"] if prefer_running and not text else None
+    )
     if prefer_running and not text:  # running runs first, then the newest others
         rows += [r for r in runs_table() if r["status"] != "running"]
         rows = rows[:PAGE]
-    if wanted and not text.strip() and wanted not in {r["run"] for r in rows}:  # the link's run, unless searching
+    if (
+        wanted and not text.strip() and wanted not in {r["run"] for r in rows}
+    ):  # the link's run, unless searching
         row = run_row(wanted)
         rows = ([row] if row is not None else []) + rows
     if not rows:
-        st.info(f"No run matches {md_escape(repr(text))}." if text.strip() else
-                "No runs in the store yet. Start one with `trainer train` and `observatory ingest --follow`.")  # fmt: skip
+        st.info(
+            f"No run matches {md_escape(repr(text))}."
+            if text.strip()
+            else "No runs in the store yet. Start one with `trainer train` and `observatory ingest --follow`."
+        )
         return None
     ids = [r["run"] for r in rows]
     status = {r["run"]: r["status"] for r in rows}
-    choice = c2.selectbox(label, ids, index=ids.index(wanted) if wanted in ids else 0, key=f"pick_{key}",
-                          format_func=lambda r: f"{r}  ·  {status[r]}")  # fmt: skip
+    choice = c2.selectbox(
+        label,
+        ids,
+        index=ids.index(wanted) if wanted in ids else 0,
+        key=f"pick_{key}",
+        format_func=lambda r: f"{r}  ·  {status[r]}",
+    )
     if choice is not None and st.query_params.get(key) != choice:
         st.query_params[key] = choice
     return choice

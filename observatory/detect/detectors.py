@@ -50,10 +50,30 @@ from observatory.detect.rolling import rolling, shift
 from observatory.detect.rolling import trailing as _trailing
 from observatory.detect.thresholds import Thresholds
 
-__all__ = ["Finding", "unfollowed", "loss_spikes", "loss_dips", "grad_spikes", "update_spikes", "grad_growth",
-           "incomplete_recovery", "drop_jumps", "hot_experts", "hot_from_ratio", "dead_experts",
-           "dead_from_zeros", "nonfinite", "throughput_drops", "stalled", "LOSS", "GRAD", "UPDATE", "DROP",
-           "THROUGHPUT", "SPIKE_GAP"]  # fmt: skip
+__all__ = [
+    "Finding",
+    "unfollowed",
+    "loss_spikes",
+    "loss_dips",
+    "grad_spikes",
+    "update_spikes",
+    "grad_growth",
+    "incomplete_recovery",
+    "drop_jumps",
+    "hot_experts",
+    "hot_from_ratio",
+    "dead_experts",
+    "dead_from_zeros",
+    "nonfinite",
+    "throughput_drops",
+    "stalled",
+    "LOSS",
+    "GRAD",
+    "UPDATE",
+    "DROP",
+    "THROUGHPUT",
+    "SPIKE_GAP",
+]
 
 LOSS = "train/loss"
 GRAD = "grad/norm/total"
@@ -111,16 +131,31 @@ def _episodes(flags: np.ndarray, gap: int = 0) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), ends.tolist(), strict=True))
 
 
-def _peak(detector: str, metric: str, severity: str, message: str, steps, x, i0: int, i1: int, ip: int,
-          base: float, raised_at: int | None = None, **extra: Any) -> Finding:
+def _peak(
+    detector: str,
+    metric: str,
+    severity: str,
+    message: str,
+    steps,
+    x,
+    i0: int,
+    i1: int,
+    ip: int,
+    base: float,
+    raised_at: int | None = None,
+    **extra: Any,
+) -> Finding:
     """A finding over the episode steps[i0..i1] that peaks at ip, against a baseline level."""
     return Finding(
-        detector, metric, severity, message,
+        detector,
+        metric,
+        severity,
+        message,
         (int(steps[i0]), int(steps[i1])),
         int(steps[i0 if raised_at is None else raised_at]),
         float(x[ip]),
         {"peak_step": int(steps[ip]), "baseline": float(base), **extra},
-    )  # fmt: skip
+    )
 
 
 def _fmt(v: float) -> str:
@@ -139,6 +174,7 @@ def _gt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # Findings. Its flags at a row depend only on a bounded trailing window, so a scan
 # of a truncated frame drops the episodes that began before its windows were whole
 # (`observatory.detect.scan.detect_frame`).
+
 
 def _spikes(
     detector: str,
@@ -192,12 +228,23 @@ def _spikes(
         zp = float(np.nanmax(z[i0 : i1 + 1]))
         critical = zp > 2 * z_thr or ratio > (10 if log else 1.5)
         what = "grad norm" if log else metric
-        out.append(_peak(
-            detector, metric, "critical" if critical else "warn",
-            f"{what} spiked to {_fmt(x[ip])} at step {steps[ip]} ({ratio:.2f}x its recent level "
-            f"{_fmt(base)}, {zp:.1f} robust sigma)",
-            steps, x, i0, i1, ip, base, raised_at=conf, z=round(zp, 2),
-        ))  # fmt: skip
+        out.append(
+            _peak(
+                detector,
+                metric,
+                "critical" if critical else "warn",
+                f"{what} spiked to {_fmt(x[ip])} at step {steps[ip]} ({ratio:.2f}x its recent level "
+                f"{_fmt(base)}, {zp:.1f} robust sigma)",
+                steps,
+                x,
+                i0,
+                i1,
+                ip,
+                base,
+                raised_at=conf,
+                z=round(zp, 2),
+            )
+        )
     return out
 
 
@@ -249,12 +296,21 @@ def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
     out = []
     for i0, i1 in _episodes(flags, 0):
         ip = i0 + int(np.nanargmin(x[i0 : i1 + 1]))
-        out.append(_peak(
-            "loss_dip", metric, "warn",
-            f"{metric} fell to {_fmt(x[ip])} at step {steps[ip]}, {100 * x[ip] / med[i0]:.0f}% of its recent "
-            f"level {_fmt(med[i0])}: a batch unlike the others (repeated or duplicated data?)",
-            steps, x, i0, i1, ip, med[i0],
-        ))  # fmt: skip
+        out.append(
+            _peak(
+                "loss_dip",
+                metric,
+                "warn",
+                f"{metric} fell to {_fmt(x[ip])} at step {steps[ip]}, {100 * x[ip] / med[i0]:.0f}% of its recent "
+                f"level {_fmt(med[i0])}: a batch unlike the others (repeated or duplicated data?)",
+                steps,
+                x,
+                i0,
+                i1,
+                ip,
+                med[i0],
+            )
+        )
     return out
 
 
@@ -390,12 +446,21 @@ def drop_jumps(steps, drop, th: Thresholds, metric: str = DROP) -> list[Finding]
     out = []
     for i0, i1 in _episodes(flags, SPIKE_GAP):
         ip = i0 + int(np.nanargmax(x[i0 : i1 + 1]))
-        out.append(_peak(
-            "drop_jump", metric, "critical" if x[ip] - med[i0] > 3 * th.drop_jump else "warn",
-            f"drop fraction jumped to {x[ip]:.3f} at step {steps[ip]} from a recent level of {med[i0]:.3f} "
-            f"({float(np.nanmax(z[i0 : i1 + 1])):.1f} robust sigma)",
-            steps, x, i0, i1, ip, med[i0],
-        ))  # fmt: skip
+        out.append(
+            _peak(
+                "drop_jump",
+                metric,
+                "critical" if x[ip] - med[i0] > 3 * th.drop_jump else "warn",
+                f"drop fraction jumped to {x[ip]:.3f} at step {steps[ip]} from a recent level of {med[i0]:.3f} "
+                f"({float(np.nanmax(z[i0 : i1 + 1])):.1f} robust sigma)",
+                steps,
+                x,
+                i0,
+                i1,
+                ip,
+                med[i0],
+            )
+        )
     return out
 
 
@@ -408,7 +473,9 @@ def hot_experts(steps, layer: int, routed: np.ndarray, th: Thresholds) -> list[F
     routed, mean = np.asarray(routed, dtype=float), np.asarray(routed, dtype=float).mean(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(mean > 0, routed.max(axis=1) / mean, np.nan)
-    return hot_from_ratio(steps, layer, ratio, lambda i0, i1: np.bincount(routed[i0 : i1 + 1].argmax(axis=1)).argmax(), th)
+    return hot_from_ratio(
+        steps, layer, ratio, lambda i0, i1: np.bincount(routed[i0 : i1 + 1].argmax(axis=1)).argmax(), th
+    )
 
 
 def hot_from_ratio(steps, layer: int, ratio: np.ndarray, hottest, th: Thresholds) -> list[Finding]:
@@ -447,7 +514,9 @@ def dead_experts(steps, layer: int, routed: np.ndarray, th: Thresholds) -> list[
     return dead_from_zeros(steps, layer, rows, experts, th)
 
 
-def dead_from_zeros(steps, layer: int, rows: np.ndarray, experts: np.ndarray, th: Thresholds) -> list[Finding]:
+def dead_from_zeros(
+    steps, layer: int, rows: np.ndarray, experts: np.ndarray, th: Thresholds
+) -> list[Finding]:
     """`dead_experts` from the (row, expert) cells of a layer that routed nothing (rows index `steps`).
 
     The caller checks that the layer routed something at all. One finding per streak of `expert_steps`+ steps.
@@ -543,7 +612,11 @@ def throughput_drops(steps, tps, th: Thresholds, metric: str = THROUGHPUT) -> li
 
 
 def stalled(
-    last_step: int | None, last_t: float | None, ended: bool, th: Thresholds, now: float | None = None,
+    last_step: int | None,
+    last_t: float | None,
+    ended: bool,
+    th: Thresholds,
+    now: float | None = None,
     phase: dict | None = None,
 ):
     """A run with no run_end whose writers have been silent for `stall_s`; longer (the phase's `budget_s`, else
@@ -551,7 +624,11 @@ def stalled(
     a long first compile or a synchronous save is not a stall (`phase`: {phase, phase_t, budget_s})."""
     now = time.time() if now is None else now
     allowed = th.stall_s
-    if phase and phase.get("phase") in ("init", "compile", "eval", "checkpoint") and phase.get("phase_t") == last_t:
+    if (
+        phase
+        and phase.get("phase") in ("init", "compile", "eval", "checkpoint")
+        and phase.get("phase_t") == last_t
+    ):
         budget = phase.get("budget_s")
         allowed = max(allowed, budget if budget is not None else settings.get("phase_budget_s"))
     if ended or last_t is None or now - last_t < allowed:
@@ -578,6 +655,9 @@ def unfollowed(grad: list[Finding], loss: list[Finding]) -> list[Finding]:
     """Grad spikes the loss did not follow (no loss spike within FOLLOW_STEPS) are warnings, not critical: the run
     absorbed them and an operator has nothing to do; a grad spike the loss followed stays critical."""
     near = [f.step for f in loss]
-    return [replace(f, severity="warn", message=f"{f.message}; the loss did not follow")
-            if f.severity == "critical" and not any(abs(s - f.step) <= FOLLOW_STEPS for s in near) else f
-            for f in grad]  # fmt: skip
+    return [
+        replace(f, severity="warn", message=f"{f.message}; the loss did not follow")
+        if f.severity == "critical" and not any(abs(s - f.step) <= FOLLOW_STEPS for s in near)
+        else f
+        for f in grad
+    ]

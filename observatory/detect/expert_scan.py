@@ -82,8 +82,11 @@ def expert_findings(
         pos[bad] = np.arange(bad.size)
         mine = pos[cell] >= 0
         width = int(n_exp.max())
-        sums = np.bincount(pos[cell[mine]] * width + raw["expert"][mine], weights=raw["routed"][mine],
-                           minlength=bad.size * width).reshape(bad.size, width)  # fmt: skip
+        sums = np.bincount(
+            pos[cell[mine]] * width + raw["expert"][mine],
+            weights=raw["routed"][mine],
+            minlength=bad.size * width,
+        ).reshape(bad.size, width)
         cols = np.arange(width)[None, :] < e_of[bad][:, None]
         busiest = np.where(cols, sums, -1).max(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):

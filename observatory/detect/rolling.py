@@ -65,7 +65,9 @@ def trailing(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarray, 
     return med, (q75 - q25) / 1.349
 
 
-_LEVEL_NOISE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # the last few `level_noise` results (read-only)
+_LEVEL_NOISE: dict[
+    tuple, tuple[np.ndarray, np.ndarray]
+] = {}  # the last few `level_noise` results (read-only)
 
 
 def level_noise(x: np.ndarray, window: int, min_history: int) -> tuple[np.ndarray, np.ndarray]:

@@ -239,7 +239,9 @@ def existing_findings(con, runs_dir: Path, run: str) -> tuple[set[tuple[str, str
     return _finding_keys(anomaly_events(con, run), runs_dir, run)
 
 
-def _finding_keys(stored: list[dict], runs_dir: Path, run: str) -> tuple[set[tuple[str, str, int]], int | None]:
+def _finding_keys(
+    stored: list[dict], runs_dir: Path, run: str
+) -> tuple[set[tuple[str, str, int]], int | None]:
     """`existing_findings` from the run's stored anomaly events (`anomaly_events`) and its host-1000 file."""
     pending = [{**ev["data"], "host": ev.get("host")} for ev in findings.pending(runs_dir, run, "anomaly")]
     seen = stored + pending
@@ -286,8 +288,14 @@ class _RunScan:
         self, th: Thresholds, activity: dict | None, now: float | None
     ) -> tuple[list[Finding], int | None, dict]:
         """(new findings, deduped; the last step scanned; the state the scan reached)."""
-        found = detect_series(self.series, self.steps, th, truncated=self.since is not None, bad=self.bad,
-                              load_drop=(self.drop[0], self.drop[1], self.since_x is not None))  # fmt: skip
+        found = detect_series(
+            self.series,
+            self.steps,
+            th,
+            truncated=self.since is not None,
+            bad=self.bad,
+            load_drop=(self.drop[0], self.drop[1], self.since_x is not None),
+        )
         found = sorted(found + self.experts, key=lambda f: (f.step, f.detector, f.metric))
         if activity is not None:
             found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now, activity)
@@ -317,8 +325,9 @@ class FreshFrom:
     runs: frozenset[str]
 
 
-def _read_runs(con, runs_dir: Path, runs: list[str], th: Thresholds, full: bool,
-               fresh_from: FreshFrom | None = None) -> list[_RunScan]:  # fmt: skip
+def _read_runs(
+    con, runs_dir: Path, runs: list[str], th: Thresholds, full: bool, fresh_from: FreshFrom | None = None
+) -> list[_RunScan]:
     """The first half of `scan_run`, for several runs: every store read, one query per kind for them all."""
     if not runs:
         return []
@@ -328,8 +337,14 @@ def _read_runs(con, runs_dir: Path, runs: list[str], th: Thresholds, full: bool,
     for run in runs:
         k, stored_through = _finding_keys(stored.get(run, []), runs_dir, run)
         keys.append(k)
-        was.append({} if full else _through(states.get(run, {}), (str(Path(runs_dir).resolve()), run), stored_through))
-    fresh = [fresh_from is not None and run in fresh_from.runs and not w for run, w in zip(runs, was, strict=True)]
+        was.append(
+            {}
+            if full
+            else _through(states.get(run, {}), (str(Path(runs_dir).resolve()), run), stored_through)
+        )
+    fresh = [
+        fresh_from is not None and run in fresh_from.runs and not w for run, w in zip(runs, was, strict=True)
+    ]
     through = [w.get("series") for w in was]
     at = [i for i, t in enumerate(through) if t is not None]
     cuts = cut_steps(con, [runs[i] for i in at], [through[i] for i in at], th.lookback)
@@ -347,8 +362,11 @@ def _read_runs(con, runs_dir: Path, runs: list[str], th: Thresholds, full: bool,
     since_x: list[int | None] = [None] * len(runs)
     for lb in set(lookback_x):
         at = [i for i, t in enumerate(through_x) if t is not None and lookback_x[i] == lb]
-        for i, c in zip(at, cut_steps(con, [runs[i] for i in at], [through_x[i] for i in at], lb, "expert_run_step"),
-                        strict=True):  # fmt: skip
+        for i, c in zip(
+            at,
+            cut_steps(con, [runs[i] for i in at], [through_x[i] for i in at], lb, "expert_run_step"),
+            strict=True,
+        ):
             since_x[i] = c
     register_wanted(con, runs, since_x, fresh)
     try:
@@ -358,8 +376,23 @@ def _read_runs(con, runs_dir: Path, runs: list[str], th: Thresholds, full: bool,
     out = []
     for i, run in enumerate(runs):
         experts, drop, last_x = expert_findings(con, run, since_x[i], th, stats[i])
-        out.append(_RunScan(run, (str(Path(runs_dir).resolve()), run), keys[i], was[i], through[i], since[i],
-                            arrays[i][0], arrays[i][1], bad[i], since_x[i], experts, drop, last_x))  # fmt: skip
+        out.append(
+            _RunScan(
+                run,
+                (str(Path(runs_dir).resolve()), run),
+                keys[i],
+                was[i],
+                through[i],
+                since[i],
+                arrays[i][0],
+                arrays[i][1],
+                bad[i],
+                since_x[i],
+                experts,
+                drop,
+                last_x,
+            )
+        )
     return out
 
 
@@ -434,8 +467,10 @@ def _upsert_state(con, rows: list[tuple[str, str, int | None]]) -> None:
     """`detector_state` rows (run, detector, through), in one statement: `executemany` ran one per row."""
     if rows:
         run, det, through = (list(c) for c in zip(*rows, strict=True))
-        con.execute("INSERT OR REPLACE INTO detector_state SELECT unnest($r), unnest($d), unnest($t::BIGINT[])",
-                    {"r": run, "d": det, "t": through})  # fmt: skip
+        con.execute(
+            "INSERT OR REPLACE INTO detector_state SELECT unnest($r), unnest($d), unnest($t::BIGINT[])",
+            {"r": run, "d": det, "t": through},
+        )
 
 
 def write_findings(runs_dir: Path, run: str, found: list[Finding], scanned_through: int | None) -> None:
@@ -456,9 +491,19 @@ class Scan:
         self.stall_checked = False
 
     @classmethod
-    def read(cls, con, runs_dir: Path, runs: Iterable[str] | None, th: Thresholds, *, full: bool = False,
-             stall: bool = True, now: float | None = None, strict: bool = False,
-             fresh_from: FreshFrom | None = None) -> Scan:  # fmt: skip
+    def read(
+        cls,
+        con,
+        runs_dir: Path,
+        runs: Iterable[str] | None,
+        th: Thresholds,
+        *,
+        full: bool = False,
+        stall: bool = True,
+        now: float | None = None,
+        strict: bool = False,
+        fresh_from: FreshFrom | None = None,
+    ) -> Scan:
         """Every store read of a scan of `runs` (None: every stored run), one query per kind for all of them
         (`fresh_from`: where the ingest batch that began some of them began). A run whose reads fail is said
         and left out, unless `strict`."""
@@ -498,8 +543,10 @@ class Scan:
         for r, new, last, state in self.results:
             if db is not None and new:
                 if not (self.runs_dir / r.run).is_dir():
-                    print(f"observatory anomalies: run {r.run} has no folder in {self.runs_dir}; findings not written",
-                          file=sys.stderr)  # fmt: skip
+                    print(
+                        f"observatory anomalies: run {r.run} has no folder in {self.runs_dir}; findings not written",
+                        file=sys.stderr,
+                    )
                     continue
                 write_findings(self.runs_dir, r.run, new, last)
             done.append((r.state_key, r.run, state))
@@ -553,7 +600,11 @@ def _wanted(con, runs: Iterable[str] | None, th: Thresholds) -> tuple[list[str] 
 
 
 def after_ingest(
-    db, runs_dir, runs: Iterable[str] | None, *, thresholds: Thresholds | None = None,
+    db,
+    runs_dir,
+    runs: Iterable[str] | None,
+    *,
+    thresholds: Thresholds | None = None,
     fresh_from: FreshFrom | None = None,
 ) -> set[str]:
     """Ingest's hook, called after each committed batch: detect over the runs it touched.
@@ -566,8 +617,14 @@ def after_ingest(
     """
     try:
         with using(db) as con:
-            scan = _ingest_scan(con, runs_dir, runs, thresholds or Thresholds.from_settings(), strict=False,
-                                fresh_from=fresh_from)
+            scan = _ingest_scan(
+                con,
+                runs_dir,
+                runs,
+                thresholds or Thresholds.from_settings(),
+                strict=False,
+                fresh_from=fresh_from,
+            )
         if scan is None:
             return set()
         scan.compute()
@@ -577,8 +634,14 @@ def after_ingest(
         return set()
 
 
-def _ingest_scan(con, runs_dir, runs: Iterable[str] | None, th: Thresholds, strict: bool,
-                 fresh_from: FreshFrom | None = None) -> Scan | None:  # fmt: skip
+def _ingest_scan(
+    con,
+    runs_dir,
+    runs: Iterable[str] | None,
+    th: Thresholds,
+    strict: bool,
+    fresh_from: FreshFrom | None = None,
+) -> Scan | None:
     """The reads of an ingest batch's scan (`after_ingest`): the runs `_wanted` gives, the stall check when
     it is due (`_last_stall_check` is set when the scan is written); None: no run to look at."""
     wanted, stall_due = _wanted(con, runs, th)

@@ -90,17 +90,22 @@ def ingest(
             try:
                 one_pass(runs_dir, db, report, fol, hooks, emit, progress)
                 if failing:
-                    emit(f"observatory ingest: {db}: the store is writable again; caught up from the last committed batch")
+                    emit(
+                        f"observatory ingest: {db}: the store is writable again; caught up from the last committed batch"
+                    )
                 failing = None
             except Exception as e:
                 if not follow:
                     raise
                 why = write_failure(e)
                 if why is None or failing != why:
-                    emit(f"observatory ingest: pass failed ({type(e).__name__}: {e}); retrying"
-                         if why is None else f"observatory ingest: {db}: cannot write the store: {why} "
-                         f"({type(e).__name__}: {e}); retrying every {settings.get('follow_interval_s')} s. "
-                         "Nothing is lost: the logs are read again from the last committed batch")  # fmt: skip
+                    emit(
+                        f"observatory ingest: pass failed ({type(e).__name__}: {e}); retrying"
+                        if why is None
+                        else f"observatory ingest: {db}: cannot write the store: {why} "
+                        f"({type(e).__name__}: {e}); retrying every {settings.get('follow_interval_s')} s. "
+                        "Nothing is lost: the logs are read again from the last committed batch"
+                    )
                 failing = why
                 fol.sig = None
             report.passes += 1
@@ -135,8 +140,10 @@ def _follower_lock(db: Path, stop: threading.Event, emit: Callable[[str], None])
             if not said:
                 f.seek(0)
                 who = f.read().strip() or "another process"
-                emit(f"observatory ingest: {db} is already followed by {who}; waiting for it to exit "
-                     f"(lock file {path})")  # fmt: skip
+                emit(
+                    f"observatory ingest: {db} is already followed by {who}; waiting for it to exit "
+                    f"(lock file {path})"
+                )
                 said = True
             if stop.wait(settings.get("follow_interval_s")):
                 f.close()
@@ -151,9 +158,13 @@ def _follower_lock(db: Path, stop: threading.Event, emit: Callable[[str], None])
         return f
 
 
-def rebuild(runs_dir: str | os.PathLike | None = None, db: str | os.PathLike | None = None, *,
-            emit: Callable[[str], None] | None = _stderr,
-            progress: Callable[[dict], None] | None = None) -> IngestReport:  # fmt: skip
+def rebuild(
+    runs_dir: str | os.PathLike | None = None,
+    db: str | os.PathLike | None = None,
+    *,
+    emit: Callable[[str], None] | None = _stderr,
+    progress: Callable[[dict], None] | None = None,
+) -> IngestReport:
     """Recreate the store from the event logs: build a fresh file beside it, then swap it in atomically.
 
     Readers see the old store until the swap and the new one after; neither half-built.

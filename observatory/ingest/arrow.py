@@ -14,9 +14,25 @@ __all__ = ["flush"]
 
 _S, _F64, _I64, _U16 = pa.string(), pa.float64(), pa.int64(), pa.uint16()
 _METRICS = {"run": _S, "step": _I64, "name": _S, "value": _F64, "t": _F64, "host": _U16}
-_EXPERTS = {"run": _S, "step": pa.int32(), "layer": _U16, "expert": _U16, "routed": pa.uint32(), "dropped": pa.uint32()}
-_EVENTS = {"run": _S, "host": _U16, "seq": _I64, "kind": _S, "step": _I64, "t": _F64, "v": _U16, "known": pa.bool_(),
-           "data": _S}  # fmt: skip
+_EXPERTS = {
+    "run": _S,
+    "step": pa.int32(),
+    "layer": _U16,
+    "expert": _U16,
+    "routed": pa.uint32(),
+    "dropped": pa.uint32(),
+}
+_EVENTS = {
+    "run": _S,
+    "host": _U16,
+    "seq": _I64,
+    "kind": _S,
+    "step": _I64,
+    "t": _F64,
+    "v": _U16,
+    "known": pa.bool_(),
+    "data": _S,
+}
 _HEARTBEATS = {"run": _S, "host": _U16, "seq": _I64, "t": _F64, "step": _I64, "phase": _S}
 _TELEMETRY = {"run": _S, "host": _U16, "t": _F64, "name": _S, "value": _F64}
 _REJECTED = {"file": _S, "run": _S, "line": _I64, "field": _S, "reason": _S, "raw": _S, "ingested_at": _F64}
@@ -38,13 +54,25 @@ def flush(con, b) -> None:
     if b.experts["run"]:
         _append(con, b.experts, _EXPERTS, "INSERT INTO expert_load SELECT * FROM _staged")
     if b.events:
-        _append(con, dict(zip(_EVENTS, zip(*b.events, strict=True), strict=True)), _EVENTS,
-                "INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _staged")
+        _append(
+            con,
+            dict(zip(_EVENTS, zip(*b.events, strict=True), strict=True)),
+            _EVENTS,
+            "INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _staged",
+        )
     if b.heartbeats:
-        _append(con, dict(zip(_HEARTBEATS, zip(*b.heartbeats, strict=True), strict=True)), _HEARTBEATS,
-                "INSERT INTO heartbeats SELECT * FROM _staged")
+        _append(
+            con,
+            dict(zip(_HEARTBEATS, zip(*b.heartbeats, strict=True), strict=True)),
+            _HEARTBEATS,
+            "INSERT INTO heartbeats SELECT * FROM _staged",
+        )
     if b.telemetry["run"]:
         _append(con, b.telemetry, _TELEMETRY, "INSERT INTO host_telemetry SELECT * FROM _staged")
     if b.rejected:  # a file of random bytes can reject 10^5 lines: bulk, not executemany
-        _append(con, dict(zip(_REJECTED, zip(*b.rejected, strict=True), strict=True)), _REJECTED,
-                f"INSERT INTO rejected_events ({', '.join(_REJECTED)}) SELECT * FROM _staged")
+        _append(
+            con,
+            dict(zip(_REJECTED, zip(*b.rejected, strict=True), strict=True)),
+            _REJECTED,
+            f"INSERT INTO rejected_events ({', '.join(_REJECTED)}) SELECT * FROM _staged",
+        )

@@ -18,8 +18,19 @@ from observatory.ingest.model import U16, Batch, FileState, LogFile, read_chunk
 from observatory.ingest.msgspec_lines import ingest_chunk
 from observatory.store.arrow import column
 
-__all__ = ["FILE_RE", "GZ_BATCH_BYTES", "scan", "readable", "load_state", "has_work", "by_run_host", "index_row",
-           "siblings", "process_file", "save_files"]  # fmt: skip
+__all__ = [
+    "FILE_RE",
+    "GZ_BATCH_BYTES",
+    "scan",
+    "readable",
+    "load_state",
+    "has_work",
+    "by_run_host",
+    "index_row",
+    "siblings",
+    "process_file",
+    "save_files",
+]
 
 FILE_RE = re.compile(r"^events\.(\d+)\.jsonl(\.gz)?$")
 GZ_BATCH_BYTES = 256 << 20  # .gz has no cheap seek, so take bigger bites
@@ -51,7 +62,11 @@ def scan(runs_dir: Path) -> list[LogFile]:
             except OSError:
                 continue
             m = FILE_RE.match(name)
-            out.append(LogFile(root, f"{run}/{name}", run, int(m.group(1)), bool(m.group(2)), st.st_size, st.st_mtime))
+            out.append(
+                LogFile(
+                    root, f"{run}/{name}", run, int(m.group(1)), bool(m.group(2)), st.st_size, st.st_mtime
+                )
+            )
     out.sort(key=lambda f: (f.run, f.host, not f.gz, f.rel))
     return out
 
@@ -64,8 +79,10 @@ def readable(runs_dir: Path, skip: set[str], emit: Callable[[str], None]) -> lis
             continue
         if lf.host > U16:
             # the store keeps hosts as USMALLINT (ingest_files, every table): say so once and go on
-            emit(f"{runs_dir / lf.rel}: host {lf.host} in the file name is above {U16}, the largest host the "
-                 f"store keeps; file skipped (rename it events.<host>.jsonl with a host in 0..{U16})")
+            emit(
+                f"{runs_dir / lf.rel}: host {lf.host} in the file name is above {U16}, the largest host the "
+                f"store keeps; file skipped (rename it events.<host>.jsonl with a host in 0..{U16})"
+            )
             skip.add(lf.rel)
             continue
         files.append(lf)
@@ -74,9 +91,24 @@ def readable(runs_dir: Path, skip: set[str], emit: Callable[[str], None]) -> lis
 
 def load_state(con) -> tuple[dict[str, dict], dict[str, str]]:
     """({path: its ingest_files row}, {run: stored status})."""
-    cols = ("path", "run", "host", "byte_offset", "line", "first_seq", "last_seq", "cursor_seq", "size", "mtime",
-            "rejected", "rejected_dropped")  # fmt: skip
-    rows = {r[0]: dict(zip(cols, r, strict=True)) for r in con.execute(f"SELECT {', '.join(cols)} FROM ingest_files").fetchall()}
+    cols = (
+        "path",
+        "run",
+        "host",
+        "byte_offset",
+        "line",
+        "first_seq",
+        "last_seq",
+        "cursor_seq",
+        "size",
+        "mtime",
+        "rejected",
+        "rejected_dropped",
+    )
+    rows = {
+        r[0]: dict(zip(cols, r, strict=True))
+        for r in con.execute(f"SELECT {', '.join(cols)} FROM ingest_files").fetchall()
+    }
     status = dict(con.execute("SELECT run, status FROM runs").fetchall())
     return rows, status
 
@@ -111,7 +143,9 @@ def siblings(lf: LogFile, by_host: dict[tuple[str, int], dict[str, dict]]) -> li
     ]
 
 
-def process_file(con, b: Batch, lf: LogFile, st: FileState, budget: int, ended: bool, max_line: int) -> tuple[int, bool]:
+def process_file(
+    con, b: Batch, lf: LogFile, st: FileState, budget: int, ended: bool, max_line: int
+) -> tuple[int, bool]:
     """Ingest from `st.offset` until EOF or `budget` bytes; returns (bytes consumed, reached EOF).
 
     A torn last line (no final newline) waits while the run may be live and is recorded as
@@ -130,12 +164,24 @@ def process_file(con, b: Batch, lf: LogFile, st: FileState, budget: int, ended: 
             b.reject(lf, st.line + 1, "(file)", ch.error, b"")
             return used, True
         if ch.data or ch.oversized:
-            ingest_chunk(con, b, lf, st, ch, max_line)  # certified in bulk; what it cannot certify goes to model.check_line
+            ingest_chunk(
+                con, b, lf, st, ch, max_line
+            )  # certified in bulk; what it cannot certify goes to model.check_line
         used += ch.end - start
         if ch.eof:
             if ch.tail_len and (ended or _ended_in_batch(b, lf.run)):
-                what = f"a {ch.tail_len}-byte final line" if ch.tail_len <= max_line else "an oversized final line"
-                b.reject(lf, st.line + 1, "(line)", f"truncated: {what} has no newline (the writer died mid-line)", ch.tail)
+                what = (
+                    f"a {ch.tail_len}-byte final line"
+                    if ch.tail_len <= max_line
+                    else "an oversized final line"
+                )
+                b.reject(
+                    lf,
+                    st.line + 1,
+                    "(line)",
+                    f"truncated: {what} has no newline (the writer died mid-line)",
+                    ch.tail,
+                )
                 b.n_truncated += 1
                 st.offset += ch.tail_len
                 st.line += 1
@@ -150,8 +196,20 @@ def _ended_in_batch(b: Batch, run: str) -> bool:
     return bool(last) and last[-1] == "run_end"
 
 
-_FILE_COLUMNS = ("path", "run", "host", "byte_offset", "line", "first_seq", "last_seq", "cursor_seq", "size",
-                 "mtime", "rejected", "rejected_dropped")  # fmt: skip
+_FILE_COLUMNS = (
+    "path",
+    "run",
+    "host",
+    "byte_offset",
+    "line",
+    "first_seq",
+    "last_seq",
+    "cursor_seq",
+    "size",
+    "mtime",
+    "rejected",
+    "rejected_dropped",
+)
 
 
 def save_files(con, saves: list[tuple[LogFile, FileState, bool, bool]]) -> None:
@@ -160,18 +218,47 @@ def save_files(con, saves: list[tuple[LogFile, FileState, bool, bool]]) -> None:
     rows = []
     for lf, st, done, _ in saves:
         size = lf.size if (done or not lf.gz) else None  # a .gz counts as read only when read to its end
-        rows.append((lf.rel, lf.run, lf.host, st.offset, st.line, st.first_seq, st.last_seq, st.cursor, size,
-                     lf.mtime, st.rejected, st.rejected_dropped))  # fmt: skip
+        rows.append(
+            (
+                lf.rel,
+                lf.run,
+                lf.host,
+                st.offset,
+                st.line,
+                st.first_seq,
+                st.last_seq,
+                st.cursor,
+                size,
+                lf.mtime,
+                st.rejected,
+                st.rejected_dropped,
+            )
+        )
     cols = list(zip(*rows, strict=True))
-    con.register("_files", pa.table({
-        "path": column(cols[0], pa.string()), "run": column(cols[1], pa.string()),
-        **{c: column(cols[i], pa.int64()) for i, c in enumerate(_FILE_COLUMNS) if c not in ("path", "run", "mtime")},
-        "mtime": column(cols[_FILE_COLUMNS.index("mtime")], pa.float64()),
-        "stored": column([s[3] for s in saves], pa.bool_())}))  # fmt: skip
+    con.register(
+        "_files",
+        pa.table(
+            {
+                "path": column(cols[0], pa.string()),
+                "run": column(cols[1], pa.string()),
+                **{
+                    c: column(cols[i], pa.int64())
+                    for i, c in enumerate(_FILE_COLUMNS)
+                    if c not in ("path", "run", "mtime")
+                },
+                "mtime": column(cols[_FILE_COLUMNS.index("mtime")], pa.float64()),
+                "stored": column([s[3] for s in saves], pa.bool_()),
+            }
+        ),
+    )
     try:
         sets = ", ".join(f"{c} = f.{c}" for c in _FILE_COLUMNS[1:])
-        con.execute(f"UPDATE ingest_files SET {sets} FROM _files f WHERE f.stored AND ingest_files.path = f.path")
-        con.execute(f"INSERT INTO ingest_files ({', '.join(_FILE_COLUMNS)}) "
-                    f"SELECT {', '.join(_FILE_COLUMNS)} FROM _files WHERE NOT stored")  # fmt: skip
+        con.execute(
+            f"UPDATE ingest_files SET {sets} FROM _files f WHERE f.stored AND ingest_files.path = f.path"
+        )
+        con.execute(
+            f"INSERT INTO ingest_files ({', '.join(_FILE_COLUMNS)}) "
+            f"SELECT {', '.join(_FILE_COLUMNS)} FROM _files WHERE NOT stored"
+        )
     finally:
         con.unregister("_files")

@@ -40,8 +40,19 @@ from observatory.detect import scan
 from observatory.ladder import watch
 from observatory.store import rollups
 
-__all__ = ["IN_TRANSACTION", "AFTER_COMMIT", "ALL_SOURCES", "Hook", "BUILTIN", "HookFailed", "run_in_transaction",
-           "run_after_commit", "save_pending", "save_pending_to", "ON_CLOCK"]  # fmt: skip
+__all__ = [
+    "IN_TRANSACTION",
+    "AFTER_COMMIT",
+    "ALL_SOURCES",
+    "Hook",
+    "BUILTIN",
+    "HookFailed",
+    "run_in_transaction",
+    "run_after_commit",
+    "save_pending",
+    "save_pending_to",
+    "ON_CLOCK",
+]
 
 IN_TRANSACTION = "in_transaction"
 ALL_SOURCES = {"metrics": {"*"}, "expert_load": {"*"}}  # `touched` for "look at every source's new rows"
@@ -61,7 +72,11 @@ def _rollups(con, touched: Mapping[str, set[str]], batch: Any) -> None:
 
 def _anomalies(con, runs_dir: Path, runs: set[str], batch: Any) -> Any:
     # the runs the batch began are read from its first rowids on (DuckDB skips the row groups before)
-    fresh = None if batch is None else scan.FreshFrom(batch.metrics_start, batch.experts_start, frozenset(batch.new_runs))
+    fresh = (
+        None
+        if batch is None
+        else scan.FreshFrom(batch.metrics_start, batch.experts_start, frozenset(batch.new_runs))
+    )
     return scan.after_ingest(con, runs_dir, runs, fresh_from=fresh)
 
 
@@ -114,8 +129,14 @@ def run_in_transaction(con, touched: Mapping[str, set[str]], skip: set[str]) -> 
                 raise HookFailed(hook, e) from e
 
 
-def run_after_commit(db: Path, runs_dir: Path, runs: set[str], emit: Callable[[str], None],
-                     batch: Any = None, only: tuple[str, ...] | None = None) -> set[str]:  # fmt: skip
+def run_after_commit(
+    db: Path,
+    runs_dir: Path,
+    runs: set[str],
+    emit: Callable[[str], None],
+    batch: Any = None,
+    only: tuple[str, ...] | None = None,
+) -> set[str]:
     """The after-commit hooks on `runs`, in order, on one read-only connection; the names of those that
     wrote events. `batch`: the committed batch (`model.Batch`: where its rows began), or None. `only`:
     these hooks alone (`ON_CLOCK`: the follower's clock ticks with no batch)."""
@@ -148,5 +169,7 @@ def save_pending_to(db: Path, emit: Callable[[str], None]) -> None:
             save_pending(con)
             con.execute("COMMIT")
     except Exception as e:  # a cache: the next ingest re-reads a little more and misses nothing
-        emit(f"observatory ingest: the detectors' state was not saved ({type(e).__name__}: {e}); "
-             "the next ingest re-reads a little more")  # fmt: skip
+        emit(
+            f"observatory ingest: the detectors' state was not saved ({type(e).__name__}: {e}); "
+            "the next ingest re-reads a little more"
+        )

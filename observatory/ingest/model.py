@@ -51,6 +51,7 @@ _JUNK_FIRST = np.ones(256, bool)
 _JUNK_FIRST[[9, 10, 11, 12, 13, 32, ord("{")]] = False  # whitespace: a blank line is skipped, not rejected
 U16, U32, I32, I64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 31) - 1, (1 << 63) - 1
 
+
 @dataclass(frozen=True)
 class LogFile:
     root: str  # the runs dir it is in
@@ -74,7 +75,9 @@ class LogFile:
 class Chunk:
     data: bytes  # complete lines, each ending in b"\n"
     end: int  # offset after `data` (and after any skipped oversized line)
-    oversized: list[tuple[int, int, bytes]]  # (index among lines of this chunk, length, head) of skipped lines
+    oversized: list[
+        tuple[int, int, bytes]
+    ]  # (index among lines of this chunk, length, head) of skipped lines
     tail: bytes  # bytes after the last newline when EOF was reached (a torn line), capped
     tail_len: int
     eof: bool
@@ -152,14 +155,20 @@ class Batch:
     def __init__(self, now: float, max_rejected: int | None = None):
         self.now = now
         # rejected lines stored per file, in all passes (`max_rejected_per_file`); past it they are counted only
-        self.max_rejected = int(settings.get("max_rejected_per_file") if max_rejected is None else max_rejected)
+        self.max_rejected = int(
+            settings.get("max_rejected_per_file") if max_rejected is None else max_rejected
+        )
         self.rejected: list[tuple] = []  # (file, run, line, field, reason, raw, ingested_at)
         self.n_rejected = 0  # rejected lines, stored or not
         self.files: dict[str, FileState] = {}  # rel -> the state of each file this batch reads (`track`)
-        self.dropped: dict[str, tuple[LogFile, int]] = {}  # rel -> (file, rejected lines not stored in this batch)
+        self.dropped: dict[
+            str, tuple[LogFile, int]
+        ] = {}  # rel -> (file, rejected lines not stored in this batch)
         self.events: list[tuple] = []  # (run, host, seq, kind, step, t, v, known, data_json)
         self.metrics: dict[str, list] = {k: [] for k in ("run", "step", "name", "value", "t", "host")}
-        self.experts: dict[str, list] = {k: [] for k in ("run", "step", "layer", "expert", "routed", "dropped")}
+        self.experts: dict[str, list] = {
+            k: [] for k in ("run", "step", "layer", "expert", "routed", "dropped")
+        }
         self.heartbeats: list[tuple] = []  # (run, host, seq, t, step, phase)
         self.telemetry: dict[str, list] = {k: [] for k in ("run", "host", "t", "name", "value")}
         self.lifecycle: list[dict] = []  # run_start / run_end / final failure events, applied to `runs`
@@ -222,12 +231,14 @@ class Batch:
         out = []
         for rel, (lf, n) in self.dropped.items():
             st = self.files[rel]
-            out.append(Rejection(
-                f"{lf.path}: {n:,} more rejected lines not stored in rejected_events: this file has "
-                f"{st.rejected:,} rejected lines, the first {st.rejected - st.rejected_dropped:,} stored "
-                f"(max_rejected_per_file, env {settings.SETTINGS['max_rejected_per_file'].env}; "
-                "counts: observatory sql \"SELECT path, rejected, rejected_dropped FROM ingest_files\")"
-            ))
+            out.append(
+                Rejection(
+                    f"{lf.path}: {n:,} more rejected lines not stored in rejected_events: this file has "
+                    f"{st.rejected:,} rejected lines, the first {st.rejected - st.rejected_dropped:,} stored "
+                    f"(max_rejected_per_file, env {settings.SETTINGS['max_rejected_per_file'].env}; "
+                    'counts: observatory sql "SELECT path, rejected, rejected_dropped FROM ingest_files")'
+                )
+            )
         return out
 
     def saw(self, run: str, t: float | None, step: int | None, host: int = 0) -> None:
@@ -249,12 +260,18 @@ class FileState:
         row = row or {}
         self.offset = row.get("byte_offset") or 0
         self.line = row.get("line") or 0
-        self.first_seq, self.last_seq, self.cursor = row.get("first_seq"), row.get("last_seq"), row.get("cursor_seq")
+        self.first_seq, self.last_seq, self.cursor = (
+            row.get("first_seq"),
+            row.get("last_seq"),
+            row.get("cursor_seq"),
+        )
         self.rejected = row.get("rejected") or 0  # rejected lines so far, stored or not (`Batch.reject`)
         self.rejected_dropped = row.get("rejected_dropped") or 0  # of those, not stored in rejected_events
         self.siblings = sibling_ranges
         self.restarted_from: int | None = None  # the offset it had when the file shrank or was replaced
-        if self.offset > (lf.size if not lf.gz else math.inf) or (lf.gz and row and row.get("size") != lf.size):
+        if self.offset > (lf.size if not lf.gz else math.inf) or (
+            lf.gz and row and row.get("size") != lf.size
+        ):
             # the file shrank or was replaced: read it again; seqs already stored count as duplicates
             if self.first_seq is not None:
                 self.siblings = [*self.siblings, (self.first_seq, self.last_seq)]
@@ -307,9 +324,13 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
     except (ValueError, RecursionError) as e:
         b.reject(lf, lineno, "(line)", f"bad JSON: {e}", raw)
         return
-    if isinstance(ev, dict) and _depth(ev.get("data")) > MAX_DEPTH:  # what is stored of an event: every reader
+    if (
+        isinstance(ev, dict) and _depth(ev.get("data")) > MAX_DEPTH
+    ):  # what is stored of an event: every reader
         # after this one (redaction, encoding, reports, the pages) recurses into it
-        b.reject(lf, lineno, "data", f"data: objects and arrays nested more than {MAX_DEPTH} levels deep", raw)
+        b.reject(
+            lf, lineno, "data", f"data: objects and arrays nested more than {MAX_DEPTH} levels deep", raw
+        )
         return
     try:
         validate_event(ev, run_folder=lf.run, host=lf.host)
@@ -355,7 +376,9 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
         if isinstance(phase, str):
             phase, n = _clean_text(phase[:64])
             b.hid(run, n)
-        b.heartbeats.append((run, lf.host, ev["seq"], t, data.get("step"), phase if isinstance(phase, str) else None))
+        b.heartbeats.append(
+            (run, lf.host, ev["seq"], t, data.get("step"), phase if isinstance(phase, str) else None)
+        )
         tm = b.telemetry
         for name, value in data.items():
             if name not in ("phase", "step"):
@@ -367,12 +390,16 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
                 tm["name"].append(name)
                 tm["value"].append(decode_number(value))
     else:
-        data, n = scrub_event(kind, data)  # every writer's secrets, by key and by pattern (ours already hid its own)
+        data, n = scrub_event(
+            kind, data
+        )  # every writer's secrets, by key and by pattern (ours already hid its own)
         b.hid(run, n)
         dj = json.dumps(encode_value(data), separators=(",", ":"))
         b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
         if kind in ("run_start", "run_end") or is_final_failure(kind, data):
-            b.lifecycle.append({"run": run, "kind": kind, "t": t, "step": step, "data": data, "host": lf.host})
+            b.lifecycle.append(
+                {"run": run, "kind": kind, "t": t, "step": step, "data": data, "host": lf.host}
+            )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -404,7 +431,11 @@ def _check_store_ranges(ev: dict) -> None:
     step = ev.get("step")
     if step is not None and step > (I32 if ev["kind"] == "expert_load" else I64):
         raise ValidationError("step", f"step {step} is too large for the store")
-    if ev["kind"] == "heartbeat" and isinstance(ev["data"].get("step"), int) and not 0 <= ev["data"]["step"] <= I64:
+    if (
+        ev["kind"] == "heartbeat"
+        and isinstance(ev["data"].get("step"), int)
+        and not 0 <= ev["data"]["step"] <= I64
+    ):
         raise ValidationError("data.step", "the step a heartbeat is at must be >= 0 and fit a 64-bit integer")
     if ev["host"] > U16:
         raise ValidationError("host", f"host {ev['host']} is above {U16}")
@@ -440,7 +471,9 @@ def plain_ingest_chunk(b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line
         lineno = base + 1 + i
         if lengths[i] > max_line + 1:
             raw = ch.data[offs[i] : offs[i] + RAW_CAP]
-            b.reject(lf, lineno, "(line)", f"line is {lengths[i] - 1} bytes, over max_line_bytes={max_line}", raw)
+            b.reject(
+                lf, lineno, "(line)", f"line is {lengths[i] - 1} bytes, over max_line_bytes={max_line}", raw
+            )
         else:
             check_line(b, lf, st, lineno, ch.data[offs[i] : offs[i + 1] - 1])
     st.line += len(lengths)
@@ -465,7 +498,9 @@ def _junk_past_cap(b: Batch, lf: LogFile, data: bytes, offs: np.ndarray) -> np.n
     return skip
 
 
-def seq_ok(b: Batch, lf: LogFile, st: FileState, lineno: int, seq: int, data: bytes, start: int, end: int) -> bool:
+def seq_ok(
+    b: Batch, lf: LogFile, st: FileState, lineno: int, seq: int, data: bytes, start: int, end: int
+) -> bool:
     """A certainly valid line's seq check, in file order: True to store it; a duplicate is counted, a
     seq out of order rejected (with data[start:end], the line without its newline, capped)."""
     verdict = st.check_seq(seq)
@@ -476,5 +511,3 @@ def seq_ok(b: Batch, lf: LogFile, st: FileState, lineno: int, seq: int, data: by
     else:
         b.reject(lf, lineno, "seq", verdict, data[start : min(end, start + RAW_CAP)])
     return False
-
-

@@ -118,7 +118,9 @@ if msgspec is not None:
 
     # every other known kind: decoded to nothing (fields skipped, JSON still checked), sent to check_line
     _OTHERS = tuple(
-        msgspec.defstruct(f"_Other_{k}", [], tag_field="kind", tag=k) for k in KINDS if k not in ("metrics", "expert_load")
+        msgspec.defstruct(f"_Other_{k}", [], tag_field="kind", tag=k)
+        for k in KINDS
+        if k not in ("metrics", "expert_load")
     )
     _DECODER = msgspec.json.Decoder(Union[(_Metrics, _Expert, *_OTHERS)])  # noqa: UP007 (a built union)
     _DECODE_ERRORS: tuple = (msgspec.MsgspecError, RecursionError)
@@ -142,11 +144,28 @@ class _Layout:
     def __init__(self, names: tuple[str, ...]):
         self.names = names
         fields = [(f"f{i}", float, math.nan) for i in range(len(names))]
-        data = msgspec.defstruct("_LayoutData", fields, rename=dict(zip((f[0] for f in fields), names, strict=True)),
-                                 forbid_unknown_fields=True, gc=False)  # fmt: skip
+        data = msgspec.defstruct(
+            "_LayoutData",
+            fields,
+            rename=dict(zip((f[0] for f in fields), names, strict=True)),
+            forbid_unknown_fields=True,
+            gc=False,
+        )
         _NAMES[data] = names
-        line = msgspec.defstruct("_LayoutMetrics", [("v", int), ("run", str), ("t", float), ("host", int), ("seq", int),
-                                 ("data", data), ("step", int | None, None)], tag_field="kind", tag="metrics")  # fmt: skip
+        line = msgspec.defstruct(
+            "_LayoutMetrics",
+            [
+                ("v", int),
+                ("run", str),
+                ("t", float),
+                ("host", int),
+                ("seq", int),
+                ("data", data),
+                ("step", int | None, None),
+            ],
+            tag_field="kind",
+            tag="metrics",
+        )
         _STEP_MAX[line] = I64
         _METRIC_CLASSES.add(line)
         self.decoder = msgspec.json.Decoder(Union[(line, _Expert, *_OTHERS)])  # noqa: UP007 (a built union)
@@ -209,7 +228,9 @@ class _Plan:
         self.cls = cls  # (L,) int8
         self.seq, self.step, self.t = seq, step, t  # (L,) int64, int64, float64; meaningful where cls > 0
         self.m_lens, self.m_values, self.m_names, self.m_codes = metrics  # (M,), (N,), names, (N,) int32
-        self.x_lens, self.x_layers, self.x_routed, self.x_dropped = experts  # (X,), (X,) uint16, (R,), (R,) uint32
+        self.x_lens, self.x_layers, self.x_routed, self.x_dropped = (
+            experts  # (X,), (X,) uint16, (R,), (R,) uint32
+        )
 
 
 def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
@@ -234,10 +255,15 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
     if len(good) == len(ends):
         text = piece
     else:
-        text = b"".join(piece[s : e + 1] for s, e in zip(starts[good].tolist(), ends[good].tolist(), strict=True))
+        text = b"".join(
+            piece[s : e + 1] for s, e in zip(starts[good].tolist(), ends[good].tolist(), strict=True)
+        )
     decoded = _decode(text, run)
     if decoded is None:  # some line does not fit the types (a "nan" string, say): decode line by line
-        decoded = [_decode_line(piece[s : e + 1]) for s, e in zip(starts[good].tolist(), ends[good].tolist(), strict=True)]
+        decoded = [
+            _decode_line(piece[s : e + 1])
+            for s, e in zip(starts[good].tolist(), ends[good].tolist(), strict=True)
+        ]
         if sum(e is None for e in decoded) > len(decoded) // 8 + 1:
             return None  # many odd lines: each judged alone
     if len(decoded) != len(good):
@@ -246,8 +272,16 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
     for i, e in zip(good.tolist(), decoded, strict=True):
         step_max = _STEP_MAX.get(e.__class__)  # None: another kind, for check_line
         step = getattr(e, "step", None)
-        if (step_max is not None and e.v == 1 and e.run == run and e.host == host and step is not None
-                and 0 <= step <= step_max and 0 <= e.seq <= I64 and -math.inf < e.t < math.inf):  # fmt: skip
+        if (
+            step_max is not None
+            and e.v == 1
+            and e.run == run
+            and e.host == host
+            and step is not None
+            and 0 <= step <= step_max
+            and 0 <= e.seq <= I64
+            and -math.inf < e.t < math.inf
+        ):
             events[i] = e
     # payload checks the decoder's types cannot make: finite values, no empty metric name, count lists
     m_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ in _METRIC_CLASSES]
@@ -276,7 +310,11 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
     for lines in (m_lines, x_lines):
         if lines:
             evs = [events[i] for i in lines]
-            seq[lines], step[lines], t[lines] = [e.seq for e in evs], [e.step for e in evs], [e.t for e in evs]
+            seq[lines], step[lines], t[lines] = (
+                [e.seq for e in evs],
+                [e.step for e in evs],
+                [e.t for e in evs],
+            )
     return _Plan(starts, ends, cls, seq, step, t, metrics, (counts[0], layers, counts[1], counts[2]))
 
 
@@ -295,8 +333,11 @@ def _decode(text: bytes, run: str, depth: int = 0) -> list | None:
             split = _split_at(e, text) if depth < _SPLITS_MAX else None
             if split is not None:
                 head, line, tail = split
-                parts = [_decode(head, run, depth + 1) if head else [], [_decode_line(line)],
-                         _decode(tail, run, depth + 1) if tail else []]  # fmt: skip
+                parts = [
+                    _decode(head, run, depth + 1) if head else [],
+                    [_decode_line(line)],
+                    _decode(tail, run, depth + 1) if tail else [],
+                ]
                 return None if any(p is None for p in parts) else [ev for p in parts for ev in p]
     try:
         decoded = _DECODER.decode_lines(text)
@@ -340,7 +381,9 @@ def _learn(run: str, decoded: list, old: _Layout | None) -> None:
     if len(_BY_NAMES) > 64:
         _BY_NAMES.clear()
     key = tuple(names)
-    if key not in _BY_NAMES:  # runs of one sweep log the same names: one layout (two Structs, a decoder) for all
+    if (
+        key not in _BY_NAMES
+    ):  # runs of one sweep log the same names: one layout (two Structs, a decoder) for all
         # msgspec cannot name a field with a quote, a backslash or a control character: such a run's
         # metrics decode into dicts (the line is as valid as any)
         fits = len(names) <= LAYOUT_MAX and "" not in names and not any(map(_UNNAMEABLE.search, names))
@@ -435,8 +478,9 @@ def _apply(b: Batch, lf: LogFile, st: FileState, piece: bytes, plan: _Plan):
     return mt, xt
 
 
-def _metrics_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndarray, run: str,
-                   host: int) -> pa.Table | None:  # fmt: skip
+def _metrics_table(
+    plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndarray, run: str, host: int
+) -> pa.Table | None:
     """(N,) rows of step, name (dictionary-encoded), value, t of the accepted metrics events (`keep` (M,))."""
     if not keep.any():
         return None
@@ -449,8 +493,16 @@ def _metrics_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndar
         return None  # only empty `data` objects: events, but no values
     name = pa.DictionaryArray.from_arrays(numeric(codes), _strings(plan.m_names))
     steps, ts = np.repeat(steps, lens), np.repeat(ts, lens)
-    return pa.table({"run": _constant(run, len(steps)), "step": numeric(steps), "name": name, "value": numeric(values),
-                     "t": numeric(ts), "host": numeric(np.full(len(steps), host, np.uint16))})  # fmt: skip
+    return pa.table(
+        {
+            "run": _constant(run, len(steps)),
+            "step": numeric(steps),
+            "name": name,
+            "value": numeric(values),
+            "t": numeric(ts),
+            "host": numeric(np.full(len(steps), host, np.uint16)),
+        }
+    )
 
 
 _COUNT_CHARS = b"0123456789,"
@@ -463,7 +515,9 @@ def _int_lists(raws: list[bytes]) -> tuple[np.ndarray, np.ndarray] | None:
     valid JSON already (msgspec checked it), so digits and commas between `[` and `]` can
     only be a list of non-negative integers.
     """
-    if b"".join(r[:1] for r in raws) != b"[" * len(raws) or b"".join(r[-1:] for r in raws) != b"]" * len(raws):
+    if b"".join(r[:1] for r in raws) != b"[" * len(raws) or b"".join(r[-1:] for r in raws) != b"]" * len(
+        raws
+    ):
         return None
     inner = [r[1:-1] for r in raws]
     text = b",".join(x for x in inner if x)
@@ -527,10 +581,15 @@ def _constant(value: str, n: int) -> pa.Array:
 def _insert(con, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
     """Append some pieces' rows, of any files, one INSERT per table (on the batch's worker thread:
     `ingest.appends`)."""
-    for i, (table, sql) in enumerate((
-        ("_msgspec_m", "INSERT INTO metrics SELECT run, step, name, value, t, host FROM _msgspec_m"),
-        ("_msgspec_x", "INSERT INTO expert_load SELECT run, step, layer, expert, routed, dropped FROM _msgspec_x"),
-    )):  # fmt: skip
+    for i, (table, sql) in enumerate(
+        (
+            ("_msgspec_m", "INSERT INTO metrics SELECT run, step, name, value, t, host FROM _msgspec_m"),
+            (
+                "_msgspec_x",
+                "INSERT INTO expert_load SELECT run, step, layer, expert, routed, dropped FROM _msgspec_x",
+            ),
+        )
+    ):
         parts = [h[i] for h in held if h[i] is not None]
         if parts:
             con.register(table, pa.concat_tables(parts) if len(parts) > 1 else parts[0])

@@ -45,7 +45,9 @@ from observatory.ingest.runs import mark_crashed, update_runs
 __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]
 
 BATCH_BYTES = 32 << 20  # input bytes per write transaction: keeps each lock hold well under a second or two
-CLOCK_S = 5.0  # how often the hooks of `hooks.ON_CLOCK` run with no new event (a silent run is found within it)
+CLOCK_S = (
+    5.0  # how often the hooks of `hooks.ON_CLOCK` run with no new event (a silent run is found within it)
+)
 
 
 @dataclass
@@ -57,7 +59,9 @@ class IngestReport:
     metric_values: int = 0
     expert_rows: int = 0
     rejected: int = 0  # rejected lines, stored in rejected_events or not
-    rejected_dropped: int = 0  # of those, past max_rejected_per_file: counted in ingest_files, text not stored
+    rejected_dropped: int = (
+        0  # of those, past max_rejected_per_file: counted in ingest_files, text not stored
+    )
     duplicates: int = 0
     truncated: int = 0
     bytes: int = 0
@@ -78,7 +82,11 @@ class IngestReport:
         )
 
     def _dropped_text(self) -> str:
-        return f" ({self.rejected_dropped} of them not stored: max_rejected_per_file)" if self.rejected_dropped else ""
+        return (
+            f" ({self.rejected_dropped} of them not stored: max_rejected_per_file)"
+            if self.rejected_dropped
+            else ""
+        )
 
 
 class Follower:
@@ -90,7 +98,9 @@ class Follower:
         self.off: set[str] = set()  # in-transaction hooks that failed: batches run without them
         self.last_crash_check = 0.0
         self.last_clock = 0.0  # when the clock's hooks last ran (`hooks.ON_CLOCK`)
-        self.rolled_up = False  # whether a batch of this call ran the rollups over every row past their watermark
+        self.rolled_up = (
+            False  # whether a batch of this call ran the rollups over every row past their watermark
+        )
 
 
 _ENSURED: set = set()  # (path, (inode, device)) of store files whose schema this process made sure of
@@ -144,8 +154,10 @@ def _transaction(con) -> Iterator[None]:
 def _hook_off(fol: Follower, h: hooks.HookFailed, emit: Callable[[str], None]) -> None:
     """Say that an in-transaction hook failed (its transaction was rolled back) and leave it out from now on."""
     e, name = h.error, h.hook.name
-    emit(f"observatory ingest: {name}.after_ingest failed ({type(e).__name__}: {e}); "
-         f"ingesting without {name} from now on (`observatory rebuild` rebuilds them)")  # fmt: skip
+    emit(
+        f"observatory ingest: {name}.after_ingest failed ({type(e).__name__}: {e}); "
+        f"ingesting without {name} from now on (`observatory rebuild` rebuilds them)"
+    )
     fol.off.add(name)
 
 
@@ -171,8 +183,9 @@ def _open_store(db: Path):
     return con
 
 
-def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None, fol: Follower,
-               use_hooks: bool) -> tuple[Batch | None, bool]:  # fmt: skip
+def _run_batch(
+    db: Path, runs_dir: Path, files: list[LogFile], only: str | None, fol: Follower, use_hooks: bool
+) -> tuple[Batch | None, bool]:
     """One write transaction over files with work, top to bottom: read and validate each file's new lines
     (up to `BATCH_BYTES` in all), append the rows, fold the runs, roll up, COMMIT. Returns (the batch, or
     None if nothing was new; whether work is left)."""
@@ -186,7 +199,8 @@ def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None,
             b = Batch(now)
             # where this batch's rows begin in each table: the detectors read the runs it began from there
             b.metrics_start, b.experts_start = con.execute(
-                "SELECT (SELECT count(*) FROM metrics), (SELECT count(*) FROM expert_load)").fetchall()[0]
+                "SELECT (SELECT count(*) FROM metrics), (SELECT count(*) FROM expert_load)"
+            ).fetchall()[0]
             used, more = 0, False
             saves = []  # (file, its state, done, stored): the batch's ingest_files rows, written together
             with b.appends:  # the INSERTs run on its worker while the next pieces decode; drained here
@@ -201,14 +215,20 @@ def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None,
                         b.messages.append(
                             f"{lf.path}: the file shrank or was replaced under the ingester (read up to byte "
                             f"{st.restarted_from:,}, now {lf.size:,} bytes); reading it again from the start: "
-                            "events already stored are skipped as duplicates, new ones are added")
+                            "events already stored are skipped as duplicates, new ones are added"
+                        )
                     ended = lf.gz or status.get(lf.run) in STATUSES or now - lf.mtime > stale
                     n, done = fs.process_file(con, b, lf, st, BATCH_BYTES - used, ended, max_line)
                     used += n
                     b.n_bytes += n
                     b.n_files += 1
                     saves.append((lf, copy.copy(st), done, lf.rel in rows))
-                    rows[lf.rel] = {"run": lf.run, "host": lf.host, "first_seq": st.first_seq, "last_seq": st.last_seq}
+                    rows[lf.rel] = {
+                        "run": lf.run,
+                        "host": lf.host,
+                        "first_seq": st.first_seq,
+                        "last_seq": st.last_seq,
+                    }
                     fs.index_row(by_host, lf.rel, rows[lf.rel])
                     if used >= BATCH_BYTES:
                         more = True
@@ -233,14 +253,25 @@ def _run_batch(db: Path, runs_dir: Path, files: list[LogFile], only: str | None,
     return b, more
 
 
-def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_hooks: bool,
-             emit: Callable[[str], None], progress: Callable[[dict], None] | None = None) -> None:  # fmt: skip
+def one_pass(
+    runs_dir: Path,
+    db: Path,
+    report: IngestReport,
+    fol: Follower,
+    use_hooks: bool,
+    emit: Callable[[str], None],
+    progress: Callable[[dict], None] | None = None,
+) -> None:
     """Ingest what the files have that the store has not; skip the lock when nothing changed on disk."""
     files = fs.readable(runs_dir, fol.skip, emit)
     sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
     now = time.time()
     clock = use_hooks and now - fol.last_clock >= CLOCK_S
-    if sig == fol.sig and now - fol.last_crash_check < min(5.0, settings.get("stale_after_s") / 4) and not clock:
+    if (
+        sig == fol.sig
+        and now - fol.last_crash_check < min(5.0, settings.get("stale_after_s") / 4)
+        and not clock
+    ):
         return  # nothing changed on disk: do not even take the lock
     fol.last_crash_check = now
     wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit, progress=progress)
@@ -256,7 +287,9 @@ def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_
             # activity only: the observatory's own events are not activity, so this round ends it)
             files = fs.readable(runs_dir, fol.skip, emit)
             sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
-            wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit, findings=True, progress=progress)
+            wrote = _batches(
+                runs_dir, db, files, report, fol, use_hooks, emit, findings=True, progress=progress
+            )
     # the files as they were when this pass read them, not a scan taken now: a writer that appended
     # meanwhile (its last flush, say) must make the next pass read, not wait for the 5 s check
     fol.sig = (sig[0], _db_sig(db))
@@ -264,9 +297,17 @@ def one_pass(runs_dir: Path, db: Path, report: IngestReport, fol: Follower, use_
         fol.sig = None  # a hook wrote after our last read: look again on the next pass, not in 5 s
 
 
-def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestReport, fol: Follower, use_hooks: bool,
-             emit: Callable[[str], None], findings: bool = False,
-             progress: Callable[[dict], None] | None = None) -> set[str]:  # fmt: skip
+def _batches(
+    runs_dir: Path,
+    db: Path,
+    files: list[LogFile],
+    report: IngestReport,
+    fol: Follower,
+    use_hooks: bool,
+    emit: Callable[[str], None],
+    findings: bool = False,
+    progress: Callable[[dict], None] | None = None,
+) -> set[str]:
     """Write transactions until `files` have no work left; returns the hooks that wrote events meanwhile.
 
     `findings`: this round ingests what the hooks just wrote; count the observatory's events as findings.
@@ -291,7 +332,9 @@ def _batches(runs_dir: Path, db: Path, files: list[LogFile], report: IngestRepor
             if write_failure(e):
                 raise  # the store cannot be written (full disk): no file is to blame; the caller retries
             if only is not None:
-                emit(f"{runs_dir / only}: cannot ingest ({type(e).__name__}: {e}); skipped until the next ingest")
+                emit(
+                    f"{runs_dir / only}: cannot ingest ({type(e).__name__}: {e}); skipped until the next ingest"
+                )
                 fol.skip.add(only)
                 files = [lf for lf in files if lf.rel != only]
             queue = [lf.rel for lf in files] if queue is None else [r for r in queue if r != only]
@@ -332,8 +375,13 @@ def _pending_bytes(db: Path, files: list[LogFile]) -> int:
 
 
 def _progress(report: IngestReport, total: int) -> dict:
-    return {"done": report.bytes, "total": max(total, report.bytes), "unit": "bytes",
-            "files": report.files, "events": report.events}  # fmt: skip
+    return {
+        "done": report.bytes,
+        "total": max(total, report.bytes),
+        "unit": "bytes",
+        "files": report.files,
+        "events": report.events,
+    }
 
 
 def _add(report: IngestReport, b: Batch, emit: Callable[[str], None]) -> None:
@@ -352,8 +400,12 @@ def _add(report: IngestReport, b: Batch, emit: Callable[[str], None]) -> None:
     for msg in b.messages:
         emit(msg)
     if len(b.rejected) > len(b.messages):
-        emit(Rejection(f"... and {len(b.rejected) - len(b.messages)} more rejected lines: "
-                       "observatory sql \"SELECT file, line, reason FROM rejected_events\""))  # fmt: skip
+        emit(
+            Rejection(
+                f"... and {len(b.rejected) - len(b.messages)} more rejected lines: "
+                'observatory sql "SELECT file, line, reason FROM rejected_events"'
+            )
+        )
     for msg in b.dropped_messages():
         emit(msg)
         report.messages.append(msg)  # one per file and batch: past MESSAGE_LIMIT too, a count is never hidden

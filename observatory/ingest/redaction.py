@@ -35,7 +35,9 @@ def redact_metric_names(con, b: Batch) -> None:
             _CLEAN_NAMES.add(name)
             continue
         where = f"rowid >= {LOCAL_ROWID} AND name = $old"
-        hits = con.execute(f"SELECT run, count(*) FROM metrics WHERE {where} GROUP BY run", {"old": name}).fetchall()
+        hits = con.execute(
+            f"SELECT run, count(*) FROM metrics WHERE {where} GROUP BY run", {"old": name}
+        ).fetchall()
         if not hits:
             continue  # a name of a run's layout that its rows do not use
         for run, rows in hits:
@@ -45,4 +47,7 @@ def redact_metric_names(con, b: Batch) -> None:
 
 def added_names(con, b: Batch) -> set[str]:
     """The distinct metric names of the transaction's local `metrics` rows (one DISTINCT over them)."""
-    return {r[0] for r in con.execute(f"SELECT DISTINCT name FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchall()}
+    return {
+        r[0]
+        for r in con.execute(f"SELECT DISTINCT name FROM metrics WHERE rowid >= {LOCAL_ROWID}").fetchall()
+    }

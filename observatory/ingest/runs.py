@@ -32,7 +32,9 @@ def update_runs(con, b: Batch) -> None:
         con.executemany("UPDATE runs SET redactions = coalesce(redactions, 0) + ? WHERE run = ?", rest)
     if not touched:
         return
-    rows = con.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE run IN (SELECT unnest($r))", {"r": touched}).fetchall()
+    rows = con.execute(
+        f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE run IN (SELECT unnest($r))", {"r": touched}
+    ).fetchall()
     existing = {r[0]: dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows}
     lifecycle: dict[str, list[dict]] = {}  # run -> its lifecycle events of this batch, from its own writers
     for e in b.lifecycle:
@@ -92,7 +94,9 @@ def update_runs(con, b: Batch) -> None:
             r["name"] = run
         if b.redactions.get(run) or r["redactions"] is None:
             r["redactions"] = (r["redactions"] or 0) + b.redactions.get(run, 0)
-        changed = tuple(c for c in RUN_COLUMNS if not _same(r[c], before[c]))  # of a stored row; a new one is inserted whole
+        changed = tuple(
+            c for c in RUN_COLUMNS if not _same(r[c], before[c])
+        )  # of a stored row; a new one is inserted whole
         for c in RUN_JSON_COLUMNS:
             r[c] = None if r[c] is None else json.dumps(encode_value(r[c]))
         if run not in existing:
@@ -102,11 +106,20 @@ def update_runs(con, b: Batch) -> None:
     # one statement for the new runs and one per set of changed columns (a follower's batch: last_step,
     # last_event_t), over every run of the batch at once: a catch-up of 10^4 small runs is not 10^4 statements
     if new_rows:
-        _write(con, RUN_COLUMNS, new_rows, f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT {{cols}} FROM _runs")
+        _write(
+            con,
+            RUN_COLUMNS,
+            new_rows,
+            f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT {{cols}} FROM _runs",
+        )
     for cols, params in updates.items():
         sets = ", ".join(f"{c} = u.{c}" for c in cols)
-        _write(con, (*cols, "run"), params, f"UPDATE runs SET {sets} FROM (SELECT {{cols}} FROM _runs) u "
-                                            "WHERE runs.run = u.run")  # fmt: skip
+        _write(
+            con,
+            (*cols, "run"),
+            params,
+            f"UPDATE runs SET {sets} FROM (SELECT {{cols}} FROM _runs) u WHERE runs.run = u.run",
+        )
     b.new_runs |= {r[0] for r in new_rows}
 
 
@@ -125,11 +138,15 @@ def _write(con, cols: tuple[str, ...], rows: list[tuple], sql: str) -> None:
         elif c in _INTS:
             arrays[c] = column(list(values), pa.int64())
         elif c == "tags":
-            arrays[c] = column([None if v is None else json.dumps(encode_value(v)) for v in values], pa.string())
+            arrays[c] = column(
+                [None if v is None else json.dumps(encode_value(v)) for v in values], pa.string()
+            )
         else:
             arrays[c] = column([None if v is None else str(v) for v in values], pa.string())
-    casts = ", ".join(f"{c}::JSON AS {c}" if c in RUN_JSON_COLUMNS else f"{c}::JSON::VARCHAR[] AS {c}" if c == "tags"
-                      else c for c in cols)  # fmt: skip
+    casts = ", ".join(
+        f"{c}::JSON AS {c}" if c in RUN_JSON_COLUMNS else f"{c}::JSON::VARCHAR[] AS {c}" if c == "tags" else c
+        for c in cols
+    )
     con.register("_runs", pa.table(arrays))
     try:
         con.execute(sql.format(cols=casts))

@@ -57,8 +57,22 @@ from observatory.integrations.wandb_objects import (
 )
 from observatory.redact import redact
 
-__all__ = ["Error", "ConfigError", "Settings", "PreInit", "Run", "DisabledRun", "init", "log", "finish", "define_metric",
-           "watch", "active", "on_active_change", "RESUME_MODES"]  # fmt: skip
+__all__ = [
+    "Error",
+    "ConfigError",
+    "Settings",
+    "PreInit",
+    "Run",
+    "DisabledRun",
+    "init",
+    "log",
+    "finish",
+    "define_metric",
+    "watch",
+    "active",
+    "on_active_change",
+    "RESUME_MODES",
+]
 
 RESUME_MODES = (None, False, True, "allow", "auto", "must", "never")
 MODES = (None, "online", "offline", "shared", "disabled")
@@ -128,9 +142,20 @@ class Run(writer.Run):
     ) -> None:
         """Record what wandb's define_metric says, as `_define_metric/<name>` in the summary."""
         if not isinstance(name, str) or not name or (name.endswith("*") and "*" in name[:-1]):
-            raise ValueError(f"define_metric: name must be a metric name or a prefix glob like 'train/*', got {name!r}")
-        spec = {k: v for k, v in (("step_metric", step_metric), ("step_sync", step_sync), ("hidden", hidden),
-                                  ("summary", summary), ("goal", goal)) if v is not None}  # fmt: skip
+            raise ValueError(
+                f"define_metric: name must be a metric name or a prefix glob like 'train/*', got {name!r}"
+            )
+        spec = {
+            k: v
+            for k, v in (
+                ("step_metric", step_metric),
+                ("step_sync", step_sync),
+                ("hidden", hidden),
+                ("summary", summary),
+                ("goal", goal),
+            )
+            if v is not None
+        }
         if summary is not None or goal is not None:
             rule = MetricRule(name, summary, goal)
             self._rules = [r for r in self._rules if r.name != name] + [rule]
@@ -141,8 +166,14 @@ class Run(writer.Run):
         """Accepted and not done: gradients and parameters are not recorded (log grad norms with `log`)."""
         _warn_once("watch", "wandb.watch records nothing here; log gradient norms with wandb.log")
 
-    def finish(self, status: str | int | None = None, final_step: int | None = None, *,
-               exit_code: int | None = None, quiet: bool | None = None) -> None:  # fmt: skip
+    def finish(
+        self,
+        status: str | int | None = None,
+        final_step: int | None = None,
+        *,
+        exit_code: int | None = None,
+        quiet: bool | None = None,
+    ) -> None:
         """wandb's `finish(exit_code=)` (non-zero: `failed`) or the writer's `finish(status)`."""
         if isinstance(status, int) and not isinstance(status, bool):
             exit_code, status = status, None
@@ -159,8 +190,10 @@ class Run(writer.Run):
         done = self._finished
         super().finish(status, final_step)
         if not done and not (quiet or self.quiet):
-            _say(f"run {self.id} {status}, {self.logged_events} events in {self.path}; "
-                 f"see it: {show_command(self.dir.parent)} && observatory report {self.id}")  # fmt: skip
+            _say(
+                f"run {self.id} {status}, {self.logged_events} events in {self.path}; "
+                f"see it: {show_command(self.dir.parent)} && observatory report {self.id}"
+            )
         _deactivate(self)
 
     def _aggregate(self, flat: dict[str, float]) -> None:
@@ -230,8 +263,14 @@ class DisabledRun:
     def flush(self, timeout: float = 10.0) -> None:
         pass
 
-    def finish(self, status: str | int | None = None, final_step: int | None = None, *,
-               exit_code: int | None = None, quiet: bool | None = None) -> None:  # fmt: skip
+    def finish(
+        self,
+        status: str | int | None = None,
+        final_step: int | None = None,
+        *,
+        exit_code: int | None = None,
+        quiet: bool | None = None,
+    ) -> None:
         _deactivate(self)
 
     def __enter__(self) -> DisabledRun:
@@ -293,7 +332,9 @@ def _install_excepthook() -> None:
 
 def show_command(runs_dir: Path) -> str:
     """The command that puts a run of `runs_dir` on the dashboard (the runs dir named when it is not the default)."""
-    flag = "" if Path(runs_dir).resolve() == Path(settings.get("runs")).resolve() else f" --runs-dir {runs_dir}"
+    flag = (
+        "" if Path(runs_dir).resolve() == Path(settings.get("runs")).resolve() else f" --runs-dir {runs_dir}"
+    )
     return f"observatory ingest{flag}"
 
 
@@ -417,7 +458,9 @@ def init(
     if mode not in MODES:
         raise ValueError(f"init: mode must be one of online, offline, shared, disabled, got {mode!r}")
     if resume not in RESUME_MODES:
-        raise ValueError(f"init: resume must be one of allow, auto, must, never, True, False, None, got {resume!r}")
+        raise ValueError(
+            f"init: resume must be one of allow, auto, must, never, True, False, None, got {resume!r}"
+        )
     if id is not None and run_id is not None and id != run_id:
         raise ValueError(f"init: id={id!r} and run_id={run_id!r} name two runs; pass one")
     quiet = _quiet(kwargs.get("settings"))
@@ -439,20 +482,53 @@ def init(
     if mode == "disabled":
         run: Run | DisabledRun = DisabledRun(rid or writer.new_run_id(name or project), name, cfg)
     else:
-        run = _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir or dir, host,
-                     parent or _fork_point(fork_from, "fork_from") or _fork_point(resume_from, "resume_from"),
-                     source, write_start, allow_val_change, wandb_rules, kwargs)  # fmt: skip
+        run = _start(
+            rid,
+            project,
+            name,
+            cfg,
+            tags,
+            group,
+            notes,
+            resume,
+            runs_dir or dir,
+            host,
+            parent or _fork_point(fork_from, "fork_from") or _fork_point(resume_from, "resume_from"),
+            source,
+            write_start,
+            allow_val_change,
+            wandb_rules,
+            kwargs,
+        )
         run.quiet = quiet
         if not quiet:
-            _say(f"run {run.id} logs to {run.path}; see it: {show_command(run.dir.parent)} && observatory dashboard")
+            _say(
+                f"run {run.id} logs to {run.path}; see it: {show_command(run.dir.parent)} && observatory dashboard"
+            )
         _install_excepthook()
     if reinit != "create_new":
         _set_active(run)
     return run
 
 
-def _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir, host, parent, source, write_start,
-           allow_val_change, wandb_rules, options) -> Run:  # fmt: skip
+def _start(
+    rid,
+    project,
+    name,
+    cfg,
+    tags,
+    group,
+    notes,
+    resume,
+    runs_dir,
+    host,
+    parent,
+    source,
+    write_start,
+    allow_val_change,
+    wandb_rules,
+    options,
+) -> Run:
     runs_dir = Path(runs_dir) if runs_dir is not None else Path(settings.get("runs"))
     if resume == "must" and rid is None:
         raise Error("init: resume='must' needs id= (the run to continue)")
@@ -461,8 +537,10 @@ def _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir, host, 
     if resume == "must" and not exists:
         raise Error(f"init: resume='must' but run {rid!r} has no event log under {runs_dir}")
     if resume == "never" and exists:
-        raise Error(f"init: resume='never' but run {rid!r} already exists under {runs_dir}; "
-                    "pass a new id, or resume='allow' to continue it")  # fmt: skip
+        raise Error(
+            f"init: resume='never' but run {rid!r} already exists under {runs_dir}; "
+            "pass a new id, or resume='allow' to continue it"
+        )
     resuming = exists and resume in (True, "allow", "auto", "must")
     prior, last_step = _resumed(log_file) if resuming else ({}, None)
     run = writer.init(
@@ -472,11 +550,15 @@ def _start(rid, project, name, cfg, tags, group, notes, resume, runs_dir, host, 
         runs_dir=runs_dir,
         host=host,
         parent=parent,
-        tags=list(tags) if tags is not None and not isinstance(tags, str) else tags,  # a str: the writer refuses it
+        tags=list(tags)
+        if tags is not None and not isinstance(tags, str)
+        else tags,  # a str: the writer refuses it
         project=project,
         group=group,
         notes=notes,
-        source=source if source is not None or not wandb_rules else {"trainer": "wandb-api", "version": _version()},
+        source=source
+        if source is not None or not wandb_rules
+        else {"trainer": "wandb-api", "version": _version()},
         write_start=write_start and not resuming,
         run_class=Run,
         **options,

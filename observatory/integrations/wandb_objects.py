@@ -17,7 +17,16 @@ from observatory.redact import redact
 if TYPE_CHECKING:
     from observatory.writer import Run
 
-__all__ = ["Error", "ConfigError", "Settings", "PreInit", "Config", "Summary", "flatten_metrics", "config_dict"]
+__all__ = [
+    "Error",
+    "ConfigError",
+    "Settings",
+    "PreInit",
+    "Config",
+    "Summary",
+    "flatten_metrics",
+    "config_dict",
+]
 
 
 class Error(RuntimeError):
@@ -266,8 +275,11 @@ class Config(_Values):
         run = self._run
         if changes and run is not None:
             step = getattr(run, "step", None)
-            run.event("config_diff", {"against": {"run": run.id, "step": step}, "changes": redact(changes)},
-                      step=step)  # fmt: skip
+            run.event(
+                "config_diff",
+                {"against": {"run": run.id, "step": step}, "changes": redact(changes)},
+                step=step,
+            )
 
 
 _STATS = ("min", "max", "mean", "first", "last", "best", "none")
@@ -322,7 +334,9 @@ class MetricRule:
         stats = [s.strip() for s in (summary or "").split(",") if s.strip()]
         bad = [s for s in stats if s not in _STATS]
         if bad:
-            raise ValueError(f"define_metric: summary must be among {', '.join(_STATS)}, got {', '.join(bad)}")
+            raise ValueError(
+                f"define_metric: summary must be among {', '.join(_STATS)}, got {', '.join(bad)}"
+            )
         if goal not in (None, "minimize", "maximize", "min", "max"):
             raise ValueError(f"define_metric: goal must be 'minimize' or 'maximize', got {goal!r}")
         if "best" in stats and goal is None:

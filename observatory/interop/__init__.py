@@ -52,7 +52,16 @@ from observatory.events import (
 )
 from observatory.redact import redact
 
-__all__ = ["ImportResult", "RunLogBuilder", "safe_run_id", "flatten", "put_file", "continued", "settle", "ingest_runs"]
+__all__ = [
+    "ImportResult",
+    "RunLogBuilder",
+    "safe_run_id",
+    "flatten",
+    "put_file",
+    "continued",
+    "settle",
+    "ingest_runs",
+]
 
 
 def safe_run_id(prefix: str, source_id: str) -> str:

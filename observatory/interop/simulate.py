@@ -47,7 +47,17 @@ import numpy as np
 from observatory.events import RUN_ID_RE
 from observatory.interop.eventlog import EventFile, put_path
 
-__all__ = ["PRESETS", "Shape", "SimResult", "simulate", "SIM_VERSION", "LAW", "law", "metric_names", "eval_steps"]
+__all__ = [
+    "PRESETS",
+    "Shape",
+    "SimResult",
+    "simulate",
+    "SIM_VERSION",
+    "LAW",
+    "law",
+    "metric_names",
+    "eval_steps",
+]
 
 SIM_VERSION = "1"  # the simulator's model of a run: a change of what it writes bumps this
 T0 = 1785715200.0  # 2026-08-03T00:00:00Z: every simulated clock starts here
@@ -100,22 +110,72 @@ class Shape:
 
 PRESETS: dict[str, Shape] = {
     "535b": Shape(
-        name="535b", d_model=6144, n_layers=48, n_heads=48, n_routed=384, d_expert=3072, top_k=8, n_shared=2,
-        seq_len=4096, batch=4096, vocab=128_256, params_total=535e9, params_active=23e9, compute=2.7e24,
-        mesh=(11, 64, 704), lr=2.2e-4, metric_layers=tuple(range(0, 48, 5)), hot_layer=20, steps=500,
+        name="535b",
+        d_model=6144,
+        n_layers=48,
+        n_heads=48,
+        n_routed=384,
+        d_expert=3072,
+        top_k=8,
+        n_shared=2,
+        seq_len=4096,
+        batch=4096,
+        vocab=128_256,
+        params_total=535e9,
+        params_active=23e9,
+        compute=2.7e24,
+        mesh=(11, 64, 704),
+        lr=2.2e-4,
+        metric_layers=tuple(range(0, 48, 5)),
+        hot_layer=20,
+        steps=500,
         expert_load_every=10,
     ),
     "tiny": Shape(
-        name="tiny", d_model=64, n_layers=4, n_heads=4, n_routed=16, d_expert=64, top_k=2, n_shared=1,
-        seq_len=256, batch=32, vocab=256, params_total=2.2e6, params_active=0.9e6, compute=1e21,
-        mesh=(2, 4, 8), lr=3e-3, metric_layers=(0, 1, 2, 3), hot_layer=2, steps=200, expert_load_every=1,
+        name="tiny",
+        d_model=64,
+        n_layers=4,
+        n_heads=4,
+        n_routed=16,
+        d_expert=64,
+        top_k=2,
+        n_shared=1,
+        seq_len=256,
+        batch=32,
+        vocab=256,
+        params_total=2.2e6,
+        params_active=0.9e6,
+        compute=1e21,
+        mesh=(2, 4, 8),
+        lr=3e-3,
+        metric_layers=(0, 1, 2, 3),
+        hot_layer=2,
+        steps=200,
+        expert_load_every=1,
         peak_flops=1e11,
     ),
     # the rungs' recipe; each rung sets its width, depth, sizes and batch (`_ladder`)
     "ladder": Shape(
-        name="ladder", d_model=768, n_layers=8, n_heads=6, n_routed=384, d_expert=384, top_k=8, n_shared=2,
-        seq_len=4096, batch=64, vocab=128_256, params_total=1.6e9, params_active=61e6, compute=5.5e19,
-        mesh=(8, 8, 64), lr=3e-3, metric_layers=(0, 4), hot_layer=None, steps=200, expert_load_every=5,
+        name="ladder",
+        d_model=768,
+        n_layers=8,
+        n_heads=6,
+        n_routed=384,
+        d_expert=384,
+        top_k=8,
+        n_shared=2,
+        seq_len=4096,
+        batch=64,
+        vocab=128_256,
+        params_total=1.6e9,
+        params_active=61e6,
+        compute=5.5e19,
+        mesh=(8, 8, 64),
+        lr=3e-3,
+        metric_layers=(0, 4),
+        hot_layer=None,
+        steps=200,
+        expert_load_every=5,
         load_batch=256,
     ),
 }
@@ -134,7 +194,12 @@ SPIKE_AT, NAN_AT, PREEMPT_AT, FORK_AT = 0.32, 0.46, 0.62, 0.70
 GRAD_SPIKE = {-3: 5.0, -2: 12.0, -1: 60.0, 0: 500.0, 1: 3000.0, 2: 300.0, 3: 30.0, 4: 6.0, 5: 2.5, 6: 1.5}
 UPDATE_SPIKE = {-2: 1.8, -1: 2.5, 0: 3.0, 1: 3.0, 2: 2.0, 3: 1.4}
 LOSS_SPIKE = {0: 1.12, 1: 1.5, 2: 1.95, 3: 2.3}  # then back to 1 with time constant `tau` (Incidents.spike)
-GRAD_SHARES = {"embed": 0.3, "layers": 0.9, "final_norm": 0.02, "lm_head": 0.3}  # of grad/norm/total, in quadrature
+GRAD_SHARES = {
+    "embed": 0.3,
+    "layers": 0.9,
+    "final_norm": 0.02,
+    "lm_head": 0.3,
+}  # of grad/norm/total, in quadrature
 EVAL_S, CKPT_S, ROLLBACK_S, PREEMPT_GAP_S, RESUME_S, FORK_DELAY_S = 90.0, 20.0, 300.0, 1800.0, 600.0, 3600.0
 
 
@@ -144,15 +209,32 @@ def metric_names(shape: Shape) -> list[str]:
     per_layer = [
         n
         for i in shape.metric_layers
-        for n in (f"router/layer_{i}/z_loss", f"router/layer_{i}/lb_loss", f"router/layer_{i}/entropy",
-                  f"moe/layer_{i}/drop_fraction")
-    ]  # fmt: skip
+        for n in (
+            f"router/layer_{i}/z_loss",
+            f"router/layer_{i}/lb_loss",
+            f"router/layer_{i}/entropy",
+            f"moe/layer_{i}/drop_fraction",
+        )
+    ]
     return [
-        "train/loss", "train/ce_loss", "train/z_loss", "router/z_loss", "router/lb_loss", "router/entropy",
-        "moe/drop_fraction", *per_layer, "grad/norm/total", *(f"grad/norm/{m}" for m in GRAD_SHARES),
-        "opt/update_norm", "opt/param_norm", "opt/lr", "throughput/tokens_per_s", "throughput/step_time_s",
-        "throughput/mfu", "data/tokens",
-    ]  # fmt: skip
+        "train/loss",
+        "train/ce_loss",
+        "train/z_loss",
+        "router/z_loss",
+        "router/lb_loss",
+        "router/entropy",
+        "moe/drop_fraction",
+        *per_layer,
+        "grad/norm/total",
+        *(f"grad/norm/{m}" for m in GRAD_SHARES),
+        "opt/update_norm",
+        "opt/param_norm",
+        "opt/lr",
+        "throughput/tokens_per_s",
+        "throughput/step_time_s",
+        "throughput/mfu",
+        "data/tokens",
+    ]
 
 
 @dataclass
@@ -188,6 +270,7 @@ class SimResult:
 
 
 # ------------------------------------------------------------------ the model of a run
+
 
 def law(compute: float) -> float:
     e, a, alpha = LAW
@@ -229,7 +312,9 @@ class Model:
         x /= x.sum(axis=1, keepdims=True)
         routed = np.floor(x * self.assignments).astype(np.int64)
         rows = np.arange(routed.shape[0])
-        routed[rows, routed.argmax(axis=1)] += self.assignments - routed.sum(axis=1)  # every assignment counted
+        routed[rows, routed.argmax(axis=1)] += self.assignments - routed.sum(
+            axis=1
+        )  # every assignment counted
         dropped = np.maximum(routed - self.capacity, 0)
         return routed, dropped
 
@@ -259,7 +344,10 @@ class Incidents:
 
     @classmethod
     def spike(cls, at: int, tau: float) -> Incidents:
-        inc = cls(grad={at + k: v for k, v in GRAD_SPIKE.items()}, update={at + k: v for k, v in UPDATE_SPIKE.items()})
+        inc = cls(
+            grad={at + k: v for k, v in GRAD_SPIKE.items()},
+            update={at + k: v for k, v in UPDATE_SPIKE.items()},
+        )
         inc.loss = {at + k: v for k, v in LOSS_SPIKE.items()}
         k = 4
         while (m := 1.0 + 1.3 * math.exp(-(k - 3) / tau)) > 1.002:
@@ -270,6 +358,7 @@ class Incidents:
 
 # ------------------------------------------------------------------ one run, step by step
 
+
 def eval_steps(steps: int) -> list[int]:
     """Every 5% of the schedule (the last is `steps`)."""
     return sorted({round(k * steps / 20) for k in range(1, 21)})
@@ -278,8 +367,20 @@ def eval_steps(steps: int) -> list[int]:
 class RunSim:
     """One run's event files and clock; `steps(a, b)` writes steps a..b as the trainer would."""
 
-    def __init__(self, shape: Shape, model: Model, run: str, steps: int, every: int, hosts: int, runs_dir: Path,
-                 rng: np.random.Generator, t0: float, lr: float | None = None, lr_scale: float = 1.0):  # fmt: skip
+    def __init__(
+        self,
+        shape: Shape,
+        model: Model,
+        run: str,
+        steps: int,
+        every: int,
+        hosts: int,
+        runs_dir: Path,
+        rng: np.random.Generator,
+        t0: float,
+        lr: float | None = None,
+        lr_scale: float = 1.0,
+    ):
         self.shape, self.model, self.run, self.n, self.every, self.rng = shape, model, run, steps, every, rng
         self.files = [EventFile(runs_dir, run, h) for h in range(hosts)]
         self.t = t0
@@ -320,7 +421,11 @@ class RunSim:
 
     def eval_loss(self, s: int) -> float:
         f = s / self.n
-        return (law(f * self.shape.compute) + 0.01) * self.rung_noise * (1 + 0.001 * float(self.rng.standard_normal()))
+        return (
+            (law(f * self.shape.compute) + 0.01)
+            * self.rung_noise
+            * (1 + 0.001 * float(self.rng.standard_normal()))
+        )
 
     def steps(self, first: int, last: int) -> None:
         for s in range(first, last + 1):
@@ -348,7 +453,12 @@ class RunSim:
         base = law(f * sh.compute) * self.rung_noise
         ce = (base + (math.log(sh.vocab) - base) * trans) * (1 + 0.004 * nz[1]) * lm
         z = (6.0 + 24.0 * math.exp(-f / 0.05)) * (1 + 0.02 * nz[2]) * lm * lm
-        rz = m.rz0 * (0.6 + 0.4 * math.exp(-f / 0.1)) * (1 + 0.02 * nz[8 + 2 * sh.n_layers :]) * (1 + 0.5 * (lm - 1))
+        rz = (
+            m.rz0
+            * (0.6 + 0.4 * math.exp(-f / 0.1))
+            * (1 + 0.02 * nz[8 + 2 * sh.n_layers :])
+            * (1 + 0.5 * (lm - 1))
+        )
         ent = m.entropy0 * (1 - 0.1 * f) + 0.003 * nz[8 : 8 + sh.n_layers]
         if m.hot is not None:
             ent[sh.hot_layer] -= 0.02 * (m.hot_mult(f) - 1)
@@ -360,10 +470,14 @@ class RunSim:
             loss = ce = z = grad = math.nan
             update = 0.0  # the update was not applied
         v: dict[str, float] = {
-            "train/loss": loss, "train/ce_loss": ce, "train/z_loss": z, "router/z_loss": float(rz.mean()),
-            "router/lb_loss": float(lb.mean()), "router/entropy": float(ent.mean()),
+            "train/loss": loss,
+            "train/ce_loss": ce,
+            "train/z_loss": z,
+            "router/z_loss": float(rz.mean()),
+            "router/lb_loss": float(lb.mean()),
+            "router/entropy": float(ent.mean()),
             "moe/drop_fraction": float(drop.mean()),
-        }  # fmt: skip
+        }
         for i in sh.metric_layers:
             v[f"router/layer_{i}/z_loss"] = float(rz[i])
             v[f"router/layer_{i}/lb_loss"] = float(lb[i])
@@ -388,12 +502,19 @@ class RunSim:
         for fh in self.files[1:]:
             if local:
                 jit = math.exp(0.003 * float(self.rng.standard_normal()))
-                host_local = {**local, "throughput/tokens_per_s": local["throughput/tokens_per_s"] / len(self.files) * jit}
+                host_local = {
+                    **local,
+                    "throughput/tokens_per_s": local["throughput/tokens_per_s"] / len(self.files) * jit,
+                }
                 fh.metrics(s, t + 0.001 * fh.host, host_local)
         if s in self.evals:
             loss = self.eval_loss(s) * inc.loss.get(s, 1.0)
-            self.event("eval", {"dataset": EVAL_DATASET, "loss": loss, "bpb": loss / math.log(2) / BYTES_PER_TOKEN},
-                       s, dt=EVAL_S)  # fmt: skip
+            self.event(
+                "eval",
+                {"dataset": EVAL_DATASET, "loss": loss, "bpb": loss / math.log(2) / BYTES_PER_TOKEN},
+                s,
+                dt=EVAL_S,
+            )
             self.checkpoint(s)
             self.restart = True  # the next step's wall time includes the eval and the checkpoint
 
@@ -401,15 +522,37 @@ class RunSim:
 def _start_data(sim: RunSim, preset: str, seed: int, **extra: Any) -> dict:
     sh = sim.shape
     config = {
-        "name": sim.run, "steps": sim.n, "seed": seed,
+        "name": sim.run,
+        "steps": sim.n,
+        "seed": seed,
         "model": {
-            "vocab": sh.vocab, "d_model": sh.d_model, "n_layers": sh.n_layers, "n_heads": sh.n_heads,
-            "head_dim": sh.d_model // sh.n_heads, "seq_len": sh.seq_len, "qk_norm": True, "moe_every": 1,
-            "n_shared": sh.n_shared, "n_routed": sh.n_routed, "top_k": sh.top_k, "d_expert": sh.d_expert,
-            "capacity_factor": sh.capacity_factor, "router_z_coef": 1e-3, "lb_coef": 1e-2, "logit_z_coef": 1e-4,
-            "gating": "softmax_topk", "dtype": "bfloat16",
+            "vocab": sh.vocab,
+            "d_model": sh.d_model,
+            "n_layers": sh.n_layers,
+            "n_heads": sh.n_heads,
+            "head_dim": sh.d_model // sh.n_heads,
+            "seq_len": sh.seq_len,
+            "qk_norm": True,
+            "moe_every": 1,
+            "n_shared": sh.n_shared,
+            "n_routed": sh.n_routed,
+            "top_k": sh.top_k,
+            "d_expert": sh.d_expert,
+            "capacity_factor": sh.capacity_factor,
+            "router_z_coef": 1e-3,
+            "lb_coef": 1e-2,
+            "logit_z_coef": 1e-4,
+            "gating": "softmax_topk",
+            "dtype": "bfloat16",
         },
-        "optimizer": {"lr": sim.lr_base, "weight_decay": 0.1, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "grad_clip": 1.0},
+        "optimizer": {
+            "lr": sim.lr_base,
+            "weight_decay": 0.1,
+            "b1": 0.9,
+            "b2": 0.95,
+            "eps": 1e-8,
+            "grad_clip": 1.0,
+        },
         "schedule": {"kind": "cosine", "warmup_steps": sim.warmup, "min_lr_ratio": 0.1},
         "data": {"seq_len": sh.seq_len, "batch_size": sh.batch, "seed": seed},
         "mesh": {"data": sh.mesh[0], "expert": sh.mesh[1]},
@@ -418,24 +561,45 @@ def _start_data(sim: RunSim, preset: str, seed: int, **extra: Any) -> dict:
         "telemetry": {"expert_load_every": sim.every},
         "failure": {"on_nan": "rollback", "rollback_lr_scale": 0.5},
         "simulate": {"preset": preset, "seed": seed, "version": SIM_VERSION},
-    }  # fmt: skip
+    }
     return {
         "config": config,
         "name": sim.run,
-        "data": {"name": "simulated", "fingerprint": f"sim-{preset}-{seed}", "tokens": sim.n * sh.tokens_per_step},
-        "mesh": {"data": sh.mesh[0], "expert": sh.mesh[1], "processes": len(sim.files), "devices": sh.mesh[2]},
-        "model": {"params_total": int(sh.params_total), "params_active": int(sh.params_active),
-                  "flops_per_token": float(sh.flops_per_token)},
+        "data": {
+            "name": "simulated",
+            "fingerprint": f"sim-{preset}-{seed}",
+            "tokens": sim.n * sh.tokens_per_step,
+        },
+        "mesh": {
+            "data": sh.mesh[0],
+            "expert": sh.mesh[1],
+            "processes": len(sim.files),
+            "devices": sh.mesh[2],
+        },
+        "model": {
+            "params_total": int(sh.params_total),
+            "params_active": int(sh.params_active),
+            "flops_per_token": float(sh.flops_per_token),
+        },
         "tags": ["simulated", preset],
         "source": {"trainer": "observatory-simulate", "version": SIM_VERSION},
         **extra,
-    }  # fmt: skip
+    }
 
 
 # ------------------------------------------------------------------ the presets' stories
 
-def _scenario(shape: Shape, run_id: str, steps: int, every: int, hosts: int, runs_dir: Path, seed: int,
-              sims: list[RunSim]) -> None:  # fmt: skip
+
+def _scenario(
+    shape: Shape,
+    run_id: str,
+    steps: int,
+    every: int,
+    hosts: int,
+    runs_dir: Path,
+    seed: int,
+    sims: list[RunSim],
+) -> None:
     """The reference run's story: spike with a grad-norm precursor, NaN and rollback, preemption and
     resume, a fork with a config diff, a hot expert drifting."""
     model_ss, main_ss, fork_ss = np.random.SeedSequence([seed, 535]).spawn(3)
@@ -468,34 +632,77 @@ def _scenario(shape: Shape, run_id: str, steps: int, every: int, hosts: int, run
     main.end("completed", steps)
 
     fork_id = f"{run_id}-fork"
-    fork = RunSim(shape, model, fork_id, steps, every, hosts, runs_dir, np.random.default_rng(fork_ss),
-                  main.step_t[fork_at] + FORK_DELAY_S, lr=shape.lr / 2, lr_scale=main.lr_scale)  # fmt: skip
+    fork = RunSim(
+        shape,
+        model,
+        fork_id,
+        steps,
+        every,
+        hosts,
+        runs_dir,
+        np.random.default_rng(fork_ss),
+        main.step_t[fork_at] + FORK_DELAY_S,
+        lr=shape.lr / 2,
+        lr_scale=main.lr_scale,
+    )
     sims.append(fork)
     parent = {"run": run_id, "step": fork_at}
     fork.event("run_start", _start_data(fork, shape.name, seed, parent=parent), None)
-    fork.event("config_diff", {"against": parent, "changes": {"optimizer.lr": [shape.lr, shape.lr / 2]}}, fork_at)
+    fork.event(
+        "config_diff", {"against": parent, "changes": {"optimizer.lr": [shape.lr, shape.lr / 2]}}, fork_at
+    )
     last = min(steps, fork_at + max(steps // 10, 20))
     fork.steps(fork_at + 1, last)
     fork.end("completed", last)
 
 
-def _ladder(name: str, steps: int, every: int, hosts: int, runs_dir: Path, seed: int, sims: list[RunSim]) -> None:
+def _ladder(
+    name: str, steps: int, every: int, hosts: int, runs_dir: Path, seed: int, sims: list[RunSim]
+) -> None:
     """The four rungs, clean runs on the law, one after another."""
     recipe = PRESETS["ladder"]
     for i, (rung, d, layers, total, active, tokens, flops) in enumerate(LADDER_RUNGS):
         batch = max(1, round(tokens / (steps * recipe.seq_len)))  # the rung's tokens in `steps` steps
         exact = steps * batch * recipe.seq_len
-        shape = Shape(**{
-            **recipe.__dict__, "name": rung, "d_model": d, "n_layers": layers, "n_heads": d // 128,
-            "d_expert": d // 2, "batch": batch, "params_total": total, "params_active": active,
-            "compute": flops * exact / tokens, "metric_layers": (0, layers // 2),
-        })  # fmt: skip
+        shape = Shape(
+            **{
+                **recipe.__dict__,
+                "name": rung,
+                "d_model": d,
+                "n_layers": layers,
+                "n_heads": d // 128,
+                "d_expert": d // 2,
+                "batch": batch,
+                "params_total": total,
+                "params_active": active,
+                "compute": flops * exact / tokens,
+                "metric_layers": (0, layers // 2),
+            }
+        )
         model_ss, run_ss = np.random.SeedSequence([seed, 791, i]).spawn(2)
-        sim = RunSim(shape, Model(shape, np.random.default_rng(model_ss)), f"{name}-{rung}", steps, every, hosts,
-                     runs_dir, np.random.default_rng(run_ss), T0 + i * 86400.0)  # fmt: skip
+        sim = RunSim(
+            shape,
+            Model(shape, np.random.default_rng(model_ss)),
+            f"{name}-{rung}",
+            steps,
+            every,
+            hosts,
+            runs_dir,
+            np.random.default_rng(run_ss),
+            T0 + i * 86400.0,
+        )
         sims.append(sim)
-        info = {"name": name, "rung": rung, "seed": 0, "params_active": int(active), "params_total": int(total),
-                "tokens": exact, "flops": shape.compute, "steps": steps, "tokens_per_param": TOKENS_PER_PARAM}  # fmt: skip
+        info = {
+            "name": name,
+            "rung": rung,
+            "seed": 0,
+            "params_active": int(active),
+            "params_total": int(total),
+            "tokens": exact,
+            "flops": shape.compute,
+            "steps": steps,
+            "tokens_per_param": TOKENS_PER_PARAM,
+        }
         sim.event("run_start", _start_data(sim, "ladder", seed, ladder=info), None)
         sim.steps(1, steps)
         sim.end("completed", steps)
@@ -524,7 +731,9 @@ def simulate(
     every = shape.expert_load_every if expert_load_every is None else expert_load_every
     least = 20 if preset == "ladder" else 60
     if steps < least:
-        raise ValueError(f"--steps must be >= {least} for preset {preset} (evals every 5%, room for its incidents)")
+        raise ValueError(
+            f"--steps must be >= {least} for preset {preset} (evals every 5%, room for its incidents)"
+        )
     if every < 0 or hosts < 1:
         raise ValueError("expert_load_every must be >= 0 and hosts >= 1")
     run_id = run_id or f"sim-{preset}"

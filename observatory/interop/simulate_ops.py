@@ -47,13 +47,28 @@ class _Job:
         )
 
     def ev(self, h: int, kind: str, data: dict, step: int | None, t: float) -> None:
-        line = {"v": 1, "run": self.run, "kind": kind, "step": step, "t": round(t, 3), "host": h, "seq": self.seq[h],
-                "data": data}  # fmt: skip
+        line = {
+            "v": 1,
+            "run": self.run,
+            "kind": kind,
+            "step": step,
+            "t": round(t, 3),
+            "host": h,
+            "seq": self.seq[h],
+            "data": data,
+        }
         self.seq[h] += 1
         self.files[h].write(json.dumps(line, separators=(",", ":")) + "\n")
 
-    def phase(self, name: str, attempt: int, t: float, step: int | None = None, budget: float | None = None,
-              skip: frozenset = frozenset()) -> None:  # fmt: skip
+    def phase(
+        self,
+        name: str,
+        attempt: int,
+        t: float,
+        step: int | None = None,
+        budget: float | None = None,
+        skip: frozenset = frozenset(),
+    ) -> None:
         data = {"phase": name, "attempt": attempt, **({"budget_s": budget} if budget else {})}
         for h in range(self.hosts):
             if h not in skip:
@@ -64,8 +79,16 @@ class _Job:
             f.close()
 
 
-def simulate_ops(fault: str, runs_dir, *, hosts: int = 8, steps: int = 3000, seed: int = 0, run_id: str | None = None,
-                 end_t: float | None = None) -> tuple[str, dict]:  # fmt: skip
+def simulate_ops(
+    fault: str,
+    runs_dir,
+    *,
+    hosts: int = 8,
+    steps: int = 3000,
+    seed: int = 0,
+    run_id: str | None = None,
+    end_t: float | None = None,
+) -> tuple[str, dict]:
     """Write the fault's run; returns (run id, its ground truth)."""
     if fault not in FAULTS:
         raise ValueError(f"fault must be one of {', '.join(FAULTS)}, got {fault!r}")
@@ -92,8 +115,13 @@ def simulate_ops(fault: str, runs_dir, *, hosts: int = 8, steps: int = 3000, see
         total = 1800.0
     t = end_t - total
     job = _Job(runs_dir, run, hosts)
-    job.ev(0, "run_start", {"config": {"sim": {"fault": fault, "hosts": hosts}}, "name": run,
-                            "mesh": {"processes": hosts}}, 0, t)  # fmt: skip
+    job.ev(
+        0,
+        "run_start",
+        {"config": {"sim": {"fault": fault, "hosts": hosts}}, "name": run, "mesh": {"processes": hosts}},
+        0,
+        t,
+    )
     beat_next = [t + HEARTBEAT_S] * hosts
     state = {"step": 0, "phase": "init", "attempt": 0}
 
@@ -108,9 +136,20 @@ def simulate_ops(fault: str, runs_dir, *, hosts: int = 8, steps: int = 3000, see
                 used = 40e9 + (
                     max(0.0, bt - (end_t - 600)) / 600 * 38e9 if h == special and fault == "hbm_creep" else 0
                 )
-                job.ev(h, "heartbeat", {"phase": state["phase"], "step": own, "system/cpu_percent": 60.0 + h % 7,
-                                        "system/rss_bytes": 8e9, "accel/0/hbm_used_bytes": used,
-                                        "accel/0/hbm_limit_bytes": 80e9}, own, bt)  # fmt: skip
+                job.ev(
+                    h,
+                    "heartbeat",
+                    {
+                        "phase": state["phase"],
+                        "step": own,
+                        "system/cpu_percent": 60.0 + h % 7,
+                        "system/rss_bytes": 8e9,
+                        "accel/0/hbm_used_bytes": used,
+                        "accel/0/hbm_limit_bytes": 80e9,
+                    },
+                    own,
+                    bt,
+                )
 
     def enter(name: str, at: float, attempt: int, budget: float | None = None) -> None:
         beats(at)
@@ -150,8 +189,17 @@ def simulate_ops(fault: str, runs_dir, *, hosts: int = 8, steps: int = 3000, see
             else:
                 job.truth["redone" if s <= reached else "productive"] += dts[s]
             mfu = 0.4 * (0.7 if fault == "mfu_drop" and s > 0.7 * steps else 1.0)
-            job.ev(0, "metrics", {"train/loss": 3.0 * s ** -0.05, "throughput/mfu": mfu,
-                                  "throughput/tokens_per_s": 1e6 * mfu / 0.4}, s, t)  # fmt: skip
+            job.ev(
+                0,
+                "metrics",
+                {
+                    "train/loss": 3.0 * s**-0.05,
+                    "throughput/mfu": mfu,
+                    "throughput/tokens_per_s": 1e6 * mfu / 0.4,
+                },
+                s,
+                t,
+            )
             for kind, table, budget in (("eval", evals, 600.0), ("checkpoint", ckpts, 900.0)):
                 if s in table:
                     enter(kind, t + 1e-3, attempt, budget)
@@ -172,8 +220,11 @@ def simulate_ops(fault: str, runs_dir, *, hosts: int = 8, steps: int = 3000, see
         train(1, steps, 0, 0)
     beats(end_t)
     total_s = sum(job.truth.values())
-    truth = {"sim/fault": fault, **{f"sim/{k}_s": round(v, 3) for k, v in job.truth.items()},
-             "sim/goodput": job.truth["productive"] / total_s if total_s else 0.0}  # fmt: skip
+    truth = {
+        "sim/fault": fault,
+        **{f"sim/{k}_s": round(v, 3) for k, v in job.truth.items()},
+        "sim/goodput": job.truth["productive"] / total_s if total_s else 0.0,
+    }
     if special is not None:
         truth["sim/host"] = special
     job.ev(0, "summary", truth, state["step"] or None, end_t)

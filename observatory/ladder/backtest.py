@@ -41,8 +41,12 @@ def compare(forecast: Forecast, curve: dict[float, float]) -> list[dict]:
     return rows
 
 
-def backtest(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder",
-             progress: Callable[[dict], None] | None = None) -> Backtest:  # fmt: skip
+def backtest(
+    rungs: Sequence[Rung],
+    config: FitConfig | None = None,
+    name: str = "ladder",
+    progress: Callable[[dict], None] | None = None,
+) -> Backtest:
     """Leave the largest rung (all its seeds) out, fit the rest, forecast its (seed-mean) curve, score it.
 
     The band is for the held-out rung as observed: the mean of its seeds, so the forecast's
@@ -59,10 +63,14 @@ def backtest(rungs: Sequence[Rung], config: FitConfig | None = None, name: str =
     if obs is None:
         raise ValueError(f"held-out rung {held.rung!r} has no final eval")
     return Backtest(
-        held_out=held.rung, run=held.run, flops=held.flops,
-        final_pred=fin.value, final_low=fin.low, final_high=fin.high, final_obs=obs,
+        held_out=held.rung,
+        run=held.run,
+        flops=held.flops,
+        final_pred=fin.value,
+        final_low=fin.low,
+        final_high=fin.high,
+        final_obs=obs,
         final_error_pct=100.0 * (fin.value - obs) / obs,
         coverage=sum(r["inside"] for r in scored) / len(scored) if scored else float("nan"),
         points=rows,
     )
-

@@ -104,7 +104,9 @@ class FitConfig:
         if self.n_starts < 1:
             raise ValueError(f"FitConfig.n_starts must be >= 1, got {self.n_starts}")
         if self.noise is not None and not (0 <= self.noise < 0.5):
-            raise ValueError(f"FitConfig.noise must be a relative 1-sigma noise in [0, 0.5), got {self.noise}")
+            raise ValueError(
+                f"FitConfig.noise must be a relative 1-sigma noise in [0, 0.5), got {self.noise}"
+            )
         if self.noise_draws < 1:
             raise ValueError(f"FitConfig.noise_draws must be >= 1, got {self.noise_draws}")
         if self.loo not in ("forward", "max", "rms", "none"):
@@ -193,7 +195,9 @@ class LadderFit:
             lo_b = np.minimum(np.log(qs[0] / value), 0.0)
             hi_b = np.maximum(np.log(qs[1] / value), 0.0)
         h = self.loo_halfwidth(fraction) * self.extrapolation_scale(c)  # (m,)
-        z = float(norm.ppf(0.5 + self.config.level / 2)) * self.noise / math.sqrt(seeds)  # the target's own noise
+        z = (
+            float(norm.ppf(0.5 + self.config.level / 2)) * self.noise / math.sqrt(seeds)
+        )  # the target's own noise
         low = value * np.exp(-np.sqrt(lo_b**2 + h**2 + z**2))
         high = value * np.exp(np.sqrt(hi_b**2 + h**2 + z**2))
         return value, low, high
@@ -215,9 +219,17 @@ class LadderFit:
             "fit_version": fit_version(self.rungs),
             "config": {k: v for k, v in asdict(self.config).items() if k != "fractions"},
             "rungs": [
-                {"run": r.run, "rung": r.rung, "flops": r.flops, "params_active": r.params_active,
-                 "params_total": r.params_total, "tokens": r.tokens, "final_loss": r.final_loss,
-                 "seeds": r.n_seeds, "runs": list(r.runs or (r.run,))}
+                {
+                    "run": r.run,
+                    "rung": r.rung,
+                    "flops": r.flops,
+                    "params_active": r.params_active,
+                    "params_total": r.params_total,
+                    "tokens": r.tokens,
+                    "final_loss": r.final_loss,
+                    "seeds": r.n_seeds,
+                    "runs": list(r.runs or (r.run,)),
+                }
                 for r in self.rungs
             ],
             "noise": {"value": self.noise, "source": self.noise_source},
@@ -251,8 +263,12 @@ def _noise(rungs: Sequence[Rung], cfg: FitConfig) -> tuple[float, str]:
     return NOISE_DEFAULT, "default"
 
 
-def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str = "ladder",
-               progress: Callable[[dict], None] | None = None) -> LadderFit:  # fmt: skip
+def fit_ladder(
+    rungs: Sequence[Rung],
+    config: FitConfig | None = None,
+    name: str = "ladder",
+    progress: Callable[[dict], None] | None = None,
+) -> LadderFit:
     """Fit every schedule fraction, bootstrap over whole rungs, leave-one-rung-out and forward errors.
 
     `rungs` may hold several seeds of a rung (same `rung` label): they are averaged at
@@ -285,14 +301,28 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
         """(F, 3) per-fraction (E, log A, alpha) and (F,) fitted mask for rung weights w (n,), losses y (F, n)."""
         out, ok = np.zeros((F, 3)), np.zeros(F, bool)
         if cfg.shared_e:
-            th, _, fitted = fit_curves(x, y, ones * w[None, :], cfg.delta, e_fix[0], n_starts,
-                                        [] if starts is None else [_pack(starts)])
+            th, _, fitted = fit_curves(
+                x,
+                y,
+                ones * w[None, :],
+                cfg.delta,
+                e_fix[0],
+                n_starts,
+                [] if starts is None else [_pack(starts)],
+            )
             for j in range(F):
                 out[j] = (th[0], th[1 + 2 * j], th[2 + 2 * j])
             return out, fitted
         for j in range(F):
-            th, _, fitted = fit_curves(x, y[j : j + 1], w[None, :], cfg.delta, e_fix[j], n_starts,
-                                        [] if starts is None else [starts[j]])
+            th, _, fitted = fit_curves(
+                x,
+                y[j : j + 1],
+                w[None, :],
+                cfg.delta,
+                e_fix[j],
+                n_starts,
+                [] if starts is None else [starts[j]],
+            )
             out[j], ok[j] = th, fitted[0]
         return out, ok
 
@@ -301,8 +331,10 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
 
         def sub(w, y=Y):  # a refit started from the full fit; E kept when < 3 distinct rungs
             distinct = len({rungs[i].flops for i in range(n) if w[i] > 0})
-            e_fix = [cfg.fix_e if cfg.fix_e is not None else (None if distinct >= 3 else full[j, 0])
-                     for j in range(F)]
+            e_fix = [
+                cfg.fix_e if cfg.fix_e is not None else (None if distinct >= 3 else full[j, 0])
+                for j in range(F)
+            ]
             return solve(w, y, e_fix, full, 0)
 
         # bootstrap over whole rungs: a resample (rung counts) is shared by every fraction, and each
@@ -329,7 +361,9 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
             th, ok = sub(w)
             for j, f in enumerate(fractions):
                 if ok[j] and np.isfinite(Y[j, i]):
-                    into[f][rungs[i].rung] = float(math.log((th[j, 0] + math.exp(th[j, 1] - th[j, 2] * x[i])) / Y[j, i]))
+                    into[f][rungs[i].rung] = float(
+                        math.log((th[j, 0] + math.exp(th[j, 1] - th[j, 2] * x[i])) / Y[j, i])
+                    )
 
         # leave-one-rung-out: predict each rung's curve from all the others; forward: from the
         # smaller rungs only (an extrapolation one rung out, as a target's forecast is)
@@ -354,13 +388,21 @@ def fit_ladder(rungs: Sequence[Rung], config: FitConfig | None = None, name: str
 
     if progress is not None:
         progress({"done": rounds, "total": rounds, "unit": "rounds"})
-    laws = {f: PowerLaw(float(full[j, 0]), float(full[j, 1]), float(full[j, 2]), c_ref)
-            for j, f in enumerate(fractions)}
+    laws = {
+        f: PowerLaw(float(full[j, 0]), float(full[j, 1]), float(full[j, 2]), c_ref)
+        for j, f in enumerate(fractions)
+    }
     return LadderFit(
-        name=name, rungs=list(rungs), config=cfg, laws=laws,
+        name=name,
+        rungs=list(rungs),
+        config=cfg,
+        laws=laws,
         boot={f: np.array(v, dtype=float).reshape(-1, 3) for f, v in boot.items()},
         boot_w={f: np.array(v, dtype=float) for f, v in boot_w.items()},
-        loo_err=loo, fwd_err=fwd, noise=noise, noise_source=noise_source,
+        loo_err=loo,
+        fwd_err=fwd,
+        noise=noise,
+        noise_source=noise_source,
     )
 
 
@@ -394,4 +436,3 @@ def _resamples(flops: Sequence[float], min_distinct: int, n_boot: int, seed: int
         counts = counts[[distinct(w) >= min_distinct for w in counts]].reshape(-1, n)
         prob = np.ones(len(counts))
     return counts, (prob / prob.sum() if prob.size else prob)
-

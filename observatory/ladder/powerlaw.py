@@ -132,8 +132,13 @@ def fit_curves(x, Y, W, delta, fix_e, n_starts, extra_starts=()):
     F = Y.shape[0]
     fitted = np.array([len(set(x[np.isfinite(Y[j]) & (W[j] > 0)].tolist())) >= 2 for j in range(F)])
     pts = [
-        [(float(x[i]), float(np.log(Y[j, i])), float(W[j, i])) for i in range(len(x))
-         if np.isfinite(Y[j, i]) and W[j, i] > 0] if fitted[j] else []
+        [
+            (float(x[i]), float(np.log(Y[j, i])), float(W[j, i]))
+            for i in range(len(x))
+            if np.isfinite(Y[j, i]) and W[j, i] > 0
+        ]
+        if fitted[j]
+        else []
         for j in range(F)
     ]
     ymin = float(np.nanmin(np.where(W > 0, Y, np.nan)))
@@ -149,7 +154,12 @@ def fit_curves(x, Y, W, delta, fix_e, n_starts, extra_starts=()):
     best = None
     for s in starts:
         res = minimize(
-            _objective, s, args=(pts, delta), jac=True, method="L-BFGS-B", bounds=bounds,
+            _objective,
+            s,
+            args=(pts, delta),
+            jac=True,
+            method="L-BFGS-B",
+            bounds=bounds,
             options={"maxiter": 2000, "maxfun": 5000, "ftol": 1e-12, "gtol": 1e-9},
         )
         if best is None or res.fun < best.fun:
@@ -189,7 +199,9 @@ def fit_power_law(
     c_ref = float(np.exp(np.log(c).mean()))
     with one_blas_thread():
         theta, obj, _ = fit_curves(np.log(c / c_ref), y[None, :], w[None, :], delta, fix_e, n_starts)
-    return PowerLaw(E=float(theta[0]), log_a=float(theta[1]), alpha=float(theta[2]), c_ref=c_ref, objective=obj)
+    return PowerLaw(
+        E=float(theta[0]), log_a=float(theta[1]), alpha=float(theta[2]), c_ref=c_ref, objective=obj
+    )
 
 
 _CONTROLLER = None
@@ -203,4 +215,3 @@ def one_blas_thread():
     if _CONTROLLER is None:
         _CONTROLLER = ThreadpoolController()
     return _CONTROLLER.limit(limits=1, user_api="blas")
-

@@ -119,15 +119,29 @@ def average_seeds(rungs: Sequence[Rung]) -> list[Rung]:
             continue
         rs = sorted(rs, key=lambda r: (r.seed is None, r.seed or 0, r.run))
         if any(not math.isclose(r.flops, rs[0].flops, rel_tol=1e-9) for r in rs):
-            raise ValueError(f"rung {label!r}: its seed runs differ in compute "
-                             + ", ".join(f"{r.run}: C={r.flops:.6g}" for r in rs) + "; seeds of a rung must "
-                             "train the same model on the same tokens")
+            raise ValueError(
+                f"rung {label!r}: its seed runs differ in compute "
+                + ", ".join(f"{r.run}: C={r.flops:.6g}" for r in rs)
+                + "; seeds of a rung must "
+                "train the same model on the same tokens"
+            )
         fracs = sorted(set().union(*(r.curve for r in rs)))
         curve = {f: float(np.mean([r.curve[f] for r in rs if f in r.curve])) for f in fracs}
         runs = tuple(x for r in rs for x in (r.runs or (r.run,)))
-        out.append(Rung(run=rs[0].run, rung=label, flops=rs[0].flops, curve=curve,
-                        params_active=rs[0].params_active, params_total=rs[0].params_total,
-                        tokens=rs[0].tokens, steps=rs[0].steps, seed=None, runs=runs))
+        out.append(
+            Rung(
+                run=rs[0].run,
+                rung=label,
+                flops=rs[0].flops,
+                curve=curve,
+                params_active=rs[0].params_active,
+                params_total=rs[0].params_total,
+                tokens=rs[0].tokens,
+                steps=rs[0].steps,
+                seed=None,
+                runs=runs,
+            )
+        )
     return sorted(out, key=lambda r: (r.flops, r.rung))
 
 
@@ -149,7 +163,8 @@ def seed_noise(rungs: Sequence[Rung], fraction: float = 1.0) -> tuple[float, int
 def fit_version(rungs: Sequence[Rung]) -> str:
     """FIT_VERSION plus a short hash of the data a fit saw, so a forecast names exactly what it used."""
     rungs = average_seeds(rungs)
-    payload = [("+".join(r.runs) if len(r.runs) > 1 else r.run, r.flops, sorted(r.curve.items()))
-               for r in sorted(rungs, key=lambda r: r.run)]
+    payload = [
+        ("+".join(r.runs) if len(r.runs) > 1 else r.run, r.flops, sorted(r.curve.items()))
+        for r in sorted(rungs, key=lambda r: r.run)
+    ]
     return f"{FIT_VERSION}:{hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:12]}"
-

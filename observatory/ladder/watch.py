@@ -118,13 +118,22 @@ def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung],
             continue
         flops = lad.get("flops")
         if not isinstance(flops, (int, float)) or not flops > 0:
-            raise ValueError(f"ladder {name!r}: run {r['run']} (rung {r['rung']!r}) has no ladder.flops in run_start")
-        rungs.append(Rung(
-            run=r["run"], rung=str(lad.get("rung", r["rung"])), flops=float(flops), curve=curve,
-            params_active=lad.get("params_active"), params_total=lad.get("params_total"),
-            tokens=lad.get("tokens"), steps=steps,
-            seed=lad.get("seed") if isinstance(lad.get("seed"), int) else None,
-        ))  # fmt: skip
+            raise ValueError(
+                f"ladder {name!r}: run {r['run']} (rung {r['rung']!r}) has no ladder.flops in run_start"
+            )
+        rungs.append(
+            Rung(
+                run=r["run"],
+                rung=str(lad.get("rung", r["rung"])),
+                flops=float(flops),
+                curve=curve,
+                params_active=lad.get("params_active"),
+                params_total=lad.get("params_total"),
+                tokens=lad.get("tokens"),
+                steps=steps,
+                seed=lad.get("seed") if isinstance(lad.get("seed"), int) else None,
+            )
+        )
     return rungs, targets, ds
 
 
@@ -152,15 +161,24 @@ def target_spec(con, target: str) -> dict:
             doc = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
             raise ValueError(f"{p}: not valid YAML/JSON: {e}") from None
-        for d in (doc, doc.get("target") if isinstance(doc, dict) else None,
-                  doc.get("ladder") if isinstance(doc, dict) else None):
+        for d in (
+            doc,
+            doc.get("target") if isinstance(doc, dict) else None,
+            doc.get("ladder") if isinstance(doc, dict) else None,
+        ):
             flops = _number(d.get("flops")) if isinstance(d, dict) else None
             if flops is not None:
                 steps = _number(d.get("steps"))
-                return {"run": d.get("run"), "flops": flops, "steps": None if steps is None else int(steps),
-                        "curve": {}}
-        raise ValueError(f"{p}: no `flops` (and `steps`) at the top level or under `target:`; "
-                         "`trainer ladder --config CONFIG --plan` prints them")
+                return {
+                    "run": d.get("run"),
+                    "flops": flops,
+                    "steps": None if steps is None else int(steps),
+                    "curve": {},
+                }
+        raise ValueError(
+            f"{p}: no `flops` (and `steps`) at the top level or under `target:`; "
+            "`trainer ladder --config CONFIG --plan` prints them"
+        )
     info = q.run_ladder(con, target)
     if info is None:
         raise ValueError(f"--target {target!r} is neither a file nor a run in the store")
@@ -169,15 +187,22 @@ def target_spec(con, target: str) -> dict:
         raise ValueError(f"run {target} has no ladder.flops in its run_start; cannot place it on the ladder")
     evals = q.eval_points(con, [target])
     steps = _steps_of(info, evals)
-    return {"run": target, "flops": float(lad["flops"]), "steps": steps, "start_time": info["start_time"],
-            "curve": curve_by_fraction(evals, steps) if steps else {}, "evals": evals}
+    return {
+        "run": target,
+        "flops": float(lad["flops"]),
+        "steps": steps,
+        "start_time": info["start_time"],
+        "curve": curve_by_fraction(evals, steps) if steps else {},
+        "evals": evals,
+    }
 
 
 # ------------------------------------------------------- forecasts as events
 
 
-def forecast_event_data(fit: LadderFit, forecast: Forecast, dataset: str | None, *,
-                        pre_registered: bool = True) -> dict:
+def forecast_event_data(
+    fit: LadderFit, forecast: Forecast, dataset: str | None, *, pre_registered: bool = True
+) -> dict:
     """The `forecast` event payload (EVENTS.md): final value and band, every curve point, the source."""
     fin = forecast.final
     return {
@@ -188,22 +213,32 @@ def forecast_event_data(fit: LadderFit, forecast: Forecast, dataset: str | None,
         "low": fin.low,
         "high": fin.high,
         "level": fit.config.level,
-        "points": [{"step": p.step, "fraction": p.fraction, "value": p.value, "low": p.low, "high": p.high}
-                   for p in forecast.points],
+        "points": [
+            {"step": p.step, "fraction": p.fraction, "value": p.value, "low": p.low, "high": p.high}
+            for p in forecast.points
+        ],
         "flops": forecast.flops,
         "method": METHOD,
         "fit": fit.final.as_dict(),
         "pre_registered": pre_registered,
-        "source": {"ladder": fit.name, "fit_version": fit_version(fit.rungs),
-                   "rungs": [x for r in fit.rungs for x in (r.runs or (r.run,))], "fix_e": fit.config.fix_e,
-                   "noise": fit.noise, "noise_source": fit.noise_source, "band": fit.config.loo},
+        "source": {
+            "ladder": fit.name,
+            "fit_version": fit_version(fit.rungs),
+            "rungs": [x for r in fit.rungs for x in (r.runs or (r.run,))],
+            "fix_e": fit.config.fix_e,
+            "noise": fit.noise,
+            "noise_source": fit.noise_source,
+            "band": fit.config.loo,
+        },
     }
 
 
 def run_started(runs_dir, run: str) -> bool:
     """Whether the run's own logs (any host but the observatory's) already hold events."""
     d = Path(runs_dir) / run
-    return any(f.stat().st_size > 0 for f in d.glob("events.*.jsonl*") if not f.name.startswith("events.1000."))
+    return any(
+        f.stat().st_size > 0 for f in d.glob("events.*.jsonl*") if not f.name.startswith("events.1000.")
+    )
 
 
 def write_forecast(runs_dir, run: str, data: dict) -> Path:
@@ -259,10 +294,22 @@ def deviations(points: Sequence[dict], evals: Sequence[dict], k: int) -> list[di
         out.append(cur)
     result = []
     for ex in out:
-        worst = max((abs(x["loss"] - (x["high"] if x["loss"] > x["high"] else x["low"])) / x["high"]
-                     if math.isfinite(x["loss"]) else math.inf) for x in ex)
-        result.append({"window": [ex[0]["step"], ex[-1]["step"]], "evals": ex, "worst_rel": worst,
-                       "above": all(not math.isfinite(x["loss"]) or x["loss"] > x["high"] for x in ex)})
+        worst = max(
+            (
+                abs(x["loss"] - (x["high"] if x["loss"] > x["high"] else x["low"])) / x["high"]
+                if math.isfinite(x["loss"])
+                else math.inf
+            )
+            for x in ex
+        )
+        result.append(
+            {
+                "window": [ex[0]["step"], ex[-1]["step"]],
+                "evals": ex,
+                "worst_rel": worst,
+                "above": all(not math.isfinite(x["loss"]) or x["loss"] > x["high"] for x in ex),
+            }
+        )
     return result
 
 
@@ -301,8 +348,11 @@ def check_target(db, runs_dir, run: str, *, k: int | None = None, write: bool = 
         if fc is None or not fc.get("points"):
             return []
         evals = [e for e in q.eval_points(con, [run]) if fc.get("dataset") in (None, e["dataset"])]
-        seen = {int(a["window"][0]) for a in q.deviation_anomalies(con, run, DETECTOR)
-                if isinstance(a.get("window"), list) and a["window"]}
+        seen = {
+            int(a["window"][0])
+            for a in q.deviation_anomalies(con, run, DETECTOR)
+            if isinstance(a.get("window"), list) and a["window"]
+        }
     seen |= _pending_windows(runs_dir, run)
     new = []
     for ex in deviations(fc["points"], evals, k):
@@ -310,20 +360,25 @@ def check_target(db, runs_dir, run: str, *, k: int | None = None, write: bool = 
             continue
         first, last = ex["evals"][0], ex["evals"][-1]
         side = "above" if ex["above"] else "outside"
-        new.append({
-            "detector": DETECTOR,
-            "metric": EVAL_METRIC,
-            "severity": "critical" if ex["worst_rel"] > 0.05 else "warn",
-            "message": (
-                f"eval loss {side} the ladder forecast band for {len(ex['evals'])} consecutive evals "
-                f"(steps {first['step']}-{last['step']}): {last['loss']:.4f} vs band "
-                f"[{last['low']:.4f}, {last['high']:.4f}] at step {last['step']}"
-            ),
-            "window": ex["window"],
-            "evals": ex["evals"],
-            "forecast": {"t": fc["t"], "ladder": (fc.get("source") or {}).get("ladder"),
-                         "fit_version": (fc.get("source") or {}).get("fit_version")},
-        })  # fmt: skip
+        new.append(
+            {
+                "detector": DETECTOR,
+                "metric": EVAL_METRIC,
+                "severity": "critical" if ex["worst_rel"] > 0.05 else "warn",
+                "message": (
+                    f"eval loss {side} the ladder forecast band for {len(ex['evals'])} consecutive evals "
+                    f"(steps {first['step']}-{last['step']}): {last['loss']:.4f} vs band "
+                    f"[{last['low']:.4f}, {last['high']:.4f}] at step {last['step']}"
+                ),
+                "window": ex["window"],
+                "evals": ex["evals"],
+                "forecast": {
+                    "t": fc["t"],
+                    "ladder": (fc.get("source") or {}).get("ladder"),
+                    "fit_version": (fc.get("source") or {}).get("fit_version"),
+                },
+            }
+        )
     if write:
         findings.write(runs_dir, run, "anomaly", [(a, a["window"][1]) for a in new])
     return new

@@ -119,7 +119,12 @@ def metric_arrays(
         WHERE run = $run AND host <> $host AND step IS NOT NULL AND step >= $since
           AND name IN (SELECT unnest($names::VARCHAR[]))
         """,
-        {"run": run, "host": OBSERVATORY_HOST, "since": -1 if since_step is None else since_step, "names": names},
+        {
+            "run": run,
+            "host": OBSERVATORY_HOST,
+            "since": -1 if since_step is None else since_step,
+            "names": names,
+        },
     ).fetchnumpy()
     k, step = np.asarray(got["k"], np.int64), np.asarray(got["step"], np.int64)
     value, null = np.asarray(got["value"], np.float64), np.asarray(got["null"], bool)
@@ -129,7 +134,9 @@ def metric_arrays(
 
 def nonfinite_arrays(con, run: str, since_step: int | None = None) -> dict[str, np.ndarray] | None:
     """`nonfinite_values` as numpy arrays (step, name, value), or None when the run has none."""
-    got = con.execute(NONFINITE_SQL, [run, OBSERVATORY_HOST, -1 if since_step is None else since_step]).fetchnumpy()
+    got = con.execute(
+        NONFINITE_SQL, [run, OBSERVATORY_HOST, -1 if since_step is None else since_step]
+    ).fetchnumpy()
     return {k: np.asarray(v) for k, v in got.items()} if len(got["step"]) else None
 
 
@@ -151,13 +158,16 @@ def nonfinite_values(con, run: str, since_step: int | None = None) -> pl.DataFra
     return pl.from_arrow(tbl)
 
 
-def expert_load_series(con, run: str, since_step: int | None = None, layers: list[int] | None = None) -> pl.DataFrame:
+def expert_load_series(
+    con, run: str, since_step: int | None = None, layers: list[int] | None = None
+) -> pl.DataFrame:
     """Routed load per (step, layer, expert), sorted; columns step, layer, expert, routed, dropped (Int64).
 
     layers: only these layers. Sums are cast to BIGINT in SQL: DuckDB's sum of an integer
     column is a HUGEINT, which would arrive as Python Decimals, one object per value.
     """
     import polars as pl  # lazy for start-up time: ingest loads this module for its detectors
+
     only = "" if layers is None else "AND layer IN (SELECT unnest(?::USMALLINT[]))"
     tbl = con.sql(
         f"""
@@ -165,7 +175,8 @@ def expert_load_series(con, run: str, since_step: int | None = None, layers: lis
         FROM expert_load WHERE run = ? AND step >= ? {only}
         GROUP BY step, layer, expert ORDER BY step, layer, expert
         """,
-        params=[run, -1 if since_step is None else since_step] + ([list(layers)] if layers is not None else []),
+        params=[run, -1 if since_step is None else since_step]
+        + ([list(layers)] if layers is not None else []),
     ).to_arrow_table()
     return pl.from_arrow(tbl)
 
@@ -303,8 +314,10 @@ def run_activity(con, runs: list[str] | None = None) -> list[dict[str, Any]]:
         """,
         params,
     ).fetchall()
-    return [{"run": r, "ended": bool(e), "last_t": t, "last_step": s, "phase": p, "phase_t": pt, "budget_s": b}
-            for r, e, t, s, p, pt, b in rows]  # fmt: skip
+    return [
+        {"run": r, "ended": bool(e), "last_t": t, "last_step": s, "phase": p, "phase_t": pt, "budget_s": b}
+        for r, e, t, s, p, pt, b in rows
+    ]
 
 
 def run_ids(con) -> list[str]:
@@ -349,17 +362,26 @@ def register_wanted(con, runs: list[str], since: list[int | None], fresh: list[b
 
     from observatory.store.arrow import column
 
-    con.register("_scan_w", pa.table({
-        "run": column(runs, pa.string()), "k": column(list(range(len(runs))), pa.int64()),
-        "since": column([-1 if s is None else int(s) for s in since], pa.int64()),
-        "fresh": column(list(fresh), pa.bool_())}))  # fmt: skip
+    con.register(
+        "_scan_w",
+        pa.table(
+            {
+                "run": column(runs, pa.string()),
+                "k": column(list(range(len(runs))), pa.int64()),
+                "since": column([-1 if s is None else int(s) for s in since], pa.int64()),
+                "fresh": column(list(fresh), pa.bool_()),
+            }
+        ),
+    )
 
 
 def unregister_wanted(con) -> None:
     con.unregister("_scan_w")
 
 
-def _parts(fresh_rowid: int | None, since: list[int | None], fresh: list[bool], rowid: str = "m.rowid") -> list[str]:
+def _parts(
+    fresh_rowid: int | None, since: list[int | None], fresh: list[bool], rowid: str = "m.rowid"
+) -> list[str]:
     """The WHERE parts of a set-wise read: the fresh runs' rows from the batch's first rowid on (DuckDB skips
     the row groups before it), the other runs' from their `since` on (the least of them as a literal: the
     zonemaps of a big run's steps skip what is before)."""
@@ -379,8 +401,9 @@ def _split(k: np.ndarray, n: int) -> list[slice]:
     return [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(n)]
 
 
-def metric_arrays_many(con, since: list[int | None], fresh: list[bool], fresh_rowid: int | None,
-                       names: list[str]) -> list[tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]]:  # fmt: skip
+def metric_arrays_many(
+    con, since: list[int | None], fresh: list[bool], fresh_rowid: int | None, names: list[str]
+) -> list[tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]]:
     """`metric_arrays` of every run in `_scan_w`, one query per part (`_parts`), a result per run."""
     got: dict[str, list] = {c: [] for c in ("k", "c", "step", "value", "null")}
     for part in _parts(fresh_rowid, since, fresh):
@@ -399,7 +422,13 @@ def metric_arrays_many(con, since: list[int | None], fresh: list[bool], fresh_ro
     k, c, step, value, null = (np.concatenate(got[x]) if got[x] else np.empty(0) for x in got)
     k, c, step = k.astype(np.int64), c.astype(np.int64), step.astype(np.int64)
     order = np.lexsort((step, c, k))
-    k, c, step, value, null = k[order], c[order], step[order], value[order].astype(np.float64), null[order].astype(bool)
+    k, c, step, value, null = (
+        k[order],
+        c[order],
+        step[order],
+        value[order].astype(np.float64),
+        null[order].astype(bool),
+    )
     return [_series_of(c[s], step[s], value[s], null[s], list(names)) for s in _split(k, len(since))]
 
 
@@ -425,16 +454,21 @@ def _series_of(k, step, value, null, names):
     return distinct(step), out
 
 
-def nonfinite_arrays_many(con, since: list[int | None], fresh: list[bool],
-                          fresh_rowid: int | None) -> list[dict[str, np.ndarray] | None]:  # fmt: skip
+def nonfinite_arrays_many(
+    con, since: list[int | None], fresh: list[bool], fresh_rowid: int | None
+) -> list[dict[str, np.ndarray] | None]:
     """`nonfinite_arrays` of every run in `_scan_w`."""
     parts = []
     for part in _parts(fresh_rowid, since, fresh):
-        parts.append(con.execute(
-            f"""SELECT w.k, m.step, m.name, m.value FROM metrics m JOIN _scan_w w ON m.run = w.run
+        parts.append(
+            con.execute(
+                f"""SELECT w.k, m.step, m.name, m.value FROM metrics m JOIN _scan_w w ON m.run = w.run
                 WHERE {part} AND m.host <> ? AND m.step IS NOT NULL AND m.step >= w.since
                   AND (isnan(m.value) OR isinf(m.value))
-                ORDER BY w.k, m.step, m.name""", [OBSERVATORY_HOST]).fetchnumpy())  # fmt: skip
+                ORDER BY w.k, m.step, m.name""",
+                [OBSERVATORY_HOST],
+            ).fetchnumpy()
+        )
     out: list[dict[str, np.ndarray] | None] = [None] * len(since)
     for got in parts:
         if not len(got["k"]):
@@ -446,8 +480,9 @@ def nonfinite_arrays_many(con, since: list[int | None], fresh: list[bool],
     return out
 
 
-def expert_layer_stats_many(con, since: list[int | None], fresh: list[bool],
-                            fresh_rowid: int | None) -> list[dict[str, np.ndarray]]:  # fmt: skip
+def expert_layer_stats_many(
+    con, since: list[int | None], fresh: list[bool], fresh_rowid: int | None
+) -> list[dict[str, np.ndarray]]:
     """`expert_layer_stats` of every run in `_scan_w`."""
     cols = ("step", "layer", "rows", "max_expert", "routed", "routed_max", "dropped", "zeros")
     got: dict[str, list] = {c: [] for c in ("k", *cols)}
@@ -471,7 +506,9 @@ def expert_layer_stats_many(con, since: list[int | None], fresh: list[bool],
     return [{c: arrs[c][s] for c in cols} for s in _split(arrs["k"], len(since))]
 
 
-def cut_steps(con, runs: list[str], through: list[int], lookback: int, table: str = "metrics") -> list[int | None]:
+def cut_steps(
+    con, runs: list[str], through: list[int], lookback: int, table: str = "metrics"
+) -> list[int | None]:
     """`cut_step` (or `expert_cut_step` with table="expert_run_step") of several runs in one query."""
     import pyarrow as pa
 
@@ -480,10 +517,22 @@ def cut_steps(con, runs: list[str], through: list[int], lookback: int, table: st
     if not runs:
         return []
     back = lookback * 64 if table == "metrics" else None
-    con.register("_cut_w", pa.table({"run": column(runs, pa.string()), "k": column(list(range(len(runs))), pa.int64()),
-                                     "through": column(list(through), pa.int64())}))  # fmt: skip
+    con.register(
+        "_cut_w",
+        pa.table(
+            {
+                "run": column(runs, pa.string()),
+                "k": column(list(range(len(runs))), pa.int64()),
+                "through": column(list(through), pa.int64()),
+            }
+        ),
+    )
     try:
-        lo = f"AND m.step >= w.through - {back} AND m.step >= {min(through) - back}" if back is not None else ""
+        lo = (
+            f"AND m.step >= w.through - {back} AND m.step >= {min(through) - back}"
+            if back is not None
+            else ""
+        )
         host = f"AND m.host <> {OBSERVATORY_HOST}" if table == "metrics" else ""
         rows = con.execute(
             f"""
@@ -506,8 +555,9 @@ def detector_states(con, runs: list[str]) -> dict[str, dict[str, int]]:
     import duckdb
 
     try:
-        rows = con.execute("SELECT run, detector, through FROM detector_state WHERE run IN (SELECT unnest($r))",
-                           {"r": runs}).fetchall()  # fmt: skip
+        rows = con.execute(
+            "SELECT run, detector, through FROM detector_state WHERE run IN (SELECT unnest($r))", {"r": runs}
+        ).fetchall()
     except duckdb.CatalogException:
         return {}
     out: dict[str, dict[str, int]] = {}
@@ -521,9 +571,13 @@ def anomaly_events_many(con, runs: list[str]) -> dict[str, list[dict[str, Any]]]
     """`anomaly_events` of several runs, one query: {run: its events, oldest first}."""
     rows = con.execute(
         "SELECT run, step, t, host, seq, data FROM events WHERE kind = 'anomaly' AND run IN (SELECT unnest($r)) "
-        "ORDER BY t, run, seq", {"r": runs}).fetchall()  # fmt: skip
+        "ORDER BY t, run, seq",
+        {"r": runs},
+    ).fetchall()
     out: dict[str, list[dict[str, Any]]] = {}
     for run_id, step, t, host, seq, data in rows:
         d = json.loads(data) if isinstance(data, str) else dict(data or {})
-        out.setdefault(run_id, []).append({"run": run_id, "step": step, "t": t, "host": host, "seq": seq, **d})
+        out.setdefault(run_id, []).append(
+            {"run": run_id, "step": step, "t": t, "host": host, "seq": seq, **d}
+        )
     return out

@@ -28,33 +28,57 @@ __all__ = [
 
 # Columns `list_runs` returns, in order.
 RUN_COLUMNS = (
-    "run", "name", "status", "start_time", "end_time", "last_event_t", "last_step", "final_step",
-    "parent_run", "parent_step", "ladder_name", "ladder_rung", "tags", "project", "run_group",
-)  # fmt: skip
+    "run",
+    "name",
+    "status",
+    "start_time",
+    "end_time",
+    "last_event_t",
+    "last_step",
+    "final_step",
+    "parent_run",
+    "parent_step",
+    "ladder_name",
+    "ladder_rung",
+    "tags",
+    "project",
+    "run_group",
+)
 
 
-def _run_filter(text: str | None, status, projects, groups, ladders=(), tags=(), runs=None,
-                name: str | None = None) -> tuple[str, dict[str, Any]]:  # fmt: skip
+def _run_filter(
+    text: str | None, status, projects, groups, ladders=(), tags=(), runs=None, name: str | None = None
+) -> tuple[str, dict[str, Any]]:
     """The WHERE of a run search over `runs` with its `status` computed (see `search_runs`) and its parameters.
 
     `text`: every word matches the run id, name, project, group, ladder or a tag (case-insensitive,
     anywhere in them); a run whose id is the whole text or starts with it matches too."""
     words = (text or "").lower().split()
-    where = ["(len($status::VARCHAR[]) = 0 OR list_contains($status::VARCHAR[], status))",
-             "($name IS NULL OR name = $name)",
-             "(len($projects::VARCHAR[]) = 0 OR list_contains($projects::VARCHAR[], project))",
-             "(len($groups::VARCHAR[]) = 0 OR list_contains($groups::VARCHAR[], run_group))",
-             "(len($ladders::VARCHAR[]) = 0 OR list_contains($ladders::VARCHAR[], ladder_name))",
-             "(len($tags::VARCHAR[]) = 0 OR len(list_intersect($tags::VARCHAR[], coalesce(tags, []))) > 0)"]  # fmt: skip
+    where = [
+        "(len($status::VARCHAR[]) = 0 OR list_contains($status::VARCHAR[], status))",
+        "($name IS NULL OR name = $name)",
+        "(len($projects::VARCHAR[]) = 0 OR list_contains($projects::VARCHAR[], project))",
+        "(len($groups::VARCHAR[]) = 0 OR list_contains($groups::VARCHAR[], run_group))",
+        "(len($ladders::VARCHAR[]) = 0 OR list_contains($ladders::VARCHAR[], ladder_name))",
+        "(len($tags::VARCHAR[]) = 0 OR len(list_intersect($tags::VARCHAR[], coalesce(tags, []))) > 0)",
+    ]
     statuses = [] if status is None else [status] if isinstance(status, str) else list(status)
-    params: dict[str, Any] = {"status": statuses, "projects": list(projects), "groups": list(groups),
-                              "ladders": list(ladders), "tags": list(tags), "name": name}  # fmt: skip
+    params: dict[str, Any] = {
+        "status": statuses,
+        "projects": list(projects),
+        "groups": list(groups),
+        "ladders": list(ladders),
+        "tags": list(tags),
+        "name": name,
+    }
     if runs is not None:
         where.append("run IN (SELECT unnest($runs::VARCHAR[]))")
         params["runs"] = list(runs)
     for i, w in enumerate(words):
-        hay = ("lower(concat_ws(' ', run, name, project, run_group, ladder_name, ladder_rung, "
-               "array_to_string(coalesce(tags, []), ' ')))")  # fmt: skip
+        hay = (
+            "lower(concat_ws(' ', run, name, project, run_group, ladder_name, ladder_rung, "
+            "array_to_string(coalesce(tags, []), ' ')))"
+        )
         where.append(f"(starts_with(run, $raw) OR contains({hay}, $w{i}))")
         params[f"w{i}"] = w
     if words:
@@ -62,9 +86,20 @@ def _run_filter(text: str | None, status, projects, groups, ladders=(), tags=(),
     return " AND ".join(where), params
 
 
-def search_runs(con, text: str | None = None, status=None, projects=(), groups=(), ladders=(), tags=(),
-                limit: int | None = None, offset: int = 0, now: float | None = None, runs=None,
-                name: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def search_runs(
+    con,
+    text: str | None = None,
+    status=None,
+    projects=(),
+    groups=(),
+    ladders=(),
+    tags=(),
+    limit: int | None = None,
+    offset: int = 0,
+    now: float | None = None,
+    runs=None,
+    name: str | None = None,
+) -> list[dict[str, Any]]:
     """Runs matching a search, newest first (a run whose id is the text itself first), `status` computed now
     (`crashed` after `stale_after_s` of silence); `limit` of them from `offset` (None: all). The one run
     search of the CLI (`observatory runs --search`), the Runs page and the run pickers, server-side: a
@@ -75,34 +110,55 @@ def search_runs(con, text: str | None = None, status=None, projects=(), groups=(
     params["cut"] = (time.time() if now is None else now) - settings.get("stale_after_s")
     exact = "run = $raw DESC, " if "raw" in params else ""
     cols = ", ".join(f"{run_status_sql('$cut')} AS status" if c == "status" else c for c in RUN_COLUMNS)
-    sql = (f"SELECT {', '.join(RUN_COLUMNS)} FROM (SELECT {cols}, ladder FROM runs) WHERE {where} "
-           f"ORDER BY {exact}coalesce(start_time, last_event_t) DESC NULLS LAST, run")  # fmt: skip
+    sql = (
+        f"SELECT {', '.join(RUN_COLUMNS)} FROM (SELECT {cols}, ladder FROM runs) WHERE {where} "
+        f"ORDER BY {exact}coalesce(start_time, last_event_t) DESC NULLS LAST, run"
+    )
     if limit is not None:
         sql += f" LIMIT {int(limit)} OFFSET {int(offset)}"
     cur = con.execute(sql, params)
     return [dict(zip(RUN_COLUMNS, r, strict=True)) for r in cur.fetchall()]
 
 
-def count_runs(con, text: str | None = None, status=None, projects=(), groups=(), ladders=(), tags=(),
-               now: float | None = None) -> int:  # fmt: skip
+def count_runs(
+    con,
+    text: str | None = None,
+    status=None,
+    projects=(),
+    groups=(),
+    ladders=(),
+    tags=(),
+    now: float | None = None,
+) -> int:
     """How many runs `search_runs` would give with no limit."""
     where, params = _run_filter(text, status, projects, groups, ladders, tags)
     params["cut"] = (time.time() if now is None else now) - settings.get("stale_after_s")
     cols = ", ".join(f"{run_status_sql('$cut')} AS status" if c == "status" else c for c in RUN_COLUMNS)
-    return con.execute(f"SELECT count(*) FROM (SELECT {cols} FROM runs) WHERE {where}", params).fetchall()[0][0]
+    return con.execute(f"SELECT count(*) FROM (SELECT {cols} FROM runs) WHERE {where}", params).fetchall()[0][
+        0
+    ]
 
 
 def run_facets(con, now: float | None = None, top: int = 200) -> dict[str, Any]:
     """What the Runs page's filters offer, from every run at once: runs per status, and the `top` most used
     ladders, tags, projects and groups (bounded lists, however many runs)."""
     cut = (time.time() if now is None else now) - settings.get("stale_after_s")
-    status = dict(con.execute(f"SELECT {run_status_sql('$cut')} AS s, count(*) FROM runs GROUP BY s",
-                              {"cut": cut}).fetchall())  # fmt: skip
+    status = dict(
+        con.execute(
+            f"SELECT {run_status_sql('$cut')} AS s, count(*) FROM runs GROUP BY s", {"cut": cut}
+        ).fetchall()
+    )
     out: dict[str, Any] = {"status": status, "total": sum(status.values())}
-    for key, expr in (("ladders", "ladder_name"), ("projects", "project"), ("groups", "run_group"),
-                      ("tags", "unnest(coalesce(tags, []))")):  # fmt: skip
-        rows = con.execute(f"SELECT v, count(*) AS n FROM (SELECT {expr} AS v FROM runs) WHERE v IS NOT NULL "
-                           f"GROUP BY v ORDER BY n DESC, v LIMIT {int(top)}").fetchall()  # fmt: skip
+    for key, expr in (
+        ("ladders", "ladder_name"),
+        ("projects", "project"),
+        ("groups", "run_group"),
+        ("tags", "unnest(coalesce(tags, []))"),
+    ):
+        rows = con.execute(
+            f"SELECT v, count(*) AS n FROM (SELECT {expr} AS v FROM runs) WHERE v IS NOT NULL "
+            f"GROUP BY v ORDER BY n DESC, v LIMIT {int(top)}"
+        ).fetchall()
         out[key] = sorted(r[0] for r in rows)
     return out
 

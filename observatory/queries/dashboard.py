@@ -157,8 +157,16 @@ def series_view(
 
 
 def live_view(
-    con, run: str, main: list[str], small: list[str], lo: int | None, hi: int | None,
-    main_points: int = 1000, small_points: int = 300, families=(), drops: bool = False,
+    con,
+    run: str,
+    main: list[str],
+    small: list[str],
+    lo: int | None,
+    hi: int | None,
+    main_points: int = 1000,
+    small_points: int = 300,
+    families=(),
+    drops: bool = False,
 ) -> dict[str, Any]:
     """The Live panel's series in one call: `main` names at `main_points` buckets (the big loss chart),
     `small` names at `small_points` (the half-width health charts), over one window of the union's extent.
@@ -174,7 +182,10 @@ def live_view(
     if window is None:
         return {"extent": None, "window": None, "data": None, "bands": None, "drop": None}
     data = pl.concat(
-        [downsample(con, run, main, *window, main_points), downsample(con, run, small, *window, small_points)],
+        [
+            downsample(con, run, main, *window, main_points),
+            downsample(con, run, small, *window, small_points),
+        ],
         how="vertical_relaxed",
     )
     bands = layer_bands(con, run, families, *window, small_points) if families else None
@@ -205,9 +216,15 @@ def layer_bands(con, run: str, families, lo: int, hi: int, max_points: int = 300
             if m and name == fam.replace("*", m.group(1), 1):
                 names[name] = fam
     schema = {
-        "family": pl.String, "step": pl.Int64, "step_lo": pl.Int64, "min": pl.Float64, "max": pl.Float64,
-        "mean": pl.Float64, "worst_layer": pl.Int64, "n_layers": pl.UInt32,
-    }  # fmt: skip
+        "family": pl.String,
+        "step": pl.Int64,
+        "step_lo": pl.Int64,
+        "min": pl.Float64,
+        "max": pl.Float64,
+        "mean": pl.Float64,
+        "worst_layer": pl.Int64,
+        "n_layers": pl.UInt32,
+    }
     if not names:
         return {"data": pl.DataFrame(schema=schema), "worst": {}}
     df = _bucketed(con, [run], list(names), lo, hi, max_points).with_columns(

@@ -58,7 +58,9 @@ def artifacts(con, run: str) -> list[dict[str, Any]]:
 
 def run_info(con, run: str) -> dict[str, Any] | None:
     """The run's project, group, notes, source (a dict) and tags, or None when it is not in the store."""
-    row = con.execute("SELECT project, run_group, notes, source, tags FROM runs WHERE run = $run", {"run": run}).fetchone()
+    row = con.execute(
+        "SELECT project, run_group, notes, source, tags FROM runs WHERE run = $run", {"run": run}
+    ).fetchone()
     if row is None:
         return None
     project, group, notes, source, tags = row

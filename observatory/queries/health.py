@@ -19,8 +19,14 @@ LATEST_S = (
     300.0  # the hosts table's telemetry: each host's newest values within this of the run's newest beat
 )
 STEP_TIME = "seconds per step"  # the matrix of each host's own step rate, from its heartbeats
-SUMMARY_NAMES = ("system/cpu_percent", "system/rss_bytes", "system/mem_available_bytes",
-                 "accel/0/hbm_used_bytes", "accel/0/hbm_limit_bytes", "accel/0/util")  # fmt: skip
+SUMMARY_NAMES = (
+    "system/cpu_percent",
+    "system/rss_bytes",
+    "system/mem_available_bytes",
+    "accel/0/hbm_used_bytes",
+    "accel/0/hbm_limit_bytes",
+    "accel/0/util",
+)
 
 
 def _hosts(con, run: str) -> dict[str, Any]:
@@ -96,8 +102,12 @@ def _matrix(con, run: str, name: str, buckets: int) -> dict[str, Any] | None:
 
 def health_view(con, run: str, name: str, buckets: int = 200) -> dict[str, Any]:
     """The Health page's data for `run`: its hosts' newest state, the matrix of `name`, the names it has."""
-    names = [r[0] for r in con.execute(
-        "SELECT DISTINCT name FROM host_telemetry WHERE run = $run ORDER BY name", {"run": run}).fetchall()]  # fmt: skip
+    names = [
+        r[0]
+        for r in con.execute(
+            "SELECT DISTINCT name FROM host_telemetry WHERE run = $run ORDER BY name", {"run": run}
+        ).fetchall()
+    ]
     return {
         "hosts": _hosts(con, run),
         "matrix": _matrix(con, run, name, buckets),

@@ -67,10 +67,19 @@ def ladder_runs(con, name: str) -> list[dict[str, Any]]:
     out = []
     for run, rung, ladder, status, final_step, last_step, start, model in rows:
         info = _json(ladder) or {}
-        out.append({
-            "run": run, "rung": rung, "ladder": info, "target": is_target(info), "status": status,
-            "final_step": final_step, "last_step": last_step, "start_time": start, "model": _json(model) or {},
-        })  # fmt: skip
+        out.append(
+            {
+                "run": run,
+                "rung": rung,
+                "ladder": info,
+                "target": is_target(info),
+                "status": status,
+                "final_step": final_step,
+                "last_step": last_step,
+                "start_time": start,
+                "model": _json(model) or {},
+            }
+        )
     return out
 
 
@@ -82,8 +91,14 @@ def run_ladder(con, run: str) -> dict[str, Any] | None:
     if row is None:
         return None
     name, ladder, status, final_step, last_step, start = row
-    return {"ladder_name": name, "ladder": _json(ladder) or {}, "status": status, "final_step": final_step,
-            "last_step": last_step, "start_time": start}
+    return {
+        "ladder_name": name,
+        "ladder": _json(ladder) or {},
+        "status": status,
+        "final_step": final_step,
+        "last_step": last_step,
+        "start_time": start,
+    }
 
 
 def eval_points(con, runs: list[str]) -> list[dict[str, Any]]:
@@ -136,6 +151,7 @@ def decision_markers(con, name: str):
         [name],
     ).fetchall()
     cols = ("kind", "step", "t", "host", "data")
-    return pl.DataFrame([dict(zip(cols, r, strict=True)) for r in rows],
-                        schema={"kind": pl.String, "step": pl.Int64, "t": pl.Float64, "host": pl.Int64,
-                                "data": pl.String})  # fmt: skip
+    return pl.DataFrame(
+        [dict(zip(cols, r, strict=True)) for r in rows],
+        schema={"kind": pl.String, "step": pl.Int64, "t": pl.Float64, "host": pl.Int64, "data": pl.String},
+    )

@@ -448,7 +448,10 @@ class _Pool:
 
     def status(self) -> dict[str, int]:
         with self._lock:
-            return {"alive": sum(w.alive() for w in self.all), "ready": sum(w.ready and w.alive() for w in self.idle)}
+            return {
+                "alive": sum(w.alive() for w in self.all),
+                "ready": sum(w.ready and w.alive() for w in self.idle),
+            }
 
     def give_back(self, w: _Worker, healthy: bool) -> None:
         with self._lock:
@@ -508,9 +511,15 @@ class _SafeUnpickler(pickle.Unpickler):
     """Unpickles what a worker sends: plain containers, dates, decimals, UUIDs, zoneinfo; nothing else."""
 
     _ALLOWED = {
-        ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"), ("datetime", "timedelta"),
-        ("datetime", "timezone"), ("decimal", "Decimal"), ("uuid", "UUID"), ("zoneinfo", "ZoneInfo"),
-    }  # fmt: skip
+        ("datetime", "datetime"),
+        ("datetime", "date"),
+        ("datetime", "time"),
+        ("datetime", "timedelta"),
+        ("datetime", "timezone"),
+        ("decimal", "Decimal"),
+        ("uuid", "UUID"),
+        ("zoneinfo", "ZoneInfo"),
+    }
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self._ALLOWED:

@@ -64,30 +64,75 @@ STATEMENTS = frozenset({"SELECT", "EXPLAIN"})
 # json_execute_serialized_sql, and the ones that show settings, paths or secrets
 # (duckdb_settings, duckdb_databases, duckdb_extensions, duckdb_secrets, which_secret,
 # duckdb_temporary_files, duckdb_memory, duckdb_logs, pragma_*, ...).
-TABLE_FUNCTIONS = frozenset({
-    "range", "generate_series", "unnest", "repeat", "repeat_row", "json_each", "json_tree",
-    "duckdb_tables", "duckdb_columns", "duckdb_views", "duckdb_schemas", "duckdb_types",
-    "duckdb_constraints", "duckdb_indexes", "duckdb_dependencies", "duckdb_functions",
-    "duckdb_keywords", "duckdb_optimizers", "pg_timezone_names", "icu_calendar_names", "test_all_types",
-})  # fmt: skip
+TABLE_FUNCTIONS = frozenset(
+    {
+        "range",
+        "generate_series",
+        "unnest",
+        "repeat",
+        "repeat_row",
+        "json_each",
+        "json_tree",
+        "duckdb_tables",
+        "duckdb_columns",
+        "duckdb_views",
+        "duckdb_schemas",
+        "duckdb_types",
+        "duckdb_constraints",
+        "duckdb_indexes",
+        "duckdb_dependencies",
+        "duckdb_functions",
+        "duckdb_keywords",
+        "duckdb_optimizers",
+        "pg_timezone_names",
+        "icu_calendar_names",
+        "test_all_types",
+    }
+)
 
 # Table functions that read files: refused with the words DuckDB itself uses for them.
 _FILE_READER = re.compile(r"^(read_|parquet_|sniff_|glob$|seq_scan$|arrow_scan|pandas_scan|python_)")
 
 # Scalar functions that show the server's settings or environment, or act on the session.
-SCALAR_DENY = frozenset({
-    "current_setting", "getenv", "which_secret", "write_log", "json_serialize_plan",
-    "json_execute_serialized_sql", "nextval", "currval", "enable_logging", "disable_logging",
-})  # fmt: skip
+SCALAR_DENY = frozenset(
+    {
+        "current_setting",
+        "getenv",
+        "which_secret",
+        "write_log",
+        "json_serialize_plan",
+        "json_execute_serialized_sql",
+        "nextval",
+        "currval",
+        "enable_logging",
+        "disable_logging",
+    }
+)
 SCALAR_DENY_PREFIXES = ("pragma_", "duckdb_", "__internal")
 
 # Views of DuckDB's system catalog a query may read: names and types of tables and columns.
-SYSTEM_VIEWS = frozenset({
-    "duckdb_columns", "duckdb_constraints", "duckdb_indexes", "duckdb_schemas", "duckdb_tables",
-    "duckdb_types", "duckdb_views", "character_sets", "check_constraints", "columns",
-    "constraint_column_usage", "constraint_table_usage", "key_column_usage", "referential_constraints",
-    "schemata", "table_constraints", "tables", "views",
-})  # fmt: skip
+SYSTEM_VIEWS = frozenset(
+    {
+        "duckdb_columns",
+        "duckdb_constraints",
+        "duckdb_indexes",
+        "duckdb_schemas",
+        "duckdb_tables",
+        "duckdb_types",
+        "duckdb_views",
+        "character_sets",
+        "check_constraints",
+        "columns",
+        "constraint_column_usage",
+        "constraint_table_usage",
+        "key_column_usage",
+        "referential_constraints",
+        "schemata",
+        "table_constraints",
+        "tables",
+        "views",
+    }
+)
 
 # Query nodes a statement may hold: no INSERT/UPDATE/DELETE inside a CTE.
 QUERY_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"})
@@ -129,9 +174,12 @@ class Policy:
         ).fetchall()
         denied = set(SCALAR_DENY)
         bad_word = re.compile(
-            r"\b(" + "|".join(re.escape(p) + r"\w*" for p in SCALAR_DENY_PREFIXES) + "|"
-            + "|".join(re.escape(n) for n in sorted(SCALAR_DENY)) + r")\s*\("
-        )  # fmt: skip
+            r"\b("
+            + "|".join(re.escape(p) + r"\w*" for p in SCALAR_DENY_PREFIXES)
+            + "|"
+            + "|".join(re.escape(n) for n in sorted(SCALAR_DENY))
+            + r")\s*\("
+        )
         for name, definition in macros:
             if bad_word.search(definition or ""):
                 denied.add(name.lower())
@@ -387,10 +435,19 @@ def _settings_sql(memory_mb: int, threads: int) -> list[str]:
 
 
 _GUARDED = (
-    "enable_external_access", "lock_configuration", "memory_limit", "threads", "temp_directory",
-    "enable_progress_bar", "enable_progress_bar_print", "python_enable_replacements",
-    "autoload_known_extensions", "autoinstall_known_extensions", "allowed_directories", "allowed_paths",
-)  # fmt: skip
+    "enable_external_access",
+    "lock_configuration",
+    "memory_limit",
+    "threads",
+    "temp_directory",
+    "enable_progress_bar",
+    "enable_progress_bar_print",
+    "python_enable_replacements",
+    "autoload_known_extensions",
+    "autoinstall_known_extensions",
+    "allowed_directories",
+    "allowed_paths",
+)
 
 
 def _fingerprint(con) -> list[tuple]:
@@ -524,12 +581,14 @@ def _serve(req: dict, policy: Policy, out: BinaryIO, store, duckdb) -> dict:
     if verdict is not None:
         return done(verdict)
     try:
-        return done({
-            "kind": "ok",
-            "columns": scrub(columns, paths),
-            "types": types,
-            "rows": [tuple(scrub(_plain(v), paths) for v in r) for r in rows[: req["max_rows"]]],
-            "truncated": len(rows) > req["max_rows"],
-        })  # fmt: skip
+        return done(
+            {
+                "kind": "ok",
+                "columns": scrub(columns, paths),
+                "types": types,
+                "rows": [tuple(scrub(_plain(v), paths) for v in r) for r in rows[: req["max_rows"]]],
+                "truncated": len(rows) > req["max_rows"],
+            }
+        )
     except MemoryError:
         return done({"kind": "memory", "message": "the result did not fit in memory", "retire": True})

@@ -64,7 +64,9 @@ class Report:
     decisions: list[Any]  # observatory.decisions.Decision
     metric_names: list[str] = field(default_factory=list)
     nonfinite: list[int] = field(default_factory=list)  # steps where the loss is NaN or inf
-    loss_name: str | None = None  # the run's loss (`queries.core.loss_name`): train/loss, or a W&B run's `loss`, ...
+    loss_name: str | None = (
+        None  # the run's loss (`queries.core.loss_name`): train/loss, or a W&B run's `loss`, ...
+    )
 
 
 def effective_status(info: dict[str, Any], now: float | None = None) -> str:
@@ -75,8 +77,13 @@ def effective_status(info: dict[str, Any], now: float | None = None) -> str:
     if info.get("start_time") is None:
         return "records"  # a folder without run_start (e.g. `decisions/`): findings, not a training run
     now = time.time() if now is None else now
-    row = {"status": info.get("status") or "running", "last": info.get("writer_t") or info.get("last_event_t")}
-    with duckdb.cursor() as con:  # a cursor of DuckDB's in-memory default database: the expression over one row
+    row = {
+        "status": info.get("status") or "running",
+        "last": info.get("writer_t") or info.get("last_event_t"),
+    }
+    with (
+        duckdb.cursor() as con
+    ):  # a cursor of DuckDB's in-memory default database: the expression over one row
         return con.execute(
             f"SELECT {run_status_sql('$cut')} FROM (SELECT $status AS status, $last::DOUBLE AS last_event_t)",
             {**row, "cut": now - float(settings.get("stale_after_s"))},
@@ -159,9 +166,21 @@ def _forecasts(con, run: str, events: list[dict], decisions: list) -> tuple[list
             )
     for dcs in decisions:
         fc = dcs.forecast
-        same = None if fc is None else next(
-            (f for f in fcs if f["metric"] == fc.metric and math.isclose(f["value"], fc.value, rel_tol=1e-3)), None)
-        if same is not None:  # the decision pre-registered this forecast event's number: one row, both sources
+        same = (
+            None
+            if fc is None
+            else next(
+                (
+                    f
+                    for f in fcs
+                    if f["metric"] == fc.metric and math.isclose(f["value"], fc.value, rel_tol=1e-3)
+                ),
+                None,
+            )
+        )
+        if (
+            same is not None
+        ):  # the decision pre-registered this forecast event's number: one row, both sources
             same["source_text"] = f"decision {dcs.id}; {same['source_text']}"
         elif dcs.forecast is not None:
             fcs.append(
@@ -217,7 +236,9 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
         lines.append(f"It started from {info['parent_run']} at step {info.get('parent_step')}.")
     nf = rep_parts["nonfinite"]
     if nf:
-        lines.append(f"{rep_parts['loss_name'] or 'train/loss'} first became non-finite at step {nf[0]} ({len(nf)} non-finite steps).")
+        lines.append(
+            f"{rep_parts['loss_name'] or 'train/loss'} first became non-finite at step {nf[0]} ({len(nf)} non-finite steps)."
+        )
     anoms = [e for e in tl if e["kind"] == "anomaly" and e["step"] is not None]
     fails = [e for e in tl if e["kind"] == "failure"]
     if anoms:
@@ -261,6 +282,7 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
 
 def build(db, run: str, *, now: float | None = None) -> Report:
     """Collect a run's report from the store (a path or an open connection). ValueError if unknown."""
+
     def work(con) -> Report:
         info = q.run_info(con, run)
         if info is None:
@@ -363,4 +385,3 @@ def build(db, run: str, *, now: float | None = None) -> Report:
 
     with using(db) as con:
         return work(con)
-

@@ -60,12 +60,17 @@ def overview(rep: Report) -> go.Figure | None:
     if not names:
         return None
     fig = make_subplots(
-        rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=[plot_text(n) for n in names]
+        rows=len(names),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.04,
+        subplot_titles=[plot_text(n) for n in names],
     )
     for i, name in enumerate(names, start=1):
         xs, ys = _xy(rep.series[name])
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=plot_text(name), line=dict(width=1.5)),
-                      row=i, col=1)
+        fig.add_trace(
+            go.Scatter(x=xs, y=ys, mode="lines", name=plot_text(name), line=dict(width=1.5)), row=i, col=1
+        )
         bad = [s for s, v in rep.series[name] if v is None or not math.isfinite(v)]
         if name == rep.loss_name:  # a downsampled series leaves NaNs out; the report lists them all
             bad = sorted(set(bad) | set(rep.nonfinite[:MAX_MARKERS]))
@@ -232,13 +237,22 @@ def forecast(rep: Report) -> go.Figure | None:
             )
         for f in fs:  # the headline: where the run ended up against the band
             if f.get("actual") is not None and f.get("actual_step") is not None:
-                fig.add_annotation(x=f["actual_step"], y=f["actual"], text=f"actual {f['actual']:.4g}: {f['verdict']}",
-                                   showarrow=True, arrowhead=2, ax=-60, ay=-40,
-                                   font=dict(color="#2ca02c" if f["verdict"] == "inside band" else "#d62728"))  # fmt: skip
+                fig.add_annotation(
+                    x=f["actual_step"],
+                    y=f["actual"],
+                    text=f"actual {f['actual']:.4g}: {f['verdict']}",
+                    showarrow=True,
+                    arrowhead=2,
+                    ax=-60,
+                    ay=-40,
+                    font=dict(color="#2ca02c" if f["verdict"] == "inside band" else "#d62728"),
+                )
     if not fig.data:
         return None
     xs = [x for t in fig.data for x in (t.x or ()) if x is not None]
-    verdicts = sorted({f["verdict"] for f in rep.forecasts if f.get("low") is not None and f.get("actual") is not None})
+    verdicts = sorted(
+        {f["verdict"] for f in rep.forecasts if f.get("low") is not None and f.get("actual") is not None}
+    )
     title = "Forecast against what happened" + (f": {', '.join(verdicts)}" if verdicts else "")
     fig.update_layout(height=320, title=title, **LAYOUT)
     # from step 0 (a lone forecast point must not get an axis of its own width, 199 to 201)

@@ -29,7 +29,16 @@ from observatory.markup import Markup, md_escape
 from observatory.report.collect import Report, build
 from observatory.report.format import flatten, fmt_time, fmt_value
 
-__all__ = ["render_html", "render_markdown", "render_pdf", "write", "write_pngs", "SECTIONS", "FORMATS", "CHROMIUM_ARGS"]
+__all__ = [
+    "render_html",
+    "render_markdown",
+    "render_pdf",
+    "write",
+    "write_pngs",
+    "SECTIONS",
+    "FORMATS",
+    "CHROMIUM_ARGS",
+]
 
 FORMATS = ("html", "md", "pdf")
 
@@ -265,7 +274,13 @@ def _table(head: list[str], rows: list[list[str]], classes: list[str] | None = N
     return f"<table>{thead}<tbody>{''.join(body)}</tbody></table>"
 
 
-PROSE = ("hypothesis", "goal", "action", "outcome", "follow-up")  # decision fields kept as written, lines and all
+PROSE = (
+    "hypothesis",
+    "goal",
+    "action",
+    "outcome",
+    "follow-up",
+)  # decision fields kept as written, lines and all
 
 
 def _prose(text: str) -> Markup:

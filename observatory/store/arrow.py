@@ -32,8 +32,13 @@ def _validity(nulls: np.ndarray) -> pa.Buffer | None:
     return pa.py_buffer(np.packbits(~nulls, bitorder="little")) if nulls.any() else None
 
 
-_NUMPY = {pa.int64(): np.int64, pa.int32(): np.int32, pa.uint16(): np.uint16, pa.uint32(): np.uint32,
-          pa.float64(): np.float64}  # fmt: skip
+_NUMPY = {
+    pa.int64(): np.int64,
+    pa.int32(): np.int32,
+    pa.uint16(): np.uint16,
+    pa.uint32(): np.uint32,
+    pa.float64(): np.float64,
+}
 
 
 def column(values: list, typ: pa.DataType) -> pa.Array:

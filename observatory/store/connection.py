@@ -135,9 +135,6 @@ def _flock_in_gap(path: Path, window_s: float) -> int | None:
     return None
 
 
-
-
-
 def writer_active(db) -> bool:
     """Whether a writer holds or is about to hold the store right now (its transaction, or the gate
     closed while it waits for readers): a reader that opened it now would wait. One non-blocking
@@ -165,7 +162,6 @@ def _unlock(fd: int | None) -> None:
 
 def _lock_paths(path: Path) -> tuple[Path, Path]:
     return path.with_name(path.name + ".gate"), path.with_name(path.name + ".lock")
-
 
 
 def lock_files(db) -> list[Path]:
@@ -383,7 +379,9 @@ def _attach(duckdb, path: Path, read_only: bool, fresh: bool = False):
     return con
 
 
-def connect(db=None, read_only: bool = True, timeout_s: float | None = None, fresh: bool = False) -> StoreConnection:
+def connect(
+    db=None, read_only: bool = True, timeout_s: float | None = None, fresh: bool = False
+) -> StoreConnection:
     """A connection to the store for one unit of work, read-only by default.
 
     Waits (bounded by `lock_timeout_s`) while the ingester commits a batch and
@@ -422,8 +420,10 @@ def write_connection(db=None, timeout_s: float | None = None) -> StoreConnection
     """The read-write connection: only the ingester (and tests) use it, for one short transaction."""
     path = Path(db) if db is not None else default_db()
     if _reading(path):
-        raise ReentrantWrite(f"{path}: this thread holds a read connection to the store and asked for its write "
-                             "connection, which would wait for that read connection forever: close it first")  # fmt: skip
+        raise ReentrantWrite(
+            f"{path}: this thread holds a read connection to the store and asked for its write "
+            "connection, which would wait for that read connection forever: close it first"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + (settings.get("lock_timeout_s") if timeout_s is None else timeout_s)
     gate, lock = _lock_paths(path)

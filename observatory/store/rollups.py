@@ -117,8 +117,9 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> Non
             continue
         raw = f"(SELECT * FROM {source} WHERE rowid >= {int(start)})"
         (_roll_metrics if source == "metrics" else _roll_experts)(con, raw)
-        for (name,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary "
-                                   "AND starts_with(table_name, '_touched_')").fetchall():  # fmt: skip
+        for (name,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE temporary AND starts_with(table_name, '_touched_')"
+        ).fetchall():
             con.execute(f"DROP TABLE {name}")  # an instance left with temp tables is not kept for reuse
         nxt = (committed_max + 1 if committed_max is not None else start) + n_local
         _save_state(con, source, nxt, n_total)
@@ -126,8 +127,13 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> Non
 
 def _roll_metrics(con, raw: str) -> None:
     res0 = METRIC_RESOLUTIONS[0]
-    _merge(con, _M8, ("run", "name", "bucket"), _METRIC_RAW.format(res=res0, src=raw),
-           _METRIC_COMBINE.format(k=1, src="{src}"))  # fmt: skip
+    _merge(
+        con,
+        _M8,
+        ("run", "name", "bucket"),
+        _METRIC_RAW.format(res=res0, src=raw),
+        _METRIC_COMBINE.format(k=1, src="{src}"),
+    )
     below = _M8
     for res, prev in zip(METRIC_RESOLUTIONS[1:], METRIC_RESOLUTIONS, strict=False):
         table = f"metrics_r{res}"
@@ -137,13 +143,31 @@ def _roll_metrics(con, raw: str) -> None:
 
 
 def _roll_experts(con, raw: str) -> None:
-    _merge(con, "expert_layer_step", ("run", "layer", "step"), _LAYER_STEP_RAW.format(src=raw), _LAYER_STEP_COMBINE)
-    _merge(con, _X16, ("run", "layer", "bucket", "expert"), _LOAD_RAW.format(res=RESOLUTIONS[0], src=raw),
-           _LOAD_COMBINE.format(k=1, src="{src}"))  # fmt: skip
+    _merge(
+        con,
+        "expert_layer_step",
+        ("run", "layer", "step"),
+        _LAYER_STEP_RAW.format(src=raw),
+        _LAYER_STEP_COMBINE,
+    )
+    _merge(
+        con,
+        _X16,
+        ("run", "layer", "bucket", "expert"),
+        _LOAD_RAW.format(res=RESOLUTIONS[0], src=raw),
+        _LOAD_COMBINE.format(k=1, src="{src}"),
+    )
     # the levels over expert_layer_step: the steps (and 64-step buckets) the new cells are in, recomputed
     _recompute(con, "expert_run_step", "expert_layer_step", 1, ("run", "step"), _RUN_STEP, step_key=True)
-    _recompute(con, _XL, "expert_layer_step", LAYER_RESOLUTION, ("run", "layer", "bucket"), _LAYER_BUCKET,
-               step_key=True)  # fmt: skip
+    _recompute(
+        con,
+        _XL,
+        "expert_layer_step",
+        LAYER_RESOLUTION,
+        ("run", "layer", "bucket"),
+        _LAYER_BUCKET,
+        step_key=True,
+    )
     below = _X16
     for res, prev in zip(RESOLUTIONS[1:], RESOLUTIONS, strict=False):
         table = f"expert_load_r{res}"
@@ -160,7 +184,9 @@ def _merge(con, table: str, keys: tuple[str, ...], new_sql: str, combine: str) -
     con.execute(f"INSERT INTO {new} {new_sql}")
     on, rng = _on(keys, "t", "n"), _range(con, table, new, keys)
     old = f"_old_{table}"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {old} AS SELECT t.* FROM {table} t SEMI JOIN {new} n ON {on} {rng}")
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {old} AS SELECT t.* FROM {table} t SEMI JOIN {new} n ON {on} {rng}"
+    )
     if not con.execute(f"SELECT count(*) FROM {old}").fetchall()[0][0]:
         con.execute(f"INSERT INTO {table} SELECT * FROM {new} ORDER BY ALL")
     else:  # some cells go on (a run's tail bucket, a replayed step): stored part + new part
@@ -170,8 +196,17 @@ def _merge(con, table: str, keys: tuple[str, ...], new_sql: str, combine: str) -
     con.execute(f"DROP TABLE {old}")
 
 
-def _recompute(con, table: str, below: str, k: int, keys: tuple[str, ...], sql: str, *, with_o: bool = False,
-               step_key: bool = False) -> None:  # fmt: skip
+def _recompute(
+    con,
+    table: str,
+    below: str,
+    k: int,
+    keys: tuple[str, ...],
+    sql: str,
+    *,
+    with_o: bool = False,
+    step_key: bool = False,
+) -> None:
     """Recompute the cells of `table` (keys `keys`, its bucket = the level below's `// k`) that the new cells
     of `below` reach into (`_touched_<below>`: the keys a merge or a recompute left), from `below`.
     `step_key`: `below` is keyed by `step` (expert_layer_step), not `bucket`."""
@@ -188,8 +223,10 @@ def _recompute(con, table: str, below: str, k: int, keys: tuple[str, ...], sql: 
     on_t = _on(keys, "t", "d")
     con.execute(f"DELETE FROM {table} t USING {touched} d WHERE {on_t} AND t.{out_key} BETWEEN {lo} AND {hi}")
     on_b = " AND ".join([*(f"b.{c} = d.{c}" for c in inner), f"b.{col} // {k} = d.{out_key}"])
-    rows = (f"(SELECT b.*{', 0 AS _o' if with_o else ''} FROM {below} b SEMI JOIN {touched} d ON {on_b} "
-            f"WHERE b.{col} BETWEEN {lo * k} AND {hi * k + k - 1})")  # fmt: skip
+    rows = (
+        f"(SELECT b.*{', 0 AS _o' if with_o else ''} FROM {below} b SEMI JOIN {touched} d ON {on_b} "
+        f"WHERE b.{col} BETWEEN {lo * k} AND {hi * k + k - 1})"
+    )
     con.execute(f"INSERT INTO {table} {sql.format(k=k, src=rows)} ORDER BY ALL")
 
 
@@ -247,11 +284,14 @@ def _state_now(con, source: str) -> tuple[int, int]:
 def _rebuild_metrics(con) -> None:
     for t in METRIC_TABLES:
         con.execute(f"DELETE FROM {t}")
-    con.execute(f"INSERT INTO {_M8} {_METRIC_RAW.format(res=METRIC_RESOLUTIONS[0], src='metrics')} ORDER BY ALL")
+    con.execute(
+        f"INSERT INTO {_M8} {_METRIC_RAW.format(res=METRIC_RESOLUTIONS[0], src='metrics')} ORDER BY ALL"
+    )
     for res, prev in zip(METRIC_RESOLUTIONS[1:], METRIC_RESOLUTIONS, strict=False):
         src = f"(SELECT *, 0 AS _o FROM metrics_r{prev})"
-        con.execute(f"INSERT INTO metrics_r{res} {_METRIC_COMBINE.format(k=res // prev, src=src)} "
-                    f"ORDER BY ALL")  # fmt: skip
+        con.execute(
+            f"INSERT INTO metrics_r{res} {_METRIC_COMBINE.format(k=res // prev, src=src)} ORDER BY ALL"
+        )
     con.execute(SERIES_UPSERT.format(source=_SERIES_NEW.format(src="metrics")))
     _save_state(con, "metrics", *_state_now(con, "metrics"))
 
@@ -265,9 +305,11 @@ def _rebuild_experts(con) -> None:
         ("expert_run_step", _RUN_STEP.format(src="expert_layer_step")),
         (_XL, _LAYER_BUCKET.format(src="expert_layer_step")),
         (_X16, _LOAD_RAW.format(res=RESOLUTIONS[0], src="expert_load")),
-        *((f"expert_load_r{res}", _LOAD_COMBINE.format(k=res // prev, src=f"expert_load_r{prev}"))
-          for res, prev in zip(RESOLUTIONS[1:], RESOLUTIONS, strict=False)),
-    ):  # fmt: skip
+        *(
+            (f"expert_load_r{res}", _LOAD_COMBINE.format(k=res // prev, src=f"expert_load_r{prev}"))
+            for res, prev in zip(RESOLUTIONS[1:], RESOLUTIONS, strict=False)
+        ),
+    ):
         con.execute(f"INSERT INTO {table} {sql} ORDER BY ALL")
     _save_state(con, "expert_load", *_state_now(con, "expert_load"))
 

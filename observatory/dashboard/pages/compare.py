@@ -186,8 +186,9 @@ def _pair(ss, chosen: list[str]) -> None:
     second pick left it equal to A."""
     if ss.get("compare_a") not in chosen:
         ss["compare_a"] = chosen[0]
-    if ss.get("compare_b") not in chosen or (ss["compare_b"] == ss["compare_a"] and len(chosen) > 1
-                                            and ss.get("_compare_chosen") != chosen):  # fmt: skip
+    if ss.get("compare_b") not in chosen or (
+        ss["compare_b"] == ss["compare_a"] and len(chosen) > 1 and ss.get("_compare_chosen") != chosen
+    ):
         ss["compare_b"] = next((r for r in chosen if r != ss["compare_a"]), chosen[0])
     ss["_compare_chosen"] = list(chosen)
 
@@ -223,11 +224,19 @@ def render() -> None:
     _pair(ss, chosen)
     calls = [
         (qd.metric_names_for, chosen),
-        (qd.runs_view, chosen, ss.get("compare_metric") or _metric_param(qp.get("metric")) or "train/loss",
-         *requested_window("compare_window"), 1000),
-        (qd.run_configs, [ss.get("compare_a") or chosen[0], ss.get("compare_b") or chosen[min(1, len(chosen) - 1)]]),
+        (
+            qd.runs_view,
+            chosen,
+            ss.get("compare_metric") or _metric_param(qp.get("metric")) or "train/loss",
+            *requested_window("compare_window"),
+            1000,
+        ),
+        (
+            qd.run_configs,
+            [ss.get("compare_a") or chosen[0], ss.get("compare_b") or chosen[min(1, len(chosen) - 1)]],
+        ),
         (lineage_view, ss.get("compare_lineage_run") or chosen[0], "train/loss"),
-    ]  # fmt: skip
+    ]
     query_all(*calls)
 
     tab_overlay, tab_diff, tab_lineage = st.tabs(["Overlay", "Config diff", "Lineage"])

@@ -123,7 +123,9 @@ def _view_call(run: str) -> tuple:
     qp_layer = st.query_params.get("layer")
     layer = st.session_state.get(LAYER_KEY)
     if layer is None and qp_layer is not None:
-        if re.fullmatch(r"[0-9]{1,6}", qp_layer):  # "²" is a digit to str.isdigit; 5,000 digits overflow int()
+        if re.fullmatch(
+            r"[0-9]{1,6}", qp_layer
+        ):  # "²" is a digit to str.isdigit; 5,000 digits overflow int()
             layer = int(qp_layer)
         else:
             st.caption("Ignored `?layer=`: not a layer number.")
@@ -178,16 +180,19 @@ def _findings_table(findings: pl.DataFrame, layer: int) -> None:
             },
             key="experts_findings",
         )
-    others = findings.filter(pl.col("layer") != layer).group_by("layer", "detector").len().sort("layer", "detector")
+    others = (
+        findings.filter(pl.col("layer") != layer)
+        .group_by("layer", "detector")
+        .len()
+        .sort("layer", "detector")
+    )
     if others.height:
         per = {}
         for lay, det, n in others.iter_rows():
             per.setdefault(lay, []).append(f"{n} {det.split('_')[0]}")
         shown = list(per.items())[:12]
         more = f" and {len(per) - len(shown)} more layers" if len(per) > len(shown) else ""
-        st.caption(
-            "Other layers: " + "; ".join(f"layer {k}: {', '.join(v)}" for k, v in shown) + more + "."
-        )
+        st.caption("Other layers: " + "; ".join(f"layer {k}: {', '.join(v)}" for k, v in shown) + more + ".")
 
 
 def overview_figure(view: dict) -> dict:
@@ -210,14 +215,18 @@ def layer_figures(view: dict, layer: int) -> dict:
         "drop": expert_heatmap(hm, "drop_frac", order, marked, f"Layer {layer}: dropped / routed ({res})"),
         "hot": qe.hot_experts(hm, top=10).to_arrow(),  # Arrow: st.dataframe sends it as it is
         "layers_drop": layer_summary(series, "drop_fraction", "Drop fraction per layer", layer),
-        "layers_hot": layer_summary(series, "hot_max", "Hot expert: max / mean load per layer (worst step)", layer),
+        "layers_hot": layer_summary(
+            series, "hot_max", "Hot expert: max / mean load per layer (worst step)", layer
+        ),
     }
 
 
 def render() -> None:
     st.title("Experts")
     wanted = st.query_params.get("run")
-    if wanted and RUN_ID_RE.fullmatch(wanted):  # a deep link: the run list and this run's view on one connection
+    if wanted and RUN_ID_RE.fullmatch(
+        wanted
+    ):  # a deep link: the run list and this run's view on one connection
         query_all(*runs_calls(runs=[wanted], limit=1), _view_call(wanted))
     run = pick_run()
     if run is None:

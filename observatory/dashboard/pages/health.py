@@ -62,7 +62,7 @@ def host_heatmap(m: dict) -> dict:
                 "type": "category",
                 "autorange": "reversed",
                 **_ticks(hosts, {}, height - 76, 14),
-            },  # fmt: skip
+            },
         },
     }
 
@@ -72,8 +72,15 @@ def host_figure(series: dict, host: int) -> dict:
     data = []
     for name, d in series.items():
         t = np.asarray(d["t"], dtype=float)
-        data.append(scatter(x=(t - t[0]) / 60.0 if len(t) else t, y=d["value"], mode="lines", name=name,
-                            hovertemplate="minute %{x:.1f}: %{y:.4g}<extra>" + name + "</extra>"))  # fmt: skip
+        data.append(
+            scatter(
+                x=(t - t[0]) / 60.0 if len(t) else t,
+                y=d["value"],
+                mode="lines",
+                name=name,
+                hovertemplate="minute %{x:.1f}: %{y:.4g}<extra>" + name + "</extra>",
+            )
+        )
     return {
         "data": data,
         "layout": {
@@ -106,8 +113,10 @@ def render() -> None:
         )
     hosts = view["hosts"]
     if not hosts["host"]:
-        st.info("This run's processes sent no heartbeats (the trainer, `observatory.init` and the Levanter "
-                "tracker send one every `heartbeat_s`).")  # fmt: skip
+        st.info(
+            "This run's processes sent no heartbeats (the trainer, `observatory.init` and the Levanter "
+            "tracker send one every `heartbeat_s`)."
+        )
         return
     st.caption(f"{len(hosts['host'])} host(s) sent heartbeats.")
     if name not in view["names"]:
@@ -127,8 +136,12 @@ def render() -> None:
     st.dataframe({k: [v[i] for i in order] for k, v in table.items()}, hide_index=True, key="health_hosts")
     wanted = st.query_params.get("host")
     ids = hosts["host"]
-    host = st.selectbox("One host's telemetry", ids, key="health_host",
-                        index=ids.index(int(wanted)) if wanted and wanted.isdigit() and int(wanted) in ids else 0)  # fmt: skip
+    host = st.selectbox(
+        "One host's telemetry",
+        ids,
+        key="health_host",
+        index=ids.index(int(wanted)) if wanted and wanted.isdigit() and int(wanted) in ids else 0,
+    )
     if st.query_params.get("host") != str(host):
         st.query_params["host"] = str(host)
     series = query_all((qh.host_series, run, int(host)), keep_fresh=live)[0]

@@ -36,8 +36,16 @@ def ladder_data(con, name: str) -> dict:
     rungs, targets, ds = load_ladder(con, name)
     return {
         "rungs": [{**r.__dict__, "curve": {str(k): v for k, v in r.curve.items()}} for r in rungs],
-        "targets": [{"run": t["run"], "ladder": t["ladder"], "steps": t["steps"], "status": t["status"],
-                     "curve": {str(k): v for k, v in t["curve"].items()}} for t in targets],
+        "targets": [
+            {
+                "run": t["run"],
+                "ladder": t["ladder"],
+                "steps": t["steps"],
+                "status": t["status"],
+                "curve": {str(k): v for k, v in t["curve"].items()},
+            }
+            for t in targets
+        ],
         "dataset": ds,
     }
 
@@ -64,24 +72,52 @@ def rung_curves_figure(rungs: list[Rung], targets: list[dict]) -> go.Figure:
         seeds = [r for r in rungs if r.rung == m.rung] if m.n_seeds > 1 else []
         for r in seeds:
             fr = sorted(r.curve)
-            fig.add_trace(go.Scatter(x=[f * r.flops for f in fr], y=[r.curve[f] for f in fr], mode="lines",
-                                     legendgroup=m.rung, showlegend=False, opacity=0.35,
-                                     line={"width": 1, "color": color}, name=f"{m.rung} seed {r.seed}",
-                                     hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + r.run + "</extra>"))
+            fig.add_trace(
+                go.Scatter(
+                    x=[f * r.flops for f in fr],
+                    y=[r.curve[f] for f in fr],
+                    mode="lines",
+                    legendgroup=m.rung,
+                    showlegend=False,
+                    opacity=0.35,
+                    line={"width": 1, "color": color},
+                    name=f"{m.rung} seed {r.seed}",
+                    hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + r.run + "</extra>",
+                )
+            )
         fr = sorted(m.curve)
         label = m.rung if m.n_seeds == 1 else f"{m.rung} (mean of {m.n_seeds} seeds)"
-        fig.add_trace(go.Scatter(x=[f * m.flops for f in fr], y=[m.curve[f] for f in fr], mode="lines+markers",
-                                 legendgroup=m.rung, name=label, line={"width": 3, "color": color},
-                                 hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + label + "</extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=[f * m.flops for f in fr],
+                y=[m.curve[f] for f in fr],
+                mode="lines+markers",
+                legendgroup=m.rung,
+                name=label,
+                line={"width": 3, "color": color},
+                hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + label + "</extra>",
+            )
+        )
     for t in targets:
         flops = t["ladder"].get("flops")
         if not flops or not t["curve"]:
             continue
         fr = sorted(float(k) for k in t["curve"])
-        fig.add_trace(go.Scatter(x=[f * flops for f in fr], y=[t["curve"][str(f)] for f in fr],
-                                 mode="lines+markers", name=f"target {t['run']}", line={"dash": "dot", "width": 3}))
-    fig.update_layout(xaxis={"type": "log", "title": "compute spent so far (FLOPs)"},
-                      yaxis={"type": "log", "title": "eval loss"}, height=420, margin={"t": 30})
+        fig.add_trace(
+            go.Scatter(
+                x=[f * flops for f in fr],
+                y=[t["curve"][str(f)] for f in fr],
+                mode="lines+markers",
+                name=f"target {t['run']}",
+                line={"dash": "dot", "width": 3},
+            )
+        )
+    fig.update_layout(
+        xaxis={"type": "log", "title": "compute spent so far (FLOPs)"},
+        yaxis={"type": "log", "title": "eval loss"},
+        height=420,
+        margin={"t": 30},
+    )
     return fig
 
 
@@ -90,52 +126,110 @@ def fit_figure(fit, targets: list[dict]) -> go.Figure:
     t_flops = [float(t["ladder"]["flops"]) for t in targets if t["ladder"].get("flops")]
     grid = np.geomspace(min(cs) / 1.5, max(cs + t_flops) * 1.5, 80)
     v, lo, hi = fit.predict(1.0, grid)
-    fig = go.Figure([
-        go.Scatter(x=np.r_[grid, grid[::-1]], y=np.r_[hi, lo[::-1]], fill="toself", fillcolor=BAND,
-                   line={"width": 0}, name=f"{fit.config.level:.0%} band", hoverinfo="skip"),
-        go.Scatter(x=grid, y=v, mode="lines", name="fit L(C) = E + A·C^-α", line={"color": "#1f77b4"}),
-        go.Scatter(x=cs, y=[r.final_loss for r in fit.rungs], mode="markers", name="rungs (final eval)",
-                   marker={"size": 10, "color": "#333"}, text=[r.rung for r in fit.rungs],
-                   hovertemplate="%{text}: C=%{x:.3g}, loss %{y:.4f}<extra></extra>"),
-    ])  # fmt: skip
+    fig = go.Figure(
+        [
+            go.Scatter(
+                x=np.r_[grid, grid[::-1]],
+                y=np.r_[hi, lo[::-1]],
+                fill="toself",
+                fillcolor=BAND,
+                line={"width": 0},
+                name=f"{fit.config.level:.0%} band",
+                hoverinfo="skip",
+            ),
+            go.Scatter(x=grid, y=v, mode="lines", name="fit L(C) = E + A·C^-α", line={"color": "#1f77b4"}),
+            go.Scatter(
+                x=cs,
+                y=[r.final_loss for r in fit.rungs],
+                mode="markers",
+                name="rungs (final eval)",
+                marker={"size": 10, "color": "#333"},
+                text=[r.rung for r in fit.rungs],
+                hovertemplate="%{text}: C=%{x:.3g}, loss %{y:.4f}<extra></extra>",
+            ),
+        ]
+    )
     for t in targets:
         flops = t["ladder"].get("flops")
         if not flops:
             continue
         fv, flo, fhi = (a[0] for a in fit.predict(1.0, [flops]))
-        fig.add_trace(go.Scatter(x=[flops], y=[fv], mode="markers", name=f"forecast {t['run']}",
-                                 marker={"symbol": "diamond", "size": 11, "color": "#ff7f0e"},
-                                 error_y={"type": "data", "symmetric": False, "array": [fhi - fv],
-                                          "arrayminus": [fv - flo]}))
+        fig.add_trace(
+            go.Scatter(
+                x=[flops],
+                y=[fv],
+                mode="markers",
+                name=f"forecast {t['run']}",
+                marker={"symbol": "diamond", "size": 11, "color": "#ff7f0e"},
+                error_y={"type": "data", "symmetric": False, "array": [fhi - fv], "arrayminus": [fv - flo]},
+            )
+        )
         final = t["curve"].get("1.0")
         if final is not None:
-            fig.add_trace(go.Scatter(x=[flops], y=[final], mode="markers", name=f"actual {t['run']}",
-                                     marker={"symbol": "star", "size": 13, "color": "#d62728"}))
+            fig.add_trace(
+                go.Scatter(
+                    x=[flops],
+                    y=[final],
+                    mode="markers",
+                    name=f"actual {t['run']}",
+                    marker={"symbol": "star", "size": 13, "color": "#d62728"},
+                )
+            )
     fin = fit.final
-    fig.update_layout(xaxis={"type": "log", "title": "training compute C (FLOPs)"},
-                      yaxis={"type": "log", "title": "final eval loss"}, height=420, margin={"t": 30},
-                      title=f"E = {fin.E:.3f}, A = {fin.a_abs:.3g}, α = {fin.alpha:.3f}")
+    fig.update_layout(
+        xaxis={"type": "log", "title": "training compute C (FLOPs)"},
+        yaxis={"type": "log", "title": "final eval loss"},
+        height=420,
+        margin={"t": 30},
+        title=f"E = {fin.E:.3f}, A = {fin.a_abs:.3g}, α = {fin.alpha:.3f}",
+    )
     return fig
 
 
-def band_figure(points: list[dict], observed: list[tuple[int, float]], title: str,
-                marks: list[dict] = ()) -> go.Figure:
+def band_figure(
+    points: list[dict], observed: list[tuple[int, float]], title: str, marks: list[dict] = ()
+) -> go.Figure:
     pts = sorted((p for p in points if p.get("step") is not None), key=lambda p: p["step"])
     x = [p["step"] for p in pts]
-    fig = go.Figure([
-        go.Scatter(x=x + x[::-1], y=[p["high"] for p in pts] + [p["low"] for p in pts][::-1], fill="toself",
-                   fillcolor=BAND, line={"width": 0}, name="forecast band", hoverinfo="skip"),
-        go.Scatter(x=x, y=[p["value"] for p in pts], mode="lines", name="forecast", line={"dash": "dash"}),
-    ])  # fmt: skip
+    fig = go.Figure(
+        [
+            go.Scatter(
+                x=x + x[::-1],
+                y=[p["high"] for p in pts] + [p["low"] for p in pts][::-1],
+                fill="toself",
+                fillcolor=BAND,
+                line={"width": 0},
+                name="forecast band",
+                hoverinfo="skip",
+            ),
+            go.Scatter(
+                x=x, y=[p["value"] for p in pts], mode="lines", name="forecast", line={"dash": "dash"}
+            ),
+        ]
+    )
     if observed:
-        fig.add_trace(go.Scatter(x=[s for s, _ in observed], y=[v for _, v in observed], mode="lines+markers",
-                                 name="observed eval loss", line={"color": "#d62728"}))
+        fig.add_trace(
+            go.Scatter(
+                x=[s for s, _ in observed],
+                y=[v for _, v in observed],
+                mode="lines+markers",
+                name="observed eval loss",
+                line={"color": "#d62728"},
+            )
+        )
     for a in marks:
         w = a.get("window") or [a.get("step")]
-        fig.add_vrect(x0=w[0], x1=w[-1], fillcolor="rgba(255,127,14,0.15)", line_width=0,
-                      annotation_text="ladder deviation", annotation_position="top left")
-    fig.update_layout(xaxis={"title": "step"}, yaxis={"title": "eval loss"}, height=380, margin={"t": 40},
-                      title=title)
+        fig.add_vrect(
+            x0=w[0],
+            x1=w[-1],
+            fillcolor="rgba(255,127,14,0.15)",
+            line_width=0,
+            annotation_text="ladder deviation",
+            annotation_position="top left",
+        )
+    fig.update_layout(
+        xaxis={"title": "step"}, yaxis={"title": "eval loss"}, height=380, margin={"t": 40}, title=title
+    )
     return fig
 
 
@@ -143,8 +237,10 @@ def render() -> None:
     st.title("Scaling ladder")
     names = [d["name"] for d in query(ql.ladders)]
     if not names:
-        st.info("No ladder in the store yet. Train one with "
-                "`trainer ladder --config trainer/configs/ladder_cpu.yaml --target`, then `observatory ingest`.")
+        st.info(
+            "No ladder in the store yet. Train one with "
+            "`trainer ladder --config trainer/configs/ladder_cpu.yaml --target`, then `observatory ingest`."
+        )
         return
     qp = st.query_params
     default = qp.get("ladder") if qp.get("ladder") in names else names[0]
@@ -166,54 +262,95 @@ def render() -> None:
     targets = data["targets"]
     fin = fit.final
     cols = st.columns(4)
-    cols[0].metric("Rungs", len(fit.rungs), help=f"{len(rungs)} runs (a rung's seeds are averaged); "
-                   f"eval dataset {data['dataset']}")
+    cols[0].metric(
+        "Rungs",
+        len(fit.rungs),
+        help=f"{len(rungs)} runs (a rung's seeds are averaged); eval dataset {data['dataset']}",
+    )
     cols[1].metric("α (final loss)", f"{fin.alpha:.3f}", help=f"E = {fin.E:.3f}, A = {fin.a_abs:.3g}")
     if bt is not None:
-        cols[2].metric("Backtest final-loss error", f"{bt.final_error_pct:+.2f}%",
-                       help=f"{bt.held_out} forecast from the smaller rungs")
+        cols[2].metric(
+            "Backtest final-loss error",
+            f"{bt.final_error_pct:+.2f}%",
+            help=f"{bt.held_out} forecast from the smaller rungs",
+        )
         cols[3].metric("Backtest points in band", f"{bt.coverage:.0%}")
 
     st.subheader("Rungs")
     st.plotly_chart(rung_curves_figure(rungs, targets), key="ladder_rungs", config={"displaylogo": False})
-    st.dataframe([{"rung": r.rung, "run": r.run, "seed": r.seed, "active params": r.params_active, "total params": r.params_total,
-                   "tokens": r.tokens, "FLOPs": f"{r.flops:.3g}", "final eval loss": r.final_loss,
-                   "fit": float(fit.final(r.flops)[()])} for r in rungs], hide_index=True)
+    st.dataframe(
+        [
+            {
+                "rung": r.rung,
+                "run": r.run,
+                "seed": r.seed,
+                "active params": r.params_active,
+                "total params": r.params_total,
+                "tokens": r.tokens,
+                "FLOPs": f"{r.flops:.3g}",
+                "final eval loss": r.final_loss,
+                "fit": float(fit.final(r.flops)[()]),
+            }
+            for r in rungs
+        ],
+        hide_index=True,
+    )
 
     st.subheader("Fit")
-    st.caption("Huber on log residuals (δ = 1e-3), L-BFGS-B; E shared across schedule fractions. Band: bootstrap "
-               "over whole rungs, widened by the forward error (the largest rung predicted from the smaller ones) and the run-to-run noise.")
+    st.caption(
+        "Huber on log residuals (δ = 1e-3), L-BFGS-B; E shared across schedule fractions. Band: bootstrap "
+        "over whole rungs, widened by the forward error (the largest rung predicted from the smaller ones) and the run-to-run noise."
+    )
     st.plotly_chart(fit_figure(fit, targets), key="ladder_fit", config={"displaylogo": False})
 
     if bt is not None:
         st.subheader("Backtest")
         obs = [(p["step"], p["observed"]) for p in bt.points if p["observed"] is not None]
-        st.plotly_chart(band_figure(bt.points, obs, f"{bt.held_out} forecast from the smaller rungs: final "
-                                    f"{bt.final_pred:.4f} vs {bt.final_obs:.4f} ({bt.final_error_pct:+.2f}%), "
-                                    f"{bt.coverage:.0%} of points in band"),
-                        key="ladder_backtest", config={"displaylogo": False})
+        st.plotly_chart(
+            band_figure(
+                bt.points,
+                obs,
+                f"{bt.held_out} forecast from the smaller rungs: final "
+                f"{bt.final_pred:.4f} vs {bt.final_obs:.4f} ({bt.final_error_pct:+.2f}%), "
+                f"{bt.coverage:.0%} of points in band",
+            ),
+            key="ladder_backtest",
+            config={"displaylogo": False},
+        )
 
     st.subheader("Targets")
     if not targets:
-        st.info("No target run yet: `trainer ladder --config ... --target` pre-registers a forecast and trains one.")
+        st.info(
+            "No target run yet: `trainer ladder --config ... --target` pre-registers a forecast and trains one."
+        )
     for t in targets:
         forecasts, evals, devs, decided = query_all(
-            (ql.forecast_events, t["run"]), (ql.eval_points, [t["run"]]), (ql.deviation_anomalies, t["run"]),
-            (ql.decision_markers, name))  # fmt: skip
+            (ql.forecast_events, t["run"]),
+            (ql.eval_points, [t["run"]]),
+            (ql.deviation_anomalies, t["run"]),
+            (ql.decision_markers, name),
+        )
         if not forecasts:
             st.info(f"{md_escape(t['run'])}: no forecast event (not pre-registered).")
             continue
         fc = forecasts[-1]
         obs = [(e["step"], e["loss"]) for e in evals if e["dataset"] in (None, fc.get("dataset"))]
         pre = "pre-registered" if fc.get("pre_registered") else "NOT pre-registered"
-        fig = band_figure(fc.get("points") or [], obs, f"{t['run']} against its {pre} forecast "
-                          f"({fc.get('value', float('nan')):.4f} [{fc.get('low', 0):.4f}, "
-                          f"{fc.get('high', 0):.4f}])", devs).to_dict()
+        fig = band_figure(
+            fc.get("points") or [],
+            obs,
+            f"{t['run']} against its {pre} forecast "
+            f"({fc.get('value', float('nan')):.4f} [{fc.get('low', 0):.4f}, "
+            f"{fc.get('high', 0):.4f}])",
+            devs,
+        ).to_dict()
         # the ladder's decisions (recipe changes, forecasts, outcomes) at their steps, as on the Live page
         add_markers(fig, decided, y_at=max((v for _, v in obs), default=fc.get("high")))
         st.plotly_chart(fig, key=f"ladder_target_{t['run']}", config={"displaylogo": False})
         final = t["curve"].get("1.0")
         if final is not None:
             inside = fc["low"] <= final <= fc["high"]
-            st.write(f"Final eval loss {final:.4f}: {'inside' if inside else '**outside**'} the forecast band."
-                     + (f" {len(devs)} deviation anomaly(ies)." if devs else ""))
+            st.write(
+                f"Final eval loss {final:.4f}: {'inside' if inside else '**outside**'} the forecast band."
+                + (f" {len(devs)} deviation anomaly(ies)." if devs else "")
+            )

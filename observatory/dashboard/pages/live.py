@@ -173,9 +173,16 @@ def panel_calls(run: str) -> list[tuple]:
     return [
         # the loss at 1,000 buckets, the half-width health charts at 300 (each point costs the browser)
         (
-            qd.live_view, run, list(LOSS), HEALTH_NAMES, *requested_window(f"live_window_{run}"), 1000, 300,
-            list(LAYER_FAMILIES.values()), True,
-        ),  # fmt: skip
+            qd.live_view,
+            run,
+            list(LOSS),
+            HEALTH_NAMES,
+            *requested_window(f"live_window_{run}"),
+            1000,
+            300,
+            list(LAYER_FAMILIES.values()),
+            True,
+        ),
         (qd.markers, run),
         (qd.evals, run),
         (qd.forecasts, run),
@@ -305,7 +312,9 @@ def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, 
                     mode="lines+markers",
                     name=plot_text(f"eval {ds}"),
                     line={"dash": "dot"},
-                    hovertemplate="%{x}: eval %{y:.4g}<extra>" + plot_text(ds).replace("%", "%%") + "</extra>",
+                    hovertemplate="%{x}: eval %{y:.4g}<extra>"
+                    + plot_text(ds).replace("%", "%%")
+                    + "</extra>",
                 )
             )
     fig["data"].extend(forecast_traces(fcs))
@@ -365,7 +374,9 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
             fig["data"][:0] = layer_band(layers, "layers")  # behind the run-level line
             worst = bands["worst"].get(fam)
             if worst:
-                fig["layout"]["title"]["text"] = f"{title} · worst: layer {worst['layer']} ({worst['mean']:.3g})"
+                fig["layout"]["title"]["text"] = (
+                    f"{title} · worst: layer {worst['layer']} ({worst['mean']:.3g})"
+                )
             top = pl.concat([top.cast(pl.Float64), layers["max"].drop_nulls()])
         add_markers(  # small charts: failures and config changes only, no lines
             fig,
@@ -381,15 +392,20 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
 def render() -> None:
     st.title("Live run")
     wanted = st.query_params.get("run")
-    if wanted and RUN_ID_RE.fullmatch(wanted):  # a deep link (a bad one is never queried: pick_run notes it): fetch the run list and the panel's data on one connection
+    if (
+        wanted and RUN_ID_RE.fullmatch(wanted)
+    ):  # a deep link (a bad one is never queried: pick_run notes it): fetch the run list and the panel's data on one connection
         query_all(*runs_calls(runs=[wanted], limit=1), *panel_calls(wanted))
     with st.columns([3, 1])[0]:  # a run picker three quarters wide
         run = pick_run()
     if run is None:
         return
     live = is_running(run_row(run))
-    st.caption(f"Refreshing every {REFRESH_S} s (the status line every {STATUS_S:g} s)." if live
-               else "Not running: shown as of its last event.")  # fmt: skip
+    st.caption(
+        f"Refreshing every {REFRESH_S} s (the status line every {STATUS_S:g} s)."
+        if live
+        else "Not running: shown as of its last event."
+    )
     # only the status line and the panel refresh, each at its own pace; a finished run does not poll
     st.fragment(run_every=STATUS_S if live else None)(_status)(run, live)
     st.fragment(run_every=REFRESH_S if live else None)(_panel)(run, live)

@@ -25,8 +25,10 @@ def _report(con, run: str) -> dict:
 
 def render() -> None:
     st.title("Reports")
-    st.caption("A post-mortem of one run: what happened and when, with figures. "
-               "The same report from the command line: `observatory report RUN --format html|md|pdf`.")  # fmt: skip
+    st.caption(
+        "A post-mortem of one run: what happened and when, with figures. "
+        "The same report from the command line: `observatory report RUN --format html|md|pdf`."
+    )
     run = pick_run(prefer_running=False)
     if run is None:
         return

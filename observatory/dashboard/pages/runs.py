@@ -38,7 +38,10 @@ def render() -> None:
     qp = st.query_params
     c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
     text = c1.text_input(
-        "Search", value=qp.get("q", ""), placeholder="run id or prefix, name, tag, ladder, project, group", key="runs_q"
+        "Search",
+        value=qp.get("q", ""),
+        placeholder="run id or prefix, name, tag, ladder, project, group",
+        key="runs_q",
     )
     statuses = c2.multiselect(
         "Status",
@@ -56,23 +59,35 @@ def render() -> None:
     if statuses != qp.get_all("status"):
         qp["status"] = statuses
     projects, groups = _lab_filters(facets)
-    search = {"search": text.strip() or None, "status": statuses or None, "projects": projects, "groups": groups,
-              "ladders": ladders, "tags": tags}  # fmt: skip
+    search = {
+        "search": text.strip() or None,
+        "status": statuses or None,
+        "projects": projects,
+        "groups": groups,
+        "ladders": ladders,
+        "tags": tags,
+    }
     total = query(core.count_runs, search["search"], statuses or None, projects, groups, ladders, tags)
     pages = max(1, -(-total // PAGE))
     page = _page(pages)
     shown = runs_table(**search, limit=PAGE, offset=(page - 1) * PAGE)
     grouped = bool(facets["ladders"]) and st.toggle(
-        "Group by ladder", value=qp.get("by") == "ladder", key="runs_by_ladder",
+        "Group by ladder",
+        value=qp.get("by") == "ladder",
+        key="runs_by_ladder",
         help="each ladder's runs together, with their rung and seed",
-    )  # fmt: skip
+    )
     if grouped != (qp.get("by") == "ladder"):
         if grouped:
             qp["by"] = "ladder"
         else:
             del qp["by"]
     first = (page - 1) * PAGE
-    st.write(f"{first + 1:,}–{first + len(shown):,} of {total:,} runs" if shown else f"0 of {facets['total']:,} runs")
+    st.write(
+        f"{first + 1:,}–{first + len(shown):,} of {total:,} runs"
+        if shown
+        else f"0 of {facets['total']:,} runs"
+    )
     if not shown:
         st.info("No run matches these filters.")
         return
@@ -120,8 +135,14 @@ def ladder_groups(shown: list[dict], ladder_runs: dict[str, list[dict]]) -> list
             if r is None:
                 continue
             seed = lr["ladder"].get("seed")
-            rows.append({**r, "rung": lr["rung"] or "", "seed": seed if isinstance(seed, int) else None,
-                         "target": lr["target"]})  # fmt: skip
+            rows.append(
+                {
+                    **r,
+                    "rung": lr["rung"] or "",
+                    "seed": seed if isinstance(seed, int) else None,
+                    "target": lr["target"],
+                }
+            )
         if not rows:
             continue
         order = list(dict.fromkeys(r["rung"] for r in sorted(rows, key=lambda r: r["target"])))
@@ -132,8 +153,15 @@ def ladder_groups(shown: list[dict], ladder_runs: dict[str, list[dict]]) -> list
             losses = [r["last_loss"] for r in rr if r["last_loss"] is not None]
             mean = statistics.fmean(losses) if losses else None
             spread = statistics.stdev(losses) / mean if len(losses) > 1 and mean else None
-            rungs.append({"rung": rung + (" (target)" if rr[0]["target"] else ""), "runs": len(rr),
-                          "seeds": len({r["seed"] for r in rr}), "mean": mean, "spread": spread})  # fmt: skip
+            rungs.append(
+                {
+                    "rung": rung + (" (target)" if rr[0]["target"] else ""),
+                    "runs": len(rr),
+                    "seeds": len({r["seed"] for r in rr}),
+                    "mean": mean,
+                    "spread": spread,
+                }
+            )
         out.append({"name": name, "rungs": rungs, "runs": rows})
     return out
 
@@ -142,9 +170,13 @@ def _by_ladder(shown: list[dict]) -> None:
     names = sorted({r["ladder"].split(" / ")[0] for r in shown if r["ladder"]})
     lruns = query_all(*((ql.ladder_runs, n) for n in names))
     groups = ladder_groups(shown, dict(zip(names, lruns, strict=True)))
-    for i, g in enumerate(groups):  # keys by position: a ladder's name is log text (`x_rungs` named another's table)
+    for i, g in enumerate(
+        groups
+    ):  # keys by position: a ladder's name is log text (`x_rungs` named another's table)
         st.subheader(f"Ladder {md_escape(g['name'])}")
-        st.caption(f"{len(g['runs'])} runs · [open the Ladder page](ladder?ladder={quote(g['name'], safe='')})")
+        st.caption(
+            f"{len(g['runs'])} runs · [open the Ladder page](ladder?ladder={quote(g['name'], safe='')})"
+        )
         st.dataframe(
             pl.DataFrame(
                 {

@@ -63,7 +63,9 @@ def schema_tables(sch: pl.DataFrame) -> list[tuple[str, str, Any]]:
     for kind in ("table", "view"):
         part = sch.filter(pl.col("kind") == kind)
         for table in part["table"].unique(maintain_order=True).to_list():
-            out.append((kind, table, part.filter(pl.col("table") == table).select("column", "type").to_arrow()))
+            out.append(
+                (kind, table, part.filter(pl.col("table") == table).select("column", "type").to_arrow())
+            )
     return out
 
 

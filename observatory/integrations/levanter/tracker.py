@@ -192,8 +192,16 @@ class _Payload:
             if x is not None:
                 self.scalars[f"{name}/{stat}"] = x
         if s.histogram is not None:
-            extra = {k: getattr(s, a) for k, a in (("min", "min"), ("max", "max"), ("sum", "sum"),
-                                                   ("sum_squares", "sum_squares"), ("count", "num"))}
+            extra = {
+                k: getattr(s, a)
+                for k, a in (
+                    ("min", "min"),
+                    ("max", "max"),
+                    ("sum", "sum"),
+                    ("sum_squares", "sum_squares"),
+                    ("count", "num"),
+                )
+            }
             self.histogram(name, s.histogram.bucket_limits, s.histogram.bucket_counts, extra)
 
     def histogram(self, name: str, limits: Any, counts: Any, extra: dict) -> None:
@@ -219,8 +227,16 @@ class ObservatoryTracker(Tracker):
 
     name: str = "observatory"
 
-    def __init__(self, run_id: str, runs_dir: str | os.PathLike, *, name: str | None = None,
-                 tags: list[str] | None = None, host: int = 0, **writer_options: Any):
+    def __init__(
+        self,
+        run_id: str,
+        runs_dir: str | os.PathLike,
+        *,
+        name: str | None = None,
+        tags: list[str] | None = None,
+        host: int = 0,
+        **writer_options: Any,
+    ):
         self.run = Run(run_id, runs_dir, host, **writer_options)
         self.run.phase("init")  # Levanter's first logged step says "train" (the writer's rule)
         self.run_name = name
@@ -230,7 +246,9 @@ class ObservatoryTracker(Tracker):
         self._started = False
         self._step: int | None = None
         self._pending = _Payload()  # step=None values, written with the next step
-        self._assignments: int | None = None  # router assignments per layer per step (Mixtral shares -> counts)
+        self._assignments: int | None = (
+            None  # router assignments per layer per step (Mixtral shares -> counts)
+        )
         self._loads_written: set[tuple[int, int]] = set()  # (step, layer): one expert_load each
         self._ended = False
         self._old_hook = sys.excepthook
@@ -253,8 +271,11 @@ class ObservatoryTracker(Tracker):
         self._config = merged
         self._flat = _flat_config(merged)
         if changes:
-            self.run.event("config_diff", {"against": {"run": self.run.id, "step": self._step},
-                                           "changes": changes}, step=self._step)
+            self.run.event(
+                "config_diff",
+                {"against": {"run": self.run.id, "step": self._step}, "changes": changes},
+                step=self._step,
+            )
 
     def log(self, metrics: Mapping[str, Any], *, step: int | None, commit: bool | None = None) -> None:
         self._ensure_started()
@@ -284,8 +305,11 @@ class ObservatoryTracker(Tracker):
     def log_artifact(self, artifact_path, *, name: str | None = None, type: str | None = None) -> None:
         self._ensure_started()
         path = os.fspath(artifact_path)
-        data: dict[str, Any] = {"name": name or os.path.basename(path.rstrip("/")) or path,
-                                "type": type or "file", "path": path}
+        data: dict[str, Any] = {
+            "name": name or os.path.basename(path.rstrip("/")) or path,
+            "type": type or "file",
+            "path": path,
+        }
         size, digest = _size_and_digest(path)
         if size is not None:
             data["bytes"] = size
@@ -336,7 +360,9 @@ class ObservatoryTracker(Tracker):
                 finite = a[np.isfinite(a)] if a.dtype.kind == "f" else a
                 if finite.size:
                     counts, limits = np.histogram(finite, bins=31)
-                    p.histogram(name, limits, counts, {"min": finite.min(), "max": finite.max(), "count": a.size})
+                    p.histogram(
+                        name, limits, counts, {"min": finite.min(), "max": finite.max(), "count": a.size}
+                    )
         for h in p.histograms.values():
             self.run.event("histogram", h, step=step)
         if p.summary:
@@ -344,7 +370,9 @@ class ObservatoryTracker(Tracker):
         if loads:  # values jit_log sends without a step (e.g. an eval forward pass) stay metrics only
             self._expert_loads(step, tr.loads, tr.counts)
 
-    def _expert_loads(self, step: int, shares: dict[int, dict[int, float]], counts: dict[int, list[int]]) -> None:
+    def _expert_loads(
+        self, step: int, shares: dict[int, dict[int, float]], counts: dict[int, list[int]]
+    ) -> None:
         layers = dict(counts)
         scale = self._assignments or SHARE_SCALE
         for layer, by_expert in shares.items():
@@ -377,8 +405,16 @@ class ObservatoryTracker(Tracker):
             return
         self._ensure_started()
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:]
-        self.run.event("failure", {"type": "exception", "message": f"{type(exc).__name__}: {exc}"[:2000],
-                                   "traceback": tb, "action": "halt"}, step=self._step)
+        self.run.event(
+            "failure",
+            {
+                "type": "exception",
+                "message": f"{type(exc).__name__}: {exc}"[:2000],
+                "traceback": tb,
+                "action": "halt",
+            },
+            step=self._step,
+        )
         self._end("failed")
 
     def _excepthook(self, exc_type, exc, tb) -> None:
@@ -443,7 +479,9 @@ def _run_id(run_id: str | None) -> str:
 class ObservatoryConfig(TrackerConfig):
     """`trainer.tracker: {type: observatory, ...}` in a Levanter config."""
 
-    runs_dir: str | None = None  # default: the `runs` setting (env OBSERVATORY_RUNS, else the per-user runs dir)
+    runs_dir: str | None = (
+        None  # default: the `runs` setting (env OBSERVATORY_RUNS, else the per-user runs dir)
+    )
     run_id: str | None = None  # default: Levanter's run id (trainer.id)
     name: str | None = None  # a human-readable name for the run
     tags: list[str] = dataclasses.field(default_factory=list)

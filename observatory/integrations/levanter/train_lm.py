@@ -37,7 +37,9 @@ def deferred_loss(loss_fn):
         value, metrics = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
         # the trainer prefixes loss metrics with `train/`: names that have it already keep one.
         # Router shares and losses average over microbatches.
-        extra = {k.removeprefix("train/"): Metric.from_value(v, ReductionType.MEAN) for k, v in logged.items()}
+        extra = {
+            k.removeprefix("train/"): Metric.from_value(v, ReductionType.MEAN) for k, v in logged.items()
+        }
         return value, {**extra, **dict(metrics)}
 
     return loss
