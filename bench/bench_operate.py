@@ -15,7 +15,8 @@ multiple of its threshold. Scenarios, side by side in one run:
   rule: ratio_below 0.8 of its own past), a slow loss divergence (a user rule: rise 0.2): each alerted,
   naming the host or the metric.
 - a healthy pod (20 hosts, irregular step times, an eval and a checkpoint phase with budgets longer than
-  the stall threshold): target 0 alerts.
+  the stall threshold): target 0 alerts; and a simulated healthy run of 8 hosts x 100k steps with evals and
+  checkpoints (`observatory simulate --fault healthy`, then `observatory ingest`): target 0 alerts.
 
     .venv/bin/python bench/bench_operate.py                 # about 2 minutes
     .venv/bin/python bench/bench_operate.py --hosts 50      # a smaller pod
@@ -148,6 +149,45 @@ def single(runs: Path, run: str, stop: threading.Event, marks: dict, what: str) 
             w.ev("metrics", {"train/loss": loss, "throughput/mfu": mfu}, step)
         stop.wait(0.25)
     w.ev("run_end", {"status": "completed", "final_step": step}, step)
+
+
+def _healthy_100k(tmp: Path, env: dict) -> int:
+    """Alerts on `observatory simulate --fault healthy` at 100k steps, through `observatory ingest` (its hooks)."""
+    runs, db = tmp / "healthy-runs", tmp / "healthy.duckdb"
+    obs = [sys.executable, "-m", "observatory.cli"]
+    subprocess.run(
+        [
+            *obs,
+            "simulate",
+            "--preset",
+            "535b",
+            "--fault",
+            "healthy",
+            "--steps",
+            "100000",
+            "--hosts",
+            "8",
+            "--runs-dir",
+            str(runs),
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [*obs, "ingest", "-q", "--runs-dir", str(runs), "--db", str(db)],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    out = subprocess.run(
+        [*obs, "alerts", "list", "--db", str(db), "--runs-dir", str(runs), "--json"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return len([line for line in out.splitlines() if line.strip()])
 
 
 def main() -> int:
