@@ -286,7 +286,7 @@ async def _sql_view(port: int, sql: str) -> tuple[list[str], list[str]]:
     import websockets
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
-    from bench import bench_load
+    from bench import load_viewer
 
     runs: list[list[str]] = [[]]
     ids: dict[str, str] = {}
@@ -298,7 +298,7 @@ async def _sql_view(port: int, sql: str) -> tuple[list[str], list[str]]:
         max_size=None,
         open_timeout=60,
     ) as ws:
-        await ws.send(bench_load._rerun("sql", ""))
+        await ws.send(load_viewer._rerun("sql", ""))
         while True:
             msg = ForwardMsg()
             msg.ParseFromString(await asyncio.wait_for(ws.recv(), 60))
@@ -320,7 +320,7 @@ async def _sql_view(port: int, sql: str) -> tuple[list[str], list[str]]:
                 assert "area" in ids and "button" in ids, runs
                 runs.append([])
                 await ws.send(
-                    bench_load._sql_submit(page_hash, ids["area"], ids["button"], sql, ids["fragment"])
+                    load_viewer._sql_submit(page_hash, ids["area"], ids["button"], sql, ids["fragment"])
                 )
 
 
