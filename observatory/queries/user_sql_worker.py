@@ -209,7 +209,9 @@ class Policy:
         return sql
 
     def _explained(self, sql: str) -> str:
-        """The statement an EXPLAIN explains: the first suffix, token by token, that is one SELECT."""
+        """The statement an EXPLAIN explains (the first suffix, token by token, that is one statement), if a SELECT.
+
+        Not the first suffix that is a SELECT: `EXPLAIN ANALYZE CREATE TABLE t AS SELECT 1` ends in one."""
         import duckdb
 
         for offset, _ in duckdb.tokenize(sql)[1:]:
@@ -218,8 +220,10 @@ class Policy:
                 parsed = duckdb.extract_statements(inner)
             except duckdb.Error:
                 continue
-            if len(parsed) == 1 and parsed[0].type.name == "SELECT":
-                return inner
+            if len(parsed) == 1:
+                if parsed[0].type.name == "SELECT":
+                    return inner
+                raise Refused(f"EXPLAIN of a {parsed[0].type.name} statement is refused: only SELECT-style queries")
         raise Refused("EXPLAIN of anything but one SELECT-style query is refused")
 
     def _check_tree(self, sql: str) -> None:
