@@ -223,7 +223,9 @@ class Policy:
             if len(parsed) == 1:
                 if parsed[0].type.name == "SELECT":
                     return inner
-                raise Refused(f"EXPLAIN of a {parsed[0].type.name} statement is refused: only SELECT-style queries")
+                raise Refused(
+                    f"EXPLAIN of a {parsed[0].type.name} statement is refused: only SELECT-style queries"
+                )
         raise Refused("EXPLAIN of anything but one SELECT-style query is refused")
 
     def _check_tree(self, sql: str) -> None:
