@@ -35,21 +35,38 @@ def last_seq(path: Path, size: int) -> tuple[int | None, bool]:
 
 
 def next_attempt(path: Path) -> int:
-    """A resumed log's next attempt: one past the newest `phase` event's in its last MiB (1 when none is)."""
+    """A resumed log's next attempt: one past the newest `phase` event's (1 when the log has none).
+
+    Read backwards a MiB at a time, so a resume costs one read of the tail in a log that says its phase at
+    each eval and checkpoint, and the newest phase is found however many steps were logged since."""
+    chunk = 1 << 20
     try:
-        size = path.stat().st_size
         with open(path, "rb") as f:
-            f.seek(max(0, size - (1 << 20)))
-            data = f.read()
+            end = f.seek(0, 2)
+            carry = b""  # the first, partial line of the chunk after this one
+            while end > 0:
+                start = max(0, end - chunk)
+                f.seek(start)
+                data = f.read(end - start) + carry
+                lines = data.split(b"\n")
+                carry = lines[0] if start else b""
+                for raw in reversed(lines[1:] if start else lines):
+                    found = _attempt_of(raw)
+                    if found is not None:
+                        return found + 1
+                end = start
     except OSError:
-        return 1
-    for raw in reversed(data.split(b"\n")):
-        if b'"phase"' not in raw:
-            continue
-        try:
-            ev = json.loads(raw)
-            if ev.get("kind") == "phase" and isinstance(ev["data"].get("attempt"), int):
-                return ev["data"]["attempt"] + 1
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
+        pass
     return 1
+
+
+def _attempt_of(raw: bytes) -> int | None:
+    if b'"phase"' not in raw:
+        return None
+    try:
+        ev = json.loads(raw)
+        if ev.get("kind") == "phase" and isinstance(ev["data"].get("attempt"), int):
+            return ev["data"]["attempt"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None

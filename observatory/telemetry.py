@@ -1,7 +1,9 @@
 """Host telemetry for heartbeats: what this process and its machine look like now, as a flat map of numbers.
 
 Names (docs/events.md's heartbeat row): `system/cpu_percent` (this process, since the last sample),
-`system/rss_bytes`, `system/mem_available_bytes` (psutil); per local accelerator `i`,
+`system/rss_bytes`, `system/mem_available_bytes`, `system/mem_used_percent`, and for the machine since this process's first sample
+`system/net_sent_bytes`, `system/net_recv_bytes`, `system/disk_read_bytes`, `system/disk_write_bytes`, and
+`system/disk_used_percent` of the filesystem holding the run's log (psutil); per local accelerator `i`,
 `accel/<i>/hbm_used_bytes` and `accel/<i>/hbm_limit_bytes` from jax's `memory_stats()` when jax is
 already imported (never imported here); on NVIDIA GPUs, `accel/<i>/util`, `accel/<i>/power_w`,
 `accel/<i>/temp_c`, `accel/<i>/ecc_errors` (and HBM, when jax gave none) from nvidia-ml-py when it is
@@ -19,6 +21,7 @@ __all__ = ["sample", "Heartbeat"]
 _OFF: set[str] = set()  # sources that failed: not asked again in this process
 _PROC: Any = None
 _NVML: Any = None
+_IO0: dict[str, float] = {}  # the machine's network and disk byte counters at this process's first sample
 
 
 def _psutil(out: dict[str, float]) -> None:
@@ -30,7 +33,30 @@ def _psutil(out: dict[str, float]) -> None:
         _PROC.cpu_percent(None)  # the first call starts the interval
     out["system/cpu_percent"] = float(_PROC.cpu_percent(None))
     out["system/rss_bytes"] = float(_PROC.memory_info().rss)
-    out["system/mem_available_bytes"] = float(psutil.virtual_memory().available)
+    mem = psutil.virtual_memory()
+    out["system/mem_available_bytes"] = float(mem.available)
+    out["system/mem_used_percent"] = float(mem.percent)
+
+
+def _io(out: dict[str, float], disk_path: str | None) -> None:
+    import psutil
+
+    now: dict[str, float] = {}
+    net = psutil.net_io_counters()
+    if net is not None:
+        now["system/net_sent_bytes"], now["system/net_recv_bytes"] = (
+            float(net.bytes_sent),
+            float(net.bytes_recv),
+        )
+    disk = psutil.disk_io_counters()
+    if disk is not None:  # None in some containers
+        now["system/disk_read_bytes"], now["system/disk_write_bytes"] = (
+            float(disk.read_bytes),
+            float(disk.write_bytes),
+        )
+    for name, v in now.items():
+        out[name] = max(0.0, v - _IO0.setdefault(name, v))
+    out["system/disk_used_percent"] = float(psutil.disk_usage(disk_path or "/").percent)
 
 
 def _jax(out: dict[str, float]) -> None:
@@ -72,17 +98,17 @@ def _nvml(out: dict[str, float]) -> None:
             pass  # no ECC on this board
 
 
-_SOURCES = (("psutil", _psutil), ("jax", _jax), ("nvml", _nvml))
+_SOURCES = (("psutil", _psutil), ("io", _io), ("jax", _jax), ("nvml", _nvml))
 
 
-def sample() -> dict[str, float]:
-    """The telemetry this platform can give now."""
+def sample(disk_path: str | None = None) -> dict[str, float]:
+    """The telemetry this platform can give now; `disk_path`: a path on the filesystem whose use to report."""
     out: dict[str, float] = {}
     for name, fn in _SOURCES:
         if name in _OFF:
             continue
         try:
-            fn(out)
+            fn(out, disk_path) if fn is _io else fn(out)
         except Exception:  # not installed, no driver, no device: this source says nothing from now on
             _OFF.add(name)
     return out

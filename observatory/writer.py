@@ -123,6 +123,10 @@ class Run:
         # the restart attempt this process is: 0 for a new log, one past the newest phase's for a resumed one
         self.attempt = 0 if self._seq == 0 else _attempt(self.path)
         self._phase: str | None = None
+        # (step, monotonic s) of the newest logged step, and where the heartbeat's step-time window starts:
+        # each heartbeat says this process's own seconds per step since the one before (`perf/step_time_s`)
+        self._clock: tuple[int, float] | None = None
+        self._anchor: tuple[int, float] | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._dropped = 0
         self._dropped_reported = 0
@@ -181,6 +185,7 @@ class Run:
         """Queue a `metrics` event of checked floats, with the queue's drop count when it grew."""
         if self._phase in ("init", "compile"):  # a step's values: this process trains now
             self.phase("train", step=step)
+        self._clock = (step, time.monotonic())
         # NaN/inf need their string form on disk; finite values can be dumped as they are
         clean = all(map(math.isfinite, data.values()))
         dropped = self._dropped
@@ -229,20 +234,35 @@ class Run:
             isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0
         ):
             raise ValueError(f"phase: budget_s must be a number of seconds > 0, got {budget_s!r}")
+        step = self._last_step if step is None else check_step(step, "phase")
         self._phase = name
+        # the step-time window restarts: an eval's or a save's seconds are not a step's
+        self._anchor = None if step is None else (step, time.monotonic())
         data: dict[str, Any] = {"phase": name, "attempt": self.attempt}
         if budget_s is not None:
             data["budget_s"] = float(budget_s)
-        self._put("phase", data, self._last_step if step is None else check_step(step, "phase"))
+        self._put("phase", data, step)
+
+    def _shutdown(self) -> None:
+        """The `shutdown` phase, once, before the end a finishing or killed process writes."""
+        if self._phase not in (None, "shutdown"):
+            self._phase = "shutdown"
+            self._put("phase", {"phase": "shutdown", "attempt": self.attempt}, self._last_step, force=True)
 
     def _heartbeat(self) -> None:
         from observatory.telemetry import sample
 
-        data: dict[str, Any] = {k: v for k, v in sample().items() if math.isfinite(v)}
+        data: dict[str, Any] = {k: v for k, v in sample(str(self.dir)).items() if math.isfinite(v)}
         if self._phase is not None:
             data["phase"] = self._phase
         if self._last_step is not None:
             data["step"] = self._last_step
+        clock, anchor = self._clock, self._anchor
+        # a step logged since the window began: its pace, and the next window starts there
+        if clock is not None and (anchor is None or clock[1] > anchor[1]):
+            if anchor is not None and clock[0] > anchor[0]:
+                data["perf/step_time_s"] = (clock[1] - anchor[1]) / (clock[0] - anchor[0])
+            self._anchor = clock
         if not self._finished:
             self._put("heartbeat", data, self._last_step, clean=True)
 
@@ -257,6 +277,7 @@ class Run:
             if self._finished:
                 return
             self._finished = True
+        self._shutdown()
         fs = self._last_step if final_step is None else final_step
         self._put("run_end", {"status": status, "final_step": fs}, None, force=True)
         self.close()
@@ -290,6 +311,7 @@ class Run:
         elif issubclass(exc_type, (KeyboardInterrupt, SystemExit)) or self._signal is not None:
             self._finish_killed()
         else:
+            self._shutdown()
             self.event(
                 "failure",
                 {
@@ -470,6 +492,7 @@ class Run:
 
     def _finish_killed(self) -> None:
         name = signal.Signals(self._signal).name if self._signal else "interrupt"
+        self._shutdown()
         self._put(
             "failure",
             {"type": "signal", "message": f"{name} received", "action": "halt"},

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
+import warnings
 
 import pytest
 
@@ -50,11 +53,95 @@ def test_phase_checks_its_arguments_and_a_resume_is_the_next_attempt(tmp_path):
         {"phase": "init", "attempt": 0},
         {"phase": "checkpoint", "attempt": 0, "budget_s": 600.0},
         {"phase": "init", "attempt": 1},
+        {"phase": "shutdown", "attempt": 1},  # finish() says it before run_end
     ]
+    assert lines(tmp_path, "ph")[-1]["kind"] == "run_end"
     assert not [e for e in lines(tmp_path, "ph") if e["kind"] == "heartbeat"]  # heartbeat_s=0: off
 
 
-def test_telemetry_leaves_out_what_the_platform_cannot_measure():
-    s = telemetry.sample()
-    assert {"system/cpu_percent", "system/rss_bytes", "system/mem_available_bytes"} <= set(s)
+def test_telemetry_leaves_out_what_the_platform_cannot_measure(tmp_path):
+    s = telemetry.sample(str(tmp_path))
+    assert {
+        "system/cpu_percent",
+        "system/rss_bytes",
+        "system/mem_available_bytes",
+        "system/mem_used_percent",
+        "system/disk_used_percent",
+        "system/net_sent_bytes",
+        "system/net_recv_bytes",
+    } <= set(s)
     assert all(isinstance(v, float) for v in s.values())
+    assert 0 < s["system/disk_used_percent"] <= 100 and 0 < s["system/mem_used_percent"] <= 100
+    (tmp_path / "blob").write_bytes(os.urandom(1 << 20))
+    os.sync()
+    later = telemetry.sample(str(tmp_path))
+    for name in ("system/net_sent_bytes", "system/disk_write_bytes"):  # since this process's first sample
+        if name in later:
+            assert 0 <= s[name] <= later[name]
+    if "jax" not in sys.modules:  # never imported for telemetry
+        assert not [n for n in s if n.startswith("accel/")]
+
+
+def test_each_heartbeat_says_the_hosts_own_step_time_without_the_evals_seconds(tmp_path):
+    r = observatory.init(run_id="st", runs_dir=tmp_path, heartbeat_s=0.25, install_signal_handlers=False)
+    step = 0
+
+    def train(seconds: float, every: float) -> None:
+        nonlocal step
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            step += 1
+            time.sleep(every)
+            r.log({"train/loss": 1.0}, step=step)
+
+    train(1.0, 0.02)
+    r.phase("eval", budget_s=60)
+    time.sleep(1.0)  # an eval: no step, and its second is not a step's
+    r.phase("train")
+    train(1.0, 0.05)
+    r.finish()
+    beats = [e for e in lines(tmp_path, "st") if e["kind"] == "heartbeat"]
+    timed = [
+        (e["data"]["phase"], e["data"]["perf/step_time_s"]) for e in beats if "perf/step_time_s" in e["data"]
+    ]
+    assert not [e for e in beats if e["data"].get("phase") == "eval" and "perf/step_time_s" in e["data"]]
+    fast = sorted(v for p, v in timed[:2])
+    slow = sorted(v for p, v in timed[-2:])
+    assert len(timed) >= 5, timed
+    assert all(0.015 < v < 0.2 for _, v in timed), timed  # never the eval's second spread over a few steps
+    assert fast[0] < slow[-1] and 0.04 < slow[-1] < 0.2, timed  # it follows the step's own pace
+
+
+def test_a_resume_finds_its_attempt_behind_megabytes_of_steps(tmp_path):
+    def start():
+        return observatory.init(
+            run_id="big", runs_dir=tmp_path, heartbeat_s=0, write_start=False, install_signal_handlers=False
+        )
+
+    start().close()  # attempt 0, killed
+    r = start()  # attempt 1: says init, then logs 2 MiB of steps and is killed
+    for s in range(12_000):
+        r.log({f"m{i}": float(s) for i in range(8)}, step=s)
+    r.close()
+    assert (tmp_path / "big" / "events.0.jsonl").stat().st_size > 2 << 20
+    again = start()
+    assert again.attempt == 2
+    again.close()
+
+
+def test_trackio_auto_log_gpu_turns_heartbeats_on_at_its_interval(tmp_path, monkeypatch):
+    monkeypatch.setenv("OBSERVATORY_HEARTBEAT_S", "0")  # off by setting; auto_log_gpu asks for them
+    no_gpu = not any(n.startswith("accel/") for n in telemetry.sample())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = observatory.wandb_api.init(
+            project="p", runs_dir=tmp_path, run_id="gpu", auto_log_gpu=True, gpu_log_interval=0.2
+        )
+    assert any("auto_log_gpu=True" in str(w.message) for w in caught) == no_gpu
+    run.log({"loss": 1.0})
+    time.sleep(0.9)
+    run.finish()
+    beats = [e for e in lines(tmp_path, "gpu") if e["kind"] == "heartbeat"]
+    assert len(beats) >= 2 and "system/rss_bytes" in beats[-1]["data"]
+    with pytest.raises(ValueError, match="gpu_log_interval"):
+        observatory.wandb_api.init(project="p", runs_dir=tmp_path, auto_log_gpu=True, gpu_log_interval=0)

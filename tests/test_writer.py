@@ -39,13 +39,14 @@ def test_init_log_finish_round_trip(runs_dir):
     run.event("eval", {"dataset": "val", "loss": float("nan")}, step=1)
     run.finish()
     allev = read_events(run.path)
-    assert [e["seq"] for e in allev] == list(range(7))
+    assert [e["seq"] for e in allev] == list(range(8))
     for e in allev:
         validate_event(e, run_folder=run.id, host=0)
     # init says the process is in "init"; its first logged step, "train"
     assert [(e["data"], e["step"]) for e in allev if e["kind"] == "phase"] == [
         ({"phase": "init", "attempt": 0}, None),
         ({"phase": "train", "attempt": 0}, 1),
+        ({"phase": "shutdown", "attempt": 0}, 1),  # finish says it, before run_end
     ]
     evs = [e for e in allev if e["kind"] != "phase"]
     assert [e["kind"] for e in evs] == ["run_start", "metrics", "expert_load", "eval", "run_end"]
@@ -181,7 +182,9 @@ def test_resume_continues_seq_after_a_torn_line(runs_dir):
     run2.log({"x": 2.0}, step=2)
     run2.finish()
     lines = run.path.read_text().splitlines()
-    assert lines[5] == '{"v":1,"ru'  # after run_start, two phases, a step and run_end
+    assert (
+        lines[6] == '{"v":1,"ru'
+    )  # after run_start, three phases (init, train, shutdown), a step and run_end
     seqs = [json.loads(x)["seq"] for x in lines if x.startswith('{"v":1,"run"')]
     assert seqs == list(range(len(seqs)))
 
@@ -233,6 +236,7 @@ def test_sigterm_sigint_write_run_end_killed(tmp_path, runs_dir, db_path, sig):
     assert evs[-1]["kind"] == "run_end" and evs[-1]["data"]["status"] == "killed"
     assert evs[-2]["kind"] == "failure" and evs[-2]["data"]["type"] == "signal"
     assert signal.Signals(sig).name in evs[-2]["data"]["message"]
+    assert evs[-3]["kind"] == "phase" and evs[-3]["data"]["phase"] == "shutdown"  # then the failure, run_end
     printed = {int(line.split()[0]) for line in out.strip().splitlines()}
     stored = {e["step"] for e in evs if e["kind"] == "metrics"}
     assert printed <= stored, "a logged step was lost"  # (the signal may land between log and print: +1)

@@ -79,7 +79,7 @@ MODES = (None, "online", "offline", "shared", "disabled")
 # wandb and trackio arguments that shape W&B's or trackio's servers, code saving or UI: accepted, unused
 IGNORED_INIT_ARGS = frozenset(
     "entity job_type save_code settings anonymous force sync_tensorboard tensorboard monitor_gym magic "
-    "space_id space_storage dataset_id private embed auto_log_gpu gpu_log_interval webhook_url "
+    "space_id space_storage dataset_id private embed webhook_url "
     "webhook_min_level".split()
 )
 
@@ -466,6 +466,7 @@ def init(
     quiet = _quiet(kwargs.get("settings"))
     for key in [k for k in kwargs if k in IGNORED_INIT_ARGS]:
         kwargs.pop(key)
+    auto_gpu = _gpu_heartbeats(kwargs)
     if reinit in ("return_previous", False) and _active is not None:
         return _active
     if reinit in ("finish_previous", True) and _active is not None:
@@ -501,6 +502,8 @@ def init(
             kwargs,
         )
         run.quiet = quiet
+        if auto_gpu:
+            _check_gpu_telemetry()
         if not quiet:
             _say(
                 f"run {run.id} logs to {run.path}; see it: {show_command(run.dir.parent)} && observatory dashboard"
@@ -509,6 +512,37 @@ def init(
     if reinit != "create_new":
         _set_active(run)
     return run
+
+
+GPU_LOG_INTERVAL_S = 10.0  # trackio's default gpu_log_interval
+
+
+def _gpu_heartbeats(kwargs: dict) -> bool:
+    """trackio's `auto_log_gpu=True` (and `gpu_log_interval=` seconds): the heartbeats, which carry the
+    accelerators' telemetry (`accel/<i>/...`), at least that often, even where `heartbeat_s` turned them off."""
+    auto, every = kwargs.pop("auto_log_gpu", None), kwargs.pop("gpu_log_interval", None)
+    if not auto:
+        return False
+    if every is not None and (isinstance(every, bool) or not isinstance(every, (int, float)) or every <= 0):
+        raise ValueError(f"init: gpu_log_interval must be a number of seconds > 0, got {every!r}")
+    every = float(every or GPU_LOG_INTERVAL_S)
+    beat = kwargs.get("heartbeat_s", settings.get("heartbeat_s"))
+    kwargs["heartbeat_s"] = every if not beat or beat <= 0 else min(float(beat), every)
+    return True
+
+
+def _check_gpu_telemetry() -> None:
+    """Say so when `auto_log_gpu=True` has no accelerator to report on: heartbeats carry host telemetry only."""
+    from observatory.telemetry import sample
+
+    if not any(name.startswith("accel/") for name in sample()):
+        import warnings
+
+        warnings.warn(
+            "init: auto_log_gpu=True but no accelerator telemetry here: the heartbeats carry system/* only "
+            "(NVIDIA GPUs need nvidia-ml-py installed; jax's memory_stats are read once jax is imported)",
+            stacklevel=3,
+        )
 
 
 def _start(

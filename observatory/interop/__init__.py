@@ -114,6 +114,7 @@ class ImportResult:
     records: int = 0  # source records read (W&B records, TensorBoard events)
     metric_events: int = 0  # metrics events written (one per source step row)
     values: int = 0  # scalar values written
+    heartbeats: int = 0  # heartbeat events written (W&B system-stats records)
     skipped: Counter = field(default_factory=Counter)  # histograms, media, text ... by type
     problems: list[str] = field(default_factory=list)
     truncated: bool = False
@@ -128,7 +129,8 @@ class ImportResult:
         bits = [
             f"{self.run} <- {self.source}",
             f"status {self.status}",
-            f"{self.records} records, {self.metric_events} steps, {self.values} values",
+            f"{self.records} records, {self.metric_events} steps, {self.values} values"
+            + (f", {self.heartbeats} heartbeats" if self.heartbeats else ""),
             f"file {self.written}",
         ]
         if skipped:

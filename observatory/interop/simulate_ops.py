@@ -2,12 +2,14 @@
 
 The run ends at `end_t` (default: now), still running (no `run_end`), so the alert rules judge it as a live
 run: every process writes `phase` events and a `heartbeat` every `HEARTBEAT_S` of simulated time, host 0
-logs the steps. Faults:
+logs the steps. Each heartbeat carries the host's own seconds per step since its previous beat
+(`perf/step_time_s`, as the writer computes it; none in a window without a step). Faults:
 
 - `healthy`: irregular step times, an eval every 500 steps (2-4 min, with a budget) and a checkpoint every
   1,000 (1-5 min, with a budget): nothing to alert;
 - `frozen`: one host (`hosts * 2 // 3`) stops writing 20 minutes before the end; its siblings go on;
-- `straggler`: host 7 takes 1.5x as long per step by its own heartbeats;
+- `straggler`: host 7 takes 1.5x as long per step by its own heartbeats (their `step` and
+  `perf/step_time_s`);
 - `hang`: init and a compile that never ends (budget 10 min, 30 min ago); heartbeats go on, no step;
 - `preempt`: attempt 0 dies after step 60% (its last checkpoint at 50%), comes back 10 minutes later as
   attempt 1 from that checkpoint and trains the lost steps again;
@@ -124,6 +126,8 @@ def simulate_ops(
     )
     beat_next = [t + HEARTBEAT_S] * hosts
     state = {"step": 0, "phase": "init", "attempt": 0}
+    # (own step, t) where each host's step-time window starts (the writer's `perf/step_time_s`: a phase restarts it)
+    anchor: list[tuple[int, float] | None] = [None] * hosts
 
     def beats(until: float) -> None:  # every host's heartbeats up to `until`
         for h in range(hosts):
@@ -136,24 +140,27 @@ def simulate_ops(
                 used = 40e9 + (
                     max(0.0, bt - (end_t - 600)) / 600 * 38e9 if h == special and fault == "hbm_creep" else 0
                 )
-                job.ev(
-                    h,
-                    "heartbeat",
-                    {
-                        "phase": state["phase"],
-                        "step": own,
-                        "system/cpu_percent": 60.0 + h % 7,
-                        "system/rss_bytes": 8e9,
-                        "accel/0/hbm_used_bytes": used,
-                        "accel/0/hbm_limit_bytes": 80e9,
-                    },
-                    own,
-                    bt,
-                )
+                data = {
+                    "phase": state["phase"],
+                    "step": own,
+                    "system/cpu_percent": 60.0 + h % 7,
+                    "system/rss_bytes": 8e9,
+                    "accel/0/hbm_used_bytes": used,
+                    "accel/0/hbm_limit_bytes": 80e9,
+                }
+                a = anchor[h]
+                if a is not None and own > a[0]:
+                    data["perf/step_time_s"] = round((bt - a[1]) / (own - a[0]), 4)
+                if a is None or own > a[0]:
+                    anchor[h] = (own, bt)
+                job.ev(h, "heartbeat", data, own, bt)
 
     def enter(name: str, at: float, attempt: int, budget: float | None = None) -> None:
         beats(at)
         state["phase"], state["attempt"] = name, attempt
+        for h in range(hosts):
+            own = int(state["step"] / 1.5) if (fault == "straggler" and h == special) else state["step"]
+            anchor[h] = (own, at) if state["step"] else None
         job.phase(
             name,
             attempt,

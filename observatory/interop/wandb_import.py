@@ -9,6 +9,8 @@ Mapping (one W&B run -> one run `wandb-<W&B run id>`, host 0):
   `t` = its `_timestamp`; nested keys flattened with `/`; `_runtime`, `_timestamp`, `_step`
   and other `_`-prefixed keys are not metrics. Histograms and media (values with a `_type`)
   and non-numbers are skipped and counted.
+- `stats` records (W&B's system metrics: CPU, memory, disk, network, GPU) -> `heartbeat` events
+  at their time and the step logged by then, under our telemetry names (`wandb_stats`).
 - `summary` records are merged; `exit` -> `run_end` with status `completed` (exit code 0)
   or `failed`, `final_step`, the scalar `summary` and the `exit_code`.
 - No `exit` record (the run crashed, the file is truncated, or the run is still live) -> no
@@ -34,6 +36,7 @@ from typing import Any
 from observatory.events import is_final_failure
 from observatory.interop import ImportResult, RunLogBuilder, flatten, safe_run_id, settle
 from observatory.interop.wandb_reader import Problem, WandbLogReader
+from observatory.interop.wandb_stats import Environment, stats_heartbeat, step_at, steps_at
 
 __all__ = ["find_wandb_files", "convert_wandb_file", "merge_sessions", "import_wandb"]
 
@@ -175,6 +178,8 @@ def convert_wandb_file(
     summary_raw: dict[tuple[str, ...], str] = {}
     exit_rec = None
     rows: list[tuple[int, float | None, dict[str, float]]] = []  # (step, t, values)
+    stats: list = []  # W&B's system-stats records, read once the environment (CPU count, GPUs) is known
+    env = Environment()
     first_t: float | None = None
     bad: list[Problem] = []
     for offset, payload in reader:
@@ -215,7 +220,11 @@ def convert_wandb_file(
                     del summary_raw[key]
         elif kind == "exit":
             exit_rec = rec.exit
-        # other records (system stats, console output, files, telemetry) are not run data
+        elif kind == "stats":
+            stats.append(rec.stats)
+        elif kind == "environment":
+            env.update(rec.environment)
+        # other records (console output, files, W&B's own telemetry) are not run data
     problems = reader.problems + bad
     res.problems = [f"{path}: {p}" for p in sorted(problems, key=lambda p: p.offset)]
     res.truncated = reader.truncated
@@ -275,6 +284,15 @@ def convert_wandb_file(
         log.add("metrics", values, step, t)
         res.metric_events += 1
         res.values += len(values)
+
+    index = steps_at(rows) if stats else ([], [])
+    for rec_stats in stats:
+        t, telemetry = stats_heartbeat(rec_stats, env, res.skipped)
+        if telemetry:
+            step = step_at(index, t)
+            log.add("heartbeat", {**telemetry, **({"step": step} if step is not None else {})}, step, t)
+            res.heartbeats += 1
+            last_t = max(last_t, t)
 
     if exit_rec is not None:
         res.status = "completed" if exit_rec.exit_code == 0 else "failed"
