@@ -106,7 +106,7 @@ def test_truncated_last_line_waits_while_live_then_is_recorded(runs_dir, db_path
     run.log({"train/loss": 0.5}, step=3)
     run.finish()
     rep, msgs = ingest(runs_dir, db_path)
-    assert rep.rejected == 0 and rep.events == 4, msgs  # its phases init and train, the step, run_end
+    assert rep.rejected == 0 and rep.events == 5, msgs  # its phases init, train, shutdown, the step, run_end
     assert q(db_path, "SELECT status FROM runs") == [("completed",)]
 
 

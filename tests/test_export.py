@@ -162,8 +162,8 @@ def test_jsonl_export_leaves_out_what_ingest_rejects(tmp_path):
     out = tmp_path / "r.jsonl"
     r = CliRunner().invoke(cli, ["export", "r", "--out", str(out), "--runs-dir", str(runs)])
     assert r.exit_code == 0 and "2 invalid or torn lines left out" in r.output
-    # run_start, the phases init and train, the step, run_end: every line the writer wrote
-    assert out.read_bytes() == b"".join(path.read_bytes().splitlines(keepends=True)[:5])
+    # run_start, the phases init and train, the step, the phase shutdown, run_end: every line the writer wrote
+    assert out.read_bytes() == b"".join(path.read_bytes().splitlines(keepends=True)[:6])
 
 
 def test_import_jsonl_names_file_line_and_field_of_a_bad_event(tmp_path):

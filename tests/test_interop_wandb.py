@@ -133,7 +133,8 @@ def test_import_gives_exactly_the_logged_values_at_the_logged_steps(wandb_runs):
     log, res = convert_wandb_file(wandb_runs["good"])
     assert res.error is None and not res.problems and not res.truncated
     assert _same(_metrics(log), wandb_runs["logged"])
-    assert res.skipped == {"histogram": wandb_runs["media"], "image-file": wandb_runs["media"]}
+    media = {k: n for k, n in res.skipped.items() if "system stat" not in k}  # W&B's per-core CPU, threads...
+    assert media == {"histogram": wandb_runs["media"], "image-file": wandb_runs["media"]}
     start, end = log.events[0], log.events[-1]
     assert start["kind"] == "run_start" and start["run"] == "wandb-good1"
     assert start["data"]["config"] == {
@@ -167,6 +168,7 @@ def test_import_folder_writes_runs_and_reimport_is_idempotent(wandb_runs, tmp_pa
     assert sorted(r.run for r in first) == ["wandb-bad1", "wandb-good1", "wandb-res1", "wandb-res1"]
     assert {r.written for r in first} == {"new"}
     resumed = [json.loads(x) for x in (runs / "wandb-res1" / "events.0.jsonl").read_text().splitlines()]
+    resumed = [e for e in resumed if e["kind"] != "heartbeat"]  # W&B's system stats: heartbeats
     assert [e["kind"] for e in resumed] == ["run_start"] + ["metrics"] * 20 + ["run_end"]
     assert [e["step"] for e in resumed[1:-1]] == list(range(20))
     assert [e["data"]["train/loss"] for e in resumed[1:-1]] == [10.0 - s for s in range(20)]

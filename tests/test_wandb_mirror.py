@@ -119,8 +119,8 @@ def test_a_failing_mirror_never_hurts_the_run(tmp_path, capsys):
     assert "mirroring to W&B stopped" in capsys.readouterr().err
     lines = (tmp_path / "runs" / "broken-1" / "events.0.jsonl").read_text().splitlines()
     assert (
-        len(lines) == 24
-    )  # run_start, the phases init and train, 20 metrics, run_end: our own log is complete
+        len(lines) == 25
+    )  # run_start, the phases init, train and shutdown, 20 metrics, run_end: our own log is complete
 
 
 def test_mirror_rejects_bad_arguments():

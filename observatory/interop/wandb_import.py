@@ -10,7 +10,7 @@ Mapping (one W&B run -> one run `wandb-<W&B run id>`, host 0):
   and other `_`-prefixed keys are not metrics. Histograms and media (values with a `_type`)
   and non-numbers are skipped and counted.
 - `stats` records (W&B's system metrics: CPU, memory, disk, network, GPU) -> `heartbeat` events
-  at their time and the step logged by then, under our telemetry names (`wandb_stats`).
+  at their time and the highest step logged before them, under our telemetry names (`wandb_stats`).
 - `summary` records are merged; `exit` -> `run_end` with status `completed` (exit code 0)
   or `failed`, `final_step`, the scalar `summary` and the `exit_code`.
 - No `exit` record (the run crashed, the file is truncated, or the run is still live) -> no
@@ -36,7 +36,7 @@ from typing import Any
 from observatory.events import is_final_failure
 from observatory.interop import ImportResult, RunLogBuilder, flatten, safe_run_id, settle
 from observatory.interop.wandb_reader import Problem, WandbLogReader
-from observatory.interop.wandb_stats import Environment, stats_heartbeat, step_at, steps_at
+from observatory.interop.wandb_stats import Environment, stats_heartbeat
 
 __all__ = ["find_wandb_files", "convert_wandb_file", "merge_sessions", "import_wandb"]
 
@@ -178,7 +178,9 @@ def convert_wandb_file(
     summary_raw: dict[tuple[str, ...], str] = {}
     exit_rec = None
     rows: list[tuple[int, float | None, dict[str, float]]] = []  # (step, t, values)
-    stats: list = []  # W&B's system-stats records, read once the environment (CPU count, GPUs) is known
+    # W&B's system-stats records with the number of history rows before each (the events keep the source's
+    # order, so a re-import of a grown file only appends); read once the environment (CPU count, GPUs) is known
+    stats: list[tuple[int, Any]] = []
     env = Environment()
     first_t: float | None = None
     bad: list[Problem] = []
@@ -221,7 +223,7 @@ def convert_wandb_file(
         elif kind == "exit":
             exit_rec = rec.exit
         elif kind == "stats":
-            stats.append(rec.stats)
+            stats.append((len(rows), rec.stats))
         elif kind == "environment":
             env.update(rec.environment)
         # other records (console output, files, W&B's own telemetry) are not run data
@@ -275,7 +277,16 @@ def convert_wandb_file(
 
     last_t = start_t
     final_step = None
-    for step, t, values in rows:
+    pending = iter(stats)
+    nxt = next(pending, None)
+    for i, (step, t, values) in enumerate([*rows, (None, None, None)]):
+        while nxt is not None and (
+            nxt[0] <= i or step is None
+        ):  # the stats records W&B wrote before this row
+            last_t = max(last_t, _heartbeat(log, res, env, nxt[1], final_step))
+            nxt = next(pending, None)
+        if step is None:
+            break
         t = last_t if t is None else t
         last_t = max(last_t, t)
         final_step = step if final_step is None else max(final_step, step)
@@ -284,15 +295,6 @@ def convert_wandb_file(
         log.add("metrics", values, step, t)
         res.metric_events += 1
         res.values += len(values)
-
-    index = steps_at(rows) if stats else ([], [])
-    for rec_stats in stats:
-        t, telemetry = stats_heartbeat(rec_stats, env, res.skipped)
-        if telemetry:
-            step = step_at(index, t)
-            log.add("heartbeat", {**telemetry, **({"step": step} if step is not None else {})}, step, t)
-            res.heartbeats += 1
-            last_t = max(last_t, t)
 
     if exit_rec is not None:
         res.status = "completed" if exit_rec.exit_code == 0 else "failed"
@@ -312,6 +314,15 @@ def convert_wandb_file(
         why = "its file is truncated" if res.truncated else "the run crashed or is still running"
         log.crashed(last_t, f"W&B log without an exit record ({why}): imported up to its last whole record")
     return log, res
+
+
+def _heartbeat(log: RunLogBuilder, res: ImportResult, env: Environment, stats, step: int | None) -> float:
+    """One W&B stats record as a heartbeat at `step` (the highest logged before it); returns its time."""
+    t, telemetry = stats_heartbeat(stats, env, res.skipped)
+    if telemetry:
+        log.add("heartbeat", {**telemetry, **({"step": step} if step is not None else {})}, step, t)
+        res.heartbeats += 1
+    return t
 
 
 def merge_sessions(logs: list[RunLogBuilder]) -> RunLogBuilder:

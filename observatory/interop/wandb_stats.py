@@ -2,7 +2,7 @@
 
 W&B samples the machine every `x_stats_sampling_interval` seconds (15 by default) into `stats`
 records: a timestamp and `key -> value_json` items. Each record becomes one `heartbeat` at its time,
-at the step the run had logged by then, with the items we have a name for (docs/events.md's
+at the highest step the run logged before it, with the items we have a name for (docs/events.md's
 heartbeat row):
 
 | W&B key | ours |
@@ -25,14 +25,12 @@ counted as skipped.
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import re
 from collections import Counter
-from typing import Any
 
-__all__ = ["Environment", "stats_heartbeat", "steps_at", "step_at"]
+__all__ = ["Environment", "stats_heartbeat"]
 
 MIB = float(1 << 20)
 _GPU = re.compile(r"^gpu\.(\d+)\.(\w+)$")
@@ -122,22 +120,3 @@ def stats_heartbeat(stats, env: Environment, skipped: Counter) -> tuple[float, d
     if unmapped:
         skipped["unmapped system stat"] += unmapped
     return t, out
-
-
-def steps_at(rows: list[tuple[int, float | None, Any]]) -> tuple[list[float], list[int]]:
-    """(times, the highest step logged by each time) of history rows, for `step_at`."""
-    times: list[float] = []
-    steps: list[int] = []
-    top = -1
-    for step, t, _ in sorted(((s, t, v) for s, t, v in rows if t is not None), key=lambda r: r[1]):
-        top = max(top, step)
-        times.append(t)
-        steps.append(top)
-    return times, steps
-
-
-def step_at(index: tuple[list[float], list[int]], t: float) -> int | None:
-    """The step the run had logged by time `t` (None before its first)."""
-    times, steps = index
-    i = bisect.bisect_right(times, t)
-    return steps[i - 1] if i else None
