@@ -86,3 +86,52 @@ def test_the_cli_plays_a_fault(tmp_path):
     assert r.exit_code == 0, r.output
     assert "ops-preempt" in r.output and "200 hosts, fault preempt" in r.output
     assert len(list((tmp_path / "ops-preempt").glob("events.*.jsonl"))) == 200
+
+
+def _log(runs, run, host):
+    return [json.loads(x) for x in (runs / run / f"events.{host}.jsonl").read_text().splitlines()]
+
+
+def test_each_hosts_heartbeats_say_its_own_step_time_and_the_faults_show_in_the_logs(tmp_path):
+    import statistics
+
+    run, truth = simulate_ops("straggler", tmp_path, hosts=8, steps=900, seed=2)
+    own = {
+        h: statistics.median(
+            e["data"]["perf/step_time_s"]
+            for e in _log(tmp_path, run, h)
+            if e["kind"] == "heartbeat" and "perf/step_time_s" in e["data"]
+        )
+        for h in range(8)
+    }
+    assert truth["sim/host"] == 7 and own[7] == pytest.approx(1.5 * own[0], rel=0.05)
+    assert all(v == pytest.approx(own[0], rel=0.05) for h, v in own.items() if h != 7)
+
+    run, truth = simulate_ops("healthy", tmp_path, hosts=8, steps=2000, seed=2)
+    evs = _log(tmp_path, run, 3)
+    pauses = [e for e in evs if e["kind"] == "phase" and e["data"]["phase"] in ("eval", "checkpoint")]
+    assert len(pauses) == 6 and all(e["data"]["budget_s"] for e in pauses)  # 4 evals, 2 checkpoints
+    beats = [e["data"] for e in evs if e["kind"] == "heartbeat"]
+    timed = [b["perf/step_time_s"] for b in beats if "perf/step_time_s" in b]
+    assert not [b for b in beats if b["phase"] != "train" and "perf/step_time_s" in b]
+    assert max(timed) < 3.0  # an eval's minutes are never a step's
+    assert truth["sim/eval_s"] > 4 * 120 and truth["sim/checkpoint_s"] > 2 * 60
+
+    run, truth = simulate_ops("preempt", tmp_path, hosts=8, steps=1000, seed=2)
+    evs = _log(tmp_path, run, 0)
+    attempts = [(e["data"]["phase"], e["data"]["attempt"]) for e in evs if e["kind"] == "phase"]
+    assert ("init", 1) in attempts and attempts[-1] == ("train", 1)
+    steps = [e["step"] for e in evs if e["kind"] == "metrics"]
+    assert steps == list(range(1, 601)) + list(range(501, 1001))  # attempt 1 trains 501..600 again
+    assert truth["sim/redone_s"] == pytest.approx(2.0 * 99, rel=0.2)  # step 501 is the compile's
+
+    run, _ = simulate_ops("hang", tmp_path, hosts=8, steps=1000, seed=2)
+    evs = _log(tmp_path, run, 5)
+    assert not [e for e in evs if e["kind"] == "metrics"]
+    assert [e["data"]["phase"] for e in evs if e["kind"] == "phase"] == ["init", "compile"]
+    assert {e["data"]["phase"] for e in evs if e["kind"] == "heartbeat"} == {"init", "compile"}
+
+    run, truth = simulate_ops("frozen", tmp_path, hosts=8, steps=1000, seed=2)
+    last = {h: max(e["t"] for e in _log(tmp_path, run, h)) for h in range(8)}
+    frozen = truth["sim/host"]
+    assert all(last[frozen] < last[h] - 1100 for h in range(8) if h != frozen)

@@ -335,11 +335,13 @@ def test_sigterm_checkpoints_and_ends_preempted(tmp_path):
         "steps=100000",
         "eval.every=0",
         *QUIET,
+        env={"OBSERVATORY_HEARTBEAT_S": "0.5"},
     )
     path = tmp_path / "pre" / "events.0.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None:
-        if path.exists() and path.read_text().count('"kind":"metrics"') >= 3:
+        text = path.read_text() if path.exists() else ""
+        if text.count('"kind":"metrics"') >= 3 and text.count('"perf/step_time_s"') >= 2:
             break
         time.sleep(0.5)
     assert p.poll() is None, p.communicate()[1][-3000:]
@@ -352,6 +354,13 @@ def test_sigterm_checkpoints_and_ends_preempted(tmp_path):
     ck = of(evs, "checkpoint")
     assert ck and ck[-1]["step"] == end["data"]["final_step"] >= 3
     assert (tmp_path / "pre" / "checkpoints" / str(end["data"]["final_step"])).is_dir()
+    # SIGTERM: the phase shutdown, then the final save and run_end; the heartbeat thread did not keep it alive
+    last_phase = of(evs, "phase")[-1]
+    assert last_phase["data"] == {"phase": "shutdown", "attempt": 0} and last_phase["seq"] < ck[-1]["seq"]
+    beats = [e["data"] for e in of(evs, "heartbeat")]
+    timed = [b for b in beats if "perf/step_time_s" in b]
+    assert timed and all(b["phase"] == "train" and 0 < b["perf/step_time_s"] < 60 for b in timed)
+    assert {"system/rss_bytes", "system/cpu_percent"} <= set(beats[-1])
 
 
 def test_new_user_trains_tiny_then_ingests_and_lists_it(tmp_path):
