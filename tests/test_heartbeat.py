@@ -145,3 +145,14 @@ def test_trackio_auto_log_gpu_turns_heartbeats_on_at_its_interval(tmp_path, monk
     assert len(beats) >= 2 and "system/rss_bytes" in beats[-1]["data"]
     with pytest.raises(ValueError, match="gpu_log_interval"):
         observatory.wandb_api.init(project="p", runs_dir=tmp_path, auto_log_gpu=True, gpu_log_interval=0)
+
+
+def test_a_wandb_resume_is_the_next_attempt_and_ends_with_shutdown(tmp_path):
+    for _ in range(3):
+        run = observatory.wandb_api.init(project="p", id="again", dir=tmp_path, resume="allow", heartbeat_s=0)
+        run.log({"loss": 1.0})
+        run.finish()
+    phases = [
+        (e["data"]["phase"], e["data"]["attempt"]) for e in lines(tmp_path, "again") if e["kind"] == "phase"
+    ]
+    assert phases == [(p, a) for a in range(3) for p in ("init", "train", "shutdown")]
