@@ -63,6 +63,7 @@ class Rung:
     steps: int | None = None
     seed: int | None = None
     runs: tuple[str, ...] = ()  # the seed runs averaged into this rung; () = just `run`
+    problem: str | None = None  # why it has no final eval, as the store tells (`watch.load_ladder`)
 
     def __post_init__(self):
         if not (self.flops > 0 and math.isfinite(self.flops)):
@@ -127,7 +128,8 @@ def average_seeds(rungs: Sequence[Rung]) -> list[Rung]:
         runs = tuple(x for r in rs for x in (r.runs or (r.run,)))
         out.append(Rung(run=rs[0].run, rung=label, flops=rs[0].flops, curve=curve,
                         params_active=rs[0].params_active, params_total=rs[0].params_total,
-                        tokens=rs[0].tokens, steps=rs[0].steps, seed=None, runs=runs))
+                        tokens=rs[0].tokens, steps=rs[0].steps, seed=None, runs=runs,
+                        problem=None if 1.0 in curve else next((r.problem for r in rs if r.problem), None)))
     return sorted(out, key=lambda r: (r.flops, r.rung))
 
 
