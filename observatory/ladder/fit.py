@@ -445,7 +445,8 @@ def _fit_e_range(rungs: Sequence[Rung], cfg: FitConfig, name: str, progress) -> 
     if hi >= ymin:
         raise ValueError(f"--e-range {lo} {hi}: E must stay below the smallest observed loss {ymin:.4f}")
     centre = cfg.fix_e if cfg.fix_e is not None else (lo + hi) / 2
-    grid = sorted({float(centre), *np.linspace(lo, hi, cfg.e_grid).tolist()})
+    grid = sorted([float(centre)] + [e for e in np.linspace(lo, hi, cfg.e_grid).tolist()
+                                     if not math.isclose(e, centre, rel_tol=1e-9, abs_tol=1e-12)])
     fits = []
     for k, e in enumerate(grid):
         if progress is not None:

@@ -38,7 +38,16 @@ from typing import Any
 from observatory.events import RUN_ID_RE
 from observatory.interop import RunLogBuilder, ingest_runs
 
-__all__ = ["Point", "PointsError", "LadderImport", "read_points", "check_points", "import_points", "run_id_for"]
+__all__ = [
+    "Point",
+    "PointsError",
+    "LadderImport",
+    "read_points",
+    "check_points",
+    "import_points",
+    "run_id_for",
+    "as_run_id",
+]
 
 COLUMNS = ("ladder", "rung", "flops", "loss", "tokens", "params", "seed", "step", "fraction", "steps", "dataset",
            "source", "target", "run")  # fmt: skip
@@ -54,7 +63,9 @@ class PointsError(ValueError):
         self.problems = problems
         shown = problems[:30]
         more = f"\n  ... and {len(problems) - len(shown)} more" if len(problems) > len(shown) else ""
-        super().__init__(f"{where}: {len(problems)} problem(s), nothing written:\n  " + "\n  ".join(shown) + more)
+        super().__init__(
+            f"{where}: {len(problems)} problem(s), nothing written:\n  " + "\n  ".join(shown) + more
+        )
 
 
 @dataclass(frozen=True)
@@ -105,18 +116,28 @@ def read_points(path: str | Path) -> tuple[list[dict], str]:
         if isinstance(doc, dict):
             key = next((k for k in ("rows", "points") if isinstance(doc.get(k), list)), None)
             if key is None:
-                raise PointsError(str(p), ["a JSON table is a list of row objects, or an object with a `rows` list"])
+                raise PointsError(
+                    str(p), ["a JSON table is a list of row objects, or an object with a `rows` list"]
+                )
             defaults = {k: v for k, v in doc.items() if k != key}
             doc = doc[key]
         if not isinstance(doc, list):
-            raise PointsError(str(p), ["a JSON table is a list of row objects, or an object with a `rows` list"])
+            raise PointsError(
+                str(p), ["a JSON table is a list of row objects, or an object with a `rows` list"]
+            )
         rows = []
         for i, item in enumerate(doc, 1):
-            rows.append({**defaults, **item, "_row": i} if isinstance(item, dict) else {"_row": i, "_bad": item})
+            rows.append(
+                {**defaults, **item, "_row": i} if isinstance(item, dict) else {"_row": i, "_bad": item}
+            )
         return rows, "item"
     if suffix not in (".csv", ".tsv", ".txt"):
         raise PointsError(str(p), [f"unknown table type {suffix or '(none)'!r}: give a .csv or .json file"])
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip() and not line.lstrip().startswith("#")]
+    lines = [
+        (n, line)
+        for n, line in enumerate(text.splitlines(), 1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     if not lines:
         raise PointsError(str(p), ["empty: no header line"])
     reader = csv.reader([line for _, line in lines], delimiter="\t" if suffix == ".tsv" else ",")
@@ -126,7 +147,9 @@ def read_points(path: str | Path) -> tuple[list[dict], str]:
         if len(cells) > len(header):
             rows.append({"_row": n, "_bad": f"{len(cells)} cells for {len(header)} columns"})
             continue
-        rows.append({"_row": n, **{h: c.strip() for h, c in zip(header, cells, strict=False) if c.strip() != ""}})
+        rows.append(
+            {"_row": n, **{h: c.strip() for h, c in zip(header, cells, strict=False) if c.strip() != ""}}
+        )
     return rows, "line"
 
 
@@ -171,9 +194,12 @@ def _flag(v: Any) -> bool:
 
 
 def run_id_for(ladder: str, rung: str, seed: int | None) -> str:
-    """`<ladder>-<rung>[-s<seed>]` as a run id: `1e+18` becomes `1e18`, other characters a run id
-    cannot hold become `-`."""
-    raw = f"{ladder}-{rung}" + ("" if seed is None else f"-s{seed}")
+    """`<ladder>-<rung>[-s<seed>]` as a run id (`as_run_id`)."""
+    return as_run_id(f"{ladder}-{rung}" + ("" if seed is None else f"-s{seed}"))
+
+
+def as_run_id(raw: str) -> str:
+    """`raw` made a run id: `1e+18` becomes `1e18`, other characters a run id cannot hold become `-`."""
     raw = re.sub(r"(?<=\d)[eE]\+(?=\d)", "e", raw)
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-.")[:128] or "run"
 
@@ -217,8 +243,10 @@ def _point(row: dict, where: str, problems: list[str]) -> Point | None:
     got["steps"] = take("steps", _count, 1)
     got["step"] = take("step", _count, 0)
     if got["step"] == 0:
-        problems.append(f"{at}, field step: 0 is before any training: a point is the loss after training (leave "
-                        "step empty for the final loss) or at a step >= 1 of the run")
+        problems.append(
+            f"{at}, field step: 0 is before any training: a point is the loss after training (leave "
+            "step empty for the final loss) or at a step >= 1 of the run"
+        )
         got["step"] = None
     got["fraction"] = take("fraction", _number)
     if got["fraction"] is not None and not (0 < got["fraction"] <= 1):
@@ -234,11 +262,15 @@ def _point(row: dict, where: str, problems: list[str]) -> Point | None:
         elif v is not None and str(v).strip():
             got[name] = str(v).strip()
     if "run" in got and not RUN_ID_RE.match(got["run"]):
-        problems.append(f"{at}, field run: {got['run']!r} is not a run id ([A-Za-z0-9._-]{{1,128}}, not . or ..); "
-                        f"e.g. {run_id_for(got['run'], '', None).rstrip('-')!r}")
+        problems.append(
+            f"{at}, field run: {got['run']!r} is not a run id ([A-Za-z0-9._-]{{1,128}}, not . or ..); "
+            f"e.g. {as_run_id(got['run'])!r}"
+        )
     if len(problems) > before:
         return None
-    extra = {k: v for k, v in row.items() if k not in COLUMNS and not k.startswith("_") and v not in (None, "")}
+    extra = {
+        k: v for k, v in row.items() if k not in COLUMNS and not k.startswith("_") and v not in (None, "")
+    }
     return Point(row=n, extra=extra, **{k: v for k, v in got.items() if v is not None or k in ("loss",)})
 
 
@@ -258,8 +290,10 @@ def check_points(rows: Iterable[dict], where: str = "row") -> dict[str, list[Poi
         key = (p.ladder, p.rung, p.seed)
         if keys.setdefault(run, key) != key:
             first = runs[run][0]
-            problems.append(f"{where} {p.row}: run id {run!r} is also that of {where} {first.row} (ladder {first.ladder!r}, "
-                            f"rung {first.rung!r}, seed {first.seed}); give the rows a `run` column to tell them apart")
+            problems.append(
+                f"{where} {p.row}: run id {run!r} is also that of {where} {first.row} (ladder {first.ladder!r}, "
+                f"rung {first.rung!r}, seed {first.seed}); give the rows a `run` column to tell them apart"
+            )
             continue
         runs.setdefault(run, []).append(p)
     rung_flops: dict[tuple, tuple[float, int]] = {}
@@ -269,25 +303,37 @@ def check_points(rows: Iterable[dict], where: str = "row") -> dict[str, list[Poi
             vals = {getattr(p, name) for p in ps if getattr(p, name) is not None}
             if len(vals) > 1:
                 rows_ = ", ".join(str(p.row) for p in ps)
-                problems.append(f"run {run} ({where}s {rows_}), field {name}: differs between its rows ({sorted(vals)})")
+                problems.append(
+                    f"run {run} ({where}s {rows_}), field {name}: differs between its rows ({sorted(vals)})"
+                )
         if not first.target:
             prev = rung_flops.setdefault((first.ladder, first.rung), (first.flops, first.row))
-            if prev[0] is not None and first.flops is not None and not math.isclose(prev[0], first.flops, rel_tol=1e-9):
-                problems.append(f"{where} {first.row}, field flops: rung {first.rung!r} of ladder {first.ladder!r} has "
-                                f"C={prev[0]:.6g} at {where} {prev[1]}: seeds of a rung train the same model on the same tokens")
+            if (
+                prev[0] is not None
+                and first.flops is not None
+                and not math.isclose(prev[0], first.flops, rel_tol=1e-9)
+            ):
+                problems.append(
+                    f"{where} {first.row}, field flops: rung {first.rung!r} of ladder {first.ladder!r} has "
+                    f"C={prev[0]:.6g} at {where} {prev[1]}: seeds of a rung train the same model on the same tokens"
+                )
         steps = _steps(ps)
         seen: dict[tuple, int] = {}
         for p in ps:
             s = _step(p, steps)
             if (p.dataset, s) in seen:
-                problems.append(f"{where} {p.row}: a second loss of run {run} for dataset {p.dataset!r} at step {s} "
-                                f"(the first at {where} {seen[(p.dataset, s)]})")
+                problems.append(
+                    f"{where} {p.row}: a second loss of run {run} for dataset {p.dataset!r} at step {s} "
+                    f"(the first at {where} {seen[(p.dataset, s)]})"
+                )
             seen[(p.dataset, s)] = p.row
         if not first.target and not any(_step(p, steps) == steps for p in ps if p.loss is not None):
             last = max(ps, key=lambda p: _step(p, steps))
-            problems.append(f"run {run} ({where}s {', '.join(str(p.row) for p in ps)}): no loss at 100% of its schedule "
-                            f"(its last point, {where} {last.row}, is at step {_step(last, steps)} of {steps}); the fit "
-                            "needs every rung's final loss: a row without step and fraction, or fraction 1, or step = steps")
+            problems.append(
+                f"run {run} ({where}s {', '.join(str(p.row) for p in ps)}): no loss at 100% of its schedule "
+                f"(its last point, {where} {last.row}, is at step {_step(last, steps)} of {steps}); the fit "
+                "needs every rung's final loss: a row without step and fraction, or fraction 1, or step = steps"
+            )
     if problems:
         raise PointsError("the table", problems)
     return runs
@@ -317,10 +363,13 @@ def _step(p: Point, steps: int) -> int:
 def _log(run: str, ps: list[Point], origin: str) -> RunLogBuilder:
     """One run's event log, as the trainer would have written it, every event at t = 0."""
     first, steps = ps[0], _steps(ps)
-    ladder = {"name": first.ladder, "rung": first.rung, "flops": first.flops,
-              "steps": steps}
-    for key, value in (("tokens", first.tokens), ("params_active", first.params), ("seed", first.seed),
-                       ("source", next((p.source for p in ps if p.source), None))):
+    ladder = {"name": first.ladder, "rung": first.rung, "flops": first.flops, "steps": steps}
+    for key, value in (
+        ("tokens", first.tokens),
+        ("params_active", first.params),
+        ("seed", first.seed),
+        ("source", next((p.source for p in ps if p.source), None)),
+    ):
         if value is not None:
             ladder[key] = value
     if first.target:
@@ -329,10 +378,16 @@ def _log(run: str, ps: list[Point], origin: str) -> RunLogBuilder:
     for p in ps:
         extra.update(p.extra)
     b = RunLogBuilder(run)
-    b.start(0.0, extra, name=run, ladder=ladder, source={**SOURCE, "file": origin},
-            data={"name": first.dataset, **({"tokens": first.tokens} if first.tokens else {})},
-            model={"params_active": first.params} if first.params else None,
-            notes=ladder.get("source"))
+    b.start(
+        0.0,
+        extra,
+        name=run,
+        ladder=ladder,
+        source={**SOURCE, "file": origin},
+        data={"name": first.dataset, **({"tokens": first.tokens} if first.tokens else {})},
+        model={"params_active": first.params} if first.params else None,
+        notes=ladder.get("source"),
+    )
     for p in sorted((p for p in ps if p.loss is not None), key=lambda p: (_step(p, steps), p.dataset)):
         b.add("eval", {"dataset": p.dataset, "loss": p.loss}, _step(p, steps), 0.0)
     b.add("run_end", {"status": "completed", "final_step": steps}, steps, 0.0)
@@ -356,15 +411,30 @@ def import_points(source: str | Path | list[Mapping], runs_dir: str | Path, db: 
     logs = {}
     for run, ps in runs.items():
         if ps[0].target and all(p.loss is None for p in ps):
-            out.targets.append({"ladder": ps[0].ladder, "rung": ps[0].rung, "flops": ps[0].flops, "run": run,
-                                "tokens": ps[0].tokens, "params": ps[0].params, "row": ps[0].row})
+            out.targets.append(
+                {
+                    "ladder": ps[0].ladder,
+                    "rung": ps[0].rung,
+                    "flops": ps[0].flops,
+                    "run": run,
+                    "tokens": ps[0].tokens,
+                    "params": ps[0].params,
+                    "row": ps[0].row,
+                }
+            )
             continue
         logs[run] = _log(run, ps, origin)
     conflicts = [run for run, b in logs.items() if _conflicts(Path(runs_dir), b) and not replace]
     if conflicts:
-        raise PointsError("the runs dir", [f"run {r} is already in {runs_dir} with different events (imported "
-                                           "earlier from other numbers?); pass --replace (replace=True) to "
-                                           "overwrite it, the store is then rebuilt" for r in conflicts])
+        raise PointsError(
+            "the runs dir",
+            [
+                f"run {r} is already in {runs_dir} with different events (imported "
+                "earlier from other numbers?); pass --replace (replace=True) to "
+                "overwrite it, the store is then rebuilt"
+                for r in conflicts
+            ],
+        )
     for run, b in logs.items():
         out.runs[run] = b.write(runs_dir, replace=replace)
     if ingest and db is not None and any(s != "unchanged" for s in out.runs.values()):
@@ -378,4 +448,3 @@ def _conflicts(runs_dir: Path, b: RunLogBuilder) -> bool:
         return False
     old, new = path.read_bytes(), b.to_bytes()
     return old != new and not new.startswith(old)
-
