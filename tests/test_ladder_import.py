@@ -16,8 +16,8 @@ from click.testing import CliRunner
 import observatory
 from observatory.cli import main as cli
 from observatory.ingest import ingest, rebuild
+from observatory.interop.ladder_points import PointsError, import_points
 from observatory.ladder.fit import FitConfig, fit_ladder
-from observatory.ladder.points import PointsError, import_points
 from observatory.ladder.rungs import Rung
 from observatory.ladder.watch import load_ladder
 from observatory.store import connect
@@ -86,13 +86,22 @@ def test_import_csv_then_forecast_without_a_target(env):
     lines = [json.loads(x) for x in (runs / "pub-s" / "events.0.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in lines] == ["run_start", "eval", "run_end"]
     lad = lines[0]["data"]["ladder"]
-    assert lad == {"name": "pub", "rung": "s", "flops": 1e18, "steps": 1, "tokens": 20000000000,
-                   "params_active": 8300000, "source": "Table 3, row 1"}
+    assert lad == {
+        "name": "pub",
+        "rung": "s",
+        "flops": 1e18,
+        "steps": 1,
+        "tokens": 20000000000,
+        "params_active": 8300000,
+        "source": "Table 3, row 1",
+    }
     assert lines[1]["step"] == lad["steps"] and lines[2]["data"] == {"status": "completed", "final_step": 1}
     with connect(db) as con:
         rungs, targets, _ = load_ladder(con, "pub")
     assert [r.rung for r in sorted(rungs, key=lambda r: r.flops)] == ["s", "m", "l", "xl"]
-    assert [(t["run"], t["curve"]) for t in targets] == [("pub-big", {1.0: pytest.approx(law(1e21), rel=1e-5)})]
+    assert [(t["run"], t["curve"]) for t in targets] == [
+        ("pub-big", {1.0: pytest.approx(law(1e21), rel=1e-5)})
+    ]
     # the same table again writes nothing; the store rebuilt from the logs is the same
     assert "(5 unchanged)" in ok("ladder", "import", tmp / "pub.csv")
     rebuild(runs, db, emit=None)
@@ -116,7 +125,10 @@ def test_import_csv_then_forecast_without_a_target(env):
     res = cli_run("ladder", "forecast", "pub")
     assert res.exit_code == 2 and "give the run's compute" in res.output
     js4 = json.loads(ok("ladder", "forecast", "pub", "--flops", "1e21", "--noise", "0.01", "--json"))
-    assert js4["noise"] == {"value": 0.01, "source": "given"} and js4["high"] - js4["low"] > js["high"] - js["low"]
+    assert (
+        js4["noise"] == {"value": 0.01, "source": "given"}
+        and js4["high"] - js4["low"] > js["high"] - js["low"]
+    )
 
 
 def test_import_json_with_curves_seeds_and_defaults(env):
@@ -145,15 +157,17 @@ def test_import_json_with_curves_seeds_and_defaults(env):
 def test_import_errors_name_the_row_and_the_field_and_write_nothing(env):
     tmp, runs, db = env
     p = tmp / "bad.csv"
-    p.write_text("ladder,rung,flops,loss,step,fraction,steps,run,seed\n"
-                 "b,a,1e18,3.0,,,,,\n"          # line 2: fine
-                 "b,c,1e19,,,,,,\n"             # line 3: a rung without its loss
-                 "b,d,1e20,2.5,0,,,,\n"         # line 4: an eval at step 0
-                 "b,e,-5,2.4,,,,,\n"            # line 5: flops not > 0
-                 "b,f,1e21,2.3,,,,x-1e+18,\n"   # line 6: a run id with a +
-                 "b,g,1e22,2.2,,1.5,,,\n"       # line 7: fraction past 1
-                 "b,h,1e23,2.1,50,,100,,\n"     # line 8: a curve without its final point
-                 "b,a,2e18,3.0,,,,,1\n")        # line 9: a seed of rung a with other compute
+    p.write_text(
+        "ladder,rung,flops,loss,step,fraction,steps,run,seed\n"
+        "b,a,1e18,3.0,,,,,\n"  # line 2: fine
+        "b,c,1e19,,,,,,\n"  # line 3: a rung without its loss
+        "b,d,1e20,2.5,0,,,,\n"  # line 4: an eval at step 0
+        "b,e,-5,2.4,,,,,\n"  # line 5: flops not > 0
+        "b,f,1e21,2.3,,,,x-1e+18,\n"  # line 6: a run id with a +
+        "b,g,1e22,2.2,,1.5,,,\n"  # line 7: fraction past 1
+        "b,h,1e23,2.1,50,,100,,\n"  # line 8: a curve without its final point
+        "b,a,2e18,3.0,,,,,1\n"
+    )  # line 9: a seed of rung a with other compute
     with pytest.raises(PointsError) as e:
         import_points(p, runs, db)
     msg = str(e.value)
@@ -162,7 +176,10 @@ def test_import_errors_name_the_row_and_the_field_and_write_nothing(env):
     assert "line 5, field flops: '-5' must be > 0" in msg
     assert "line 6, field run: 'x-1e+18' is not a run id" in msg and "e.g. 'x-1e18'" in msg
     assert "line 7, field fraction: 1.5 must be in (0, 1]" in msg
-    assert "run b-h (lines 8): no loss at 100% of its schedule (its last point, line 8, is at step 50 of 100)" in msg
+    assert (
+        "run b-h (lines 8): no loss at 100% of its schedule (its last point, line 8, is at step 50 of 100)"
+        in msg
+    )
     assert "line 9, field flops: rung 'a' of ladder 'b' has C=1e+18 at line 2" in msg
     assert not runs.exists() or not any(runs.iterdir())  # nothing written
     res = cli_run("ladder", "import", p)
@@ -211,8 +228,16 @@ def test_a_rejected_run_id_fails_ingest_and_is_named_by_the_ladder(env):
         _rung(runs, f"hw-{i}", c, evals=[(100, law(c))])
     bad = runs / "hw-1e+21"
     bad.mkdir()
-    start = {"v": 1, "run": "hw-1e+21", "kind": "run_start", "step": None, "t": 1.0, "host": 0, "seq": 0,
-             "data": {"config": {}, "ladder": {"name": "hw", "rung": "1e+21", "flops": 1e21}}}
+    start = {
+        "v": 1,
+        "run": "hw-1e+21",
+        "kind": "run_start",
+        "step": None,
+        "t": 1.0,
+        "host": 0,
+        "seq": 0,
+        "data": {"config": {}, "ladder": {"name": "hw", "rung": "1e+21", "flops": 1e21}},
+    }
     ev = {**start, "kind": "eval", "step": 100, "seq": 1, "data": {"dataset": "d", "loss": 2.0}}
     (bad / "events.0.jsonl").write_text(json.dumps(start) + "\n" + json.dumps(ev) + "\n")
     res = cli_run("ingest", "-q")
@@ -299,8 +324,9 @@ def test_the_ladder_page_shows_an_imported_ladder(env):
     p.write_text("ladder,rung,flops,loss\n" + "".join(f"t3,r{i},{c},{law(c):.5f}\n" for i, c in
                                                       enumerate((1e18, 4e18, 1.6e19))))  # fmt: skip
     ok("ladder", "import", p)
-    at = AppTest.from_string("from observatory.dashboard.pages import ladder\nladder.render()\n",
-                             default_timeout=120)
+    at = AppTest.from_string(
+        "from observatory.dashboard.pages import ladder\nladder.render()\n", default_timeout=120
+    )
     at.query_params["ladder"] = "pub"
     at.run()
     assert not at.exception, at.exception

@@ -130,7 +130,7 @@ def import_cmd(files, runs_dir, db, no_ingest, replace):
     table with one writes nothing. The store is then updated (see docs/ladder.md).
     """
     from observatory.interop import ingest_runs
-    from observatory.ladder.points import PointsError, import_points
+    from observatory.interop.ladder_points import PointsError, import_points
 
     results = []
     for f in files:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -35,6 +36,7 @@ __all__ = [
     "average_seeds",
     "seed_noise",
     "fit_version",
+    "as_run_id",
 ]
 
 FRACTIONS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 5% .. 100%
@@ -155,3 +157,9 @@ def fit_version(rungs: Sequence[Rung]) -> str:
                for r in sorted(rungs, key=lambda r: r.run)]
     return f"{FIT_VERSION}:{hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:12]}"
 
+
+
+def as_run_id(raw: str) -> str:
+    """`raw` made a run id: `1e+18` becomes `1e18`, other characters a run id cannot hold become `-`."""
+    raw = re.sub(r"(?<=\d)[eE]\+(?=\d)", "e", raw)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-.")[:128] or "run"

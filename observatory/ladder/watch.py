@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from observatory import findings, settings
-from observatory.ladder.rungs import DETECTOR, EVAL_METRIC, METHOD, Forecast, Rung, fit_version
+from observatory.ladder.rungs import DETECTOR, EVAL_METRIC, METHOD, Forecast, Rung, as_run_id, fit_version
 from observatory.queries import ladder as q
 from observatory.store import using
 
@@ -157,8 +157,6 @@ def _why_no_final(r: Rung, pts: list[dict], ds: str | None, datasets: list[str] 
 
 def rejected_runs_warnings(con, name: str) -> list[str]:
     """A line per run folder of ladder `name` that ingest rejected for its run id (none of it is stored)."""
-    from observatory.ladder.points import as_run_id
-
     return [f"run folder {x['folder']!r} names ladder {name!r} but ingest rejected its lines for their run id "
             f"{x['run']!r} ({x['reason']}): rename the folder and the events' `run`, e.g. "
             f"{as_run_id(str(x['run']))!r}, and ingest again" for x in q.rejected_ladder_runs(con, name)]

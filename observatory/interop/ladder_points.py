@@ -1,6 +1,6 @@
 """Bring your own ladder: a table of (published) points as ordinary event logs.
 
-    from observatory.ladder.points import import_points
+    from observatory.interop.ladder_points import import_points
     res = import_points("chinchilla.csv", runs_dir, db)      # writes the logs, then ingests them
 
 A row is one loss of one run: `ladder, rung, flops, loss` and optionally `tokens`, `params`
@@ -29,7 +29,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 
 from observatory.events import RUN_ID_RE
 from observatory.interop import RunLogBuilder, ingest_runs
+from observatory.ladder.rungs import as_run_id
 
 __all__ = [
     "Point",
@@ -196,12 +196,6 @@ def _flag(v: Any) -> bool:
 def run_id_for(ladder: str, rung: str, seed: int | None) -> str:
     """`<ladder>-<rung>[-s<seed>]` as a run id (`as_run_id`)."""
     return as_run_id(f"{ladder}-{rung}" + ("" if seed is None else f"-s{seed}"))
-
-
-def as_run_id(raw: str) -> str:
-    """`raw` made a run id: `1e+18` becomes `1e18`, other characters a run id cannot hold become `-`."""
-    raw = re.sub(r"(?<=\d)[eE]\+(?=\d)", "e", raw)
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-.")[:128] or "run"
 
 
 def _point(row: dict, where: str, problems: list[str]) -> Point | None:
