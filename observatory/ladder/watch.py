@@ -230,7 +230,8 @@ def forecast_event_data(fit: LadderFit, forecast: Forecast, dataset: str | None,
         "pre_registered": pre_registered,
         "source": {"ladder": fit.name, "fit_version": fit_version(fit.rungs),
                    "rungs": [x for r in fit.rungs for x in (r.runs or (r.run,))], "fix_e": fit.config.fix_e,
-                   "noise": fit.noise, "noise_source": fit.noise_source, "band": fit.config.loo},
+                   "noise": fit.noise, "noise_source": fit.noise_source, "band": fit.config.loo,
+                   "held_out": fit.held_out, "e_range": None if fit.config.e_range is None else list(fit.config.e_range)},
     }
 
 
