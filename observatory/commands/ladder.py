@@ -111,7 +111,9 @@ def ladder():
     loss at every 5% of its schedule (Huber on log residuals, E shared across
     fractions), with a band from a bootstrap over whole rungs widened by the
     forward error (the largest rung predicted from the smaller rungs). Runs with the same `ladder.rung` are seeds of one
-    rung: the fit averages them and their spread is the run-to-run noise.
+    rung: the fit averages them and their spread is the run-to-run noise. `ladder import` brings
+    a table of published points in as runs; `ladder forecast --flops C` forecasts a run that
+    does not exist (docs/ladder.md).
     """
 
 

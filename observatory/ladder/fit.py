@@ -15,7 +15,8 @@ its seeds, is one unit: its points are not independent), refit at every fraction
 same resampled rungs so the band is coherent along the curve, each resampled rung's
 curve also moved by one draw of the run-to-run noise (so three or four rungs, which
 a 3-parameter law can nearly interpolate, still show how far such noise throws the
-extrapolation); the band's
+extrapolation), and beside it refits of every rung each moved by a draw of that noise (a
+parametric bootstrap; the wider of the two counts); the band's
 quantiles (default 5%..95%, a 90% band) are then widened, in log space and in
 quadrature, by the forward prediction error at that fraction (the largest rung
 predicted from the smaller rungs alone: an extrapolation, as the target's forecast
@@ -27,6 +28,12 @@ can predict. Leave-one-rung-out errors (each rung from all the others) are
 reported too (`FitConfig.loo="max"` or `"rms"` bands with them); for the smallest
 rung that is a backward extrapolation, which says little about a forecast forward
 and often is the largest error of all, so such a band is much wider.
+
+With as many free parameters as rungs (E, A, alpha through 3 rungs) no rung is left over to
+measure the held-out error (`LadderFit.held_out`): "proxy" widens the band by the largest
+rung's error under the law with E = 0 (one parameter fewer), "none" (2 rungs, E fixed)
+gives no band; both add a warning (`LadderFit.warnings`). `FitConfig.e_range` carries E's
+own uncertainty: the fit at E values across the range, the band their envelope.
 
 The backtest (`observatory.ladder.backtest`) scores this on the ladder itself;
 pre-registering a target's forecast and watching the target against it is

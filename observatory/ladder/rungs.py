@@ -40,8 +40,9 @@ __all__ = [
 ]
 
 FRACTIONS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 5% .. 100%
-METHOD = "powerlaw-huber-log(delta=1e-3)/L-BFGS-B; band: rung bootstrap + forward held-out-rung error"
-FIT_VERSION = "4"  # changes whenever the method changes what a forecast says
+METHOD = ("powerlaw-huber-log(delta=1e-3)/L-BFGS-B; band: rung bootstrap or noise refits + forward held-out-rung "
+          "error (E=0 proxy when no rung is left over) [+ E range envelope]")
+FIT_VERSION = "5"  # changes whenever the method changes what a forecast says
 NOISE_DEFAULT = 0.003  # run-to-run noise assumed when the rungs have no seeds to measure it from
 DETECTOR = "ladder_deviation"
 EVAL_METRIC = "eval/loss"
