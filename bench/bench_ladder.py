@@ -15,7 +15,12 @@ Ingests the sample event logs into a temporary store, then:
 2. the share of the held-out curve's points inside the 90% band;
 3. the target run against the forecast that was PRE-REGISTERED for it (the
    `forecast` event in its log, written before its run_start): final loss inside
-   the band, and the share of its curve inside.
+   the band, and the share of its curve inside; and against today's fit of the rungs;
+4. `--synthetic N`: ladders with known true curves (3 to 6 rungs of final losses only, as a lab
+   publishes them; different exponents and noise, one of them Chinchilla's two-term law, which
+   ours only approximates), each drawn N times with noise: the share of true target losses
+   inside the 90% band, its median width and the median point error; and Chinchilla's points
+   with E fixed a little high, the band without and with E's range (`--e-range`).
 
 Prints markdown table rows `| target | measured | goal | command |` at the end.
 """
@@ -56,6 +61,13 @@ def main() -> int:
         default=40,
         metavar="N",
         help="noise-only ladders to backtest for the expected error spread (0: skip)",
+    )
+    ap.add_argument(
+        "--synthetic",
+        type=int,
+        default=40,
+        metavar="N",
+        help="noisy draws of each synthetic ladder with a known true curve (0: skip)",
     )
     args = ap.parse_args()
     if not any(args.samples.glob("*/events.*.jsonl.gz")):
@@ -164,6 +176,15 @@ def main() -> int:
                     "yes",
                 )
             )
+            if final is not None:  # today's fit of the same rungs (the pre-registered one may be older)
+                now = fit.forecast(float(t["ladder"]["flops"]), t["steps"]).final
+                ok_now = now.low <= final <= now.high
+                print(
+                    f"  today's fit: {now.value:.4f} [{now.low:.4f}, {now.high:.4f}] ({100 * (now.value / final - 1):+.2f}%): "
+                    f"{'inside' if ok_now else 'OUTSIDE'} (band width {100 * (now.high - now.low) / now.value:.1f}%)"
+                )
+        if args.synthetic > 0:
+            rows += synthetic(args.synthetic)
         print()
         for target, measured, goal in rows:
             print(f"| {target} | {measured} | {goal} | `{CMD}` |")
@@ -185,6 +206,89 @@ def simulate(fit, rungs: list[Rung], noise: float, n: int, seed: int = 0) -> np.
             drawn.append(Rung(run=r.run, rung=r.rung, flops=r.flops, curve=curve, steps=r.steps))
         out.append(backtest(drawn, FitConfig(n_boot=0, noise=0.0)).final_error_pct)
     return np.array(out)
+
+
+def chinchilla(c):
+    """Hoffmann et al.'s L(N, D) = 1.69 + 406.4/N^0.34 + 410.7/D^0.28 at its compute-optimal split of C = 6ND."""
+    e, a, b, al, be = 1.69, 406.4, 410.7, 0.34, 0.28
+    n = (al * a / (be * b)) ** (1 / (al + be)) * (c / 6) ** (be / (al + be))
+    return e + a / n**al + b / (c / 6 / n) ** be
+
+
+# name: (true final loss at compute C, the rungs' C, the target's C, run-to-run noise, 1 sigma)
+SYNTHETIC = {
+    "steep, 3 rungs, 0.3% noise": (
+        lambda c: 1.8 + 1.5 * (c / 1e18) ** -0.15,
+        [1e18, 4e18, 1.6e19],
+        1.6e20,
+        0.003,
+    ),
+    "shallow, 4 rungs, 1% noise": (
+        lambda c: 1.2 + 3.0 * (c / 1e18) ** -0.05,
+        [1e18, 3e18, 1e19, 3e19],
+        3e20,
+        0.01,
+    ),
+    "Chinchilla law, 6 rungs, 0.5% noise": (chinchilla, [1e18, 3e18, 1e19, 3e19, 1e20, 3e20], 3e21, 0.005),
+}
+
+
+def synthetic(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
+    """Each synthetic ladder drawn n times (its rungs' final losses times exp(N(0, noise))), fit, and the
+    true target loss judged against the 90% band; then Chinchilla's points with --fix-e vs --e-range."""
+    rows = []
+    print(f"\nsynthetic ladders ({n} noisy draws each; the band is judged against the TRUE target loss):")
+    inside_all = 0
+    for name, (law, flops, target, noise) in SYNTHETIC.items():
+        rng = np.random.default_rng(seed)
+        inside, width, err, t0 = [], [], [], time.perf_counter()
+        for _ in range(n):
+            rungs = [
+                Rung(run=f"r{i}", rung=f"r{i}", flops=c, curve={1.0: law(c) * math.exp(rng.normal(0, noise))})
+                for i, c in enumerate(flops)
+            ]
+            fit = fit_ladder(rungs, FitConfig(noise=noise))
+            fc, truth = fit.forecast(target).final, law(target)
+            inside.append(fc.low <= truth <= fc.high)
+            width.append(100 * (fc.high - fc.low) / fc.value)
+            err.append(100 * abs(fc.value / truth - 1))
+        inside_all += sum(inside)
+        print(
+            f"  {name}: target {target / flops[-1]:.0f}x the largest rung, band '{fit.held_out}': true loss inside "
+            f"{np.mean(inside):.0%}, median band width {np.median(width):.2f}%, median |point error| "
+            f"{np.median(err):.2f}% ({time.perf_counter() - t0:.0f} s)"
+        )
+        rows.append(
+            (
+                f"Ladder band, synthetic ({name}): true target loss inside the 90% band",
+                f"{np.mean(inside):.0%} of {n} (median width {np.median(width):.1f}%, median point error "
+                f"{np.median(err):.2f}%)",
+                ">= 90%",
+            )
+        )
+    rungs = [
+        Rung(run=f"c{i}", rung=f"c{i}", flops=c, curve={1.0: chinchilla(c)})
+        for i, c in enumerate([6e18, 3e19, 1.5e20, 8e20])
+    ]
+    actual = chinchilla(5.76e23)
+    for label, cfg in (
+        ("--fix-e 1.8", FitConfig(fix_e=1.8)),
+        ("--fix-e 1.8 --e-range 1.5 1.9", FitConfig(fix_e=1.8, e_range=(1.5, 1.9))),
+    ):
+        fin = fit_ladder(rungs, cfg).forecast(5.76e23).final
+        ok = fin.low <= actual <= fin.high
+        print(
+            f"  Chinchilla's points (4 rungs, 6e18..8e20) at 5.76e23 with {label}: {fin.value:.4f} "
+            f"[{fin.low:.4f}, {fin.high:.4f}] vs {actual:.4f}: {'inside' if ok else 'OUTSIDE'}"
+        )
+        rows.append(
+            (
+                f"Ladder band, Chinchilla points with {label}: actual inside",
+                f"{'yes' if ok else 'no'} ({fin.value:.4f} [{fin.low:.4f}, {fin.high:.4f}] vs {actual:.4f})",
+                "yes",
+            )
+        )
+    return rows
 
 
 if __name__ == "__main__":

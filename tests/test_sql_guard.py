@@ -76,9 +76,17 @@ def test_refusals_say_what_and_why(db):
         assert words in str(e.value), (sql, str(e.value))
 
 
-@pytest.mark.parametrize("inner", ["CREATE TABLE t AS SELECT 1", "CREATE VIEW v AS SELECT 1",
-                                   "CREATE MACRO m() AS (SELECT 1)", "CREATE TEMP TABLE t AS FROM runs",
-                                   "INSERT INTO runs SELECT * FROM runs", "COPY (SELECT 1) TO 'x.csv'"])  # fmt: skip
+@pytest.mark.parametrize(
+    "inner",
+    [
+        "CREATE TABLE t AS SELECT 1",
+        "CREATE VIEW v AS SELECT 1",
+        "CREATE MACRO m() AS (SELECT 1)",
+        "CREATE TEMP TABLE t AS FROM runs",
+        "INSERT INTO runs SELECT * FROM runs",
+        "COPY (SELECT 1) TO 'x.csv'",
+    ],
+)
 @pytest.mark.parametrize("explain", ["EXPLAIN", "EXPLAIN ANALYZE", "explain (format json)"])
 def test_explain_judges_the_statement_it_explains(db, explain, inner):
     """Issue 36: EXPLAIN ANALYZE CREATE ... ran, as only its trailing SELECT was checked."""

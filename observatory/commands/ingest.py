@@ -36,6 +36,7 @@ def ingest(runs_dir, db, follow, quiet):
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(report.summary(), err=True)
+    _fail_on_bad_run_ids(report)
 
 
 @click.command("rebuild")
@@ -51,6 +52,18 @@ def rebuild(runs_dir, db, quiet):
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rebuilt {db}: {report.summary()}", err=True)
+    _fail_on_bad_run_ids(report)
+
+
+def _fail_on_bad_run_ids(report) -> None:
+    """Exit 1 when whole runs' lines were rejected for their run id: a rejected line elsewhere loses
+    that line, this loses the run (its folder's name or its events' `run` must change)."""
+    if report.bad_run_ids:
+        raise click.ClickException(
+            f"{len(report.bad_run_ids)} run folder(s) rejected for their run id: rename "
+            "the folder and its events' `run` to a run id ([A-Za-z0-9._-]{1,128}, e.g. "
+            "1e18 for 1e+18), then ingest again"
+        )
 
 
 def _err(msg: str) -> None:

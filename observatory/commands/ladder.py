@@ -1,8 +1,10 @@
 """`observatory ladder`: fit scaling ladders, backtest them, pre-register a target's forecast, watch it.
 
+observatory ladder import FILE.csv|FILE.json ...
 observatory ladder list
-observatory ladder fit NAME [--target RUN_OR_FILE] [--fix-e E] [--json]
-observatory ladder forecast NAME --target RUN [--flops C --steps S | --spec FILE] [--fix-e E]
+observatory ladder fit NAME [--target RUN_OR_FILE] [--fix-e E] [--e-range LO HI] [--noise S] [--json]
+observatory ladder forecast NAME (--flops C | --tokens D --params N) [--json]
+observatory ladder forecast NAME --target RUN [--flops C --steps S | --spec FILE]
 observatory ladder check [RUN ...]
 """
 
@@ -11,9 +13,11 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 
 import click
+import numpy as np
 
 from observatory.commands import common_options
 from observatory.commands.progress import bar, quiet_option
@@ -22,6 +26,7 @@ from observatory.ladder.watch import (
     check_targets,
     forecast_event_data,
     load_ladder,
+    rejected_runs_warnings,
     run_started,
     target_spec,
     write_forecast,
@@ -39,13 +44,45 @@ def _fmt(x, spec=".4f"):
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def _config(fix_e, n_boot, level, independent_e=False, band="forward"):
+def _config(fix_e, n_boot, level, independent_e=False, band="forward", e_range=None, noise=None):
     from observatory.ladder.fit import FitConfig  # lazy for start-up time: scipy
 
     try:
-        return FitConfig(fix_e=fix_e, n_boot=n_boot, level=level, shared_e=not independent_e, loo=band)
+        return FitConfig(
+            fix_e=fix_e,
+            n_boot=n_boot,
+            level=level,
+            shared_e=not independent_e,
+            loo=band,
+            e_range=tuple(e_range) if e_range else None,
+            noise=noise,
+        )
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+
+
+def _band_options(f):
+    """--fix-e, --e-range and --noise: what the fit and its band assume."""
+    f = click.option(
+        "--noise",
+        type=float,
+        default=None,
+        metavar="SIGMA",
+        help="Run-to-run noise of one run's eval loss, relative, 1 sigma (e.g. 0.003). Default: "
+        "measured from the rungs' seeds, else 0.3% (said as 'default').",
+    )(f)
+    f = click.option(
+        "--e-range",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar="LO HI",
+        help="The range E lies in (a prior): the fit is repeated with E held across it and the band "
+        "is their envelope. With --fix-e, the forecast is the fit at that E.",
+    )(f)
+    return click.option(
+        "--fix-e", type=float, default=None, help="Hold the irreducible loss E at this value."
+    )(f)
 
 
 _band_option = click.option(
@@ -59,11 +96,41 @@ _band_option = click.option(
 
 
 def _load(db, name, dataset):
+    """The ladder's rungs, targets and dataset; run folders of it that ingest rejected are warned about."""
     with connect(db) as con:
         try:
-            return load_ladder(con, name, dataset)
+            out = load_ladder(con, name, dataset)
         except ValueError as e:
             raise click.ClickException(str(e)) from None
+        for w in rejected_runs_warnings(con, name):
+            click.secho(f"warning: {w}", fg="yellow", err=True)
+    return out
+
+
+def _warn(fit) -> None:
+    for w in fit.warnings:
+        click.secho(f"warning: {w}", fg="yellow", err=True)
+
+
+def _noise_text(fit) -> str:
+    src = {
+        "given": "given with --noise",
+        "default": "the default: no seeds to measure it from; --noise sets it",
+    }
+    return f"run-to-run noise {100 * fit.noise:.2f}% (1 sigma; {src.get(fit.noise_source, 'from ' + fit.noise_source)})"
+
+
+def _band_text(fit) -> str:
+    held = {
+        "measured": "held-out rung error measured",
+        "proxy": "held-out error NOT measurable (as many free "
+        "parameters as rungs): widened by the E = 0 law's error instead",
+        "none": "no band",
+    }[fit.held_out]
+    if fit.e_fits:
+        lo, hi = fit.config.e_range
+        held += f"; E across [{lo:g}, {hi:g}] ({len(fit.e_fits) + 1} fits, the band their envelope)"
+    return held
 
 
 @click.group("ladder")
@@ -75,8 +142,61 @@ def ladder():
     loss at every 5% of its schedule (Huber on log residuals, E shared across
     fractions), with a band from a bootstrap over whole rungs widened by the
     forward error (the largest rung predicted from the smaller rungs). Runs with the same `ladder.rung` are seeds of one
-    rung: the fit averages them and their spread is the run-to-run noise.
+    rung: the fit averages them and their spread is the run-to-run noise. `ladder import` brings
+    a table of published points in as runs; `ladder forecast --flops C` forecasts a run that
+    does not exist (docs/ladder.md).
     """
+
+
+@ladder.command("import")
+@click.argument(
+    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@common_options
+@click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Overwrite runs imported earlier from other numbers (the store is then rebuilt).",
+)
+def import_cmd(files, runs_dir, db, no_ingest, replace):
+    """Import a table of ladder points (CSV or JSON): one run per rung and seed, as event logs.
+
+    Columns: ladder, rung, flops, loss; optional tokens, params, seed, step or fraction (a point
+    of the curve; neither: the final loss), steps, dataset, source, target (a held-out run; its
+    loss may be empty) and run (the run id). Every problem is named by row and field, and a
+    table with one writes nothing. The store is then updated (see docs/ladder.md).
+    """
+    from observatory.interop import ingest_runs
+    from observatory.interop.ladder_points import PointsError, import_points
+
+    results = []
+    for f in files:
+        try:
+            res = import_points(f, runs_dir, ingest=False, replace=replace)
+        except PointsError as e:
+            raise click.ClickException(f"{f}: {e}") from None
+        states = ", ".join(f"{n} {s}" for s, n in sorted(Counter(res.runs.values()).items()))
+        click.echo(
+            f"{f}: {len(res.runs)} run(s) of ladder(s) {', '.join(res.ladders)} in {runs_dir} ({states or 'none'})"
+            + (f"; {len(res.targets)} target(s) without a loss" if res.targets else "")
+        )
+        results.append(res)
+    written = {s for r in results for s in r.runs.values()}
+    if no_ingest:
+        click.echo(
+            "next: observatory ingest"
+            + (" (then rebuild: runs were replaced)" if "replaced" in written else "")
+        )
+    elif written - {"unchanged"}:
+        report = ingest_runs(runs_dir, db, rebuild="replaced" in written)
+        click.echo(f"store {db}: {report.summary()}")
+    for name in sorted({n for r in results for n in r.ladders}):
+        click.echo(f"next: observatory ladder fit {name}")
+    for t in (t for r in results for t in r.targets):
+        click.echo(
+            f"next: observatory ladder forecast {t['ladder']} --flops {t['flops']:.6g}   # target {t['rung']}"
+        )
 
 
 @ladder.command("list")
@@ -107,7 +227,7 @@ def list_cmd(runs_dir, db, as_json):
     metavar="RUN_OR_FILE",
     help="Forecast this run (stored, with ladder.flops) or a YAML/JSON file with flops and steps.",
 )
-@click.option("--fix-e", type=float, default=None, help="Hold the irreducible loss E at this value.")
+@_band_options
 @click.option("--dataset", default=None, help="Eval dataset (default: the one the rungs log most).")
 @click.option(
     "--n-boot",
@@ -130,6 +250,8 @@ def fit_cmd(
     db,
     target,
     fix_e,
+    e_range,
+    noise,
     dataset,
     n_boot,
     level,
@@ -143,7 +265,7 @@ def fit_cmd(
     from observatory.ladder.backtest import backtest, compare  # lazy for start-up time: scipy
     from observatory.ladder.fit import fit_ladder
 
-    cfg = _config(fix_e, n_boot, level, independent_e, band)
+    cfg = _config(fix_e, n_boot, level, independent_e, band, e_range, noise)
     rungs, targets, ds = _load(db, name, dataset)
     try:
         with bar("fit", quiet, unit="rounds") as progress:
@@ -173,6 +295,7 @@ def fit_cmd(
     if spec is not None:
         fc = fit.forecast(spec["flops"], spec["steps"])
         rows = compare(fc, spec.get("curve") or {})
+    _warn(fit)
     if as_json:
         out = {
             "fit": fit.summary(),
@@ -194,9 +317,15 @@ def fit_cmd(
     if bt is not None:
         click.echo(
             f"\nbacktest: leave the largest rung ({bt.held_out}) out, forecast its curve from the others"
+            + (
+                ""
+                if bt.held_out_basis == "measured"
+                else f" (band: {'no band' if bt.held_out_basis == 'none' else 'held-out error not measurable, widened'}"
+                f": {bt.warnings[-1] if bt.warnings else ''})"
+            )
         )
         click.echo(
-            f"  final loss: predicted {bt.final_pred:.4f} [{bt.final_low:.4f}, {bt.final_high:.4f}], "
+            f"  final loss: predicted {bt.final_pred:.4f} [{_fmt(bt.final_low)}, {_fmt(bt.final_high)}], "
             f"observed {bt.final_obs:.4f}, error {bt.final_error_pct:+.2f}%"
         )
         click.echo(
@@ -211,8 +340,8 @@ def fit_cmd(
         for r in rows:
             mark = "" if r["inside"] is None else ("  in" if r["inside"] else "  OUT")
             click.echo(
-                f"  {r['fraction']:>5.2f} {_fmt(r['step'], 'd'):>6} {r['value']:>8.4f} {r['low']:>8.4f} "
-                f"{r['high']:>8.4f} {_fmt(r['observed']):>9}{mark}"
+                f"  {r['fraction']:>5.2f} {_fmt(r['step'], 'd'):>6} {r['value']:>8.4f} {_fmt(r['low']):>8} "
+                f"{_fmt(r['high']):>8} {_fmt(r['observed']):>9}{mark}"
             )
         fin = _final_inside(rows)
         if fin is not None:
@@ -237,10 +366,8 @@ def _print_fit(fit, ds):
     fin = s["final"]
     click.echo(f"ladder {fit.name}: {len(fit.rungs)} rungs, eval dataset {ds}, fit {s['fit_version']}")
     click.echo(f"  L(C) = {fin['E']:.4f} + {fin['A']:.4g} * C^-{fin['alpha']:.4f}   (final eval loss)")
-    click.echo(
-        f"  run-to-run noise {100 * fit.noise:.2f}% (1 sigma; from {fit.noise_source}); "
-        "a rung of several seeds is their mean"
-    )
+    click.echo(f"  {_noise_text(fit)}; a rung of several seeds is their mean")
+    click.echo(f"  band: {_band_text(fit)}")
     click.echo(
         f"  {'rung':>8} {'run':>26} {'seeds':>5} {'active':>10} {'FLOPs':>10} {'final':>8} {'fit':>8} "
         f"{'fwd err':>8} {'LOO err':>8}"
@@ -265,10 +392,27 @@ def _print_fit(fit, ds):
 @ladder.command("forecast")
 @click.argument("name")
 @common_options
+@click.option("--flops", type=float, default=None, help="The run's training compute C (FLOPs).")
 @click.option(
-    "--target", "target", required=True, metavar="RUN", help="Run id of the target (need not exist yet)."
+    "--tokens",
+    type=float,
+    default=None,
+    help="The run's training tokens D (with --params: C = k*N*D, k from the rungs, else 6).",
 )
-@click.option("--flops", type=float, default=None, help="The target's training compute C (FLOPs).")
+@click.option(
+    "--params",
+    type=float,
+    default=None,
+    help="The run's (active) parameters N; alone, D follows the rungs' tokens per parameter.",
+)
+@click.option(
+    "--target",
+    "target",
+    default=None,
+    metavar="RUN",
+    help="Pre-register the forecast for this run id: write a `forecast` event into its folder "
+    "(its flops and steps from the store when it has started). Without it, only print.",
+)
 @click.option(
     "--steps", type=int, default=None, help="The target's optimizer steps (places the curve points)."
 )
@@ -278,26 +422,58 @@ def _print_fit(fit, ds):
     default=None,
     help="YAML/JSON file with flops and steps (`trainer ladder --plan` prints one).",
 )
-@click.option("--fix-e", type=float, default=None, help="Hold the irreducible loss E at this value.")
+@_band_options
 @click.option("--dataset", default=None, help="Eval dataset (default: the one the rungs log most).")
 @click.option("--n-boot", type=int, default=200, show_default=True)
 @click.option("--level", type=float, default=0.9, show_default=True)
 @_band_option
-@click.option("--dry-run", is_flag=True, help="Print the event instead of writing it.")
+@click.option("--dry-run", is_flag=True, help="With --target: print the event instead of writing it.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the forecast (value, band, noise, curve) as JSON."
+)
 def forecast_cmd(
-    name, runs_dir, db, target, flops, steps, spec, fix_e, dataset, n_boot, level, band, dry_run
+    name,
+    runs_dir,
+    db,
+    flops,
+    tokens,
+    params,
+    target,
+    steps,
+    spec,
+    fix_e,
+    e_range,
+    noise,
+    dataset,
+    n_boot,
+    level,
+    band,
+    dry_run,
+    as_json,
 ):
-    """Pre-register TARGET's forecast: write a `forecast` event (host 1000) into its run folder.
+    """Forecast the final eval loss (and its band) of a run of ladder NAME that need not exist.
 
-    Run this before the target starts; the event's time then precedes its run_start.
+    Give its compute (--flops, or --tokens and/or --params). With --target, pre-register it:
+    write a `forecast` event (host 1000) into that run's folder, before the run starts.
     """
     from observatory.ladder.fit import fit_ladder  # lazy for start-up time: scipy
 
-    if not RUN_ID_RE.match(target):
+    if target is not None and not RUN_ID_RE.match(target):
         raise click.BadParameter(
             f"{target!r} is not a run id ([A-Za-z0-9._-]{{1,128}})", param_hint="--target"
         )
-    cfg = _config(fix_e, n_boot, level, band=band)
+    cfg = _config(fix_e, n_boot, level, band=band, e_range=e_range, noise=noise)
+    rungs, _, ds = _load(db, name, dataset)
+    how = "--flops"
+    if flops is not None and (tokens is not None or params is not None):
+        raise click.UsageError("give --flops, or --tokens/--params, not both")
+    if flops is None and (tokens is not None or params is not None):
+        flops, how = _flops_from(rungs, tokens, params)
+    if flops is None and target is None and spec is None:
+        raise click.UsageError(
+            "give the run's compute: --flops C, or --tokens D and/or --params N "
+            "(or --target RUN / --spec FILE for a planned run)"
+        )
     if flops is None:
         with connect(db) as con:
             try:
@@ -306,29 +482,105 @@ def forecast_cmd(
                 raise click.ClickException(
                     f"{e}; give --flops and --steps (or --spec) for a target that has not started"
                 ) from None
-        flops, steps = s["flops"], steps or s["steps"]
-    if not (flops > 0):
+        flops, steps, how = s["flops"], steps or s["steps"], "--spec" if spec else f"run {target}"
+    if not (flops > 0 and math.isfinite(flops)):
         raise click.BadParameter(f"must be > 0, got {flops}", param_hint="--flops")
-    rungs, _, ds = _load(db, name, dataset)
     try:
         fit = fit_ladder(rungs, cfg, name=name)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
+    _warn(fit)
     fc = fit.forecast(flops, steps)
-    data = forecast_event_data(fit, fc, ds, pre_registered=not run_started(runs_dir, target))
-    if dry_run:
-        click.echo(json.dumps(data, indent=2, default=_json_default))
+    fin = fc.final
+    if target is None:
+        _print_forecast(fit, fc, ds, how, as_json)
         return
+    if not fit.has_band:
+        raise click.ClickException(f"no band to pre-register for {target}: {fit.warnings[-1]}")
+    data = forecast_event_data(fit, fc, ds, pre_registered=not run_started(runs_dir, target))
+    if dry_run or as_json:
+        click.echo(json.dumps(data, indent=2, default=_json_default))
+        if dry_run:
+            return
     if not data["pre_registered"]:
         click.echo(
             f"warning: run {target} has already started; this forecast is NOT pre-registered", err=True
         )
     path = write_forecast(runs_dir, target, data)
-    fin = fc.final
     click.echo(
         f"forecast for {target}: final eval loss {fin.value:.4f} [{fin.low:.4f}, {fin.high:.4f}] "
-        f"at step {fin.step}; {len(fc.points)} curve points; written to {path}"
+        f"at step {fin.step}; {len(fc.points)} curve points; written to {path}",
+        err=as_json,
     )
+
+
+def _flops_from(rungs, tokens, params) -> tuple[float, str]:
+    """C from --tokens/--params the way the rungs relate them: C = k*N*D with k the rungs' median
+    flops / (N*D) (else 6), and a missing N or D from the rungs' median tokens per parameter."""
+    both = [r for r in rungs if r.tokens and r.params_active]
+    k = float(np.median([r.flops / (r.tokens * r.params_active) for r in both])) if both else 6.0
+    for v, opt in ((tokens, "--tokens"), (params, "--params")):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise click.BadParameter(f"must be > 0, got {v}", param_hint=opt)
+    if tokens is None or params is None:
+        if not both:
+            raise click.UsageError(
+                "the rungs carry no tokens and params (ladder.tokens, ladder.params_active), so "
+                "one of --tokens/--params cannot give the other: give both, or --flops"
+            )
+        ratio = float(np.median([r.tokens / r.params_active for r in both]))
+        tokens = tokens if tokens is not None else ratio * params
+        params = params if params is not None else tokens / ratio
+        how = f"N={params:.3g}, D={tokens:.3g} at the rungs' {ratio:.3g} tokens per parameter"
+    else:
+        how = f"N={params:.3g}, D={tokens:.3g}"
+    return k * params * tokens, f"{how}; C = {k:.3g}·N·D" + ("" if both else " (no rungs to calibrate k on)")
+
+
+def _nan_none(x):
+    return None if x is None or not math.isfinite(x) else x
+
+
+def _print_forecast(fit, fc, ds, how, as_json) -> None:
+    fin = fc.final
+    if as_json:
+        out = {
+            "ladder": fit.name,
+            "dataset": ds,
+            "flops": fc.flops,
+            "flops_from": how,
+            "steps": fc.steps,
+            "value": fin.value,
+            "low": _nan_none(fin.low),
+            "high": _nan_none(fin.high),
+            "level": fit.config.level,
+            "noise": {"value": fit.noise, "source": fit.noise_source},
+            **{k: v for k, v in fit.summary().items() if k in ("band", "final", "fit_version")},
+            "points": [
+                {
+                    "fraction": p.fraction,
+                    "step": p.step,
+                    "value": p.value,
+                    "low": _nan_none(p.low),
+                    "high": _nan_none(p.high),
+                }
+                for p in fc.points
+            ],
+        }
+        click.echo(json.dumps(out, indent=2, default=_json_default))
+        return
+    click.echo(f"ladder {fit.name}: forecast at C={fc.flops:.4g} FLOPs ({how}), eval dataset {ds}")
+    if fit.has_band:
+        click.echo(
+            f"  final eval loss {fin.value:.4f}, {fit.config.level:.0%} band [{fin.low:.4f}, {fin.high:.4f}] "
+            f"({100 * (fin.low / fin.value - 1):+.1f}% / {100 * (fin.high / fin.value - 1):+.1f}%)"
+        )
+    else:
+        click.echo(f"  final eval loss {fin.value:.4f}, no band (see the warning)")
+    click.echo(f"  {_noise_text(fit)}")
+    click.echo(f"  band: {_band_text(fit)}")
+    fl = fit.final
+    click.echo(f"  fit: L(C) = {fl.E:.4f} + {fl.a_abs:.4g} * C^-{fl.alpha:.4f} on {len(fit.rungs)} rungs")
 
 
 @ladder.command("check")

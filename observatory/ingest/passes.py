@@ -71,6 +71,9 @@ class IngestReport:
     findings: int = 0  # events the hooks wrote (anomalies, deviations, decision records), ingested too
     runs: set[str] = field(default_factory=set)
     messages: list[str] = field(default_factory=list)
+    # run folder -> the first reason its lines were rejected for their `run` field (a run id that is not one,
+    # or not its folder's): those lines are in no run, so the CLI exits non-zero (`bad_run_ids_text`)
+    bad_run_ids: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
         return (
@@ -78,7 +81,15 @@ class IngestReport:
             f"expert-load rows) from {self.files} file reads, {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s; "
             f"{self.rejected} rejected{self._dropped_text()}, {self.duplicates} duplicates skipped, "
             f"{self.truncated} truncated; "
-            f"{self.findings} findings written"
+            f"{self.findings} findings written" + (f"; {self.bad_run_ids_text()}" if self.bad_run_ids else "")
+        )
+
+    def bad_run_ids_text(self) -> str:
+        names = sorted(self.bad_run_ids)
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        return (
+            f"lines of {len(names)} run folder(s) rejected for their run id, so not in the store: {shown} "
+            f"({self.bad_run_ids[names[0]]})"
         )
 
     def _dropped_text(self) -> str:
@@ -394,6 +405,9 @@ def _add(report: IngestReport, b: Batch, emit: Callable[[str], None]) -> None:
     report.duplicates += b.n_duplicates
     report.truncated += b.n_truncated
     report.runs |= set(b.activity) | b.observed
+    for _, folder, _, fld, reason, *_ in b.rejected:
+        if fld == "run":
+            report.bad_run_ids.setdefault(folder, reason)
     report.files += b.n_files
     report.fast_events += b.n_fast
     report.bytes += b.n_bytes

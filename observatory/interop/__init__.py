@@ -28,6 +28,7 @@ Modules (each imports its heavy dependency lazily):
 - `tensorboard_import`: tfevents scalars -> event logs.
 - `wandb_mirror`: `WandbMirror`, a writer `Sink` that mirrors a live run to W&B.
 - `export`: a stored run as jsonl (re-ingestable), parquet or csv.
+- `ladder_points`: a table of scaling-ladder points (a lab's published numbers) -> event logs.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Reports the final-loss error in % and the share of its curve points inside the b
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from observatory.ladder.fit import FitConfig, fit_ladder
 from observatory.ladder.rungs import Forecast, Rung, average_seeds
@@ -26,6 +26,8 @@ class Backtest:
     final_error_pct: float  # 100 * (pred - obs) / obs
     coverage: float  # share of the held-out curve's points inside the band
     points: list[dict]  # fraction, step, value, low, high, observed, inside
+    held_out_basis: str = "measured"  # the band's held-out term for this fit (`LadderFit.held_out`)
+    warnings: list[str] = field(default_factory=list)  # the fit's (`LadderFit.warnings`)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -73,4 +75,6 @@ def backtest(
         final_error_pct=100.0 * (fin.value - obs) / obs,
         coverage=sum(r["inside"] for r in scored) / len(scored) if scored else float("nan"),
         points=rows,
+        held_out_basis=fit.held_out,
+        warnings=list(fit.warnings),
     )

@@ -15,7 +15,8 @@ its seeds, is one unit: its points are not independent), refit at every fraction
 same resampled rungs so the band is coherent along the curve, each resampled rung's
 curve also moved by one draw of the run-to-run noise (so three or four rungs, which
 a 3-parameter law can nearly interpolate, still show how far such noise throws the
-extrapolation); the band's
+extrapolation), and beside it refits of every rung each moved by a draw of that noise (a
+parametric bootstrap; the wider of the two counts); the band's
 quantiles (default 5%..95%, a 90% band) are then widened, in log space and in
 quadrature, by the forward prediction error at that fraction (the largest rung
 predicted from the smaller rungs alone: an extrapolation, as the target's forecast
@@ -28,6 +29,12 @@ reported too (`FitConfig.loo="max"` or `"rms"` bands with them); for the smalles
 rung that is a backward extrapolation, which says little about a forecast forward
 and often is the largest error of all, so such a band is much wider.
 
+With as many free parameters as rungs (E, A, alpha through 3 rungs) no rung is left over to
+measure the held-out error (`LadderFit.held_out`): "proxy" widens the band by the largest
+rung's error under the law with E = 0 (one parameter fewer), "none" (2 rungs, E fixed)
+gives no band; both add a warning (`LadderFit.warnings`). `FitConfig.e_range` carries E's
+own uncertainty: the fit at E values across the range, the band their envelope.
+
 The backtest (`observatory.ladder.backtest`) scores this on the ladder itself;
 pre-registering a target's forecast and watching the target against it is
 `observatory.ladder.watch`.
@@ -38,7 +45,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 from scipy.stats import norm
@@ -91,6 +98,11 @@ class FitConfig:
     # "deviate"; the shared E keeps the curve coherent.
     shared_e: bool = True
     fractions: tuple[float, ...] = FRACTIONS
+    # A range [lo, hi] E is believed to lie in (a prior, e.g. another lab's fit): the ladder is fit with
+    # E held at `e_grid` values across it (and at `fix_e`, the forecast's E, if given; else the middle)
+    # and the band is the envelope of those fits' bands, so it carries E's own uncertainty.
+    e_range: tuple[float, float] | None = None
+    e_grid: int = 5
 
     def __post_init__(self):
         if not (self.delta > 0):
@@ -113,10 +125,18 @@ class FitConfig:
             raise ValueError(f"FitConfig.loo must be 'forward', 'max', 'rms' or 'none', got {self.loo!r}")
         if not self.fractions or any(not (0 < f <= 1) for f in self.fractions):
             raise ValueError(f"FitConfig.fractions must be in (0, 1], got {self.fractions}")
+        if self.e_range is not None:
+            lo, hi = self.e_range
+            if not (0 <= lo < hi and math.isfinite(hi)):
+                raise ValueError(f"--e-range LO HI must be 0 <= LO < HI, got {lo} {hi}")
+            if self.fix_e is not None and not (lo <= self.fix_e <= hi):
+                raise ValueError(f"--fix-e {self.fix_e} must lie inside --e-range {lo} {hi}")
+            if self.e_grid < 2:
+                raise ValueError(f"FitConfig.e_grid must be >= 2, got {self.e_grid}")
 
     @property
     def n_free(self) -> int:
-        return 3 if self.fix_e is None else 2
+        return 3 if self.fix_e is None and self.e_range is None else 2
 
 
 # ------------------------------------------------------------- ladder fitting
@@ -136,7 +156,23 @@ class LadderFit:
     # fraction -> rung -> log(pred / obs) predicted from the smaller rungs only (rungs with >= 2 below them)
     fwd_err: dict[float, dict[str, float]] = field(default_factory=dict)
     noise: float = NOISE_DEFAULT  # run-to-run noise of one run (relative, 1 sigma) the band uses
-    noise_source: str = "default"  # "config", "seeds (dof N)" or "default"
+    noise_source: str = "default"  # "given", "seeds (dof N)" or "default"
+    # How the band's held-out term was measured: "measured" (a rung predicted from fewer rungs than it,
+    # with every free parameter fit without it), "proxy" (as many free parameters as rungs: nothing
+    # left to measure, so the largest rung predicted from the smaller ones by the law with E = 0, one
+    # parameter fewer, stands in, wider as a rule) or "none" (no band: nothing to measure it with).
+    held_out: str = "measured"
+    warnings: list[str] = field(default_factory=list)
+    e_fits: list[LadderFit] = field(
+        default_factory=list
+    )  # fits at E across `config.e_range` (the band's envelope)
+    noise_fits: dict[float, np.ndarray] = field(
+        default_factory=dict
+    )  # fraction -> (D, 3) refits of noise draws
+
+    @property
+    def has_band(self) -> bool:
+        return self.held_out != "none" or bool(self.e_fits)
 
     @property
     def final(self) -> PowerLaw:
@@ -147,7 +183,7 @@ class LadderFit:
         `loo="forward"` the largest rung's error predicted from the smaller rungs (the ladder's
         own most recent extrapolation, from the most rungs), else the largest or rms
         leave-one-rung-out error."""
-        if self.config.loo == "forward":
+        if self.config.loo == "forward" or (self.held_out == "proxy" and self.config.loo != "none"):
             top = max(self.rungs, key=lambda r: r.flops).rung
             e = self.fwd_err.get(fraction, {}).get(top)
             return 0.0 if e is None or not math.isfinite(e) else abs(e)
@@ -171,7 +207,7 @@ class LadderFit:
         if len(cs) < 2:
             return np.ones_like(c)
         lc = np.log(cs)
-        if self.config.loo == "forward":
+        if self.config.loo == "forward" or self.held_out == "proxy":
             return np.maximum(1.0, (np.log(c) - lc.mean()) / (lc[-1] - lc[:-1].mean()))
         return np.maximum(1.0, np.log(c / cs[-1]) / (lc[-1] - lc[-2]))
 
@@ -185,21 +221,32 @@ class LadderFit:
         c = np.atleast_1d(np.asarray(flops, dtype=float))
         value = law(c)  # (m,)
         q = (1 - self.config.level) / 2
-        draws = self.boot.get(fraction)
         lo_b = hi_b = np.zeros_like(value)
-        if draws is not None and len(draws) >= 2:
-            x = np.log(c / law.c_ref)
+        x = np.log(c / law.c_ref)
+        # the rung bootstrap, and the noise refits (every rung moved by the run-to-run noise): the wider of the two
+        for draws, w in (
+            (self.boot.get(fraction), self.boot_w.get(fraction)),
+            (self.noise_fits.get(fraction), None),
+        ):
+            if draws is None or len(draws) < 2:
+                continue
             preds = draws[:, 0:1] + np.exp(draws[:, 1:2] - draws[:, 2:3] * x[None, :])  # (B, m)
-            w = self.boot_w[fraction]
             qs = [np.quantile(preds, qq, axis=0, weights=w, method="inverted_cdf") for qq in (q, 1 - q)]
-            lo_b = np.minimum(np.log(qs[0] / value), 0.0)
-            hi_b = np.maximum(np.log(qs[1] / value), 0.0)
+            lo_b = np.maximum(lo_b, -np.minimum(np.log(qs[0] / value), 0.0))
+            hi_b = np.maximum(hi_b, np.maximum(np.log(qs[1] / value), 0.0))
         h = self.loo_halfwidth(fraction) * self.extrapolation_scale(c)  # (m,)
         z = (
             float(norm.ppf(0.5 + self.config.level / 2)) * self.noise / math.sqrt(seeds)
         )  # the target's own noise
         low = value * np.exp(-np.sqrt(lo_b**2 + h**2 + z**2))
         high = value * np.exp(np.sqrt(hi_b**2 + h**2 + z**2))
+        if self.held_out == "none":
+            low, high = np.full_like(value, np.nan), np.full_like(value, np.nan)
+        for (
+            other
+        ) in self.e_fits:  # E across its range: the envelope of their forecasts and bands (fmin: NaN-free)
+            v_e, lo_e, hi_e = other.predict(fraction, c, seeds)
+            low, high = np.fmin(low, np.fmin(v_e, lo_e)), np.fmax(high, np.fmax(v_e, hi_e))
         return value, low, high
 
     def forecast(self, flops: float, steps: int | None = None, seeds: int = 1) -> Forecast:
@@ -233,6 +280,13 @@ class LadderFit:
                 for r in self.rungs
             ],
             "noise": {"value": self.noise, "source": self.noise_source},
+            "band": {
+                "held_out": self.held_out,
+                "has_band": self.has_band,
+                "warnings": self.warnings,
+                "e_range": None if self.config.e_range is None else list(self.config.e_range),
+                "e_values": [f.final.E for f in self.e_fits],
+            },
             "final": self.final.as_dict(),
             "fractions": {
                 f"{f:.2f}": {**law.as_dict(), "loo_halfwidth": self.loo_halfwidth(f)}
@@ -256,7 +310,7 @@ def _matrix(rungs, fractions):
 def _noise(rungs: Sequence[Rung], cfg: FitConfig) -> tuple[float, str]:
     """The run-to-run noise the band uses: the config's, else measured from seeds, else the default."""
     if cfg.noise is not None:
-        return cfg.noise, "config"
+        return cfg.noise, "given"
     sd, dof = seed_noise(rungs)
     if dof >= cfg.min_noise_dof and math.isfinite(sd):
         return sd, f"seeds (dof {dof})"
@@ -280,6 +334,8 @@ def fit_ladder(
     the end, with `{"done", "total", "unit": "rounds"}`.
     """
     cfg = config or FitConfig()
+    if cfg.e_range is not None:
+        return _fit_e_range(rungs, cfg, name, progress)
     noise, noise_source = _noise(rungs, cfg)
     rungs = average_seeds(rungs)
     n_distinct = len({r.flops for r in rungs})
@@ -289,8 +345,19 @@ def fit_ladder(
             + ("" if cfg.fix_e is not None else " (or fix E with --fix-e to fit two)")
         )
     fractions = [f for f in cfg.fractions if sum(1 for r in rungs if f in r.curve) >= 2]
+    no_final = [r for r in rungs if 1.0 not in r.curve]
     if 1.0 not in fractions:
-        raise ValueError(f"ladder {name!r}: fewer than 2 rungs have a final (100%) eval")
+        raise ValueError(
+            f"ladder {name!r}: fewer than 2 rungs have a final (100%) eval: "
+            + "; ".join(
+                f"rung {r.rung} (run {r.run}): {r.problem or 'no eval at its last step'}" for r in no_final
+            )
+        )
+    warnings = [
+        f"rung {r.rung} (run {r.run}) has no final (100%) eval, so the final-loss fit leaves it out: "
+        f"{r.problem or 'no eval at its last step'}"
+        for r in no_final
+    ]
     x, Y, c_ref = _matrix(rungs, fractions)
     if cfg.fix_e is not None and cfg.fix_e >= np.nanmin(Y):
         raise ValueError(f"--fix-e {cfg.fix_e} must be below the smallest observed loss {np.nanmin(Y):.4f}")
@@ -357,6 +424,16 @@ def fit_ladder(
                         boot[f].append(th[j])
                         boot_w[f].append(pr / reps)
 
+        # the noise refits: every rung present, each moved by one draw of its noise (a parametric bootstrap:
+        # with three or four rungs most resamples above repeat a rung and borrow E, so they alone
+        # understate how far the rungs' noise throws an extrapolation)
+        noise_fits: dict[float, list] = {f: [] for f in fractions}
+        for _ in range(cfg.noise_draws if noise > 0 and cfg.n_boot > 0 else 0):
+            th, ok = sub(np.ones(n), Y * np.exp(rng.normal(0.0, 1.0, n) * sigma)[None, :])
+            for j, f in enumerate(fractions):
+                if ok[j]:
+                    noise_fits[f].append(th[j])
+
         def held_out(i, w, into):  # fit the rungs weighted w, record log(pred / obs) for rung i
             th, ok = sub(w)
             for j, f in enumerate(fractions):
@@ -386,6 +463,33 @@ def fit_ladder(
                 else:
                     held_out(i, smaller, fwd)
 
+        # As many free parameters as rungs: a rung held out leaves fewer rungs than parameters, and the
+        # held-out fits above borrowed E from the full fit, which saw that rung (their errors read ~0).
+        held = "measured" if n_distinct > cfg.n_free else ("proxy" if cfg.fix_e is None else "none")
+        if (
+            held == "proxy"
+        ):  # the largest rung from the smaller ones by the law with E = 0 (one parameter fewer)
+            top = max(range(n), key=lambda i: rungs[i].flops)
+            smaller = np.array([1.0 if r.flops < rungs[top].flops else 0.0 for r in rungs])
+            loo = {f: {} for f in fractions}
+            fwd = {f: {} for f in fractions}
+            th, ok = solve(smaller, Y, [0.0] * F, None, cfg.n_starts)
+            for j, f in enumerate(fractions):
+                if ok[j] and np.isfinite(Y[j, top]):
+                    fwd[f][rungs[top].rung] = float(th[j, 1] - th[j, 2] * x[top] - math.log(Y[j, top]))
+    params = "E, A, α" if cfg.fix_e is None else "A, α; E fixed"
+    if held == "proxy":
+        warnings.append(
+            f"{n_distinct} rungs and {cfg.n_free} free parameters ({params}): no rung is left over to "
+            "measure the forecast's error with; the band is widened by the error of the law with "
+            "E = 0 on the largest rung instead. Add a rung, or give E's range (--e-range LO HI)."
+        )
+    elif held == "none":
+        warnings.append(
+            f"{n_distinct} rungs and {cfg.n_free} free parameters ({params}): nothing is left over to "
+            "measure the forecast's error with, so there is no band. Add a rung"
+            + (", or give E's range (--e-range LO HI)." if cfg.e_range is None else ".")
+        )
     if progress is not None:
         progress({"done": rounds, "total": rounds, "unit": "rounds"})
     laws = {
@@ -403,7 +507,45 @@ def fit_ladder(
         fwd_err=fwd,
         noise=noise,
         noise_source=noise_source,
+        held_out=held,
+        warnings=warnings,
+        noise_fits={f: np.array(v, dtype=float).reshape(-1, 3) for f, v in noise_fits.items()},
     )
+
+
+def _fit_e_range(rungs: Sequence[Rung], cfg: FitConfig, name: str, progress) -> LadderFit:
+    """The ladder fit with E held at `cfg.e_grid` values across `cfg.e_range` (and at `cfg.fix_e`): the
+    forecast is the fit at `fix_e` (else the range's middle), its band the envelope of all their bands."""
+    lo, hi = cfg.e_range
+    ymin = min((v for r in rungs for v in r.curve.values() if v > 0), default=math.inf)
+    if hi >= ymin:
+        raise ValueError(f"--e-range {lo} {hi}: E must stay below the smallest observed loss {ymin:.4f}")
+    centre = cfg.fix_e if cfg.fix_e is not None else (lo + hi) / 2
+    grid = sorted(
+        [float(centre)]
+        + [
+            e
+            for e in np.linspace(lo, hi, cfg.e_grid).tolist()
+            if not math.isclose(e, centre, rel_tol=1e-9, abs_tol=1e-12)
+        ]
+    )
+    fits = []
+    for k, e in enumerate(grid):
+        if progress is not None:
+            progress({"done": k, "total": len(grid), "unit": "E values"})
+        fits.append(fit_ladder(rungs, replace(cfg, fix_e=e, e_range=None), name=name))
+    if progress is not None:
+        progress({"done": len(grid), "total": len(grid), "unit": "E values"})
+    main = fits[grid.index(float(centre))]
+    main.config = replace(cfg, fix_e=float(centre))
+    main.e_fits = [f for f in fits if f is not main]
+    main.warnings = [w for w in main.warnings if "free parameters" not in w]
+    if main.held_out == "none":
+        main.warnings.append(
+            f"{len({r.flops for r in rungs})} rungs and 2 free parameters (A, α; E in its range): "
+            "nothing is left over to measure the fit's error with, so the band spans E's range only."
+        )
+    return main
 
 
 def _pack(per_fraction: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -35,11 +36,15 @@ __all__ = [
     "average_seeds",
     "seed_noise",
     "fit_version",
+    "as_run_id",
 ]
 
 FRACTIONS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 5% .. 100%
-METHOD = "powerlaw-huber-log(delta=1e-3)/L-BFGS-B; band: rung bootstrap + forward held-out-rung error"
-FIT_VERSION = "4"  # changes whenever the method changes what a forecast says
+METHOD = (
+    "powerlaw-huber-log(delta=1e-3)/L-BFGS-B; band: rung bootstrap or noise refits + forward held-out-rung "
+    "error (E=0 proxy when no rung is left over) [+ E range envelope]"
+)
+FIT_VERSION = "5"  # changes whenever the method changes what a forecast says
 NOISE_DEFAULT = 0.003  # run-to-run noise assumed when the rungs have no seeds to measure it from
 DETECTOR = "ladder_deviation"
 EVAL_METRIC = "eval/loss"
@@ -63,6 +68,7 @@ class Rung:
     steps: int | None = None
     seed: int | None = None
     runs: tuple[str, ...] = ()  # the seed runs averaged into this rung; () = just `run`
+    problem: str | None = None  # why it has no final eval, as the store tells (`watch.load_ladder`)
 
     def __post_init__(self):
         if not (self.flops > 0 and math.isfinite(self.flops)):
@@ -140,6 +146,7 @@ def average_seeds(rungs: Sequence[Rung]) -> list[Rung]:
                 steps=rs[0].steps,
                 seed=None,
                 runs=runs,
+                problem=None if 1.0 in curve else next((r.problem for r in rs if r.problem), None),
             )
         )
     return sorted(out, key=lambda r: (r.flops, r.rung))
@@ -168,3 +175,9 @@ def fit_version(rungs: Sequence[Rung]) -> str:
         for r in sorted(rungs, key=lambda r: r.run)
     ]
     return f"{FIT_VERSION}:{hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:12]}"
+
+
+def as_run_id(raw: str) -> str:
+    """`raw` made a run id: `1e+18` becomes `1e18`, other characters a run id cannot hold become `-`."""
+    raw = re.sub(r"(?<=\d)[eE]\+(?=\d)", "e", raw)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-.")[:128] or "run"

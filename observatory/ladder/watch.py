@@ -20,13 +20,14 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from observatory import findings, settings
-from observatory.ladder.rungs import DETECTOR, EVAL_METRIC, METHOD, Forecast, Rung, fit_version
+from observatory.ladder.rungs import DETECTOR, EVAL_METRIC, METHOD, Forecast, Rung, as_run_id, fit_version
 from observatory.queries import ladder as q
 from observatory.store import using
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # for annotations only: importing the fit at run time would l
 
 __all__ = [
     "load_ladder",
+    "rejected_runs_warnings",
     "target_spec",
     "curve_by_fraction",
     "forecast_event_data",
@@ -100,7 +102,8 @@ def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung],
     runs = q.ladder_runs(con, name)
     if not runs:
         known = ", ".join(d["name"] for d in q.ladders(con)) or "none"
-        raise ValueError(f"no ladder named {name!r} in the store (ladders: {known}); did you run ingest?")
+        hint = " ".join(rejected_runs_warnings(con, name)) or "did you run ingest?"
+        raise ValueError(f"no ladder named {name!r} in the store (ladders: {known}); {hint}")
     evals = q.eval_points(con, [r["run"] for r in runs])
     ds = _pick_dataset(evals, dataset)
     by_run: dict[str, list[dict]] = {}
@@ -134,7 +137,53 @@ def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung],
                 seed=lad.get("seed") if isinstance(lad.get("seed"), int) else None,
             )
         )
+    lacking = [r.run for r in rungs if 1.0 not in r.curve]
+    if lacking:  # say why, from what the store has of them (a query or two, for these runs only)
+        datasets, losses = q.eval_datasets(con, lacking), q.loss_metrics(con, lacking)
+        rungs = [
+            r
+            if 1.0 in r.curve
+            else replace(
+                r, problem=_why_no_final(r, by_run.get(r.run, []), ds, datasets.get(r.run), losses.get(r.run))
+            )
+            for r in rungs
+        ]
     return rungs, targets, ds
+
+
+def _why_no_final(
+    r: Rung, pts: list[dict], ds: str | None, datasets: list[str] | None, losses: list[str] | None
+) -> str:
+    """Why a rung has no eval at 100% of its schedule, in words that say what to log instead."""
+    fix = f"log an `eval` event (data {{dataset, loss}}) at the run's last step ({r.steps or 'ladder.steps'})"
+    if not pts:
+        if datasets:
+            return (
+                f"its evals are in dataset(s) {', '.join(datasets)}, not {ds!r} (choose one with --dataset)"
+            )
+        if losses:
+            return (
+                f"it logs its loss as a metric ({', '.join(losses[:4])} in `metrics` events), not as an `eval` "
+                f"event; the ladder reads eval events: {fix}"
+            )
+        return f"it has no eval events; {fix}"
+    if not r.steps or all(not p["step"] for p in pts):
+        return (
+            f"its only eval is at step 0, before any training (an eval at step s stands for s/steps of the "
+            f"schedule); {fix}"
+        )
+    last = max(p["step"] for p in pts)
+    return f"no eval at its last step {r.steps} (its last eval is at step {last}, {100 * last / r.steps:.0f}%); {fix}"
+
+
+def rejected_runs_warnings(con, name: str) -> list[str]:
+    """A line per run folder of ladder `name` that ingest rejected for its run id (none of it is stored)."""
+    return [
+        f"run folder {x['folder']!r} names ladder {name!r} but ingest rejected its lines for their run id "
+        f"{x['run']!r} ({x['reason']}): rename the folder and the events' `run`, e.g. "
+        f"{as_run_id(str(x['run']))!r}, and ingest again"
+        for x in q.rejected_ladder_runs(con, name)
+    ]
 
 
 def _number(x) -> float | None:
@@ -229,6 +278,8 @@ def forecast_event_data(
             "noise": fit.noise,
             "noise_source": fit.noise_source,
             "band": fit.config.loo,
+            "held_out": fit.held_out,
+            "e_range": None if fit.config.e_range is None else list(fit.config.e_range),
         },
     }
 

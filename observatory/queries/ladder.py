@@ -18,6 +18,9 @@ __all__ = [
     "eval_points",
     "forecast_events",
     "deviation_anomalies",
+    "eval_datasets",
+    "loss_metrics",
+    "rejected_ladder_runs",
 ]
 
 
@@ -139,6 +142,44 @@ def deviation_anomalies(con, run: str, detector: str = "ladder_deviation") -> li
         [run, detector],
     ).fetchall()
     return [{"step": s, "t": t, **(_json(d) or {})} for s, t, d in rows]
+
+
+def eval_datasets(con, runs: list[str]) -> dict[str, list[str]]:
+    """run -> the eval datasets it has `eval` events for (any dataset)."""
+    rows = con.execute(
+        """SELECT run, list(DISTINCT json_extract_string(data, '$.dataset') ORDER BY 1) FROM events
+           WHERE kind = 'eval' AND run IN (SELECT unnest(?::VARCHAR[])) GROUP BY run""",
+        [list(runs)],
+    ).fetchall()
+    return {r: [d for d in ds if d is not None] for r, ds in rows}
+
+
+def loss_metrics(con, runs: list[str]) -> dict[str, list[str]]:
+    """run -> names of its logged metrics that hold a loss (`metrics` events, not `eval` events)."""
+    rows = con.execute(
+        """SELECT run, list(name ORDER BY name) FROM metric_series
+           WHERE run IN (SELECT unnest(?::VARCHAR[])) AND lower(name) LIKE '%loss%' GROUP BY run""",
+        [list(runs)],
+    ).fetchall()
+    return dict(rows)
+
+
+def rejected_ladder_runs(con, name: str, limit: int = 20) -> list[dict[str, Any]]:
+    """Run folders whose `run_start` names ladder `name` and that ingest rejected for their run id
+    (field `run`): folder, the run id, the reason."""
+    rows = con.execute(
+        """SELECT run, any_value(raw), any_value(reason) FROM rejected_events
+           WHERE field = 'run' AND raw LIKE '%"run_start"%' AND raw LIKE '%' || ? || '%'
+           GROUP BY run ORDER BY run LIMIT ?""",
+        [json.dumps(name), limit],
+    ).fetchall()
+    out = []
+    for folder, raw, reason in rows:
+        ev = _json(raw)
+        lad = ((ev or {}).get("data") or {}).get("ladder") if isinstance(ev, dict) else None
+        if isinstance(lad, dict) and lad.get("name") == name:
+            out.append({"folder": folder, "run": ev.get("run"), "reason": reason})
+    return out
 
 
 def decision_markers(con, name: str):

@@ -126,7 +126,7 @@ def fit_figure(fit, targets: list[dict]) -> go.Figure:
     t_flops = [float(t["ladder"]["flops"]) for t in targets if t["ladder"].get("flops")]
     grid = np.geomspace(min(cs) / 1.5, max(cs + t_flops) * 1.5, 80)
     v, lo, hi = fit.predict(1.0, grid)
-    fig = go.Figure(
+    band = (
         [
             go.Scatter(
                 x=np.r_[grid, grid[::-1]],
@@ -136,7 +136,14 @@ def fit_figure(fit, targets: list[dict]) -> go.Figure:
                 line={"width": 0},
                 name=f"{fit.config.level:.0%} band",
                 hoverinfo="skip",
-            ),
+            )
+        ]
+        if fit.has_band
+        else []
+    )
+    fig = go.Figure(
+        [
+            *band,
             go.Scatter(x=grid, y=v, mode="lines", name="fit L(C) = E + A·C^-α", line={"color": "#1f77b4"}),
             go.Scatter(
                 x=cs,
@@ -154,6 +161,7 @@ def fit_figure(fit, targets: list[dict]) -> go.Figure:
         if not flops:
             continue
         fv, flo, fhi = (a[0] for a in fit.predict(1.0, [flops]))
+        err = {"type": "data", "symmetric": False, "array": [fhi - fv], "arrayminus": [fv - flo]}
         fig.add_trace(
             go.Scatter(
                 x=[flops],
@@ -161,7 +169,7 @@ def fit_figure(fit, targets: list[dict]) -> go.Figure:
                 mode="markers",
                 name=f"forecast {t['run']}",
                 marker={"symbol": "diamond", "size": 11, "color": "#ff7f0e"},
-                error_y={"type": "data", "symmetric": False, "array": [fhi - fv], "arrayminus": [fv - flo]},
+                error_y=err if fit.has_band else None,
             )
         )
         final = t["curve"].get("1.0")
@@ -184,6 +192,43 @@ def fit_figure(fit, targets: list[dict]) -> go.Figure:
         title=f"E = {fin.E:.3f}, A = {fin.a_abs:.3g}, α = {fin.alpha:.3f}",
     )
     return fig
+
+
+def band_text(fit) -> str:
+    """Which noise the band used and where it came from, and how its held-out term was measured."""
+    src = {"given": "given (--noise)", "default": "the default: no seeds to measure it from"}
+    held = {
+        "measured": "the largest rung's error predicted from the smaller ones",
+        "proxy": "NOT measured (as many free parameters as rungs): the E = 0 law's error stands in",
+        "none": "none: no band",
+    }[fit.held_out]
+    e = (
+        ""
+        if not fit.e_fits
+        else f"; E across [{fit.config.e_range[0]:g}, {fit.config.e_range[1]:g}], the band "
+        f"the envelope of {len(fit.e_fits) + 1} fits"
+    )
+    return (
+        f"Run-to-run noise {100 * fit.noise:.2f}% per run (1σ; {src.get(fit.noise_source, fit.noise_source)}); "
+        f"held-out error: {held}{e}."
+    )
+
+
+def unregistered_text(fit, t: dict) -> str:
+    """A target without a forecast event (an imported one, with its actual loss): the fit's forecast against it."""
+    flops, final = t["ladder"].get("flops"), t["curve"].get("1.0")
+    if not flops or final is None:
+        return f"{t['run']}: no forecast event (not pre-registered)."
+    v, lo, hi = (float(a[0]) for a in fit.predict(1.0, [flops]))
+    if not fit.has_band:
+        return (
+            f"{t['run']}: not pre-registered; the fit above forecasts {v:.4f} (no band), actual {final:.4f}."
+        )
+    inside = "inside" if lo <= final <= hi else "OUTSIDE"
+    return (
+        f"{t['run']}: not pre-registered; the fit above forecasts {v:.4f} [{lo:.4f}, {hi:.4f}], "
+        f"actual {final:.4f} ({100 * (v / final - 1):+.2f}%): {inside} the band."
+    )
 
 
 def band_figure(
@@ -274,7 +319,11 @@ def render() -> None:
             f"{bt.final_error_pct:+.2f}%",
             help=f"{bt.held_out} forecast from the smaller rungs",
         )
-        cols[3].metric("Backtest points in band", f"{bt.coverage:.0%}")
+        cols[3].metric(
+            "Backtest points in band",
+            "no band" if bt.held_out_basis == "none" else f"{bt.coverage:.0%}",
+            help="; ".join(bt.warnings) or None,
+        )
 
     st.subheader("Rungs")
     st.plotly_chart(rung_curves_figure(rungs, targets), key="ladder_rungs", config={"displaylogo": False})
@@ -297,14 +346,20 @@ def render() -> None:
     )
 
     st.subheader("Fit")
+    for w in fit.warnings:
+        st.warning(md_escape(w))
     st.caption(
         "Huber on log residuals (δ = 1e-3), L-BFGS-B; E shared across schedule fractions. Band: bootstrap "
-        "over whole rungs, widened by the forward error (the largest rung predicted from the smaller ones) and the run-to-run noise."
+        "over whole rungs and noise refits, widened by the forward error (the largest rung predicted from the "
+        "smaller ones) and the run-to-run noise."
     )
+    st.caption(md_escape(band_text(fit)))
     st.plotly_chart(fit_figure(fit, targets), key="ladder_fit", config={"displaylogo": False})
 
     if bt is not None:
         st.subheader("Backtest")
+        for w in bt.warnings:
+            st.warning(md_escape(f"Backtest fit ({len(fit.rungs) - 1} rungs): {w}"))
         obs = [(p["step"], p["observed"]) for p in bt.points if p["observed"] is not None]
         st.plotly_chart(
             band_figure(
@@ -331,7 +386,7 @@ def render() -> None:
             (ql.decision_markers, name),
         )
         if not forecasts:
-            st.info(f"{md_escape(t['run'])}: no forecast event (not pre-registered).")
+            st.info(md_escape(unregistered_text(fit, t)))
             continue
         fc = forecasts[-1]
         obs = [(e["step"], e["loss"]) for e in evals if e["dataset"] in (None, fc.get("dataset"))]
