@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,10 +22,11 @@ from observatory.store.arrow import column
 __all__ = [
     "FILE_RE",
     "GZ_BATCH_BYTES",
+    "Scan",
     "scan",
-    "readable",
+    "with_work",
+    "pending_bytes",
     "load_state",
-    "has_work",
     "by_run_host",
     "index_row",
     "siblings",
@@ -36,61 +38,132 @@ FILE_RE = re.compile(r"^events\.(\d+)\.jsonl(\.gz)?$")
 GZ_BATCH_BYTES = 256 << 20  # .gz has no cheap seek, so take bigger bites
 
 
-def scan(runs_dir: Path) -> list[LogFile]:
-    """Every event log under the runs dir; a run's `.gz` copies come before its live files.
+@dataclass
+class Scan:
+    """Every event log under a runs dir, as three parallel columns (path relative to `root`, size, mtime):
+    at 10^5 runs only the few files with work become `LogFile`s (`with_work`)."""
 
-    One `scandir` per folder and one `stat` per log, with plain strings until a log is found: a pass
-    over a lab's 10^5 run folders costs what those syscalls do (pathlib's objects and their sort cost
-    several times more)."""
+    root: str
+    rel: list[str] = field(default_factory=list)
+    size: list[int] = field(default_factory=list)
+    mtime: list[float] = field(default_factory=list)
+
+    def sig(self) -> tuple:
+        """What a follower compares between passes: nothing on disk changed when it is equal."""
+        return (self.rel, self.size, self.mtime)
+
+    def table(self) -> pa.Table:
+        return pa.table(
+            {
+                "path": column(self.rel, pa.string()),
+                "size": column(self.size, pa.int64()),
+                "mtime": column(self.mtime, pa.float64()),
+            }
+        )
+
+    def without(self, rel: str) -> Scan:
+        keep = [i for i, r in enumerate(self.rel) if r != rel]
+        return Scan(
+            self.root,
+            [self.rel[i] for i in keep],
+            [self.size[i] for i in keep],
+            [self.mtime[i] for i in keep],
+        )
+
+    def file(self, rel: str, size: int, mtime: float) -> LogFile:
+        run, name = rel.split("/", 1)
+        m = FILE_RE.match(name)
+        return LogFile(self.root, rel, run, int(m.group(1)), bool(m.group(2)), size, mtime)
+
+
+def scan(runs_dir: Path, skip: set[str] | None = None, emit: Callable[[str], None] | None = None) -> Scan:
+    """Every event log under the runs dir but those in `skip`; a host the store cannot keep is said once
+    (through `emit`) and added to `skip`.
+
+    One `scandir` per folder and one `stat` per log, with plain strings and lists: a pass over a lab's
+    10^5 run folders costs what those syscalls do. Which files have work is the store's to say
+    (`with_work`: one join in DuckDB, not a dict of 10^5 rows in Python)."""
     root = str(runs_dir)
-    out = []
+    skip = set() if skip is None else skip
+    out = Scan(root)
+    rel, size, mtime = out.rel, out.size, out.mtime
     try:
         with os.scandir(root) as it:
-            run_dirs = sorted(e.name for e in it if e.is_dir())
+            run_dirs = [e.name for e in it if e.is_dir()]
     except (FileNotFoundError, NotADirectoryError):
-        return []
+        return out
     for run in run_dirs:
-        folder = os.path.join(root, run)
         try:
-            with os.scandir(folder) as it:
-                entries = [(e.name, e) for e in it if FILE_RE.match(e.name)]
+            it = os.scandir(f"{root}/{run}")
         except OSError:
             continue
-        for name, e in sorted(entries, key=lambda x: x[0]):
-            try:
-                st = e.stat()
-            except OSError:
-                continue
-            m = FILE_RE.match(name)
-            out.append(
-                LogFile(
-                    root, f"{run}/{name}", run, int(m.group(1)), bool(m.group(2)), st.st_size, st.st_mtime
-                )
-            )
-    out.sort(key=lambda f: (f.run, f.host, not f.gz, f.rel))
+        with it:
+            for e in it:
+                name = e.name
+                if not name.startswith("events.") or not (m := FILE_RE.match(name)):
+                    continue
+                r = f"{run}/{name}"
+                if r in skip:
+                    continue
+                if int(m.group(1)) > U16:
+                    # the store keeps hosts as USMALLINT (ingest_files, every table): say so once and go on
+                    if emit is not None:
+                        emit(
+                            f"{runs_dir / r}: host {m.group(1)} in the file name is above {U16}, the largest "
+                            f"host the store keeps; file skipped (rename it events.<host>.jsonl with a host "
+                            f"in 0..{U16})"
+                        )
+                    skip.add(r)
+                    continue
+                try:
+                    st = e.stat()
+                except OSError:
+                    continue
+                rel.append(r)
+                size.append(st.st_size)
+                mtime.append(st.st_mtime)
     return out
 
 
-def readable(runs_dir: Path, skip: set[str], emit: Callable[[str], None]) -> list[LogFile]:
-    """The logs to read this pass: every scanned file not in `skip`; a host the store cannot keep skips its file."""
-    files = []
-    for lf in scan(runs_dir):
-        if lf.rel in skip:
-            continue
-        if lf.host > U16:
-            # the store keeps hosts as USMALLINT (ingest_files, every table): say so once and go on
-            emit(
-                f"{runs_dir / lf.rel}: host {lf.host} in the file name is above {U16}, the largest host the "
-                f"store keeps; file skipped (rename it events.<host>.jsonl with a host in 0..{U16})"
-            )
-            skip.add(lf.rel)
-            continue
-        files.append(lf)
+# a file has work when the store has no row for it, or (a plain log) it is longer than the offset read,
+# or shorter (replaced: read again), or (a .gz, read whole) its size or mtime changed
+_WITH_WORK = """
+SELECT s.path, s.size, s.mtime FROM _scan s LEFT JOIN ingest_files f ON f.path = s.path
+WHERE f.path IS NULL
+   OR (CASE WHEN s.path LIKE '%.gz' THEN f.size IS DISTINCT FROM s.size OR f.mtime <> s.mtime
+            ELSE s.size <> f.byte_offset END)
+"""
+
+
+def with_work(con, scan: Scan, only: str | None = None) -> list[LogFile]:
+    """The scanned files the store has not read to their end, in ingest order: by run, host, a run's
+    `.gz` copies before its live files."""
+    con.register("_scan", scan.table())
+    try:
+        sql = _WITH_WORK if only is None else f"SELECT * FROM ({_WITH_WORK}) WHERE path = ?"
+        rows = con.execute(sql, [] if only is None else [only]).fetchall()
+    finally:
+        con.unregister("_scan")
+    files = [scan.file(*r) for r in rows]
+    files.sort(key=lambda f: (f.run, f.host, not f.gz, f.rel))
     return files
 
 
-def load_state(con) -> tuple[dict[str, dict], dict[str, str]]:
-    """({path: its ingest_files row}, {run: stored status})."""
+def pending_bytes(con, scan: Scan) -> int:
+    """Bytes of the scanned files past what the store has read of them: the work a progress bar counts down."""
+    con.register("_scan", scan.table())
+    try:
+        (n,) = con.execute(
+            "SELECT coalesce(sum(greatest(s.size - coalesce(f.byte_offset, 0), 0)), 0)::BIGINT "
+            "FROM _scan s LEFT JOIN ingest_files f ON f.path = s.path"
+        ).fetchone()
+    finally:
+        con.unregister("_scan")
+    return n
+
+
+def load_state(con, runs: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
+    """({path: its ingest_files row}, {run: stored status}) of these runs' files."""
     cols = (
         "path",
         "run",
@@ -105,20 +178,21 @@ def load_state(con) -> tuple[dict[str, dict], dict[str, str]]:
         "rejected",
         "rejected_dropped",
     )
-    rows = {
-        r[0]: dict(zip(cols, r, strict=True))
-        for r in con.execute(f"SELECT {', '.join(cols)} FROM ingest_files").fetchall()
-    }
-    status = dict(con.execute("SELECT run, status FROM runs").fetchall())
+    runs_t = pa.table({"run": column(runs, pa.string())})
+    con.register("_runs", runs_t)
+    try:
+        rows = {
+            r[0]: dict(zip(cols, r, strict=True))
+            for r in con.execute(
+                f"SELECT {', '.join(cols)} FROM ingest_files WHERE run IN (SELECT run FROM _runs)"
+            ).fetchall()
+        }
+        status = dict(
+            con.execute("SELECT run, status FROM runs WHERE run IN (SELECT run FROM _runs)").fetchall()
+        )
+    finally:
+        con.unregister("_runs")
     return rows, status
-
-
-def has_work(lf: LogFile, row: dict | None) -> bool:
-    if row is None:
-        return True
-    if lf.gz:
-        return row["size"] != lf.size or row["mtime"] != lf.mtime
-    return lf.size != row["byte_offset"]
 
 
 def by_run_host(rows: dict[str, dict]) -> dict[tuple[str, int], dict[str, dict]]:

@@ -36,7 +36,6 @@ from observatory.ingest.model import (
     MESSAGE_LIMIT,
     Batch,
     FileState,
-    LogFile,
     Rejection,
 )
 from observatory.ingest.redaction import redact_metric_names
@@ -195,7 +194,7 @@ def _open_store(db: Path):
 
 
 def _run_batch(
-    db: Path, runs_dir: Path, files: list[LogFile], only: str | None, fol: Follower, use_hooks: bool
+    db: Path, runs_dir: Path, scan: fs.Scan, only: str | None, fol: Follower, use_hooks: bool
 ) -> tuple[Batch | None, bool]:
     """One write transaction over files with work, top to bottom: read and validate each file's new lines
     (up to `BATCH_BYTES` in all), append the rows, fold the runs, roll up, COMMIT. Returns (the batch, or
@@ -205,7 +204,8 @@ def _run_batch(
     max_line = int(settings.get("max_line_bytes"))
     with _open_store(db) as con:
         with _transaction(con):
-            rows, status = fs.load_state(con)
+            files = fs.with_work(con, scan, only)  # the few with new bytes, at 10^5 runs too
+            rows, status = fs.load_state(con, sorted({lf.run for lf in files}))
             by_host = fs.by_run_host(rows)
             b = Batch(now)
             # where this batch's rows begin in each table: the detectors read the runs it began from there
@@ -216,8 +216,6 @@ def _run_batch(
             saves = []  # (file, its state, done, stored): the batch's ingest_files rows, written together
             with b.appends:  # the INSERTs run on its worker while the next pieces decode; drained here
                 for lf in files:
-                    if (only is not None and lf.rel != only) or not fs.has_work(lf, rows.get(lf.rel)):
-                        continue
                     if used >= BATCH_BYTES:
                         more = True
                         break
@@ -274,8 +272,8 @@ def one_pass(
     progress: Callable[[dict], None] | None = None,
 ) -> None:
     """Ingest what the files have that the store has not; skip the lock when nothing changed on disk."""
-    files = fs.readable(runs_dir, fol.skip, emit)
-    sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
+    files = fs.scan(runs_dir, fol.skip, emit)
+    sig = (files.sig(), _db_sig(db))
     now = time.time()
     clock = use_hooks and now - fol.last_clock >= CLOCK_S
     if (
@@ -296,8 +294,8 @@ def one_pass(
             # the hooks wrote findings into run folders: ingest them in this call, so that one command
             # leaves the store with everything it found (the hooks run again on this round's new
             # activity only: the observatory's own events are not activity, so this round ends it)
-            files = fs.readable(runs_dir, fol.skip, emit)
-            sig = (tuple((lf.rel, lf.size, lf.mtime) for lf in files), _db_sig(db))
+            files = fs.scan(runs_dir, fol.skip, emit)
+            sig = (files.sig(), _db_sig(db))
             wrote = _batches(
                 runs_dir, db, files, report, fol, use_hooks, emit, findings=True, progress=progress
             )
@@ -311,7 +309,7 @@ def one_pass(
 def _batches(
     runs_dir: Path,
     db: Path,
-    files: list[LogFile],
+    files: fs.Scan,
     report: IngestReport,
     fol: Follower,
     use_hooks: bool,
@@ -347,8 +345,8 @@ def _batches(
                     f"{runs_dir / only}: cannot ingest ({type(e).__name__}: {e}); skipped until the next ingest"
                 )
                 fol.skip.add(only)
-                files = [lf for lf in files if lf.rel != only]
-            queue = [lf.rel for lf in files] if queue is None else [r for r in queue if r != only]
+                files = files.without(only)
+            queue = _with_work(db, files) if queue is None else [r for r in queue if r != only]
             only = queue[0] if queue else None
             if only is None:
                 break
@@ -373,16 +371,21 @@ def _batches(
     return wrote
 
 
-def _pending_bytes(db: Path, files: list[LogFile]) -> int:
+def _pending_bytes(db: Path, files: fs.Scan) -> int:
     """Bytes of `files` past what the store has read of them: the work a progress bar counts down."""
-    stored: dict[str, int] = {}
     if db.exists():
         try:
             with store.connect(db, timeout_s=1.0) as con:
-                stored = dict(con.execute("SELECT path, byte_offset FROM ingest_files").fetchall())
+                return fs.pending_bytes(con, files)
         except Exception:  # busy, or a store without tables yet: every byte is to do (only a bar's estimate)
-            stored = {}
-    return sum(max(lf.size - stored.get(lf.rel, 0), 0) for lf in files)
+            pass
+    return sum(files.size)
+
+
+def _with_work(db: Path, files: fs.Scan) -> list[str]:
+    """The files with work, one at a time after a batch failed: which one is to blame."""
+    with store.connect(db) as con:
+        return [lf.rel for lf in fs.with_work(con, files)]
 
 
 def _progress(report: IngestReport, total: int) -> dict:
