@@ -35,7 +35,7 @@ from pathlib import Path
 
 import duckdb
 
-from observatory import store
+from observatory import findings, store
 from observatory.interop.simulate import simulate
 
 RUN = "sim-535b"
@@ -162,7 +162,8 @@ def side_by_side(runs: Path, tmp: Path, table: str, repeat: int) -> dict:
     ours, rss, engine = [], [], []
     for i in range(repeat):
         db = tmp / f"ours-{table}-{i}.duckdb"
-        for f in runs.glob("*/events.1000.jsonl"):
+        top = findings.root(runs)
+        for f in [*runs.glob("*/events.1000.jsonl"), *(top.glob("*/events.1000.jsonl") if top else [])]:
             f.unlink()  # the hooks' findings of the previous repeat: each repeat finds them anew
         wall, mb, _ = child(["ingest", "--runs-dir", str(runs), "--db", str(db), "-q"], label=f"ours {table}")
         ours.append(wall)

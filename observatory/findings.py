@@ -1,27 +1,52 @@
-"""The observatory's own events in a run's folder: one writer setup, one pending-scanner.
+"""The observatory's own events: where they go, one writer setup, one pending-scanner.
 
-Forecasts, anomalies and decisions are written as host `OBSERVATORY_HOST`
-(`<runs dir>/<run>/events.1000.jsonl`), beside the run's own logs, so what the
-observatory said, and when, is replayed with the run. Between being written and being
-ingested they live only in that file; `pending` reads them back, with the contract's
-torn-line rule (a line without its final newline is not an event yet).
+Forecasts, anomalies, decisions and alerts are written as host `OBSERVATORY_HOST`
+(`events.1000.jsonl`), so what the observatory said, and when, is replayed with the run.
+They go to a findings folder of the runs dir's own (`root`: under the `findings_dir`
+setting, laid out like a runs dir), not into the run folders: those are someone's data,
+maybe read-only. Ingest reads that folder with the runs dir (`observatory.ingest.files`).
+`findings_in_run_folders` writes them into each run's folder instead, as does a run folder
+that has such a file already (an older runs dir: one file, one numbering, per run).
+Between being written and being ingested they live only in that file; `pending` reads them
+back, with the contract's torn-line rule (a line without its final newline is not an event
+yet).
 """
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from observatory import settings
 from observatory.events import OBSERVATORY_HOST
+from observatory.logtail import last_seq
 from observatory.writer import init
 
-__all__ = ["path", "write", "pending"]
+__all__ = ["root", "path", "write", "pending"]
+
+NAME = f"events.{OBSERVATORY_HOST}.jsonl"
+
+
+def root(runs_dir) -> Path | None:
+    """The runs dir's findings folder (`<findings_dir>/<its name>-<8 hex of its absolute path>`), or None
+    when `findings_in_run_folders` is set."""
+    if settings.get("findings_in_run_folders"):
+        return None
+    where = os.path.abspath(runs_dir)
+    tag = hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return Path(settings.get("findings_dir")) / f"{os.path.basename(where) or 'runs'}-{tag}"
 
 
 def path(runs_dir, run: str) -> Path:
-    """The run's observatory-host file."""
-    return Path(runs_dir) / run / f"events.{OBSERVATORY_HOST}.jsonl"
+    """The run's observatory-host file: in the findings folder, or in the run's folder when asked or
+    when one is there already."""
+    own = Path(runs_dir) / run / NAME
+    top = root(runs_dir)
+    return own if top is None or own.exists() else top / run / NAME
 
 
 def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]]) -> int:
@@ -33,8 +58,14 @@ def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]
     items = list(items)
     if not items:
         return 0
+    target = path(runs_dir, run)
     w = init(
-        run_id=run, runs_dir=runs_dir, host=OBSERVATORY_HOST, write_start=False, install_signal_handlers=False
+        run_id=run,
+        runs_dir=target.parent.parent,
+        host=OBSERVATORY_HOST,
+        write_start=False,
+        install_signal_handlers=False,
+        seq_from=_next_seq(runs_dir, run, target),
     )
     try:
         for data, step in items:
@@ -42,6 +73,31 @@ def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]
     finally:
         w.close()  # flush and close; finish() would write a run_end
     return len(items)
+
+
+def _next_seq(runs_dir, run: str, target: Path) -> int:
+    """One past the last seq of the run's other host-1000 files (the run folder's own, and its `.gz`
+    copy): the findings folder's file continues their numbering, so ingest keeps both (seqs it has from
+    a sibling file of the same run and host count as duplicates)."""
+    seqs = []
+    for other in (Path(runs_dir) / run / NAME, Path(runs_dir) / run / f"{NAME}.gz"):
+        if other == target or not other.exists():
+            continue
+        if other.suffix == ".gz":
+            with gzip.open(other, "rb") as f:
+                last = None
+                for raw in f:
+                    if raw.endswith(b"\n"):
+                        last = raw
+            try:
+                seqs.append(int(json.loads(last)["seq"]))
+            except (TypeError, ValueError, KeyError):
+                continue
+        else:
+            seq, _ = last_seq(other, other.stat().st_size)
+            if seq is not None:
+                seqs.append(seq)
+    return max(seqs) + 1 if seqs else 0
 
 
 def pending(runs_dir, run: str, kind: str) -> list[dict]:

@@ -83,6 +83,17 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("db", f"{DATA_HOME}/observatory.duckdb", "the DuckDB store (flag --db)", path=True),
         Setting(
+            "findings_dir",
+            f"{DATA_HOME}/findings",
+            "where the observatory writes its own events (forecasts, anomalies, decisions, alerts: host 1000) for a runs dir: `<this>/<runs dir's name>-<8 hex of its path>/<run>/events.1000.jsonl`, ingested with the runs dir; the run folders are not written to",
+            path=True,
+        ),
+        Setting(
+            "findings_in_run_folders",
+            False,
+            "write the observatory's own events into each run's folder (`<runs dir>/<run>/events.1000.jsonl`) instead of findings_dir; a run folder that has that file already keeps getting it",
+        ),
+        Setting(
             "loss_names",
             ",".join(LOSS_NAMES),
             "a run's loss: the first of these comma-separated metric names it logged (the Live chart, the Runs table's last loss, the report)",

@@ -103,7 +103,10 @@ class Run:
         sinks: Iterable[Sink] = (),
         install_signal_handlers: bool = True,
         heartbeat_s: float | None = None,
+        seq_from: int = 0,
     ):
+        """`seq_from`: number events from at least this seq (a file that continues the numbering of another
+        file of the same run and host: the observatory's findings folder beside a run folder's own)."""
         if not RUN_ID_RE.match(run_id):
             raise ValueError(f"run id {run_id!r} must match [A-Za-z0-9._-]{{1,128}}")
         if isinstance(host, bool) or not isinstance(host, int) or host < 0:
@@ -122,6 +125,7 @@ class Run:
         self._seq = self._next_seq()  # assigned on the writer thread, so file order is seq order
         # the restart attempt this process is: 0 for a new log, one past the newest phase's for a resumed one
         self.attempt = 0 if self._seq == 0 else _attempt(self.path)
+        self._seq = max(self._seq, seq_from)
         self._phase: str | None = None
         # (step, monotonic s) of the newest logged step, and where the heartbeat's step-time window starts:
         # each heartbeat says this process's own seconds per step since the one before (`perf/step_time_s`)

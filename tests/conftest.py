@@ -21,6 +21,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ["OBSERVATORY_ALERTS_FILE"] = os.path.join(
     tempfile.mkdtemp(prefix="obs-test-alerts-"), "alerts.yaml"
 )
+# The observatory's own events go to a findings folder per runs dir: the tests' under a temp folder of
+# their own, not the developer's ~/.local/share/observatory/findings (each test's runs dir has its own).
+os.environ["OBSERVATORY_FINDINGS_DIR"] = tempfile.mkdtemp(prefix="obs-test-findings-")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from observatory import settings
+from observatory import findings, settings
 from observatory.detect import detectors as D
 from observatory.detect import scan as A
 from observatory.detect.thresholds import PREFIX, Thresholds
@@ -279,7 +279,7 @@ def write_run(runs_dir, run, steps, loss, grad, end=True, load=None, extra=None)
 
 def anomaly_lines(runs_dir, run):
     """The findings in the run's observatory file (which holds its alerts too)."""
-    p = runs_dir / run / "events.1000.jsonl"
+    p = findings.path(runs_dir, run)
     lines = [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
     return [e for e in lines if e["kind"] != "alert"]
 
@@ -410,7 +410,7 @@ def test_detect_command(tmp_path, ingest):
     assert "grad_spike" in res.output and "nonfinite" in res.output and "(not written)" in res.output
     res = cli.invoke(main, [*args, "--dry-run", "--fail-on", "critical"])  # a cron job can act on it
     assert res.exit_code == 1 and "a new finding is critical (--fail-on critical)" in res.output
-    assert not (runs / "r1" / "events.1000.jsonl").exists()
+    assert not findings.path(runs, "r1").exists()
     A._STATE.clear()
     fresh = tmp_path / "fresh.duckdb"  # --ingest: ingest, detect, store the findings
     res = cli.invoke(main, ["detect", "--runs-dir", str(runs), "--db", str(fresh), "--json", "--ingest"])

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import event, write_lines
 
+from observatory import findings
 from observatory.cli import main
 
 
@@ -99,7 +100,7 @@ def test_records_folder_is_not_a_run(env):
 
     runs_dir, db = env
     d = decisions.new(runs_dir, db, title="Policy: every hero run has a ladder", kind="policy")
-    path = runs_dir / decisions.DECISIONS_RUN / f"events.{OBSERVATORY_HOST}.jsonl"
+    path = findings.path(runs_dir, decisions.DECISIONS_RUN)
     assert path.exists() and d.runs == ()
     old = 1_000_000_000.0
     write_lines(path, [event("decisions", "note", {"text": "old record"}, 1, t=old, host=OBSERVATORY_HOST)])

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 import observatory
 from observatory import decisions as dec
+from observatory import findings
 from observatory.cli import main
 from observatory.decisions import markdown as decisions_md
 from observatory.ingest import ingest
@@ -148,7 +149,7 @@ def test_life_cycle_through_cli(store):
     assert shown["created"] < shown["updated"]
 
     # written into the linked run's folder as host 1000, and nothing else touched there
-    lines = [json.loads(x) for x in (runs / "r1" / "events.1000.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in findings.path(runs, "r1").read_text().splitlines()]
     assert [x["kind"] for x in lines] == ["decision"] * 3 and all(x["host"] == 1000 for x in lines)
     assert lines[0]["step"] == 5
 
@@ -167,7 +168,7 @@ def test_unlinked_decision_goes_to_decisions_folder(store):
     invoke(
         "decide", "new", "--title", "Policy: z-loss on every run", "--kind", "policy", "--id", "zloss-policy"
     )
-    assert (runs / "decisions" / "events.1000.jsonl").exists()
+    assert findings.path(runs, "decisions").exists()
     d = dec.get(db, "zloss-policy")
     assert d is not None and d.kind == "policy" and d.runs == ()
     # a linked run that does not exist locally also lands in decisions/, not in a fake run folder

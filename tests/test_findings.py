@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from conftest import event, write_lines
 
@@ -29,3 +30,71 @@ def test_pending_skips_a_torn_last_line_even_if_it_parses(runs_dir):
     with open(p, "ab") as f:
         f.write(json.dumps(torn).encode())  # complete JSON, but no final newline: the writer is mid-line
     assert [e["data"]["id"] for e in findings.pending(runs_dir, "r", "decision")] == ["a"]
+
+
+def _tree(root):
+    """(path, size, mtime) of every file under `root`: what a runs dir holds, to the byte and the touch."""
+    return sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*"))
+
+
+def test_ingest_leaves_the_runs_dir_as_it_found_it_and_keeps_its_findings(tmp_path, monkeypatch):
+    """A silent run's stalled_run finding is stored, and a rebuild finds it again, with nothing written into
+    the runs dir (someone's data, maybe read-only): the findings go to the runs dir's findings folder."""
+    from test_anomalies import clean, stored_anomalies, write_run
+
+    from observatory.detect import scan as A
+    from observatory.ingest import ingest, rebuild
+
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    steps, loss, grad, _, _ = clean(200, seed=11)
+    write_run(runs, "silent", steps, loss, grad, end=False)
+    monkeypatch.setenv("OBSERVATORY_ANOMALY_STALL_S", "0.5")
+    A._STATE.clear()
+    time.sleep(0.6)
+    before = _tree(runs)
+    ingest(runs, db, emit=None)
+    A._last_stall_check = 0.0
+    A.after_ingest(db, runs, [])
+    ingest(runs, db, emit=None)
+    assert _tree(runs) == before, "ingest wrote into the runs dir"
+    top = findings.root(runs)
+    assert findings.path(runs, "silent") == top / "silent" / "events.1000.jsonl" and top.is_dir()
+    assert not top.is_relative_to(runs)
+    want = [("silent", "stalled_run", [199, 199])]
+    assert [(a["run"], a["detector"], a["window"]) for a in stored_anomalies(db)] == want
+    rebuild(runs, db, emit=None)  # the store is a function of the logs: the findings folder's too
+    assert [(a["run"], a["detector"], a["window"]) for a in stored_anomalies(db)] == want
+
+
+def test_findings_in_run_folders_when_asked_or_when_the_folder_has_them(tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    findings.write(runs, "a", "note", [({"text": "x"}, None)])
+    assert not (runs / "a").exists()
+    legacy = runs / "b" / "events.1000.jsonl"  # an older runs dir: its run folders have their file
+    write_lines(legacy, [event("b", "note", {"text": "old"}, 0, host=OBSERVATORY_HOST)])
+    findings.write(runs, "b", "note", [({"text": "new"}, None)])
+    assert [json.loads(x)["data"]["text"] for x in legacy.read_text().splitlines()] == ["old", "new"]
+    monkeypatch.setenv("OBSERVATORY_FINDINGS_IN_RUN_FOLDERS", "1")
+    findings.write(runs, "c", "note", [({"text": "y"}, None)])
+    assert findings.root(runs) is None and (runs / "c" / "events.1000.jsonl").exists()
+
+
+def test_a_findings_file_continues_the_numbering_of_the_run_folders_gz_copy(tmp_path):
+    """Seqs ingest has from a sibling file of the same (run, host) are duplicates: a findings-folder file
+    numbered from 0 beside a run folder's events.1000.jsonl.gz would lose its events."""
+    import gzip
+
+    from observatory.ingest import ingest
+    from observatory.store import connect
+
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    write_lines(runs / "r" / "events.0.jsonl", [event("r", "run_start", {"config": {}}, 0)])
+    old = [event("r", "note", {"text": f"old {i}"}, i, host=OBSERVATORY_HOST) for i in range(3)]
+    with gzip.open(runs / "r" / "events.1000.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(e) + "\n" for e in old)
+    findings.write(runs, "r", "note", [({"text": "new"}, None)])
+    assert json.loads(findings.path(runs, "r").read_text())["seq"] == 3
+    ingest(runs, db, hooks=False, emit=None)
+    with connect(db) as con:
+        texts = con.execute("SELECT data->>'text' FROM events WHERE kind = 'note' ORDER BY seq").fetchall()
+    assert [t for (t,) in texts] == ["old 0", "old 1", "old 2", "new"]

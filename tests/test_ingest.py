@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import append_in_pieces, event, write_lines
 
-from observatory import store
+from observatory import findings, store
 from observatory.events import ValidationError, validate_event
 from observatory.ingest import ingest as _ingest
 from observatory.ingest import rebuild
@@ -594,7 +594,7 @@ def test_one_ingest_leaves_auto_decisions_in_the_store(runs_dir, db_path):
         runs_dir / "a" / "events.0.jsonl", _run_lines("a", 5, 10, layers=1)[6:]
     )  # more activity: hook reruns
     _ingest(runs_dir, db_path, emit=None)
-    written = [json.loads(x) for x in (runs_dir / "a" / "events.1000.jsonl").read_text().splitlines()]
+    written = [json.loads(x) for x in findings.path(runs_dir, "a").read_text().splitlines()]
     assert sorted(e["data"]["id"] for e in written if e["kind"] == "decision") == ["auto-a-1", "auto-a-8"]
     # rebuild reads the records back from the logs; it runs no hook and duplicates nothing
     rebuild(runs_dir, db_path, emit=None)

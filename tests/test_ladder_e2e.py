@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 import observatory
+from observatory import findings
 from observatory.cli import main as cli
-from observatory.events import OBSERVATORY_HOST
 from observatory.ingest import ingest
 from observatory.ladder.rungs import DETECTOR, FIT_VERSION
 from observatory.ladder.watch import check_targets, forecast_band
@@ -155,7 +155,7 @@ def test_forecast_is_pre_registered_and_clean_target_stays_inside(ladder_store):
     runs, db = ladder_store
     _forecast_then_run(runs, db, "syn-target")
     # on disk: the forecast (host 1000) was written before the target's run_start (host 0)
-    fc = json.loads((runs / "syn-target" / f"events.{OBSERVATORY_HOST}.jsonl").read_text().splitlines()[0])
+    fc = json.loads(findings.path(runs, "syn-target").read_text().splitlines()[0])
     start = json.loads((runs / "syn-target" / "events.0.jsonl").read_text().splitlines()[0])
     assert fc["kind"] == "forecast" and start["kind"] == "run_start"
     assert fc["t"] < start["t"]
@@ -208,7 +208,7 @@ def test_forecast_for_started_run_is_marked_not_pre_registered(ladder_store):
     res = CliRunner().invoke(cli, ["ladder", "forecast", "syn", "--target", "syn-late"])
     assert res.exit_code == 0, res.output
     assert "NOT pre-registered" in res.output
-    fc = json.loads((runs / "syn-late" / f"events.{OBSERVATORY_HOST}.jsonl").read_text().splitlines()[0])
+    fc = json.loads(findings.path(runs, "syn-late").read_text().splitlines()[0])
     assert fc["data"]["pre_registered"] is False
 
 
@@ -332,8 +332,6 @@ def test_seeded_ladder_through_the_store(tmp_path, monkeypatch):
         "--steps",
         str(STEPS),
     )
-    fc = json.loads((runs / "sd-target" / f"events.{OBSERVATORY_HOST}.jsonl").read_text().splitlines()[0])[
-        "data"
-    ]
+    fc = json.loads(findings.path(runs, "sd-target").read_text().splitlines()[0])["data"]
     assert len(fc["source"]["rungs"]) == 8 and fc["source"]["noise_source"] == "seeds (dof 4)"
     assert math.log(fc["high"] / fc["value"]) >= 1.645 * fc["source"]["noise"] * 0.99  # the target is one run

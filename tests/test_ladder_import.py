@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import observatory
+from observatory import findings
 from observatory.cli import main as cli
 from observatory.ingest import ingest, rebuild
 from observatory.interop.ladder_points import PointsError, import_points
@@ -297,7 +298,7 @@ def test_three_rungs_warn_in_the_cli_and_a_bandless_forecast_is_not_pre_register
     assert "held-out error NOT measurable" in res.output
     res = cli_run("ladder", "forecast", "t3", "--flops", "1e20", "--fix-e", "1.7", "--target", "t3-big")
     assert res.exit_code == 0  # E fixed: 3 rungs, 2 parameters, one rung left to measure with
-    fc = json.loads((runs / "t3-big" / "events.1000.jsonl").read_text().splitlines()[0])["data"]
+    fc = json.loads(findings.path(runs, "t3-big").read_text().splitlines()[0])["data"]
     assert fc["source"]["held_out"] == "measured" and fc["source"]["noise_source"] == "default"
     assert "(3 unchanged)" in ok("ladder", "import", p)
     q = tmp / "two.csv"

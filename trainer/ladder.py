@@ -50,7 +50,7 @@ from typing import Any
 
 import yaml
 
-from observatory import settings
+from observatory import findings, settings
 from trainer.runtime import enable_compile_cache
 
 __all__ = ["LadderSpec", "RungSpec", "RungPlan", "load_ladder_spec", "plan", "run_ladder", "pack", "main"]
@@ -341,11 +341,14 @@ def run_ladder(
 
 
 def pack(runs_dir: Path, run_ids: list[str], dest: Path) -> list[Path]:
-    """gzip each run's event logs into dest/<run>/events.<host>.jsonl.gz (the committed samples)."""
+    """gzip each run's event logs into dest/<run>/events.<host>.jsonl.gz (the committed samples), the
+    observatory's own (host 1000: forecasts, findings) from the runs dir's findings folder too."""
     out = []
     for run in run_ids:
         (dest / run).mkdir(parents=True, exist_ok=True)
-        for f in sorted((runs_dir / run).glob("events.*.jsonl")):
+        own = findings.path(runs_dir, run)
+        logs = sorted({*(runs_dir / run).glob("events.*.jsonl"), *([own] if own.exists() else [])})
+        for f in logs:
             target = dest / run / (f.name + ".gz")
             with open(f, "rb") as src, gzip.GzipFile(target, "wb", mtime=0) as gz:
                 shutil.copyfileobj(src, gz)

@@ -27,7 +27,8 @@ for d in data/samples/*/; do
         [ -s "$runs/$run/events.1000.jsonl" ] || rm "$runs/$run/events.1000.jsonl"
     fi
 done
-export OBSERVATORY_RUNS=$runs OBSERVATORY_DB=$db
+# the records beside the runs' own logs, where this script reads them back from
+export OBSERVATORY_RUNS=$runs OBSERVATORY_DB=$db OBSERVATORY_FINDINGS_IN_RUN_FOLDERS=1
 "$OBS" ingest -q >/dev/null
 decide() { "$OBS" decide "$@" --author "sample ladder" >/dev/null; }
 

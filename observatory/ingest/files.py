@@ -1,6 +1,7 @@
 """The event logs of a runs dir: which to read, how far each is read, and reading one within a batch.
 
-Layout: `<runs>/<run>/events.<host>.jsonl` (and `.jsonl.gz`, import copies). A file's
+Layout: `<runs>/<run>/events.<host>.jsonl` (and `.jsonl.gz`, import copies), and the observatory's
+own `events.1000.jsonl` under the runs dir's findings folder (`observatory.findings.root`). A file's
 progress is its row of `ingest_files` (byte offset, line, seq range), written in the
 same transaction as the rows it covers.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from observatory import findings
 from observatory.ingest.model import U16, Batch, FileState, LogFile, read_chunk
 from observatory.ingest.msgspec_lines import ingest_chunk
 from observatory.store.arrow import column
@@ -38,12 +40,17 @@ FILE_RE = re.compile(r"^events\.(\d+)\.jsonl(\.gz)?$")
 GZ_BATCH_BYTES = 256 << 20  # .gz has no cheap seek, so take bigger bites
 
 
+FINDINGS = "findings:"  # a store path's prefix for the runs dir's findings folder (run ids have no ":")
+
+
 @dataclass
 class Scan:
-    """Every event log under a runs dir, as three parallel columns (path relative to `root`, size, mtime):
-    at 10^5 runs only the few files with work become `LogFile`s (`with_work`)."""
+    """Every event log under a runs dir and its findings folder, as three parallel columns (store path,
+    size, mtime): at 10^5 runs only the few files with work become `LogFile`s (`with_work`). A store
+    path is `<run>/<file>` in the runs dir, `findings:<run>/<file>` in the findings folder."""
 
     root: str
+    findings: str | None = None  # the findings folder (`observatory.findings.root`), when apart
     rel: list[str] = field(default_factory=list)
     size: list[int] = field(default_factory=list)
     mtime: list[float] = field(default_factory=list)
@@ -65,33 +72,44 @@ class Scan:
         keep = [i for i, r in enumerate(self.rel) if r != rel]
         return Scan(
             self.root,
+            self.findings,
             [self.rel[i] for i in keep],
             [self.size[i] for i in keep],
             [self.mtime[i] for i in keep],
         )
 
     def file(self, rel: str, size: int, mtime: float) -> LogFile:
-        run, name = rel.split("/", 1)
+        where = self.root
+        if rel.startswith(FINDINGS):
+            where = self.findings
+        run, name = rel.removeprefix(FINDINGS).split("/", 1)
         m = FILE_RE.match(name)
-        return LogFile(self.root, rel, run, int(m.group(1)), bool(m.group(2)), size, mtime)
+        return LogFile(where, rel, run, int(m.group(1)), bool(m.group(2)), size, mtime)
 
 
 def scan(runs_dir: Path, skip: set[str] | None = None, emit: Callable[[str], None] | None = None) -> Scan:
-    """Every event log under the runs dir but those in `skip`; a host the store cannot keep is said once
-    (through `emit`) and added to `skip`.
+    """Every event log under the runs dir and its findings folder but those in `skip`; a host the store
+    cannot keep is said once (through `emit`) and added to `skip`.
 
     One `scandir` per folder and one `stat` per log, with plain strings and lists: a pass over a lab's
     10^5 run folders costs what those syscalls do. Which files have work is the store's to say
     (`with_work`: one join in DuckDB, not a dict of 10^5 rows in Python)."""
-    root = str(runs_dir)
     skip = set() if skip is None else skip
-    out = Scan(root)
+    top = findings.root(runs_dir)
+    out = Scan(str(runs_dir), None if top is None else str(top))
+    _scan_into(out, out.root, "", skip, emit)
+    if out.findings is not None:
+        _scan_into(out, out.findings, FINDINGS, skip, emit)
+    return out
+
+
+def _scan_into(out: Scan, root: str, prefix: str, skip: set[str], emit: Callable[[str], None] | None) -> None:
     rel, size, mtime = out.rel, out.size, out.mtime
     try:
         with os.scandir(root) as it:
             run_dirs = [e.name for e in it if e.is_dir()]
     except (FileNotFoundError, NotADirectoryError):
-        return out
+        return
     for run in run_dirs:
         try:
             it = os.scandir(f"{root}/{run}")
@@ -102,16 +120,16 @@ def scan(runs_dir: Path, skip: set[str] | None = None, emit: Callable[[str], Non
                 name = e.name
                 if not name.startswith("events.") or not (m := FILE_RE.match(name)):
                     continue
-                r = f"{run}/{name}"
+                r = f"{prefix}{run}/{name}"
                 if r in skip:
                     continue
                 if int(m.group(1)) > U16:
                     # the store keeps hosts as USMALLINT (ingest_files, every table): say so once and go on
                     if emit is not None:
                         emit(
-                            f"{runs_dir / r}: host {m.group(1)} in the file name is above {U16}, the largest "
-                            f"host the store keeps; file skipped (rename it events.<host>.jsonl with a host "
-                            f"in 0..{U16})"
+                            f"{root}/{run}/{name}: host {m.group(1)} in the file name is above {U16}, the "
+                            f"largest host the store keeps; file skipped (rename it events.<host>.jsonl with "
+                            f"a host in 0..{U16})"
                         )
                     skip.add(r)
                     continue
@@ -122,7 +140,6 @@ def scan(runs_dir: Path, skip: set[str] | None = None, emit: Callable[[str], Non
                 rel.append(r)
                 size.append(st.st_size)
                 mtime.append(st.st_mtime)
-    return out
 
 
 # a file has work when the store has no row for it, or (a plain log) it is longer than the offset read,

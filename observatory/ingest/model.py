@@ -56,6 +56,7 @@ U16, U32, I32, I64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 31) - 1, (1 << 63) - 1
 class LogFile:
     root: str  # the runs dir it is in
     rel: str  # "<run>/events.<host>.jsonl[.gz]": its key in the store, independent of where the runs dir is
+    # ("findings:<run>/events.1000.jsonl" in the runs dir's findings folder: `observatory.findings.root`)
     run: str  # run folder
     host: int  # from the file name
     gz: bool
@@ -65,7 +66,7 @@ class LogFile:
     @property
     def path(self) -> Path:
         """Where it is (made when asked: a pass over 10^5 logs reads a few of them)."""
-        return Path(self.root, self.rel)
+        return Path(self.root, self.rel.partition(":")[2] or self.rel)  # `findings:<run>/...`: its folder
 
 
 # ----------------------------------------------------------------- reading
