@@ -41,6 +41,7 @@ import argparse
 import dataclasses
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,7 @@ from typing import Any
 
 import yaml
 
-from observatory import findings, settings
+from observatory import settings
 from trainer.runtime import enable_compile_cache
 
 __all__ = ["LadderSpec", "RungSpec", "RungPlan", "load_ladder_spec", "plan", "run_ladder", "pack", "main"]
@@ -341,14 +342,11 @@ def run_ladder(
 
 
 def pack(runs_dir: Path, run_ids: list[str], dest: Path) -> list[Path]:
-    """gzip each run's event logs into dest/<run>/events.<host>.jsonl.gz (the committed samples), the
-    observatory's own (host 1000: forecasts, findings) from the runs dir's findings folder too."""
+    """gzip each run's event logs into dest/<run>/events.<host>.jsonl.gz (the committed samples)."""
     out = []
     for run in run_ids:
         (dest / run).mkdir(parents=True, exist_ok=True)
-        own = findings.path(runs_dir, run)
-        logs = sorted({*(runs_dir / run).glob("events.*.jsonl"), *([own] if own.exists() else [])})
-        for f in logs:
+        for f in sorted((runs_dir / run).glob("events.*.jsonl")):
             target = dest / run / (f.name + ".gz")
             with open(f, "rb") as src, gzip.GzipFile(target, "wb", mtime=0) as gz:
                 shutil.copyfileobj(src, gz)
@@ -440,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         _print_plan(spec, rungs, tgt)
         return 0
     enable_compile_cache()
+    if args.pack:  # the forecasts and findings beside each run's own logs, where pack() gzips them from
+        os.environ["OBSERVATORY_FINDINGS_IN_RUN_FOLDERS"] = "1"
     try:
         done = run_ladder(
             spec,
