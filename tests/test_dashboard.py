@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 import pytest
-from dashboard_fixtures import BASE_STEPS, make_store
+from dashboard_fixtures import BASE_STEPS, chart_specs, make_store
 from streamlit.testing.v1 import AppTest
 
 import observatory
@@ -49,7 +49,7 @@ def page(name: str, **query) -> AppTest:
 
 
 def specs(at: AppTest) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return chart_specs(at)
 
 
 def arr(v) -> np.ndarray:

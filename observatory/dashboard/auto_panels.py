@@ -16,7 +16,8 @@ import streamlit as st
 
 from observatory.dashboard.cache import derive, query_all
 from observatory.dashboard.charts import add_markers, series_figure
-from observatory.dashboard.widgets import requested_window, show_chart
+from observatory.dashboard.live_chart import live_chart
+from observatory.dashboard.widgets import requested_window
 from observatory.markup import md_escape
 from observatory.queries import dashboard as qd
 from observatory.queries.core import loss_name
@@ -84,7 +85,7 @@ def render_auto(
     if view["extent"] is None:
         return False
     if loss is not None:
-        show_chart(
+        live_chart(
             derive(loss_figure, view, all_marks, loss, smoothing),
             key=f"live_auto_loss_{run}",
             window_key=wkey,
@@ -95,7 +96,7 @@ def render_auto(
         cols = st.columns(2)
         for i, name in enumerate(members):
             with cols[i % 2]:
-                show_chart(
+                live_chart(
                     derive(metric_figure, view, name, smoothing, 260),
                     key=f"live_auto_{name}_{run}",
                     window_key=wkey,

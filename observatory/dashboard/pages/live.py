@@ -32,9 +32,10 @@ from observatory.dashboard.after_paint import after_first_paint
 from observatory.dashboard.auto_panels import render_auto
 from observatory.dashboard.cache import derive, query, query_all
 from observatory.dashboard.charts import add_markers, band, layer_band, scatter, series_figure
+from observatory.dashboard.live_chart import live_chart
 from observatory.dashboard.run_details import render_details
 from observatory.dashboard.runs_table import PAGE, ago, is_running, run_row, runs_calls, runs_table
-from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
+from observatory.dashboard.widgets import pick_run, requested_window, step_window
 from observatory.events import RUN_ID_RE
 from observatory.markup import md_escape, plot_text
 from observatory.queries import dashboard as qd
@@ -222,25 +223,75 @@ def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None
 def _status(run: str, live: bool = False) -> None:
     """The banner (crashed, failed, preempted, stale) and the status line: its own fragment, refreshed
     every `STATUS_S` while the run is live, from the cached run table (kept fresh by the cache's keeper).
-    When a live run ends, the whole page reruns once, as a finished run's page without timers."""
+    It is also the panel's watch: when the panel's data has changed since it was drawn (`panel_version`),
+    and the last redraw is at least `REFRESH_S` and its own duration ago, the page reruns once and the
+    panel is redrawn; with nothing new, the charts are left as they are. When a live run ends, the whole
+    page reruns once, as a finished run's page without timers."""
     row = run_row(run, keep_fresh=live)
     if row is None:
         st.warning(f"Run {md_escape(repr(run))} is not in the store.")
         return
     if live and row["status"] != "running":
         st.rerun()  # it has ended (or gone silent): the page is redrawn as a finished run's, and stops polling
+    if live and _redraw_due(run):
+        st.rerun()
     now = time.time()
     _banner(row, now)
     st.markdown(status_line(row, now))
 
 
+def _panel_batch(run: str, live: bool) -> list:
+    """The live panel's cached batch on one connection: the run's row, its series, markers, evals, forecasts
+    and metric names; a live run's is kept fresh in the background while viewers watch it."""
+    return query_all(*runs_calls(runs=[run], limit=1), *panel_calls(run), keep_fresh=live)
+
+
+def panel_version(rows, view, marks, evals, fcs, names) -> tuple:
+    """What the panel's charts show, in a few values: it changes when the run has new data for them
+    (a new step or event, a new finding, eval or forecast, a new metric), and only then."""
+    row = rows[0] if rows else {}
+    return (
+        row.get("status"),
+        row.get("last_step"),
+        row.get("last_event_t"),
+        view["extent"],
+        marks.height,
+        evals.height,
+        len(fcs),
+        len(names),
+    )
+
+
+def _redraw_due(run: str) -> bool:
+    """Whether the panel should be redrawn now: new data since its last draw, and the last draw ended at
+    least `REFRESH_S` and its own duration ago (a page slower to draw than the data comes is redrawn
+    as fast as it draws, never faster)."""
+    key = f"live_drawn_v_{run}"
+    drawn = st.session_state.get(key)
+    if drawn is None:
+        return False  # not drawn yet: the panel is on its way
+    version, at, took = drawn
+    now = time.monotonic()
+    if now - at < max(REFRESH_S, took) or derive(panel_version, *_panel_batch(run, True)) == version:
+        return False
+    # the page's rerun runs this line again before it reaches the panel: not due again until it has drawn
+    st.session_state[key] = (version, now, took)
+    return True
+
+
 def _panel(run: str, live: bool = False) -> None:
-    # one connection for the whole refresh: the run list, the window's series, markers, evals, forecasts;
-    # a live run's is kept fresh in the background while viewers watch it, so no refresh waits for it
-    calls = runs_calls(runs=[run], limit=1)
-    batch = query_all(*calls, *panel_calls(run), keep_fresh=live)
-    view, all_marks, evals, fcs, names = batch[len(calls) :]
+    t0 = time.monotonic()
+    batch = _panel_batch(run, live)
+    view, all_marks, evals, fcs, names = batch[1:]
     me = run_row(run, keep_fresh=live)  # from the batch above
+    version = derive(panel_version, *batch)
+    try:
+        _draw(run, live, me, view, all_marks, evals, fcs, names)
+    finally:  # what was drawn, when, and how long it took: the status line's watch redraws from there
+        st.session_state[f"live_drawn_v_{run}"] = (version, time.monotonic(), time.monotonic() - t0)
+
+
+def _draw(run: str, live: bool, me, view, all_marks, evals, fcs, names) -> None:
     if me is None:
         return  # the status line above says so
     wkey = f"live_window_{run}"
@@ -259,7 +310,7 @@ def _panel(run: str, live: bool = False) -> None:
         prev = previous_run(runs_table(name=me["name"], limit=PAGE), run)  # the runs of its name
         pd_ = query(qd.downsample, prev, [loss_name], lo, hi, 1000) if prev is not None else None
         fig = derive(loss_figure, view, all_marks, evals, fcs, prev, pd_, smoothing)
-        show_chart(fig, key=f"live_loss_{run}", window_key=wkey)
+        live_chart(fig, key=f"live_loss_{run}", window_key=wkey)
     else:
         st.info("No `train/loss` logged in this window.")
 
@@ -281,7 +332,7 @@ def _panel(run: str, live: bool = False) -> None:
             if fig is None:
                 st.caption(f"{title}: not logged")
             else:
-                show_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
+                live_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
 
 
 def _loss_name(view: dict) -> str | None:
@@ -402,11 +453,13 @@ def render() -> None:
         return
     live = is_running(run_row(run))
     st.caption(
-        f"Refreshing every {REFRESH_S} s (the status line every {STATUS_S:g} s)."
+        f"Live: the charts are redrawn when the run has new data, at most every {REFRESH_S} s; "
+        f"the status line every {STATUS_S:g} s."
         if live
         else "Not running: shown as of its last event."
     )
-    # only the status line and the panel refresh, each at its own pace; a finished run does not poll
+    # the status line refreshes itself and watches for new data; the panel is redrawn only when there is some
     st.fragment(run_every=STATUS_S if live else None)(_status)(run, live)
-    st.fragment(run_every=REFRESH_S if live else None)(_panel)(run, live)
+    with st.container(key="live_panel"):
+        st.fragment(_panel)(run, live)
     render_details(run)
