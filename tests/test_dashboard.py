@@ -139,15 +139,21 @@ def test_live_page_curves_markers_forecast(store):
     assert not [s for s in at.slider if s.key == "live_smoothing"]
     at.run()  # ...and the rerun after the browser's first paint (here: the next run) draws the rest
     assert not at.exception
-    assert at.slider(key="live_smoothing").value == 0.0
+    assert at.slider(key="live_smoothing").value == 0.6  # smoothing on by default (issue 37 item 7)
     charts = specs(at)
     assert len(charts) == 7  # loss + six health charts
     loss = charts[0]
-    line = next(t for t in loss["data"] if t.get("name") == "train/loss")
-    assert np.nanmax(arr(line["y"])) > 6.0  # the step-77 spike is there
+    line = next(t for t in loss["data"] if t.get("name") == "train/loss")  # smoothed
+    faint = next(t for t in loss["data"] if t.get("name") == "train/loss (raw)")
+    assert np.nanmax(arr(faint["y"])) > 6.0  # the step-77 spike is there
     assert "step 77" not in json.dumps(traces(loss, "failure"))
     fail = traces(loss, "failure")[0]
     assert fail["x"] == [90] and "nan_loss" in fail["text"][0]
+    # the raw line faintly behind the smoothed one; axis titles with units
+    names = [t.get("name") for t in loss["data"]]
+    assert names.index("train/loss (raw)") < names.index("train/loss")
+    assert loss["layout"]["xaxis"]["title"]["text"] == "step"
+    assert loss["layout"]["yaxis"]["title"]["text"] == "loss (nats / token)"
     assert traces(loss, "anomaly") and "6 sigma" in traces(loss, "anomaly")[0]["text"][0]
     assert traces(loss, "config diff") and "optim.lr" in traces(loss, "config diff")[0]["text"][0]
     assert traces(loss, "decision") and "D-7" in traces(loss, "decision")[0]["text"][0]
@@ -160,10 +166,12 @@ def test_live_page_curves_markers_forecast(store):
     assert not at.error  # completed run: no banner
 
     # smoothing changes the drawn line but not the raw band
-    at.slider(key="live_smoothing").set_value(0.9).run()
+    at.slider(key="live_smoothing").set_value(0.0).run()
     assert not at.exception
-    smoothed = next(t for t in specs(at)[0]["data"] if t.get("name") == "train/loss")
-    assert not np.allclose(arr(smoothed["y"]), arr(line["y"]), equal_nan=True)
+    raw = next(t for t in specs(at)[0]["data"] if t.get("name") == "train/loss")
+    assert not np.allclose(arr(raw["y"]), arr(line["y"]), equal_nan=True)
+    assert not traces(specs(at)[0], "(raw)")  # no faint copy of an unsmoothed line
+    at.slider(key="live_smoothing").set_value(0.9).run()
 
     # zoom: the window is re-queried (full resolution here, every step)
     at.slider(key="live_window_base-run").set_value((70, 80)).run()

@@ -4,6 +4,9 @@
   MutationObserver counts every change: nodes, attributes such as Streamlit's `data-stale`, text).
 - A growing run: the charts are redrawn with the new steps, and between redraws no chart goes
   missing or undrawn, and none is faded.
+- Charts people can read: axis titles with units, a log axis's ticks written out, the raw curve faint
+  behind the smoothed one, eval points over the train curve; at a phone's width (390 px) a chart
+  on the first screen and plotly's toolbar clear of every chart's title.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import pytest
 from browser_fixtures import LOAD_MS, ROOT, assert_no_exception, dashboard, open_page
 from dashboard_fixtures import BASE_STEPS, growing_run, make_store, write_run
 
+import observatory
+from observatory.events import OBSERVATORY_HOST
 from observatory.ingest import ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -72,8 +77,51 @@ def live_store(tmp_path_factory):
     """The fixture store, plus `quiet-run`: running (no run_end, its events just written), then nothing new."""
     runs_dir, db = make_store(tmp_path_factory.mktemp("live"))
     write_run(runs_dir, "quiet-run", range(BASE_STEPS), finish=False)
+    for run in ("recipe-a", "recipe-b"):
+        _write_recipe(runs_dir, run)
+        time.sleep(0.05)  # recipe-b starts after recipe-a: recipe-a is its previous run
     ingest(runs_dir, db, emit=None)
     return runs_dir, db
+
+
+LAST = 120
+
+
+def _write_recipe(runs_dir, run: str) -> None:
+    """A run of the recipe `recipe` (the same name and planned steps): steps 1..LAST, the same loss each time,
+    a grad norm over two decades, evals every 40 steps; `recipe-b` also gets a decision at step 0 and a
+    finding at its last step, as the observatory writes them."""
+    with observatory.init(
+        run_id=run, name="recipe", config={"steps": 200}, runs_dir=runs_dir, install_signal_handlers=False
+    ) as r:
+        for s in range(1, LAST + 1):
+            noise = 0.05 * ((s * 7919) % 13 - 6) / 6
+            r.log({"train/loss": 2 + 3 / s**0.5 + noise, "grad/norm/total": 5.0 * 0.96**s + 0.01}, step=s)
+            # per-layer z-losses: a chart with a long title ("Z-losses · worst: layer 1 (...)")
+            r.log({f"router/layer_{i}/z_loss": 0.001 * (i + 1) + 1e-5 * s for i in range(2)}, step=s)
+            if s % 40 == 0:
+                r.event("eval", {"dataset": "val", "loss": 2.05 + 3 / s**0.5}, step=s)
+    if run == "recipe-b":
+        obs = observatory.init(
+            run_id=run,
+            runs_dir=runs_dir,
+            host=OBSERVATORY_HOST,
+            write_start=False,
+            install_signal_handlers=False,
+        )
+        obs.event("decision", {"id": "D-1", "title": "start from the recipe", "status": "accepted"}, step=0)
+        obs.event(
+            "anomaly",
+            {
+                "detector": "loss_spike",
+                "metric": "train/loss",
+                "severity": "warn",
+                "message": "at the end",
+                "window": [LAST, LAST],
+            },
+            step=LAST,
+        )
+        obs.close()
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +130,10 @@ def server(live_store, tmp_path_factory):
         yield url
 
 
-def _all_charts(page) -> None:
+def _all_charts(page, n: int = N_CHARTS) -> None:
     page.wait_for_function(
         f"() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').length > 0 && "
-        f"document.querySelectorAll('.js-plotly-plot').length >= {N_CHARTS}",
+        f"document.querySelectorAll('.js-plotly-plot').length >= {n}",
         timeout=LOAD_MS,
     )
 
@@ -94,7 +142,8 @@ def test_live_page_settles_on_a_run_with_no_new_data(server, browser):
     page = open_page(browser, f"{server}/live?run=quiet-run")
     try:
         _all_charts(page)
-        page.get_by_text("Live: the charts are redrawn").first.wait_for()  # shown as a running run
+        page.get_by_text("Last step").first.wait_for()
+        assert page.get_by_text("running").count()  # shown as a running run
         time.sleep(5)  # the first view's second pass (controls, health charts) is in
         page.evaluate(OBSERVE_JS)
         time.sleep(20)
@@ -126,3 +175,74 @@ def test_live_page_redraws_a_growing_run_without_losing_a_chart(server, browser,
     assert s["n"] > 100, s  # sampled all along
     assert s["min"] >= N_CHARTS, f"a chart went missing or undrawn between redraws: {s}"
     assert s["faded"] == 0, f"charts were faded in {s['faded']} samples of {s['n']}"
+
+
+READ_JS = """() => [...document.querySelectorAll('.obs-chart, [data-testid="stPlotlyChart"]')].map(ch => {
+  const gd = ch.querySelector('.js-plotly-plot');
+  const title = ch.querySelector('.obs-chart-title') || gd.querySelector('.gtitle');
+  const mb = gd.querySelector('.modebar');
+  const box = (e) => { if (!e) return null; const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; };
+  return {
+    title: title ? title.textContent : '', titleBox: box(title), modebar: box(mb),
+    plotTop: box(gd).top,
+    xtitle: (gd.querySelector('.xtitle') || {}).textContent || '',
+    ytitle: (gd.querySelector('.ytitle') || {}).textContent || '',
+    ylog: gd._fullLayout.yaxis.type === 'log',
+    yticks: [...gd.querySelectorAll('.ytick text')].map(t => [t.getBoundingClientRect().top, t.textContent]),
+    traces: gd._fullData.map(t => ({name: t.name, opacity: t.line && t.line.color, size: t.marker && t.marker.size,
+                                     mode: t.mode})),
+  };
+})"""
+
+
+def _overlap(a: dict | None, b: dict | None) -> bool:
+    if not a or not b:
+        return False
+    return (
+        a["left"] < b["right"]
+        and b["left"] < a["right"]
+        and a["top"] < b["bottom"]
+        and b["top"] < a["bottom"]
+    )
+
+
+def test_live_charts_can_be_read(server, browser):
+    page = open_page(browser, f"{server}/live?run=recipe-b")
+    try:
+        _all_charts(page, 2)
+        time.sleep(3)
+        charts = page.evaluate(READ_JS)
+    finally:
+        page.close()
+    loss = charts[0]
+    assert loss["xtitle"] == "step" and "nats" in loss["ytitle"], loss
+    grad = next(c for c in charts if c["title"].startswith("Grad norm"))
+    assert grad["ylog"] and "norm" in grad["ytitle"]
+    # a log axis's ticks written out: every label a number, increasing up the axis (not "5, 2, 10, 5, 2, 1")
+    ticks = [float(t) for _, t in sorted(grad["yticks"], reverse=True)]
+    assert len(ticks) >= 3 and ticks == sorted(set(ticks)), grad["yticks"]
+    # smoothing on by default, the raw curve faint behind it; eval points after (over) the train lines
+    names = [t["name"] for t in loss["traces"]]
+    assert names.index("train/loss (raw)") < names.index("train/loss") < names.index("eval val")
+    ev = loss["traces"][names.index("eval val")]
+    assert "markers" in ev["mode"] and ev["size"] >= 8
+
+
+def test_live_page_at_a_phone_width(server, browser):
+    page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page.set_default_timeout(LOAD_MS)
+    try:
+        page.goto(f"{server}/live?run=recipe-b")
+        _all_charts(page, 2)
+        time.sleep(3)
+        top = page.evaluate("() => document.querySelector('.js-plotly-plot').getBoundingClientRect().top")
+        page.screenshot(path=str(ARTIFACTS / "live-phone.png"))
+        for i in range(page.locator(".js-plotly-plot").count()):  # each toolbar shows on hover
+            page.locator(".js-plotly-plot").nth(i).hover(position={"x": 60, "y": 60})
+        charts = page.evaluate(READ_JS)
+        assert_no_exception(page, "live phone")
+    finally:
+        page.close()
+    assert top < 844 / 2, f"the first chart starts {top:.0f} px down a 844 px screen"
+    covered = [c["title"] for c in charts if _overlap(c["titleBox"], c["modebar"])]
+    assert not covered, f"plotly's toolbar covers the titles of {covered}"

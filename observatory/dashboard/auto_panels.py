@@ -50,7 +50,13 @@ def choose_panels(names) -> tuple[str | None, list[tuple[str, list[str]]], list[
 def metric_figure(view: dict, name: str, smoothing: float, height: int) -> dict:
     """One metric of `view` (a `live_view`) over its window."""
     data = view["data"]
-    fig = series_figure(data.filter(data["name"] == name), html.escape(name), smoothing, height=height)
+    fig = series_figure(
+        data.filter(data["name"] == name),
+        html.escape(name),
+        smoothing,
+        height=height,
+        y_title=html.escape(name),
+    )
     fig["layout"]["xaxis"]["range"] = list(view["window"])
     return fig
 

@@ -33,6 +33,7 @@ __all__ = [
     "expert_heatmap",
     "marker_text",
     "add_markers",
+    "log_ticks",
 ]
 
 MARKER_STYLE = {  # kind -> (symbol, colour)
@@ -107,12 +108,16 @@ def series_figure(
     group: str | None = None,
     height: int = 300,
     log_y: bool = False,
+    y_title: str | None = None,
+    extra=None,
 ) -> dict[str, Any]:
     """Downsampled series (columns x, min, max, last[, group]) as band + line per group; a figure dict.
 
     The band spans each bucket's min..max, so a spike survives downsampling; the
-    line is the (optionally smoothed) last value per bucket; NaN/inf buckets get a
-    red x at the top of the band.
+    line is the (optionally smoothed) last value per bucket, the raw line faintly
+    behind it; NaN/inf buckets get a red x at the top of the band. Axis titles: `x`
+    and `y_title`; a log y axis gets 1-2-5 ticks written out (`log_ticks`) over the
+    values of `df` and of `extra` (a frame with min and max drawn on the same axis).
     """
     data: list[dict[str, Any]] = []
     groups = (
@@ -136,6 +141,19 @@ def series_figure(
             data.extend(band(xs, lo_v, hi_v, _rgba(color, 0.18), f"{label} min-max", label))
         last = d["last"].cast(pl.Float64).to_numpy()
         y = smooth(last, smoothing) if smoothing > 0 else last
+        if smoothing > 0:  # the raw line faintly behind the smoothed one, like TensorBoard
+            data.append(
+                scatter(
+                    x=xs,
+                    y=np.where(np.isfinite(last), last, np.nan),
+                    mode="lines",
+                    name=f"{label} (raw)",
+                    line={"color": _rgba(color, 0.3), "width": 1},
+                    showlegend=False,
+                    hoverinfo="skip",
+                    legendgroup=label,
+                )
+            )
         data.append(
             scatter(
                 x=xs,
@@ -153,18 +171,6 @@ def series_figure(
                 + f"<extra>{label}</extra>",
             )
         )
-        if smoothing > 0:  # the raw line faintly behind the smoothed one, like TensorBoard
-            data.append(
-                scatter(
-                    x=xs,
-                    y=np.where(np.isfinite(last), last, np.nan),
-                    mode="lines",
-                    line={"color": _rgba(color, 0.3), "width": 1},
-                    showlegend=False,
-                    hoverinfo="skip",
-                    legendgroup=label,
-                )
-            )
         if "n_nonfinite" in d.columns:
             bad = d.filter(d["n_nonfinite"] > 0)
             if bad.height:
@@ -190,11 +196,40 @@ def series_figure(
         "hovermode": "x unified" if group is None else "closest",
         "dragmode": "select",
         "legend": {"orientation": "h", "y": -0.2},
-        "xaxis": {},
-        "yaxis": {"type": "log"} if log_y else {},
+        "xaxis": {"title": {"text": x, "standoff": 4}},
+        "yaxis": {"title": {"text": y_title}} if y_title else {},
         "shapes": [],
     }
+    if log_y:
+        vals = [df["min"], df["max"]] + ([extra["min"], extra["max"]] if extra is not None else [])
+        v = np.concatenate([c.cast(pl.Float64).drop_nulls().to_numpy() for c in vals])
+        v = v[np.isfinite(v) & (v > 0)]
+        layout["yaxis"].update(
+            {"type": "log", **(log_ticks(float(v.min()), float(v.max())) if v.size else {})}
+        )
     return {"data": data, "layout": layout}
+
+
+def log_ticks(lo: float, hi: float) -> dict[str, Any]:
+    """Ticks for a log axis over [lo, hi] (> 0), each written out ("0.002", "5e-05", "300"): 1-2-5 in
+    each decade over at most two decades, 1-3 over up to five, every decade (or every k-th) beyond; under
+    half a decade, evenly spaced round values. (Plotly's own labels the minor ticks of a log axis by
+    their first digit alone: "5, 2, 10, 5, 2, 1".)"""
+    if hi <= lo or math.log10(hi / lo) < 0.5:
+        rough = (hi - lo) / 4 if hi > lo else abs(lo) / 4 or 1.0
+        mag = 10.0 ** math.floor(math.log10(rough))
+        step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= rough)
+        vals = [k * step for k in range(math.floor(lo / step), math.ceil(hi / step) + 1) if k * step > 0]
+    else:
+        a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+        span = b - a
+        mants = (1, 2, 5) if span <= 2 else (1, 3) if span <= 5 else (1,)
+        every = max(1, math.ceil(span / 10))
+        vals = [m * 10.0**e for e in range(a, b + 1) if (e - a) % every == 0 for m in mants]
+        # at most one tick below lo and one above hi: the ones the axis's range shows
+        vals = [v for v in vals if v >= max([x for x in vals if x <= lo], default=0)]
+        vals = [v for v in vals if v <= min([x for x in vals if x >= hi], default=math.inf)]
+    return {"tickmode": "array", "tickvals": vals, "ticktext": [f"{round(v, 12):g}" for v in vals]}
 
 
 def layer_band(bands, label: str = "layers", color: str = "#8c564b") -> list[dict[str, Any]]:

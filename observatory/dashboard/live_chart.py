@@ -25,11 +25,22 @@ __all__ = ["live_chart", "plotly_src", "CONFIG"]
 
 ASSETS = "observatory.plotly"  # the component whose asset folder is plotly's package_data
 # plotly's toolbar without the tools that do not apply (lasso) or that fight the step window (autoscale)
-CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["lasso2d", "autoScale2d"]}
+CONFIG = {
+    "displaylogo": False,
+    "showSendToCloud": False,
+    "showEditInChartStudio": False,
+    "responsive": True,
+    "modeBarButtonsToRemove": ["lasso2d", "autoScale2d", "sendDataToCloud"],
+}
 # While a rerun has not re-sent an element, Streamlit marks it stale and fades it after 0.5 s; on a page
 # of live charts what is drawn stays as it is until its update arrives, so nothing there is faded.
 CSS = """
 .stMain:has(.obs-chart) [data-stale="true"] { opacity: 1 !important; transition: none !important; }
+@media (max-width: 640px) {  /* a phone: the page's header keeps to the top of the first screen */
+  .stMain:has(.obs-chart) .stMainBlockContainer { padding-top: 4rem; }
+  .stMain:has(.obs-chart) h1 { font-size: 1.6rem; padding: 0 0 0.25rem 0; }
+  .stMain:has(.obs-chart) [data-testid="stVerticalBlock"] { gap: 0.5rem; }
+}
 .obs-chart-title { font-size: 14px; font-weight: 600; line-height: 1.3; margin: 0 0 2px 4px; overflow-wrap: anywhere; }
 """
 

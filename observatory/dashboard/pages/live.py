@@ -31,7 +31,13 @@ from observatory import settings
 from observatory.dashboard.after_paint import after_first_paint
 from observatory.dashboard.auto_panels import render_auto
 from observatory.dashboard.cache import derive, query, query_all
-from observatory.dashboard.charts import add_markers, band, layer_band, scatter, series_figure
+from observatory.dashboard.charts import (
+    add_markers,
+    band,
+    layer_band,
+    scatter,
+    series_figure,
+)
 from observatory.dashboard.live_chart import live_chart
 from observatory.dashboard.run_details import render_details
 from observatory.dashboard.runs_table import PAGE, ago, is_running, run_row, runs_calls, runs_table
@@ -46,16 +52,18 @@ REFRESH_S = 2  # the charts' refresh
 # new step's number is on screen about a second after the follower commits it, between chart refreshes
 STATUS_S = 0.5
 LOSS = ("train/loss", "train/ce_loss")
-# (title, metric names drawn together, log y)
+# (title, metric names drawn together, log y, the y axis's title with its unit)
 HEALTH = (
-    ("Z-losses", ("train/z_loss", "router/z_loss"), True),
-    ("Load-balancing loss", ("router/lb_loss",), False),
-    ("Grad norm", ("grad/norm/total",), True),
-    ("Learning rate", ("opt/lr",), False),
-    ("Throughput (tokens/s)", ("throughput/tokens_per_s",), False),
-    ("Drop fraction", ("moe/drop_fraction",), False),
+    ("Z-losses", ("train/z_loss", "router/z_loss"), True, "z-loss (log scale)"),
+    ("Load-balancing loss", ("router/lb_loss",), False, "aux. loss"),
+    ("Grad norm", ("grad/norm/total",), True, "global L2 norm (log scale)"),
+    ("Learning rate", ("opt/lr",), False, "learning rate"),
+    ("Throughput (tokens/s)", ("throughput/tokens_per_s",), False, "tokens / s"),
+    ("Drop fraction", ("moe/drop_fraction",), False, "share of routed tokens dropped"),
 )
-HEALTH_NAMES = [n for _, names, _ in HEALTH for n in names if n not in LOSS]
+LOSS_AXIS = "loss (nats / token)"
+EVAL_COLORS = ("#111111", "#2ca02c", "#9467bd", "#8c564b")  # eval datasets: dark, unlike the train line
+HEALTH_NAMES = [n for _, names, _, _ in HEALTH for n in names if n not in LOSS]
 # per-layer metrics drawn as one band across layers (min-max, the layers' mean, the worst layer named)
 # in the health chart of the same title: 48 layers make two legend entries, not 48
 LAYER_FAMILIES = {
@@ -192,6 +200,7 @@ def panel_calls(run: str) -> list[tuple]:
 
 
 SMOOTH_KEY = "live_smoothing"
+SMOOTHING = 0.6  # on by default (TensorBoard's default weight): the raw curve is drawn faintly behind
 
 
 def _smoothing() -> float:
@@ -199,7 +208,7 @@ def _smoothing() -> float:
 
     A shadow key keeps the value over runs that do not draw the slider (a run's first view).
     """
-    return float(st.session_state.get(SMOOTH_KEY, st.session_state.get(f"_{SMOOTH_KEY}", 0.0)))
+    return float(st.session_state.get(SMOOTH_KEY, st.session_state.get(f"_{SMOOTH_KEY}", SMOOTHING)))
 
 
 def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None:
@@ -351,18 +360,21 @@ def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, 
     data = view["data"]
     loss_name = _loss_name(view)
     d = data.filter(data["name"] == loss_name)
-    fig = series_figure(d, loss_name, smoothing, height=420)
-    if evals.height:
+    fig = series_figure(d, loss_name, smoothing, height=420, y_title=LOSS_AXIS)
+    if evals.height:  # over the noisy train curve: large points, outlined
         ev = evals.filter((evals["step"] >= lo) & (evals["step"] <= hi))
-        for ds in ev["dataset"].unique(maintain_order=True).to_list():
+        for i, ds in enumerate(ev["dataset"].unique(maintain_order=True).to_list()):
             e = ev.filter(ev["dataset"] == ds)
+            color = EVAL_COLORS[i % len(EVAL_COLORS)]
             fig["data"].append(
                 scatter(
                     x=e["step"].to_list(),
                     y=e["loss"].to_list(),
                     mode="lines+markers",
                     name=plot_text(f"eval {ds}"),
-                    line={"dash": "dot"},
+                    line={"color": color, "width": 1.5},
+                    marker={"color": color, "size": 9, "line": {"color": "white", "width": 1.5}},
+                    cliponaxis=False,
                     hovertemplate="%{x}: eval %{y:.4g}<extra>"
                     + plot_text(ds).replace("%", "%%")
                     + "</extra>",
@@ -372,7 +384,8 @@ def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, 
     if prev_data is not None and prev_data.height:
         fig["data"].insert(0, previous_trace(prev, prev_data))
     finite = d["max"].drop_nulls()
-    add_markers(fig, _window_marks(view, all_marks), y_at=float(finite.max()) if finite.len() else None)
+    marks = _window_marks(view, all_marks)
+    add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None)
     fig["layout"]["xaxis"]["range"] = [lo, hi]
     return fig
 
@@ -394,12 +407,12 @@ def status_line(row: dict, now: float) -> str:
 
 def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, dict | None]]:
     """The six MoE and optimiser health charts as (title, figure or None when not logged);
-    per-layer metrics as a band across layers."""
+    per-layer metrics as a band across layers; each with the run's failures and config changes."""
     lo, hi = view["window"]
     data, bands, drop = view["data"], view["bands"], view["drop"]
-    marks = _window_marks(view, all_marks)
+    all_window = _window_marks(view, all_marks)
     out: list[tuple[str, dict | None]] = []
-    for title, names, log_y in HEALTH:
+    for title, names, log_y, y_title in HEALTH:
         d = data.filter(data["name"].is_in(list(names)))
         if d.height == 0 and "moe/drop_fraction" in names and drop is not None and drop.height:
             d = drop  # no drop fraction metric: the one computed from the expert loads (rollup)
@@ -419,6 +432,8 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
             group=group,
             height=260,
             log_y=log_y and positive.len() > 0 and float(positive.min()) > 0,
+            y_title=y_title,
+            extra=layers,
         )
         top = d["max"].drop_nulls()
         if layers is not None and layers.height:
@@ -429,9 +444,10 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
                     f"{title} · worst: layer {worst['layer']} ({worst['mean']:.3g})"
                 )
             top = pl.concat([top.cast(pl.Float64), layers["max"].drop_nulls()])
-        add_markers(  # small charts: failures and config changes only, no lines
+        marks = all_window.filter(all_window["kind"].is_in(["failure", "config_diff"]))
+        add_markers(  # small charts: no lines
             fig,
-            marks.filter(marks["kind"].is_in(["failure", "config_diff"])),
+            marks,
             y_at=float(np.nanmax(top.to_numpy())) if top.len() else None,
             lines=False,
         )
