@@ -378,8 +378,12 @@ def test_live_page_draws_the_previous_run_of_the_same_recipe(tmp_path, monkeypat
     monkeypatch.setenv("OBSERVATORY_DB", str(db))
     at = page("live", run="demo-b")
     assert not at.exception
-    (prev,) = traces(specs(at)[0], "previous run")
-    assert prev["name"] == "previous run demo-a"
+    loss = specs(at)[0]
+    (prev,) = traces(loss, "previous run")
+    assert prev["name"] == "previous run demo-a (same name and steps)"  # the legend says what it is
+    # drawn over the run's own line, dashed: seen where the two curves coincide (issue 37 item 6)
+    names = [t.get("name") for t in loss["data"]]
+    assert names.index(prev["name"]) > names.index("train/loss") and prev["line"]["dash"] == "dash"
 
 
 def _memory_limit(con) -> str:
@@ -421,3 +425,22 @@ def test_runs_page_with_a_run_of_a_group_and_a_ladder(tmp_path, monkeypatch):
     at.toggle(key="runs_by_ladder").set_value(True).run()
     assert not at.exception
     assert [s.value for s in at.subheader] == ["Ladder L"]
+
+
+def test_window_keeps_a_step_0_decision_and_the_range_both_ends():
+    """Issue 37 item 6: a decision at step 0 of a run logged from step 1 is in the first window (not in a
+    zoomed one), and the chart's range shows it and the last step whole."""
+    import polars as pl
+
+    from observatory.dashboard.charts import window_markers, x_range
+
+    marks = pl.DataFrame(
+        {"kind": ["decision", "checkpoint", "anomaly"], "step": [0, 50, 120], "data": ["{}"] * 3}
+    )
+    whole = window_markers({"window": (1, 120), "extent": (1, 120)}, marks)
+    assert whole["step"].to_list() == [0, 50, 120]
+    zoomed = window_markers({"window": (40, 120), "extent": (1, 120)}, marks)
+    assert zoomed["step"].to_list() == [50, 120]
+    lo, hi = x_range(1, 120, whole)
+    assert lo < 0 and hi > 120
+    assert x_range(40, 120, zoomed)[0] < 40 < 50

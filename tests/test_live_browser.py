@@ -4,6 +4,9 @@
   MutationObserver counts every change: nodes, attributes such as Streamlit's `data-stale`, text).
 - A growing run: the charts are redrawn with the new steps, and between redraws no chart goes
   missing or undrawn, and none is faded.
+- What the loss chart promises (`recipe-b`, the second run of a recipe whose loss equals the first's):
+  the previous run's line seen over the run's own, named in the legend; a decision at step 0 and a
+  finding at the last step drawn whole inside the chart.
 - Charts people can read: axis titles with units, a log axis's ticks written out, the raw curve faint
   behind the smoothed one, eval points over the train curve; at a phone's width (390 px) a chart
   on the first screen and plotly's toolbar clear of every chart's title.
@@ -175,6 +178,71 @@ def test_live_page_redraws_a_growing_run_without_losing_a_chart(server, browser,
     assert s["n"] > 100, s  # sampled all along
     assert s["min"] >= N_CHARTS, f"a chart went missing or undrawn between redraws: {s}"
     assert s["faded"] == 0, f"charts were faded in {s['faded']} samples of {s['n']}"
+
+
+# the loss chart's traces as plotly drew them: name, index, whether its line is dashed, and its marker points'
+# boxes against the plot area and the chart's own box
+LOSS_JS = """() => {
+  const gd = document.querySelector('.js-plotly-plot');
+  const svg = gd.querySelector('.main-svg').getBoundingClientRect();
+  const area = gd.querySelector('.nsewdrag').getBoundingClientRect();
+  const traces = [...gd.querySelectorAll('.scatterlayer .trace')];
+  const box = (r) => ({left: r.left, right: r.right, top: r.top, bottom: r.bottom});
+  return {
+    range: gd._fullLayout.xaxis.range,
+    svg: box(svg), area: box(area),
+    legend: [...gd.querySelectorAll('.legendtext')].map(e => e.textContent),
+    traces: gd._fullData.map((t, i) => {
+      const el = traces[i];
+      const line = el && el.querySelector('.js-line');
+      return {
+        name: t.name, index: i, x: Array.from(t.x || []),
+        dash: line ? getComputedStyle(line).strokeDasharray : null,
+        points: el ? [...el.querySelectorAll('.points path')].map(p => box(p.getBoundingClientRect())) : [],
+      };
+    }),
+  };
+}"""
+
+
+def _loss_chart(page) -> dict:
+    _all_charts(page, 2)  # recipe-b logs the loss and the grad norm
+    page.wait_for_function("() => document.querySelector('.js-plotly-plot .legendtext')", timeout=LOAD_MS)
+    return page.evaluate(LOSS_JS)
+
+
+def _inside(p: dict, r: dict, tol: float = 0.5) -> bool:
+    return (
+        p["left"] >= r["left"] - tol
+        and p["right"] <= r["right"] + tol
+        and p["top"] >= r["top"] - tol
+        and (p["bottom"] <= r["bottom"] + tol)
+    )
+
+
+def test_live_loss_chart_shows_the_previous_run_step_0_and_the_last_step(server, browser):
+    page = open_page(browser, f"{server}/live?run=recipe-b")
+    try:
+        c = _loss_chart(page)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "live-recipe.png"), full_page=True)
+        assert_no_exception(page, "live recipe")
+    finally:
+        page.close()
+    by = {t["name"]: t for t in c["traces"]}
+    prev = next(t for n, t in by.items() if n and n.startswith("previous run recipe-a"))
+    own = by["train/loss"]
+    # the previous run: named in the legend for what it is, dashed, drawn over the run's own (equal) line
+    assert any("previous run recipe-a" in x and "same name and steps" in x for x in c["legend"]), c["legend"]
+    assert prev["index"] > own["index"] and prev["dash"] not in (None, "", "none"), prev
+    # the decision at step 0 (the first logged step is 1): inside the range, its star drawn inside the chart
+    dec = next(t for n, t in by.items() if n == "decision")
+    assert dec["x"] == [0] and c["range"][0] < 0 < c["range"][1]
+    assert dec["points"] and _inside(dec["points"][0], c["svg"]), (dec, c["svg"])
+    # the finding at the last step: its marker whole, inside the plot area
+    fnd = by["anomaly"]
+    assert fnd["x"] == [LAST] and c["range"][1] > LAST
+    assert fnd["points"] and _inside(fnd["points"][0], c["area"]), (fnd, c["area"])
 
 
 READ_JS = """() => [...document.querySelectorAll('.obs-chart, [data-testid="stPlotlyChart"]')].map(ch => {

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import streamlit as st
 
 from observatory.dashboard.cache import derive, query_all
-from observatory.dashboard.charts import add_markers, series_figure
+from observatory.dashboard.charts import add_markers, series_figure, window_markers, x_range
 from observatory.dashboard.live_chart import live_chart
 from observatory.dashboard.widgets import requested_window
 from observatory.markup import md_escape
@@ -57,7 +57,7 @@ def metric_figure(view: dict, name: str, smoothing: float, height: int) -> dict:
         height=height,
         y_title=html.escape(name),
     )
-    fig["layout"]["xaxis"]["range"] = list(view["window"])
+    fig["layout"]["xaxis"]["range"] = x_range(*view["window"])
     return fig
 
 
@@ -65,9 +65,10 @@ def loss_figure(view: dict, all_marks, name: str, smoothing: float) -> dict:
     """The loss, wide, with the run's event markers in its window."""
     fig = metric_figure(view, name, smoothing, 420)
     lo, hi = view["window"]
-    marks = all_marks.filter(all_marks["step"].is_null() | all_marks["step"].is_between(lo, hi))
+    marks = window_markers(view, all_marks)
     top = view["data"].filter(view["data"]["name"] == name)["max"].drop_nulls()
     add_markers(fig, marks, y_at=float(top.max()) if top.len() else None)
+    fig["layout"]["xaxis"]["range"] = x_range(lo, hi, marks)
     return fig
 
 

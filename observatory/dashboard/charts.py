@@ -34,6 +34,8 @@ __all__ = [
     "marker_text",
     "add_markers",
     "log_ticks",
+    "x_range",
+    "window_markers",
 ]
 
 MARKER_STYLE = {  # kind -> (symbol, colour)
@@ -232,6 +234,27 @@ def log_ticks(lo: float, hi: float) -> dict[str, Any]:
     return {"tickmode": "array", "tickvals": vals, "ticktext": [f"{round(v, 12):g}" for v in vals]}
 
 
+def x_range(lo: int, hi: int, markers=None, pad: float = 0.015) -> list[float]:
+    """A chart's step range: the window [lo, hi], reaching back to its markers before lo (a decision at
+    step 0 of a run that logs from step 1), padded a little so that nothing at either end is cut."""
+    first = lo
+    if markers is not None and markers.height:
+        steps = markers["step"].drop_nulls()
+        if steps.len():
+            first = min(lo, int(steps.min()))
+    span = max(hi - first, 1)
+    return [first - pad * span, hi + pad * span]
+
+
+def window_markers(view: dict, markers):
+    """The markers in a `live_view`'s step window; a window from the run's first logged step also keeps
+    those before it (a decision recorded at step 0 of a run whose first logged step is 1)."""
+    lo, hi = view["window"]
+    first = view["extent"][0] if view.get("extent") else lo
+    lo = min(0, lo) if lo <= first else lo
+    return markers.filter(markers["step"].is_null() | markers["step"].is_between(lo, hi))
+
+
 def layer_band(bands, label: str = "layers", color: str = "#8c564b") -> list[dict[str, Any]]:
     """One metric of every layer as a band across layers (min-max) and their mean; the worst layer on hover.
 
@@ -425,6 +448,7 @@ def add_markers(fig: dict[str, Any], markers, y_at: float | None = None, lines: 
 
     markers: frame with kind, step, data. They sit at `y_at` (data units) so that
     hovering works; failures, config changes and decisions also get a dotted line.
+    Markers are not clipped at the plot's edges.
     """
     if markers is None or markers.height == 0:
         return
@@ -442,6 +466,7 @@ def add_markers(fig: dict[str, Any], markers, y_at: float | None = None, lines: 
                 marker={"symbol": symbol, "color": color, "size": 11, "line": {"width": 1}},
                 text=[marker_text(kind, x) for x in d["data"].to_list()],
                 hovertemplate="step %{x}<br>%{text}<extra></extra>",
+                cliponaxis=False,
             )
         )
         if lines and kind in ("failure", "config_diff", "decision"):

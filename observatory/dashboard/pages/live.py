@@ -37,6 +37,8 @@ from observatory.dashboard.charts import (
     layer_band,
     scatter,
     series_figure,
+    window_markers,
+    x_range,
 )
 from observatory.dashboard.live_chart import live_chart
 from observatory.dashboard.run_details import render_details
@@ -149,14 +151,15 @@ def previous_run(rows: list[dict], run: str) -> str | None:
 
 
 def previous_trace(prev: str, d) -> dict:
-    """The previous run's loss (bucket means) as a thin grey line."""
+    """The previous run's loss (bucket means) as a grey dashed line, drawn over this run's: where the two
+    coincide its dashes still show. Its legend entry says what it is."""
     return scatter(
         x=d["step"].to_list(),
         y=d["mean"].to_list(),
         mode="lines",
-        name=f"previous run {prev}",
-        line={"color": "rgba(120,120,120,0.7)", "width": 1},
-        hovertemplate="%{x}: %{y:.4g}<extra>" + prev + "</extra>",
+        name=f"previous run {prev} (same name and steps)",
+        line={"color": "rgba(90,90,90,0.85)", "width": 2, "dash": "dash"},
+        hovertemplate="%{x}: %{y:.4g}<extra>previous run " + prev + "</extra>",
     )
 
 
@@ -349,18 +352,15 @@ def _loss_name(view: dict) -> str | None:
     return next((n for n in LOSS if data.filter(data["name"] == n).height), None)
 
 
-def _window_marks(view: dict, all_marks):
-    lo, hi = view["window"]
-    return all_marks.filter(all_marks["step"].is_null() | all_marks["step"].is_between(lo, hi))
-
-
 def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, smoothing: float) -> dict:
-    """The loss chart: the run's loss in the window, eval points, forecasts, the previous run, markers."""
+    """The loss chart: the run's loss in the window, the previous run, eval points, forecasts, markers."""
     lo, hi = view["window"]
     data = view["data"]
     loss_name = _loss_name(view)
     d = data.filter(data["name"] == loss_name)
     fig = series_figure(d, loss_name, smoothing, height=420, y_title=LOSS_AXIS)
+    if prev_data is not None and prev_data.height:  # over the run's own line: seen where the two coincide
+        fig["data"].append(previous_trace(prev, prev_data))
     if evals.height:  # over the noisy train curve: large points, outlined
         ev = evals.filter((evals["step"] >= lo) & (evals["step"] <= hi))
         for i, ds in enumerate(ev["dataset"].unique(maintain_order=True).to_list()):
@@ -381,12 +381,10 @@ def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, 
                 )
             )
     fig["data"].extend(forecast_traces(fcs))
-    if prev_data is not None and prev_data.height:
-        fig["data"].insert(0, previous_trace(prev, prev_data))
     finite = d["max"].drop_nulls()
-    marks = _window_marks(view, all_marks)
+    marks = window_markers(view, all_marks)
     add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None)
-    fig["layout"]["xaxis"]["range"] = [lo, hi]
+    fig["layout"]["xaxis"]["range"] = x_range(lo, hi, marks)
     return fig
 
 
@@ -410,7 +408,7 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
     per-layer metrics as a band across layers; each with the run's failures and config changes."""
     lo, hi = view["window"]
     data, bands, drop = view["data"], view["bands"], view["drop"]
-    all_window = _window_marks(view, all_marks)
+    all_window = window_markers(view, all_marks)
     out: list[tuple[str, dict | None]] = []
     for title, names, log_y, y_title in HEALTH:
         d = data.filter(data["name"].is_in(list(names)))
@@ -451,7 +449,7 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
             y_at=float(np.nanmax(top.to_numpy())) if top.len() else None,
             lines=False,
         )
-        fig["layout"]["xaxis"]["range"] = [lo, hi]
+        fig["layout"]["xaxis"]["range"] = x_range(lo, hi, marks)
         out.append((title, fig))
     return out
 
