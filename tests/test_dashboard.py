@@ -154,7 +154,10 @@ def test_live_page_curves_markers_forecast(store):
     assert names.index("train/loss (raw)") < names.index("train/loss")
     assert loss["layout"]["xaxis"]["title"]["text"] == "step"
     assert loss["layout"]["yaxis"]["title"]["text"] == "loss (nats / token)"
-    assert traces(loss, "anomaly") and "6 sigma" in traces(loss, "anomaly")[0]["text"][0]
+    # findings: one marker per episode (the z-score warning and the loss spike of step 77 are one), by severity
+    (crit,) = traces(loss, "finding: critical")
+    assert crit["x"] == [77, 90] and "2 findings, worst critical" in crit["text"][0]
+    assert "6 sigma" in crit["text"][0] and "loss_spike" in crit["text"][0]
     assert traces(loss, "config diff") and "optim.lr" in traces(loss, "config diff")[0]["text"][0]
     assert traces(loss, "decision") and "D-7" in traces(loss, "decision")[0]["text"][0]
     assert traces(loss, "checkpoint")
@@ -444,3 +447,73 @@ def test_window_keeps_a_step_0_decision_and_the_range_both_ends():
     lo, hi = x_range(1, 120, whole)
     assert lo < 0 and hi > 120
     assert x_range(40, 120, zoomed)[0] < 40 < 50
+
+
+def _finding(obs, metric: str, step: int, severity: str = "warn", detector: str = "throughput_drop") -> None:
+    window = [step, step]
+    data = {"detector": detector, "metric": metric, "severity": severity, "message": "m", "window": window}
+    obs.event("anomaly", data, step=step)
+
+
+def test_live_page_draws_each_finding_on_its_metric_chart_one_marker_an_episode(tmp_path, monkeypatch):
+    """Issue 37 item 5 (the chart side): throughput findings on the throughput chart, not the loss's; three
+    consecutive ones are one marker with their count and a band; on a W&B-style run, a finding on `acc`
+    is drawn on the `acc` panel and the decision stays on the loss's."""
+    from dashboard_fixtures import write_run
+
+    from observatory.events import OBSERVATORY_HOST
+
+    runs, db = tmp_path / "runs", tmp_path / "o.duckdb"
+    write_run(runs, "moe-run", range(BASE_STEPS))
+    with observatory.init(run_id="wb-run", runs_dir=runs, install_signal_handlers=False) as r:
+        for s in range(60):
+            r.log({"loss": 3 - s * 0.01, "acc": 0.1 + s * 0.01}, step=s)
+    findings = {
+        "moe-run": [
+            ("throughput/tokens_per_s", 40, "warn"),
+            ("throughput/tokens_per_s", 41, "warn"),
+            ("throughput/tokens_per_s", 42, "warn"),
+            ("grad/norm/total", 60, "critical"),
+            ("router/layer_1/z_loss", 30, "info"),
+        ],
+        "wb-run": [("acc", 20, "warn")],
+    }
+    for run, items in findings.items():
+        obs = observatory.init(
+            run_id=run, runs_dir=runs, host=OBSERVATORY_HOST, write_start=False, install_signal_handlers=False
+        )
+        for metric, step, sev in items:
+            _finding(obs, metric, step, sev)
+        obs.event("decision", {"id": "D-1", "title": "go", "status": "accepted"}, step=10)
+        obs.close()
+    ingest(runs, db, emit=None)
+    monkeypatch.setenv("OBSERVATORY_DB", str(db))
+
+    at = page("live", run="moe-run")
+    at.run()  # the health charts come after the first paint
+    assert not at.exception
+    charts = specs(at)
+    assert len(charts) == 7
+    loss = charts[0]
+    drawn = json.dumps(traces(loss, "finding"))
+    assert "throughput" not in drawn and "grad/norm" not in drawn and "z_loss" not in drawn
+    assert traces(loss, "decision")  # markers other than findings stay on the loss chart
+
+    def chart(title: str) -> dict:
+        return next(c for c in charts if title in json.dumps(c["layout"].get("title", "")))
+
+    (tp,) = traces(chart("Throughput"), "finding: warning")
+    assert tp["x"] == [40] and tp["customdata"] == ["×3"] and "3 findings" in tp["text"][0]
+    band = [s for s in chart("Throughput")["layout"]["shapes"] if s.get("type") == "rect"]
+    assert [(b["x0"], b["x1"]) for b in band] == [(40, 42)]
+    (gn,) = traces(chart("Grad norm"), "finding: critical")
+    assert gn["x"] == [60] and gn["customdata"] == [""]
+    (zl,) = traces(chart("Z-losses"), "finding: info")
+    assert zl["x"] == [30]
+
+    at = page("live", run="wb-run")
+    assert not at.exception
+    wb = specs(at)
+    assert not traces(wb[0], "finding") and traces(wb[0], "decision")
+    (acc,) = [c for c in wb if traces(c, "finding")]
+    assert traces(acc, "acc") and traces(acc, "finding: warning")[0]["x"] == [20]

@@ -13,6 +13,7 @@ without validating it again.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -33,8 +34,11 @@ __all__ = [
     "expert_heatmap",
     "marker_text",
     "add_markers",
+    "route_markers",
     "log_ticks",
     "x_range",
+    "finding_episodes",
+    "SEVERITY_STYLE",
     "window_markers",
 ]
 
@@ -443,18 +447,146 @@ def marker_text(kind: str, data: Any) -> str:
     return plot_text(f"{kind.replace('_', ' ')}: {describe(kind, data)}")
 
 
-def add_markers(fig: dict[str, Any], markers, y_at: float | None = None, lines: bool = True) -> None:
+# a finding's severity -> (symbol, colour, size, legend entry): what an operator must act on stands out,
+# what is only worth knowing is small and open
+SEVERITY_STYLE = {
+    "critical": ("triangle-up", "#d62728", 14, "finding: critical"),
+    "warn": ("triangle-up", "#ff7f0e", 11, "finding: warning"),
+    "info": ("triangle-up-open", "#8c8c8c", 8, "finding: info"),
+}
+SEVERITY_RANK = {"info": 0, "warn": 1, "critical": 2}
+EPISODE_GAP = (
+    0.01  # findings on one chart closer than this share of its step span are one episode, one marker
+)
+EPISODE_LINES = 6  # an episode's hover lists at most this many findings
+
+
+def route_markers(markers, charts: dict[str, tuple[str, ...]], home: str) -> dict[str, Any]:
+    """Each chart's markers: a finding (an `anomaly`) on the chart whose metric names (fnmatch patterns) match
+    its `metric`; every other marker, and a finding of a metric no chart draws, on the `home` chart."""
+    import fnmatch
+
+    if markers is None or markers.height == 0:
+        return {title: markers for title in charts}
+    metric = markers["data"].str.json_path_match("$.metric")
+    chart_of = []
+    for kind, m in zip(markers["kind"].to_list(), metric.to_list(), strict=True):
+        hit = (
+            next((t for t, pats in charts.items() if any(fnmatch.fnmatchcase(m, p) for p in pats)), None)
+            if kind == "anomaly" and m
+            else None
+        )
+        chart_of.append(hit or home)
+    where = pl.Series(chart_of, dtype=pl.String)
+    return {title: markers.filter(where == title) for title in charts}
+
+
+def finding_episodes(steps: list[int], datas: list[Any], gap: float) -> list[dict[str, Any]]:
+    """Findings (`anomaly` events: their steps and data) collapsed into episodes: sorted by window, a finding
+    whose window starts within `gap` steps of the episode's end joins it. Each episode: step (its first
+    finding's), start and end (its windows' span), severity (its worst), n, and hover text listing them."""
+    rows = []
+    for s, d in zip(steps, datas, strict=True):
+        d = _json(d)
+        w = d.get("window") if isinstance(d.get("window"), list) and len(d["window"]) == 2 else [s, s]
+        try:
+            a, b = float(w[0]), float(w[1])
+        except (TypeError, ValueError):
+            a = b = float(s)
+        rows.append((a, b, int(s), d))
+    rows.sort(key=lambda r: (r[0], r[2]))
+    out: list[dict[str, Any]] = []
+    for a, b, s, d in rows:
+        sev = d.get("severity") if d.get("severity") in SEVERITY_RANK else "warn"
+        if out and a <= out[-1]["end"] + gap:
+            e = out[-1]
+            e["end"] = max(e["end"], b)
+            e["step"] = min(e["step"], s)
+            e["items"].append((sev, d))
+            if SEVERITY_RANK[sev] > SEVERITY_RANK[e["severity"]]:
+                e["severity"] = sev
+        else:
+            out.append({"step": s, "start": a, "end": b, "severity": sev, "items": [(sev, d)]})
+    for e in out:
+        items = sorted(e["items"], key=lambda x: -SEVERITY_RANK[x[0]])
+        head = f"{len(items)} findings, worst {e['severity']}" if len(items) > 1 else e["severity"]
+        lines = [marker_text("anomaly", d) for _, d in items[:EPISODE_LINES]]
+        more = [f"... and {len(items) - EPISODE_LINES} more"] if len(items) > EPISODE_LINES else []
+        e["n"] = len(items)
+        e["text"] = "<br>".join([plot_text(head), *lines, *more])
+    return out
+
+
+def _json(d: Any) -> dict:
+    if isinstance(d, str):
+        try:
+            d = json.loads(d)
+        except ValueError:
+            return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _finding_traces(fig: dict[str, Any], d, y_at: float | None, gap: float) -> None:
+    """A run's findings on one chart: one marker per episode, one trace (legend entry) per severity; an
+    episode of several findings carries their count over its marker and, when it spans steps, a faint band."""
+    eps = finding_episodes(d["step"].to_list(), d["data"].to_list(), gap)
+    for e in eps:
+        if e["n"] > 1 and e["end"] > e["start"]:
+            fig["layout"].setdefault("shapes", []).append(
+                {
+                    "type": "rect",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": e["start"],
+                    "x1": e["end"],
+                    "y0": 0,
+                    "y1": 1,
+                    "fillcolor": _rgba(SEVERITY_STYLE[e["severity"]][1], 0.1),
+                    "line": {"width": 0},
+                    "layer": "below",
+                }
+            )
+    for sev in ("info", "warn", "critical"):
+        mine = [e for e in eps if e["severity"] == sev]
+        if not mine:
+            continue
+        symbol, color, size, name = SEVERITY_STYLE[sev]
+        fig["data"].append(
+            scatter(
+                x=[e["step"] for e in mine],
+                y=[y_at] * len(mine),
+                mode="markers+text",
+                name=name,
+                marker={"symbol": symbol, "color": color, "size": size, "line": {"width": 1, "color": color}},
+                text=[e["text"] for e in mine],
+                customdata=[f"×{e['n']}" if e["n"] > 1 else "" for e in mine],  # the count, over the marker
+                texttemplate="%{customdata}",
+                textposition="top center",
+                textfont={"color": color, "size": 11},
+                hovertemplate="step %{x}<br>%{text}<extra></extra>",
+                cliponaxis=False,  # a finding at the chart's first or last step is drawn whole
+            )
+        )
+
+
+def add_markers(
+    fig: dict[str, Any], markers, y_at: float | None = None, lines: bool = True, gap: float = 0.0
+) -> None:
     """Event markers at their steps: one trace per kind (toggle in the legend), text on hover.
 
     markers: frame with kind, step, data. They sit at `y_at` (data units) so that
     hovering works; failures, config changes and decisions also get a dotted line.
-    Markers are not clipped at the plot's edges.
+    Findings (`anomaly`) are drawn by episode (`finding_episodes`, `gap` steps apart at most),
+    styled by severity. Markers are not clipped at the plot's edges.
     """
     if markers is None or markers.height == 0:
         return
     m = markers.filter(markers["step"].is_not_null())
     for kind in m["kind"].unique(maintain_order=True).to_list():
         d = m.filter(m["kind"] == kind)
+        if kind == "anomaly":
+            _finding_traces(fig, d, y_at, gap)
+            continue
         symbol, color = MARKER_STYLE.get(kind, ("circle", "#333333"))
         steps = d["step"].to_list()
         fig["data"].append(

@@ -32,9 +32,11 @@ from observatory.dashboard.after_paint import after_first_paint
 from observatory.dashboard.auto_panels import render_auto
 from observatory.dashboard.cache import derive, query, query_all
 from observatory.dashboard.charts import (
+    EPISODE_GAP,
     add_markers,
     band,
     layer_band,
+    route_markers,
     scatter,
     series_figure,
     window_markers,
@@ -74,6 +76,17 @@ LAYER_FAMILIES = {
     "Drop fraction": "moe/layer_*/drop_fraction",
 }
 ALL_NAMES = tuple(dict.fromkeys(LOSS + tuple(HEALTH_NAMES)))
+# where a finding is drawn: the chart of its metric (fnmatch patterns: each health chart's metrics, their
+# per-layer families, and the nearest chart for metrics this page does not draw); the rest on the loss chart
+FINDING_CHARTS = {
+    "loss": (),
+    "Z-losses": ("train/z_loss", "router/z_loss", "router/layer_*/z_loss"),
+    "Load-balancing loss": ("router/lb_loss", "router/layer_*/lb_loss"),
+    "Grad norm": ("grad/*", "opt/update_norm", "opt/param_norm"),
+    "Learning rate": ("opt/lr",),
+    "Throughput (tokens/s)": ("throughput/*", "sys/*"),
+    "Drop fraction": ("moe/*drop_fraction", "expert_load/*"),
+}
 # a running run silent for this long gets a warning (it is `crashed` after settings.stale_after_s)
 QUIET_S = 30.0
 
@@ -352,6 +365,11 @@ def _loss_name(view: dict) -> str | None:
     return next((n for n in LOSS if data.filter(data["name"] == n).height), None)
 
 
+def _routed(view: dict, all_marks) -> dict:
+    """The window's markers by chart: findings on their metric's chart (FINDING_CHARTS), the rest on the loss's."""
+    return route_markers(window_markers(view, all_marks), FINDING_CHARTS, "loss")
+
+
 def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, smoothing: float) -> dict:
     """The loss chart: the run's loss in the window, the previous run, eval points, forecasts, markers."""
     lo, hi = view["window"]
@@ -382,8 +400,8 @@ def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, 
             )
     fig["data"].extend(forecast_traces(fcs))
     finite = d["max"].drop_nulls()
-    marks = window_markers(view, all_marks)
-    add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None)
+    marks = _routed(view, all_marks)["loss"]
+    add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None, gap=EPISODE_GAP * (hi - lo))
     fig["layout"]["xaxis"]["range"] = x_range(lo, hi, marks)
     return fig
 
@@ -405,10 +423,10 @@ def status_line(row: dict, now: float) -> str:
 
 def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, dict | None]]:
     """The six MoE and optimiser health charts as (title, figure or None when not logged);
-    per-layer metrics as a band across layers; each with the run's failures and config changes."""
+    per-layer metrics as a band across layers; each with its own findings, failures and config changes."""
     lo, hi = view["window"]
     data, bands, drop = view["data"], view["bands"], view["drop"]
-    all_window = window_markers(view, all_marks)
+    routed = _routed(view, all_marks)
     out: list[tuple[str, dict | None]] = []
     for title, names, log_y, y_title in HEALTH:
         d = data.filter(data["name"].is_in(list(names)))
@@ -442,12 +460,16 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
                     f"{title} · worst: layer {worst['layer']} ({worst['mean']:.3g})"
                 )
             top = pl.concat([top.cast(pl.Float64), layers["max"].drop_nulls()])
-        marks = all_window.filter(all_window["kind"].is_in(["failure", "config_diff"]))
+        # its own findings, and the run's failures and config changes
+        marks = pl.concat(
+            [routed[title], routed["loss"].filter(routed["loss"]["kind"].is_in(["failure", "config_diff"]))]
+        )
         add_markers(  # small charts: no lines
             fig,
             marks,
             y_at=float(np.nanmax(top.to_numpy())) if top.len() else None,
             lines=False,
+            gap=EPISODE_GAP * (hi - lo),
         )
         fig["layout"]["xaxis"]["range"] = x_range(lo, hi, marks)
         out.append((title, fig))
