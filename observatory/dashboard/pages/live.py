@@ -39,6 +39,7 @@ from observatory.dashboard.charts import (
     route_markers,
     scatter,
     series_figure,
+    smooth,
     window_markers,
     x_range,
 )
@@ -163,12 +164,12 @@ def previous_run(rows: list[dict], run: str) -> str | None:
     return max(earlier, key=lambda r: r["start_time"])["run"] if earlier else None
 
 
-def previous_trace(prev: str, d) -> dict:
-    """The previous run's loss (bucket means) as a grey dashed line, drawn over this run's: where the two
-    coincide its dashes still show. Its legend entry says what it is."""
+def previous_trace(prev: str, d, smoothing: float = 0.0) -> dict:
+    """The previous run's loss (bucket means, smoothed as this run's line is) as a grey dashed line, drawn
+    over this run's: where the two coincide its dashes still show. Its legend entry says what it is."""
     return scatter(
         x=d["step"].to_list(),
-        y=d["mean"].to_list(),
+        y=smooth(d["mean"].cast(pl.Float64).to_numpy(), smoothing),
         mode="lines",
         name=f"previous run {prev} (same name and steps)",
         line={"color": "rgba(90,90,90,0.85)", "width": 2, "dash": "dash"},
@@ -378,7 +379,7 @@ def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, 
     d = data.filter(data["name"] == loss_name)
     fig = series_figure(d, loss_name, smoothing, height=420, y_title=LOSS_AXIS)
     if prev_data is not None and prev_data.height:  # over the run's own line: seen where the two coincide
-        fig["data"].append(previous_trace(prev, prev_data))
+        fig["data"].append(previous_trace(prev, prev_data, smoothing))
     if evals.height:  # over the noisy train curve: large points, outlined
         ev = evals.filter((evals["step"] >= lo) & (evals["step"] <= hi))
         for i, ds in enumerate(ev["dataset"].unique(maintain_order=True).to_list()):
