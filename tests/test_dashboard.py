@@ -522,3 +522,16 @@ def test_live_page_draws_each_finding_on_its_metric_chart_one_marker_an_episode(
     assert not traces(wb[0], "finding") and traces(wb[0], "decision")
     (acc,) = [c for c in wb if traces(c, "finding")]
     assert traces(acc, "acc") and traces(acc, "finding: warning")[0]["x"] == [20]
+
+
+@pytest.mark.parametrize("lo,hi", [(0.012, 5.2), (1e-5, 3e-3), (0.0011, 0.0024), (1e-9, 1e3), (5e-5, 2e-4)])
+def test_log_ticks_are_written_out_and_cover_the_values(lo, hi):
+    """Issue 37 item 7: a log axis's labels are plain numbers ("0.003", "1e-05"), one per tick, increasing,
+    covering the values (plotly labels a log axis's minor ticks by their first digit: "5, 2, 10, 5, 2, 1")."""
+    from observatory.dashboard.charts import log_ticks
+
+    t = log_ticks(lo, hi)
+    vals, labels = t["tickvals"], t["ticktext"]
+    assert t["tickmode"] == "array" and 3 <= len(vals) <= 12
+    assert [float(x) for x in labels] == pytest.approx(vals) and vals == sorted(set(vals))
+    assert vals[0] <= lo * 1.0001 and vals[-1] >= hi / 1.0001
