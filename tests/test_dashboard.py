@@ -535,3 +535,24 @@ def test_log_ticks_are_written_out_and_cover_the_values(lo, hi):
     assert t["tickmode"] == "array" and 3 <= len(vals) <= 12
     assert [float(x) for x in labels] == pytest.approx(vals) and vals == sorted(set(vals))
     assert vals[0] <= lo * 1.0001 and vals[-1] >= hi / 1.0001
+
+
+def test_a_constant_logged_with_float_noise_is_drawn_around_its_value():
+    """A constant LR (3e-4, its last bits differing step to step) gets an axis around 3e-4, not one zoomed
+    into the noise with ticks "2.9999999999999999556e-4"; a varying series keeps plotly's own range."""
+    import polars as pl
+
+    from observatory.dashboard.charts import series_figure
+
+    lr = [3e-4, float(np.nextafter(3e-4, 1)), float(np.nextafter(3e-4, 0))] * 10
+    df = pl.DataFrame({"step": list(range(30)), "min": lr, "max": lr, "last": lr})
+    fig = series_figure(df, "opt/lr", 0.0, y_title="learning rate")
+    assert fig["layout"]["yaxis"]["range"] == pytest.approx([2.85e-4, 3.15e-4])
+    # exactly constant, smoothed (the smoothing's own rounding is the noise)
+    exact = df.with_columns(pl.lit(3e-4).alias(c) for c in ("min", "max", "last"))
+    assert series_figure(exact, "opt/lr", 0.6)["layout"]["yaxis"]["range"] == pytest.approx(
+        [2.85e-4, 3.15e-4]
+    )
+    df = df.with_columns(pl.col("last") * pl.Series(np.linspace(1, 2, 30)))
+    varying = df.with_columns(min=pl.col("last"), max=pl.col("last"))
+    assert "range" not in series_figure(varying, "opt/lr", 0.0)["layout"]["yaxis"]

@@ -202,17 +202,29 @@ def series_figure(
         "hovermode": "x unified" if group is None else "closest",
         "dragmode": "select",
         "legend": {"orientation": "h", "y": -0.2},
-        "xaxis": {"title": {"text": x, "standoff": 4}},
-        "yaxis": {"title": {"text": y_title}} if y_title else {},
+        "xaxis": {"title": {"text": x, "standoff": 4}, "automargin": True},
+        # the margin grows to hold the tick labels and the title side by side; small values as "3e-04",
+        # not plotly's SI prefixes ("300µ")
+        "yaxis": {
+            "automargin": True,
+            "exponentformat": "e",
+            **({"title": {"text": y_title}} if y_title else {}),
+        },
         "shapes": [],
     }
+    vals = [df["min"], df["max"]] + ([extra["min"], extra["max"]] if extra is not None else [])
+    v = np.concatenate([c.cast(pl.Float64).drop_nulls().to_numpy() for c in vals])
+    v = v[np.isfinite(v)]
     if log_y:
-        vals = [df["min"], df["max"]] + ([extra["min"], extra["max"]] if extra is not None else [])
-        v = np.concatenate([c.cast(pl.Float64).drop_nulls().to_numpy() for c in vals])
-        v = v[np.isfinite(v) & (v > 0)]
+        v = v[v > 0]
         layout["yaxis"].update(
             {"type": "log", **(log_ticks(float(v.min()), float(v.max())) if v.size else {})}
         )
+    elif v.size and v.max() - v.min() <= 1e-9 * np.abs(v).max():
+        # a constant (an LR of 3e-4, maybe with float noise): plotly would zoom into the noise of the
+        # smoothed line and label it "2.9999999999999999556e-4"; the axis is drawn around the value instead
+        c = float(np.median(v))
+        layout["yaxis"]["range"] = [c - 0.05 * abs(c), c + 0.05 * abs(c)]
     return {"data": data, "layout": layout}
 
 
