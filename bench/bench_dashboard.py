@@ -34,6 +34,8 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,9 +239,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def bench_browser(db: Path, repeats: int) -> tuple[float, float]:
-    from playwright.sync_api import sync_playwright
-
+@contextmanager
+def app_and_bare(db: Path) -> Iterator[dict[str, str]]:
+    """The app and the bare page (`BARE_PAGE`) served over `db`: {"live": the Live page's URL, "bare": ...};
+    each server's peak RSS goes to RSS_MB, app first, when they are stopped."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-dash-"))
     bare = tmp / "bare.py"
     bare.write_text(BARE_PAGE)
@@ -247,27 +250,10 @@ def bench_browser(db: Path, repeats: int) -> tuple[float, float]:
     with open(tmp / "app.log", "wb") as la, open(tmp / "bare.log", "wb") as lb:
         servers = [_serve(ROOT / "app.py", db, p_app, la), _serve(bare, db, p_bare, lb)]
         try:
-            urls = {
+            yield {
                 "live": f"http://127.0.0.1:{p_app}/live?run={RUN}",
                 "bare": f"http://127.0.0.1:{p_bare}/?run={RUN}",
             }
-            times: dict[str, list[float]] = {"live": [], "bare": []}
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(
-                    executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True
-                )
-                for i in range(repeats + 1):  # the first round warms both servers (imports), not counted
-                    for name in ("bare", "live") if i % 2 else ("live", "bare"):
-                        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-                        page = ctx.new_page()
-                        t = time.perf_counter()
-                        page.goto(urls[name])
-                        page.wait_for_selector(".js-plotly-plot .scatterlayer .trace", timeout=120_000)
-                        dt = time.perf_counter() - t
-                        ctx.close()
-                        if i:
-                            times[name].append(dt)
-                browser.close()
         finally:
             for s in servers:
                 # its own VmHWM, read before it goes: wait4's ru_maxrss would carry this process's RSS
@@ -275,6 +261,26 @@ def bench_browser(db: Path, repeats: int) -> tuple[float, float]:
                 RSS_MB.append(vmhwm_mb(s.pid))
                 s.terminate()
                 s.wait()
+
+
+def bench_browser(db: Path, repeats: int) -> tuple[float, float]:
+    from playwright.sync_api import sync_playwright
+
+    times: dict[str, list[float]] = {"live": [], "bare": []}
+    with app_and_bare(db) as urls, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True)
+        for i in range(repeats + 1):  # the first round warms both servers (imports), not counted
+            for name in ("bare", "live") if i % 2 else ("live", "bare"):
+                ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+                page = ctx.new_page()
+                t = time.perf_counter()
+                page.goto(urls[name])
+                page.wait_for_selector(".js-plotly-plot .scatterlayer .trace", timeout=120_000)
+                dt = time.perf_counter() - t
+                ctx.close()
+                if i:
+                    times[name].append(dt)
+        browser.close()
     live, bare_t = statistics.median(times["live"]), statistics.median(times["bare"])
     print(
         f"\n## First chart in chromium (median of {repeats}, fresh browser context and cold query cache each)\n"

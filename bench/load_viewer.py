@@ -163,7 +163,14 @@ async def view_page(
                 elif kind == "delta" and msg.delta.HasField("new_element"):
                     el = msg.delta.new_element
                     what = el.WhichOneof("type")
-                    if what == "plotly_chart" and page != "sql" and v.first is None:
+                    chart = (
+                        what == "plotly_chart"
+                        or (  # the Live page's in-place charts: dashboard.live_chart
+                            what == "bidi_component"
+                            and el.bidi_component.component_name == "observatory_live_chart"
+                        )
+                    )
+                    if chart and page != "sql" and v.first is None:
                         v.first = now - t0
                     elif what == "markdown":
                         body = el.markdown.body

@@ -16,7 +16,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import observatory
@@ -197,3 +200,54 @@ def age_run(runs_dir: Path, run: str, seconds: float) -> None:
     t = time.time() - seconds
     for f in (runs_dir / run).glob("events.*.jsonl"):
         os.utime(f, (t, t))
+
+
+@contextmanager
+def growing_run(runs_dir: Path, db: Path, run_id: str, every_s: float = 0.25) -> Iterator[threading.Event]:
+    """`run_id`, which a writer thread appends a step to every `every_s` while `ingest --follow` runs: yields
+    the event that stops the writer (which then ends the run); writer and follower are stopped after."""
+    stop_ev = threading.Event()
+    run = observatory.init(
+        run_id=run_id, config={"steps": 100_000}, runs_dir=runs_dir, install_signal_handlers=False
+    )
+
+    def write():
+        step = 0
+        while not stop_ev.is_set():
+            run.log(metrics_at(step % 200), step=step)
+            run.log_expert_load(step, 0, [10, 20, 30, 40], [0, 0, 1, 5])
+            step += 1
+            stop_ev.wait(every_s)
+        run.finish("completed", final_step=step - 1)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    time.sleep(1.0)
+    ingest(runs_dir, db, emit=None)  # the run is in the store before a page opens
+    stop_follower = threading.Event()
+    follower = threading.Thread(
+        target=ingest,
+        args=(runs_dir, db),
+        kwargs={"follow": True, "stop_event": stop_follower, "emit": None},
+        daemon=True,
+    )
+    follower.start()
+    try:
+        yield stop_ev
+    finally:
+        stop_ev.set()
+        writer.join(10)
+        stop_follower.set()
+        follower.join(30)
+
+
+def chart_specs(at) -> list[dict]:
+    """The figures an AppTest run drew: `st.plotly_chart`'s specs, then the Live page's in-place charts'
+    (`dashboard.live_chart`, a v2 component whose data holds the figure), each in page order."""
+    out = []
+    for el in at.get("plotly_chart") + at.get("bidi_component"):
+        if el.type == "plotly_chart":
+            out.append(json.loads(el.proto.spec))
+        elif el.proto.component_name == "observatory_live_chart":
+            out.append(json.loads(el.proto.json)["figure"])
+    return out

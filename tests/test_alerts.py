@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from click.testing import CliRunner
 from conftest import event, write_lines
+from dashboard_fixtures import chart_specs
 
 from observatory import alerts, findings
 from observatory.alerts import rules
@@ -440,7 +441,7 @@ def test_the_live_page_marks_the_alerts_of_its_run(runs_dir, db_path, rules_file
     at.query_params["run"] = "silent"
     at.run()
     assert not at.exception, at.exception
-    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    specs = chart_specs(at)
     marks = [t for s in specs for t in s["data"] if t.get("name") == "alert"]
     assert marks and "stalled open: no new step" in marks[0]["text"][0]
 

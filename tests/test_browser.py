@@ -8,16 +8,12 @@ follows: the Live page's "Last step" must advance by itself.
 from __future__ import annotations
 
 import re
-import threading
 import time
 
 import pytest
 from browser_fixtures import LOAD_MS, ROOT, assert_no_exception, dashboard, last_step, open_page, wait_idle
-from dashboard_fixtures import make_store, metrics_at
+from dashboard_fixtures import growing_run, make_store
 from scale_fixtures import HOT_EXPERT, HOT_LAYER, RUN, make_scale_store
-
-import observatory
-from observatory.ingest import ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -34,38 +30,8 @@ def live_store(tmp_path_factory):
 def live_run(live_store):
     """`live-run`, which a writer thread appends to (4 steps/s) while `ingest --follow` runs, for one test:
     (its id, the event that stops the writer, which then ends the run)."""
-    runs_dir, db = live_store
-    stop_ev = threading.Event()
-    run = observatory.init(
-        run_id="live-run", config={"steps": 100_000}, runs_dir=runs_dir, install_signal_handlers=False
-    )
-
-    def write():
-        step = 0
-        while not stop_ev.is_set():
-            run.log(metrics_at(step % 200), step=step)
-            run.log_expert_load(step, 0, [10, 20, 30, 40], [0, 0, 1, 5])
-            step += 1
-            stop_ev.wait(0.25)
-        run.finish("completed", final_step=step - 1)
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    time.sleep(1.0)
-    ingest(runs_dir, db, emit=None)  # the run is in the store before the page opens
-    stop_follower = threading.Event()
-    follower = threading.Thread(
-        target=ingest,
-        args=(runs_dir, db),
-        kwargs={"follow": True, "stop_event": stop_follower, "emit": None},
-        daemon=True,
-    )
-    follower.start()
-    yield "live-run", stop_ev
-    stop_ev.set()
-    writer.join(10)
-    stop_follower.set()
-    follower.join(30)
+    with growing_run(*live_store, "live-run") as stop_ev:
+        yield "live-run", stop_ev
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +149,7 @@ def test_live_page_follows_a_running_run(server, browser, live_run):
         page.wait_for_function(
             "() => document.querySelectorAll('.js-plotly-plot').length >= 1", timeout=LOAD_MS
         )
-        page.get_by_text("Refreshing every").first.wait_for()
+        page.get_by_text("Live: the charts are redrawn").first.wait_for()
         first = None
         deadline = time.time() + 60
         while first is None and time.time() < deadline:
@@ -201,7 +167,7 @@ def test_live_page_follows_a_running_run(server, browser, live_run):
         # the run ends (`run_end`, which the follower ingests): the page turns into a finished run's by itself
         end_run.set()
         page.get_by_text("Not running: shown as of its last event.").first.wait_for(timeout=60_000)
-        assert page.get_by_text("Refreshing every").count() == 0
+        assert page.get_by_text("Live: the charts are redrawn").count() == 0
         page.get_by_text("completed").first.wait_for()
         assert "lock" not in page.inner_text("body").lower()  # no lock error ever reaches the page
     finally:

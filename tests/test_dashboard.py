@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 import pytest
-from dashboard_fixtures import BASE_STEPS, make_store
+from dashboard_fixtures import BASE_STEPS, chart_specs, make_store
 from streamlit.testing.v1 import AppTest
 
 import observatory
@@ -49,7 +49,7 @@ def page(name: str, **query) -> AppTest:
 
 
 def specs(at: AppTest) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return chart_specs(at)
 
 
 def arr(v) -> np.ndarray:
@@ -139,16 +139,25 @@ def test_live_page_curves_markers_forecast(store):
     assert not [s for s in at.slider if s.key == "live_smoothing"]
     at.run()  # ...and the rerun after the browser's first paint (here: the next run) draws the rest
     assert not at.exception
-    assert at.slider(key="live_smoothing").value == 0.0
+    assert at.slider(key="live_smoothing").value == 0.6  # smoothing on by default (issue 37 item 7)
     charts = specs(at)
     assert len(charts) == 7  # loss + six health charts
     loss = charts[0]
-    line = next(t for t in loss["data"] if t.get("name") == "train/loss")
-    assert np.nanmax(arr(line["y"])) > 6.0  # the step-77 spike is there
+    line = next(t for t in loss["data"] if t.get("name") == "train/loss")  # smoothed
+    faint = next(t for t in loss["data"] if t.get("name") == "train/loss (raw)")
+    assert np.nanmax(arr(faint["y"])) > 6.0  # the step-77 spike is there
     assert "step 77" not in json.dumps(traces(loss, "failure"))
     fail = traces(loss, "failure")[0]
     assert fail["x"] == [90] and "nan_loss" in fail["text"][0]
-    assert traces(loss, "anomaly") and "6 sigma" in traces(loss, "anomaly")[0]["text"][0]
+    # the raw line faintly behind the smoothed one; axis titles with units
+    names = [t.get("name") for t in loss["data"]]
+    assert names.index("train/loss (raw)") < names.index("train/loss")
+    assert loss["layout"]["xaxis"]["title"]["text"] == "step"
+    assert loss["layout"]["yaxis"]["title"]["text"] == "loss (nats / token)"
+    # findings: one marker per episode (the z-score warning and the loss spike of step 77 are one), by severity
+    (crit,) = traces(loss, "finding: critical")
+    assert crit["x"] == [77, 90] and "2 findings, worst critical" in crit["text"][0]
+    assert "6 sigma" in crit["text"][0] and "loss_spike" in crit["text"][0]
     assert traces(loss, "config diff") and "optim.lr" in traces(loss, "config diff")[0]["text"][0]
     assert traces(loss, "decision") and "D-7" in traces(loss, "decision")[0]["text"][0]
     assert traces(loss, "checkpoint")
@@ -160,10 +169,12 @@ def test_live_page_curves_markers_forecast(store):
     assert not at.error  # completed run: no banner
 
     # smoothing changes the drawn line but not the raw band
-    at.slider(key="live_smoothing").set_value(0.9).run()
+    at.slider(key="live_smoothing").set_value(0.0).run()
     assert not at.exception
-    smoothed = next(t for t in specs(at)[0]["data"] if t.get("name") == "train/loss")
-    assert not np.allclose(arr(smoothed["y"]), arr(line["y"]), equal_nan=True)
+    raw = next(t for t in specs(at)[0]["data"] if t.get("name") == "train/loss")
+    assert not np.allclose(arr(raw["y"]), arr(line["y"]), equal_nan=True)
+    assert not traces(specs(at)[0], "(raw)")  # no faint copy of an unsmoothed line
+    at.slider(key="live_smoothing").set_value(0.9).run()
 
     # zoom: the window is re-queried (full resolution here, every step)
     at.slider(key="live_window_base-run").set_value((70, 80)).run()
@@ -370,8 +381,17 @@ def test_live_page_draws_the_previous_run_of_the_same_recipe(tmp_path, monkeypat
     monkeypatch.setenv("OBSERVATORY_DB", str(db))
     at = page("live", run="demo-b")
     assert not at.exception
-    (prev,) = traces(specs(at)[0], "previous run")
-    assert prev["name"] == "previous run demo-a"
+    loss = specs(at)[0]
+    (prev,) = traces(loss, "previous run")
+    assert prev["name"] == "previous run demo-a (same name and steps)"  # the legend says what it is
+    # drawn over the run's own line, dashed: seen where the two curves coincide (issue 37 item 6)
+    names = [t.get("name") for t in loss["data"]]
+    assert names.index(prev["name"]) > names.index("train/loss") and prev["line"]["dash"] == "dash"
+    # smoothed as the run's own line is (the default 0.6): the same losses draw the same curve
+    own = next(t for t in loss["data"] if t.get("name") == "train/loss")
+    assert np.allclose(arr(prev["y"]), arr(own["y"])) and not np.allclose(
+        arr(prev["y"]), 3 - np.arange(40) * 0.01
+    )
 
 
 def _memory_limit(con) -> str:
@@ -413,3 +433,126 @@ def test_runs_page_with_a_run_of_a_group_and_a_ladder(tmp_path, monkeypatch):
     at.toggle(key="runs_by_ladder").set_value(True).run()
     assert not at.exception
     assert [s.value for s in at.subheader] == ["Ladder L"]
+
+
+def test_window_keeps_a_step_0_decision_and_the_range_both_ends():
+    """Issue 37 item 6: a decision at step 0 of a run logged from step 1 is in the first window (not in a
+    zoomed one), and the chart's range shows it and the last step whole."""
+    import polars as pl
+
+    from observatory.dashboard.charts import window_markers, x_range
+
+    marks = pl.DataFrame(
+        {"kind": ["decision", "checkpoint", "anomaly"], "step": [0, 50, 120], "data": ["{}"] * 3}
+    )
+    whole = window_markers({"window": (1, 120), "extent": (1, 120)}, marks)
+    assert whole["step"].to_list() == [0, 50, 120]
+    zoomed = window_markers({"window": (40, 120), "extent": (1, 120)}, marks)
+    assert zoomed["step"].to_list() == [50, 120]
+    lo, hi = x_range(1, 120, whole)
+    assert lo < 0 and hi > 120
+    assert x_range(40, 120, zoomed)[0] < 40 < 50
+
+
+def _finding(obs, metric: str, step: int, severity: str = "warn", detector: str = "throughput_drop") -> None:
+    window = [step, step]
+    data = {"detector": detector, "metric": metric, "severity": severity, "message": "m", "window": window}
+    obs.event("anomaly", data, step=step)
+
+
+def test_live_page_draws_each_finding_on_its_metric_chart_one_marker_an_episode(tmp_path, monkeypatch):
+    """Issue 37 item 5 (the chart side): throughput findings on the throughput chart, not the loss's; three
+    consecutive ones are one marker with their count and a band; on a W&B-style run, a finding on `acc`
+    is drawn on the `acc` panel and the decision stays on the loss's."""
+    from dashboard_fixtures import write_run
+
+    from observatory.events import OBSERVATORY_HOST
+
+    runs, db = tmp_path / "runs", tmp_path / "o.duckdb"
+    write_run(runs, "moe-run", range(BASE_STEPS))
+    with observatory.init(run_id="wb-run", runs_dir=runs, install_signal_handlers=False) as r:
+        for s in range(60):
+            r.log({"loss": 3 - s * 0.01, "acc": 0.1 + s * 0.01}, step=s)
+    findings = {
+        "moe-run": [
+            ("throughput/tokens_per_s", 40, "warn"),
+            ("throughput/tokens_per_s", 41, "warn"),
+            ("throughput/tokens_per_s", 42, "warn"),
+            ("grad/norm/total", 60, "critical"),
+            ("router/layer_1/z_loss", 30, "info"),
+        ],
+        "wb-run": [("acc", 20, "warn")],
+    }
+    for run, items in findings.items():
+        obs = observatory.init(
+            run_id=run, runs_dir=runs, host=OBSERVATORY_HOST, write_start=False, install_signal_handlers=False
+        )
+        for metric, step, sev in items:
+            _finding(obs, metric, step, sev)
+        obs.event("decision", {"id": "D-1", "title": "go", "status": "accepted"}, step=10)
+        obs.close()
+    ingest(runs, db, emit=None)
+    monkeypatch.setenv("OBSERVATORY_DB", str(db))
+
+    at = page("live", run="moe-run")
+    at.run()  # the health charts come after the first paint
+    assert not at.exception
+    charts = specs(at)
+    assert len(charts) == 7
+    loss = charts[0]
+    drawn = json.dumps(traces(loss, "finding"))
+    assert "throughput" not in drawn and "grad/norm" not in drawn and "z_loss" not in drawn
+    assert traces(loss, "decision")  # markers other than findings stay on the loss chart
+
+    def chart(title: str) -> dict:
+        return next(c for c in charts if title in json.dumps(c["layout"].get("title", "")))
+
+    (tp,) = traces(chart("Throughput"), "finding: warning")
+    assert tp["x"] == [40] and tp["customdata"] == ["×3"] and "3 findings" in tp["text"][0]
+    band = [s for s in chart("Throughput")["layout"]["shapes"] if s.get("type") == "rect"]
+    assert [(b["x0"], b["x1"]) for b in band] == [(40, 42)]
+    (gn,) = traces(chart("Grad norm"), "finding: critical")
+    assert gn["x"] == [60] and gn["customdata"] == [""]
+    (zl,) = traces(chart("Z-losses"), "finding: info")
+    assert zl["x"] == [30]
+
+    at = page("live", run="wb-run")
+    assert not at.exception
+    wb = specs(at)
+    assert not traces(wb[0], "finding") and traces(wb[0], "decision")
+    (acc,) = [c for c in wb if traces(c, "finding")]
+    assert traces(acc, "acc") and traces(acc, "finding: warning")[0]["x"] == [20]
+
+
+@pytest.mark.parametrize("lo,hi", [(0.012, 5.2), (1e-5, 3e-3), (0.0011, 0.0024), (1e-9, 1e3), (5e-5, 2e-4)])
+def test_log_ticks_are_written_out_and_cover_the_values(lo, hi):
+    """Issue 37 item 7: a log axis's labels are plain numbers ("0.003", "1e-05"), one per tick, increasing,
+    covering the values (plotly labels a log axis's minor ticks by their first digit: "5, 2, 10, 5, 2, 1")."""
+    from observatory.dashboard.charts import log_ticks
+
+    t = log_ticks(lo, hi)
+    vals, labels = t["tickvals"], t["ticktext"]
+    assert t["tickmode"] == "array" and 3 <= len(vals) <= 12
+    assert [float(x) for x in labels] == pytest.approx(vals) and vals == sorted(set(vals))
+    assert vals[0] <= lo * 1.0001 and vals[-1] >= hi / 1.0001
+
+
+def test_a_constant_logged_with_float_noise_is_drawn_around_its_value():
+    """A constant LR (3e-4, its last bits differing step to step) gets an axis around 3e-4, not one zoomed
+    into the noise with ticks "2.9999999999999999556e-4"; a varying series keeps plotly's own range."""
+    import polars as pl
+
+    from observatory.dashboard.charts import series_figure
+
+    lr = [3e-4, float(np.nextafter(3e-4, 1)), float(np.nextafter(3e-4, 0))] * 10
+    df = pl.DataFrame({"step": list(range(30)), "min": lr, "max": lr, "last": lr})
+    fig = series_figure(df, "opt/lr", 0.0, y_title="learning rate")
+    assert fig["layout"]["yaxis"]["range"] == pytest.approx([2.85e-4, 3.15e-4])
+    # exactly constant, smoothed (the smoothing's own rounding is the noise)
+    exact = df.with_columns(pl.lit(3e-4).alias(c) for c in ("min", "max", "last"))
+    assert series_figure(exact, "opt/lr", 0.6)["layout"]["yaxis"]["range"] == pytest.approx(
+        [2.85e-4, 3.15e-4]
+    )
+    df = df.with_columns(pl.col("last") * pl.Series(np.linspace(1, 2, 30)))
+    varying = df.with_columns(min=pl.col("last"), max=pl.col("last"))
+    assert "range" not in series_figure(varying, "opt/lr", 0.0)["layout"]["yaxis"]

@@ -49,11 +49,12 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _titles(scope) -> set[str]:
-    """The plotly chart and subplot titles drawn in a page or frame."""
+    """The chart and subplot titles drawn in a page or frame (plotly's, and the Live page's charts' own
+    title lines, `dashboard.live_chart`)."""
     return {
         t.strip()
         for t in scope.locator(
-            ".js-plotly-plot .gtitle, .js-plotly-plot .annotation-text"
+            ".js-plotly-plot .gtitle, .js-plotly-plot .annotation-text, .obs-chart-title"
         ).all_text_contents()
     }
 

@@ -6,7 +6,6 @@ ingester; the pages run under streamlit's AppTest.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from dashboard_fixtures import chart_specs
 from streamlit.testing.v1 import AppTest
 
 import observatory as wandb
@@ -118,8 +118,8 @@ def live(run: str) -> AppTest:
 
 def chart_titles(at: AppTest) -> list[str]:
     out = []
-    for c in at.get("plotly_chart"):
-        title = json.loads(c.proto.spec)["layout"].get("title") or {}
+    for spec in chart_specs(at):
+        title = spec["layout"].get("title") or {}
         out.append(title.get("text") if isinstance(title, dict) else title)
     return out
 

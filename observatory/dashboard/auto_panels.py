@@ -9,14 +9,23 @@ Runs table and the report use) first and wide, then a section per prefix (`val/l
 
 from __future__ import annotations
 
+import glob
 import html
 from collections.abc import Callable
 
 import streamlit as st
 
 from observatory.dashboard.cache import derive, query_all
-from observatory.dashboard.charts import add_markers, series_figure
-from observatory.dashboard.widgets import requested_window, show_chart
+from observatory.dashboard.charts import (
+    EPISODE_GAP,
+    add_markers,
+    route_markers,
+    series_figure,
+    window_markers,
+    x_range,
+)
+from observatory.dashboard.live_chart import live_chart
+from observatory.dashboard.widgets import requested_window
 from observatory.markup import md_escape
 from observatory.queries import dashboard as qd
 from observatory.queries.core import loss_name
@@ -46,21 +55,33 @@ def choose_panels(names) -> tuple[str | None, list[tuple[str, list[str]]], list[
     return loss, out, left
 
 
-def metric_figure(view: dict, name: str, smoothing: float, height: int) -> dict:
-    """One metric of `view` (a `live_view`) over its window."""
+def panel_markers(view: dict, all_marks, names) -> dict:
+    """The window's markers by panel: each finding on its own metric's panel, every other marker (and a
+    finding of a metric with no panel) on the loss's."""
+    loss, groups, _ = choose_panels(names)
+    panels = [n for n in [loss] + [n for _, ns in groups for n in ns] if n is not None]
+    return route_markers(window_markers(view, all_marks), {n: (glob.escape(n),) for n in panels}, loss or "")
+
+
+def metric_figure(
+    view: dict, name: str, smoothing: float, height: int, marks: dict | None = None, lines: bool = False
+) -> dict:
+    """One metric of `view` (a `live_view`) over its window, with its markers (`panel_markers`); `lines`:
+    dotted lines at failures, config changes and decisions (the wide loss chart)."""
     data = view["data"]
-    fig = series_figure(data.filter(data["name"] == name), html.escape(name), smoothing, height=height)
-    fig["layout"]["xaxis"]["range"] = list(view["window"])
-    return fig
-
-
-def loss_figure(view: dict, all_marks, name: str, smoothing: float) -> dict:
-    """The loss, wide, with the run's event markers in its window."""
-    fig = metric_figure(view, name, smoothing, 420)
+    d = data.filter(data["name"] == name)
+    fig = series_figure(d, html.escape(name), smoothing, height=height, y_title=html.escape(name))
     lo, hi = view["window"]
-    marks = all_marks.filter(all_marks["step"].is_null() | all_marks["step"].is_between(lo, hi))
-    top = view["data"].filter(view["data"]["name"] == name)["max"].drop_nulls()
-    add_markers(fig, marks, y_at=float(top.max()) if top.len() else None)
+    mine = (marks or {}).get(name)
+    top = d["max"].drop_nulls()
+    add_markers(
+        fig,
+        mine,
+        y_at=float(top.max()) if top.len() else None,
+        lines=lines,
+        gap=EPISODE_GAP * (hi - lo),
+    )
+    fig["layout"]["xaxis"]["range"] = x_range(lo, hi, mine)
     return fig
 
 
@@ -83,9 +104,10 @@ def render_auto(
     view = query_all(call, keep_fresh=live)[0]
     if view["extent"] is None:
         return False
+    marks = derive(panel_markers, view, all_marks, names)
     if loss is not None:
-        show_chart(
-            derive(loss_figure, view, all_marks, loss, smoothing),
+        live_chart(
+            derive(metric_figure, view, loss, smoothing, 420, marks, True),
             key=f"live_auto_loss_{run}",
             window_key=wkey,
         )
@@ -95,8 +117,8 @@ def render_auto(
         cols = st.columns(2)
         for i, name in enumerate(members):
             with cols[i % 2]:
-                show_chart(
-                    derive(metric_figure, view, name, smoothing, 260),
+                live_chart(
+                    derive(metric_figure, view, name, smoothing, 260, marks),
                     key=f"live_auto_{name}_{run}",
                     window_key=wkey,
                 )

@@ -13,6 +13,7 @@ without validating it again.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -33,6 +34,12 @@ __all__ = [
     "expert_heatmap",
     "marker_text",
     "add_markers",
+    "route_markers",
+    "log_ticks",
+    "x_range",
+    "finding_episodes",
+    "SEVERITY_STYLE",
+    "window_markers",
 ]
 
 MARKER_STYLE = {  # kind -> (symbol, colour)
@@ -107,12 +114,16 @@ def series_figure(
     group: str | None = None,
     height: int = 300,
     log_y: bool = False,
+    y_title: str | None = None,
+    extra=None,
 ) -> dict[str, Any]:
     """Downsampled series (columns x, min, max, last[, group]) as band + line per group; a figure dict.
 
     The band spans each bucket's min..max, so a spike survives downsampling; the
-    line is the (optionally smoothed) last value per bucket; NaN/inf buckets get a
-    red x at the top of the band.
+    line is the (optionally smoothed) last value per bucket, the raw line faintly
+    behind it; NaN/inf buckets get a red x at the top of the band. Axis titles: `x`
+    and `y_title`; a log y axis gets 1-2-5 ticks written out (`log_ticks`) over the
+    values of `df` and of `extra` (a frame with min and max drawn on the same axis).
     """
     data: list[dict[str, Any]] = []
     groups = (
@@ -136,6 +147,19 @@ def series_figure(
             data.extend(band(xs, lo_v, hi_v, _rgba(color, 0.18), f"{label} min-max", label))
         last = d["last"].cast(pl.Float64).to_numpy()
         y = smooth(last, smoothing) if smoothing > 0 else last
+        if smoothing > 0:  # the raw line faintly behind the smoothed one, like TensorBoard
+            data.append(
+                scatter(
+                    x=xs,
+                    y=np.where(np.isfinite(last), last, np.nan),
+                    mode="lines",
+                    name=f"{label} (raw)",
+                    line={"color": _rgba(color, 0.3), "width": 1},
+                    showlegend=False,
+                    hoverinfo="skip",
+                    legendgroup=label,
+                )
+            )
         data.append(
             scatter(
                 x=xs,
@@ -153,18 +177,6 @@ def series_figure(
                 + f"<extra>{label}</extra>",
             )
         )
-        if smoothing > 0:  # the raw line faintly behind the smoothed one, like TensorBoard
-            data.append(
-                scatter(
-                    x=xs,
-                    y=np.where(np.isfinite(last), last, np.nan),
-                    mode="lines",
-                    line={"color": _rgba(color, 0.3), "width": 1},
-                    showlegend=False,
-                    hoverinfo="skip",
-                    legendgroup=label,
-                )
-            )
         if "n_nonfinite" in d.columns:
             bad = d.filter(d["n_nonfinite"] > 0)
             if bad.height:
@@ -190,11 +202,73 @@ def series_figure(
         "hovermode": "x unified" if group is None else "closest",
         "dragmode": "select",
         "legend": {"orientation": "h", "y": -0.2},
-        "xaxis": {},
-        "yaxis": {"type": "log"} if log_y else {},
+        "xaxis": {"title": {"text": x, "standoff": 4}, "automargin": True},
+        # the margin grows to hold the tick labels and the title side by side; small values as "3e-04",
+        # not plotly's SI prefixes ("300µ")
+        "yaxis": {
+            "automargin": True,
+            "exponentformat": "e",
+            **({"title": {"text": y_title}} if y_title else {}),
+        },
         "shapes": [],
     }
+    vals = [df["min"], df["max"]] + ([extra["min"], extra["max"]] if extra is not None else [])
+    v = np.concatenate([c.cast(pl.Float64).drop_nulls().to_numpy() for c in vals])
+    v = v[np.isfinite(v)]
+    if log_y:
+        v = v[v > 0]
+        layout["yaxis"].update(
+            {"type": "log", **(log_ticks(float(v.min()), float(v.max())) if v.size else {})}
+        )
+    elif v.size and v.max() - v.min() <= 1e-9 * np.abs(v).max():
+        # a constant (an LR of 3e-4, maybe with float noise): plotly would zoom into the noise of the
+        # smoothed line and label it "2.9999999999999999556e-4"; the axis is drawn around the value instead
+        c = float(np.median(v))
+        layout["yaxis"]["range"] = [c - 0.05 * abs(c), c + 0.05 * abs(c)]
     return {"data": data, "layout": layout}
+
+
+def log_ticks(lo: float, hi: float) -> dict[str, Any]:
+    """Ticks for a log axis over [lo, hi] (> 0), each written out ("0.002", "5e-05", "300"): 1-2-5 in
+    each decade over at most two decades, 1-3 over up to five, every decade (or every k-th) beyond; under
+    half a decade, evenly spaced round values. (Plotly's own labels the minor ticks of a log axis by
+    their first digit alone: "5, 2, 10, 5, 2, 1".)"""
+    if hi <= lo or math.log10(hi / lo) < 0.5:
+        rough = (hi - lo) / 4 if hi > lo else abs(lo) / 4 or 1.0
+        mag = 10.0 ** math.floor(math.log10(rough))
+        step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= rough)
+        vals = [k * step for k in range(math.floor(lo / step), math.ceil(hi / step) + 1) if k * step > 0]
+    else:
+        a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+        span = b - a
+        mants = (1, 2, 5) if span <= 2 else (1, 3) if span <= 5 else (1,)
+        every = max(1, math.ceil(span / 10))
+        vals = [m * 10.0**e for e in range(a, b + 1) if (e - a) % every == 0 for m in mants]
+        # at most one tick below lo and one above hi: the ones the axis's range shows
+        vals = [v for v in vals if v >= max([x for x in vals if x <= lo], default=0)]
+        vals = [v for v in vals if v <= min([x for x in vals if x >= hi], default=math.inf)]
+    return {"tickmode": "array", "tickvals": vals, "ticktext": [f"{round(v, 12):g}" for v in vals]}
+
+
+def x_range(lo: int, hi: int, markers=None, pad: float = 0.015) -> list[float]:
+    """A chart's step range: the window [lo, hi], reaching back to its markers before lo (a decision at
+    step 0 of a run that logs from step 1), padded a little so that nothing at either end is cut."""
+    first = lo
+    if markers is not None and markers.height:
+        steps = markers["step"].drop_nulls()
+        if steps.len():
+            first = min(lo, int(steps.min()))
+    span = max(hi - first, 1)
+    return [first - pad * span, hi + pad * span]
+
+
+def window_markers(view: dict, markers):
+    """The markers in a `live_view`'s step window; a window from the run's first logged step also keeps
+    those before it (a decision recorded at step 0 of a run whose first logged step is 1)."""
+    lo, hi = view["window"]
+    first = view["extent"][0] if view.get("extent") else lo
+    lo = min(0, lo) if lo <= first else lo
+    return markers.filter(markers["step"].is_null() | markers["step"].is_between(lo, hi))
 
 
 def layer_band(bands, label: str = "layers", color: str = "#8c564b") -> list[dict[str, Any]]:
@@ -385,17 +459,146 @@ def marker_text(kind: str, data: Any) -> str:
     return plot_text(f"{kind.replace('_', ' ')}: {describe(kind, data)}")
 
 
-def add_markers(fig: dict[str, Any], markers, y_at: float | None = None, lines: bool = True) -> None:
+# a finding's severity -> (symbol, colour, size, legend entry): what an operator must act on stands out,
+# what is only worth knowing is small and open
+SEVERITY_STYLE = {
+    "critical": ("triangle-up", "#d62728", 14, "finding: critical"),
+    "warn": ("triangle-up", "#ff7f0e", 11, "finding: warning"),
+    "info": ("triangle-up-open", "#8c8c8c", 8, "finding: info"),
+}
+SEVERITY_RANK = {"info": 0, "warn": 1, "critical": 2}
+EPISODE_GAP = (
+    0.01  # findings on one chart closer than this share of its step span are one episode, one marker
+)
+EPISODE_LINES = 6  # an episode's hover lists at most this many findings
+
+
+def route_markers(markers, charts: dict[str, tuple[str, ...]], home: str) -> dict[str, Any]:
+    """Each chart's markers: a finding (an `anomaly`) on the chart whose metric names (fnmatch patterns) match
+    its `metric`; every other marker, and a finding of a metric no chart draws, on the `home` chart."""
+    import fnmatch
+
+    if markers is None or markers.height == 0:
+        return {title: markers for title in charts}
+    metric = markers["data"].str.json_path_match("$.metric")
+    chart_of = []
+    for kind, m in zip(markers["kind"].to_list(), metric.to_list(), strict=True):
+        hit = (
+            next((t for t, pats in charts.items() if any(fnmatch.fnmatchcase(m, p) for p in pats)), None)
+            if kind == "anomaly" and m
+            else None
+        )
+        chart_of.append(hit or home)
+    where = pl.Series(chart_of, dtype=pl.String)
+    return {title: markers.filter(where == title) for title in charts}
+
+
+def finding_episodes(steps: list[int], datas: list[Any], gap: float) -> list[dict[str, Any]]:
+    """Findings (`anomaly` events: their steps and data) collapsed into episodes: sorted by window, a finding
+    whose window starts within `gap` steps of the episode's end joins it. Each episode: step (its first
+    finding's), start and end (its windows' span), severity (its worst), n, and hover text listing them."""
+    rows = []
+    for s, d in zip(steps, datas, strict=True):
+        d = _json(d)
+        w = d.get("window") if isinstance(d.get("window"), list) and len(d["window"]) == 2 else [s, s]
+        try:
+            a, b = float(w[0]), float(w[1])
+        except (TypeError, ValueError):
+            a = b = float(s)
+        rows.append((a, b, int(s), d))
+    rows.sort(key=lambda r: (r[0], r[2]))
+    out: list[dict[str, Any]] = []
+    for a, b, s, d in rows:
+        sev = d.get("severity") if d.get("severity") in SEVERITY_RANK else "warn"
+        if out and a <= out[-1]["end"] + gap:
+            e = out[-1]
+            e["end"] = max(e["end"], b)
+            e["step"] = min(e["step"], s)
+            e["items"].append((sev, d))
+            if SEVERITY_RANK[sev] > SEVERITY_RANK[e["severity"]]:
+                e["severity"] = sev
+        else:
+            out.append({"step": s, "start": a, "end": b, "severity": sev, "items": [(sev, d)]})
+    for e in out:
+        items = sorted(e["items"], key=lambda x: -SEVERITY_RANK[x[0]])
+        head = f"{len(items)} findings, worst {e['severity']}" if len(items) > 1 else e["severity"]
+        lines = [marker_text("anomaly", d) for _, d in items[:EPISODE_LINES]]
+        more = [f"... and {len(items) - EPISODE_LINES} more"] if len(items) > EPISODE_LINES else []
+        e["n"] = len(items)
+        e["text"] = "<br>".join([plot_text(head), *lines, *more])
+    return out
+
+
+def _json(d: Any) -> dict:
+    if isinstance(d, str):
+        try:
+            d = json.loads(d)
+        except ValueError:
+            return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _finding_traces(fig: dict[str, Any], d, y_at: float | None, gap: float) -> None:
+    """A run's findings on one chart: one marker per episode, one trace (legend entry) per severity; an
+    episode of several findings carries their count over its marker and, when it spans steps, a faint band."""
+    eps = finding_episodes(d["step"].to_list(), d["data"].to_list(), gap)
+    for e in eps:
+        if e["n"] > 1 and e["end"] > e["start"]:
+            fig["layout"].setdefault("shapes", []).append(
+                {
+                    "type": "rect",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": e["start"],
+                    "x1": e["end"],
+                    "y0": 0,
+                    "y1": 1,
+                    "fillcolor": _rgba(SEVERITY_STYLE[e["severity"]][1], 0.1),
+                    "line": {"width": 0},
+                    "layer": "below",
+                }
+            )
+    for sev in ("info", "warn", "critical"):
+        mine = [e for e in eps if e["severity"] == sev]
+        if not mine:
+            continue
+        symbol, color, size, name = SEVERITY_STYLE[sev]
+        fig["data"].append(
+            scatter(
+                x=[e["step"] for e in mine],
+                y=[y_at] * len(mine),
+                mode="markers+text",
+                name=name,
+                marker={"symbol": symbol, "color": color, "size": size, "line": {"width": 1, "color": color}},
+                text=[e["text"] for e in mine],
+                customdata=[f"×{e['n']}" if e["n"] > 1 else "" for e in mine],  # the count, over the marker
+                texttemplate="%{customdata}",
+                textposition="top center",
+                textfont={"color": color, "size": 11},
+                hovertemplate="step %{x}<br>%{text}<extra></extra>",
+                cliponaxis=False,  # a finding at the chart's first or last step is drawn whole
+            )
+        )
+
+
+def add_markers(
+    fig: dict[str, Any], markers, y_at: float | None = None, lines: bool = True, gap: float = 0.0
+) -> None:
     """Event markers at their steps: one trace per kind (toggle in the legend), text on hover.
 
     markers: frame with kind, step, data. They sit at `y_at` (data units) so that
     hovering works; failures, config changes and decisions also get a dotted line.
+    Findings (`anomaly`) are drawn by episode (`finding_episodes`, `gap` steps apart at most),
+    styled by severity. Markers are not clipped at the plot's edges.
     """
     if markers is None or markers.height == 0:
         return
     m = markers.filter(markers["step"].is_not_null())
     for kind in m["kind"].unique(maintain_order=True).to_list():
         d = m.filter(m["kind"] == kind)
+        if kind == "anomaly":
+            _finding_traces(fig, d, y_at, gap)
+            continue
         symbol, color = MARKER_STYLE.get(kind, ("circle", "#333333"))
         steps = d["step"].to_list()
         fig["data"].append(
@@ -407,6 +610,7 @@ def add_markers(fig: dict[str, Any], markers, y_at: float | None = None, lines: 
                 marker={"symbol": symbol, "color": color, "size": 11, "line": {"width": 1}},
                 text=[marker_text(kind, x) for x in d["data"].to_list()],
                 hovertemplate="step %{x}<br>%{text}<extra></extra>",
+                cliponaxis=False,
             )
         )
         if lines and kind in ("failure", "config_diff", "decision"):

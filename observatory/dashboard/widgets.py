@@ -26,7 +26,15 @@ from observatory.dashboard.runs_table import PAGE, run_row, runs_table
 from observatory.events import RUN_ID_RE
 from observatory.markup import md_escape
 
-__all__ = ["page_opening", "pick_run", "requested_window", "step_window", "show_chart", "wire_figure"]
+__all__ = [
+    "page_opening",
+    "pick_run",
+    "requested_window",
+    "step_window",
+    "show_chart",
+    "apply_box",
+    "wire_figure",
+]
 
 
 def page_opening(title: str, caption: str, fn: Callable, *args) -> Any | None:
@@ -156,13 +164,17 @@ def show_chart(fig, key: str, window_key: str | None = None) -> None:
     except (KeyError, TypeError):
         boxes = []
     if boxes:
-        xs = boxes[0].get("x") or []
-        box = (min(xs), max(xs)) if len(xs) == 2 and all(isinstance(v, (int, float)) for v in xs) else None
-        # the selection persists across reruns: zoom once per new box
-        if box is not None and st.session_state.get(f"{key}_applied") != box:
-            st.session_state[f"{key}_applied"] = box
-            st.session_state[f"{window_key}_box"] = box
-            st.rerun()
+        apply_box(key, window_key, boxes[0].get("x") or [])
+
+
+def apply_box(key: str, window_key: str, xs, nonce=None) -> None:
+    """A box selected on chart `key` (its x range `xs`) as `window_key`'s next step window: rerun once per
+    new box (a selection persists across reruns; `nonce` tells two selections of one range apart)."""
+    box = (min(xs), max(xs)) if len(xs) == 2 and all(isinstance(v, (int, float)) for v in xs) else None
+    if box is not None and st.session_state.get(f"{key}_applied") != (box, nonce):
+        st.session_state[f"{key}_applied"] = (box, nonce)
+        st.session_state[f"{window_key}_box"] = box
+        st.rerun()
 
 
 def wire_figure(fig: dict) -> dict:

@@ -31,10 +31,22 @@ from observatory import settings
 from observatory.dashboard.after_paint import after_first_paint
 from observatory.dashboard.auto_panels import render_auto
 from observatory.dashboard.cache import derive, query, query_all
-from observatory.dashboard.charts import add_markers, band, layer_band, scatter, series_figure
+from observatory.dashboard.charts import (
+    EPISODE_GAP,
+    add_markers,
+    band,
+    layer_band,
+    route_markers,
+    scatter,
+    series_figure,
+    smooth,
+    window_markers,
+    x_range,
+)
+from observatory.dashboard.live_chart import live_chart
 from observatory.dashboard.run_details import render_details
 from observatory.dashboard.runs_table import PAGE, ago, is_running, run_row, runs_calls, runs_table
-from observatory.dashboard.widgets import pick_run, requested_window, show_chart, step_window
+from observatory.dashboard.widgets import pick_run, requested_window, step_window
 from observatory.events import RUN_ID_RE
 from observatory.markup import md_escape, plot_text
 from observatory.queries import dashboard as qd
@@ -45,16 +57,18 @@ REFRESH_S = 2  # the charts' refresh
 # new step's number is on screen about a second after the follower commits it, between chart refreshes
 STATUS_S = 0.5
 LOSS = ("train/loss", "train/ce_loss")
-# (title, metric names drawn together, log y)
+# (title, metric names drawn together, log y, the y axis's title with its unit)
 HEALTH = (
-    ("Z-losses", ("train/z_loss", "router/z_loss"), True),
-    ("Load-balancing loss", ("router/lb_loss",), False),
-    ("Grad norm", ("grad/norm/total",), True),
-    ("Learning rate", ("opt/lr",), False),
-    ("Throughput (tokens/s)", ("throughput/tokens_per_s",), False),
-    ("Drop fraction", ("moe/drop_fraction",), False),
+    ("Z-losses", ("train/z_loss", "router/z_loss"), True, "z-loss (log scale)"),
+    ("Load-balancing loss", ("router/lb_loss",), False, "aux. loss"),
+    ("Grad norm", ("grad/norm/total",), True, "global L2 norm (log scale)"),
+    ("Learning rate", ("opt/lr",), False, "learning rate"),
+    ("Throughput (tokens/s)", ("throughput/tokens_per_s",), False, "tokens / s"),
+    ("Drop fraction", ("moe/drop_fraction",), False, "share of routed tokens dropped"),
 )
-HEALTH_NAMES = [n for _, names, _ in HEALTH for n in names if n not in LOSS]
+LOSS_AXIS = "loss (nats / token)"
+EVAL_COLORS = ("#111111", "#2ca02c", "#9467bd", "#8c564b")  # eval datasets: dark, unlike the train line
+HEALTH_NAMES = [n for _, names, _, _ in HEALTH for n in names if n not in LOSS]
 # per-layer metrics drawn as one band across layers (min-max, the layers' mean, the worst layer named)
 # in the health chart of the same title: 48 layers make two legend entries, not 48
 LAYER_FAMILIES = {
@@ -63,6 +77,17 @@ LAYER_FAMILIES = {
     "Drop fraction": "moe/layer_*/drop_fraction",
 }
 ALL_NAMES = tuple(dict.fromkeys(LOSS + tuple(HEALTH_NAMES)))
+# where a finding is drawn: the chart of its metric (fnmatch patterns: each health chart's metrics, their
+# per-layer families, and the nearest chart for metrics this page does not draw); the rest on the loss chart
+FINDING_CHARTS = {
+    "loss": (),
+    "Z-losses": ("train/z_loss", "router/z_loss", "router/layer_*/z_loss"),
+    "Load-balancing loss": ("router/lb_loss", "router/layer_*/lb_loss"),
+    "Grad norm": ("grad/*", "opt/update_norm", "opt/param_norm"),
+    "Learning rate": ("opt/lr",),
+    "Throughput (tokens/s)": ("throughput/*", "sys/*"),
+    "Drop fraction": ("moe/*drop_fraction", "expert_load/*"),
+}
 # a running run silent for this long gets a warning (it is `crashed` after settings.stale_after_s)
 QUIET_S = 30.0
 
@@ -139,15 +164,16 @@ def previous_run(rows: list[dict], run: str) -> str | None:
     return max(earlier, key=lambda r: r["start_time"])["run"] if earlier else None
 
 
-def previous_trace(prev: str, d) -> dict:
-    """The previous run's loss (bucket means) as a thin grey line."""
+def previous_trace(prev: str, d, smoothing: float = 0.0) -> dict:
+    """The previous run's loss (bucket means, smoothed as this run's line is) as a grey dashed line, drawn
+    over this run's: where the two coincide its dashes still show. Its legend entry says what it is."""
     return scatter(
         x=d["step"].to_list(),
-        y=d["mean"].to_list(),
+        y=smooth(d["mean"].cast(pl.Float64).to_numpy(), smoothing),
         mode="lines",
-        name=f"previous run {prev}",
-        line={"color": "rgba(120,120,120,0.7)", "width": 1},
-        hovertemplate="%{x}: %{y:.4g}<extra>" + prev + "</extra>",
+        name=f"previous run {prev} (same name and steps)",
+        line={"color": "rgba(90,90,90,0.85)", "width": 2, "dash": "dash"},
+        hovertemplate="%{x}: %{y:.4g}<extra>previous run " + prev + "</extra>",
     )
 
 
@@ -191,6 +217,7 @@ def panel_calls(run: str) -> list[tuple]:
 
 
 SMOOTH_KEY = "live_smoothing"
+SMOOTHING = 0.6  # on by default (TensorBoard's default weight): the raw curve is drawn faintly behind
 
 
 def _smoothing() -> float:
@@ -198,7 +225,7 @@ def _smoothing() -> float:
 
     A shadow key keeps the value over runs that do not draw the slider (a run's first view).
     """
-    return float(st.session_state.get(SMOOTH_KEY, st.session_state.get(f"_{SMOOTH_KEY}", 0.0)))
+    return float(st.session_state.get(SMOOTH_KEY, st.session_state.get(f"_{SMOOTH_KEY}", SMOOTHING)))
 
 
 def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None:
@@ -222,25 +249,75 @@ def _controls(first: int, last: int, wkey: str, window: tuple[int, int]) -> None
 def _status(run: str, live: bool = False) -> None:
     """The banner (crashed, failed, preempted, stale) and the status line: its own fragment, refreshed
     every `STATUS_S` while the run is live, from the cached run table (kept fresh by the cache's keeper).
-    When a live run ends, the whole page reruns once, as a finished run's page without timers."""
+    It is also the panel's watch: when the panel's data has changed since it was drawn (`panel_version`),
+    and the last redraw is at least `REFRESH_S` and its own duration ago, the page reruns once and the
+    panel is redrawn; with nothing new, the charts are left as they are. When a live run ends, the whole
+    page reruns once, as a finished run's page without timers."""
     row = run_row(run, keep_fresh=live)
     if row is None:
         st.warning(f"Run {md_escape(repr(run))} is not in the store.")
         return
     if live and row["status"] != "running":
         st.rerun()  # it has ended (or gone silent): the page is redrawn as a finished run's, and stops polling
+    if live and _redraw_due(run):
+        st.rerun()
     now = time.time()
     _banner(row, now)
     st.markdown(status_line(row, now))
 
 
+def _panel_batch(run: str, live: bool) -> list:
+    """The live panel's cached batch on one connection: the run's row, its series, markers, evals, forecasts
+    and metric names; a live run's is kept fresh in the background while viewers watch it."""
+    return query_all(*runs_calls(runs=[run], limit=1), *panel_calls(run), keep_fresh=live)
+
+
+def panel_version(rows, view, marks, evals, fcs, names) -> tuple:
+    """What the panel's charts show, in a few values: it changes when the run has new data for them
+    (a new step or event, a new finding, eval or forecast, a new metric), and only then."""
+    row = rows[0] if rows else {}
+    return (
+        row.get("status"),
+        row.get("last_step"),
+        row.get("last_event_t"),
+        view["extent"],
+        marks.height,
+        evals.height,
+        len(fcs),
+        len(names),
+    )
+
+
+def _redraw_due(run: str) -> bool:
+    """Whether the panel should be redrawn now: new data since its last draw, and the last draw ended at
+    least `REFRESH_S` and its own duration ago (a page slower to draw than the data comes is redrawn
+    as fast as it draws, never faster)."""
+    key = f"live_drawn_v_{run}"
+    drawn = st.session_state.get(key)
+    if drawn is None:
+        return False  # not drawn yet: the panel is on its way
+    version, at, took = drawn
+    now = time.monotonic()
+    if now - at < max(REFRESH_S, took) or derive(panel_version, *_panel_batch(run, True)) == version:
+        return False
+    # the page's rerun runs this line again before it reaches the panel: not due again until it has drawn
+    st.session_state[key] = (version, now, took)
+    return True
+
+
 def _panel(run: str, live: bool = False) -> None:
-    # one connection for the whole refresh: the run list, the window's series, markers, evals, forecasts;
-    # a live run's is kept fresh in the background while viewers watch it, so no refresh waits for it
-    calls = runs_calls(runs=[run], limit=1)
-    batch = query_all(*calls, *panel_calls(run), keep_fresh=live)
-    view, all_marks, evals, fcs, names = batch[len(calls) :]
+    t0 = time.monotonic()
+    batch = _panel_batch(run, live)
+    view, all_marks, evals, fcs, names = batch[1:]
     me = run_row(run, keep_fresh=live)  # from the batch above
+    version = derive(panel_version, *batch)
+    try:
+        _draw(run, live, me, view, all_marks, evals, fcs, names)
+    finally:  # what was drawn, when, and how long it took: the status line's watch redraws from there
+        st.session_state[f"live_drawn_v_{run}"] = (version, time.monotonic(), time.monotonic() - t0)
+
+
+def _draw(run: str, live: bool, me, view, all_marks, evals, fcs, names) -> None:
     if me is None:
         return  # the status line above says so
     wkey = f"live_window_{run}"
@@ -259,7 +336,7 @@ def _panel(run: str, live: bool = False) -> None:
         prev = previous_run(runs_table(name=me["name"], limit=PAGE), run)  # the runs of its name
         pd_ = query(qd.downsample, prev, [loss_name], lo, hi, 1000) if prev is not None else None
         fig = derive(loss_figure, view, all_marks, evals, fcs, prev, pd_, smoothing)
-        show_chart(fig, key=f"live_loss_{run}", window_key=wkey)
+        live_chart(fig, key=f"live_loss_{run}", window_key=wkey)
     else:
         st.info("No `train/loss` logged in this window.")
 
@@ -281,7 +358,7 @@ def _panel(run: str, live: bool = False) -> None:
             if fig is None:
                 st.caption(f"{title}: not logged")
             else:
-                show_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
+                live_chart(fig, key=f"live_{i}_{run}", window_key=wkey)
 
 
 def _loss_name(view: dict) -> str | None:
@@ -289,40 +366,44 @@ def _loss_name(view: dict) -> str | None:
     return next((n for n in LOSS if data.filter(data["name"] == n).height), None)
 
 
-def _window_marks(view: dict, all_marks):
-    lo, hi = view["window"]
-    return all_marks.filter(all_marks["step"].is_null() | all_marks["step"].is_between(lo, hi))
+def _routed(view: dict, all_marks) -> dict:
+    """The window's markers by chart: findings on their metric's chart (FINDING_CHARTS), the rest on the loss's."""
+    return route_markers(window_markers(view, all_marks), FINDING_CHARTS, "loss")
 
 
 def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, smoothing: float) -> dict:
-    """The loss chart: the run's loss in the window, eval points, forecasts, the previous run, markers."""
+    """The loss chart: the run's loss in the window, the previous run, eval points, forecasts, markers."""
     lo, hi = view["window"]
     data = view["data"]
     loss_name = _loss_name(view)
     d = data.filter(data["name"] == loss_name)
-    fig = series_figure(d, loss_name, smoothing, height=420)
-    if evals.height:
+    fig = series_figure(d, loss_name, smoothing, height=420, y_title=LOSS_AXIS)
+    if prev_data is not None and prev_data.height:  # over the run's own line: seen where the two coincide
+        fig["data"].append(previous_trace(prev, prev_data, smoothing))
+    if evals.height:  # over the noisy train curve: large points, outlined
         ev = evals.filter((evals["step"] >= lo) & (evals["step"] <= hi))
-        for ds in ev["dataset"].unique(maintain_order=True).to_list():
+        for i, ds in enumerate(ev["dataset"].unique(maintain_order=True).to_list()):
             e = ev.filter(ev["dataset"] == ds)
+            color = EVAL_COLORS[i % len(EVAL_COLORS)]
             fig["data"].append(
                 scatter(
                     x=e["step"].to_list(),
                     y=e["loss"].to_list(),
                     mode="lines+markers",
                     name=plot_text(f"eval {ds}"),
-                    line={"dash": "dot"},
+                    line={"color": color, "width": 1.5},
+                    marker={"color": color, "size": 9, "line": {"color": "white", "width": 1.5}},
+                    cliponaxis=False,
                     hovertemplate="%{x}: eval %{y:.4g}<extra>"
                     + plot_text(ds).replace("%", "%%")
                     + "</extra>",
                 )
             )
     fig["data"].extend(forecast_traces(fcs))
-    if prev_data is not None and prev_data.height:
-        fig["data"].insert(0, previous_trace(prev, prev_data))
     finite = d["max"].drop_nulls()
-    add_markers(fig, _window_marks(view, all_marks), y_at=float(finite.max()) if finite.len() else None)
-    fig["layout"]["xaxis"]["range"] = [lo, hi]
+    marks = _routed(view, all_marks)["loss"]
+    add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None, gap=EPISODE_GAP * (hi - lo))
+    fig["layout"]["xaxis"]["range"] = x_range(lo, hi, marks)
     return fig
 
 
@@ -343,12 +424,12 @@ def status_line(row: dict, now: float) -> str:
 
 def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, dict | None]]:
     """The six MoE and optimiser health charts as (title, figure or None when not logged);
-    per-layer metrics as a band across layers."""
+    per-layer metrics as a band across layers; each with its own findings, failures and config changes."""
     lo, hi = view["window"]
     data, bands, drop = view["data"], view["bands"], view["drop"]
-    marks = _window_marks(view, all_marks)
+    routed = _routed(view, all_marks)
     out: list[tuple[str, dict | None]] = []
-    for title, names, log_y in HEALTH:
+    for title, names, log_y, y_title in HEALTH:
         d = data.filter(data["name"].is_in(list(names)))
         if d.height == 0 and "moe/drop_fraction" in names and drop is not None and drop.height:
             d = drop  # no drop fraction metric: the one computed from the expert loads (rollup)
@@ -368,6 +449,8 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
             group=group,
             height=260,
             log_y=log_y and positive.len() > 0 and float(positive.min()) > 0,
+            y_title=y_title,
+            extra=layers,
         )
         top = d["max"].drop_nulls()
         if layers is not None and layers.height:
@@ -378,13 +461,18 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
                     f"{title} · worst: layer {worst['layer']} ({worst['mean']:.3g})"
                 )
             top = pl.concat([top.cast(pl.Float64), layers["max"].drop_nulls()])
-        add_markers(  # small charts: failures and config changes only, no lines
+        # its own findings, and the run's failures and config changes
+        marks = pl.concat(
+            [routed[title], routed["loss"].filter(routed["loss"]["kind"].is_in(["failure", "config_diff"]))]
+        )
+        add_markers(  # small charts: no lines
             fig,
-            marks.filter(marks["kind"].is_in(["failure", "config_diff"])),
+            marks,
             y_at=float(np.nanmax(top.to_numpy())) if top.len() else None,
             lines=False,
+            gap=EPISODE_GAP * (hi - lo),
         )
-        fig["layout"]["xaxis"]["range"] = [lo, hi]
+        fig["layout"]["xaxis"]["range"] = x_range(lo, hi, marks)
         out.append((title, fig))
     return out
 
@@ -402,11 +490,13 @@ def render() -> None:
         return
     live = is_running(run_row(run))
     st.caption(
-        f"Refreshing every {REFRESH_S} s (the status line every {STATUS_S:g} s)."
+        f"Live: the charts are redrawn when the run has new data, at most every {REFRESH_S} s; "
+        f"the status line every {STATUS_S:g} s."
         if live
         else "Not running: shown as of its last event."
     )
-    # only the status line and the panel refresh, each at its own pace; a finished run does not poll
+    # the status line refreshes itself and watches for new data; the panel is redrawn only when there is some
     st.fragment(run_every=STATUS_S if live else None)(_status)(run, live)
-    st.fragment(run_every=REFRESH_S if live else None)(_panel)(run, live)
+    with st.container(key="live_panel"):
+        st.fragment(_panel)(run, live)
     render_details(run)
