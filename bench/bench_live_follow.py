@@ -98,7 +98,9 @@ def measure(
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(120_000)
             page.goto(f"http://127.0.0.1:{port}/live?run={RUN}")
-            page.get_by_text("Live: the charts are redrawn").first.wait_for()  # the run is live: the panel refreshes
+            page.get_by_text(
+                "Live: the charts are redrawn"
+            ).first.wait_for()  # the run is live: the panel refreshes
             deadline = time.time() + 120
             while (last_step(page) or -1) < append_target(log):  # the follower has caught up
                 if time.time() > deadline:
