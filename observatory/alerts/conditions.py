@@ -209,7 +209,7 @@ def _tails(con, name: str, runs: list[str], n: int) -> dict[str, tuple[list[floa
         """
         SELECT run, list(value ORDER BY step DESC), list(step ORDER BY step DESC) FROM (
             SELECT run, step, value, row_number() OVER (PARTITION BY run ORDER BY step DESC) AS k FROM metrics
-            WHERE name = $name AND run IN (SELECT unnest($runs::VARCHAR[]))
+            WHERE name = $name AND run IN (SELECT unnest($runs::VARCHAR[])) AND NOT replaced
         ) WHERE k <= $n GROUP BY run
         """,
         {"name": name, "n": n, "runs": runs},
@@ -220,7 +220,8 @@ def _tails(con, name: str, runs: list[str], n: int) -> dict[str, tuple[list[floa
 def _baseline(con, rule: Rule, steps: list[int]) -> float | None:
     """The named baseline run's median of the rule's metric over the same steps."""
     row = con.execute(
-        "SELECT median(value) FROM metrics WHERE run = $run AND name = $name AND step BETWEEN $lo AND $hi",
+        "SELECT median(value) FROM metrics WHERE run = $run AND name = $name AND step BETWEEN $lo AND $hi "
+        "AND NOT replaced",
         {"run": rule.baseline_run, "name": rule.metric, "lo": min(steps), "hi": max(steps)},
     ).fetchone()
     return row[0] if row else None

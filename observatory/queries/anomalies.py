@@ -89,7 +89,7 @@ def metric_series(
     tbl = con.sql(
         f"""
         SELECT step, name, avg(value) AS value FROM metrics
-        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? {only}
+        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? AND NOT replaced {only}
         GROUP BY step, name
         """,
         params=params + ([list(names)] if names is not None else []),
@@ -116,7 +116,7 @@ def metric_arrays(
         """
         SELECT list_position($names, name)::INTEGER AS k, step, coalesce(value, 0) AS value, value IS NULL AS null
         FROM metrics
-        WHERE run = $run AND host <> $host AND step IS NOT NULL AND step >= $since
+        WHERE run = $run AND host <> $host AND step IS NOT NULL AND step >= $since AND NOT replaced
           AND name IN (SELECT unnest($names::VARCHAR[]))
         """,
         {
@@ -142,7 +142,8 @@ def nonfinite_arrays(con, run: str, since_step: int | None = None) -> dict[str, 
 
 NONFINITE_SQL = """
         SELECT step, name, value FROM metrics
-        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? AND (isnan(value) OR isinf(value))
+        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? AND NOT replaced
+          AND (isnan(value) OR isinf(value))
         ORDER BY step, name
         """
 
@@ -412,7 +413,7 @@ def metric_arrays_many(
             SELECT w.k, list_position($names, m.name)::INTEGER AS c, m.step, coalesce(m.value, 0) AS value,
                    m.value IS NULL AS null
             FROM metrics m JOIN _scan_w w ON m.run = w.run
-            WHERE {part} AND m.host <> $host AND m.step IS NOT NULL AND m.step >= w.since
+            WHERE {part} AND m.host <> $host AND m.step IS NOT NULL AND m.step >= w.since AND NOT m.replaced
               AND m.name IN (SELECT unnest($names::VARCHAR[]))
             """,
             {"host": OBSERVATORY_HOST, "names": list(names)},
@@ -463,7 +464,7 @@ def nonfinite_arrays_many(
         parts.append(
             con.execute(
                 f"""SELECT w.k, m.step, m.name, m.value FROM metrics m JOIN _scan_w w ON m.run = w.run
-                WHERE {part} AND m.host <> ? AND m.step IS NOT NULL AND m.step >= w.since
+                WHERE {part} AND m.host <> ? AND m.step IS NOT NULL AND m.step >= w.since AND NOT m.replaced
                   AND (isnan(m.value) OR isinf(m.value))
                 ORDER BY w.k, m.step, m.name""",
                 [OBSERVATORY_HOST],

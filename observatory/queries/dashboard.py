@@ -99,7 +99,7 @@ def _bucketed(con, runs, names, lo: int, hi: int, max_points: int) -> pl.DataFra
                    count(*) AS n,
                    count(*) FILTER (WHERE NOT isfinite(value)) AS n_nonfinite
             FROM metrics
-            WHERE run IN {rin} AND name IN {nin} AND step BETWEEN ? AND ?
+            WHERE run IN {rin} AND name IN {nin} AND step BETWEEN ? AND ? AND NOT replaced
             GROUP BY run, name, i
             ORDER BY run, name, i
             """,

@@ -76,7 +76,8 @@ CREATE TABLE IF NOT EXISTS metrics (
     name  VARCHAR NOT NULL,      -- /-namespaced metric name, e.g. train/loss
     value DOUBLE,                -- the value; NaN and +-inf are stored as IEEE values
     t     DOUBLE NOT NULL,       -- wall time, Unix seconds
-    host  USMALLINT NOT NULL     -- writing process
+    host  USMALLINT NOT NULL,    -- writing process
+    replaced BOOLEAN DEFAULT false -- a newer row of this (run, host, step, name) supersedes it (a resumed attempt's replay)
 );
 CREATE TABLE IF NOT EXISTS expert_load (
     run     VARCHAR NOT NULL,    -- run id
@@ -140,7 +141,7 @@ CREATE TABLE IF NOT EXISTS ingest_files (
 VIEWS = """
 CREATE OR REPLACE VIEW latest_metrics AS
     SELECT run, name, arg_max(step, step) AS step, arg_max(value, step) AS value, max(t) AS t
-    FROM metrics GROUP BY run, name;
+    FROM metrics WHERE NOT replaced GROUP BY run, name;
 CREATE OR REPLACE VIEW run_drop_fraction AS
     SELECT run, sum(dropped)::DOUBLE / nullif(sum(routed), 0) AS drop_fraction,
            sum(routed) AS routed, sum(dropped) AS dropped
@@ -182,6 +183,7 @@ _ADDED_COLUMNS = (
     ("runs", "redactions", "BIGINT"),
     ("ingest_files", "rejected", "BIGINT"),
     ("ingest_files", "rejected_dropped", "BIGINT"),
+    ("metrics", "replaced", "BOOLEAN DEFAULT false"),
 )
 
 TABLE_DOCS = {
@@ -192,7 +194,10 @@ TABLE_DOCS = {
     "is older than `stale_after_s` as `crashed`. A `failure` with `final: true` (its writer stopped there "
     "without a `run_end`, e.g. an imported run cut short) stores `crashed` and `end_time` at once, until "
     "the run's processes write after it.",
-    "metrics": "One row per (run, step, name) scalar from `metrics` events.",
+    "metrics": "One row per (run, step, name) scalar from `metrics` events. A step logged again by the same "
+    "process (a resumed attempt re-logs the steps since its last checkpoint) keeps every row; all but the "
+    "newest (by `t`) are `replaced`, and every chart, rollup, detector and report reads `NOT replaced` "
+    "(docs/operate.md, Restarts and attempts).",
     "expert_load": "One row per (run, step, layer, expert) from `expert_load` events; narrow "
     "integer types so that 10^9 rows stay small.",
     "events": "Every event that is not `metrics`, `expert_load` or `heartbeat` (run_start, run_end, eval, "
@@ -209,7 +214,7 @@ TABLE_DOCS = {
     "them all.",
     "ingest_files": "Per-file ingest progress, committed in the same transaction as the rows it "
     "covers (exactly-once ingest).",
-    "latest_metrics": "View: each run's latest value of each metric.",
+    "latest_metrics": "View: each run's latest value of each metric (rows not `replaced`).",
     "run_drop_fraction": "View: each run's overall token drop fraction (dropped / routed).",
     "run_summary": "View: each run's summary, one row per key (`run`, `key`, `value` JSON, `t`, "
     "`origin`): the run's latest value of each metric (`origin` = `metric`), overridden key by key "
@@ -429,9 +434,19 @@ def run_status_sql(cut: str) -> str:
     return f"CASE WHEN {crashed_sql(cut)} THEN 'crashed' ELSE status END"
 
 
+def _has_column(con, table: str, column: str) -> bool:
+    return bool(
+        con.execute(
+            "SELECT count(*) FROM duckdb_columns() WHERE table_name = ? AND column_name = ? AND NOT internal",
+            [table, column],
+        ).fetchall()[0][0]
+    )
+
+
 def ensure_schema(con) -> None:
     """Create every table and view if it is missing (idempotent)."""
     con.execute(DDL)
+    marked = _has_column(con, "metrics", "replaced")
     for table, col, typ in _ADDED_COLUMNS:
         con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {typ}")
     if con.execute("SELECT count(*) FROM ingest_files WHERE rejected IS NULL").fetchall()[0][0]:
@@ -441,6 +456,10 @@ def ensure_schema(con) -> None:
             "(SELECT count(*) FROM rejected_events r WHERE r.file = ingest_files.path) WHERE rejected IS NULL"
         )
     con.execute(ROLLUP_DDL)
+    if (
+        not marked
+    ):  # a store from before `metrics.replaced`: its next ingest marks and recounts every metric row
+        con.execute("UPDATE rollup_state SET n_rows = -1 WHERE source = 'metrics'")
     con.execute(VIEWS)
     con.execute(DECISIONS_VIEW_DDL)
     con.execute(GOODPUT_VIEWS)
