@@ -21,6 +21,7 @@ summary, histograms and artifacts (`dashboard.run_details`).
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -44,6 +45,10 @@ REFRESH_S = 2  # the charts' refresh
 # the status line's own refresh (last step, status, banners): one cached batch and a line of text, so a
 # new step's number is on screen about a second after the follower commits it, between chart refreshes
 STATUS_S = 0.5
+# a linked step (`?step=`, an alert's link) opens a window of this share of the run either side of it
+LINKED_SHARE = 0.05
+LINKED_MIN = 10  # ... and at least this many steps either side
+LINKED_COLOR = "#d62728"
 LOSS = ("train/loss", "train/ce_loss")
 # (title, metric names drawn together, log y)
 HEALTH = (
@@ -234,7 +239,7 @@ def _status(run: str, live: bool = False) -> None:
     st.markdown(status_line(row, now))
 
 
-def _panel(run: str, live: bool = False) -> None:
+def _panel(run: str, live: bool = False, at: int | None = None) -> None:
     # one connection for the whole refresh: the run list, the window's series, markers, evals, forecasts;
     # a live run's is kept fresh in the background while viewers watch it, so no refresh waits for it
     calls = runs_calls(runs=[run], limit=1)
@@ -258,7 +263,7 @@ def _panel(run: str, live: bool = False) -> None:
     if loss_name is not None:
         prev = previous_run(runs_table(name=me["name"], limit=PAGE), run)  # the runs of its name
         pd_ = query(qd.downsample, prev, [loss_name], lo, hi, 1000) if prev is not None else None
-        fig = derive(loss_figure, view, all_marks, evals, fcs, prev, pd_, smoothing)
+        fig = derive(loss_figure, view, all_marks, evals, fcs, prev, pd_, smoothing, at)
         show_chart(fig, key=f"live_loss_{run}", window_key=wkey)
     else:
         st.info("No `train/loss` logged in this window.")
@@ -276,7 +281,7 @@ def _panel(run: str, live: bool = False) -> None:
         return
     _controls(*view["extent"], wkey, (lo, hi))
     cols = st.columns(2)
-    for i, (title, fig) in enumerate(derive(health_figures, view, all_marks, smoothing)):
+    for i, (title, fig) in enumerate(derive(health_figures, view, all_marks, smoothing, at)):
         with cols[i % 2]:
             if fig is None:
                 st.caption(f"{title}: not logged")
@@ -294,8 +299,70 @@ def _window_marks(view: dict, all_marks):
     return all_marks.filter(all_marks["step"].is_null() | all_marks["step"].is_between(lo, hi))
 
 
-def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, smoothing: float) -> dict:
-    """The loss chart: the run's loss in the window, eval points, forecasts, the previous run, markers."""
+def linked_step(raw, last_step) -> int | None:
+    """The step an alert's link asks for (`?step=`): a plain integer in [0, the run's last step]; else None
+    (ignored: not a number, a sign, a fraction, an exponent, or a step the run never reached)."""
+    if not isinstance(raw, str) or last_step is None or not re.fullmatch(r"[0-9]{1,18}", raw):
+        return None
+    step = int(raw)
+    return step if step <= int(last_step) else None
+
+
+def linked_window(step: int, last_step: int) -> tuple[int, int]:
+    """The window a linked step opens on: `LINKED_SHARE` of the run (at least `LINKED_MIN` steps) either side."""
+    half = max(LINKED_MIN, round(LINKED_SHARE * last_step))
+    return max(0, step - half), step + half
+
+
+def _focus(run: str, last_step) -> int | None:
+    """Honour `?step=` once per link: zoom the charts' window around it (as a box selection would: the
+    user can widen it again), and return it to be marked while it is in the window."""
+    step = linked_step(st.query_params.get("step"), last_step)
+    if step is None:
+        return None
+    seen = f"live_linked_{run}"
+    if st.session_state.get(seen) != step:
+        st.session_state[seen] = step
+        st.session_state[f"live_window_{run}_box"] = linked_window(step, int(last_step))
+    return step
+
+
+def mark_linked(fig: dict, step: int | None, window: tuple[int, int]) -> None:
+    """A vertical line at the linked step (an alert's), when it is in the window."""
+    if step is None or not window[0] <= step <= window[1]:
+        return
+    fig["layout"].setdefault("shapes", []).append(
+        {
+            "type": "line",
+            "name": "linked step",
+            "xref": "x",
+            "yref": "paper",
+            "x0": step,
+            "x1": step,
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": LINKED_COLOR, "width": 2, "dash": "dash"},
+        }
+    )
+    fig["layout"].setdefault("annotations", []).append(
+        {
+            "x": step,
+            "xref": "x",
+            "y": 1,
+            "yref": "paper",
+            "text": f"step {step}",
+            "showarrow": False,
+            "yanchor": "bottom",
+            "font": {"color": LINKED_COLOR},
+        }
+    )
+
+
+def loss_figure(
+    view: dict, all_marks, evals, fcs, prev: str | None, prev_data, smoothing: float, at: int | None = None
+) -> dict:
+    """The loss chart: the run's loss in the window, eval points, forecasts, the previous run, markers,
+    and the linked step `at` (an alert's link)."""
     lo, hi = view["window"]
     data = view["data"]
     loss_name = _loss_name(view)
@@ -322,6 +389,7 @@ def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, 
         fig["data"].insert(0, previous_trace(prev, prev_data))
     finite = d["max"].drop_nulls()
     add_markers(fig, _window_marks(view, all_marks), y_at=float(finite.max()) if finite.len() else None)
+    mark_linked(fig, at, (lo, hi))
     fig["layout"]["xaxis"]["range"] = [lo, hi]
     return fig
 
@@ -341,9 +409,11 @@ def status_line(row: dict, now: float) -> str:
     )
 
 
-def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, dict | None]]:
+def health_figures(
+    view: dict, all_marks, smoothing: float, at: int | None = None
+) -> list[tuple[str, dict | None]]:
     """The six MoE and optimiser health charts as (title, figure or None when not logged);
-    per-layer metrics as a band across layers."""
+    per-layer metrics as a band across layers; the linked step `at` marked."""
     lo, hi = view["window"]
     data, bands, drop = view["data"], view["bands"], view["drop"]
     marks = _window_marks(view, all_marks)
@@ -384,6 +454,7 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
             y_at=float(np.nanmax(top.to_numpy())) if top.len() else None,
             lines=False,
         )
+        mark_linked(fig, at, (lo, hi))
         fig["layout"]["xaxis"]["range"] = [lo, hi]
         out.append((title, fig))
     return out
@@ -400,7 +471,13 @@ def render() -> None:
         run = pick_run()
     if run is None:
         return
-    live = is_running(run_row(run))
+    row = run_row(run)
+    live = is_running(row)
+    at = None
+    if run == wanted:
+        at = _focus(run, row and row["last_step"])
+    elif "step" in st.query_params:  # the link's step was another run's
+        del st.query_params["step"]
     st.caption(
         f"Refreshing every {REFRESH_S} s (the status line every {STATUS_S:g} s)."
         if live
@@ -408,5 +485,5 @@ def render() -> None:
     )
     # only the status line and the panel refresh, each at its own pace; a finished run does not poll
     st.fragment(run_every=STATUS_S if live else None)(_status)(run, live)
-    st.fragment(run_every=REFRESH_S if live else None)(_panel)(run, live)
+    st.fragment(run_every=REFRESH_S if live else None)(_panel)(run, live, at)
     render_details(run)
