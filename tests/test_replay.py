@@ -147,3 +147,29 @@ def test_a_replay_ingested_live_supersedes_what_the_store_had(tmp_path):
     with connect(db) as con, connect(again) as con2:
         q = "SELECT run, host, name, step, value, replaced FROM metrics ORDER BY ALL"
         assert con.execute(q).fetchall() == con2.execute(q).fetchall()
+
+
+def test_a_store_from_before_the_marks_is_marked_at_its_next_ingest(tmp_path):
+    """A store written before `metrics.replaced` and `runs.phase` existed: opening it for writing adds them,
+    marks its replays, recounts its metric rollups and folds its runs' phases, as a rebuild would."""
+    from observatory.store import ensure_schema, write_connection
+
+    runs_dir, db = tmp_path / "runs", tmp_path / "store.duckdb"
+    attempt0(runs_dir)
+    attempt1(runs_dir)
+    ingest(runs_dir, db, emit=None)
+    q = "SELECT count(*) FILTER (WHERE replaced), sum(n) FROM metrics, (SELECT sum(n) AS n FROM metric_series)"
+    phases = "SELECT run, phase, phase_t FROM runs ORDER BY run"
+    with connect(db) as con:
+        marked, fresh_phases = con.execute(q).fetchall(), con.execute(phases).fetchall()
+    assert marked[0][0] == 2 * (CRASH - CKPT) and fresh_phases[0][1] == "shutdown"
+    with write_connection(db) as con:  # as an older version left it: every row counted, no phases
+        con.execute("ALTER TABLE metrics DROP COLUMN replaced")
+        con.execute("ALTER TABLE runs DROP COLUMN phase")
+        con.execute("UPDATE metric_series SET n = n + 1")
+        ensure_schema(con)
+    ingest(runs_dir, db, emit=None)
+    with connect(db) as con:
+        assert con.execute(q).fetchall() == marked
+        assert con.execute(phases).fetchall() == fresh_phases
+    check_newest_only(db)

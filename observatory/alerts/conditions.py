@@ -17,10 +17,9 @@ from observatory import settings
 from observatory.alerts.rules import RANK, Rule, Rules
 from observatory.queries import alerts as q
 from observatory.queries.anomalies import run_activity
+from observatory.store.schema import PHASE_BUDGETED
 
 __all__ = ["Firing", "LiveRun", "live_runs", "firing", "PHASE_BUDGETED"]
-
-PHASE_BUDGETED = ("init", "compile", "eval", "checkpoint")  # phases that may be long and are not a stall
 
 
 @dataclass(frozen=True)

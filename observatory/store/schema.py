@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 
+from observatory import settings
 from observatory.store.goodput import GOODPUT_DOCS, GOODPUT_VIEWS
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "RUN_JSON_COLUMNS",
     "crashed_sql",
     "run_status_sql",
+    "PHASE_BUDGETED",
+    "PHASE_FOLD_SQL",
     "ensure_schema",
     "schema_columns",
 ]
@@ -68,7 +71,10 @@ CREATE TABLE IF NOT EXISTS runs (
     data         JSON,           -- {name, fingerprint, tokens}
     mesh         JSON,           -- {data, expert, processes, devices}
     model        JSON,           -- {params_total, params_active, flops_per_token}
-    redactions   BIGINT          -- values ingest hid as secrets (config, text, metric names, rejected lines)
+    redactions   BIGINT,         -- values ingest hid as secrets (config, text, metric names, rejected lines)
+    phase        VARCHAR,        -- the newest phase any of its processes entered (phase events)
+    phase_t      DOUBLE,         -- Unix seconds when it entered it
+    phase_budget_s DOUBLE        -- that phase event's budget_s (NULL: none given)
 );
 CREATE TABLE IF NOT EXISTS metrics (
     run   VARCHAR NOT NULL,      -- run id
@@ -184,6 +190,9 @@ _ADDED_COLUMNS = (
     ("ingest_files", "rejected", "BIGINT"),
     ("ingest_files", "rejected_dropped", "BIGINT"),
     ("metrics", "replaced", "BOOLEAN DEFAULT false"),
+    ("runs", "phase", "VARCHAR"),
+    ("runs", "phase_t", "DOUBLE"),
+    ("runs", "phase_budget_s", "DOUBLE"),
 )
 
 TABLE_DOCS = {
@@ -191,7 +200,9 @@ TABLE_DOCS = {
     "`status` is `running` until a `run_end`, and `running` again when the run's own processes write "
     "after it (a resume: `trainer train --resume` and `init(resume=)` append to the log with no second "
     "`run_start`); readers show a running run whose newest event "
-    "is older than `stale_after_s` as `crashed`. A `failure` with `final: true` (its writer stopped there "
+    "is older than `stale_after_s` as `crashed`, unless its newest phase is `init`, `compile`, `eval` or "
+    "`checkpoint` and that phase's `budget_s` (else `phase_budget_s`) has not passed since it began. "
+    "A `failure` with `final: true` (its writer stopped there "
     "without a `run_end`, e.g. an imported run cut short) stores `crashed` and `end_time` at once, until "
     "the run's processes write after it.",
     "metrics": "One row per (run, step, name) scalar from `metrics` events. A step logged again by the same "
@@ -414,14 +425,35 @@ DECISIONS_VIEW_DDL = f"CREATE OR REPLACE VIEW decisions AS {DECISIONS_SQL}"
 # ------------------------------------------------------------ run status
 
 
+PHASE_BUDGETED = ("init", "compile", "eval", "checkpoint")  # phases that may be long and are not a hang
+
+# Fold the phase events of `{events}` (a table or a subquery: a batch's rows, or all of them) into `runs`: each
+# run's newest phase, its time and budget (set-wise, one statement for every run; an older phase is no news)
+PHASE_FOLD_SQL = """
+UPDATE runs SET phase = p.phase, phase_t = p.t, phase_budget_s = p.budget_s
+FROM (
+    SELECT run, arg_max_null(data->>'phase', t) AS phase, max(t) AS t,
+           arg_max_null(TRY_CAST(data->>'budget_s' AS DOUBLE), t) AS budget_s
+    FROM {events} WHERE kind = 'phase' AND host <> 1000 GROUP BY run
+) p
+WHERE runs.run = p.run AND (runs.phase_t IS NULL OR p.t >= runs.phase_t)
+"""
+
+
 def crashed_sql(cut: str) -> str:
     """SQL condition over a `runs` row: the run is `crashed` at cut-off `cut` (SQL: now - stale_after_s).
 
     A run still `running` (no run_end) whose newest event from its own writers is older
-    than the cut-off. `last_event_t` never counts the observatory's own events (host
-    1000): findings about a dead run do not keep it alive.
+    than the cut-off, unless its newest phase is one that may be long (`PHASE_BUDGETED`: a
+    synchronous checkpoint save, a first compile) and that phase's `budget_s` (else the
+    `phase_budget_s` setting) has not passed since it began: a process that writes no
+    heartbeats is silent for as long as its save takes. `last_event_t` never counts the
+    observatory's own events (host 1000): findings about a dead run do not keep it alive.
     """
-    return f"(status = 'running' AND coalesce(last_event_t, 0) < {cut})"
+    now = f"(({cut}) + {float(settings.get('stale_after_s'))!r})"
+    default = float(settings.get("phase_budget_s"))
+    in_budget = f"coalesce(phase IN {PHASE_BUDGETED!r} AND phase_t + coalesce(phase_budget_s, {default!r}) >= {now}, false)"
+    return f"(status = 'running' AND coalesce(last_event_t, 0) < {cut} AND NOT {in_budget})"
 
 
 def run_status_sql(cut: str) -> str:
@@ -447,6 +479,7 @@ def ensure_schema(con) -> None:
     """Create every table and view if it is missing (idempotent)."""
     con.execute(DDL)
     marked = _has_column(con, "metrics", "replaced")
+    phased = all(_has_column(con, "runs", c) for c in ("phase", "phase_t", "phase_budget_s"))
     for table, col, typ in _ADDED_COLUMNS:
         con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {typ}")
     if con.execute("SELECT count(*) FROM ingest_files WHERE rejected IS NULL").fetchall()[0][0]:
@@ -460,6 +493,8 @@ def ensure_schema(con) -> None:
         not marked
     ):  # a store from before `metrics.replaced`: its next ingest marks and recounts every metric row
         con.execute("UPDATE rollup_state SET n_rows = -1 WHERE source = 'metrics'")
+    if not phased:  # a store from before `runs.phase`: every run's newest phase, from its stored events
+        con.execute(PHASE_FOLD_SQL.format(events="events"))
     con.execute(VIEWS)
     con.execute(DECISIONS_VIEW_DDL)
     con.execute(GOODPUT_VIEWS)

@@ -163,7 +163,8 @@ def _banner(row: dict, now: float) -> None:
     if status == "crashed":
         st.error(
             f"**Crashed**: no `run_end` and no event for {ago(last, now).replace(' ago', '')} "
-            f"(a run silent for more than {settings.get('stale_after_s'):.0f} s is shown as crashed)."
+            f"(a run silent for more than {settings.get('stale_after_s'):.0f} s is shown as crashed, "
+            "unless it is in an init, compile, eval or checkpoint phase within its budget)."
         )
     elif status in ("failed", "killed"):
         st.error(f"**{status.capitalize()}** at step {row['last_step']}.")
