@@ -62,7 +62,7 @@ def main() -> None:
         con.execute(
             f"""INSERT INTO metrics (run, step, name, value, t, host)
                 SELECT 'small-' || r.range, s.range, 'm/' || n.range, 1.0, 1e9 + s.range, 0
-                FROM range({a.runs}) r, range(20) s, range({min(a.names, 5)}) n"""
+                FROM range({a.runs}) r, range(20) s, range({min(a.names, 5)}) n ORDER BY 1, 2"""
         )
         con.execute("BEGIN")
         rollups.rebuild_rollups(con)
@@ -75,11 +75,14 @@ def main() -> None:
             f"resume replaying {a.replay} steps": lambda c: fill(
                 c, "big", a.steps - a.replay, a.steps - a.replay + a.batch, a.names, 2e9
             ),
+            "a small run's resume replaying 10 steps": lambda c: fill(
+                c, f"small-{a.runs // 2}", 10, 40, 5, 2e9
+            ),
         }
         for what, batch in cases.items():
-            rows = a.batch * a.names
-            mark = min(timed(db, batch, True) for _ in range(3))
-            total = min(timed(db, batch, False) for _ in range(3))
+            rows = a.batch * a.names if "small" not in what else 30 * 5
+            mark = min(timed(db, batch, True) for _ in range(5))
+            total = min(timed(db, batch, False) for _ in range(5))
             print(
                 f"{what}: batch of {rows:,} rows: mark {mark * 1e3:.1f} ms of the rollups' {total * 1e3:.1f} ms "
                 f"({mark / total:.0%})"

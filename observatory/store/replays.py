@@ -17,8 +17,9 @@ it rolls the new rows up), for every run of the batch at once:
    step is at or before the last step `metric_series` holds for (run, name), the only way an older row
    can have that key (a run logging forward, the normal case, has none: one join with the small
    `metric_series`, no look at the old rows);
-2. the rows of those keys, old ones read within the keys' step range (a big run's rows lie in step
-   order: its zonemaps skip the rest), ranked newest first;
+2. the rows of those keys, old ones read within the keys' step and run ranges (a big run's rows lie
+   in step order, a catch-up's small runs in folder order: the zonemaps skip the rest), ranked newest
+   first;
 3. the marks that changed, written by rowid. The older rows newly replaced are returned: their rollup
    cells hold them and must be recounted.
 """
@@ -53,9 +54,14 @@ def mark(con, start: int, *, all_new: bool = False) -> str | None:
             SELECT run, host, name, step FROM new GROUP BY run, host, name, step HAVING count(*) > 1
             {back}"""
     )
-    lo, hi = con.execute("SELECT min(step), max(step) FROM _replay_keys").fetchall()[0]
+    lo, hi, r_lo, r_hi = con.execute(
+        "SELECT min(step), max(step), min(run), max(run) FROM _replay_keys"
+    ).fetchall()[0]
     if lo is None:
         return None
+    # literal ranges of step and run: the zonemaps skip the row groups of other steps (a big run's rows lie in
+    # step order) and of other runs (a catch-up of many small runs stores them in folder order)
+    within = f"m.step BETWEEN {int(lo)} AND {int(hi)} AND m.run BETWEEN $r_lo AND $r_hi"
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {_ROWS} AS
             SELECT m.rowid AS rid, m.run, m.name, m.step, m.rowid >= {int(start)} AS new,
@@ -64,16 +70,18 @@ def mark(con, start: int, *, all_new: bool = False) -> str | None:
                                       ORDER BY m.t DESC, m.value DESC NULLS LAST) > 1 AS now
             FROM metrics m SEMI JOIN _replay_keys k
                 ON m.run = k.run AND m.host = k.host AND m.name = k.name AND m.step = k.step
-            WHERE m.step BETWEEN {int(lo)} AND {int(hi)}"""
+            WHERE {within}""",
+        {"r_lo": r_lo, "r_hi": r_hi},
     )
     for value, which in (("true", "now AND NOT was"), ("false", "was AND NOT now")):
         # literal step and rowid ranges: the zonemaps skip every row group the marks are not in
-        r_lo, r_hi = con.execute(f"SELECT min(rid), max(rid) FROM {_ROWS} WHERE {which}").fetchall()[0]
-        if r_lo is not None:
+        id_lo, id_hi = con.execute(f"SELECT min(rid), max(rid) FROM {_ROWS} WHERE {which}").fetchall()[0]
+        if id_lo is not None:
             con.execute(
-                f"""UPDATE metrics SET replaced = {value}
-                    WHERE step BETWEEN {int(lo)} AND {int(hi)} AND rowid BETWEEN {int(r_lo)} AND {int(r_hi)}
-                      AND rowid IN (SELECT rid FROM {_ROWS} WHERE {which})"""
+                f"""UPDATE metrics m SET replaced = {value}
+                    WHERE {within} AND rowid BETWEEN {int(id_lo)} AND {int(id_hi)}
+                      AND rowid IN (SELECT rid FROM {_ROWS} WHERE {which})""",
+                {"r_lo": r_lo, "r_hi": r_hi},
             )
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _replay_old AS
