@@ -97,7 +97,8 @@ def mark(con, start: int, *, all_new: bool = False) -> str | None:
 
 
 def mark_all(con) -> None:
-    """Mark every row of the store from scratch (a recount of the rollups: `rollups.rebuild_rollups`)."""
+    """Mark every row of the store from scratch (a recount of the rollups: `rollups.rebuild_rollups`). It groups
+    every row by its key, as costly as the recount itself; ingest and `observatory rebuild` mark batch by batch."""
     con.execute("UPDATE metrics SET replaced = false WHERE replaced IS NOT false")
     if mark(con, 0, all_new=True) is not None:  # every row is new: no older row to report
         con.execute("DROP TABLE _replay_old")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from observatory import settings
+from observatory.events import OBSERVATORY_HOST
 from observatory.store.goodput import GOODPUT_DOCS, GOODPUT_VIEWS
 
 __all__ = [
@@ -429,12 +430,12 @@ PHASE_BUDGETED = ("init", "compile", "eval", "checkpoint")  # phases that may be
 
 # Fold the phase events of `{events}` (a table or a subquery: a batch's rows, or all of them) into `runs`: each
 # run's newest phase, its time and budget (set-wise, one statement for every run; an older phase is no news)
-PHASE_FOLD_SQL = """
+PHASE_FOLD_SQL = f"""
 UPDATE runs SET phase = p.phase, phase_t = p.t, phase_budget_s = p.budget_s
 FROM (
     SELECT run, arg_max_null(data->>'phase', t) AS phase, max(t) AS t,
            arg_max_null(TRY_CAST(data->>'budget_s' AS DOUBLE), t) AS budget_s
-    FROM {events} WHERE kind = 'phase' AND host <> 1000 GROUP BY run
+    FROM {{events}} WHERE kind = 'phase' AND host <> {OBSERVATORY_HOST} GROUP BY run
 ) p
 WHERE runs.run = p.run AND (runs.phase_t IS NULL OR p.t >= runs.phase_t)
 """
