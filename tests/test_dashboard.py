@@ -208,6 +208,22 @@ def test_live_page_centers_and_marks_the_step_of_an_alert_link(store):
         assert not linked_lines(loss), bad
 
 
+def test_live_banner_says_a_silent_run_is_in_a_budgeted_phase_not_stale():
+    from observatory.dashboard.pages.live import banner
+
+    now = 1e9
+    row = {"status": "running", "last_event_t": now - 240, "last_step": 500}
+    saving = {**row, "phase": "checkpoint", "phase_t": now - 240, "phase_budget_s": 600.0}
+    level, text = banner(saving, now)
+    assert level == "info" and "In checkpoint" in text and "for 4 min" in text and "allowed 10 min" in text
+    assert banner({**saving, "phase_budget_s": None}, now)[1].endswith(
+        "allowed 30 min before it counts as a hang)."
+    )
+    assert banner({**row, "phase": "train", "phase_t": now - 240}, now)[0] == "warning"  # a training silence
+    assert banner({**saving, "status": "crashed"}, now)[0] == "error"
+    assert banner({**saving, "phase_t": now - 700}, now)[0] == "warning"  # past its budget
+
+
 def test_live_page_crashed_banner(store):
     at = page("live", run="crashed-run")
     assert not at.exception

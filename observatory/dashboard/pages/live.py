@@ -40,6 +40,7 @@ from observatory.events import RUN_ID_RE
 from observatory.markup import md_escape, plot_text
 from observatory.queries import dashboard as qd
 from observatory.redact import redacted_note
+from observatory.store.schema import PHASE_BUDGETED
 
 REFRESH_S = 2  # the charts' refresh
 # the status line's own refresh (last step, status, banners): one cached batch and a line of text, so a
@@ -156,22 +157,37 @@ def previous_trace(prev: str, d) -> dict:
     )
 
 
-def _banner(row: dict, now: float) -> None:
+def banner(row: dict, now: float) -> tuple[str, str] | None:
+    """The banner over a run's charts as (level: error, warning or info; Markdown text), or None."""
     status = row["status"]
     last = row["last_event_t"]
     silent = now - last if last else None
     if status == "crashed":
-        st.error(
+        return "error", (
             f"**Crashed**: no `run_end` and no event for {ago(last, now).replace(' ago', '')} "
             f"(a run silent for more than {settings.get('stale_after_s'):.0f} s is shown as crashed, "
             "unless it is in an init, compile, eval or checkpoint phase within its budget)."
         )
-    elif status in ("failed", "killed"):
-        st.error(f"**{status.capitalize()}** at step {row['last_step']}.")
-    elif status == "preempted":
-        st.warning(f"**Preempted** at step {row['last_step']}; it may be resumed.")
-    elif status == "running" and silent is not None and silent > QUIET_S:
-        st.warning(f"**Stale**: running, but no event for {ago(last, now).replace(' ago', '')}.")
+    if status in ("failed", "killed"):
+        return "error", f"**{status.capitalize()}** at step {row['last_step']}."
+    if status == "preempted":
+        return "warning", f"**Preempted** at step {row['last_step']}; it may be resumed."
+    if status == "running" and silent is not None and silent > QUIET_S:
+        phase, since = row.get("phase"), row.get("phase_t")
+        budget = row.get("phase_budget_s") or settings.get("phase_budget_s")
+        if phase in PHASE_BUDGETED and since is not None and now - since <= budget:  # as `crashed_sql` allows
+            return "info", (
+                f"**In {md_escape(phase)}** for {ago(since, now).replace(' ago', '')} "
+                f"(allowed {budget / 60:.0f} min before it counts as a hang)."
+            )
+        return "warning", f"**Stale**: running, but no event for {ago(last, now).replace(' ago', '')}."
+    return None
+
+
+def _banner(row: dict, now: float) -> None:
+    shown = banner(row, now)
+    if shown is not None:
+        getattr(st, shown[0])(shown[1])
 
 
 def panel_calls(run: str) -> list[tuple]:
