@@ -113,7 +113,7 @@ def baseline(path: Path, db: Path) -> float:
     con.execute(
         f"CREATE TEMP TABLE raw AS SELECT * FROM read_json('{path}', format='newline_delimited', columns={cols})"
     )
-    con.execute("""INSERT INTO metrics SELECT run, step, unnest(map_keys(m)), unnest(map_values(m)), t, host
+    con.execute("""INSERT INTO metrics (run, step, name, value, t, host) SELECT run, step, unnest(map_keys(m)), unnest(map_values(m)), t, host
                    FROM (SELECT *, json_transform(data, '"MAP(VARCHAR, DOUBLE)"') AS m FROM raw WHERE kind = 'metrics')""")
     con.execute("""INSERT INTO expert_load SELECT run, step, x.layer, unnest(range(len(x.routed))), unnest(x.routed),
                           unnest(x.dropped)

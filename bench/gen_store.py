@@ -111,7 +111,7 @@ def generate(
     for run, n in ((RUN, steps), (RUN + "-fork", min(steps, 5000))):
         con.execute(
             f"""
-            INSERT INTO metrics
+            INSERT INTO metrics (run, step, name, value, t, host)
             SELECT ?, s.range, n.name,
                    CASE
                      WHEN n.name = 'train/loss' AND s.range = {n // 3} THEN 'nan'::DOUBLE

@@ -104,7 +104,9 @@ SETTINGS: dict[str, Setting] = {
             "`observatory.init` and `finish` print no line (wandb's `settings=Settings(quiet=True)`; WANDB_QUIET and WANDB_SILENT count too)",
         ),
         Setting(
-            "stale_after_s", 120.0, "a run with no run_end and no event for this long is shown as crashed"
+            "stale_after_s",
+            120.0,
+            "a run with no run_end and no event for this long is shown as crashed (in an init, compile, eval or checkpoint phase: once its budget_s, else phase_budget_s, has passed too)",
         ),
         Setting("sql_time_limit_ms", 5000, "time limit for one user SQL query"),
         Setting("sql_max_rows", 10000, "row cap for one user SQL query; more rows set `truncated`"),

@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -459,3 +460,34 @@ def test_back_to_training_after_an_eval_starts_the_stall_clock_again(runs_dir, d
     )
     ingest(runs_dir, db_path, emit=None)
     assert stored_alerts(db_path) == []
+
+
+def test_a_phase_without_a_budget_gets_the_default_not_an_earlier_phases(runs_dir, db_path, rules_file):
+    """The newest phase's budget is its own: a checkpoint that names none is allowed `phase_budget_s`
+    (30 min), not the 60 s of the compile before it."""
+    now = time.time()
+    ph = lambda p, t, **k: ("phase", {"phase": p, "attempt": 0, **k}, None, t)  # noqa: E731
+    run_log(
+        runs_dir,
+        "saving",
+        steps=[1, 2],
+        t_last=now - 420,
+        start_t=now - 900,
+        extra=[ph("compile", now - 800, budget_s=60), ph("checkpoint", now - 400)],
+    )
+    ingest(runs_dir, db_path, emit=None)
+    assert stored_alerts(db_path) == []
+
+
+def test_the_alerts_hold_no_sql_and_share_the_detectors_activity_query():
+    """The alerts' SQL lives in `observatory.queries` (one module per area); the stall rule's progress and
+    phase come from the detectors' `run_activity`, not a copy of it."""
+    import inspect
+    import re
+
+    import observatory.alerts as pkg
+    from observatory.alerts import conditions
+
+    for path in Path(pkg.__file__).parent.glob("*.py"):
+        assert not re.search(r"\b(SELECT|FROM \w+ WHERE)\b", path.read_text()), path
+    assert "run_activity" in inspect.getsource(conditions._stalled)

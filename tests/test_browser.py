@@ -84,6 +84,24 @@ def test_every_page_opens(server, browser, path, title, min_charts, last):
         page.close()
 
 
+def test_an_alert_link_opens_the_live_page_on_its_step(server, browser):
+    """`/live?run=R&step=S` (an alert's link): every chart opens on a window around S, S marked and labelled."""
+    page = open_page(browser, f"{server}/live?run=base-run&step=60")
+    try:
+        page.wait_for_function(
+            "() => document.querySelectorAll('.js-plotly-plot').length >= 7", timeout=LOAD_MS
+        )
+        wait_idle(page)
+        ranges = page.evaluate(
+            "() => [...document.querySelectorAll('.js-plotly-plot')].map(p => p.layout.xaxis.range)"
+        )
+        assert len(ranges) >= 7 and all(r[0] < 60 < r[1] and r[1] - r[0] < 60 for r in ranges), ranges
+        assert page.locator(".js-plotly-plot .annotation-text", has_text="step 60").count() >= 7
+        assert_no_exception(page, "live?step=60")
+    finally:
+        page.close()
+
+
 @pytest.fixture(scope="module")
 def scale_server(tmp_path_factory):
     """A server over a run of the reference shape: 48 layers x 384 experts."""

@@ -189,6 +189,52 @@ def test_live_page_curves_markers_forecast(store):
     assert at.slider(key="live_smoothing").value == 0.9
 
 
+def linked_lines(fig: dict) -> list:
+    return [s["x0"] for s in fig["layout"].get("shapes", []) if s.get("name") == "linked step"]
+
+
+def test_live_page_centers_and_marks_the_step_of_an_alert_link(store):
+    """An alert links to `/live?run=R&step=S`: the charts open on a window around S, with S marked."""
+    at = page("live", run="base-run", step="60")
+    at.run()  # the rerun after the first paint: the health charts too
+    assert not at.exception
+    charts = specs(at)
+    assert len(charts) == 7
+    lo, hi = charts[0]["layout"]["xaxis"]["range"]
+    assert lo < 60 < hi and (lo, hi) != (0, BASE_STEPS - 1) and hi - lo < BASE_STEPS / 2
+    assert 60 - lo == pytest.approx(hi - 60, abs=1)  # centred
+    line = next(t for t in charts[0]["data"] if t.get("name") == "train/loss")
+    assert list(arr(line["x"])) == list(range(lo, hi + 1))  # the window's steps, at full resolution
+    assert all(linked_lines(c) == [60] for c in charts)
+    assert at.slider(key="live_window_base-run").value == (lo, hi)  # a window the user can widen again
+    at.selectbox(key="pick_run").set_value("fork-run").run()  # the link's step was base-run's
+    assert not at.exception and "step" not in at.query_params
+    assert not linked_lines(specs(at)[0])
+    # not a step of this run, or not a step at all: ignored (the whole run, nothing marked)
+    for bad in ("120", "99999999999999999999999", "-3", "6e1", "60.0", "abc", " 60", ""):
+        at = page("live", run="base-run", step=bad)
+        assert not at.exception, bad
+        loss = specs(at)[0]
+        assert loss["layout"]["xaxis"]["range"] == [0, BASE_STEPS - 1], bad
+        assert not linked_lines(loss), bad
+
+
+def test_live_banner_says_a_silent_run_is_in_a_budgeted_phase_not_stale():
+    from observatory.dashboard.pages.live import banner
+
+    now = 1e9
+    row = {"status": "running", "last_event_t": now - 240, "last_step": 500}
+    saving = {**row, "phase": "checkpoint", "phase_t": now - 240, "phase_budget_s": 600.0}
+    level, text = banner(saving, now)
+    assert level == "info" and "In checkpoint" in text and "for 4 min" in text and "allowed 10 min" in text
+    assert banner({**saving, "phase_budget_s": None}, now)[1].endswith(
+        "allowed 30 min before it counts as a hang)."
+    )
+    assert banner({**row, "phase": "train", "phase_t": now - 240}, now)[0] == "warning"  # a training silence
+    assert banner({**saving, "status": "crashed"}, now)[0] == "error"
+    assert banner({**saving, "phase_t": now - 700}, now)[0] == "warning"  # past its budget
+
+
 def test_live_page_crashed_banner(store):
     at = page("live", run="crashed-run")
     assert not at.exception

@@ -60,7 +60,7 @@ def store(tmp_path_factory):
 def _store_rows(db, run=RUN):
     with connect(db) as con:
         metrics = con.execute(
-            "SELECT run, step, name, value, t, host FROM metrics WHERE run = ? ORDER BY step, name, host",
+            "SELECT run, step, name, value, t, host, replaced FROM metrics WHERE run = ? ORDER BY step, name, host",
             [run],
         ).fetchall()
         events = con.execute(

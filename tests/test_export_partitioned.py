@@ -135,7 +135,9 @@ def test_refuses_a_folder_that_is_not_empty_and_a_hostile_run_id(exported, tmp_p
     with connect(bad):
         pass  # an empty store
     with write_connection(bad) as con:
-        con.execute("INSERT INTO metrics VALUES ('..', 1, 'x', 1.0, 0.0, 0)")
+        con.execute(
+            "INSERT INTO metrics (run, step, name, value, t, host) VALUES ('..', 1, 'x', 1.0, 0.0, 0)"
+        )
     with pytest.raises(ExportError, match="not safe"):
         export_partitioned(tmp_path / "out", db=bad)
     assert not (tmp_path / "out").exists()

@@ -700,3 +700,48 @@ def test_a_transaction_takes_in_batch_bytes(runs_dir, db_path, monkeypatch):
     assert sum(sizes) == rep.bytes == sum(p.stat().st_size for p in runs_dir.rglob("*.jsonl"))
     with store.connect(db_path) as con:
         assert con.execute("SELECT count(*), count(DISTINCT run) FROM metrics").fetchall() == [(480, 12)]
+
+
+def test_a_run_in_a_long_budgeted_phase_is_not_crashed_before_its_budget(runs_dir, db_path):
+    """A run that writes no heartbeats and is 400 s into a checkpoint save (budget 600 s), or 400 s into a
+    compile that names no budget (`phase_budget_s`, 30 min), is running, not crashed after `stale_after_s`
+    (120 s); one whose save outran its budget, or whose newest phase is `train`, is crashed. Every reader
+    (the stored status, the runs listing, the report) says so, and a rebuild stores the same."""
+    from observatory.report import effective_status
+
+    now = time.time()
+
+    def run(name, phases):
+        lines = [event(name, "run_start", {"config": {}}, 0, t=now - 1000)]
+        lines.append(event(name, "metrics", {"train/loss": 2.0}, 1, 10, t=now - 990))
+        for i, (phase, t, budget) in enumerate(phases):
+            data = {"phase": phase, "attempt": 0} | ({} if budget is None else {"budget_s": budget})
+            lines.append(event(name, "phase", data, 2 + i, 10, t=t))
+        write_lines(runs_dir / name / "events.0.jsonl", lines)
+
+    run("saving", [("checkpoint", now - 400, 600.0)])
+    run("compiling", [("compile", now - 400, None)])
+    run("overdue", [("checkpoint", now - 700, 600.0)])
+    run("trained", [("checkpoint", now - 700, 600.0), ("train", now - 400, None)])
+    run("budget-of-old", [("eval", now - 950, 5000.0), ("checkpoint", now - 900, 600.0)])
+    ingest(runs_dir, db_path, emit=None)
+    expect = {
+        "saving": "running",
+        "compiling": "running",
+        "overdue": "crashed",
+        "trained": "crashed",
+        "budget-of-old": "crashed",
+    }
+    assert dict(q(db_path, "SELECT run, status FROM runs")) == expect
+    with store.connect(db_path) as con:
+        listed = {r["run"]: r["status"] for r in list_runs(con, now=now)}
+        assert listed == expect
+        from observatory.queries.report import run_info
+
+        assert {r: effective_status(run_info(con, r), now) for r in expect} == expect
+    again = db_path.with_name("again.duckdb")
+    rebuild(runs_dir, again, emit=None)
+    cols = "run, status, phase, phase_t, phase_budget_s"
+    assert q(again, f"SELECT {cols} FROM runs ORDER BY run") == q(
+        db_path, f"SELECT {cols} FROM runs ORDER BY run"
+    )

@@ -310,6 +310,46 @@ def test_exception_writes_failure_with_traceback_and_run_end_failed(tmp_path):
     assert not of(evs, "checkpoint")
 
 
+def test_a_resume_replays_the_lost_steps_and_the_store_shows_the_newest(tmp_path):
+    """Attempt 0 takes a 30x LR spike at step 45 and crashes before step 51 (its last checkpoint: 40);
+    `--resume` trains 41..50 again, healthy, then on to 60. The chart, the rollups, the detectors' series
+    and the report show attempt 1's values at 41..50, one per step; a rebuild marks the same rows."""
+    from observatory.ingest import ingest, rebuild
+    from observatory.queries import anomalies as qa
+    from observatory.queries import dashboard as qd
+    from observatory.store import connect
+
+    base = ("steps=60", "checkpoint.every=20", "checkpoint.keep=5", "eval.every=0")
+    with pytest.raises(InjectedCrash):
+        train(cfg(*base, "inject=lr_spike@45:x30", "inject=crash@51"), tmp_path, run_id="replayed")
+    first = losses(events(tmp_path, "replayed"))
+    train(cfg(*base), tmp_path, resume="replayed")
+    evs = events(tmp_path, "replayed")
+    assert [e["step"] for e in of(evs, "metrics")].count(45) == 2
+    newest = losses(evs)  # the last logged value of each step: attempt 1's
+    assert any(abs(newest[s] - first[s]) > 1e-3 for s in range(46, 51))  # the replay is not attempt 0's
+    db = tmp_path / "store.duckdb"
+    ingest(tmp_path, db, emit=None)
+    with connect(db) as con:
+        d = qd.downsample(con, "replayed", ["train/loss"], 1, 60, 1000)
+        assert d["n"].to_list() == [1] * 60
+        assert d["last"].to_list() == pytest.approx([newest[s] for s in range(1, 61)])
+        coarse = qd.downsample(con, "replayed", ["train/loss"], 1, 60, 4)  # the 8-step rollup
+        assert coarse["n"].sum() == 60
+        assert float((coarse["mean"] * coarse["n"].cast(float)).sum()) == pytest.approx(
+            sum(newest[s] for s in range(1, 61)), rel=1e-9
+        )
+        _, series = qa.metric_arrays(con, "replayed", None, ["train/loss"])
+        assert list(series["train/loss"][1]) == pytest.approx([newest[s] for s in range(1, 61)])
+        marks = con.execute("SELECT DISTINCT step FROM metrics WHERE replaced ORDER BY step").fetchall()
+        assert [s for (s,) in marks] == list(range(41, 51))
+    again = tmp_path / "again.duckdb"
+    rebuild(tmp_path, again, emit=None)
+    q = "SELECT step, name, value, replaced FROM metrics ORDER BY ALL"
+    with connect(db) as a, connect(again) as b:
+        assert a.execute(q).fetchall() == b.execute(q).fetchall()
+
+
 def _cli(*args, env=None, **kw):
     e = dict(os.environ, **(env or {}))
     return subprocess.Popen(

@@ -22,7 +22,7 @@ from urllib.parse import quote
 from observatory import findings, settings
 from observatory.alerts import channels, rules
 from observatory.alerts.conditions import Firing, firing, live_runs
-from observatory.events import OBSERVATORY_HOST
+from observatory.queries.alerts import alert_rows
 from observatory.store import using
 
 __all__ = ["evaluate", "after_ingest", "open_alerts", "live_link", "Firing"]
@@ -39,15 +39,7 @@ def live_link(run: str, step: int | None) -> str:
 def open_alerts(con, runs: Iterable[str] | None = None) -> dict[tuple, dict]:
     """The alerts open now, by key, from the store's `alert` events (the newest per key wins) and this
     process's writes not yet ingested."""
-    only = "" if runs is None else "AND run IN (SELECT unnest($runs::VARCHAR[]))"
-    rows = con.execute(
-        f"""
-        SELECT run, arg_max(data, seq) FROM events
-        WHERE kind = 'alert' AND host = $host {only}
-        GROUP BY run, data->>'rule', data->>'host', data->'finding'->>'detector', data->'finding'->>'metric'
-        """,
-        {"host": OBSERVATORY_HOST} | ({} if runs is None else {"runs": sorted(runs)}),
-    ).fetchall()
+    rows = alert_rows(con, None if runs is None else sorted(runs))
     out = {}
     for run, data in rows:
         d = json.loads(data) if isinstance(data, str) else data

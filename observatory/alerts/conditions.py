@@ -15,11 +15,11 @@ import numpy as np
 
 from observatory import settings
 from observatory.alerts.rules import RANK, Rule, Rules
-from observatory.events import OBSERVATORY_HOST
+from observatory.queries import alerts as q
+from observatory.queries.anomalies import run_activity
+from observatory.store.schema import PHASE_BUDGETED
 
 __all__ = ["Firing", "LiveRun", "live_runs", "firing", "PHASE_BUDGETED"]
-
-PHASE_BUDGETED = ("init", "compile", "eval", "checkpoint")  # phases that may be long and are not a stall
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,7 @@ class LiveRun:
 
 def live_runs(con, now: float, also: set[str] = frozenset()) -> dict[str, LiveRun]:
     """The runs the rules look at: running or crashed with an own event within `alert_horizon_s`, and `also`."""
-    rows = con.execute(
-        """
-        SELECT run, project, config, status, last_step, last_event_t, start_time FROM runs
-        WHERE (status IN ('running', 'crashed') AND coalesce(last_event_t, start_time, 0) >= $since)
-           OR run IN (SELECT unnest($also::VARCHAR[]))
-        """,
-        {"since": now - settings.get("alert_horizon_s"), "also": sorted(also)},
-    ).fetchall()
+    rows = q.live_run_rows(con, now - settings.get("alert_horizon_s"), sorted(also))
     out = {}
     for run, project, config, status, last_step, last_t, start in rows:
         try:
@@ -70,25 +63,11 @@ def live_runs(con, now: float, also: set[str] = frozenset()) -> dict[str, LiveRu
     return out
 
 
-def _in(runs: list[str]) -> dict:
-    return {"runs": runs}
-
-
 def _findings(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
     """A detector's finding at the rule's severity or above, within `alert_episode_steps` of the run's newest step:
     one episode per (detector, metric), however many findings it holds."""
     sevs = [s for s, r in RANK.items() if r >= RANK[rule.severity]]
-    rows = con.execute(
-        """
-        SELECT run, data->>'detector' AS det, data->>'metric' AS metric, max(step) AS step, count(*) AS n,
-               arg_max(data->>'message', seq) AS msg, arg_max(data->>'severity', seq) AS sev
-        FROM events
-        WHERE kind = 'anomaly' AND host = $host AND run IN (SELECT unnest($runs::VARCHAR[]))
-          AND data->>'severity' IN (SELECT unnest($sevs::VARCHAR[])) AND data->>'detector' <> 'stalled_run'
-        GROUP BY ALL
-        """,
-        {"host": OBSERVATORY_HOST, "sevs": sevs} | _in(sorted(runs)),
-    ).fetchall()
+    rows = q.finding_episodes(con, sorted(runs), sevs)
     episode = settings.get("alert_episode_steps")
     out = []
     for run, det, metric, step, n, msg, sev in rows:
@@ -109,34 +88,20 @@ def _findings(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
     return out
 
 
-def _progress(con, runs: list[str]) -> dict[str, dict]:
-    """Per run: the newest metric's time (the last step's), the newest phase (any host) and the newest attempt."""
-    out: dict[str, dict] = {r: {"progress_t": None, "phase": None} for r in runs}
-    for run, t in con.execute(
-        "SELECT run, max(last_t) FROM metric_series WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run",
-        _in(runs),
-    ).fetchall():
-        out[run]["progress_t"] = t
-    for run, host, t, phase, budget, attempt in con.execute(
-        """
-        SELECT run, arg_max(host, t), max(t), arg_max(data->>'phase', t), arg_max(TRY_CAST(data->>'budget_s' AS DOUBLE), t),
-               max(TRY_CAST(data->>'attempt' AS BIGINT))
-        FROM events WHERE kind = 'phase' AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
-        """,
-        _in(runs),
-    ).fetchall():
-        out[run]["phase"] = {"host": host, "t": t, "phase": phase, "budget_s": budget, "attempt": attempt}
-    return out
-
-
 def _stalled(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[Firing]:
     """No new step for the rule's time, on this clock; while a process is in a budgeted phase (compile, eval,
     checkpoint), its budget (or `phase_budget_s`) instead, counted from the phase's start."""
     stall_s = rule.stall_s if rule.stall_s is not None else settings.get("anomaly_stall_s")
-    live = [r for r, x in runs.items() if x.status in ("running", "crashed")]
+    live = sorted(r for r, x in runs.items() if x.status in ("running", "crashed"))
     out = []
-    for run, p in _progress(con, live).items():
-        r, ph = runs[run], p["phase"]
+    for p in run_activity(con, live) if live else []:
+        run = p["run"]
+        r = runs[run]
+        ph = (
+            None
+            if p["phase_t"] is None
+            else {"t": p["phase_t"], "phase": p["phase"], "budget_s": p["budget_s"]}
+        )
         ref, allowed, what = p["progress_t"] or r.start_time, stall_s, "no new step"
         if (
             ph and ref is not None and ph["t"] > ref
@@ -162,7 +127,7 @@ def _stalled(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[Firi
                 rule.severity,
                 f"{what} for {(now - ref) / 60:.1f} min {where} (allowed {allowed / 60:.1f} min); {why}",
                 r.last_step,
-                attempt=(ph or {}).get("attempt"),
+                attempt=p["attempt"],
             )
         )
     return out
@@ -175,20 +140,7 @@ def _frozen_hosts(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
     live = sorted(r for r, x in runs.items() if x.status == "running")
     if not live:
         return []
-    rows = con.execute(
-        """
-        WITH last AS (
-            SELECT run, host, max(t) AS t FROM events
-            WHERE host <> $host AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY ALL
-            UNION ALL
-            SELECT run, host, max(t) FROM metrics WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY ALL
-            UNION ALL
-            SELECT run, host, max(t) FROM heartbeats WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY ALL
-        ), per AS (SELECT run, host, max(t) AS t FROM last GROUP BY ALL)
-        SELECT run, host, t, max(t) OVER (PARTITION BY run) AS newest, count(*) OVER (PARTITION BY run) AS n FROM per
-        """,
-        {"host": OBSERVATORY_HOST} | _in(live),
-    ).fetchall()
+    rows = q.host_last_seen(con, live)
     return [
         Firing(
             run,
@@ -203,29 +155,6 @@ def _frozen_hosts(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
     ]
 
 
-def _tails(con, name: str, runs: list[str], n: int) -> dict[str, tuple[list[float], list[int]]]:
-    """Each run's last `n` logged values of `name`, newest first (values, steps)."""
-    rows = con.execute(
-        """
-        SELECT run, list(value ORDER BY step DESC), list(step ORDER BY step DESC) FROM (
-            SELECT run, step, value, row_number() OVER (PARTITION BY run ORDER BY step DESC) AS k FROM metrics
-            WHERE name = $name AND run IN (SELECT unnest($runs::VARCHAR[]))
-        ) WHERE k <= $n GROUP BY run
-        """,
-        {"name": name, "n": n, "runs": runs},
-    ).fetchall()
-    return {run: (values, steps) for run, values, steps in rows}
-
-
-def _baseline(con, rule: Rule, steps: list[int]) -> float | None:
-    """The named baseline run's median of the rule's metric over the same steps."""
-    row = con.execute(
-        "SELECT median(value) FROM metrics WHERE run = $run AND name = $name AND step BETWEEN $lo AND $hi",
-        {"run": rule.baseline_run, "name": rule.metric, "lo": min(steps), "hi": max(steps)},
-    ).fetchone()
-    return row[0] if row else None
-
-
 def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
     """The rule's metric past its limit: at each of the last `for_steps` logged steps (`above`, `below`), or in
     the median of them (`ratio_below` a baseline, `rise` or `fall` against `over_steps` logged steps before)."""
@@ -236,7 +165,7 @@ def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
     own_history = (
         rule.rise is not None or rule.fall is not None or (rule.ratio_below and not rule.baseline_run)
     )
-    tails = _tails(con, rule.metric, live, n + rule.over_steps if own_history else n)
+    tails = q.metric_tails(con, rule.metric, live, n + rule.over_steps if own_history else n)
     out = []
     for run, (values, steps) in tails.items():
         now, now_steps = values[:n], steps[:n]
@@ -254,7 +183,8 @@ def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
             text = f"{rule.metric} {limit} for {n} logged step(s): now {now[0]:.4g}"
         else:
             if rule.ratio_below is not None and rule.baseline_run:
-                base, what = _baseline(con, rule, now_steps), f"run {rule.baseline_run}'s"
+                base = q.metric_median(con, rule.baseline_run, rule.metric, min(now_steps), max(now_steps))
+                what = f"run {rule.baseline_run}'s"
             else:
                 # own history: the median of the window `over_steps` logged steps back (a regression: the
                 # median of all of those before the window)
@@ -303,18 +233,7 @@ def _stragglers(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[F
     live = sorted(r for r, x in runs.items() if x.status == "running")
     if not live:
         return []
-    rows = con.execute(
-        """
-        WITH per AS (
-            SELECT run, host, (max(t) - min(t)) / nullif(max(step) - min(step), 0) AS s_per_step
-            FROM heartbeats WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND t >= $since AND step IS NOT NULL
-            GROUP BY ALL HAVING count(*) >= 3
-        )
-        SELECT run, host, s_per_step, median(s_per_step) OVER (PARTITION BY run) AS mid, count(*) OVER (PARTITION BY run)
-        FROM per WHERE s_per_step IS NOT NULL
-        """,
-        {"since": now - WINDOW_S} | _in(live),
-    ).fetchall()
+    rows = q.host_step_pace(con, live, now - WINDOW_S)
     return [
         Firing(
             run,
@@ -336,22 +255,7 @@ def _memory(con, rule: Rule, runs: dict[str, LiveRun], now: float) -> list[Firin
     live = sorted(r for r, x in runs.items() if x.status == "running")
     if not live:
         return []
-    rows = con.execute(
-        """
-        WITH used AS (
-            SELECT run, host, regexp_extract(name, '^accel/([^/]+)/', 1) AS dev, t, value FROM host_telemetry
-            WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND t >= $since AND name LIKE 'accel/%/hbm_used_bytes'
-        ), lim AS (
-            SELECT run, host, regexp_extract(name, '^accel/([^/]+)/', 1) AS dev, arg_max(value, t) AS limit_bytes
-            FROM host_telemetry
-            WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND t >= $since AND name LIKE 'accel/%/hbm_limit_bytes'
-            GROUP BY ALL
-        )
-        SELECT u.run, u.host, u.dev, arg_max(u.value, u.t), regr_slope(u.value, u.t), any_value(l.limit_bytes)
-        FROM used u JOIN lim l USING (run, host, dev) GROUP BY ALL HAVING count(*) >= 3
-        """,
-        {"since": now - WINDOW_S} | _in(live),
-    ).fetchall()
+    rows = q.hbm_use(con, live, now - WINDOW_S)
     out = []
     for run, host, dev, used, slope, limit in rows:
         if not limit:

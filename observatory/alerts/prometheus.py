@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from observatory.alerts import open_alerts
 from observatory.alerts.conditions import live_runs
 from observatory.events import SEVERITIES
+from observatory.queries.alerts import last_values
 from observatory.store import using
 
 __all__ = ["RunHealth", "serve", "LOSS_NAMES", "MFU_NAMES"]
@@ -51,11 +52,7 @@ class RunHealth:
         with using(self.db) as con:
             runs = live_runs(con, now)
             names = list(dict.fromkeys(LOSS_NAMES + MFU_NAMES))
-            series = con.execute(
-                """SELECT run, name, last_value, last_t FROM metric_series
-                   WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND name IN (SELECT unnest($names::VARCHAR[]))""",
-                {"runs": sorted(runs), "names": names},
-            ).fetchall()
+            series = last_values(con, sorted(runs), names)
             opened = open_alerts(con, runs)
         last: dict[str, dict[str, tuple[float, float]]] = {}
         for run, name, value, t in series:

@@ -49,6 +49,7 @@ from observatory.detect.rolling import level_noise as _level_noise
 from observatory.detect.rolling import rolling, shift
 from observatory.detect.rolling import trailing as _trailing
 from observatory.detect.thresholds import Thresholds
+from observatory.store.schema import PHASE_BUDGETED
 
 __all__ = [
     "Finding",
@@ -624,11 +625,7 @@ def stalled(
     a long first compile or a synchronous save is not a stall (`phase`: {phase, phase_t, budget_s})."""
     now = time.time() if now is None else now
     allowed = th.stall_s
-    if (
-        phase
-        and phase.get("phase") in ("init", "compile", "eval", "checkpoint")
-        and phase.get("phase_t") == last_t
-    ):
+    if phase and phase.get("phase") in PHASE_BUDGETED and phase.get("phase_t") == last_t:
         budget = phase.get("budget_s")
         allowed = max(allowed, budget if budget is not None else settings.get("phase_budget_s"))
     if ended or last_t is None or now - last_t < allowed:

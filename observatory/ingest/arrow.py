@@ -50,7 +50,12 @@ def _append(con, columns: dict[str, list], types: dict[str, pa.DataType], insert
 def flush(con, b) -> None:
     """Bulk-append everything `model.check_line` put in the batch `b` (a `model.Batch`)."""
     if b.metrics["run"]:
-        _append(con, b.metrics, _METRICS, "INSERT INTO metrics SELECT * FROM _staged")
+        _append(
+            con,
+            b.metrics,
+            _METRICS,
+            "INSERT INTO metrics (run, step, name, value, t, host) SELECT * FROM _staged",
+        )
     if b.experts["run"]:
         _append(con, b.experts, _EXPERTS, "INSERT INTO expert_load SELECT * FROM _staged")
     if b.events:

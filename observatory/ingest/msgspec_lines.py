@@ -583,7 +583,10 @@ def _insert(con, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
     `ingest.appends`)."""
     for i, (table, sql) in enumerate(
         (
-            ("_msgspec_m", "INSERT INTO metrics SELECT run, step, name, value, t, host FROM _msgspec_m"),
+            (
+                "_msgspec_m",
+                "INSERT INTO metrics (run, step, name, value, t, host) SELECT run, step, name, value, t, host FROM _msgspec_m",
+            ),
             (
                 "_msgspec_x",
                 "INSERT INTO expert_load SELECT run, step, layer, expert, routed, dropped FROM _msgspec_x",

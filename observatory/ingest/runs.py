@@ -16,6 +16,8 @@ from observatory.events import OBSERVATORY_HOST, encode_value
 from observatory.ingest.model import I64, Batch
 from observatory.store import RUN_COLUMNS, RUN_JSON_COLUMNS, crashed_sql
 from observatory.store.arrow import column
+from observatory.store.rollups import LOCAL_ROWID
+from observatory.store.schema import PHASE_FOLD_SQL
 
 __all__ = ["update_runs", "mark_crashed"]
 
@@ -121,9 +123,11 @@ def update_runs(con, b: Batch) -> None:
             f"UPDATE runs SET {sets} FROM (SELECT {{cols}} FROM _runs) u WHERE runs.run = u.run",
         )
     b.new_runs |= {r[0] for r in new_rows}
+    # each run's newest phase (what its silence is allowed: `crashed_sql`), from this transaction's events
+    con.execute(PHASE_FOLD_SQL.format(events=f"(SELECT * FROM events WHERE rowid >= {LOCAL_ROWID})"))
 
 
-_DOUBLES = {"start_time", "end_time", "last_event_t"}
+_DOUBLES = {"start_time", "end_time", "last_event_t", "phase_t", "phase_budget_s"}
 _INTS = {"last_step", "final_step", "parent_step", "redactions"}
 
 

@@ -9,5 +9,6 @@ allow-listed policy, memory, time, concurrency and size limits, paths scrubbed).
 - `core`: runs with live status, metric series, rejected lines
 - `user_sql` (and `user_sql_worker`, the process it runs queries in): user SQL
 - `dashboard`, `experts`: the dashboard's charts (downsampled, rollup-backed)
-- `anomalies`, `decisions`, `lineage`, `report`, `export`: their areas
+- `anomalies`, `alerts`, `decisions`, `lineage`, `report`, `export`: their areas (`anomalies.run_activity`:
+  a run's progress and phase, for the detectors and the alert rules alike)
 """

@@ -89,7 +89,7 @@ def metric_series(
     tbl = con.sql(
         f"""
         SELECT step, name, avg(value) AS value FROM metrics
-        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? {only}
+        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? AND NOT replaced {only}
         GROUP BY step, name
         """,
         params=params + ([list(names)] if names is not None else []),
@@ -116,7 +116,7 @@ def metric_arrays(
         """
         SELECT list_position($names, name)::INTEGER AS k, step, coalesce(value, 0) AS value, value IS NULL AS null
         FROM metrics
-        WHERE run = $run AND host <> $host AND step IS NOT NULL AND step >= $since
+        WHERE run = $run AND host <> $host AND step IS NOT NULL AND step >= $since AND NOT replaced
           AND name IN (SELECT unnest($names::VARCHAR[]))
         """,
         {
@@ -142,7 +142,8 @@ def nonfinite_arrays(con, run: str, since_step: int | None = None) -> dict[str, 
 
 NONFINITE_SQL = """
         SELECT step, name, value FROM metrics
-        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? AND (isnan(value) OR isinf(value))
+        WHERE run = ? AND host <> ? AND step IS NOT NULL AND step >= ? AND NOT replaced
+          AND (isnan(value) OR isinf(value))
         ORDER BY step, name
         """
 
@@ -287,13 +288,16 @@ def anomaly_events(con, run: str | None = None, detector: str | None = None) -> 
 
 
 def run_activity(con, runs: list[str] | None = None) -> list[dict[str, Any]]:
-    """Per run: whether it wrote run_end, its last step, the time of its newest event, and its newest phase
-    (`phase`, `phase_t`, `budget_s`: what a silence is allowed while a process compiles, evaluates or saves).
+    """Per run: whether it wrote run_end, its last step, the time of its newest event, its newest phase
+    (`phase`, `phase_t`, `budget_s`: what a silence is allowed while a process compiles, evaluates or saves;
+    a phase without `budget_s` has none, not an earlier phase's), its newest restart `attempt`, and
+    `progress_t`, the time of its newest metric (its last step's). The one definition of a run's progress
+    and phase for the detectors (`stalled_run`) and the alert rules (`stalled`).
 
     The observatory's own events (host 1000) do not count as the run being alive. The last step and
     time are the `runs` table's (`last_step`, `last_event_t`: ingest keeps them from the run's own
     writers, every kind of event), not a scan of `metrics`: at the reference run's shape that scan
-    was most of a catch-up's detector reads.
+    was most of a catch-up's detector reads; `progress_t` is `metric_series`'s.
     """
     only = "" if runs is None else "AND {} IN (SELECT unnest($runs::VARCHAR[]))"
     params: dict[str, Any] = {"host": OBSERVATORY_HOST} | ({} if runs is None else {"runs": runs})
@@ -301,23 +305,25 @@ def run_activity(con, runs: list[str] | None = None) -> list[dict[str, Any]]:
         f"""
         WITH ev AS (
             SELECT run, bool_or(kind = 'run_end') AS ended,
-                   arg_max(data->>'phase', t) FILTER (WHERE kind = 'phase') AS phase,
+                   arg_max_null(data->>'phase', t) FILTER (WHERE kind = 'phase') AS phase,
                    max(t) FILTER (WHERE kind = 'phase') AS phase_t,
-                   arg_max(TRY_CAST(data->>'budget_s' AS DOUBLE), t) FILTER (WHERE kind = 'phase') AS budget_s
+                   arg_max_null(TRY_CAST(data->>'budget_s' AS DOUBLE), t) FILTER (WHERE kind = 'phase') AS budget_s,
+                   max(TRY_CAST(data->>'attempt' AS BIGINT)) FILTER (WHERE kind = 'phase') AS attempt
             FROM events WHERE host <> $host {only.format("run")}
             GROUP BY run
+        ), m AS (
+            SELECT run, max(last_t) AS progress_t FROM metric_series WHERE true {only.format("run")} GROUP BY run
         )
-        SELECT r.run, coalesce(ev.ended, false), r.last_event_t, r.last_step, ev.phase, ev.phase_t, ev.budget_s
-        FROM runs r LEFT JOIN ev ON ev.run = r.run
+        SELECT r.run, coalesce(ev.ended, false), r.last_event_t, r.last_step, ev.phase, ev.phase_t, ev.budget_s,
+               ev.attempt, m.progress_t
+        FROM runs r LEFT JOIN ev ON ev.run = r.run LEFT JOIN m ON m.run = r.run
         WHERE r.last_event_t IS NOT NULL {only.format("r.run")}
         ORDER BY r.run
         """,
         params,
     ).fetchall()
-    return [
-        {"run": r, "ended": bool(e), "last_t": t, "last_step": s, "phase": p, "phase_t": pt, "budget_s": b}
-        for r, e, t, s, p, pt, b in rows
-    ]
+    keys = ("run", "ended", "last_t", "last_step", "phase", "phase_t", "budget_s", "attempt", "progress_t")
+    return [dict(zip(keys, (r, bool(e), *rest), strict=True)) for r, e, *rest in rows]
 
 
 def run_ids(con) -> list[str]:
@@ -412,7 +418,7 @@ def metric_arrays_many(
             SELECT w.k, list_position($names, m.name)::INTEGER AS c, m.step, coalesce(m.value, 0) AS value,
                    m.value IS NULL AS null
             FROM metrics m JOIN _scan_w w ON m.run = w.run
-            WHERE {part} AND m.host <> $host AND m.step IS NOT NULL AND m.step >= w.since
+            WHERE {part} AND m.host <> $host AND m.step IS NOT NULL AND m.step >= w.since AND NOT m.replaced
               AND m.name IN (SELECT unnest($names::VARCHAR[]))
             """,
             {"host": OBSERVATORY_HOST, "names": list(names)},
@@ -463,7 +469,7 @@ def nonfinite_arrays_many(
         parts.append(
             con.execute(
                 f"""SELECT w.k, m.step, m.name, m.value FROM metrics m JOIN _scan_w w ON m.run = w.run
-                WHERE {part} AND m.host <> ? AND m.step IS NOT NULL AND m.step >= w.since
+                WHERE {part} AND m.host <> ? AND m.step IS NOT NULL AND m.step >= w.since AND NOT m.replaced
                   AND (isnan(m.value) OR isinf(m.value))
                 ORDER BY w.k, m.step, m.name""",
                 [OBSERVATORY_HOST],

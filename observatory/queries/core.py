@@ -198,7 +198,7 @@ def metric_series(con, run: str, name: str, lo: int | None = None, hi: int | Non
     """{"step": [...], "value": [...], "t": [...]} of one metric of one run, in step order (every point)."""
     rows = con.execute(
         """SELECT step, value, t FROM metrics
-           WHERE run = $run AND name = $name AND ($lo IS NULL OR step >= $lo) AND ($hi IS NULL OR step <= $hi)
+           WHERE run = $run AND name = $name AND NOT replaced AND ($lo IS NULL OR step >= $lo) AND ($hi IS NULL OR step <= $hi)
            ORDER BY step, t""",
         {"run": run, "name": name, "lo": lo, "hi": hi},
     ).fetchall()

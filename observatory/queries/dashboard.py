@@ -99,7 +99,7 @@ def _bucketed(con, runs, names, lo: int, hi: int, max_points: int) -> pl.DataFra
                    count(*) AS n,
                    count(*) FILTER (WHERE NOT isfinite(value)) AS n_nonfinite
             FROM metrics
-            WHERE run IN {rin} AND name IN {nin} AND step BETWEEN ? AND ?
+            WHERE run IN {rin} AND name IN {nin} AND step BETWEEN ? AND ? AND NOT replaced
             GROUP BY run, name, i
             ORDER BY run, name, i
             """,
@@ -386,7 +386,7 @@ def schema(con) -> pl.DataFrame:
 SQL_EXAMPLES = {
     "Runs and their status": "SELECT run, status, last_step, ladder_name, ladder_rung, tags\nFROM runs\nORDER BY start_time DESC",
     "Last value of every metric of a run": "SELECT name, step, value\nFROM latest_metrics\nWHERE run = (SELECT run FROM runs ORDER BY start_time DESC LIMIT 1)\nORDER BY name",
-    "Loss every 100 steps (min, max, last)": "SELECT step // 100 * 100 AS step, min(value) AS min, max(value) AS max,\n       arg_max(value, step) AS last\nFROM metrics\nWHERE name = 'train/loss'\n  AND run = (SELECT run FROM runs ORDER BY start_time DESC LIMIT 1)\nGROUP BY ALL ORDER BY step",
+    "Loss every 100 steps (min, max, last)": "SELECT step // 100 * 100 AS step, min(value) AS min, max(value) AS max,\n       arg_max(value, step) AS last\nFROM metrics\nWHERE name = 'train/loss' AND NOT replaced  -- a resumed attempt's step: its newest value\n  AND run = (SELECT run FROM runs ORDER BY start_time DESC LIMIT 1)\nGROUP BY ALL ORDER BY step",
     "Drop fraction per layer (rollup)": "SELECT run, layer, sum(dropped) / sum(routed) AS drop_fraction\nFROM expert_layer_step\nGROUP BY run, layer ORDER BY run, layer",
     "Failures and anomalies": "SELECT run, kind, step, data->>'$.message' AS message\nFROM events\nWHERE kind IN ('failure', 'anomaly')\nORDER BY t DESC",
     "Rejected lines": "SELECT file, line, field, reason\nFROM rejected_events\nORDER BY ingested_at DESC\nLIMIT 100",

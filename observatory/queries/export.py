@@ -13,7 +13,7 @@ __all__ = [
 ]
 
 # the long table's columns, in order; parquet and csv exports have exactly these
-METRIC_COLUMNS = ("run", "step", "name", "value", "t", "host")
+METRIC_COLUMNS = ("run", "step", "name", "value", "t", "host", "replaced")
 
 
 def run_exists(con, run: str) -> bool:
@@ -40,10 +40,11 @@ def metrics_reader(con, run: str, batch_rows: int = 100_000):
     """`pyarrow.RecordBatchReader` over the run's metrics, ordered by step, name, host.
 
     Columns: run VARCHAR, step BIGINT, name VARCHAR, value DOUBLE (NaN/inf kept), t DOUBLE,
-    host USMALLINT. Streamed in batches so a run with 10^8 values never sits in memory.
+    host USMALLINT, replaced BOOLEAN (a resumed attempt logged the step again: the newest row is the
+    step's value, `observatory.store.replays`). Streamed in batches so a run with 10^8 values never sits in memory.
     """
     return con.sql(
-        "SELECT run, step, name, value, t, host FROM metrics WHERE run = $run ORDER BY step, name, host, t",
+        f"SELECT {', '.join(METRIC_COLUMNS)} FROM metrics WHERE run = $run ORDER BY step, name, host, t",
         params={"run": run},
     ).to_arrow_reader(batch_rows)
 
@@ -53,7 +54,7 @@ def metrics_reader(con, run: str, batch_rows: int = 100_000):
 # unknown kind is any string a log wrote); `raw_kind` keeps it as written.
 PARTITION_SELECTS = {
     "runs": "SELECT 'runs' AS kind, * FROM runs",
-    "metrics": "SELECT 'metrics' AS kind, run, step, name, value, t, host FROM metrics",
+    "metrics": "SELECT 'metrics' AS kind, run, step, name, value, t, host, replaced FROM metrics",
     "expert_load": "SELECT 'expert_load' AS kind, run, step, layer, expert, routed, dropped FROM expert_load",
     "events": (
         "SELECT CASE WHEN regexp_full_match(kind, '[a-z][a-z0-9_]{0,63}') AND kind NOT IN "

@@ -82,7 +82,7 @@ def stitched_curve(con, segments: list[tuple[str, int | None]], metric: str) -> 
         )
         SELECT m.run, m.step, arg_max(m.value, m.t) AS value, any_value(seg.ord) AS ord
         FROM metrics m JOIN seg ON m.run = seg.run
-        WHERE m.name = ? AND m.step IS NOT NULL AND (seg.cut IS NULL OR m.step <= seg.cut)
+        WHERE m.name = ? AND m.step IS NOT NULL AND NOT m.replaced AND (seg.cut IS NULL OR m.step <= seg.cut)
         GROUP BY m.run, m.step
         ORDER BY ord, m.step
         """,

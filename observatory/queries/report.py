@@ -129,7 +129,7 @@ def metric_series(
     params = [run, list(names), lo, lo, hi, hi]
     base = """
         SELECT name, step, arg_max(value, t) AS value FROM metrics
-        WHERE run = ? AND name IN (SELECT unnest(?::VARCHAR[])) AND step IS NOT NULL
+        WHERE run = ? AND name IN (SELECT unnest(?::VARCHAR[])) AND step IS NOT NULL AND NOT replaced
           AND (?::BIGINT IS NULL OR step >= ?::BIGINT) AND (?::BIGINT IS NULL OR step <= ?::BIGINT)
         GROUP BY name, step
     """
@@ -174,7 +174,7 @@ def eval_series(con, run: str, field: str = "loss") -> list[tuple[int, float]]:
 
 def nonfinite_steps(con, run: str, name: str) -> list[int]:
     rows = con.execute(
-        "SELECT DISTINCT step FROM metrics WHERE run = ? AND name = ? AND step IS NOT NULL"
+        "SELECT DISTINCT step FROM metrics WHERE run = ? AND name = ? AND step IS NOT NULL AND NOT replaced"
         " AND (value IS NULL OR NOT isfinite(value)) ORDER BY step",
         [run, name],
     ).fetchall()
@@ -186,7 +186,7 @@ def last_value(con, run: str, name: str, finite: bool = False) -> tuple[int, flo
     row = con.execute(
         f"""
         SELECT step, arg_max(value, t) AS v FROM metrics
-        WHERE run = ? AND name = ? AND step IS NOT NULL {"AND isfinite(value)" if finite else ""}
+        WHERE run = ? AND name = ? AND step IS NOT NULL AND NOT replaced {"AND isfinite(value)" if finite else ""}
         GROUP BY step ORDER BY step DESC LIMIT 1
         """,
         [run, name],
@@ -253,7 +253,7 @@ def ladder_runs(con, ladder_name: str, metric: str = "train/loss") -> list[dict[
         """
         SELECT r.run, r.ladder_rung, r.status, coalesce(r.final_step, r.last_step) AS steps,
                (SELECT arg_max(m.value, m.step) FROM metrics m
-                 WHERE m.run = r.run AND m.name = ? AND isfinite(m.value)) AS final
+                 WHERE m.run = r.run AND m.name = ? AND isfinite(m.value) AND NOT m.replaced) AS final
         FROM runs r WHERE r.ladder_name = ? ORDER BY r.ladder_rung NULLS LAST, r.run
         """,
         [metric, ladder_name],

@@ -80,12 +80,16 @@ def effective_status(info: dict[str, Any], now: float | None = None) -> str:
     row = {
         "status": info.get("status") or "running",
         "last": info.get("writer_t") or info.get("last_event_t"),
+        "phase": info.get("phase"),
+        "phase_t": info.get("phase_t"),
+        "budget": info.get("phase_budget_s"),
     }
     with (
         duckdb.cursor() as con
     ):  # a cursor of DuckDB's in-memory default database: the expression over one row
         return con.execute(
-            f"SELECT {run_status_sql('$cut')} FROM (SELECT $status AS status, $last::DOUBLE AS last_event_t)",
+            f"SELECT {run_status_sql('$cut')} FROM (SELECT $status AS status, $last::DOUBLE AS last_event_t, "
+            "$phase::VARCHAR AS phase, $phase_t::DOUBLE AS phase_t, $budget::DOUBLE AS phase_budget_s)",
             {**row, "cut": now - float(settings.get("stale_after_s"))},
         ).fetchall()[0][0]
 

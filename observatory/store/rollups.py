@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from observatory.store import replays
 from observatory.store.schema import (
     EXPERT_TABLES,
     LAYER_RESOLUTION,
@@ -115,8 +116,10 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> Non
             continue
         if not n_new:
             continue
-        raw = f"(SELECT * FROM {source} WHERE rowid >= {int(start)})"
-        (_roll_metrics if source == "metrics" else _roll_experts)(con, raw)
+        if source == "metrics":
+            _roll_metrics(con, int(start))
+        else:
+            _roll_experts(con, f"(SELECT * FROM {source} WHERE rowid >= {int(start)})")
         for (name,) in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE temporary AND starts_with(table_name, '_touched_')"
         ).fetchall():
@@ -125,8 +128,12 @@ def after_ingest(con, touched: Mapping[str, Iterable[str]] | None = None) -> Non
         _save_state(con, source, nxt, n_total)
 
 
-def _roll_metrics(con, raw: str) -> None:
+def _roll_metrics(con, start: int) -> None:
+    """Roll up the metric rows from rowid `start` on; first mark the replays among them (`replays.mark`):
+    the rows they replace leave their cells, which are recounted from the raw rows."""
     res0 = METRIC_RESOLUTIONS[0]
+    old = replays.mark(con, start)
+    raw = f"(SELECT * FROM metrics WHERE rowid >= {start} AND NOT replaced)"
     _merge(
         con,
         _M8,
@@ -134,12 +141,57 @@ def _roll_metrics(con, raw: str) -> None:
         _METRIC_RAW.format(res=res0, src=raw),
         _METRIC_COMBINE.format(k=1, src="{src}"),
     )
+    if old is not None:
+        _recount_replaced(con, old)
     below = _M8
     for res, prev in zip(METRIC_RESOLUTIONS[1:], METRIC_RESOLUTIONS, strict=False):
         table = f"metrics_r{res}"
         _recompute(con, table, below, res // prev, ("run", "bucket"), _METRIC_COMBINE, with_o=True)
         below = table
     con.execute(SERIES_UPSERT.format(source=_SERIES_NEW.format(src=raw)))
+    if old is not None:
+        _fix_series(con, old)
+        con.execute(f"DROP TABLE {old}")
+
+
+def _recount_replaced(con, old: str) -> None:
+    """Recount from the raw rows the `metrics_r8` cells that hold rows a replay just replaced (the temp table
+    `old`: run, name, step), and add them to the cells the coarser levels recompute."""
+    res0 = METRIC_RESOLUTIONS[0]
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE _replay_cells AS SELECT DISTINCT run, name, step // {res0} AS bucket FROM {old}"
+    )
+    lo, hi = con.execute("SELECT min(bucket), max(bucket) FROM _replay_cells").fetchall()[0]
+    on = _on(("run", "name", "bucket"), "t", "d")
+    con.execute(f"DELETE FROM {_M8} t USING _replay_cells d WHERE {on} AND t.bucket BETWEEN {lo} AND {hi}")
+    rows = f"""(SELECT m.* FROM metrics m SEMI JOIN _replay_cells d
+                   ON m.run = d.run AND m.name = d.name AND m.step // {res0} = d.bucket
+                WHERE NOT m.replaced AND m.step BETWEEN {lo * res0} AND {hi * res0 + res0 - 1})"""
+    con.execute(f"INSERT INTO {_M8} {_METRIC_RAW.format(res=res0, src=rows)} ORDER BY ALL")
+    con.execute(f"INSERT INTO _touched_{_M8} SELECT t.* FROM {_M8} t SEMI JOIN _replay_cells d ON {on}")
+    con.execute("DROP TABLE _replay_cells")
+
+
+def _fix_series(con, old: str) -> None:
+    """`metric_series` after a replay replaced stored rows: their count out, and the last value again
+    where the replaced row was at the series' last step (what a recount's `arg_max` takes)."""
+    con.execute(
+        f"""UPDATE metric_series s SET n = s.n - d.k
+            FROM (SELECT run, name, sum(delta) AS k FROM {old} GROUP BY ALL) d
+            WHERE s.run = d.run AND s.name = d.name"""
+    )
+    con.execute(
+        f"""UPDATE metric_series s SET last_value = v.value
+            FROM (SELECT m.run, m.name, arg_max(m.value, m.step) AS value
+                  FROM metrics m SEMI JOIN (SELECT o.run, o.name, o.step FROM {old} o
+                                            JOIN metric_series x ON x.run = o.run AND x.name = o.name
+                                                                AND x.last_step = o.step) d
+                      ON m.run = d.run AND m.name = d.name AND m.step = d.step
+                  WHERE NOT m.replaced AND m.step BETWEEN (SELECT min(step) FROM {old})
+                                                      AND (SELECT max(step) FROM {old})
+                  GROUP BY m.run, m.name) v
+            WHERE s.run = v.run AND s.name = v.name"""
+    )
 
 
 def _roll_experts(con, raw: str) -> None:
@@ -182,6 +234,8 @@ def _merge(con, table: str, keys: tuple[str, ...], new_sql: str, combine: str) -
     new = f"_touched_{table}"
     con.execute(f"CREATE OR REPLACE TEMP TABLE {new} AS SELECT * FROM {table} LIMIT 0")  # the table's types
     con.execute(f"INSERT INTO {new} {new_sql}")
+    if not con.execute(f"SELECT count(*) FROM {new}").fetchall()[0][0]:
+        return  # no new cell (every new row was replaced by another)
     on, rng = _on(keys, "t", "n"), _range(con, table, new, keys)
     old = f"_old_{table}"
     con.execute(
@@ -284,15 +338,17 @@ def _state_now(con, source: str) -> tuple[int, int]:
 def _rebuild_metrics(con) -> None:
     for t in METRIC_TABLES:
         con.execute(f"DELETE FROM {t}")
+    replays.mark_all(con)
+    current = "(SELECT * FROM metrics WHERE NOT replaced)"
     con.execute(
-        f"INSERT INTO {_M8} {_METRIC_RAW.format(res=METRIC_RESOLUTIONS[0], src='metrics')} ORDER BY ALL"
+        f"INSERT INTO {_M8} {_METRIC_RAW.format(res=METRIC_RESOLUTIONS[0], src=current)} ORDER BY ALL"
     )
     for res, prev in zip(METRIC_RESOLUTIONS[1:], METRIC_RESOLUTIONS, strict=False):
         src = f"(SELECT *, 0 AS _o FROM metrics_r{prev})"
         con.execute(
             f"INSERT INTO metrics_r{res} {_METRIC_COMBINE.format(k=res // prev, src=src)} ORDER BY ALL"
         )
-    con.execute(SERIES_UPSERT.format(source=_SERIES_NEW.format(src="metrics")))
+    con.execute(SERIES_UPSERT.format(source=_SERIES_NEW.format(src=current)))
     _save_state(con, "metrics", *_state_now(con, "metrics"))
 
 

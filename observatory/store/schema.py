@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from observatory import settings
+from observatory.events import OBSERVATORY_HOST
 from observatory.store.goodput import GOODPUT_DOCS, GOODPUT_VIEWS
 
 __all__ = [
@@ -39,6 +41,8 @@ __all__ = [
     "RUN_JSON_COLUMNS",
     "crashed_sql",
     "run_status_sql",
+    "PHASE_BUDGETED",
+    "PHASE_FOLD_SQL",
     "ensure_schema",
     "schema_columns",
 ]
@@ -68,7 +72,10 @@ CREATE TABLE IF NOT EXISTS runs (
     data         JSON,           -- {name, fingerprint, tokens}
     mesh         JSON,           -- {data, expert, processes, devices}
     model        JSON,           -- {params_total, params_active, flops_per_token}
-    redactions   BIGINT          -- values ingest hid as secrets (config, text, metric names, rejected lines)
+    redactions   BIGINT,         -- values ingest hid as secrets (config, text, metric names, rejected lines)
+    phase        VARCHAR,        -- the newest phase any of its processes entered (phase events)
+    phase_t      DOUBLE,         -- Unix seconds when it entered it
+    phase_budget_s DOUBLE        -- that phase event's budget_s (NULL: none given)
 );
 CREATE TABLE IF NOT EXISTS metrics (
     run   VARCHAR NOT NULL,      -- run id
@@ -76,7 +83,8 @@ CREATE TABLE IF NOT EXISTS metrics (
     name  VARCHAR NOT NULL,      -- /-namespaced metric name, e.g. train/loss
     value DOUBLE,                -- the value; NaN and +-inf are stored as IEEE values
     t     DOUBLE NOT NULL,       -- wall time, Unix seconds
-    host  USMALLINT NOT NULL     -- writing process
+    host  USMALLINT NOT NULL,    -- writing process
+    replaced BOOLEAN DEFAULT false -- a newer row of this (run, host, step, name) supersedes it (a resumed attempt's replay)
 );
 CREATE TABLE IF NOT EXISTS expert_load (
     run     VARCHAR NOT NULL,    -- run id
@@ -140,7 +148,7 @@ CREATE TABLE IF NOT EXISTS ingest_files (
 VIEWS = """
 CREATE OR REPLACE VIEW latest_metrics AS
     SELECT run, name, arg_max(step, step) AS step, arg_max(value, step) AS value, max(t) AS t
-    FROM metrics GROUP BY run, name;
+    FROM metrics WHERE NOT replaced GROUP BY run, name;
 CREATE OR REPLACE VIEW run_drop_fraction AS
     SELECT run, sum(dropped)::DOUBLE / nullif(sum(routed), 0) AS drop_fraction,
            sum(routed) AS routed, sum(dropped) AS dropped
@@ -182,6 +190,10 @@ _ADDED_COLUMNS = (
     ("runs", "redactions", "BIGINT"),
     ("ingest_files", "rejected", "BIGINT"),
     ("ingest_files", "rejected_dropped", "BIGINT"),
+    ("metrics", "replaced", "BOOLEAN DEFAULT false"),
+    ("runs", "phase", "VARCHAR"),
+    ("runs", "phase_t", "DOUBLE"),
+    ("runs", "phase_budget_s", "DOUBLE"),
 )
 
 TABLE_DOCS = {
@@ -189,10 +201,15 @@ TABLE_DOCS = {
     "`status` is `running` until a `run_end`, and `running` again when the run's own processes write "
     "after it (a resume: `trainer train --resume` and `init(resume=)` append to the log with no second "
     "`run_start`); readers show a running run whose newest event "
-    "is older than `stale_after_s` as `crashed`. A `failure` with `final: true` (its writer stopped there "
+    "is older than `stale_after_s` as `crashed`, unless its newest phase is `init`, `compile`, `eval` or "
+    "`checkpoint` and that phase's `budget_s` (else `phase_budget_s`) has not passed since it began. "
+    "A `failure` with `final: true` (its writer stopped there "
     "without a `run_end`, e.g. an imported run cut short) stores `crashed` and `end_time` at once, until "
     "the run's processes write after it.",
-    "metrics": "One row per (run, step, name) scalar from `metrics` events.",
+    "metrics": "One row per (run, step, name) scalar from `metrics` events. A step logged again by the same "
+    "process (a resumed attempt re-logs the steps since its last checkpoint) keeps every row; all but the "
+    "newest (by `t`) are `replaced`, and every chart, rollup, detector and report reads `NOT replaced` "
+    "(docs/operate.md, Restarts and attempts).",
     "expert_load": "One row per (run, step, layer, expert) from `expert_load` events; narrow "
     "integer types so that 10^9 rows stay small.",
     "events": "Every event that is not `metrics`, `expert_load` or `heartbeat` (run_start, run_end, eval, "
@@ -209,7 +226,7 @@ TABLE_DOCS = {
     "them all.",
     "ingest_files": "Per-file ingest progress, committed in the same transaction as the rows it "
     "covers (exactly-once ingest).",
-    "latest_metrics": "View: each run's latest value of each metric.",
+    "latest_metrics": "View: each run's latest value of each metric (rows not `replaced`).",
     "run_drop_fraction": "View: each run's overall token drop fraction (dropped / routed).",
     "run_summary": "View: each run's summary, one row per key (`run`, `key`, `value` JSON, `t`, "
     "`origin`): the run's latest value of each metric (`origin` = `metric`), overridden key by key "
@@ -409,14 +426,35 @@ DECISIONS_VIEW_DDL = f"CREATE OR REPLACE VIEW decisions AS {DECISIONS_SQL}"
 # ------------------------------------------------------------ run status
 
 
+PHASE_BUDGETED = ("init", "compile", "eval", "checkpoint")  # phases that may be long and are not a hang
+
+# Fold the phase events of `{events}` (a table or a subquery: a batch's rows, or all of them) into `runs`: each
+# run's newest phase, its time and budget (set-wise, one statement for every run; an older phase is no news)
+PHASE_FOLD_SQL = f"""
+UPDATE runs SET phase = p.phase, phase_t = p.t, phase_budget_s = p.budget_s
+FROM (
+    SELECT run, arg_max_null(data->>'phase', t) AS phase, max(t) AS t,
+           arg_max_null(TRY_CAST(data->>'budget_s' AS DOUBLE), t) AS budget_s
+    FROM {{events}} WHERE kind = 'phase' AND host <> {OBSERVATORY_HOST} GROUP BY run
+) p
+WHERE runs.run = p.run AND (runs.phase_t IS NULL OR p.t >= runs.phase_t)
+"""
+
+
 def crashed_sql(cut: str) -> str:
     """SQL condition over a `runs` row: the run is `crashed` at cut-off `cut` (SQL: now - stale_after_s).
 
     A run still `running` (no run_end) whose newest event from its own writers is older
-    than the cut-off. `last_event_t` never counts the observatory's own events (host
-    1000): findings about a dead run do not keep it alive.
+    than the cut-off, unless its newest phase is one that may be long (`PHASE_BUDGETED`: a
+    synchronous checkpoint save, a first compile) and that phase's `budget_s` (else the
+    `phase_budget_s` setting) has not passed since it began: a process that writes no
+    heartbeats is silent for as long as its save takes. `last_event_t` never counts the
+    observatory's own events (host 1000): findings about a dead run do not keep it alive.
     """
-    return f"(status = 'running' AND coalesce(last_event_t, 0) < {cut})"
+    now = f"(({cut}) + {float(settings.get('stale_after_s'))!r})"
+    default = float(settings.get("phase_budget_s"))
+    in_budget = f"coalesce(phase IN {PHASE_BUDGETED!r} AND phase_t + coalesce(phase_budget_s, {default!r}) >= {now}, false)"
+    return f"(status = 'running' AND coalesce(last_event_t, 0) < {cut} AND NOT {in_budget})"
 
 
 def run_status_sql(cut: str) -> str:
@@ -429,9 +467,20 @@ def run_status_sql(cut: str) -> str:
     return f"CASE WHEN {crashed_sql(cut)} THEN 'crashed' ELSE status END"
 
 
+def _has_column(con, table: str, column: str) -> bool:
+    return bool(
+        con.execute(
+            "SELECT count(*) FROM duckdb_columns() WHERE table_name = ? AND column_name = ? AND NOT internal",
+            [table, column],
+        ).fetchall()[0][0]
+    )
+
+
 def ensure_schema(con) -> None:
     """Create every table and view if it is missing (idempotent)."""
     con.execute(DDL)
+    marked = _has_column(con, "metrics", "replaced")
+    phased = all(_has_column(con, "runs", c) for c in ("phase", "phase_t", "phase_budget_s"))
     for table, col, typ in _ADDED_COLUMNS:
         con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {typ}")
     if con.execute("SELECT count(*) FROM ingest_files WHERE rejected IS NULL").fetchall()[0][0]:
@@ -441,6 +490,12 @@ def ensure_schema(con) -> None:
             "(SELECT count(*) FROM rejected_events r WHERE r.file = ingest_files.path) WHERE rejected IS NULL"
         )
     con.execute(ROLLUP_DDL)
+    if (
+        not marked
+    ):  # a store from before `metrics.replaced`: its next ingest marks and recounts every metric row
+        con.execute("UPDATE rollup_state SET n_rows = -1 WHERE source = 'metrics'")
+    if not phased:  # a store from before `runs.phase`: every run's newest phase, from its stored events
+        con.execute(PHASE_FOLD_SQL.format(events="events"))
     con.execute(VIEWS)
     con.execute(DECISIONS_VIEW_DDL)
     con.execute(GOODPUT_VIEWS)

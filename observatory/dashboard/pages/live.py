@@ -21,6 +21,7 @@ summary, histograms and artifacts (`dashboard.run_details`).
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -51,11 +52,16 @@ from observatory.events import RUN_ID_RE
 from observatory.markup import md_escape, plot_text
 from observatory.queries import dashboard as qd
 from observatory.redact import redacted_note
+from observatory.store.schema import PHASE_BUDGETED
 
 REFRESH_S = 2  # the charts' refresh
 # the status line's own refresh (last step, status, banners): one cached batch and a line of text, so a
 # new step's number is on screen about a second after the follower commits it, between chart refreshes
 STATUS_S = 0.5
+# a linked step (`?step=`, an alert's link) opens a window of this share of the run either side of it
+LINKED_SHARE = 0.05
+LINKED_MIN = 10  # ... and at least this many steps either side
+LINKED_COLOR = "#d62728"
 LOSS = ("train/loss", "train/ce_loss")
 # (title, metric names drawn together, log y, the y axis's title with its unit)
 HEALTH = (
@@ -177,21 +183,37 @@ def previous_trace(prev: str, d, smoothing: float = 0.0) -> dict:
     )
 
 
-def _banner(row: dict, now: float) -> None:
+def banner(row: dict, now: float) -> tuple[str, str] | None:
+    """The banner over a run's charts as (level: error, warning or info; Markdown text), or None."""
     status = row["status"]
     last = row["last_event_t"]
     silent = now - last if last else None
     if status == "crashed":
-        st.error(
+        return "error", (
             f"**Crashed**: no `run_end` and no event for {ago(last, now).replace(' ago', '')} "
-            f"(a run silent for more than {settings.get('stale_after_s'):.0f} s is shown as crashed)."
+            f"(a run silent for more than {settings.get('stale_after_s'):.0f} s is shown as crashed, "
+            "unless it is in an init, compile, eval or checkpoint phase within its budget)."
         )
-    elif status in ("failed", "killed"):
-        st.error(f"**{status.capitalize()}** at step {row['last_step']}.")
-    elif status == "preempted":
-        st.warning(f"**Preempted** at step {row['last_step']}; it may be resumed.")
-    elif status == "running" and silent is not None and silent > QUIET_S:
-        st.warning(f"**Stale**: running, but no event for {ago(last, now).replace(' ago', '')}.")
+    if status in ("failed", "killed"):
+        return "error", f"**{status.capitalize()}** at step {row['last_step']}."
+    if status == "preempted":
+        return "warning", f"**Preempted** at step {row['last_step']}; it may be resumed."
+    if status == "running" and silent is not None and silent > QUIET_S:
+        phase, since = row.get("phase"), row.get("phase_t")
+        budget = row.get("phase_budget_s") or settings.get("phase_budget_s")
+        if phase in PHASE_BUDGETED and since is not None and now - since <= budget:  # as `crashed_sql` allows
+            return "info", (
+                f"**In {md_escape(phase)}** for {ago(since, now).replace(' ago', '')} "
+                f"(allowed {budget / 60:.0f} min before it counts as a hang)."
+            )
+        return "warning", f"**Stale**: running, but no event for {ago(last, now).replace(' ago', '')}."
+    return None
+
+
+def _banner(row: dict, now: float) -> None:
+    shown = banner(row, now)
+    if shown is not None:
+        getattr(st, shown[0])(shown[1])
 
 
 def panel_calls(run: str) -> list[tuple]:
@@ -305,19 +327,19 @@ def _redraw_due(run: str) -> bool:
     return True
 
 
-def _panel(run: str, live: bool = False) -> None:
+def _panel(run: str, live: bool = False, at: int | None = None) -> None:
     t0 = time.monotonic()
     batch = _panel_batch(run, live)
     view, all_marks, evals, fcs, names = batch[1:]
     me = run_row(run, keep_fresh=live)  # from the batch above
     version = derive(panel_version, *batch)
     try:
-        _draw(run, live, me, view, all_marks, evals, fcs, names)
+        _draw(run, live, me, view, all_marks, evals, fcs, names, at)
     finally:  # what was drawn, when, and how long it took: the status line's watch redraws from there
         st.session_state[f"live_drawn_v_{run}"] = (version, time.monotonic(), time.monotonic() - t0)
 
 
-def _draw(run: str, live: bool, me, view, all_marks, evals, fcs, names) -> None:
+def _draw(run: str, live: bool, me, view, all_marks, evals, fcs, names, at: int | None = None) -> None:
     if me is None:
         return  # the status line above says so
     wkey = f"live_window_{run}"
@@ -335,7 +357,7 @@ def _draw(run: str, live: bool, me, view, all_marks, evals, fcs, names) -> None:
     if loss_name is not None:
         prev = previous_run(runs_table(name=me["name"], limit=PAGE), run)  # the runs of its name
         pd_ = query(qd.downsample, prev, [loss_name], lo, hi, 1000) if prev is not None else None
-        fig = derive(loss_figure, view, all_marks, evals, fcs, prev, pd_, smoothing)
+        fig = derive(loss_figure, view, all_marks, evals, fcs, prev, pd_, smoothing, at)
         live_chart(fig, key=f"live_loss_{run}", window_key=wkey)
     else:
         st.info("No `train/loss` logged in this window.")
@@ -353,7 +375,7 @@ def _draw(run: str, live: bool, me, view, all_marks, evals, fcs, names) -> None:
         return
     _controls(*view["extent"], wkey, (lo, hi))
     cols = st.columns(2)
-    for i, (title, fig) in enumerate(derive(health_figures, view, all_marks, smoothing)):
+    for i, (title, fig) in enumerate(derive(health_figures, view, all_marks, smoothing, at)):
         with cols[i % 2]:
             if fig is None:
                 st.caption(f"{title}: not logged")
@@ -371,8 +393,70 @@ def _routed(view: dict, all_marks) -> dict:
     return route_markers(window_markers(view, all_marks), FINDING_CHARTS, "loss")
 
 
-def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, smoothing: float) -> dict:
-    """The loss chart: the run's loss in the window, the previous run, eval points, forecasts, markers."""
+def linked_step(raw, last_step) -> int | None:
+    """The step an alert's link asks for (`?step=`): a plain integer in [0, the run's last step]; else None
+    (ignored: not a number, a sign, a fraction, an exponent, or a step the run never reached)."""
+    if not isinstance(raw, str) or last_step is None or not re.fullmatch(r"[0-9]{1,18}", raw):
+        return None
+    step = int(raw)
+    return step if step <= int(last_step) else None
+
+
+def linked_window(step: int, last_step: int) -> tuple[int, int]:
+    """The window a linked step opens on: `LINKED_SHARE` of the run (at least `LINKED_MIN` steps) either side."""
+    half = max(LINKED_MIN, round(LINKED_SHARE * last_step))
+    return max(0, step - half), step + half
+
+
+def _focus(run: str, last_step) -> int | None:
+    """Honour `?step=` once per link: zoom the charts' window around it (as a box selection would: the
+    user can widen it again), and return it to be marked while it is in the window."""
+    step = linked_step(st.query_params.get("step"), last_step)
+    if step is None:
+        return None
+    seen = f"live_linked_{run}"
+    if st.session_state.get(seen) != step:
+        st.session_state[seen] = step
+        st.session_state[f"live_window_{run}_box"] = linked_window(step, int(last_step))
+    return step
+
+
+def mark_linked(fig: dict, step: int | None, window: tuple[int, int]) -> None:
+    """A vertical line at the linked step (an alert's), when it is in the window."""
+    if step is None or not window[0] <= step <= window[1]:
+        return
+    fig["layout"].setdefault("shapes", []).append(
+        {
+            "type": "line",
+            "name": "linked step",
+            "xref": "x",
+            "yref": "paper",
+            "x0": step,
+            "x1": step,
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": LINKED_COLOR, "width": 2, "dash": "dash"},
+        }
+    )
+    fig["layout"].setdefault("annotations", []).append(
+        {
+            "x": step,
+            "xref": "x",
+            "y": 1,
+            "yref": "paper",
+            "text": f"step {step}",
+            "showarrow": False,
+            "yanchor": "bottom",
+            "font": {"color": LINKED_COLOR},
+        }
+    )
+
+
+def loss_figure(
+    view: dict, all_marks, evals, fcs, prev: str | None, prev_data, smoothing: float, at: int | None = None
+) -> dict:
+    """The loss chart: the run's loss in the window, the previous run, eval points, forecasts, markers,
+    and the linked step `at` (an alert's link)."""
     lo, hi = view["window"]
     data = view["data"]
     loss_name = _loss_name(view)
@@ -403,6 +487,7 @@ def loss_figure(view: dict, all_marks, evals, fcs, prev: str | None, prev_data, 
     finite = d["max"].drop_nulls()
     marks = _routed(view, all_marks)["loss"]
     add_markers(fig, marks, y_at=float(finite.max()) if finite.len() else None, gap=EPISODE_GAP * (hi - lo))
+    mark_linked(fig, at, (lo, hi))
     fig["layout"]["xaxis"]["range"] = x_range(lo, hi, marks)
     return fig
 
@@ -422,9 +507,12 @@ def status_line(row: dict, now: float) -> str:
     )
 
 
-def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, dict | None]]:
+def health_figures(
+    view: dict, all_marks, smoothing: float, at: int | None = None
+) -> list[tuple[str, dict | None]]:
     """The six MoE and optimiser health charts as (title, figure or None when not logged);
-    per-layer metrics as a band across layers; each with its own findings, failures and config changes."""
+    per-layer metrics as a band across layers; each with its own findings, failures and config changes;
+    the linked step `at` marked."""
     lo, hi = view["window"]
     data, bands, drop = view["data"], view["bands"], view["drop"]
     routed = _routed(view, all_marks)
@@ -472,6 +560,7 @@ def health_figures(view: dict, all_marks, smoothing: float) -> list[tuple[str, d
             lines=False,
             gap=EPISODE_GAP * (hi - lo),
         )
+        mark_linked(fig, at, (lo, hi))
         fig["layout"]["xaxis"]["range"] = x_range(lo, hi, marks)
         out.append((title, fig))
     return out
@@ -488,7 +577,13 @@ def render() -> None:
         run = pick_run()
     if run is None:
         return
-    live = is_running(run_row(run))
+    row = run_row(run)
+    live = is_running(row)
+    at = None
+    if run == wanted:
+        at = _focus(run, row and row["last_step"])
+    elif "step" in st.query_params:  # the link's step was another run's
+        del st.query_params["step"]
     st.caption(
         f"Live: the charts are redrawn when the run has new data, at most every {REFRESH_S} s; "
         f"the status line every {STATUS_S:g} s."
@@ -498,5 +593,5 @@ def render() -> None:
     # the status line refreshes itself and watches for new data; the panel is redrawn only when there is some
     st.fragment(run_every=STATUS_S if live else None)(_status)(run, live)
     with st.container(key="live_panel"):
-        st.fragment(_panel)(run, live)
+        st.fragment(_panel)(run, live, at)
     render_details(run)
