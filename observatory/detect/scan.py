@@ -196,7 +196,7 @@ def detect_series(
         out += _keep(loss_dips(st, x, th), st, spike_dep, truncated)
     if (s := series.get(GRAD)) is not None:
         st, g = s
-        out += _keep(unfollowed(grad_spikes(st, g, th), spikes), st, spike_dep, truncated)
+        out += _keep(unfollowed(grad_spikes(st, g, th), spikes, int(st[-1])), st, spike_dep, truncated)
         out += _keep(grad_growth(st, g, th), st, 2 * th.window + th.growth_steps + 1, truncated)
     if (s := series.get(UPDATE)) is not None:
         out += _keep(update_spikes(s[0], s[1], th), s[0], spike_dep, truncated)
@@ -206,7 +206,7 @@ def detect_series(
     if drop is not None:
         out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, drop_truncated)
     if (s := series.get(THROUGHPUT)) is not None:
-        out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window, truncated)
+        out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window + th.throughput_sustain, truncated)
     if bad is not None and len(bad["step"]):
         # the logged steps (for which non-finite steps are consecutive), 0 where a value was fine
         all_steps = np.union1d(steps, bad["step"]).astype(np.int64)
