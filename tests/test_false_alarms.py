@@ -142,3 +142,6 @@ def test_grad_spikes_that_are_faults_still_warn_or_go_critical():
     loss[600] += 2.5
     fs = A.detect_frame(frame_of(steps, **{D.LOSS: loss, D.GRAD: grad}), None, TH)
     assert ("grad_spike", "critical") in {(f.detector, f.severity) for f in fs}
+    loss[600] = 0.2  # our trainer's bad batch (one repeated byte): the loss collapses instead
+    fs = A.detect_frame(frame_of(steps, **{D.LOSS: loss, D.GRAD: grad}), None, TH)
+    assert {("grad_spike", "critical"), ("loss_dip", "warn")} <= {(f.detector, f.severity) for f in fs}

@@ -682,9 +682,9 @@ FOLLOW_STEPS = 16  # a loss spike this close to a grad spike is its consequence
 
 
 def unfollowed(grad: list[Finding], loss: list[Finding], last_step: int | None = None) -> list[Finding]:
-    """Grad spikes, graded by what the loss did within FOLLOW_STEPS of them.
+    """Grad spikes, graded by what the loss did within FOLLOW_STEPS of them (`loss`: its spikes and dips).
 
-    Followed by a loss spike: as found (critical when large). Not followed, over several steps (a climb, as
+    Followed by a loss spike or dip: as found (critical when large). Not followed, over several steps (a climb, as
     BLOOM's): a warning. Not followed, one step: info, the run absorbed it (a tiny run with clipping has
     one-step spikes of 10-90x that the clip takes and the loss never sees). The verdict on a one-step spike
     waits until the series reaches FOLLOW_STEPS past it (`last_step`, the last logged step; None: whole).
