@@ -14,7 +14,7 @@ copied to a fresh store, ingested (the ingest hook runs the detectors and writes
 and ingested again; then its findings are counted by severity. Target: 0 critical and <= 1 warning
 per 10,000 healthy steps ("info" findings are kept in the store and drawn faintly, not alerts).
 
-    nice python bench/bench_false_alarms.py [--steps 1500] [--fresh]
+    nice python bench/bench_false_alarms.py [--steps 1500[,5000]] [--fresh] [--before main]
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def train(runs_dir: Path, run: str, steps: int, load: int) -> float:
     return time.monotonic() - t0
 
 
-def build(steps: int, fresh: bool) -> dict[str, str]:
-    """The healthy runs (cached): run -> how it was made."""
+def build(steps: int, fresh: bool, train_missing: bool = True) -> dict[str, str]:
+    """The healthy runs (cached; with `train_missing` false, only those already there): run -> how made."""
     runs = OUT / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     made = {"demo-sample": "committed sample, 3,416 steps"}
@@ -82,10 +82,12 @@ def build(steps: int, fresh: bool) -> dict[str, str]:
         if fresh:
             shutil.rmtree(runs / run, ignore_errors=True)
         if not (runs / run / "events.0.jsonl").exists():
+            if not train_missing:
+                continue
             secs = train(runs, run, steps, load)
             print(f"trained {run} in {secs:.0f} s ({load} busy-loop processes)", flush=True)
-        made[run] = f"trainer, {steps} steps" + (
-            f", {cores} busy-loop processes (1-15 s on/off)" if load else ""
+        made[run] = f"trainer, {steps} steps, " + (
+            f"{cores} busy-loop processes (1-15 s on/off)" if load else "the machine as it is"
         )
     return made
 
@@ -123,12 +125,20 @@ def score(made: dict[str, str]) -> list[dict]:
                         "warn": sev["warn"],
                         "info": sev["info"],
                         "detectors": dict(Counter(f"{f['detector']}:{f.get('severity')}" for f in found)),
+                        "longest_dip": max(
+                            (
+                                f["window"][1] - f["window"][0] + 1
+                                for f in found
+                                if f["detector"] == "throughput_drop"
+                            ),
+                            default=0,
+                        ),
                     }
                 )
     return rows
 
 
-def score_at(ref: str) -> list[dict]:
+def score_at(ref: str, steps: str) -> list[dict]:
     """`score` with the detectors as they were at git `ref` (its `observatory/`, in a subprocess)."""
     with tempfile.TemporaryDirectory(prefix="bench-fa-ref-") as d:
         tar = subprocess.run(
@@ -136,7 +146,7 @@ def score_at(ref: str) -> list[dict]:
         )
         subprocess.run(["tar", "-x", "-C", d], input=tar.stdout, check=True)
         out = subprocess.run(
-            [sys.executable, __file__, "--score-only", "--json"],
+            [sys.executable, __file__, "--score-only", "--json", "--steps", steps],
             env={**os.environ, "PYTHONPATH": d},
             capture_output=True,
             text=True,
@@ -156,26 +166,26 @@ def _rates(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=1500, help="steps of each trained run")
+    ap.add_argument("--steps", default="1500", help="steps of each trained run; several: 1500,5000")
     ap.add_argument("--fresh", action="store_true", help="train the runs again")
     ap.add_argument(
         "--before", default="main", help="git ref whose detectors score the same runs, side by side"
     )
     ap.add_argument(
-        "--score-only", action="store_true", help="score the cached runs (no training, no --before)"
+        "--score-only", action="store_true", help="score the cached runs of --steps (no training)"
     )
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     a = ap.parse_args(argv)
-    if a.score_only:
-        made = {"demo-sample": "committed sample, 3,416 steps"}
-        made.update({p.name: "cached" for p in sorted((OUT / "runs").glob("*-*")) if p.name[0] in "ql"})
-        rows = score(made)
-    else:
-        rows = score(build(a.steps, a.fresh))
+    from observatory.detect.thresholds import Thresholds
+
+    made: dict[str, str] = {}
+    for n in (int(x) for x in a.steps.split(",")):
+        made.update(build(n, a.fresh and not a.score_only, train_missing=not a.score_only))
+    rows = score(made)
     if a.json:
         print(json.dumps(rows))
         return 0
-    before = {r["run"]: r for r in score_at(a.before)} if a.before else {}
+    before = {r["run"]: r for r in score_at(a.before, a.steps)} if a.before else {}
     print(f"\nbefore: detectors at `{a.before}`; after: this checkout's\n")
     print("| run | how | steps | critical (before, after) | warn | info | findings after |")
     print("|---|---|---|---|---|---|---|")
@@ -186,9 +196,18 @@ def main(argv=None) -> int:
             f"| {r['run']} | {r['how']} | {r['steps']:,} | {b.get('critical', '?')}, {r['critical']} | "
             f"{b.get('warn', '?')}, {r['warn']} | {b.get('info', '?')}, {r['info']} | {dets} |"
         )
-    for name, part in (("all", rows), ("under load", [r for r in rows if r["run"].startswith("loaded-")])):
+    loaded = [r for r in rows if r["run"].startswith("loaded-")]
+    for name, part in (
+        ("all", rows),
+        ("the machine as it is", [r for r in rows if r not in loaded]),
+        ("under load", loaded),
+    ):
         bpart = [before[r["run"]] for r in part if r["run"] in before]
         print(f"\n{name}: before {_rates(bpart) if bpart else '-'}; after {_rates(part)}")
+    print(
+        f"\nlongest throughput dip on these healthy runs: {max(r.get('longest_dip', 0) for r in rows)} logged steps "
+        f"(a dip warns once it lasts anomaly_throughput_sustain, {Thresholds.from_settings().throughput_sustain})"
+    )
     print(
         f"\n| detectors' false alarms on healthy demo-recipe runs, quiet and under load | {_rates(rows)} "
         f"(before: {_rates(list(before.values())) if before else '-'}) | 0 critical, <= 1 warning per 10k "

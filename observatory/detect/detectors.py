@@ -15,7 +15,8 @@ Detectors (all thresholds are settings, `anomaly_*`, see `observatory.detect.thr
 - `grad_spike`: the same on log grad/norm/total, plus a minimum ratio and a
   confirmation (two such steps in a row, or one `anomaly_grad_single_ratio` times
   the level). In BLOOM 176B's logs the grad norm led the loss spike by ~3 steps:
-  this is the early warning.
+  this is the early warning. Graded by what the loss did (`unfollowed`): a one-step
+  spike the loss did not follow is info.
 - `update_spike`: the same rule on opt/update_norm: the update that wrecks the
   weights is logged one step before the loss it wrecks.
 - `grad_growth`: the rolling median grad norm climbs `anomaly_grad_growth` times
@@ -26,7 +27,8 @@ Detectors (all thresholds are settings, `anomaly_*`, see `observatory.detect.thr
 - `hot_expert` / `dead_expert`: max/mean routed load over a ratio, or zero load,
   for `anomaly_expert_steps` consecutive logged steps.
 - `nonfinite`: NaN or inf in any metric.
-- `throughput_drop`: tokens/s below a fraction of its trailing median for a while.
+- `throughput_drop`: tokens/s below a fraction of its trailing median for a while;
+  info (a busy machine) unless it lasts `anomaly_throughput_sustain` logged steps.
 - `stalled_run`: no events for `anomaly_stall_s` and no run_end.
 
 Detectors are pure functions of numpy arrays (steps, values) -> `Finding`s, so
@@ -629,8 +631,8 @@ def throughput_drops(steps, tps, th: Thresholds, metric: str = THROUGHPUT) -> li
                 + (
                     f"for {need} logged steps from step {steps[i0]}, still low at step {steps[end - 1]}"
                     if sustained
-                    else f"for {i1 - i0 + 1} logged steps from step {steps[i0]}; over within {need}: "
-                    "a busy machine, not the run"
+                    else f"for {i1 - i0 + 1} logged steps from step {steps[i0]}; over within {need} logged "
+                    "steps, as when the machine is busy with other jobs"
                 ),
                 (int(steps[i0]), int(steps[i1])),
                 int(steps[end - 1] if sustained else steps[min(end, x.size - 1)]),
