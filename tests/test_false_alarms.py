@@ -101,6 +101,12 @@ def test_a_lasting_throughput_drop_warns_live_and_a_dip_waits_until_it_is_over()
     steps, tps = np.arange(400), np.full(400, 1.7e4)
     tps[390:] *= 0.3  # a dip in its 10th step at the last step: wait
     assert D.throughput_drops(steps, tps, TH) == []
+    # a slow spell still going on is one episode: a deeper dip inside it, against the trailing median that has
+    # adapted by then, is not a dip of its own that ends sooner (it was, live, before the whole spell was seen)
+    steps, tps = np.arange(600), np.full(600, 1e4)
+    tps[300:370], tps[370:], tps[381:387] = 3000, 6000, 1000
+    assert [(f.window[0], f.severity) for f in D.throughput_drops(steps, tps, TH)] == [(300, "warn")]
+    assert D.throughput_drops(steps[:400], tps[:400], TH) == []
 
 
 def clean_grad(n=3000, seed=0):

@@ -615,7 +615,7 @@ def throughput_drops(steps, tps, th: Thresholds, metric: str = THROUGHPUT) -> li
             back = np.flatnonzero(~(level[i0 + k - 1 : horizon] < back_at))
         sustained = not back.size and horizon == i0 + need
         if not back.size and not sustained:
-            continue  # still low, not yet for `need` steps: a later scan tells
+            break  # still low, not yet for `need` steps, to the last step: a later scan tells
         end = i0 + k - 1 + int(back[0]) if back.size else horizon  # the row it was over, or sustained
         after = end
         with np.errstate(invalid="ignore"):
