@@ -6,8 +6,9 @@ ingest hook runs the detectors and writes `anomaly` events), ingests again to st
 the findings, then scores them against each run's truth, side by side with the
 OLMo-core rule (loss > mean + 6 sigma of the previous 128 steps) on the same runs:
 
-- recall: induced instabilities with a finding from the fault step to 100 steps after
-- false alarms per 10k clean steps: findings on clean runs, and on induced runs
+- recall: induced instabilities with an alarm (a warn or critical finding; info is
+  kept and drawn, never alerted) from the fault step to 100 steps after
+- false alarms per 10k clean steps: alarms on clean runs, and on induced runs
   before their fault step, per 10,000 such steps
 - lead time: loss peak step minus the step of the first warning (> 0: warned early),
   for faults after which the loss actually rose
@@ -106,7 +107,12 @@ def score(truth: dict, per_run: dict, series: dict) -> dict:
     rows = []
     for run, t in sorted(truth.items()):
         steps, loss, grad = series[run]
-        fs = [f for f in per_run.get(run, []) if f["detector"] not in SYSTEM]
+        # an alarm is a warn or critical finding: info is kept and drawn, never alerted
+        fs = [
+            f
+            for f in per_run.get(run, [])
+            if f["detector"] not in SYSTEM and f.get("severity", "warn") != "info"
+        ]
         s = t["inject_step"]
         if t["kind"] == "clean":
             fa += len(fs)
@@ -209,10 +215,10 @@ def evaluate(truth: dict, src: Path, tmp: Path) -> tuple[dict, dict, dict, float
 def report(title: str, truth: dict, ours: dict, base: dict, series: dict, secs: float) -> tuple[dict, dict]:
     so, sb = score(truth, ours, series), score(truth, base, series)
     print(f"\n## {title}: {len(truth)} runs; ingest + detect + ingest {secs:.1f}s")
-    print("\n| run | kind | findings | first warning | loss peak | lead (steps) | detectors |")
+    print("\n| run | kind | alarms | first alarm | loss peak | lead (steps) | detectors (all findings) |")
     print("|---|---|---|---|---|---|---|")
     for run, kind, n, first, peak, lead in so["rows"]:
-        dets = ", ".join(sorted({f["detector"] for f in ours.get(run, [])})) or "-"
+        dets = ", ".join(sorted({f"{f['detector']}:{f.get('severity')}" for f in ours.get(run, [])})) or "-"
         print(f"| {run} | {kind} | {n} | {first} | {peak} | {lead} | {dets} |")
     print(
         "\n| detector set | recall | false alarms / 10k clean steps | lead (median, min) | warned before peak, grad-norm precursor |"

@@ -210,6 +210,11 @@ SETTINGS: dict[str, Setting] = {
             "anomaly_throughput_drop", 0.5, "throughput drop: flag below this fraction of the trailing median"
         ),
         Setting("anomaly_throughput_steps", 5, "throughput drop: consecutive logged steps it must last"),
+        Setting(
+            "anomaly_throughput_sustain",
+            128,
+            "throughput drop: logged steps it must last to warn; a shorter dip (a busy machine) is info",
+        ),
         Setting("anomaly_stall_s", 300.0, "stalled run: seconds without events (and no run_end) to flag"),
         Setting(
             "heartbeat_s",

@@ -151,9 +151,9 @@ def test_drop_fraction_jump_and_throughput_drop():
     drop[300] = 0.45  # one bad batch routes almost everything to a few experts
     dj = D.drop_jumps(steps, drop, TH)
     assert [(f.detector, f.window[0]) for f in dj] == [("drop_jump", 300)]
-    tps[400:420] *= 0.3  # a slow node for 20 steps
+    tps[400:420] *= 0.3  # a slow node for 20 steps: info (shorter than throughput_sustain), said once over
     td = D.throughput_drops(steps, tps, TH)
-    assert [(f.window[0], f.window[1], f.step) for f in td] == [(400, 419, 404)]
+    assert [(f.window[0], f.window[1], f.step, f.severity) for f in td] == [(400, 419, 422, "info")]
 
 
 def test_hot_and_dead_experts():

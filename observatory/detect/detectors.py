@@ -15,7 +15,8 @@ Detectors (all thresholds are settings, `anomaly_*`, see `observatory.detect.thr
 - `grad_spike`: the same on log grad/norm/total, plus a minimum ratio and a
   confirmation (two such steps in a row, or one `anomaly_grad_single_ratio` times
   the level). In BLOOM 176B's logs the grad norm led the loss spike by ~3 steps:
-  this is the early warning.
+  this is the early warning. Graded by what the loss did (`unfollowed`): a one-step
+  spike the loss did not follow is info.
 - `update_spike`: the same rule on opt/update_norm: the update that wrecks the
   weights is logged one step before the loss it wrecks.
 - `grad_growth`: the rolling median grad norm climbs `anomaly_grad_growth` times
@@ -26,7 +27,8 @@ Detectors (all thresholds are settings, `anomaly_*`, see `observatory.detect.thr
 - `hot_expert` / `dead_expert`: max/mean routed load over a ratio, or zero load,
   for `anomaly_expert_steps` consecutive logged steps.
 - `nonfinite`: NaN or inf in any metric.
-- `throughput_drop`: tokens/s below a fraction of its trailing median for a while.
+- `throughput_drop`: tokens/s below a fraction of its trailing median for a while;
+  info (a busy machine) unless it lasts `anomaly_throughput_sustain` logged steps.
 - `stalled_run`: no events for `anomaly_stall_s` and no run_end.
 
 Detectors are pure functions of numpy arrays (steps, values) -> `Finding`s, so
@@ -587,24 +589,54 @@ def nonfinite(steps, columns: dict[str, np.ndarray]) -> list[Finding]:
 
 
 def throughput_drops(steps, tps, th: Thresholds, metric: str = THROUGHPUT) -> list[Finding]:
-    """tokens/s below `throughput_drop` x its trailing median for `throughput_steps` logged steps."""
+    """tokens/s below `throughput_drop` x its trailing median for `throughput_steps` logged steps in a row.
+
+    The episode lasts until the median of the last `throughput_steps` values is back above halfway from that
+    fraction to the trailing median from before it began (held, so a noisy slow spell is one episode). A
+    machine shared with other jobs makes dips of a few seconds: one over within `throughput_sustain` logged
+    steps is `info` (stored and drawn, never alerted), reported when it is over; one that lasts that long is
+    a `warn`, raised at that step (then the trailing median has adapted and the detector starts afresh). A
+    dip still going on at the last step, and shorter than that, waits for a later scan.
+    """
     steps = np.asarray(steps)
     x = np.asarray(tps, dtype=float)
     med, _ = _trailing(x, th.window, th.min_history)
     with np.errstate(invalid="ignore"):
         flags = _gt(th.throughput_drop * med, x) & np.isfinite(x)
-    out = []
-    for i0, i1 in _streaks(steps, flags, th.throughput_steps):
+    k, need = th.throughput_steps, th.throughput_sustain
+    (level,) = rolling(x, k, k, (0.5,))
+    out: list[Finding] = []
+    after = 0  # the row after the previous episode: a streak inside it is that episode
+    for i0, _ in _streaks(steps, flags, k):
+        if i0 < after:
+            continue
+        low, back_at = th.throughput_drop * med[i0], (1 + th.throughput_drop) / 2 * med[i0]
+        horizon = min(i0 + need, x.size)
+        with np.errstate(invalid="ignore"):
+            back = np.flatnonzero(~(level[i0 + k - 1 : horizon] < back_at))
+        sustained = not back.size and horizon == i0 + need
+        if not back.size and not sustained:
+            break  # still low, not yet for `need` steps, to the last step: a later scan tells
+        end = i0 + k - 1 + int(back[0]) if back.size else horizon  # the row it was over, or sustained
+        after = end
+        with np.errstate(invalid="ignore"):
+            i1 = i0 + int(np.flatnonzero(x[i0:end] < low)[-1])
         lvl = float(np.median(x[i0 : i1 + 1]))
         out.append(
             Finding(
                 "throughput_drop",
                 metric,
-                "warn",
+                "warn" if sustained else "info",
                 f"throughput fell to {_fmt(lvl)} tokens/s ({100 * lvl / med[i0]:.0f}% of the trailing median "
-                f"{_fmt(med[i0])}) for {i1 - i0 + 1} logged steps from step {steps[i0]}",
+                f"{_fmt(med[i0])}) "
+                + (
+                    f"for {need} logged steps from step {steps[i0]}, still low at step {steps[end - 1]}"
+                    if sustained
+                    else f"for {i1 - i0 + 1} logged steps from step {steps[i0]}; over within {need} logged "
+                    "steps, as when the machine is busy with other jobs"
+                ),
                 (int(steps[i0]), int(steps[i1])),
-                int(steps[i0 + th.throughput_steps - 1]),
+                int(steps[end - 1] if sustained else steps[min(end, x.size - 1)]),
                 lvl,
                 {"baseline": float(med[i0])},
             )
@@ -648,13 +680,21 @@ def stalled(
 FOLLOW_STEPS = 16  # a loss spike this close to a grad spike is its consequence
 
 
-def unfollowed(grad: list[Finding], loss: list[Finding]) -> list[Finding]:
-    """Grad spikes the loss did not follow (no loss spike within FOLLOW_STEPS) are warnings, not critical: the run
-    absorbed them and an operator has nothing to do; a grad spike the loss followed stays critical."""
+def unfollowed(grad: list[Finding], loss: list[Finding], last_step: int | None = None) -> list[Finding]:
+    """Grad spikes, graded by what the loss did within FOLLOW_STEPS of them (`loss`: its spikes and dips).
+
+    Followed by a loss spike or dip: as found (critical when large). Not followed, over several steps (a climb, as
+    BLOOM's): a warning. Not followed, one step: info, the run absorbed it (a tiny run with clipping has
+    one-step spikes of 10-90x that the clip takes and the loss never sees). The verdict on a one-step spike
+    waits until the series reaches FOLLOW_STEPS past it (`last_step`, the last logged step; None: whole).
+    """
     near = [f.step for f in loss]
-    return [
-        replace(f, severity="warn", message=f"{f.message}; the loss did not follow")
-        if f.severity == "critical" and not any(abs(s - f.step) <= FOLLOW_STEPS for s in near)
-        else f
-        for f in grad
-    ]
+    out = []
+    for f in grad:
+        if any(abs(s - f.step) <= FOLLOW_STEPS for s in near):
+            out.append(f)
+        elif f.window[0] < f.window[1]:
+            out.append(replace(f, severity="warn", message=f"{f.message}; the loss did not follow"))
+        elif last_step is None or last_step >= f.window[1] + FOLLOW_STEPS:
+            out.append(replace(f, severity="info", message=f"{f.message}; one step, the loss did not follow"))
+    return out

@@ -188,15 +188,18 @@ def detect_series(
     out: list[Finding] = []
     spike_dep = th.window + SPIKE_GAP
     spikes: list[Finding] = []
+    dips: list[Finding] = []
     if (s := series.get(LOSS)) is not None:
         st, x = s
         spikes = loss_spikes(st, x, th)
         out += _keep(spikes, st, spike_dep, truncated)
         out += _keep(incomplete_recovery(st, x, spikes, th), st, spike_dep, truncated)
-        out += _keep(loss_dips(st, x, th), st, spike_dep, truncated)
+        dips = loss_dips(st, x, th)
+        out += _keep(dips, st, spike_dep, truncated)
     if (s := series.get(GRAD)) is not None:
         st, g = s
-        out += _keep(unfollowed(grad_spikes(st, g, th), spikes), st, spike_dep, truncated)
+        graded = unfollowed(grad_spikes(st, g, th), spikes + dips, int(st[-1]))
+        out += _keep(graded, st, spike_dep, truncated)
         out += _keep(grad_growth(st, g, th), st, 2 * th.window + th.growth_steps + 1, truncated)
     if (s := series.get(UPDATE)) is not None:
         out += _keep(update_spikes(s[0], s[1], th), s[0], spike_dep, truncated)
@@ -206,7 +209,7 @@ def detect_series(
     if drop is not None:
         out += _keep(drop_jumps(drop[0], drop[1], th), drop[0], spike_dep, drop_truncated)
     if (s := series.get(THROUGHPUT)) is not None:
-        out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window, truncated)
+        out += _keep(throughput_drops(s[0], s[1], th), s[0], th.window + th.throughput_sustain, truncated)
     if bad is not None and len(bad["step"]):
         # the logged steps (for which non-finite steps are consecutive), 0 where a value was fine
         all_steps = np.union1d(steps, bad["step"]).astype(np.int64)

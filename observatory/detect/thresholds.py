@@ -43,6 +43,7 @@ class Thresholds:
     expert_steps: int = _default("expert_steps")
     throughput_drop: float = _default("throughput_drop")
     throughput_steps: int = _default("throughput_steps")
+    throughput_sustain: int = _default("throughput_sustain")
     stall_s: float = _default("stall_s")
 
     def __post_init__(self):
@@ -53,6 +54,7 @@ class Thresholds:
             "recovery_steps",
             "expert_steps",
             "throughput_steps",
+            "throughput_sustain",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -88,6 +90,10 @@ class Thresholds:
         """Logged steps an incremental scan re-reads before the last step it scanned.
 
         Enough for every trailing window, a spike's recovery check and the longest
-        episode a detector needs before it reports.
+        episode a detector needs before it reports (a throughput dip is kept from
+        `window + throughput_sustain` rows on, and may wait `throughput_sustain` more).
         """
-        return 2 * self.window + self.growth_steps + self.recovery_steps + 2 * self.expert_steps + 16
+        return max(
+            2 * self.window + self.growth_steps + self.recovery_steps + 2 * self.expert_steps + 16,
+            self.window + 2 * self.throughput_sustain + self.throughput_steps + 16,
+        )
