@@ -22,31 +22,90 @@ from observatory.dashboard.cache import db_path, derive, query
 from observatory.queries import dashboard as qd
 from observatory.queries import user_sql
 
+# Column types shown as they are; every other column (HUGEINT, INTERVAL, BLOB, UUID, UNION,
+# lists, structs, maps, a column of mixed types, ...) is shown as text: Arrow and the browser's
+# table have no faithful form for all of them, and one unshown type must not take down the page
+_NATIVE = (
+    pl.Boolean,
+    pl.Int8,
+    pl.Int16,
+    pl.Int32,
+    pl.Int64,
+    pl.UInt8,
+    pl.UInt16,
+    pl.UInt32,
+    pl.UInt64,
+    pl.Float32,
+    pl.Float64,
+    pl.String,
+    pl.Date,
+    pl.Datetime,
+    pl.Time,
+    pl.Decimal,
+)
+
 
 def to_frame(result: user_sql.QueryResult) -> pl.DataFrame:
-    """The rows of a `run_user_sql` result as a frame (a column of mixed types is shown as text)."""
+    """The rows of a `run_user_sql` result as a frame the page can show, whatever DuckDB types it holds.
+
+    Columns of plain scalar types keep their type; any other column is text (`as_text`).
+    Repeated column names (`SELECT 1 a, 2 a`) get a suffix instead of overwriting each other."""
     if not result.columns:
         return pl.DataFrame()
-    data = {c: [r[i] for r in result.rows] for i, c in enumerate(result.columns)}
-    try:
-        return pl.DataFrame(data, strict=False)
-    except Exception:  # mixed types in a column: show them as text
-        return pl.DataFrame({c: [None if v is None else str(v) for v in vs] for c, vs in data.items()})
+    columns = []
+    for i, name in enumerate(_unique(result.columns)):
+        values = [r[i] for r in result.rows]
+        try:
+            col = pl.Series(name, values, strict=False)
+        except Exception:  # values polars cannot hold in one column
+            col = None
+        if col is None or not isinstance(col.dtype, _NATIVE):
+            col = pl.Series(name, [as_text(v) for v in values], dtype=pl.String)
+        columns.append(col)
+    return pl.DataFrame(columns)
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        shown, n = name, 1
+        while shown in seen:
+            n += 1
+            shown = f"{name} ({n})"
+        seen.add(shown)
+        out.append(shown)
+    return out
+
+
+def as_text(v: Any) -> str | None:
+    """A result value as text: nested values as JSON, bytes as DuckDB writes a BLOB (`\\xNN` escapes)."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (bytes, bytearray)):
+        return _blob_text(v)
+    if isinstance(v, (list, tuple, dict)):
+        return json.dumps(_jsonable(v), ensure_ascii=False)
+    return str(v)
+
+
+def _blob_text(b: bytes) -> str:
+    return "".join(chr(c) if 32 <= c < 127 and c != 92 else f"\\x{c:02X}" for c in b)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k if isinstance(k, str) else as_text(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return v
+    return as_text(v)
 
 
 def csv_text(frame: pl.DataFrame) -> str:
-    """The frame as CSV; nested values (lists, structs) are written as JSON text."""
-    nested = [c for c, t in frame.schema.items() if t.is_nested()]
-    if nested:
-        frame = frame.with_columns(
-            pl.col(c).map_elements(lambda v: json.dumps(_plain(v), default=str), return_dtype=pl.String)
-            for c in nested
-        )
+    """The frame as CSV (`to_frame` has made every column a type CSV can write)."""
     return frame.write_csv()
-
-
-def _plain(v: Any) -> Any:
-    return v.to_list() if isinstance(v, pl.Series) else v
 
 
 # Material icons ship with Streamlit's own font; emoji need a system emoji font (Debian's
