@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from observatory import provenance
 from observatory.events import OBSERVATORY_HOST
 from observatory.writer import init
 
@@ -47,8 +48,9 @@ def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]
 def pending(runs_dir, run: str, kind: str) -> list[dict]:
     """Events of `kind` in the run's observatory-host file, written but maybe not yet ingested.
 
-    Skips a torn last line (no final newline), a line that is not JSON, and an event whose
-    `data` is not an object: the same lines ingest would not store.
+    Skips a torn last line (no final newline), a line that is not JSON, an event whose
+    `data` is not an object, and a finding without this observatory's signature: the same
+    lines ingest would not store (a forged anomaly's `scanned_through` must not stop the scan).
     """
     p = path(runs_dir, run)
     if not p.exists():
@@ -63,6 +65,11 @@ def pending(runs_dir, run: str, kind: str) -> list[dict]:
                 ev = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(ev, dict) and ev.get("kind") == kind and isinstance(ev.get("data"), dict):
+            if (
+                isinstance(ev, dict)
+                and ev.get("kind") == kind
+                and isinstance(ev.get("data"), dict)
+                and provenance.judge(ev, OBSERVATORY_HOST) is None  # a forged finding is not ours
+            ):
                 out.append(ev)
     return out

@@ -205,6 +205,12 @@ SETTINGS: dict[str, Setting] = {
             low=0.0,
         ),
         Setting(
+            "key_file",
+            f"{DATA_HOME}/observatory.key",
+            "the key the observatory signs its findings with (made on first use; keep it private, off the runs dir)",
+            path=True,
+        ),
+        Setting(
             "alerts_file",
             f"{DATA_HOME}/alerts.yaml",
             "alert rules, channels, silences and disabled rules (YAML; `observatory alerts`)",

@@ -21,6 +21,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ["OBSERVATORY_ALERTS_FILE"] = os.path.join(
     tempfile.mkdtemp(prefix="obs-test-alerts-"), "alerts.yaml"
 )
+# the key the observatory signs its findings with: the tests' own, never the developer's
+os.environ["OBSERVATORY_KEY_FILE"] = os.path.join(tempfile.mkdtemp(prefix="obs-test-key-"), "observatory.key")
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +50,14 @@ def db_path(tmp_path) -> Path:
 def event(
     run: str, kind: str, data: dict, seq: int, step: int | None = None, t: float | None = None, host: int = 0
 ) -> dict:
-    """One event envelope (version 1) as a dict; `t` defaults to now (so the run is not stale)."""
+    """One event envelope (version 1) as a dict; `t` defaults to now (so the run is not stale).
+
+    A finding in the observatory's own file is signed, as its writer signs it (`observatory.provenance`)."""
+    from observatory import provenance
+    from observatory.events import OBSERVATORY_HOST
+
     t = time.time() if t is None else t
-    return {
+    ev = {
         "v": 1,
         "run": run,
         "kind": kind,
@@ -60,6 +67,7 @@ def event(
         "seq": seq,
         "data": data,
     }
+    return provenance.signed(ev) if host == OBSERVATORY_HOST and kind in provenance.FINDING_KINDS else ev
 
 
 def append_in_pieces(src: Path, dst: Path, n: int):
