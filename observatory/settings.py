@@ -132,6 +132,12 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("cache_ttl_s", 1.0, "dashboard query cache lifetime"),
         Setting(
+            "dashboard_cache_mb",
+            256,
+            "bytes the dashboard's query cache may hold, and as many its derived results (figures); the least recently used go first",
+            low=1,
+        ),
+        Setting(
             "dashboard_memory_limit_mb",
             1024,
             "DuckDB memory limit of the dashboard's page queries (its buffer cache and working memory; more spills to disk), so a large store cannot grow the server past it",
