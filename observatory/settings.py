@@ -115,6 +115,12 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("sql_max_result_mb", 64, "largest result one user SQL query may return (after the row cap)"),
         Setting(
+            "sql_results_mb",
+            256,
+            "SQL console results the dashboard keeps for all its visitors together; the oldest go first",
+            low=1,
+        ),
+        Setting(
             "sql_kill_after",
             1.25,
             "a user SQL worker still running at this multiple of sql_time_limit_ms (DuckDB's interrupt did not land: a long scalar function, a frozen process) is SIGKILLed and replaced; 1.5 at most keeps every query under 1.5x its limit",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from browser_fixtures import LOAD_MS, ROOT, assert_no_exception, dashboard, last_step, open_page, wait_idle
@@ -172,6 +173,10 @@ def test_sql_console_in_browser(server, browser):
         page.get_by_text(re.compile(r"\d+ rows in")).first.wait_for()
         page.screenshot(path=str(ARTIFACTS / "sql-result.png"), full_page=True)
         assert_no_exception(page, "sql")
+        with page.expect_download() as dl:  # the CSV is made when asked for
+            page.get_by_role("button", name="Download CSV").click()
+        csv = Path(dl.value.path()).read_text()
+        assert csv.splitlines()[0] == "run,status" and "base-run" in csv
     finally:
         page.close()
 

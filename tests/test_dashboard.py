@@ -308,6 +308,23 @@ def test_sql_console_shows_every_duckdb_type(store, label):
         assert list(df.columns) == ["a", "a (2)", "a (3)"] and list(df.iloc[0]) == [1, "x", 2.5]
 
 
+def test_sql_results_of_all_sessions_together_stay_under_their_bound(store, monkeypatch):
+    """Each session's last SQL result used to live in its own state: many visitors (or one with many
+    tabs) grew the server by up to `sql_max_result_mb` each. They are kept together now, oldest let go
+    first, under `sql_results_mb`; a session whose result went is told so."""
+    from observatory.dashboard.pages import sql as sql_page
+
+    monkeypatch.setenv("OBSERVATORY_SQL_RESULTS_MB", "1")
+    big = "SELECT repeat('x', 100) || i AS s, i FROM range(8000) t(i)"  # ~0.9 MB as a frame
+    first = run_sql(page("sql"), big)
+    assert not first.exception and first.dataframe[-1].value.shape == (8000, 2)
+    sessions = [run_sql(page("sql"), big.replace("'x'", f"'{n}'")) for n in range(3)]
+    first.run()
+    assert not first.exception and any("let go" in i.value for i in first.info)
+    assert sql_page.results_bytes() <= 1 << 20  # the newest only: each is ~0.9 MB
+    assert sessions[-1].run().dataframe[-1].value.shape == (8000, 2)  # the newest is still shown
+
+
 def test_sql_console_interrupted_names_the_setting(store, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_SQL_TIME_LIMIT_MS", "50")
     at = page("sql")

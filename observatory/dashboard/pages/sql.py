@@ -11,7 +11,10 @@ not the schema browser beside it.
 from __future__ import annotations
 
 import json
+import secrets
+import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import polars as pl
@@ -187,7 +190,7 @@ def _console(max_rows: int, limit_ms: int) -> None:
         else:
             st.session_state["sql_result"] = {
                 "sql": sql,
-                "frame": to_frame(result),
+                "token": keep_result(to_frame(result)),
                 "truncated": result.truncated,
                 "ms": (time.perf_counter() - t0) * 1000,
             }
@@ -198,7 +201,13 @@ def _console(max_rows: int, limit_ms: int) -> None:
         kind, msg = res["error"]
         (st.warning if kind == "interrupted" else st.error)(msg)
         return
-    frame = res["frame"]
+    frame = kept_result(res["token"])
+    if frame is None:
+        st.info(
+            "This result was let go to keep the server's memory bounded (setting `sql_results_mb`, for all "
+            "visitors together); run the query again to see it."
+        )
+        return
     note = f"{frame.height:,} rows in {res['ms']:.0f} ms"
     if res["truncated"]:
         note += f" — truncated at the row cap of {max_rows:,} (setting `sql_max_rows`)"
@@ -206,12 +215,45 @@ def _console(max_rows: int, limit_ms: int) -> None:
     st.dataframe(frame, hide_index=True, key="sql_result_table")
     st.download_button(
         "Download CSV",
-        csv_text(frame),
+        lambda: csv_text(frame),  # made when asked for, not held beside the table by every session
         file_name="observatory-query.csv",
         mime="text/csv",
         key="sql_download",
         disabled=frame.width == 0,
     )
+
+
+# token -> (a result frame, its bytes), oldest first: every session's last SQL result, held here rather
+# than in the sessions, so that all of them together stay under `sql_results_mb` (a session's state
+# holds only its token; a visitor may open many sessions)
+_RESULTS: OrderedDict[str, tuple[pl.DataFrame, int]] = OrderedDict()
+_RESULTS_BYTES = [0]
+_RESULTS_LOCK = threading.Lock()
+
+
+def keep_result(frame: pl.DataFrame) -> str:
+    """Keep `frame` for its session; the oldest results go while all of them hold more than `sql_results_mb`."""
+    token = secrets.token_hex(16)
+    n = int(frame.estimated_size())
+    budget = int(settings.get("sql_results_mb")) << 20
+    with _RESULTS_LOCK:
+        _RESULTS[token] = (frame, n)
+        _RESULTS_BYTES[0] += n
+        while len(_RESULTS) > 1 and _RESULTS_BYTES[0] > budget:
+            _RESULTS_BYTES[0] -= _RESULTS.popitem(last=False)[1][1]
+    return token
+
+
+def kept_result(token: str) -> pl.DataFrame | None:
+    with _RESULTS_LOCK:
+        hit = _RESULTS.get(token)
+    return None if hit is None else hit[0]
+
+
+def results_bytes() -> int:
+    """What the kept SQL results hold, all sessions together."""
+    with _RESULTS_LOCK:
+        return _RESULTS_BYTES[0]
 
 
 def _describe(e: Exception) -> tuple[str, str]:
