@@ -89,7 +89,11 @@ def judge(ev: dict, host: int) -> str | None:
     if not isinstance(sig, str):
         return f"{kind}: not signed by this observatory (no sig); findings it did not write are not shown"
     try:
-        good = hmac.compare_digest(sig, sign(ev))
+        mine = sign(ev)
+    except (OSError, ValueError) as e:  # the key file cannot be read or made: nothing can be checked
+        return f"{kind}: cannot check its signature: key_file {settings.get('key_file')}: {e}"
+    try:
+        good = hmac.compare_digest(sig, mine)
     except (TypeError, ValueError):
         good = False
     if not good:

@@ -385,7 +385,13 @@ class Run:
         line = json.dumps(ev, separators=(",", ":"), allow_nan=False, default=_json_default)
         if self.host == OBSERVATORY_HOST and kind in provenance.FINDING_KINDS:
             # signed as ingest will read it back: the line's own JSON values
-            line = json.dumps(provenance.signed(json.loads(line)), separators=(",", ":"), allow_nan=False)
+            try:
+                line = json.dumps(provenance.signed(json.loads(line)), separators=(",", ":"), allow_nan=False)
+            except (
+                OSError,
+                ValueError,
+            ) as e:  # no key: the finding is written, and ingest says it is unsigned
+                _warn(f"cannot sign a {kind} with key_file {settings.get('key_file')}: {e}")
         return (line + "\n").encode()
 
     def _loop(self) -> None:

@@ -29,3 +29,17 @@ def test_pending_skips_a_torn_last_line_even_if_it_parses(runs_dir):
     with open(p, "ab") as f:
         f.write(json.dumps(torn).encode())  # complete JSON, but no final newline: the writer is mid-line
     assert [e["data"]["id"] for e in findings.pending(runs_dir, "r", "decision")] == ["a"]
+
+
+def test_an_unreadable_key_file_loses_no_finding_and_ingest_says_why(runs_dir, tmp_path, monkeypatch):
+    """The observatory's writer cannot read its key (a folder where the file should be): the finding is still
+    written, unsigned, and ingest rejects it naming the key file, without stopping."""
+    from observatory.ingest import ingest
+
+    bad = tmp_path / "key-is-a-folder"
+    bad.mkdir()
+    monkeypatch.setenv("OBSERVATORY_KEY_FILE", str(bad))
+    n = findings.write(runs_dir, "r", "anomaly", [({"detector": "d", "severity": "warn", "message": "m"}, 7)])
+    assert n == 1 and '"anomaly"' in findings.path(runs_dir, "r").read_text()
+    rep = ingest(runs_dir, tmp_path / "s.duckdb", emit=None)
+    assert rep.rejected == 1 and any("key_file" in m for m in rep.messages)
