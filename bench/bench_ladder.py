@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from observatory.demo import seed_samples  # noqa: E402
 from observatory.ingest import ingest  # noqa: E402
 from observatory.ladder.backtest import backtest  # noqa: E402
 from observatory.ladder.fit import FitConfig, fit_ladder  # noqa: E402
@@ -76,10 +77,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench_ladder_"))
     try:
         runs, db = tmp / "runs", tmp / "obs.duckdb"
-        for d in sorted(p for p in args.samples.iterdir() if p.is_dir()):
-            (runs / d.name).mkdir(parents=True)
-            for f in d.glob("events.*.jsonl*"):
-                shutil.copy2(f, runs / d.name / f.name)
+        seed_samples(runs, args.samples)  # their pre-registered forecasts signed with this observatory's key
         ingest(runs, db, emit=None, hooks=False)
         with connect(db) as con:
             rungs, targets, ds = load_ladder(con, args.ladder)

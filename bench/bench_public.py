@@ -16,13 +16,21 @@ Sections (each prints its own figures; `--only NAME` runs one):
   it, harmful when it would (or the page raised).
 - `params`: every query parameter of every page with 15 hostile values: harmful when the
   page raises.
+- `types`: every DuckDB type (test_all_types() and the rest) through the SQL console's table
+  and CSV, and values Python cannot hold (`INTERVAL 100000000 YEARS`): harmful when a column
+  raises or a refusal blames a limit.
+- `forged`: the forged findings of tests/hostile_store.py: refused when a rejected line;
+  harmful when stored as the observatory's or shown by a page.
+- `memory`: 200 distinct 0.8 MB answers through the dashboard's cache bounded at 4 MB:
+  harmful when the cache holds more; prints the RSS growth. (Websocket frames and static
+  endpoints need a real server and browser: tests/test_public_server.py.)
 
 - `load`: `bench/bench_load.py` (20 viewers on Live, Experts and SQL for 2 minutes while a
   run trains: time to first chart against one viewer, errors, busy, staleness, RSS).
 - `faults`: `bench/bench_public_faults.py` (the fault matrix: each scenario, recovered or
   not, events lost).
 
-    python bench/bench_public.py [--only sql|secrets|text|params|load|faults] [--verbose]
+    python bench/bench_public.py [--only sql|secrets|text|params|types|forged|memory|load|faults] [--verbose]
 """
 
 from __future__ import annotations
@@ -118,6 +126,7 @@ def _hostile_env() -> None:
     from observatory.ingest import ingest
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_public_hostile_"))
+    os.environ.setdefault("OBSERVATORY_KEY_FILE", str(tmp / "observatory.key"))  # not the user's key
     write_hostile_runs(tmp / "runs")
     ingest(tmp / "runs", tmp / "store.duckdb", emit=None)
     os.environ["OBSERVATORY_DB"] = str(tmp / "store.duckdb")
@@ -168,6 +177,101 @@ def section_params(verbose: bool) -> bool:
     return _counts("params", tried, 0, tried - len(harmful), harmful, verbose)
 
 
+def section_types(verbose: bool) -> bool:
+    """Every DuckDB type through the SQL console's table and CSV; a value Python cannot hold is refused with
+    a message saying so (not a dead worker). Harmful: an exception, or a refusal that blames a limit."""
+    from test_dashboard import EVERY_TYPE
+
+    from observatory.dashboard.pages.sql import csv_text, to_frame
+    from observatory.queries.user_sql import QueryError, run_user_sql
+
+    overflow = [
+        "SELECT INTERVAL 100000000 YEARS",
+        "SELECT [INTERVAL 100000000 YEARS]",
+        "SELECT {'a': INTERVAL 100000000 YEARS}",
+    ]
+    tried = refused = harmless = 0
+    harmful = []
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "empty.duckdb"
+        for sql in [*EVERY_TYPE.values(), *overflow]:
+            try:
+                res = run_user_sql(db, sql)
+            except QueryError as e:
+                tried += 1
+                if e.setting is None and "out of the range" in str(e):
+                    refused += 1
+                else:
+                    harmful.append(f"{sql[:60]}: {str(e)[:100]}")
+                continue
+            frame = to_frame(res)
+            for (
+                col
+            ) in frame.columns:  # each column: shown (Arrow, as the browser's table gets it) and in the CSV
+                tried += 1
+                try:
+                    frame.select(col).to_arrow()
+                    csv_text(frame.select(col))
+                    harmless += 1
+                except Exception as e:
+                    harmful.append(f"{sql[:40]} column {col}: {type(e).__name__}: {e}"[:160])
+    return _counts("types", tried, refused, harmless, harmful, verbose)
+
+
+def section_forged(verbose: bool) -> bool:
+    """Forged findings (tests/hostile_store.py: an anomaly or alert in a trainer's log, findings in the
+    observatory's own file unsigned or signed with another key). Refused: a rejected line, in no page."""
+    import duckdb
+    from hostile_store import FORGED
+    from test_hostile_pages import PAGES, markdown_texts
+
+    _hostile_env()
+    with duckdb.connect(os.environ["OBSERVATORY_DB"], read_only=True) as con:
+        tried = con.execute(
+            "SELECT (SELECT count(*) FROM rejected_events WHERE raw LIKE $f) + "
+            "(SELECT count(*) FROM events WHERE data::VARCHAR LIKE $f)",
+            {"f": f"%{FORGED}%"},
+        ).fetchone()[0]
+        stored = con.execute(
+            "SELECT run, kind FROM events WHERE data::VARCHAR LIKE ?", [f"%{FORGED}%"]
+        ).fetchall()
+    harmful = [f"stored as the observatory's: {r} {k}" for r, k in stored]
+    for name, query in PAGES:
+        at = _page(name, query)
+        shown = markdown_texts(at) + [c.proto.spec for c in at.get("plotly_chart")]
+        shown += [d.value.to_csv() for d in at.dataframe]
+        if at.exception or any(FORGED in t for t in shown):
+            harmful.append(f"{name} {query}: {'raised' if at.exception else 'shows a forged finding'}")
+    return _counts("forged", tried, tried - len(stored), 0, harmful, verbose)
+
+
+def section_memory(verbose: bool) -> bool:
+    """200 distinct 0.8 MB answers through the dashboard's cache with a 4 MB bound (as 200 distinct deep
+    links would make). Harmful: the cache past its bound. Prints the server process's RSS growth."""
+    import psutil
+    from test_dashboard_cache import big_answer
+
+    from observatory.dashboard import cache
+    from observatory.ingest import ingest
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "runs").mkdir()
+        ingest(Path(tmp) / "runs", Path(tmp) / "s.duckdb", emit=None)
+        os.environ["OBSERVATORY_DB"] = str(Path(tmp) / "s.duckdb")
+        os.environ["OBSERVATORY_DASHBOARD_CACHE_MB"] = "4"
+        rss0 = psutil.Process().memory_info().rss
+        harmful = []
+        for i in range(200):
+            cache.query(big_answer, i)
+            if cache.cached_bytes()[0] > 4 << 20:
+                harmful.append(
+                    f"after {i + 1} answers the cache holds {cache.cached_bytes()[0] / 2**20:.1f} MB"
+                )
+        grown = (psutil.Process().memory_info().rss - rss0) / 2**20
+    print(f"memory: 200 distinct answers of 0.8 MB, cache bound 4 MB: RSS +{grown:.0f} MB")
+    return _counts("memory", 200, 0, 200 - len(harmful), harmful[:1], verbose)
+
+
 def _script(name: str) -> bool:
     """Another bench script of this folder, in a process of its own; True when it met its goals."""
     return subprocess.run([sys.executable, str(ROOT / "bench" / name)]).returncode == 0
@@ -186,6 +290,9 @@ SECTIONS = {
     "secrets": section_secrets,
     "text": section_text,
     "params": section_params,
+    "types": section_types,
+    "forged": section_forged,
+    "memory": section_memory,
     "load": section_load,
     "faults": section_faults,
 }

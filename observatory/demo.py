@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import shutil
 import signal
@@ -22,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from observatory import settings
+from observatory import provenance, settings
+from observatory.events import OBSERVATORY_HOST
 
 DEFAULT_STEPS = 30000  # ~25 min at ~20 steps/s on a shared 2-core CPU
 # a long run logs evals and checkpoints less often than tiny.yaml's 40 and 50 steps
@@ -31,27 +34,51 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "data" / "samples"
 
 
-def seed_samples(runs_dir: Path) -> int:
-    """Copy the sample runs' event logs into the runs dir; returns how many runs were added or updated.
+def seed_samples(runs_dir: Path, samples: Path = SAMPLES) -> int:
+    """Copy the sample runs' event logs (`samples`: data/samples) into the runs dir, their findings signed with
+    this observatory's key; returns how many runs were added or updated.
 
     A sample file that is missing from the runs dir, or there with another size (the samples
     gained events, e.g. decision records), is copied; ingest reads a changed `.gz` again and
     skips the events it already has.
     """
     changed = 0
-    if not SAMPLES.is_dir():
+    if not samples.is_dir():
         return 0
-    for run_dir in sorted(p for p in SAMPLES.iterdir() if p.is_dir()):
+    for run_dir in sorted(p for p in samples.iterdir() if p.is_dir()):
         dest = runs_dir / run_dir.name
         dest.mkdir(parents=True, exist_ok=True)
         copied = False
         for f in sorted(run_dir.glob("events.*.jsonl*")):
             target = dest / f.name
-            if not target.exists() or target.stat().st_size != f.stat().st_size:
+            own = f.name.startswith(f"events.{OBSERVATORY_HOST}.")
+            if own and (not target.exists() or target.stat().st_mtime != f.stat().st_mtime):
+                _copy_signed(f, target)
+                copied = True
+            elif not own and (not target.exists() or target.stat().st_size != f.stat().st_size):
                 shutil.copy2(f, target)
                 copied = True
         changed += copied
     return changed
+
+
+def _copy_signed(src: Path, target: Path) -> None:
+    """The samples' own findings (host 1000), signed with this observatory's key as it copies them: the
+    committed files cannot carry every install's signature. Same mtime as `src`: copied again when it changes."""
+    opener = gzip.open if src.suffix == ".gz" else open
+    with opener(src, "rb") as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    out = [provenance.signed(ev) if ev.get("kind") in provenance.FINDING_KINDS else ev for ev in lines]
+    data = "".join(json.dumps(ev, separators=(",", ":")) + "\n" for ev in out).encode()
+    tmp = target.with_name(target.name + ".tmp")
+    if src.suffix == ".gz":
+        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as g:
+            g.write(data)
+    else:
+        tmp.write_bytes(data)
+    st = src.stat()
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(tmp, target)
 
 
 def _trainer(bin_dir: Path, runs_dir: Path, run_id: str, steps: str, env: dict) -> subprocess.Popen:

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from observatory import settings
+from observatory import provenance, settings
 from observatory.events import OBSERVATORY_HOST
 from observatory.logtail import last_seq
 from observatory.writer import init
@@ -103,8 +103,9 @@ def _next_seq(runs_dir, run: str, target: Path) -> int:
 def pending(runs_dir, run: str, kind: str) -> list[dict]:
     """Events of `kind` in the run's observatory-host file, written but maybe not yet ingested.
 
-    Skips a torn last line (no final newline), a line that is not JSON, and an event whose
-    `data` is not an object: the same lines ingest would not store.
+    Skips a torn last line (no final newline), a line that is not JSON, an event whose
+    `data` is not an object, and a finding without this observatory's signature: the same
+    lines ingest would not store (a forged anomaly's `scanned_through` must not stop the scan).
     """
     p = path(runs_dir, run)
     if not p.exists():
@@ -119,6 +120,11 @@ def pending(runs_dir, run: str, kind: str) -> list[dict]:
                 ev = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(ev, dict) and ev.get("kind") == kind and isinstance(ev.get("data"), dict):
+            if (
+                isinstance(ev, dict)
+                and ev.get("kind") == kind
+                and isinstance(ev.get("data"), dict)
+                and provenance.judge(ev, OBSERVATORY_HOST) is None  # a forged finding is not ours
+            ):
                 out.append(ev)
     return out

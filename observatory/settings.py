@@ -128,6 +128,12 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("sql_max_result_mb", 64, "largest result one user SQL query may return (after the row cap)"),
         Setting(
+            "sql_results_mb",
+            256,
+            "SQL console results the dashboard keeps for all its visitors together; the oldest go first",
+            low=1,
+        ),
+        Setting(
             "sql_kill_after",
             1.25,
             "a user SQL worker still running at this multiple of sql_time_limit_ms (DuckDB's interrupt did not land: a long scalar function, a frozen process) is SIGKILLed and replaced; 1.5 at most keeps every query under 1.5x its limit",
@@ -144,6 +150,12 @@ SETTINGS: dict[str, Setting] = {
             low=0,
         ),
         Setting("cache_ttl_s", 1.0, "dashboard query cache lifetime"),
+        Setting(
+            "dashboard_cache_mb",
+            256,
+            "bytes the dashboard's query cache may hold, and as many its derived results (figures); the least recently used go first",
+            low=1,
+        ),
         Setting(
             "dashboard_memory_limit_mb",
             1024,
@@ -221,6 +233,12 @@ SETTINGS: dict[str, Setting] = {
             30.0,
             "every writing process sends a heartbeat (its step, phase and host telemetry) this often; 0 turns them off",
             low=0.0,
+        ),
+        Setting(
+            "key_file",
+            f"{DATA_HOME}/observatory.key",
+            "the key the observatory signs its findings with (made on first use; keep it private, off the runs dir)",
+            path=True,
         ),
         Setting(
             "alerts_file",

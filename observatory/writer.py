@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from observatory import settings
+from observatory import provenance, settings
 from observatory.events import OBSERVATORY_HOST, PHASES, RUN_ID_RE, STATUSES, VERSION, encode_value
 from observatory.logtail import last_seq as _tail
 from observatory.logtail import next_attempt as _attempt
@@ -386,7 +386,17 @@ class Run:
                 return _CLEAN.encode(ev) + b"\n"
             except (TypeError, OverflowError, msgspec.EncodeError):
                 pass  # an int beyond 64 bits, an odd type: json.dumps below says what it can
-        return (json.dumps(ev, separators=(",", ":"), allow_nan=False, default=_json_default) + "\n").encode()
+        line = json.dumps(ev, separators=(",", ":"), allow_nan=False, default=_json_default)
+        if self.host == OBSERVATORY_HOST and kind in provenance.FINDING_KINDS:
+            # signed as ingest will read it back: the line's own JSON values
+            try:
+                line = json.dumps(provenance.signed(json.loads(line)), separators=(",", ":"), allow_nan=False)
+            except (
+                OSError,
+                ValueError,
+            ) as e:  # no key: the finding is written, and ingest says it is unsigned
+                _warn(f"cannot sign a {kind} with key_file {settings.get('key_file')}: {e}")
+        return (line + "\n").encode()
 
     def _loop(self) -> None:
         last_sync = time.monotonic()

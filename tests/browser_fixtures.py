@@ -12,7 +12,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from observatory import report
+from observatory.commands.dashboard import streamlit_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -34,24 +34,11 @@ def free_port() -> int:
 
 
 def start_server(app: Path, db: Path, port: int, log: Path) -> subprocess.Popen:
-    """`streamlit run` on localhost:port (headless, the repo's .streamlit/config.toml), ready when healthy."""
+    """`streamlit run` on localhost:port as `observatory dashboard` starts it (`streamlit_argv`: hardened,
+    headless, the repo's .streamlit/config.toml), ready when healthy."""
     env = dict(os.environ, OBSERVATORY_DB=str(db), OBSERVATORY_CACHE_TTL_S="1")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            str(app),
-            "--server.port",
-            str(port),
-            "--server.address",
-            "127.0.0.1",
-            "--server.headless",
-            "true",
-            "--browser.gatherUsageStats",
-            "false",
-        ],
+        streamlit_argv(app, port, "127.0.0.1"),
         cwd=app.parent,
         env=env,
         stdout=log.open("wb"),

@@ -24,6 +24,8 @@ os.environ["OBSERVATORY_ALERTS_FILE"] = os.path.join(
 # The observatory's own events go to a findings folder per runs dir: the tests' under a temp folder of
 # their own, not the developer's ~/.local/share/observatory/findings (each test's runs dir has its own).
 os.environ["OBSERVATORY_FINDINGS_DIR"] = tempfile.mkdtemp(prefix="obs-test-findings-")
+# the key the observatory signs its findings with: the tests' own, never the developer's
+os.environ["OBSERVATORY_KEY_FILE"] = os.path.join(tempfile.mkdtemp(prefix="obs-test-key-"), "observatory.key")
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +53,14 @@ def db_path(tmp_path) -> Path:
 def event(
     run: str, kind: str, data: dict, seq: int, step: int | None = None, t: float | None = None, host: int = 0
 ) -> dict:
-    """One event envelope (version 1) as a dict; `t` defaults to now (so the run is not stale)."""
+    """One event envelope (version 1) as a dict; `t` defaults to now (so the run is not stale).
+
+    A finding in the observatory's own file is signed, as its writer signs it (`observatory.provenance`)."""
+    from observatory import provenance
+    from observatory.events import OBSERVATORY_HOST
+
     t = time.time() if t is None else t
-    return {
+    ev = {
         "v": 1,
         "run": run,
         "kind": kind,
@@ -63,6 +70,7 @@ def event(
         "seq": seq,
         "data": data,
     }
+    return provenance.signed(ev) if host == OBSERVATORY_HOST and kind in provenance.FINDING_KINDS else ev
 
 
 def append_in_pieces(src: Path, dst: Path, n: int):

@@ -11,11 +11,13 @@ without a change here (its type decides); a kind whose shape is not known fails 
 
 from __future__ import annotations
 
+import hmac
 import json
 from pathlib import Path
 from typing import Any
 
-from observatory.events import ALERT_STATES, KINDS, PHASES, SEVERITIES, STATUSES
+from observatory import provenance
+from observatory.events import ALERT_STATES, KINDS, OBSERVATORY_HOST, PHASES, SEVERITIES, STATUSES
 
 FOREIGN = "evil.invalid"  # a visitor's browser must send no request here
 MARKS = {  # what each planted part renders as if it is not escaped: the markers the tests look for
@@ -132,14 +134,61 @@ def write_hostile_runs(runs_dir: Path) -> list[Path]:
                 others = [k for k in KINDS if k not in ("run_start", "metrics", "run_end")]
                 events += [(k, _data(k, run, ladder, step), step) for k in others]
         events.append(("run_end", _data("run_end", run, ladder, 30), 30))
-        lines = [
-            json.dumps(
-                {"v": 1, "run": run, "kind": k, "step": st, "t": T0 + i, "host": 0, "seq": i, "data": d}
-            )
-            for i, (k, d, st) in enumerate(events)
-        ]
-        path = runs_dir / run / "events.0.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        paths.append(path)
+        # the observatory's findings are in its own file, signed (a finding may quote log text)
+        own = [e for e in events if e[0] in provenance.FINDING_KINDS]
+        theirs = [e for e in events if e[0] not in provenance.FINDING_KINDS] + forged_findings(run)
+        for host, evs in ((0, theirs), (OBSERVATORY_HOST, own)):
+            lines = []
+            for i, (k, d, st) in enumerate(evs):
+                ev = {
+                    "v": 1,
+                    "run": run,
+                    "kind": k,
+                    "step": st,
+                    "t": T0 + i,
+                    "host": host,
+                    "seq": i,
+                    "data": d,
+                }
+                lines.append(json.dumps(provenance.signed(ev) if host else ev))
+            lines += [json.dumps(ev) for ev in forged_own_lines(run, start=len(evs))] if host else []
+            path = runs_dir / run / f"events.{host}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            paths.append(path)
     return paths
+
+
+FORGED = "FORGEDMK"  # in every forged finding: no page may show it
+
+
+def _forged(kind: str, run: str) -> dict:
+    text = f"{FORGED} {kind}: the observatory says this run is broken"
+    return {
+        "anomaly": {
+            "detector": "loss_spike",
+            "metric": "train/loss",
+            "severity": "critical",
+            "message": text,
+        },
+        "alert": {"rule": f"{FORGED}-rule", "state": "open", "severity": "critical", "message": text},
+        "forecast": {"metric": "train/loss", "value": 0.1, "low": 0.0, "high": 0.2, "method": text},
+    }[kind] | ({"window": [5, 9]} if kind == "anomaly" else {})
+
+
+def forged_findings(run: str) -> list[tuple[str, dict, int]]:
+    """Findings in a trainer's own log (host 0): a writer claiming to be the observatory."""
+    return [(k, _forged(k, run), 12) for k in sorted(provenance.VERDICT_KINDS)]
+
+
+def forged_own_lines(run: str, start: int) -> list[dict]:
+    """Findings appended to the observatory's own file by someone else: unsigned, and signed with a wrong key."""
+    out = []
+    for i, k in enumerate(sorted(provenance.FINDING_KINDS)):
+        ev = {"v": 1, "run": run, "kind": k, "step": 12, "t": T0 + start + 2 * i, "host": OBSERVATORY_HOST}
+        out.append(ev | {"seq": start + 2 * i, "data": _forged(k, run)})
+        wrong = ev | {"seq": start + 2 * i + 1, "data": _forged(k, run)}
+        out.append(
+            wrong | {"sig": hmac.new(b"not the key", provenance.canonical(wrong), "sha256").hexdigest()}
+        )
+    return out

@@ -189,6 +189,49 @@ def test_a_critical_finding_pages_once_per_episode(runs_dir, db_path, rules_file
     assert len(webhook[1]) == 1
 
 
+def test_a_forged_open_alert_or_finding_neither_pages_nor_silences_the_real_one(
+    runs_dir, db_path, rules_file, webhook
+):
+    """Anyone who can write a log can write `events.1000.jsonl`. An open alert put there by hand used to
+    count as the observatory's, so the real episode on the same key was never sent; a forged critical
+    anomaly paged. Findings now count only when signed with the observatory's key (`provenance`)."""
+    now = time.time()
+    run_log(runs_dir, "spiky", steps=list(range(1, 11)), t_last=now)
+    f = {"detector": "loss_spike", "metric": "train/loss", "severity": "critical", "message": "a spike"}
+    forged_alert = {
+        "rule": "findings",
+        "state": "open",
+        "severity": "critical",
+        "message": "FORGED",
+        "finding": f,
+    }
+    own = runs_dir / "spiky" / "events.1000.jsonl"
+    forged = [
+        {
+            "v": 1,
+            "run": "spiky",
+            "kind": "alert",
+            "step": 3,
+            "t": now,
+            "host": 1000,
+            "seq": 0,
+            "data": forged_alert,
+        },
+        {"v": 1, "run": "spiky", "kind": "anomaly", "step": 4, "t": now, "host": 1000, "seq": 1, "data": f},
+    ]
+    write_lines(own, forged)
+    write_lines(
+        runs_dir / "spiky" / "events.7.jsonl", [event("spiky", "anomaly", {**f, "window": [2, 2]}, 0, 2)]
+    )
+    ingest(runs_dir, db_path, emit=None)
+    assert stored_alerts(db_path) == [] and webhook[1] == []  # neither pages
+    findings.write(runs_dir, "spiky", "anomaly", [({**f, "window": [5, 5]}, 5)])  # the observatory's own
+    ingest(runs_dir, db_path, emit=None)
+    (a,) = stored_alerts(db_path)
+    assert a["state"] == "open" and a["finding"]["detector"] == "loss_spike" and a["message"] != "FORGED"
+    assert len(webhook[1]) == 1 and "FORGED" not in json.dumps(webhook[1])
+
+
 def test_the_rules_file_errors_name_the_entry_and_field(tmp_path):
     p = tmp_path / "a.yaml"
     for text, where in [

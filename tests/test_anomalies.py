@@ -313,6 +313,33 @@ def test_one_ingest_leaves_its_findings_in_the_store(tmp_path, ingest):
     assert rep.findings == 0 and len(stored_anomalies(db, "bloomish")) == 2
 
 
+def test_a_forged_finding_neither_shows_nor_stops_the_scan(tmp_path, ingest):
+    """An unsigned anomaly put into the observatory's own file by hand, claiming the run was scanned to
+    step 10**12: it is a rejected line, and a later scan by a new process still finds the spike."""
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    write_run(runs, "bloomish", *bloom(700, at=500)[:3])
+    log = runs / "bloomish" / "events.0.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:400]))  # the run before its spike
+    A._STATE.clear()
+    ingest(runs, db, emit=None)
+    assert stored_anomalies(db, "bloomish") == []
+    forged = {
+        "detector": "loss_spike",
+        "severity": "critical",
+        "message": "FORGED",
+        "scanned_through": 10**12,
+    }
+    line = {"v": 1, "run": "bloomish", "kind": "anomaly", "step": 1, "t": 1.7e9, "host": 1000, "seq": 0}
+    (runs / "bloomish" / "events.1000.jsonl").write_text(json.dumps(line | {"data": forged}) + "\n")
+    log.write_bytes(b"".join(lines))  # the rest, spike included, read by a new process
+    A._STATE.clear()
+    rep = ingest(runs, db, emit=None)
+    stored = sorted((a["detector"], a["window"][0]) for a in stored_anomalies(db, "bloomish"))
+    assert stored == [("grad_spike", 502), ("loss_spike", 504)]  # found, and the forged one not stored
+    assert rep.rejected == 1 and any("not signed" in m for m in rep.messages)
+
+
 @pytest.mark.slow
 def test_after_ingest_end_to_end_and_idempotent(tmp_path, ingest):
     runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"

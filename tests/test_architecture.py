@@ -120,6 +120,7 @@ LAYERS = [
         "observatory.settings",
         "observatory.events",
         "observatory.redact",
+        "observatory.provenance",
         "observatory.logtail",
         "observatory.telemetry",
     },

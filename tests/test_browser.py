@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 from browser_fixtures import LOAD_MS, ROOT, assert_no_exception, dashboard, last_step, open_page, wait_idle
@@ -156,6 +157,36 @@ def test_sql_console_in_browser(server, browser):
         page.get_by_text(re.compile(r"\d+ rows in")).first.wait_for()
         page.screenshot(path=str(ARTIFACTS / "sql-result.png"), full_page=True)
         assert_no_exception(page, "sql")
+        with page.expect_download() as dl:  # the CSV is made when asked for
+            page.get_by_role("button", name="Download CSV").click()
+        csv = Path(dl.value.path()).read_text()
+        assert csv.splitlines()[0] == "run,status" and "base-run" in csv
+    finally:
+        page.close()
+
+
+def test_sql_console_shows_every_duckdb_type_in_browser(server, browser):
+    """The browser's table draws every column of test_all_types() (HUGEINT, TIMETZ, INTERVAL, UNION,
+    MAP, BLOB, ...) and a few more, with no exception on the page or in its scripts."""
+    page = open_page(browser, f"{server}/sql")
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.get_by_role("heading", name="SQL").first.wait_for()
+        for sql, rows in [
+            ("SELECT * FROM test_all_types()", 3),
+            ("SELECT '12:00:00+05'::TIMETZ tz, INTERVAL 14 MONTH i, 1::UHUGEINT << 127 uh, 1::VARIANT v", 1),
+        ]:
+            page.locator("textarea").first.fill(sql)
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.get_by_text(re.compile(rf"^{rows} rows? in")).first.wait_for()
+            page.locator('[data-testid="stDataFrame"]').last.wait_for()
+            wait_idle(page)
+            assert_no_exception(page, "sql")
+            assert not page.locator('[data-testid="stAlertContainer"]').count(), page.inner_text("body")[
+                :2000
+            ]
+        assert not errors, errors
     finally:
         page.close()
 

@@ -332,6 +332,58 @@ def test_sql_console_runs_refuses_and_downloads(store, monkeypatch):
     assert "rejected_events" in at.text_area(key="sql_text").value
 
 
+# every type DuckDB has: test_all_types() (its minimum, maximum and NULL rows), and what it leaves out
+EVERY_TYPE = {
+    "test_all_types": "SELECT * FROM test_all_types()",
+    "no rows": "SELECT * FROM test_all_types() LIMIT 0",
+    "odd scalars": "SELECT '12:00:00+05'::TIMETZ tz, INTERVAL 14 MONTH i, 1::UHUGEINT << 127 uh, "
+    "'\\xAA\\x00'::BLOB b, '101'::BIT bit, 'nan'::DOUBLE n, 1::VARIANT v, '{\"a\":1}'::JSON j, "
+    "'3fa85f64-5717-4562-b3fc-2c963f66afa6'::UUID id",
+    "nested": "SELECT [1,2,3]::INTEGER[3] arr, MAP {[1]: 2} m, {'a': [INTERVAL 1 DAY]} s, [NULL] nl, [[]] el",
+    "union of members": "SELECT union_value(a := 1)::UNION(a INT, b VARCHAR) u "
+    "UNION ALL SELECT union_value(b := 'x')",
+    "a column of mixed types": "SELECT 1::VARIANT v UNION ALL SELECT 'x'::VARIANT UNION ALL SELECT [1]::VARIANT",
+    "repeated names": "SELECT 1 a, 'x' a, 2.5 a",
+}
+
+
+@pytest.mark.parametrize("label", EVERY_TYPE)
+def test_sql_console_shows_every_duckdb_type(store, label):
+    """HUGEINT, TIMETZ, INTERVAL, UNION, ... used to crash the page's table (Arrow has no form for
+    some, polars none for others). Each column is shown, as text where nothing better exists."""
+    at = run_sql(page("sql"), EVERY_TYPE[label])
+    assert not at.exception and not at.error, [str(e.value)[:300] for e in at.exception or at.error]
+    res = user_sql.run_user_sql(None, EVERY_TYPE[label])
+    df = at.dataframe[-1].value
+    assert df.shape == (len(res.rows), len(res.columns))
+    assert at.get("download_button")
+    if label == "test_all_types":
+        row = dict(zip(df.columns, df.iloc[0], strict=True))
+        assert row["hugeint"] == "-170141183460469231731687303715884105728"  # not rounded to a float
+        assert row["uuid"] == "00000000-0000-0000-0000-000000000000" and row["union"] == "Frank"
+        assert row["blob"] == "thisisalongblob\\x00withnullbytes"  # as DuckDB writes a BLOB
+        assert row["int"] == -2147483648  # plain types keep their type
+    if label == "repeated names":
+        assert list(df.columns) == ["a", "a (2)", "a (3)"] and list(df.iloc[0]) == [1, "x", 2.5]
+
+
+def test_sql_results_of_all_sessions_together_stay_under_their_bound(store, monkeypatch):
+    """Each session's last SQL result used to live in its own state: many visitors (or one with many
+    tabs) grew the server by up to `sql_max_result_mb` each. They are kept together now, oldest let go
+    first, under `sql_results_mb`; a session whose result went is told so."""
+    from observatory.dashboard.pages import sql as sql_page
+
+    monkeypatch.setenv("OBSERVATORY_SQL_RESULTS_MB", "1")
+    big = "SELECT repeat('x', 100) || i AS s, i FROM range(8000) t(i)"  # ~0.9 MB as a frame
+    first = run_sql(page("sql"), big)
+    assert not first.exception and first.dataframe[-1].value.shape == (8000, 2)
+    sessions = [run_sql(page("sql"), big.replace("'x'", f"'{n}'")) for n in range(3)]
+    first.run()
+    assert not first.exception and any("let go" in i.value for i in first.info)
+    assert sql_page.results_bytes() <= 1 << 20  # the newest only: each is ~0.9 MB
+    assert sessions[-1].run().dataframe[-1].value.shape == (8000, 2)  # the newest is still shown
+
+
 def test_sql_console_interrupted_names_the_setting(store, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_SQL_TIME_LIMIT_MS", "50")
     at = page("sql")

@@ -98,3 +98,17 @@ def test_a_findings_file_continues_the_numbering_of_the_run_folders_gz_copy(tmp_
     with connect(db) as con:
         texts = con.execute("SELECT data->>'text' FROM events WHERE kind = 'note' ORDER BY seq").fetchall()
     assert [t for (t,) in texts] == ["old 0", "old 1", "old 2", "new"]
+
+
+def test_an_unreadable_key_file_loses_no_finding_and_ingest_says_why(runs_dir, tmp_path, monkeypatch):
+    """The observatory's writer cannot read its key (a folder where the file should be): the finding is still
+    written, unsigned, and ingest rejects it naming the key file, without stopping."""
+    from observatory.ingest import ingest
+
+    bad = tmp_path / "key-is-a-folder"
+    bad.mkdir()
+    monkeypatch.setenv("OBSERVATORY_KEY_FILE", str(bad))
+    n = findings.write(runs_dir, "r", "anomaly", [({"detector": "d", "severity": "warn", "message": "m"}, 7)])
+    assert n == 1 and '"anomaly"' in findings.path(runs_dir, "r").read_text()
+    rep = ingest(runs_dir, tmp_path / "s.duckdb", emit=None)
+    assert rep.rejected == 1 and any("key_file" in m for m in rep.messages)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hostile_store import DECISION, HOSTILE, HOSTILE2, MARKS, write_hostile_runs
+from hostile_store import DECISION, FORGED, HOSTILE, HOSTILE2, MARKS, write_hostile_runs
 from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
@@ -114,6 +114,27 @@ def test_every_page_over_every_field_planted(hostile_db, name, query):
     assert texts, name
     rendered = {t[:80]: inert(t) for t in texts if inert(t)}
     assert rendered == {}, f"{name}: planted formatting renders"
+    # findings in a trainer's log, or put into the observatory's own file by hand (unsigned, or signed
+    # with another key), are rejected lines: no page shows them as its word
+    shown = texts + [c.proto.spec for c in at.get("plotly_chart")] + [d.value.to_csv() for d in at.dataframe]
+    assert not [t[:200] for t in shown if FORGED in t], f"{name}: a forged finding is shown"
+
+
+def test_forged_findings_are_rejected_lines_with_their_reason(hostile_db):
+    import duckdb
+
+    with duckdb.connect(str(hostile_db), read_only=True) as con:
+        assert con.execute(
+            "SELECT count(*) FROM events WHERE data::VARCHAR LIKE '%FORGEDMK%'"
+        ).fetchone() == (0,)
+        reasons = con.execute("SELECT reason FROM rejected_events WHERE raw LIKE '%FORGEDMK%'").fetchall()
+        signed = con.execute("SELECT count(*) FROM events WHERE kind = 'anomaly' AND host = 1000").fetchone()
+    assert len(reasons) == 2 * (2 + 3 + 3)  # 2 runs x (anomaly and alert in the trainer's log, 3 kinds
+    # unsigned in the observatory's file, 3 signed with another key)
+    assert {r for (r,) in reasons if "only its own file" in r or "not signed" in r or "signature" in r} == {
+        r for (r,) in reasons
+    }
+    assert signed[0] >= 2  # the observatory's own, signed, are stored (and shown, escaped, above)
 
 
 def test_the_markers_are_caught_when_not_escaped():

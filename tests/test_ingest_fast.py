@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import event, write_lines
 
-from observatory import store
+from observatory import provenance, store
 from observatory.ingest import ingest
 from observatory.ingest import msgspec_lines as ingest_fast
 from observatory.ingest import passes as ingest_mod
@@ -224,7 +224,6 @@ def make_log(path: Path, run: str, host: int, seed: int, steps: int, messy: bool
                             "config_diff",
                             "decision",
                             "forecast",
-                            "anomaly",
                             "failure",
                             "note",
                         ]
@@ -269,7 +268,10 @@ def build_runs(root: Path, seed: int, steps: int) -> dict[Path, list[bytes]]:
         root / "alpha" / "events.1.jsonl": make_log(root, "alpha", 1, seed + 1, steps, messy=False),
         root / "beta" / "events.0.jsonl": make_log(root, "beta", 0, seed + 2, steps // 2, messy=True),
         root / "beta" / f"events.{1000}.jsonl": [
-            (json.dumps(_other("beta", k, i, 3, random.Random(i)) | {"host": 1000}) + "\n").encode()
+            (
+                json.dumps(provenance.signed(_other("beta", k, i, 3, random.Random(i)) | {"host": 1000}))
+                + "\n"
+            ).encode()
             for i, k in enumerate(["anomaly", "forecast", "decision"])
         ],
         root / "bad run!" / "events.0.jsonl": make_log(root, "bad run!", 0, seed + 3, 5, messy=False),

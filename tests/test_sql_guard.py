@@ -200,6 +200,28 @@ def test_the_settings_read_back_decides_what_a_query_earns(failed, after, expect
     assert _after_query(failed, before, read) == expect
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT INTERVAL 100000000 YEARS AS i",
+        "SELECT [INTERVAL 100000000 YEARS] AS l",
+        "SELECT {'a': INTERVAL 100000000 YEARS} AS s",
+    ],
+)
+def test_a_value_python_cannot_hold_is_an_error_saying_so_and_the_worker_lives(db, sql):
+    """DuckDB computes `INTERVAL 100000000 YEARS`; Python's timedelta cannot hold it. This used to kill
+    the worker with an OverflowError, and the visitor was told the query hit the memory limit."""
+    user_sql.warm_up()
+    pids = {w.proc.pid for w in user_sql._POOL.all if w.alive()}
+    with pytest.raises(QueryError) as e:
+        run_user_sql(db, sql)
+    msg = str(e.value)
+    assert e.value.setting is None and "memory" not in msg and "Traceback" not in msg
+    assert "out of the range" in msg and "VARCHAR" in msg and "OverflowError" in msg
+    assert pids <= {w.proc.pid for w in user_sql._POOL.all if w.alive()}  # no worker died for it
+    assert run_user_sql(db, sql.replace(" AS", "::VARCHAR AS", 1)).rows  # as text it shows
+
+
 def test_result_size_cap(db, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_SQL_MAX_RESULT_MB", "1")
     with pytest.raises(QueryError, match="sql_max_result_mb"):

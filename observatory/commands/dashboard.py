@@ -1,4 +1,4 @@
-"""`observatory dashboard`: start the Streamlit dashboard (`streamlit run app.py`) on a port.
+"""`observatory dashboard`: start the Streamlit dashboard (`streamlit run app.py`, hardened) on a port.
 
 The app is the package's `observatory/app.py` (an installed wheel has it); the
 command runs from that folder, so its `.streamlit/config.toml` (the public-deployment
@@ -25,11 +25,13 @@ def app_path() -> Path:
 
 
 def streamlit_argv(app: Path, port: int, address: str, base_url_path: str = "") -> list[str]:
-    """The `python -m streamlit run` command line for a headless, telemetry-free server."""
+    """The command line for a headless, telemetry-free server: `streamlit run`, through
+    `observatory.dashboard.serve`, which shuts what Streamlit has no setting for (its metrics
+    endpoint, the script's path and installation ids in each session's first message)."""
     argv = [
         sys.executable,
         "-m",
-        "streamlit",
+        "observatory.dashboard.serve",
         "run",
         str(app),
         "--server.port",

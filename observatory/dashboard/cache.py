@@ -21,6 +21,7 @@ import atexit
 import json
 import math
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -32,7 +33,7 @@ import numpy as np
 
 from observatory import settings, store
 
-__all__ = ["StoreBusy", "db_path", "derive", "limit_memory", "query", "query_all"]
+__all__ = ["StoreBusy", "cached_bytes", "db_path", "derive", "limit_memory", "query", "query_all", "size_of"]
 
 
 class StoreBusy(RuntimeError):
@@ -43,9 +44,12 @@ def db_path() -> str:
     return str(settings.get("db"))
 
 
-# key -> (monotonic time it was filled, value). Shared by every session of this server process;
-# stale entries stay as the last good answer for when the store is busy.
-_CACHE: dict[str, tuple[float, Any]] = {}
+# key -> (monotonic time it was filled, value, its size in bytes), least recently used first. Shared
+# by every session of this server process; stale entries stay as the last good answer for when the
+# store is busy. Bounded by bytes (`dashboard_cache_mb`), not only by age: every distinct query a
+# visitor can make (a run id, a metric name) is an entry.
+_CACHE: OrderedDict[str, tuple[float, Any, int]] = OrderedDict()
+_BYTES = [0]  # the sizes of _CACHE's values, summed
 _CACHE_LOCK = threading.Lock()
 # One fill at a time per batch: concurrent viewers that miss the same batch together wait for the
 # first one's connection and then find its results cached (N viewers, one query). Other batches
@@ -76,7 +80,10 @@ def _lookup(keys: list[str], max_age_s: float) -> dict[int, Any]:
     """The cached results of `keys` filled less than `max_age_s` ago, by position."""
     since = time.monotonic() - max_age_s
     with _CACHE_LOCK:
-        return {i: _CACHE[k][1] for i, k in enumerate(keys) if k in _CACHE and _CACHE[k][0] > since}
+        out = {i: _CACHE[k][1] for i, k in enumerate(keys) if k in _CACHE and _CACHE[k][0] > since}
+        for i in out:
+            _CACHE.move_to_end(keys[i])
+        return out
 
 
 def query_all(*calls, keep_fresh: bool = False, ttl_s: float | None = None) -> list[Any]:
@@ -296,12 +303,46 @@ def _refill(db: str, due: list[tuple[list[str], list, tuple]], filled: dict) -> 
 
 
 def _put(key: str, value: Any) -> None:
+    """Cache `value`; the least recently used entries go while the cache holds more than its bytes.
+    A value larger than the whole budget is not kept (its viewer gets it, the next one queries)."""
     now = time.monotonic()
+    n = size_of(value)
+    budget = cache_budget()
     with _CACHE_LOCK:
-        _CACHE[key] = (now, value)
-        if len(_CACHE) > 4096:
-            for k in [k for k, (t, _) in _CACHE.items() if t < now - _KEEP_S]:
-                del _CACHE[k]
+        old = _CACHE.pop(key, None)
+        if old is not None:
+            _BYTES[0] -= old[2]
+        if n <= budget:
+            _CACHE[key] = (now, value, n)
+            _BYTES[0] += n
+        while _CACHE and (_BYTES[0] > budget or next(iter(_CACHE.values()))[0] < now - _KEEP_S):
+            _BYTES[0] -= _CACHE.popitem(last=False)[1][2]
+
+
+def cache_budget() -> int:
+    """Bytes the query cache may hold (`dashboard_cache_mb`); the derived results as many again."""
+    return int(settings.get("dashboard_cache_mb")) << 20
+
+
+def cached_bytes() -> tuple[int, int]:
+    """(bytes the query cache holds, bytes the derived results hold), as `size_of` counts them."""
+    with _CACHE_LOCK:
+        return _BYTES[0], _DERIVED_BYTES[0]
+
+
+def size_of(v: Any, _depth: int = 0) -> int:
+    """About how many bytes `v` holds: frames and arrays by their buffers, containers by their items."""
+    if hasattr(v, "estimated_size"):  # a polars frame or series
+        return int(v.estimated_size())
+    if hasattr(v, "nbytes"):  # numpy, pyarrow
+        return int(v.nbytes)
+    if isinstance(v, (str, bytes)):
+        return sys.getsizeof(v)
+    if _depth < 8 and isinstance(v, dict):
+        return sys.getsizeof(v) + sum(size_of(k, _depth + 1) + size_of(x, _depth + 1) for k, x in v.items())
+    if _depth < 8 and isinstance(v, (list, tuple, set, frozenset)):
+        return sys.getsizeof(v) + sum(size_of(x, _depth + 1) for x in v)
+    return sys.getsizeof(v)
 
 
 def query(fn: Callable, *args, ttl_s: float | None = None) -> Any:
@@ -309,9 +350,11 @@ def query(fn: Callable, *args, ttl_s: float | None = None) -> Any:
     return query_all((fn, *args), ttl_s=ttl_s)[0]
 
 
-# (fn, args by identity or value) -> (args, result): the newest derived results, shared by every session
-_DERIVED: OrderedDict[tuple, tuple[tuple, Any]] = OrderedDict()
+# (fn, args by identity or value) -> (args, result, its bytes): the newest derived results, shared by
+# every session; at most _DERIVED_MAX of them and `dashboard_cache_mb` of results
+_DERIVED: OrderedDict[tuple, tuple[tuple, Any, int]] = OrderedDict()
 _DERIVED_MAX = 128  # a Live view's version is ~10 entries (figures and their wire forms)
+_DERIVED_BYTES = [0]
 _BUILDING: dict[tuple, threading.Event] = {}  # keys being derived right now, set when done
 _PLAIN = (str, int, float, bool, type(None))
 
@@ -342,10 +385,17 @@ def derive(fn: Callable, *args) -> Any:
         return hit[1] if hit is not None else fn(*args)
     try:
         value = fn(*args)
+        n, budget = size_of(value), cache_budget()
         with _CACHE_LOCK:
-            _DERIVED[key] = (args, value)  # holding the args keeps their ids theirs while the entry lives
-            while len(_DERIVED) > _DERIVED_MAX:
-                _DERIVED.popitem(last=False)
+            if n <= budget:
+                _DERIVED[key] = (
+                    args,
+                    value,
+                    n,
+                )  # holding the args keeps their ids theirs while the entry lives
+                _DERIVED_BYTES[0] += n
+            while _DERIVED and (len(_DERIVED) > _DERIVED_MAX or _DERIVED_BYTES[0] > budget):
+                _DERIVED_BYTES[0] -= _DERIVED.popitem(last=False)[1][2]
     finally:
         with _CACHE_LOCK:
             _BUILDING.pop(key).set()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from observatory import settings
+from observatory import provenance, settings
 from observatory.events import (
     KINDS,
     OBSERVATORY_HOST,
@@ -338,6 +338,10 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
         _check_store_ranges(ev)
     except ValidationError as e:
         b.reject(lf, lineno, e.field, f"{e.field}: {e.reason}", raw)
+        return
+    forged = provenance.judge(ev, lf.host)  # a finding the observatory did not write
+    if forged:
+        b.reject(lf, lineno, "sig", forged, raw)
         return
     verdict = st.check_seq(ev["seq"])
     if verdict == "dup":

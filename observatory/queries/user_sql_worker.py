@@ -302,6 +302,22 @@ class Policy:
             self._relation(name)
 
 
+def _unconvertible(e: BaseException, types: list[str]) -> str:
+    """The message for a result value DuckDB computed but Python cannot hold (`INTERVAL 100000000 YEARS`)."""
+    odd = sorted({t for t in types if t.split("(")[0] in _UNCONVERTIBLE})
+    which = f" (this result has {', '.join(odd)} columns)" if odd else ""
+    return (
+        f"a value of the result is out of the range this console can show{which}: "
+        f"{type(e).__name__}: {_first_line(e)}. Cast the column to VARCHAR (`SELECT x::VARCHAR ...`) to see it as text"
+    )
+
+
+# DuckDB types whose values may not fit Python's: their names head the message above
+_UNCONVERTIBLE = frozenset(
+    {"INTERVAL", "DATE", "TIME", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "TIME WITH TIME ZONE"}
+)
+
+
 def _first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
@@ -508,7 +524,11 @@ def main() -> None:
         req = _read_frame(inp)
         if req is None:
             return
-        reply = _serve(req, policy, out, store, duckdb)
+        try:
+            reply = _serve(req, policy, out, store, duckdb)
+        except Exception as e:  # a bug of ours or DuckDB's: this query fails, with its reason, not the worker
+            reply = {"kind": "error", "message": f"the query failed: {type(e).__name__}: {_first_line(e)}"}
+            reply["message"] = scrub(reply["message"], req["scrub"])
         try:
             data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
             if reply["kind"] == "ok" and len(data) > req["max_result_bytes"]:
@@ -561,6 +581,7 @@ def _serve(req: dict, policy: Policy, out: BinaryIO, store, duckdb) -> dict:
         timer = threading.Timer(limit_s, con.interrupt)
         timer.start()
         failed = None
+        types: list[str] = []
         try:
             cur = con.execute(req["sql"])
             columns = [d[0] for d in cur.description] if cur.description else []
@@ -577,6 +598,8 @@ def _serve(req: dict, policy: Policy, out: BinaryIO, store, duckdb) -> dict:
                 failed = {"kind": "interrupted"}
             else:
                 failed = {"kind": "error", "message": f"{type(e).__name__}: {_first_line(e)}"}
+        except (OverflowError, ValueError, TypeError, ArithmeticError) as e:
+            failed = {"kind": "error", "message": _unconvertible(e, types)}
         finally:
             timer.cancel()
         try:

@@ -11,7 +11,10 @@ not the schema browser beside it.
 from __future__ import annotations
 
 import json
+import secrets
+import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import polars as pl
@@ -22,31 +25,90 @@ from observatory.dashboard.cache import db_path, derive, query
 from observatory.queries import dashboard as qd
 from observatory.queries import user_sql
 
+# Column types shown as they are; every other column (HUGEINT, INTERVAL, BLOB, UUID, UNION,
+# lists, structs, maps, a column of mixed types, ...) is shown as text: Arrow and the browser's
+# table have no faithful form for all of them, and one unshown type must not take down the page
+_NATIVE = (
+    pl.Boolean,
+    pl.Int8,
+    pl.Int16,
+    pl.Int32,
+    pl.Int64,
+    pl.UInt8,
+    pl.UInt16,
+    pl.UInt32,
+    pl.UInt64,
+    pl.Float32,
+    pl.Float64,
+    pl.String,
+    pl.Date,
+    pl.Datetime,
+    pl.Time,
+    pl.Decimal,
+)
+
 
 def to_frame(result: user_sql.QueryResult) -> pl.DataFrame:
-    """The rows of a `run_user_sql` result as a frame (a column of mixed types is shown as text)."""
+    """The rows of a `run_user_sql` result as a frame the page can show, whatever DuckDB types it holds.
+
+    Columns of plain scalar types keep their type; any other column is text (`as_text`).
+    Repeated column names (`SELECT 1 a, 2 a`) get a suffix instead of overwriting each other."""
     if not result.columns:
         return pl.DataFrame()
-    data = {c: [r[i] for r in result.rows] for i, c in enumerate(result.columns)}
-    try:
-        return pl.DataFrame(data, strict=False)
-    except Exception:  # mixed types in a column: show them as text
-        return pl.DataFrame({c: [None if v is None else str(v) for v in vs] for c, vs in data.items()})
+    columns = []
+    for i, name in enumerate(_unique(result.columns)):
+        values = [r[i] for r in result.rows]
+        try:
+            col = pl.Series(name, values, strict=False)
+        except Exception:  # values polars cannot hold in one column
+            col = None
+        if col is None or not isinstance(col.dtype, _NATIVE):
+            col = pl.Series(name, [as_text(v) for v in values], dtype=pl.String)
+        columns.append(col)
+    return pl.DataFrame(columns)
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        shown, n = name, 1
+        while shown in seen:
+            n += 1
+            shown = f"{name} ({n})"
+        seen.add(shown)
+        out.append(shown)
+    return out
+
+
+def as_text(v: Any) -> str | None:
+    """A result value as text: nested values as JSON, bytes as DuckDB writes a BLOB (`\\xNN` escapes)."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (bytes, bytearray)):
+        return _blob_text(v)
+    if isinstance(v, (list, tuple, dict)):
+        return json.dumps(_jsonable(v), ensure_ascii=False)
+    return str(v)
+
+
+def _blob_text(b: bytes) -> str:
+    return "".join(chr(c) if 32 <= c < 127 and c != 92 else f"\\x{c:02X}" for c in b)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k if isinstance(k, str) else as_text(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return v
+    return as_text(v)
 
 
 def csv_text(frame: pl.DataFrame) -> str:
-    """The frame as CSV; nested values (lists, structs) are written as JSON text."""
-    nested = [c for c, t in frame.schema.items() if t.is_nested()]
-    if nested:
-        frame = frame.with_columns(
-            pl.col(c).map_elements(lambda v: json.dumps(_plain(v), default=str), return_dtype=pl.String)
-            for c in nested
-        )
+    """The frame as CSV (`to_frame` has made every column a type CSV can write)."""
     return frame.write_csv()
-
-
-def _plain(v: Any) -> Any:
-    return v.to_list() if isinstance(v, pl.Series) else v
 
 
 # Material icons ship with Streamlit's own font; emoji need a system emoji font (Debian's
@@ -128,7 +190,7 @@ def _console(max_rows: int, limit_ms: int) -> None:
         else:
             st.session_state["sql_result"] = {
                 "sql": sql,
-                "frame": to_frame(result),
+                "token": keep_result(to_frame(result)),
                 "truncated": result.truncated,
                 "ms": (time.perf_counter() - t0) * 1000,
             }
@@ -139,7 +201,13 @@ def _console(max_rows: int, limit_ms: int) -> None:
         kind, msg = res["error"]
         (st.warning if kind == "interrupted" else st.error)(msg)
         return
-    frame = res["frame"]
+    frame = kept_result(res["token"])
+    if frame is None:
+        st.info(
+            "This result was let go to keep the server's memory bounded (setting `sql_results_mb`, for all "
+            "visitors together); run the query again to see it."
+        )
+        return
     note = f"{frame.height:,} rows in {res['ms']:.0f} ms"
     if res["truncated"]:
         note += f" — truncated at the row cap of {max_rows:,} (setting `sql_max_rows`)"
@@ -147,12 +215,45 @@ def _console(max_rows: int, limit_ms: int) -> None:
     st.dataframe(frame, hide_index=True, key="sql_result_table")
     st.download_button(
         "Download CSV",
-        csv_text(frame),
+        lambda: csv_text(frame),  # made when asked for, not held beside the table by every session
         file_name="observatory-query.csv",
         mime="text/csv",
         key="sql_download",
         disabled=frame.width == 0,
     )
+
+
+# token -> (a result frame, its bytes), oldest first: every session's last SQL result, held here rather
+# than in the sessions, so that all of them together stay under `sql_results_mb` (a session's state
+# holds only its token; a visitor may open many sessions)
+_RESULTS: OrderedDict[str, tuple[pl.DataFrame, int]] = OrderedDict()
+_RESULTS_BYTES = [0]
+_RESULTS_LOCK = threading.Lock()
+
+
+def keep_result(frame: pl.DataFrame) -> str:
+    """Keep `frame` for its session; the oldest results go while all of them hold more than `sql_results_mb`."""
+    token = secrets.token_hex(16)
+    n = int(frame.estimated_size())
+    budget = int(settings.get("sql_results_mb")) << 20
+    with _RESULTS_LOCK:
+        _RESULTS[token] = (frame, n)
+        _RESULTS_BYTES[0] += n
+        while len(_RESULTS) > 1 and _RESULTS_BYTES[0] > budget:
+            _RESULTS_BYTES[0] -= _RESULTS.popitem(last=False)[1][1]
+    return token
+
+
+def kept_result(token: str) -> pl.DataFrame | None:
+    with _RESULTS_LOCK:
+        hit = _RESULTS.get(token)
+    return None if hit is None else hit[0]
+
+
+def results_bytes() -> int:
+    """What the kept SQL results hold, all sessions together."""
+    with _RESULTS_LOCK:
+        return _RESULTS_BYTES[0]
 
 
 def _describe(e: Exception) -> tuple[str, str]:
