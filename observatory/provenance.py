@@ -87,6 +87,10 @@ def judge(ev: dict, host: int) -> str | None:
         )
     sig = ev.get("sig")
     if not isinstance(sig, str):
+        try:
+            key()
+        except (OSError, ValueError) as e:  # our writer, too, writes its findings unsigned then
+            return f"{kind}: not signed (no sig), and key_file {settings.get('key_file')} cannot be read: {e}"
         return f"{kind}: not signed by this observatory (no sig); findings it did not write are not shown"
     try:
         mine = sign(ev)
