@@ -6,10 +6,9 @@ the detectors' findings), 80 steps with expert_load every 4: few steps, all the 
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
+from dashboard_fixtures import chart_specs
 from scale_fixtures import (
     DEAD_EXPERTS,
     EVERY,
@@ -41,12 +40,8 @@ def store(tmp_path_factory):
 
 
 def charts(at: AppTest) -> dict[str, dict]:
-    """Plotly specs by the start of their title."""
-    out = {}
-    for c in at.get("plotly_chart"):
-        spec = json.loads(c.proto.spec)
-        out[spec["layout"]["title"]["text"]] = spec
-    return out
+    """Plotly specs (st.plotly_chart's and the Live page's in-place charts') by their title."""
+    return {spec["layout"]["title"]["text"]: spec for spec in chart_specs(at)}
 
 
 def chart(at: AppTest, start: str) -> dict:

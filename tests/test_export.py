@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import observatory
+from observatory import findings
 from observatory.cli import main as cli
 from observatory.ingest import ingest
 from observatory.queries.export import METRIC_COLUMNS
@@ -95,7 +96,7 @@ def test_jsonl_export_then_import_reproduces_the_run(store, tmp_path):
     # hosts 0 and 1, and 1000: the anomaly detectors' findings about the NaN and inf
     src = {
         int(p.name.split(".")[1]): p.read_bytes().splitlines(keepends=True)
-        for p in (runs / RUN).glob("events.*.jsonl")
+        for p in [*(runs / RUN).glob("events.*.jsonl"), findings.path(runs, RUN)]
     }
     assert set(src) == {0, 1, 1000}
     assert len(lines) == sum(map(len, src.values())) and f"{len(lines)} events" in r.output

@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from observatory.events import RUN_ID_RE, ValidationError, validate_event
+from observatory import findings
+from observatory.events import OBSERVATORY_HOST, RUN_ID_RE, ValidationError, validate_event
 from observatory.redact import scrub_event
 
 __all__ = [
@@ -57,7 +58,7 @@ class ExportResult:
 
 
 def run_event_files(runs_dir: str | os.PathLike, run: str) -> list[tuple[int, Path]]:
-    """`(host, path)` of the run's event files, plain or gzip-compressed."""
+    """`(host, path)` of the run's event files, plain or gzip-compressed, its findings-folder file too."""
     if not RUN_ID_RE.match(run):
         raise ExportError(f"{run!r} is not a run id ([A-Za-z0-9._-]{{1,128}})")
     folder = Path(runs_dir) / run
@@ -68,6 +69,9 @@ def run_event_files(runs_dir: str | os.PathLike, run: str) -> list[tuple[int, Pa
         m = _FILE_RE.match(p.name)
         if m and p.is_file():
             files.append((int(m.group(1)), p))
+    own = findings.path(runs_dir, run)  # the observatory's own events, in the runs dir's findings folder
+    if own.parent != folder and own.is_file():
+        files.append((OBSERVATORY_HOST, own))
     if not files:
         raise ExportError(f"run {run!r}: no events.<host>.jsonl files in {folder}")
     return files
