@@ -548,3 +548,43 @@ def test_a_grad_spike_the_loss_did_not_follow_is_a_warning():
         f.severity == "warn" and "the loss did not follow" in f.message for f in grad_only
     )
     assert any(f.severity == "critical" for f in both)
+
+
+def test_thresholds_per_run_and_per_project(tmp_path, ingest, monkeypatch, capsys):
+    """The anomaly_* thresholds are not only process-wide: a rules file's `thresholds` set them for a project
+    (or run glob), a run's own config `alerts.thresholds` over that; a bad value in a run's config is said and
+    left out, a bad rules-file entry names its file, entry and field."""
+    import observatory
+    from observatory.alerts import rules as R
+
+    rules = tmp_path / "alerts.yaml"
+    rules.write_text("thresholds:\n  - project: calm\n    loss_z: 1000.0\n    loss_min_rise: 50.0\n")
+    monkeypatch.setenv("OBSERVATORY_ALERTS_FILE", str(rules))
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    steps, loss, grad = bloom()
+    own = {"alerts": {"thresholds": {"loss_z": 1000.0, "loss_min_rise": 50.0}}}
+    bad = {"alerts": {"thresholds": {"loss_z": "high"}}}
+    for run, project, config in [
+        ("plain", None, {}),
+        ("own", None, own),
+        ("in-calm", "calm", {}),
+        ("bad", None, bad),
+    ]:
+        r = observatory.init(
+            run_id=run, runs_dir=runs, config=config, project=project, install_signal_handlers=False
+        )
+        for s, lo, g in zip(steps, loss, grad, strict=True):
+            r.log({D.LOSS: float(lo), D.GRAD: float(g)}, step=int(s))
+        r.finish()
+    A._STATE.clear()
+    ingest(runs, db, emit=None)
+    spikes = {a["run"] for a in stored_anomalies(db) if a["detector"] == "loss_spike"}
+    assert spikes == {"plain", "bad"}
+    assert "run bad: config alerts.thresholds.loss_z: 'high' is not a number" in capsys.readouterr().err
+    assert {a["run"] for a in stored_anomalies(db) if a["detector"] == "grad_spike"} >= {"own", "in-calm"}
+    rules.write_text("thresholds:\n  - project: calm\n    loss_zz: 3.0\n")
+    with pytest.raises(R.RulesError, match=r"alerts.yaml: thresholds\[0\]: unknown threshold 'loss_zz'"):
+        R.load()
+    rules.write_text("thresholds:\n  - window: 10\n    min_history: 20\n")
+    with pytest.raises(R.RulesError, match=r"thresholds\[0\].*min_history \(20\) must be <= window \(10\)"):
+        R.load()

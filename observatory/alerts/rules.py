@@ -1,6 +1,6 @@
 """Alert rules: the default set, a lab's own rules, and who is paged for which run.
 
-A rules file (YAML, setting `alerts_file`) holds four lists, each optional::
+A rules file (YAML, setting `alerts_file`) holds five lists, each optional::
 
     channels:            # where alerts go: any apprise URL (Slack, Discord, mailto, ntfy, PagerDuty, json://...)
       - url: slack://T000/B000/XXXX
@@ -32,6 +32,10 @@ A rules file (YAML, setting `alerts_file`) holds four lists, each optional::
     disabled:            # rules off for a scope: no alert at all
       - project: scratch
         rule: findings
+    thresholds:          # the detectors' anomaly_* thresholds for a scope (later entries win)
+      - project: sweeps
+        loss_z: 8.0                # any Thresholds field: the setting anomaly_<field>
+        throughput_drop: 0.5
 
 The defaults, on for every run: `findings` (a detector's critical finding), `stalled` (no new step
 for `anomaly_stall_s`, or longer while the run is in a phase with a budget: compile, eval,
@@ -39,7 +43,8 @@ checkpoint), `frozen_host` (one process silent while its siblings go on), and tw
 (a host slower per step than the median host by 1.3x over ten minutes) and `memory_creep` (an
 accelerator past 95% of its memory, or on pace to fill it within the hour) and `mfu_drop` (info: the median
 MFU of the last 200 logged steps below 80% of the 2,000 before). A run's own config
-turns them off with `alerts: {enabled: false}` or `alerts: {disable: [rule, ...]}`.
+turns them off with `alerts: {enabled: false}` or `alerts: {disable: [rule, ...]}`, and sets its own
+detector thresholds with `alerts: {thresholds: {loss_z: 8.0}}` (over the file's and the settings').
 `observatory alerts silence|disable|enable` edit the file.
 """
 
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,6 +62,7 @@ from typing import Any
 import yaml
 
 from observatory import settings
+from observatory.detect.thresholds import Thresholds
 from observatory.events import SEVERITIES
 
 __all__ = [
@@ -72,6 +79,7 @@ __all__ = [
 ]
 
 RANK = {s: i for i, s in enumerate(SEVERITIES)}
+SECTIONS = ("channels", "rules", "silences", "disabled", "thresholds")
 
 
 class RulesError(ValueError):
@@ -133,6 +141,7 @@ class Rules:
     channels: list[Channel] = field(default_factory=list)
     silences: list[Silence] = field(default_factory=list)
     disabled: list[tuple[str, Scope]] = field(default_factory=list)
+    thresholds: list[tuple[Scope, dict]] = field(default_factory=list)
     path: Path | None = None
 
     def active(self, rule: Rule, run: str, project: str | None, config: Any) -> bool:
@@ -149,6 +158,23 @@ class Rules:
             if isinstance(off, list) and rule.name in off:
                 return False
         return True
+
+    def thresholds_for(self, base: Thresholds, run: str, project: str | None, config: Any) -> Thresholds:
+        """The detectors' thresholds for `run`: `base` (the settings), the file's entries for its scope, then its
+        own config's `alerts.thresholds`; a bad value in the run's config (someone else's data) is said and
+        left out."""
+        th = base
+        for scope, over in self.thresholds:
+            if scope.matches(run, project):
+                th = th.with_overrides(over, "thresholds")  # checked when the file was loaded
+        own = config.get("alerts") if isinstance(config, dict) else None
+        over = own.get("thresholds") if isinstance(own, dict) else None
+        if isinstance(over, dict) and over:
+            try:
+                th = th.with_overrides(over, f"run {run}: config alerts.thresholds")
+            except ValueError as e:
+                print(f"observatory detect: {e}; the run's own thresholds are not used", file=sys.stderr)
+        return th
 
     def silenced(self, rule: str, run: str, project: str | None, now: float) -> bool:
         return any(
@@ -260,11 +286,11 @@ def load(path: str | os.PathLike | None = None) -> Rules:
     except yaml.YAMLError as e:
         raise RulesError(f"{p}: not YAML: {e}") from None
     if not isinstance(doc, dict):
-        raise RulesError(f"{p}: expected a mapping with channels, rules, silences, disabled")
+        raise RulesError(f"{p}: expected a mapping with channels, rules, silences, disabled, thresholds")
     out = Rules(list(DEFAULT_RULES), path=p)
     for section in doc:
-        if section not in ("channels", "rules", "silences", "disabled"):
-            raise RulesError(f"{p}: unknown section {section!r} (channels, rules, silences, disabled)")
+        if section not in SECTIONS:
+            raise RulesError(f"{p}: unknown section {section!r} ({', '.join(SECTIONS)})")
         if not isinstance(doc[section], list):
             raise RulesError(f"{p}: {section}: expected a list")
     for i, e in enumerate(doc.get("rules") or []):
@@ -296,6 +322,16 @@ def load(path: str | os.PathLike | None = None) -> Rules:
         if not isinstance(e, dict):
             raise RulesError(f"{where}: expected a mapping")
         out.disabled.append((str(e.get("rule", "*")), _scope(e, where)))
+    for i, e in enumerate(doc.get("thresholds") or []):
+        where = f"{p}: thresholds[{i}]"
+        if not isinstance(e, dict):
+            raise RulesError(f"{where}: expected a mapping")
+        over = {k: v for k, v in e.items() if k not in ("run", "project")}
+        try:
+            Thresholds().with_overrides(over, where)
+        except ValueError as err:
+            raise RulesError(str(err)) from None
+        out.thresholds.append((_scope(e, where), over))
     return out
 
 

@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # annotations only: polars loads lazily (start-up time of `ob
     import polars as pl
 
 from observatory import findings
+from observatory.alerts.rules import Rules, RulesError
+from observatory.alerts.rules import load as load_rules
 from observatory.detect.detectors import (
     DROP,
     GRAD,
@@ -60,7 +62,7 @@ from observatory.detect.detectors import (
     update_spikes,
 )
 from observatory.detect.expert_scan import expert_findings
-from observatory.detect.thresholds import Thresholds
+from observatory.detect.thresholds import Thresholds, widest
 from observatory.events import OBSERVATORY_HOST
 from observatory.queries.anomalies import (
     anomaly_events,
@@ -73,6 +75,7 @@ from observatory.queries.anomalies import (
     register_wanted,
     run_activity,
     run_ids,
+    run_scopes,
     silent_runs,
     unregister_wanted,
 )
@@ -329,11 +332,21 @@ class FreshFrom:
 
 
 def _read_runs(
-    con, runs_dir: Path, runs: list[str], th: Thresholds, full: bool, fresh_from: FreshFrom | None = None
+    con,
+    runs_dir: Path,
+    runs: list[str],
+    th: Thresholds,
+    full: bool,
+    fresh_from: FreshFrom | None = None,
+    per_run: dict[str, Thresholds] | None = None,
 ) -> list[_RunScan]:
-    """The first half of `scan_run`, for several runs: every store read, one query per kind for them all."""
+    """The first half of `scan_run`, for several runs: every store read, one query per kind for them all
+    (`per_run`: a run's own thresholds, where it has some; the reads reach back as far as the widest)."""
     if not runs:
         return []
+    per_run = per_run or {}
+    own = th
+    th = widest(th, per_run.values())
     stored = anomaly_events_many(con, runs)
     states = {} if full else detector_states(con, runs)
     keys, was = [], []
@@ -378,7 +391,7 @@ def _read_runs(
         unregister_wanted(con)
     out = []
     for i, run in enumerate(runs):
-        experts, drop, last_x = expert_findings(con, run, since_x[i], th, stats[i])
+        experts, drop, last_x = expert_findings(con, run, since_x[i], per_run.get(run, own), stats[i])
         out.append(
             _RunScan(
                 run,
@@ -486,9 +499,16 @@ class Scan:
     detectors, numpy only), `write` (the new findings into the runs' folders, the state reached kept)."""
 
     def __init__(
-        self, runs_dir: Path, th: Thresholds, reads: list[_RunScan], activity: dict, now: float | None
+        self,
+        runs_dir: Path,
+        th: Thresholds,
+        reads: list[_RunScan],
+        activity: dict,
+        now: float | None,
+        per_run: dict[str, Thresholds] | None = None,
     ):
         self.runs_dir, self.th, self.reads, self.activity, self.now = runs_dir, th, reads, activity, now
+        self.per_run = per_run or {}  # runs with thresholds of their own (`thresholds_of`)
         self.results: list[tuple[_RunScan, list[Finding], int | None, dict]] = []
         # whether the scan checked for stalled runs: `_last_stall_check` is set when it is written
         self.stall_checked = False
@@ -512,27 +532,29 @@ class Scan:
         and left out, unless `strict`."""
         wanted = run_ids(con) if runs is None else list(dict.fromkeys(runs))
         act = {a["run"]: a for a in run_activity(con, wanted)} if stall and wanted else {}
+        per_run = thresholds_of(con, wanted, th)
         try:
-            reads = _read_runs(con, runs_dir, wanted, th, full, fresh_from)
+            reads = _read_runs(con, runs_dir, wanted, th, full, fresh_from, per_run)
         except Exception as e:  # then run by run: one bad run must not stop the others
             if strict:
                 raise
             reads = []
             for run in wanted:
                 try:
-                    reads += _read_runs(con, runs_dir, [run], th, full)
+                    reads += _read_runs(con, runs_dir, [run], th, full, per_run=per_run)
                 except Exception as e1:
                     _say_failed(run, e1)
             if not reads and wanted:
                 _say_failed(", ".join(wanted[:3]) + ("..." if len(wanted) > 3 else ""), e)
-        return cls(runs_dir, th, reads, act, now)
+        return cls(runs_dir, th, reads, act, now, per_run)
 
     def compute(self) -> None:
         """The series detectors over what was read, run by run (a run that fails is said and left out)."""
         self.results = []
         for r in self.reads:
             try:
-                self.results.append((r, *r.finish(self.th, self.activity.get(r.run), self.now)))
+                th = self.per_run.get(r.run, self.th)
+                self.results.append((r, *r.finish(th, self.activity.get(r.run), self.now)))
             except Exception as e:
                 _say_failed(r.run, e)
 
@@ -557,6 +579,24 @@ class Scan:
         if db is not None:  # after the findings are in their files: a crash re-finds, never loses
             _commit_state(db, done)
         return out
+
+
+def thresholds_of(con, runs: list[str], th: Thresholds) -> dict[str, Thresholds]:
+    """The runs whose thresholds are not `th` (the settings'), with theirs: the rules file's `thresholds`
+    for their project or id, then their own config's `alerts.thresholds` (`alerts.rules.Rules.thresholds_for`).
+    A rules file that cannot be read leaves every run on `th` (the alerts say what is wrong with it)."""
+    try:
+        rules = load_rules()
+    except RulesError:
+        rules = None
+    out = {}
+    for run, project, config in run_scopes(con, runs):
+        if rules is None and not config:
+            continue
+        mine = (rules or Rules([])).thresholds_for(th, run, project, config)
+        if mine != th:
+            out[run] = mine
+    return out
 
 
 def _say_failed(run: str, e: Exception) -> None:

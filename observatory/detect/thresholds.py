@@ -8,11 +8,13 @@ overrides included).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from observatory import settings
 
-__all__ = ["Thresholds", "PREFIX"]
+__all__ = ["Thresholds", "PREFIX", "widest"]
 
 PREFIX = "anomaly_"  # Thresholds.<field> is the setting anomaly_<field>
 
@@ -85,6 +87,26 @@ class Thresholds:
         """The thresholds as the `anomaly_*` settings are now (their environment variables included)."""
         return cls(**{f.name: settings.get(PREFIX + f.name) for f in fields(cls)})
 
+    def with_overrides(self, over: Mapping[str, Any], where: str) -> Thresholds:
+        """These thresholds with some fields set (a rules file's `thresholds` entry, a run's config
+        `alerts.thresholds`); an unknown name or a bad value is a ValueError naming `where` and the field."""
+        names = [f.name for f in fields(self)]
+        vals: dict[str, Any] = {}
+        for k, v in over.items():
+            if k not in names:
+                raise ValueError(f"{where}: unknown threshold {k!r} (one of {', '.join(names)})")
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f"{where}.{k}: {v!r} is not a number")
+            if isinstance(getattr(self, k), int):
+                if not float(v).is_integer():
+                    raise ValueError(f"{where}.{k}: {v!r} is not a whole number of steps")
+                v = int(v)
+            vals[k] = v if isinstance(getattr(self, k), int) else float(v)
+        try:
+            return replace(self, **vals)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
     @property
     def lookback(self) -> int:
         """Logged steps an incremental scan re-reads before the last step it scanned.
@@ -97,3 +119,23 @@ class Thresholds:
             2 * self.window + self.growth_steps + self.recovery_steps + 2 * self.expert_steps + 16,
             self.window + 2 * self.throughput_sustain + self.throughput_steps + 16,
         )
+
+
+# the fields that set how far back a scan reads (`Thresholds.lookback` and the experts' window)
+_WINDOWS = (
+    "window",
+    "growth_steps",
+    "recovery_steps",
+    "expert_steps",
+    "throughput_sustain",
+    "throughput_steps",
+)
+
+
+def widest(th: Thresholds, others: Iterable[Thresholds]) -> Thresholds:
+    """`th` with each window as long as the longest of `others`': one read of several runs, each with its own
+    thresholds, reaches back far enough for every one of them."""
+    others = list(others)
+    if not others:
+        return th
+    return replace(th, **{f: max(getattr(t, f) for t in [th, *others]) for f in _WINDOWS})

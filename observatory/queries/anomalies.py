@@ -33,6 +33,7 @@ __all__ = [
     "cut_step",
     "anomaly_events",
     "run_activity",
+    "run_scopes",
     "run_ids",
     "silent_runs",
     "register_wanted",
@@ -284,6 +285,21 @@ def anomaly_events(con, run: str | None = None, detector: str | None = None) -> 
     for run_id, step, t, host, seq, data in rows:
         d = json.loads(data) if isinstance(data, str) else dict(data or {})
         out.append({"run": run_id, "step": step, "t": t, "host": host, "seq": seq, **d})
+    return out
+
+
+def run_scopes(con, runs: list[str]) -> list[tuple[str, str | None, dict]]:
+    """(run, project, config) of these runs: what picks a run's own detector thresholds (the rules file's
+    scopes, its config's `alerts.thresholds`). One query for them all; runs with no config come back too."""
+    if not runs:
+        return []
+    rows = con.execute(
+        "SELECT run, project, config->'alerts' FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]
+    ).fetchall()
+    out = []
+    for run, project, alerts in rows:
+        cfg = json.loads(alerts) if isinstance(alerts, str) else alerts
+        out.append((run, project, {"alerts": cfg} if isinstance(cfg, dict) else {}))
     return out
 
 
