@@ -22,15 +22,18 @@ Sections (each prints its own figures; `--only NAME` runs one):
 - `forged`: the forged findings of tests/hostile_store.py: refused when a rejected line;
   harmful when stored as the observatory's or shown by a page.
 - `memory`: 200 distinct 0.8 MB answers through the dashboard's cache bounded at 4 MB:
-  harmful when the cache holds more; prints the RSS growth. (Websocket frames and static
-  endpoints need a real server and browser: tests/test_public_server.py.)
+  harmful when the cache holds more; prints the RSS growth.
+- `server`: a real server started as `observatory dashboard` starts it, and chromium: its
+  internal and static endpoints (refused: not served, the app's page instead; harmful: a server
+  path, an installation id or Streamlit's metrics in the answer), and every websocket frame and
+  HTTP body of each page (harmful: a server path or an installation id in it).
 
 - `load`: `bench/bench_load.py` (20 viewers on Live, Experts and SQL for 2 minutes while a
   run trains: time to first chart against one viewer, errors, busy, staleness, RSS).
 - `faults`: `bench/bench_public_faults.py` (the fault matrix: each scenario, recovered or
   not, events lost).
 
-    python bench/bench_public.py [--only sql|secrets|text|params|types|forged|memory|load|faults] [--verbose]
+    python bench/bench_public.py [--only sql|secrets|text|params|types|forged|memory|server|load|faults] [--verbose]
 """
 
 from __future__ import annotations
@@ -272,6 +275,74 @@ def section_memory(verbose: bool) -> bool:
     return _counts("memory", 200, 0, 200 - len(harmful), harmful[:1], verbose)
 
 
+# Streamlit's own endpoints and static routes, and paths that try to climb out of them
+ENDPOINTS = (
+    "/_stcore/metrics",
+    "/_stcore/metrics?families=session_state,cache_memory_bytes",
+    "/_stcore/host-config",
+    "/_stcore/health",
+    "/_stcore/script-health-check",
+    "/_stcore/allowed-message-origins",
+    "/_stcore/upload_file",
+    "/static/../../../../etc/passwd",
+    "/app/static/../../pyproject.toml",
+    "/component/observatory.dashboard.live_chart.observatory_live_chart/../../../../pyproject.toml",
+    "/media/../observatory.duckdb",
+)
+SERVER_PAGES = [
+    "runs",
+    "live?run=base-run",
+    "experts?run=base-run",
+    "compare?runs=base-run,fork-run",
+    "sql",
+    "health",
+]
+
+
+def section_server(verbose: bool) -> bool:
+    """A real server (tests/browser_fixtures.dashboard: `observatory.dashboard.serve`, as `observatory dashboard`
+    starts it) over a small store: its endpoints probed over HTTP, its pages opened in chromium."""
+    import urllib.error
+    import urllib.request
+
+    from browser_fixtures import chromium, dashboard, page_traffic, server_secrets
+
+    harmful: list[str] = []
+    refused = harmless = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        _, db = make_store(Path(tmp) / "store")
+        secrets = server_secrets(db)
+        with dashboard(db, Path(tmp) / "streamlit.log") as url:
+            with urllib.request.urlopen(url + "/", timeout=30) as r:
+                app_page = r.read()
+            for path in ENDPOINTS:
+                try:
+                    with urllib.request.urlopen(url + path, timeout=30) as r:
+                        body, kind = r.read(), r.headers.get("content-type", "")
+                except urllib.error.HTTPError as e:
+                    body, kind = e.read(), "error"
+                leaks = [s for s in secrets if s.encode() in body]
+                if leaks or "openmetrics" in kind or b"# TYPE" in body:
+                    harmful.append(f"{path}: {'metrics' if not leaks else leaks[0]}")
+                elif kind == "error" or body == app_page:
+                    refused += 1
+                else:
+                    harmless += 1  # an answer with nothing of the server's in it (the health check's "ok")
+            with chromium() as browser:
+                frames, bodies = page_traffic(browser, url, SERVER_PAGES)
+    for what, items in (("frame", [("ws", f) for f in frames]), ("body", bodies)):
+        for where, data in items:
+            leaks = [s for s in secrets if s.encode() in data]
+            if leaks:
+                harmful.append(f"a {what} ({where[:80]}) holds {leaks[0]}")
+            else:
+                harmless += 1
+    print(
+        f"server: {len(ENDPOINTS)} endpoints, {len(SERVER_PAGES)} pages: {len(frames)} websocket frames, {len(bodies)} HTTP bodies"
+    )
+    return _counts("server", len(ENDPOINTS) + len(frames) + len(bodies), refused, harmless, harmful, verbose)
+
+
 def _script(name: str) -> bool:
     """Another bench script of this folder, in a process of its own; True when it met its goals."""
     return subprocess.run([sys.executable, str(ROOT / "bench" / name)]).returncode == 0
@@ -293,6 +364,7 @@ SECTIONS = {
     "types": section_types,
     "forged": section_forged,
     "memory": section_memory,
+    "server": section_server,
     "load": section_load,
     "faults": section_faults,
 }

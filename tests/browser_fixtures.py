@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -130,3 +131,50 @@ def last_step(page) -> int | None:
         return None
     m = re.search(r"Last step\s+([\d,]+)", box.first.inner_text())
     return int(m.group(1).replace(",", "")) if m else None
+
+
+def server_secrets(db: Path) -> list[str]:
+    """What must not reach a browser from a dashboard over `db`: server paths (the checkout, the package, the
+    store, the home folder, the Python prefix) and the installation ids the server would send."""
+    import observatory
+
+    paths = {str(ROOT), str(Path(observatory.__file__).parent), str(db), str(db.parent), sys.prefix}
+    paths |= {os.path.expanduser("~"), os.path.realpath(str(ROOT))}
+    from streamlit.runtime.metrics_util import Installation  # the same ids as the server's, on this machine
+
+    paths |= {Installation.instance().installation_id, Installation.instance().installation_id_v3}
+    return sorted(p for p in paths if len(p) > 4)
+
+
+def page_traffic(browser, url: str, pages: list[str]) -> tuple[list[bytes], list[tuple[str, bytes]]]:
+    """Every websocket frame and every HTTP body (url, body) a browser gets opening each of `pages` (paths
+    under `url`; on the SQL page, running one query)."""
+    frames: list[bytes] = []
+    bodies: list[tuple[str, bytes]] = []
+
+    def body(r) -> bytes:
+        try:
+            return r.body()
+        except Exception:  # a redirect or a streamed response has none
+            return b""
+
+    for path in pages:
+        page = open_page(browser, f"{url}/{path}")
+        page.on("response", lambda r: bodies.append((r.url, body(r))))
+        try:
+            page.on(
+                "websocket",
+                lambda ws: ws.on(
+                    "framereceived", lambda p: frames.append(p if isinstance(p, bytes) else str(p).encode())
+                ),
+            )
+            page.reload()
+            page.wait_for_selector('[data-testid="stApp"]')
+            wait_idle(page)
+            if path == "sql":
+                page.locator("textarea").first.fill("SELECT 1 AS one")
+                page.get_by_role("button", name="Run", exact=True).click()
+                page.get_by_text(re.compile(r"rows? in")).first.wait_for()
+        finally:
+            page.close()
+    return frames, bodies
