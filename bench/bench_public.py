@@ -289,14 +289,6 @@ ENDPOINTS = (
     "/component/observatory.dashboard.live_chart.observatory_live_chart/../../../../pyproject.toml",
     "/media/../observatory.duckdb",
 )
-SERVER_PAGES = [
-    "runs",
-    "live?run=base-run",
-    "experts?run=base-run",
-    "compare?runs=base-run,fork-run",
-    "sql",
-    "health",
-]
 
 
 def section_server(verbose: bool) -> bool:
@@ -305,7 +297,7 @@ def section_server(verbose: bool) -> bool:
     import urllib.error
     import urllib.request
 
-    from browser_fixtures import chromium, dashboard, page_traffic, server_secrets
+    from browser_fixtures import PUBLIC_PAGES, chromium, dashboard, page_traffic, server_secrets
 
     harmful: list[str] = []
     refused = harmless = 0
@@ -329,7 +321,7 @@ def section_server(verbose: bool) -> bool:
                 else:
                     harmless += 1  # an answer with nothing of the server's in it (the health check's "ok")
             with chromium() as browser:
-                frames, bodies = page_traffic(browser, url, SERVER_PAGES)
+                frames, bodies = page_traffic(browser, url, PUBLIC_PAGES)
     for what, items in (("frame", [("ws", f) for f in frames]), ("body", bodies)):
         for where, data in items:
             leaks = [s for s in secrets if s.encode() in data]
@@ -338,7 +330,7 @@ def section_server(verbose: bool) -> bool:
             else:
                 harmless += 1
     print(
-        f"server: {len(ENDPOINTS)} endpoints, {len(SERVER_PAGES)} pages: {len(frames)} websocket frames, {len(bodies)} HTTP bodies"
+        f"server: {len(ENDPOINTS)} endpoints, {len(PUBLIC_PAGES)} pages: {len(frames)} websocket frames, {len(bodies)} HTTP bodies"
     )
     return _counts("server", len(ENDPOINTS) + len(frames) + len(bodies), refused, harmless, harmful, verbose)
 

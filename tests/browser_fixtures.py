@@ -146,6 +146,17 @@ def server_secrets(db: Path) -> list[str]:
     return sorted(p for p in paths if len(p) > 4)
 
 
+# the pages a visitor opens, as deep links (over tests/dashboard_fixtures.make_store's runs)
+PUBLIC_PAGES = [
+    "runs",
+    "live?run=base-run",
+    "experts?run=base-run",
+    "compare?runs=base-run,fork-run",
+    "sql",
+    "health",
+]
+
+
 def page_traffic(browser, url: str, pages: list[str]) -> tuple[list[bytes], list[tuple[str, bytes]]]:
     """Every websocket frame and every HTTP body (url, body) a browser gets opening each of `pages` (paths
     under `url`; on the SQL page, running one query)."""

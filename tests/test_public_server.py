@@ -11,19 +11,12 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from browser_fixtures import dashboard, page_traffic, server_secrets
+from browser_fixtures import PUBLIC_PAGES, dashboard, page_traffic, server_secrets
 from dashboard_fixtures import make_store
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-PAGES = [
-    "runs",
-    "live?run=base-run",
-    "experts?run=base-run",
-    "compare?runs=base-run,fork-run",
-    "sql",
-    "health",
-]
+PAGES = PUBLIC_PAGES
 
 
 @pytest.fixture(scope="module")
