@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -159,10 +158,12 @@ class Rules:
                 return False
         return True
 
-    def thresholds_for(self, base: Thresholds, run: str, project: str | None, config: Any) -> Thresholds:
+    def thresholds_for(
+        self, base: Thresholds, run: str, project: str | None, config: Any
+    ) -> tuple[Thresholds, str | None]:
         """The detectors' thresholds for `run`: `base` (the settings), the file's entries for its scope, then its
-        own config's `alerts.thresholds`; a bad value in the run's config (someone else's data) is said and
-        left out."""
+        own config's `alerts.thresholds`; and what is wrong with the latter (someone else's data: left out,
+        said by the caller), or None."""
         th = base
         for scope, over in self.thresholds:
             if scope.matches(run, project):
@@ -173,8 +174,8 @@ class Rules:
             try:
                 th = th.with_overrides(over, f"run {run}: config alerts.thresholds")
             except ValueError as e:
-                print(f"observatory detect: {e}; the run's own thresholds are not used", file=sys.stderr)
-        return th
+                return th, f"{e}; the run's own thresholds are not used"
+        return th, None
 
     def silenced(self, rule: str, run: str, project: str | None, now: float) -> bool:
         return any(

@@ -593,10 +593,16 @@ def thresholds_of(con, runs: list[str], th: Thresholds) -> dict[str, Thresholds]
     for run, project, config in run_scopes(con, runs):
         if rules is None and not config:
             continue
-        mine = (rules or Rules([])).thresholds_for(th, run, project, config)
+        mine, problem = (rules or Rules([])).thresholds_for(th, run, project, config)
+        if problem is not None and (run, problem) not in _SAID:
+            _SAID.add((run, problem))  # once a process: a live run is scanned after every batch
+            print(f"observatory detect: {problem}", file=sys.stderr)
         if mine != th:
             out[run] = mine
     return out
+
+
+_SAID: set[tuple[str, str]] = set()  # (run, problem) with its thresholds already said (`thresholds_of`)
 
 
 def _say_failed(run: str, e: Exception) -> None:

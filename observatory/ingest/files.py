@@ -179,29 +179,31 @@ def pending_bytes(con, scan: Scan) -> int:
     return n
 
 
+# the columns of an `ingest_files` row, as `load_state` reads them and `save_files` writes them
+_FILE_COLUMNS = (
+    "path",
+    "run",
+    "host",
+    "byte_offset",
+    "line",
+    "first_seq",
+    "last_seq",
+    "cursor_seq",
+    "size",
+    "mtime",
+    "rejected",
+    "rejected_dropped",
+)
+
+
 def load_state(con, runs: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
     """({path: its ingest_files row}, {run: stored status}) of these runs' files."""
-    cols = (
-        "path",
-        "run",
-        "host",
-        "byte_offset",
-        "line",
-        "first_seq",
-        "last_seq",
-        "cursor_seq",
-        "size",
-        "mtime",
-        "rejected",
-        "rejected_dropped",
-    )
-    runs_t = pa.table({"run": column(runs, pa.string())})
-    con.register("_runs", runs_t)
+    con.register("_runs", pa.table({"run": column(runs, pa.string())}))
     try:
         rows = {
-            r[0]: dict(zip(cols, r, strict=True))
+            r[0]: dict(zip(_FILE_COLUMNS, r, strict=True))
             for r in con.execute(
-                f"SELECT {', '.join(cols)} FROM ingest_files WHERE run IN (SELECT run FROM _runs)"
+                f"SELECT {', '.join(_FILE_COLUMNS)} FROM ingest_files WHERE run IN (SELECT run FROM _runs)"
             ).fetchall()
         }
         status = dict(
@@ -285,22 +287,6 @@ def process_file(
 def _ended_in_batch(b: Batch, run: str) -> bool:
     last = [e["kind"] for e in b.lifecycle if e["run"] == run]
     return bool(last) and last[-1] == "run_end"
-
-
-_FILE_COLUMNS = (
-    "path",
-    "run",
-    "host",
-    "byte_offset",
-    "line",
-    "first_seq",
-    "last_seq",
-    "cursor_seq",
-    "size",
-    "mtime",
-    "rejected",
-    "rejected_dropped",
-)
 
 
 def save_files(con, saves: list[tuple[LogFile, FileState, bool, bool]]) -> None:
