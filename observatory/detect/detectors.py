@@ -198,25 +198,7 @@ def _spikes(
     The finding's `step` is the step that confirmed it.
     """
     x = np.asarray(x, dtype=float)
-    if log:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            y = np.where(x > 0, np.log(x), np.nan)
-    else:
-        y = x
-    med, sig = _level_noise(y, th.window, th.min_history)
-    med = np.where(np.isfinite(sig), med, np.nan)  # no noise estimate yet: not enough history
-    # a floor on sigma: a perfectly smooth series must not turn 0.1% into 6 sigma
-    floor = 0.01 if log else 0.002 * np.abs(med) + 1e-12
-    sig = np.maximum(np.nan_to_num(sig, nan=0.0), floor)
-    with np.errstate(invalid="ignore"):
-        z = (y - med) / sig
-        rise = (y - med) if log else (y - med) / np.abs(med)
-    need = math.log(min_rise) if log else min_rise
-    flags = _gt(z, np.full_like(z, z_thr)) & _gt(rise, np.full_like(z, need)) & np.isfinite(y)
-    if single is None:
-        strong = flags
-    else:
-        strong = flags & _gt(rise, np.full_like(z, math.log(single) if log else single))
+    flags, strong, med, z = spike_flags(x, z_thr, min_rise, th, log, single)
     out = []
     for i0, i1 in _episodes(flags, SPIKE_GAP):
         conf = next(
@@ -249,6 +231,39 @@ def _spikes(
             )
         )
     return out
+
+
+def spike_flags(
+    x: np.ndarray,
+    z_thr: float,
+    min_rise: float,
+    th: Thresholds,
+    log: bool,
+    single: float | None = None,
+    starts: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`_spikes`' rule, row by row: (flags, strong, level, z). `starts`: `x` is several series one after
+    another (`observatory.detect.rolling.rolling`), each flagged as alone (`observatory.detect.screen`)."""
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = np.where(x > 0, np.log(x), np.nan)
+    else:
+        y = x
+    med, sig = _level_noise(y, th.window, th.min_history, starts)
+    med = np.where(np.isfinite(sig), med, np.nan)  # no noise estimate yet: not enough history
+    # a floor on sigma: a perfectly smooth series must not turn 0.1% into 6 sigma
+    floor = 0.01 if log else 0.002 * np.abs(med) + 1e-12
+    sig = np.maximum(np.nan_to_num(sig, nan=0.0), floor)
+    with np.errstate(invalid="ignore"):
+        z = (y - med) / sig
+        rise = (y - med) if log else (y - med) / np.abs(med)
+    need = math.log(min_rise) if log else min_rise
+    flags = _gt(z, np.full_like(z, z_thr)) & _gt(rise, np.full_like(z, need)) & np.isfinite(y)
+    if single is None:
+        strong = flags
+    else:
+        strong = flags & _gt(rise, np.full_like(z, math.log(single) if log else single))
+    return flags, strong, med, z
 
 
 def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
@@ -290,12 +305,7 @@ def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
     """
     steps = np.asarray(steps)
     x = np.asarray(loss, dtype=float)
-    med, sig = _level_noise(x, th.window, th.min_history)
-    med = np.where(np.isfinite(sig), med, np.nan)
-    sig = np.maximum(np.nan_to_num(sig, nan=0.0), 0.002 * np.abs(np.nan_to_num(med)) + 1e-12)
-    with np.errstate(invalid="ignore"):
-        z = (med - x) / sig
-        flags = _gt(z, np.full_like(x, th.loss_z)) & _gt(med * (1 - th.loss_dip), x) & np.isfinite(x)
+    flags, med = dip_flags(x, th)
     out = []
     for i0, i1 in _episodes(flags, 0):
         ip = i0 + int(np.nanargmin(x[i0 : i1 + 1]))
@@ -315,6 +325,19 @@ def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
             )
         )
     return out
+
+
+def dip_flags(
+    x: np.ndarray, th: Thresholds, starts: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`loss_dips`' rule, row by row: (flags, level); `starts` as in `spike_flags`."""
+    med, sig = _level_noise(x, th.window, th.min_history, starts)
+    med = np.where(np.isfinite(sig), med, np.nan)
+    sig = np.maximum(np.nan_to_num(sig, nan=0.0), 0.002 * np.abs(np.nan_to_num(med)) + 1e-12)
+    with np.errstate(invalid="ignore"):
+        z = (med - x) / sig
+        flags = _gt(z, np.full_like(x, th.loss_z)) & _gt(med * (1 - th.loss_dip), x) & np.isfinite(x)
+    return flags, med
 
 
 def grad_spikes(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
@@ -357,14 +380,8 @@ def update_spikes(steps, update, th: Thresholds, metric: str = UPDATE) -> list[F
 def grad_growth(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding]:
     """Rolling median grad norm (`growth_steps`) over its lowest level in the `window` before."""
     steps = np.asarray(steps)
-    grad = np.asarray(grad, dtype=float)
-    g = np.where(np.isfinite(grad) & (grad > 0), grad, np.nan)
+    flags, ratio, level_np, base_np = growth_flags(np.asarray(grad, dtype=float), th)
     k = th.growth_steps
-    (level_np,) = rolling(g, k, max(1, k // 2), (0.5,))
-    (base_np,) = rolling(shift(level_np, k), th.window, th.min_history, (0.0,))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = level_np / base_np
-    flags = _gt(ratio, np.full_like(ratio, th.grad_growth))
     out = []
     # sustained: the level itself must stay up `growth_steps` (a spike's decay does not);
     # one episode however it wobbles around the threshold within a window
@@ -388,6 +405,20 @@ def grad_growth(steps, grad, th: Thresholds, metric: str = GRAD) -> list[Finding
             )
         )
     return out
+
+
+def growth_flags(
+    grad: np.ndarray, th: Thresholds, starts: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`grad_growth`'s rule, row by row: (flags, ratio, level, lowest level before); `starts` as in
+    `spike_flags`."""
+    g = np.where(np.isfinite(grad) & (grad > 0), grad, np.nan)
+    k = th.growth_steps
+    (level_np,) = rolling(g, k, max(1, k // 2), (0.5,), starts)
+    (base_np,) = rolling(shift(level_np, k, starts), th.window, th.min_history, (0.0,), starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = level_np / base_np
+    return _gt(ratio, np.full_like(ratio, th.grad_growth)), ratio, level_np, base_np
 
 
 def incomplete_recovery(
@@ -440,12 +471,7 @@ def drop_jumps(steps, drop, th: Thresholds, metric: str = DROP) -> list[Finding]
     """
     steps = np.asarray(steps)
     x = np.asarray(drop, dtype=float)
-    med, sig = _level_noise(x, th.window, th.min_history)
-    med = np.where(np.isfinite(sig), med, np.nan)
-    sig = np.maximum(np.nan_to_num(sig, nan=0.0), 1e-3)
-    with np.errstate(invalid="ignore"):
-        z = (x - med) / sig
-    flags = _gt(x - med, np.full_like(x, th.drop_jump)) & _gt(z, np.full_like(x, th.drop_z))
+    flags, med, z = drop_flags(x, th)
     out = []
     for i0, i1 in _episodes(flags, SPIKE_GAP):
         ip = i0 + int(np.nanargmax(x[i0 : i1 + 1]))
@@ -465,6 +491,18 @@ def drop_jumps(steps, drop, th: Thresholds, metric: str = DROP) -> list[Finding]
             )
         )
     return out
+
+
+def drop_flags(
+    x: np.ndarray, th: Thresholds, starts: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`drop_jumps`' rule, row by row: (flags, level, z); `starts` as in `spike_flags`."""
+    med, sig = _level_noise(x, th.window, th.min_history, starts)
+    med = np.where(np.isfinite(sig), med, np.nan)
+    sig = np.maximum(np.nan_to_num(sig, nan=0.0), 1e-3)
+    with np.errstate(invalid="ignore"):
+        z = (x - med) / sig
+    return _gt(x - med, np.full_like(x, th.drop_jump)) & _gt(z, np.full_like(x, th.drop_z)), med, z
 
 
 def _streaks(steps, flags: np.ndarray, n: int) -> list[tuple[int, int]]:
@@ -600,9 +638,7 @@ def throughput_drops(steps, tps, th: Thresholds, metric: str = THROUGHPUT) -> li
     """
     steps = np.asarray(steps)
     x = np.asarray(tps, dtype=float)
-    med, _ = _trailing(x, th.window, th.min_history)
-    with np.errstate(invalid="ignore"):
-        flags = _gt(th.throughput_drop * med, x) & np.isfinite(x)
+    flags, med = throughput_flags(x, th)
     k, need = th.throughput_steps, th.throughput_sustain
     (level,) = rolling(x, k, k, (0.5,))
     out: list[Finding] = []
@@ -642,6 +678,16 @@ def throughput_drops(steps, tps, th: Thresholds, metric: str = THROUGHPUT) -> li
             )
         )
     return out
+
+
+def throughput_flags(
+    x: np.ndarray, th: Thresholds, starts: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`throughput_drops`' rule, row by row: (below its fraction of the trailing median, that median); an
+    episode needs `throughput_steps` such rows in a row. `starts` as in `spike_flags`."""
+    med, _ = _trailing(x, th.window, th.min_history, starts)
+    with np.errstate(invalid="ignore"):
+        return _gt(th.throughput_drop * med, x) & np.isfinite(x), med
 
 
 def stalled(

@@ -62,6 +62,7 @@ from observatory.detect.detectors import (
     update_spikes,
 )
 from observatory.detect.expert_scan import expert_findings
+from observatory.detect.screen import loud_runs, screenable
 from observatory.detect.thresholds import Thresholds, widest
 from observatory.events import OBSERVATORY_HOST
 from observatory.queries.anomalies import (
@@ -260,6 +261,8 @@ def _finding_keys(
     return keys, (max(scanned) if scanned else None)
 
 
+SCREEN_FROM = 2  # runs in a scan from which their series are screened (`screen.loud_runs`) first
+
 # (runs dir, run) -> {"series": last metrics step scanned, "experts": last expert_load step scanned}
 # by this process; the store's `detector_state` (and the findings' `scanned_through`) is the fallback
 _STATE: dict[tuple[str, str], dict[str, int]] = {}
@@ -290,17 +293,31 @@ class _RunScan:
         self.through, self.since, self.steps, self.series, self.bad = through, since, steps, series, bad
         self.since_x, self.experts, self.drop, self.last_x = since_x, experts, drop, last_x
 
+    def screenable(self) -> bool:
+        """Whether `screen.loud_runs` may decide that this run's series detectors find nothing: short
+        series, no non-finite value and no drop fraction from expert_load (whose detectors it does not run)."""
+        return (
+            (self.bad is None or not len(self.bad["step"]))
+            and not len(self.drop[0])
+            and screenable(self.series)
+        )
+
     def finish(
-        self, th: Thresholds, activity: dict | None, now: float | None
+        self, th: Thresholds, activity: dict | None, now: float | None, quiet: bool = False
     ) -> tuple[list[Finding], int | None, dict]:
-        """(new findings, deduped; the last step scanned; the state the scan reached)."""
-        found = detect_series(
-            self.series,
-            self.steps,
-            th,
-            truncated=self.since is not None,
-            bad=self.bad,
-            load_drop=(self.drop[0], self.drop[1], self.since_x is not None),
+        """(new findings, deduped; the last step scanned; the state the scan reached). quiet: the screen
+        (`screen.loud_runs`) found no row any series detector would flag: they are not run."""
+        found = (
+            []
+            if quiet
+            else detect_series(
+                self.series,
+                self.steps,
+                th,
+                truncated=self.since is not None,
+                bad=self.bad,
+                load_drop=(self.drop[0], self.drop[1], self.since_x is not None),
+            )
         )
         found = sorted(found + self.experts, key=lambda f: (f.step, f.detector, f.metric))
         if activity is not None:
@@ -349,15 +366,12 @@ def _read_runs(
     th = widest(th, per_run.values())
     stored = anomaly_events_many(con, runs)
     states = {} if full else detector_states(con, runs)
+    where = str(Path(runs_dir).resolve())  # this process's scans of the runs dir (`_STATE`'s keys)
     keys, was = [], []
     for run in runs:
         k, stored_through = _finding_keys(stored.get(run, []), runs_dir, run)
         keys.append(k)
-        was.append(
-            {}
-            if full
-            else _through(states.get(run, {}), (str(Path(runs_dir).resolve()), run), stored_through)
-        )
+        was.append({} if full else _through(states.get(run, {}), (where, run), stored_through))
     fresh = [
         fresh_from is not None and run in fresh_from.runs and not w for run, w in zip(runs, was, strict=True)
     ]
@@ -395,7 +409,7 @@ def _read_runs(
         out.append(
             _RunScan(
                 run,
-                (str(Path(runs_dir).resolve()), run),
+                (where, run),
                 keys[i],
                 was[i],
                 through[i],
@@ -549,12 +563,22 @@ class Scan:
         return cls(runs_dir, th, reads, act, now, per_run)
 
     def compute(self) -> None:
-        """The series detectors over what was read, run by run (a run that fails is said and left out)."""
+        """The series detectors over what was read, run by run (a run that fails is said and left out);
+        when there are many, only over the runs whose rows some rule flags (`screen.loud_runs`)."""
         self.results = []
+        quiet: set[str] = set()
+        if len(self.reads) >= SCREEN_FROM:
+            try:
+                short = [
+                    (r.run, r.series, self.per_run.get(r.run, self.th)) for r in self.reads if r.screenable()
+                ]
+                quiet = {run for run, _, _ in short} - loud_runs(short)
+            except Exception as e:  # then every run's detectors, as without the screen
+                print(f"observatory anomalies: screen failed: {type(e).__name__}: {e}", file=sys.stderr)
         for r in self.reads:
             try:
                 th = self.per_run.get(r.run, self.th)
-                self.results.append((r, *r.finish(th, self.activity.get(r.run), self.now)))
+                self.results.append((r, *r.finish(th, self.activity.get(r.run), self.now, r.run in quiet)))
             except Exception as e:
                 _say_failed(r.run, e)
 

@@ -1,0 +1,84 @@
+"""Which runs of a scan can have a series finding: every run's rules over its rows at once.
+
+An ingest batch of a sweep brings thousands of small runs (20-50 steps each). Their detectors, run by run,
+cost a few dozen numpy calls on a few dozen rows each: most of the time of a catch-up of many runs. Here each
+detector's rule (`spike_flags`, `dip_flags`, `growth_flags`, `drop_flags`, `throughput_flags` in
+`observatory.detect.detectors`) runs once over all the runs' series laid one after another, its rolling
+windows kept to each run's own rows (`observatory.detect.rolling.rolling`'s `starts`), so each run's flags are
+those it gets alone, bit for bit. A detector finds only where its rule flags a row; a run with no flagged row
+finds nothing, and `observatory.detect.scan` skips its series detectors. The others run as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from observatory.detect.detectors import (
+    DROP,
+    GRAD,
+    LOSS,
+    THROUGHPUT,
+    UPDATE,
+    dip_flags,
+    drop_flags,
+    growth_flags,
+    spike_flags,
+    throughput_flags,
+)
+from observatory.detect.thresholds import Thresholds
+
+__all__ = ["loud_runs", "SHORT"]
+
+# a series longer than this is not screened: its own windows cost as much as the screen's, and a run that is
+# flagged would pay for both (a hero run's scan)
+SHORT = 512
+
+Rule = Callable[[np.ndarray, Thresholds, np.ndarray], np.ndarray]
+RULES: dict[str, tuple[Rule, ...]] = {
+    LOSS: (
+        lambda x, th, st: spike_flags(x, th.loss_z, th.loss_min_rise, th, log=False, starts=st)[0],
+        lambda x, th, st: dip_flags(x, th, st)[0],
+    ),
+    GRAD: (
+        lambda x, th, st: spike_flags(
+            x, th.grad_z, th.grad_min_ratio, th, log=True, single=th.grad_single_ratio, starts=st
+        )[0],
+        lambda x, th, st: growth_flags(x, th, st)[0],
+    ),
+    UPDATE: (
+        lambda x, th, st: spike_flags(
+            x, th.grad_z, th.grad_min_ratio, th, log=True, single=th.grad_single_ratio, starts=st
+        )[0],
+    ),
+    DROP: (lambda x, th, st: drop_flags(x, th, st)[0],),
+    THROUGHPUT: (lambda x, th, st: throughput_flags(x, th, st)[0],),
+}
+
+
+def screenable(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Whether a run's series are short enough to be screened (`SHORT`)."""
+    return all(len(v) <= SHORT for _, v in series.values())
+
+
+def loud_runs(runs: Iterable[tuple[str, dict[str, tuple[np.ndarray, np.ndarray]], Thresholds]]) -> set[str]:
+    """Of (run, its series as `scan.detect_series` takes them, its thresholds), the runs some series rule
+    flags a row of. The others' series detectors would find nothing."""
+    groups: dict[Thresholds, list[tuple[str, dict]]] = {}
+    for run, series, th in runs:
+        groups.setdefault(th, []).append((run, series))
+    loud: set[str] = set()
+    for th, members in groups.items():
+        for metric, rules in RULES.items():
+            have = [(run, s[metric][1]) for run, s in members if metric in s and len(s[metric][1])]
+            if not have:
+                continue
+            lens = np.fromiter((len(v) for _, v in have), np.int64, len(have))
+            starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+            x = np.concatenate([np.asarray(v, dtype=float) for _, v in have])
+            hit = np.zeros(len(have), bool)
+            for rule in rules:
+                hit |= np.logical_or.reduceat(rule(x, th, starts), starts)
+            loud.update(run for (run, _), h in zip(have, hit.tolist(), strict=True) if h)
+    return loud
