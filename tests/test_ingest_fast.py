@@ -543,3 +543,64 @@ def test_pieces_of_metrics_lines_are_cut_smaller(monkeypatch):
         if after_expert and piece is not pieces[-1][1]:
             assert len(piece) > 1000  # a full PIECE_BYTES piece, less a part of a line
     assert True in has_expert and has_expert[-1] is False  # both kinds of piece, metrics at the end again
+
+
+def _small_runs(root: Path, seed: int, upto: float = 1.0) -> None:
+    """A sweep of small logs (a few KB each), some messy: duplicates, bad and tricky lines, torn ends, a run
+    with two hosts, a .gz copy, a file of non-UTF-8 bytes, a host the store cannot keep (a run id it cannot,
+    too): each file alone and many decoded together must store the same."""
+    files: dict[Path, list[bytes]] = {}
+    for i in range(40):
+        run = f"s{i:02d}"
+        files[root / run / "events.0.jsonl"] = make_log(root, run, 0, seed + i, 3 + i % 9, messy=i % 4 == 0)
+    files[root / "s01" / "events.1.jsonl"] = make_log(root, "s01", 1, seed + 99, 6, messy=False)
+    files[root / "s02" / "events.0.jsonl.gz"] = files[root / "s02" / "events.0.jsonl"][:3]
+    files[root / "s03" / "events.0.jsonl"][-1] = files[root / "s03" / "events.0.jsonl"][-1][:-1]  # torn
+    files[root / "s05" / "events.0.jsonl"][2] = b"\xff\xfe not text\n"
+    files[root / "s06" / "events.70000.jsonl"] = make_log(root, "s06", 70000, seed, 3, messy=False)
+    files[root / "bad run!" / "events.0.jsonl"] = make_log(root, "bad run!", 0, seed, 3, messy=False)
+    write_files(files, upto)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_small_files_decoded_together_store_what_each_alone_stores(tmp_path, monkeypatch, seed):
+    """A sweep's files go through `ingest_small` in groups (cut small here: several groups a batch), read
+    half and then whole: the store, the reports and the messages are those of every line judged alone."""
+    monkeypatch.setattr(ingest_fast, "METRICS_PIECE_BYTES", 6000)
+    monkeypatch.setattr(ingest_mod.fs, "METRICS_PIECE_BYTES", 6000)
+    monkeypatch.setenv("OBSERVATORY_MAX_LINE_BYTES", "4000")
+    grouped: list[int] = []
+    real = ingest_fast.ingest_small
+    monkeypatch.setattr(
+        ingest_mod.fs,
+        "ingest_small",
+        lambda con, b, items, m: (
+            (grouped.append(len(items)) if ingest_fast.ENABLED else None) or real(con, b, items, m)
+        ),
+    )
+    # each batch's runs with new rows (for the rollups and detectors), as the batch's end sees them
+    touched: dict[bool, list] = {False: [], True: []}
+    update = ingest_mod.update_runs
+
+    def seen(con, b):
+        touched[ingest_fast.ENABLED].append({k: sorted(v) for k, v in b.touched.items()})
+        return update(con, b)
+
+    monkeypatch.setattr(ingest_mod, "update_runs", seen)
+    runs = tmp_path / "runs"
+    reps: dict[str, list] = {"old": [], "fast": []}
+    msgs: dict[str, list] = {"old": [], "fast": []}
+    for upto in (0.5, 1.0):
+        _small_runs(runs, seed, upto)
+        for name, enabled in (("old", False), ("fast", True)):
+            monkeypatch.setattr(ingest_fast, "ENABLED", enabled)
+            reps[name].append(ingest(runs, tmp_path / f"{name}.duckdb", hooks=False, emit=msgs[name].append))
+    _assert_same({name: (dump(tmp_path / f"{name}.duckdb"), reps[name], msgs[name]) for name in reps})
+    for fast_, old_ in zip(touched[True], touched[False], strict=True):  # the old path also counts an
+        # expert_load event with empty lists (no rows)
+        assert fast_["metrics"] == old_["metrics"] and set(fast_["expert_load"]) <= set(old_["expert_load"])
+    assert len(touched[True][0]["metrics"]) >= 38 and touched[True][0]["expert_load"]
+    fast = dump(tmp_path / "fast.duckdb")
+    assert len({r[0] for r in fast["metrics"]}) >= 38 and fast["rejected_events"] and fast["expert_load"]
+    assert reps["fast"][0].duplicates + reps["fast"][1].duplicates > 0
+    assert len([n for n in grouped if n > 1]) >= 4  # both rounds, in several groups of many files

@@ -17,8 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from observatory import findings
-from observatory.ingest.model import U16, Batch, FileState, LogFile, read_chunk
-from observatory.ingest.msgspec_lines import ingest_chunk
+from observatory.ingest.model import U16, Batch, Chunk, FileState, LogFile, read_chunk
+from observatory.ingest.msgspec_lines import METRICS_PIECE_BYTES, ingest_chunk, ingest_small
 from observatory.store.arrow import column
 
 __all__ = [
@@ -282,6 +282,46 @@ def process_file(
         if ch.end == start:
             break
     return used, False
+
+
+SMALL_FILE = 64 << 10  # a file with at most this many new bytes may be decoded with others (`Small`)
+
+
+class Small:
+    """Small files' new bytes, read whole and decoded together (`msgspec_lines.ingest_small`): a sweep's
+    thousands of runs of a few KB each, at the cost per byte of one run's log.
+
+    `take` reads a file that has few new bytes, all of them complete lines to its end, and is the only file
+    of its run and host in the batch (its seqs depend on no other file's); `flush` decodes what was taken
+    (by then `METRICS_PIECE_BYTES` of it, or the batch's end) and returns those files, read to their ends.
+    Any other file is for `process_file`, alone."""
+
+    def __init__(self, con, b: Batch, max_line: int):
+        self.con, self.b, self.max_line = con, b, max_line
+        self.items: list[tuple[LogFile, FileState, Chunk]] = []
+        self.size = 0
+
+    def take(self, lf: LogFile, st: FileState) -> int | None:
+        """The bytes taken of `lf` (decoded by a later `flush`), or None: `process_file` reads it."""
+        if lf.gz or lf.size - st.offset > SMALL_FILE or not lf.size > st.offset:
+            return None
+        self.b.track(lf, st)
+        ch = read_chunk(lf, st.offset, SMALL_FILE + 1, self.max_line)
+        if ch.error or not ch.eof or ch.tail_len or ch.oversized or not ch.data:
+            return None  # grew, torn, unreadable, odd: alone, from where it was (read again)
+        self.items.append((lf, st, ch))
+        self.size += len(ch.data)
+        return ch.end - st.offset
+
+    def due(self) -> bool:
+        return self.size >= METRICS_PIECE_BYTES
+
+    def flush(self) -> list[tuple[LogFile, FileState]]:
+        """Decode and stage what was taken; the files, each read to its end."""
+        items, self.items, self.size = self.items, [], 0
+        if items:
+            ingest_small(self.con, self.b, items, self.max_line)
+        return [(lf, st) for lf, st, _ in items]
 
 
 def _ended_in_batch(b: Batch, run: str) -> bool:

@@ -70,7 +70,7 @@ try:  # without msgspec (>= 0.19: Decoder.decode_lines) every line is judged alo
 except ImportError:  # pragma: no cover - msgspec is a declared dependency
     msgspec = None
 
-__all__ = ["ENABLED", "PIECE_BYTES", "METRICS_PIECE_BYTES", "ingest_chunk"]
+__all__ = ["ENABLED", "PIECE_BYTES", "METRICS_PIECE_BYTES", "ingest_chunk", "ingest_small"]
 
 ENABLED = True  # False: every line is judged alone, model.plain_ingest_chunk (the tests' reference)
 PIECE_BYTES = 4 << 20  # bytes decoded per step (a piece with expert_load lines)
@@ -233,8 +233,11 @@ class _Plan:
         )
 
 
-def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
-    """Decode and certify a piece; None when `plain_ingest_chunk` must take all of it."""
+def _plan(
+    piece: bytes, run: str | None, host: int, max_line: int, lines: tuple[list, list] | None = None
+) -> _Plan | None:
+    """Decode and certify a piece; None when `plain_ingest_chunk` must take all of it. `lines`: the piece is
+    several files' lines (`ingest_small`), each line's (run, host) in two lists; `run` is None then."""
     if not piece.isascii():
         try:
             piece.decode("utf-8")  # msgspec does not check UTF-8 inside fields it skips; json.loads would
@@ -258,7 +261,7 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
         text = b"".join(
             piece[s : e + 1] for s, e in zip(starts[good].tolist(), ends[good].tolist(), strict=True)
         )
-    decoded = _decode(text, run)
+    decoded = _decode(text, run)  # several files' lines (run None): dict data, no layout
     if decoded is None:  # some line does not fit the types (a "nan" string, say): decode line by line
         decoded = [
             _decode_line(piece[s : e + 1])
@@ -272,6 +275,8 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
     for i, e in zip(good.tolist(), decoded, strict=True):
         step_max = _STEP_MAX.get(e.__class__)  # None: another kind, for check_line
         step = getattr(e, "step", None)
+        if lines is not None:
+            run, host = lines[0][i], lines[1][i]
         if (
             step_max is not None
             and e.v == 1
@@ -318,7 +323,7 @@ def _plan(piece: bytes, run: str, host: int, max_line: int) -> _Plan | None:
     return _Plan(starts, ends, cls, seq, step, t, metrics, (counts[0], layers, counts[1], counts[2]))
 
 
-def _decode(text: bytes, run: str, depth: int = 0) -> list | None:
+def _decode(text: bytes, run: str | None, depth: int = 0) -> list | None:
     """Every line of `text` decoded (None if some line does not fit): into the run's layout when it has one
     that fits, else with dict `data`, from which the layout is learnt for the next pieces.
 
@@ -343,7 +348,7 @@ def _decode(text: bytes, run: str, depth: int = 0) -> list | None:
         decoded = _DECODER.decode_lines(text)
     except _DECODE_ERRORS:
         return None
-    if run not in _LAYOUTS or layout is not None:  # none yet, or this piece has names outside it
+    if run is not None and (run not in _LAYOUTS or layout is not None):  # none yet, or names outside it
         _learn(run, decoded, layout)
     return decoded
 
@@ -439,7 +444,33 @@ def _layout_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.nd
 
 def _apply(b: Batch, lf: LogFile, st: FileState, piece: bytes, plan: _Plan):
     """Route every line of a decoded piece, in file order; the (metrics, expert_load) tables to insert."""
-    starts, ends, cls, seqs = plan.starts, plan.ends, plan.cls, plan.seq
+    accepted = _accept(b, lf, st, piece, plan.starts, plan.ends, plan.cls, plan.seq)
+    n_acc = int(accepted.sum())
+    if not n_acc:
+        return None
+    b.n_events += n_acc
+    b.n_fast += n_acc
+    b.saw(lf.run, float(plan.t[accepted].max()), int(plan.step[accepted].max()), lf.host)
+    cls = plan.cls
+    mt = _metrics_table(plan, accepted[cls == 1], plan.step[cls == 1], plan.t[cls == 1], lf.run, lf.host)
+    xt = _experts_table(plan, accepted[cls == 2], plan.step[cls == 2], lf.run)
+    _touched(b, mt, xt, [lf.run], [lf.run])
+    return mt, xt
+
+
+def _touched(b: Batch, mt: pa.Table | None, xt: pa.Table | None, m_runs, x_runs) -> None:
+    """Count the rows of the tables, and mark their runs (`m_runs`, `x_runs`) for the rollups and detectors."""
+    if mt is not None:
+        b.n_metric_values += mt.num_rows
+        b.touched["metrics"].update(m_runs)
+    if xt is not None:
+        b.n_expert_rows += xt.num_rows
+        b.touched["expert_load"].update(x_runs)
+
+
+def _accept(b: Batch, lf: LogFile, st: FileState, piece: bytes, starts, ends, cls, seqs) -> np.ndarray:
+    """(L,) which lines of one file's decoded lines (in file order, at `starts`..`ends` of `piece`) are
+    accepted certified events; the others are rejected, duplicates, or judged by `check_line`."""
     base = st.line
     n = len(cls)
     certified = cls > 0
@@ -461,46 +492,45 @@ def _apply(b: Batch, lf: LogFile, st: FileState, piece: bytes, plan: _Plan):
                 else:
                     check_line(b, lf, st, lineno, piece[starts[i] : ends[i]])
     st.line += n
-    n_acc = int(accepted.sum())
-    if not n_acc:
-        return None
-    b.n_events += n_acc
-    b.n_fast += n_acc
-    b.saw(lf.run, float(plan.t[accepted].max()), int(plan.step[accepted].max()), lf.host)
-    mt = _metrics_table(plan, accepted[cls == 1], plan.step[cls == 1], plan.t[cls == 1], lf.run, lf.host)
-    xt = _experts_table(plan, accepted[cls == 2], plan.step[cls == 2], lf.run)
-    if mt is not None:
-        b.n_metric_values += mt.num_rows
-        b.touched["metrics"].add(lf.run)
-    if xt is not None:
-        b.n_expert_rows += xt.num_rows
-        b.touched["expert_load"].add(lf.run)
-    return mt, xt
+    return accepted
 
 
 def _metrics_table(
-    plan: _Plan, keep: np.ndarray, steps: np.ndarray, ts: np.ndarray, run: str, host: int
+    plan: _Plan,
+    keep: np.ndarray,
+    steps: np.ndarray,
+    ts: np.ndarray,
+    run: str | tuple[list[str], np.ndarray],
+    host: int | np.ndarray,
 ) -> pa.Table | None:
-    """(N,) rows of step, name (dictionary-encoded), value, t of the accepted metrics events (`keep` (M,))."""
+    """(N,) rows of step, name (dictionary-encoded), value, t of the accepted metrics events (`keep` (M,)).
+    Several files' events (`ingest_small`): `run` is (the runs, (M,) each event's index into them) and
+    `host` (M,) each event's host."""
     if not keep.any():
         return None
     lens, values, codes = plan.m_lens, plan.m_values, plan.m_codes
+    runs, run_of = ([run], None) if isinstance(run, str) else run
     if not keep.all():
         rows = np.repeat(keep, lens)
         values, codes = values[rows], codes[rows]
         steps, ts, lens = steps[keep], ts[keep], lens[keep]
+        if run_of is not None:
+            run_of, host = run_of[keep], host[keep]
     if int(lens.sum()) == 0:
         return None  # only empty `data` objects: events, but no values
     name = pa.DictionaryArray.from_arrays(numeric(codes), _strings(plan.m_names))
     steps, ts = np.repeat(steps, lens), np.repeat(ts, lens)
+    n = len(steps)
     return pa.table(
         {
-            "run": _constant(run, len(steps)),
+            "run": _constant(runs[0], n) if run_of is None else _coded(runs, np.repeat(run_of, lens)),
             "step": numeric(steps),
             "name": name,
             "value": numeric(values),
             "t": numeric(ts),
-            "host": numeric(np.full(len(steps), host, np.uint16)),
+            "host": numeric(
+                np.full(n, host, np.uint16) if run_of is None else np.repeat(host, lens).astype(np.uint16)
+            ),
         }
     )
 
@@ -544,16 +574,22 @@ def _expert_counts(evs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     return lens, routed[1], dropped[1]
 
 
-def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, run: str) -> pa.Table | None:
-    """(R,) rows of step, layer, expert, routed, dropped: one per expert of each accepted event (`keep` (X,))."""
+def _experts_table(
+    plan: _Plan, keep: np.ndarray, steps: np.ndarray, run: str | tuple[list[str], np.ndarray]
+) -> pa.Table | None:
+    """(R,) rows of step, layer, expert, routed, dropped: one per expert of each accepted event (`keep` (X,));
+    `run` as in `_metrics_table`."""
     if not keep.any():
         return None
     lens, layers, routed, dropped = plan.x_lens, plan.x_layers, plan.x_routed, plan.x_dropped
+    runs, run_of = ([run], None) if isinstance(run, str) else run
     steps = steps.astype(np.int32)  # certified: <= 2**31 - 1
     if not keep.all():
         rows = np.repeat(keep, lens)
         routed, dropped = routed[rows], dropped[rows]
         steps, layers, lens = steps[keep], layers[keep], lens[keep]
+        if run_of is not None:
+            run_of = run_of[keep]
     r = int(lens.sum())
     if r == 0:
         return None  # only empty lists: events, but no rows
@@ -565,7 +601,8 @@ def _experts_table(plan: _Plan, keep: np.ndarray, steps: np.ndarray, run: str) -
         "routed": routed,
         "dropped": dropped,
     }
-    return pa.table({"run": _constant(run, r), **{k: numeric(v) for k, v in cols.items()}})
+    run_col = _constant(runs[0], r) if run_of is None else _coded(runs, np.repeat(run_of, lens))
+    return pa.table({"run": run_col, **{k: numeric(v) for k, v in cols.items()}})
 
 
 def _strings(names: list[str]) -> pa.Array:
@@ -576,6 +613,11 @@ def _strings(names: list[str]) -> pa.Array:
 def _constant(value: str, n: int) -> pa.Array:
     """(n,) copies of one string, dictionary-encoded: no string per row."""
     return pa.DictionaryArray.from_arrays(numeric(np.zeros(n, np.int32)), _strings([value]))
+
+
+def _coded(values: list[str], codes: np.ndarray) -> pa.Array:
+    """(n,) strings given as indexes into `values`, dictionary-encoded."""
+    return pa.DictionaryArray.from_arrays(numeric(codes.astype(np.int32)), _strings(values))
 
 
 def _insert(con, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
@@ -598,3 +640,66 @@ def _insert(con, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
             con.register(table, pa.concat_tables(parts) if len(parts) > 1 else parts[0])
             con.execute(sql)
             con.unregister(table)
+
+
+def ingest_small(con, b: Batch, items: list[tuple[LogFile, FileState, Chunk]], max_line: int) -> None:
+    """Several files' last chunks (complete lines to their ends; each file the only one of its run and host
+    in the batch): what `ingest_chunk` of each gives, decoded in one piece.
+
+    A catch-up of a sweep reads thousands of files of a few KB. File by file, each costs a few dozen numpy
+    and Arrow calls to decode, certify and stage, more than its lines do. Here their lines are one piece:
+    one `decode_lines` call, one certification, one table of rows for them all. Only the seq checks and the
+    lines `check_line` judges go file by file, each in its file's order. A piece `_plan` will not take
+    (non-UTF-8 bytes, an oversized line, mostly odd lines) goes file by file."""
+    counts = [ch.data.count(b"\n") for _, _, ch in items]
+    plan = None
+    if (
+        ENABLED
+        and msgspec is not None
+        and all(RUN_ID_RE.match(lf.run) and lf.host <= U16 for lf, _, _ in items)
+    ):
+        text = b"".join(ch.data for _, _, ch in items)
+        files = np.repeat(np.arange(len(items)), counts)
+        runs = [lf.run for lf, _, _ in items]
+        hosts = np.array([lf.host for lf, _, _ in items], np.int64)
+        line_runs = [runs[k] for k in files.tolist()]
+        plan = _plan(text, None, 0, max_line, (line_runs, hosts[files].tolist()))
+    if plan is None:
+        for lf, st, ch in items:
+            ingest_chunk(con, b, lf, st, ch, max_line)
+        return
+    accepted = np.zeros(len(plan.cls), bool)
+    lo = 0
+    for (lf, st, ch), n in zip(items, counts, strict=True):
+        hi = lo + n
+        acc = accepted[lo:hi] = _accept(
+            b, lf, st, text, plan.starts[lo:hi], plan.ends[lo:hi], plan.cls[lo:hi], plan.seq[lo:hi]
+        )
+        st.offset = ch.end
+        if acc.any():
+            b.saw(lf.run, float(plan.t[lo:hi][acc].max()), int(plan.step[lo:hi][acc].max()), lf.host)
+        lo = hi
+    n_acc = int(accepted.sum())
+    if not n_acc:
+        return
+    b.n_events += n_acc
+    b.n_fast += n_acc
+    cls = plan.cls
+    m, x = cls == 1, cls == 2
+    # distinct run ids (a run's files of other hosts may be among them): the rows name each once
+    index: dict[str, int] = {}
+    code = np.array([index.setdefault(r, len(index)) for r in runs], np.int32)[files]  # (L,) each line's run
+    names = list(index)
+    mt = _metrics_table(plan, accepted[m], plan.step[m], plan.t[m], (names, code[m]), hosts[files[m]])
+    xt = _experts_table(plan, accepted[x], plan.step[x], (names, code[x]))
+    # the runs with rows: accepted events with some value (an empty `data` or list adds none)
+    m_rows = code[m][accepted[m] & (plan.m_lens > 0)]
+    x_rows = code[x][accepted[x] & (plan.x_lens > 0)]
+    _touched(b, mt, xt, [names[c] for c in np.unique(m_rows)], [names[c] for c in np.unique(x_rows)])
+    if mt is not None or xt is not None:
+        b.appends.hold(
+            (mt, xt),
+            sum(t.num_rows for t in (mt, xt) if t is not None),
+            functools.partial(_insert, con),
+            INSERT_ROWS,
+        )

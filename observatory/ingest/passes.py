@@ -18,6 +18,7 @@ straight line (`_run_batch`):
 
 from __future__ import annotations
 
+import collections
 import copy
 import errno
 import time
@@ -214,6 +215,24 @@ def _run_batch(
             ).fetchall()[0]
             used, more = 0, False
             saves = []  # (file, its state, done, stored): the batch's ingest_files rows, written together
+            # a file alone of its (run, host) here and in the store: its seqs depend on no other file's
+            alone = collections.Counter((lf.run, lf.host) for lf in files)
+            small = fs.Small(con, b, max_line)  # a sweep's small files, decoded together
+
+            def record(lf: fs.LogFile, st: FileState, done: bool) -> None:
+                saves.append((lf, copy.copy(st), done, lf.rel in rows))
+                rows[lf.rel] = {
+                    "run": lf.run,
+                    "host": lf.host,
+                    "first_seq": st.first_seq,
+                    "last_seq": st.last_seq,
+                }
+                fs.index_row(by_host, lf.rel, rows[lf.rel])
+
+            def done_small() -> None:
+                for lf, st in small.flush():
+                    record(lf, st, True)
+
             with b.appends:  # the INSERTs run on its worker while the next pieces decode; drained here
                 for lf in files:
                     if used >= BATCH_BYTES:
@@ -226,21 +245,26 @@ def _run_batch(
                             f"{st.restarted_from:,}, now {lf.size:,} bytes); reading it again from the start: "
                             "events already stored are skipped as duplicates, new ones are added"
                         )
+                    n = None
+                    if alone[(lf.run, lf.host)] == 1 and not st.siblings:
+                        n = small.take(lf, st)
+                    if n is not None:
+                        used += n
+                        b.n_bytes += n
+                        b.n_files += 1
+                        if small.due():
+                            done_small()
+                        continue
+                    done_small()  # first: in file order, as if each were read alone (a run_end before a torn line)
                     ended = lf.gz or status.get(lf.run) in STATUSES or now - lf.mtime > stale
                     n, done = fs.process_file(con, b, lf, st, BATCH_BYTES - used, ended, max_line)
                     used += n
                     b.n_bytes += n
                     b.n_files += 1
-                    saves.append((lf, copy.copy(st), done, lf.rel in rows))
-                    rows[lf.rel] = {
-                        "run": lf.run,
-                        "host": lf.host,
-                        "first_seq": st.first_seq,
-                        "last_seq": st.last_seq,
-                    }
-                    fs.index_row(by_host, lf.rel, rows[lf.rel])
+                    record(lf, st, done)
                     if used >= BATCH_BYTES:
                         more = True
+                done_small()
             if not saves:
                 # nothing new, but time passes: runs that went silent are now crashed
                 mark_crashed(con, now)
