@@ -407,6 +407,7 @@ def test_a_piece_is_decoded_in_bulk_around_a_line_that_does_not_fit(tmp_path, mo
     real = ingest_fast._decode_line
     monkeypatch.setattr(ingest_fast, "_decode_line", lambda line: (alone.append(line), real(line))[1])
     monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 8000)
+    monkeypatch.setattr(ingest_mod.fs, "SMALL_FILE", 0)  # read alone, in pieces: the run's layout
     lines = [event("a", "metrics", {"loss": 1.0 + i, "lr": 1e-3}, i, i) for i in range(300)]
     lines[150]["data"]["loss"] = "nan"
     lines[153]["step"] = "153"  # a string step: the envelope's type, same rule
@@ -443,6 +444,7 @@ def test_changing_key_sets_give_the_same_store(tmp_path, monkeypatch):
     """Metric names that come and go, change order, repeat in a line, or are odd: a run's layout (its names as
     a Struct) is learnt, outgrown and relearnt, and the store equals the SQL path's, row by row."""
     monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 700)
+    monkeypatch.setattr(ingest_mod.fs, "SMALL_FILE", 0)  # read alone, in pieces: the run's layout
     rng = random.Random(5)
     base = [f"train/m{i}" for i in range(6)]
     lines: list = []

@@ -303,8 +303,13 @@ class Small:
 
     def take(self, lf: LogFile, st: FileState) -> int | None:
         """The bytes taken of `lf` (decoded by a later `flush`), or None: `process_file` reads it."""
-        if lf.gz or lf.size - st.offset > SMALL_FILE or not lf.size > st.offset:
-            return None
+        if (
+            lf.gz
+            or lf.size - st.offset > SMALL_FILE
+            or not lf.size > st.offset
+            or st.restarted_from is not None
+        ):
+            return None  # (a file read again from its start says so first: alone, its message in order)
         self.b.track(lf, st)
         ch = read_chunk(lf, st.offset, SMALL_FILE + 1, self.max_line)
         if ch.error or not ch.eof or ch.tail_len or ch.oversized or not ch.data:

@@ -325,32 +325,33 @@ def _plan(
 
 def _decode(text: bytes, run: str | None, depth: int = 0) -> list | None:
     """Every line of `text` decoded (None if some line does not fit): into the run's layout when it has one
-    that fits, else with dict `data`, from which the layout is learnt for the next pieces.
+    that fits, else with dict `data`, from which the layout is learnt for the next pieces (`run` None:
+    several files' lines, `ingest_small`: dict `data`, nothing learnt).
 
-    A line whose value is of the wrong type (a "nan" string, say) fails the layout's decode at that line,
-    which msgspec names (`$[i]`): the lines before it decoded, so the piece is decoded around it, the line
+    A line whose value is of the wrong type (a "nan" string, say) fails the decode at that line, which
+    msgspec names (`$[i]`): the lines before it decoded, so the piece is decoded around it, the line
     alone by `_decode_line` (None: validate_event decides), instead of line by line (~3x the piece's time)."""
-    layout = _LAYOUTS.get(run)
-    if layout is not None:
+    layout = _LAYOUTS.get(run) if run is not None else None
+    for decoder in (layout.decoder, _DECODER) if layout is not None else (_DECODER,):
         try:
-            return layout.decoder.decode_lines(text)
+            decoded = decoder.decode_lines(text)
         except _DECODE_ERRORS as e:
             split = _split_at(e, text) if depth < _SPLITS_MAX else None
-            if split is not None:
-                head, line, tail = split
-                parts = [
-                    _decode(head, run, depth + 1) if head else [],
-                    [_decode_line(line)],
-                    _decode(tail, run, depth + 1) if tail else [],
-                ]
-                return None if any(p is None for p in parts) else [ev for p in parts for ev in p]
-    try:
-        decoded = _DECODER.decode_lines(text)
-    except _DECODE_ERRORS:
-        return None
-    if run is not None and (run not in _LAYOUTS or layout is not None):  # none yet, or names outside it
-        _learn(run, decoded, layout)
-    return decoded
+            if split is None:
+                continue  # names outside the layout: the dict decode learns them; else line by line
+            head, line, tail = split
+            # around a line the dict decode failed at: dicts again, nothing learnt from a piece that failed
+            within = run if decoder is not _DECODER else None
+            parts = [
+                _decode(head, within, depth + 1) if head else [],
+                [_decode_line(line)],
+                _decode(tail, within, depth + 1) if tail else [],
+            ]
+            return None if any(p is None for p in parts) else [ev for p in parts for ev in p]
+        if decoder is _DECODER and run is not None and (run not in _LAYOUTS or layout is not None):
+            _learn(run, decoded, layout)  # none yet, or names outside it
+        return decoded
+    return None
 
 
 _UNNAMEABLE = re.compile(r'["\\\x00-\x1f]')  # what msgspec refuses in a renamed field's name
@@ -412,9 +413,13 @@ def _finite_named(d) -> bool:
 
 def _metric_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
     """(E,) events -> (lens (E,), values (N,), names dictionary, codes (N,) into it)."""
-    if evs and evs[0].data.__class__ is not dict:
-        return _layout_columns(evs)
     datas = [e.data for e in evs]
+    kind = datas[0].__class__ if datas else dict
+    if kind is not dict and all(d.__class__ is kind for d in datas):
+        return _layout_columns(evs)
+    if kind is not dict or not all(d.__class__ is dict for d in datas):
+        # a piece decoded around a line, its parts into different layouts or dicts: every `data` as a dict
+        datas = [d if d.__class__ is dict else _as_dict(d) for d in datas]
     lens = np.fromiter(map(len, datas), np.int64, len(datas))
     n = int(lens.sum())
     values = np.fromiter(itertools.chain.from_iterable(d.values() for d in datas), np.float64, n)
@@ -429,6 +434,11 @@ def _metric_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.nd
         parts.append(codes)
     codes = np.concatenate(parts) if parts else np.empty(0, np.int32)
     return lens, values, list(index), codes
+
+
+def _as_dict(data) -> dict[str, float]:
+    """A layout's `data` as the dict the dict decoder gives (NaN fields are absent names)."""
+    return {k: v for k, v in zip(_NAMES[data.__class__], astuple(data), strict=True) if v == v}
 
 
 def _layout_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
