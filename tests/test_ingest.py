@@ -702,6 +702,35 @@ def test_a_transaction_takes_in_batch_bytes(runs_dir, db_path, monkeypatch):
         assert con.execute("SELECT count(*), count(DISTINCT run) FROM metrics").fetchall() == [(480, 12)]
 
 
+def test_a_batch_lists_only_the_files_it_can_take(runs_dir, db_path):
+    """`with_work` with a budget: the first files with new bytes, in ingest order (a run's .gz copy before its
+    live file), up to the one that crosses it, and whether others wait; without one, every file with work."""
+    from observatory.ingest import files as fs
+
+    _files(runs_dir, 6)
+    _ingest(runs_dir, db_path, hooks=False, emit=None)
+    for r in (1, 3, 4, 5):  # new bytes in four runs, and an import copy of run 3's log
+        with open(runs_dir / f"r{r}" / "events.0.jsonl", "a") as f:
+            f.write(json.dumps(event(f"r{r}", "metrics", {"train/loss": 0.5}, 100, 100)) + "\n")
+    (runs_dir / "r3" / "events.0.jsonl.gz").write_bytes(gzip.compress(b""))
+    scan = fs.scan(runs_dir)
+    grown = (runs_dir / "r1" / "events.0.jsonl").stat().st_size - (
+        runs_dir / "r0" / "events.0.jsonl"
+    ).stat().st_size
+    with store.connect(db_path) as con:
+        every, left = fs.with_work(con, scan)
+        assert [f.rel for f in every] == [
+            "r1/events.0.jsonl",
+            "r3/events.0.jsonl.gz",
+            "r3/events.0.jsonl",
+            "r4/events.0.jsonl",
+            "r5/events.0.jsonl",
+        ] and not left
+        first, left = fs.with_work(con, scan, budget=grown + 1)  # r1's bytes, then the .gz (read whole): cut
+        assert [f.rel for f in first] == ["r1/events.0.jsonl", "r3/events.0.jsonl.gz"] and left
+        assert fs.with_work(con, scan, budget=10**9) == (every, False)
+
+
 def test_a_run_in_a_long_budgeted_phase_is_not_crashed_before_its_budget(runs_dir, db_path):
     """A run that writes no heartbeats and is 400 s into a checkpoint save (budget 600 s), or 400 s into a
     compile that names no budget (`phase_budget_s`, 30 min), is running, not crashed after `stale_after_s`

@@ -146,3 +146,14 @@ def test_an_ingest_of_many_runs_stores_the_findings_of_each_alone(tmp_path, monk
     ingest(tmp_path / "runs", tmp_path / "alone.duckdb", emit=None)
     assert stored(tmp_path / "screened.duckdb") == stored(tmp_path / "alone.duckdb") != []
     assert 0 < screened < (len(calls) - screened) / 2
+
+
+def test_grad_growth_flags_nothing_in_fewer_rows_than_it_needs():
+    """The screen skips `growth_flags` for series shorter than `rows_needed`: one row fewer can never flag,
+    however the grad norm grows; at that many rows it can."""
+    n = screen.rows_needed(screen.RULES[D.GRAD][1], TH)
+    assert n == TH.growth_steps + TH.growth_steps // 2 + TH.min_history - 1
+    g = np.where(np.arange(n) >= n - 23, 100.0, 0.1)  # a thousandfold growth over the last 23 rows
+    assert D.growth_flags(g, TH)[0][-1]
+    assert not D.growth_flags(g[1:], TH)[0].any()
+    assert screen.rows_needed(screen.RULES[D.LOSS][0], TH) == 1

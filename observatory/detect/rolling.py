@@ -104,16 +104,17 @@ def level_noise(
 ) -> tuple[np.ndarray, np.ndarray]:
     """`_level_noise_of`, kept for the next call on the same values: the loss's spike and dip detectors
     both ask for it, and its rolling quantiles are most of a scan's time (~0.05 s per 20k steps).
-    Several series one after another (`starts`, as in `rolling`) are computed afresh each time."""
-    if starts is not None:
-        return _level_noise_of(np.asarray(x, dtype=float), window, min_history, starts)
+    Several series one after another (`starts`, as in `rolling`) are kept by their values and starts."""
     x = np.ascontiguousarray(x, dtype=float)
-    key = (hashlib.blake2b(x.view(np.uint8), digest_size=16).digest(), len(x), window, min_history)
+    digest = hashlib.blake2b(x.view(np.uint8), digest_size=16)
+    if starts is not None:
+        digest.update(np.ascontiguousarray(starts, dtype=np.int64).view(np.uint8))
+    key = (digest.digest(), len(x), window, min_history, starts is None)
     got = _LEVEL_NOISE.get(key)
     if got is None:
         if len(_LEVEL_NOISE) >= 8:
             _LEVEL_NOISE.clear()
-        got = _LEVEL_NOISE[key] = _level_noise_of(x, window, min_history)
+        got = _LEVEL_NOISE[key] = _level_noise_of(x, window, min_history, starts)
         for a in got:
             a.flags.writeable = False
     return got

@@ -57,6 +57,17 @@ RULES: dict[str, tuple[Rule, ...]] = {
 }
 
 
+def rows_needed(rule: Rule, th: Thresholds) -> int:
+    """The fewest rows a series needs for `rule` to flag one: `growth_flags` compares a level of the last
+    `growth_steps` (half of them at least) with the lowest such level `growth_steps` before it, of
+    `min_history` of them at least; a sweep's 50-step runs are too short for it. The other rules: 1 (not
+    worth working out: their histories are a few rows)."""
+    if rule is not RULES[GRAD][1]:
+        return 1
+    k = th.growth_steps
+    return k + max(1, k // 2) + max(1, th.min_history) - 1
+
+
 def screenable(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> bool:
     """Whether a run's series are short enough to be screened (`SHORT`)."""
     return all(len(v) <= SHORT for _, v in series.values())
@@ -74,11 +85,13 @@ def loud_runs(runs: Iterable[tuple[str, dict[str, tuple[np.ndarray, np.ndarray]]
             have = [(run, s[metric][1]) for run, s in members if metric in s and len(s[metric][1])]
             if not have:
                 continue
+            longest = max(len(v) for _, v in have)
             lens = np.fromiter((len(v) for _, v in have), np.int64, len(have))
             starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
             x = np.concatenate([np.asarray(v, dtype=float) for _, v in have])
             hit = np.zeros(len(have), bool)
             for rule in rules:
-                hit |= np.logical_or.reduceat(rule(x, th, starts), starts)
+                if longest >= rows_needed(rule, th):
+                    hit |= np.logical_or.reduceat(rule(x, th, starts), starts)
             loud.update(run for (run, _), h in zip(have, hit.tolist(), strict=True) if h)
     return loud

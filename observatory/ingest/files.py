@@ -152,18 +152,44 @@ WHERE f.path IS NULL
 """
 
 
-def with_work(con, scan: Scan, only: str | None = None) -> list[LogFile]:
+# ... and of those, in ingest order (`with_work`), the first whose new bytes before them are under $budget
+_FIRST_WORK = f"""
+SELECT path, size, mtime, total FROM (
+    SELECT path, size, mtime, count(*) OVER () AS total,
+           sum(todo) OVER (ORDER BY run, host, NOT gz, path ROWS UNBOUNDED PRECEDING) - todo AS before
+    FROM (
+        SELECT w.path, w.size, w.mtime, w.path LIKE '%.gz' AS gz,
+               regexp_replace(split_part(w.path, '/', 1), '^{FINDINGS}', '') AS run,
+               regexp_extract(split_part(w.path, '/', 2), '^events[.]([0-9]+)[.]', 1)::BIGINT AS host,
+               CASE WHEN w.path LIKE '%.gz' THEN w.size
+                    ELSE greatest(w.size - coalesce(f.byte_offset, 0), 0) END AS todo
+        FROM ({_WITH_WORK}) w LEFT JOIN ingest_files f ON f.path = w.path
+    )
+) WHERE before < $budget
+"""
+
+
+def with_work(
+    con, scan: Scan, only: str | None = None, budget: int | None = None
+) -> tuple[list[LogFile], bool]:
     """The scanned files the store has not read to their end, in ingest order: by run, host, a run's
-    `.gz` copies before its live files."""
+    `.gz` copies before its live files; and whether some were left out. `budget`: only the first files
+    whose new bytes before them are under it (a batch's worth: at 10^5 runs a catch-up takes dozens of
+    batches, and each lists the few it reads, not every file still to read)."""
     con.register("_scan", scan.table())
     try:
-        sql = _WITH_WORK if only is None else f"SELECT * FROM ({_WITH_WORK}) WHERE path = ?"
-        rows = con.execute(sql, [] if only is None else [only]).fetchall()
+        if only is not None:
+            rows = con.execute(f"SELECT * FROM ({_WITH_WORK}) WHERE path = ?", [only]).fetchall()
+        elif budget is None:
+            rows = con.execute(_WITH_WORK).fetchall()
+        else:
+            rows = con.execute(_FIRST_WORK, {"budget": budget}).fetchall()
     finally:
         con.unregister("_scan")
-    files = [scan.file(*r) for r in rows]
+    left_out = bool(rows) and len(rows[0]) == 4 and rows[0][3] > len(rows)
+    files = [scan.file(*r[:3]) for r in rows]
     files.sort(key=lambda f: (f.run, f.host, not f.gz, f.rel))
-    return files
+    return files, left_out
 
 
 def pending_bytes(con, scan: Scan) -> int:

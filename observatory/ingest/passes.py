@@ -205,7 +205,8 @@ def _run_batch(
     max_line = int(settings.get("max_line_bytes"))
     with _open_store(db) as con:
         with _transaction(con):
-            files = fs.with_work(con, scan, only)  # the few with new bytes, at 10^5 runs too
+            # the few with new bytes, a batch's worth (at 10^5 runs too), and whether more have some
+            files, left_out = fs.with_work(con, scan, only, None if only is not None else BATCH_BYTES)
             rows, status = fs.load_state(con, sorted({lf.run for lf in files}))
             by_host = fs.by_run_host(rows)
             b = Batch(now)
@@ -213,7 +214,7 @@ def _run_batch(
             b.metrics_start, b.experts_start = con.execute(
                 "SELECT (SELECT count(*) FROM metrics), (SELECT count(*) FROM expert_load)"
             ).fetchall()[0]
-            used, more = 0, False
+            used, more = 0, left_out
             saves = []  # (file, its state, done, stored): the batch's ingest_files rows, written together
             # a file alone of its (run, host) here and in the store: its seqs depend on no other file's
             alone = collections.Counter((lf.run, lf.host) for lf in files)
@@ -409,7 +410,7 @@ def _pending_bytes(db: Path, files: fs.Scan) -> int:
 def _with_work(db: Path, files: fs.Scan) -> list[str]:
     """The files with work, one at a time after a batch failed: which one is to blame."""
     with store.connect(db) as con:
-        return [lf.rel for lf in fs.with_work(con, files)]
+        return [lf.rel for lf in fs.with_work(con, files)[0]]
 
 
 def _progress(report: IngestReport, total: int) -> dict:
