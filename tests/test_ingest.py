@@ -709,14 +709,13 @@ def test_a_batch_lists_only_the_files_it_can_take(runs_dir, db_path):
 
     _files(runs_dir, 6)
     _ingest(runs_dir, db_path, hooks=False, emit=None)
+    before = (runs_dir / "r1" / "events.0.jsonl").stat().st_size
     for r in (1, 3, 4, 5):  # new bytes in four runs, and an import copy of run 3's log
         with open(runs_dir / f"r{r}" / "events.0.jsonl", "a") as f:
             f.write(json.dumps(event(f"r{r}", "metrics", {"train/loss": 0.5}, 100, 100)) + "\n")
     (runs_dir / "r3" / "events.0.jsonl.gz").write_bytes(gzip.compress(b""))
     scan = fs.scan(runs_dir)
-    grown = (runs_dir / "r1" / "events.0.jsonl").stat().st_size - (
-        runs_dir / "r0" / "events.0.jsonl"
-    ).stat().st_size
+    grown = (runs_dir / "r1" / "events.0.jsonl").stat().st_size - before  # r1's new bytes
     with store.connect(db_path) as con:
         every, left = fs.with_work(con, scan)
         assert [f.rel for f in every] == [

@@ -1,19 +1,22 @@
 """Passes and batches: each batch is one short write transaction over the files with work.
 
-One pass: scan the runs dir (`files.readable`); while files have work, run a batch, one
+One pass: scan the runs dir (`files.scan`); while files have work, run a batch, one
 straight line (`_run_batch`):
 
-1. read: take the write lock, open the store, read `ingest_files` (offsets, seq ranges);
+1. read: take the write lock, open the store, list the files with work up to `BATCH_BYTES`
+   of new bytes (`files.with_work`), read their `ingest_files` rows (offsets, seq ranges);
 2. validate and append: read each file from its offset, up to `BATCH_BYTES` in all
    (`files.process_file`: `msgspec_lines` decodes and certifies, `model` judges the
-   rest); certified rows are appended as Arrow columns on the batch's worker thread;
+   rest; a sweep's small files are read whole and decoded together, `files.Small`);
+   certified rows are appended as Arrow columns on the batch's worker thread;
 3. in the same transaction: the batch's staged rows, rejected lines and each file's new
    offset; fold the batch into `runs` (`runs.update_runs`), store `crashed` for runs that
    went silent; roll up (`observatory.store.rollups`, one statement per table for every
    run of the batch); then COMMIT, so a kill at any point leaves either all of the batch
    or none of it;
 4. detect: release the lock; run the after-commit hooks (`observatory.ingest.hooks`: the
-   detectors, the ladder watch, the decision records) on a read-only connection.
+   detectors, every run of the batch screened at once; the ladder watch, the decision
+   records) on a read-only connection.
 """
 
 from __future__ import annotations
