@@ -730,6 +730,31 @@ def test_a_batch_lists_only_the_files_it_can_take(runs_dir, db_path):
         assert fs.with_work(con, scan, budget=10**9) == (every, False)
 
 
+def test_a_file_that_cannot_be_read_just_now_holds_no_other_back(runs_dir, db_path, monkeypatch):
+    """The first file in ingest order is bigger than a batch and cannot be read this time (a transient
+    error): the call still reads every other file, says it will retry, and ends; the next call reads it."""
+    from observatory.ingest import files as fs
+    from observatory.ingest import passes
+
+    _files(runs_dir, 5)
+    monkeypatch.setattr(passes, "BATCH_BYTES", 1000)  # r0's log alone is more than a batch
+    real = fs.read_chunk
+
+    def flaky(lf, *a, **k):
+        if lf.run == "r0":
+            return fs.Chunk(b"", 0, [], b"", 0, True, "cannot open: busy", transient=True)
+        return real(lf, *a, **k)
+
+    monkeypatch.setattr(fs, "read_chunk", flaky)
+    msgs: list[str] = []
+    _ingest(runs_dir, db_path, hooks=False, emit=msgs.append)
+    assert q(db_path, "SELECT DISTINCT run FROM metrics ORDER BY run") == [("r1",), ("r2",), ("r3",), ("r4",)]
+    assert any("r0" in m and "will retry" in m for m in msgs)
+    monkeypatch.setattr(fs, "read_chunk", real)
+    _ingest(runs_dir, db_path, hooks=False, emit=None)
+    assert q(db_path, "SELECT count(DISTINCT run), count(*) FROM metrics") == [(5, 200)]
+
+
 def test_a_run_in_a_long_budgeted_phase_is_not_crashed_before_its_budget(runs_dir, db_path):
     """A run that writes no heartbeats and is 400 s into a checkpoint save (budget 600 s), or 400 s into a
     compile that names no budget (`phase_budget_s`, 30 min), is running, not crashed after `stale_after_s`

@@ -8,6 +8,7 @@ same transaction as the rows it covers.
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 from collections.abc import Callable
@@ -190,6 +191,37 @@ def with_work(
     files = [scan.file(*r[:3]) for r in rows]
     files.sort(key=lambda f: (f.run, f.host, not f.gz, f.rel))
     return files, left_out
+
+
+class Work:
+    """The files a batch reads, in ingest order, with the store's rows of their runs: those `with_work` lists
+    for the batch's budget; then, when they gave fewer bytes than their sizes said (a file that cannot be
+    read just now, one that shrank, a torn last line), every other file with work (`rest`), so that a file
+    that cannot be read never holds the others back."""
+
+    def __init__(self, con, scan: Scan, only: str | None, budget: int | None):
+        self.con, self.scan = con, scan
+        self.files, self.left_out = with_work(con, scan, only, budget)
+        self.rows, self.status = load_state(con, sorted({lf.run for lf in self.files}))
+        self.by_host = by_run_host(self.rows)
+        # a file alone of its (run, host) among these: its seqs depend on no other file read with it
+        self.alone = collections.Counter((lf.run, lf.host) for lf in self.files)
+
+    def rest(self) -> list[LogFile]:
+        """Every file with work not listed yet, its run's rows loaded; after it nothing is left out."""
+        seen = {lf.rel for lf in self.files}
+        rest = [lf for lf in with_work(self.con, self.scan)[0] if lf.rel not in seen]
+        rows, status = load_state(self.con, sorted({lf.run for lf in rest}))
+        for path, row in rows.items():
+            if path not in self.rows:
+                self.rows[path] = row
+                index_row(self.by_host, path, row)
+        for run, st in status.items():
+            self.status.setdefault(run, st)
+        self.alone.update((lf.run, lf.host) for lf in rest)
+        self.files += rest
+        self.left_out = False
+        return rest
 
 
 def pending_bytes(con, scan: Scan) -> int:

@@ -21,7 +21,6 @@ straight line (`_run_batch`):
 
 from __future__ import annotations
 
-import collections
 import copy
 import errno
 import time
@@ -208,19 +207,16 @@ def _run_batch(
     max_line = int(settings.get("max_line_bytes"))
     with _open_store(db) as con:
         with _transaction(con):
-            # the few with new bytes, a batch's worth (at 10^5 runs too), and whether more have some
-            files, left_out = fs.with_work(con, scan, only, None if only is not None else BATCH_BYTES)
-            rows, status = fs.load_state(con, sorted({lf.run for lf in files}))
-            by_host = fs.by_run_host(rows)
+            # the few with new bytes, a batch's worth (at 10^5 runs too), with their stored state
+            work = fs.Work(con, scan, only, None if only is not None else BATCH_BYTES)
+            rows, status, by_host = work.rows, work.status, work.by_host
             b = Batch(now)
             # where this batch's rows begin in each table: the detectors read the runs it began from there
             b.metrics_start, b.experts_start = con.execute(
                 "SELECT (SELECT count(*) FROM metrics), (SELECT count(*) FROM expert_load)"
             ).fetchall()[0]
-            used, more = 0, left_out
+            used, more = 0, False
             saves = []  # (file, its state, done, stored): the batch's ingest_files rows, written together
-            # a file alone of its (run, host) here and in the store: its seqs depend on no other file's
-            alone = collections.Counter((lf.run, lf.host) for lf in files)
             small = fs.Small(con, b, max_line)  # a sweep's small files, decoded together
 
             def record(lf: fs.LogFile, st: FileState, done: bool) -> None:
@@ -237,8 +233,14 @@ def _run_batch(
                 for lf, st in small.flush():
                     record(lf, st, True)
 
+            def listed() -> Iterator[fs.LogFile]:
+                yield from list(work.files)
+                if work.left_out and used < BATCH_BYTES:  # they gave less than their sizes said
+                    done_small()  # (the rest may hold their siblings)
+                    yield from work.rest()
+
             with b.appends:  # the INSERTs run on its worker while the next pieces decode; drained here
-                for lf in files:
+                for lf in listed():
                     if used >= BATCH_BYTES:
                         more = True
                         break
@@ -250,7 +252,7 @@ def _run_batch(
                             "events already stored are skipped as duplicates, new ones are added"
                         )
                     n = None
-                    if alone[(lf.run, lf.host)] == 1 and not st.siblings:
+                    if work.alone[(lf.run, lf.host)] == 1 and not st.siblings:
                         n = small.take(lf, st)
                     if n is not None:
                         used += n
@@ -269,6 +271,7 @@ def _run_batch(
                     if used >= BATCH_BYTES:
                         more = True
                 done_small()
+            more = more or work.left_out  # files left for the next batch
             if not saves:
                 # nothing new, but time passes: runs that went silent are now crashed
                 mark_crashed(con, now)
