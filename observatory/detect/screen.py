@@ -36,24 +36,41 @@ __all__ = ["loud_runs", "SHORT"]
 SHORT = 512
 
 Rule = Callable[[np.ndarray, Thresholds, np.ndarray], np.ndarray]
+
+
+def _loss_spike(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
+    return spike_flags(x, th.loss_z, th.loss_min_rise, th, log=False, starts=starts)[0]
+
+
+def _loss_dip(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
+    return dip_flags(x, th, starts)[0]
+
+
+def _norm_spike(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
+    """The grad norm's spike rule, which the update norm's uses too."""
+    return spike_flags(
+        x, th.grad_z, th.grad_min_ratio, th, log=True, single=th.grad_single_ratio, starts=starts
+    )[0]
+
+
+def _grad_growth(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
+    return growth_flags(x, th, starts)[0]
+
+
+def _drop_jump(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
+    return drop_flags(x, th, starts)[0]
+
+
+def _throughput_drop(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
+    return throughput_flags(x, th, starts)[0]
+
+
 RULES: dict[str, tuple[Rule, ...]] = {
-    LOSS: (
-        lambda x, th, st: spike_flags(x, th.loss_z, th.loss_min_rise, th, log=False, starts=st)[0],
-        lambda x, th, st: dip_flags(x, th, st)[0],
-    ),
-    GRAD: (
-        lambda x, th, st: spike_flags(
-            x, th.grad_z, th.grad_min_ratio, th, log=True, single=th.grad_single_ratio, starts=st
-        )[0],
-        lambda x, th, st: growth_flags(x, th, st)[0],
-    ),
-    UPDATE: (
-        lambda x, th, st: spike_flags(
-            x, th.grad_z, th.grad_min_ratio, th, log=True, single=th.grad_single_ratio, starts=st
-        )[0],
-    ),
-    DROP: (lambda x, th, st: drop_flags(x, th, st)[0],),
-    THROUGHPUT: (lambda x, th, st: throughput_flags(x, th, st)[0],),
+    LOSS: (_loss_spike, _loss_dip),
+    GRAD: (_norm_spike, _grad_growth),
+    UPDATE: (_norm_spike,),
+    DROP: (_drop_jump,),
+    THROUGHPUT: (_throughput_drop,),
 }
 
 
@@ -62,7 +79,7 @@ def rows_needed(rule: Rule, th: Thresholds) -> int:
     `growth_steps` (half of them at least) with the lowest such level `growth_steps` before it, of
     `min_history` of them at least; a sweep's 50-step runs are too short for it. The other rules: 1 (not
     worth working out: their histories are a few rows)."""
-    if rule is not RULES[GRAD][1]:
+    if rule is not _grad_growth:
         return 1
     k = th.growth_steps
     return k + max(1, k // 2) + max(1, th.min_history) - 1
@@ -85,8 +102,8 @@ def loud_runs(runs: Iterable[tuple[str, dict[str, tuple[np.ndarray, np.ndarray]]
             have = [(run, s[metric][1]) for run, s in members if metric in s and len(s[metric][1])]
             if not have:
                 continue
-            longest = max(len(v) for _, v in have)
             lens = np.fromiter((len(v) for _, v in have), np.int64, len(have))
+            longest = int(lens.max())
             starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
             x = np.concatenate([np.asarray(v, dtype=float) for _, v in have])
             hit = np.zeros(len(have), bool)

@@ -146,7 +146,7 @@ def _scan_into(out: Scan, root: str, prefix: str, skip: set[str], emit: Callable
 # a file has work when the store has no row for it, or (a plain log) it is longer than the offset read,
 # or shorter (replaced: read again), or (a .gz, read whole) its size or mtime changed
 _WITH_WORK = """
-SELECT s.path, s.size, s.mtime FROM _scan s LEFT JOIN ingest_files f ON f.path = s.path
+SELECT s.path, s.size, s.mtime, f.byte_offset FROM _scan s LEFT JOIN ingest_files f ON f.path = s.path
 WHERE f.path IS NULL
    OR (CASE WHEN s.path LIKE '%.gz' THEN f.size IS DISTINCT FROM s.size OR f.mtime <> s.mtime
             ELSE s.size <> f.byte_offset END)
@@ -163,8 +163,8 @@ SELECT path, size, mtime, total FROM (
                regexp_replace(split_part(w.path, '/', 1), '^{FINDINGS}', '') AS run,
                regexp_extract(split_part(w.path, '/', 2), '^events[.]([0-9]+)[.]', 1)::BIGINT AS host,
                CASE WHEN w.path LIKE '%.gz' THEN w.size
-                    ELSE greatest(w.size - coalesce(f.byte_offset, 0), 0) END AS todo
-        FROM ({_WITH_WORK}) w LEFT JOIN ingest_files f ON f.path = w.path
+                    ELSE greatest(w.size - coalesce(w.byte_offset, 0), 0) END AS todo
+        FROM ({_WITH_WORK}) w
     )
 ) WHERE before < $budget
 """
@@ -187,7 +187,8 @@ def with_work(
             rows = con.execute(_FIRST_WORK, {"budget": budget}).fetchall()
     finally:
         con.unregister("_scan")
-    left_out = bool(rows) and len(rows[0]) == 4 and rows[0][3] > len(rows)
+    # the budget's query says how many files had work in all (its 4th column); the others list them all
+    left_out = budget is not None and only is None and bool(rows) and rows[0][3] > len(rows)
     files = [scan.file(*r[:3]) for r in rows]
     files.sort(key=lambda f: (f.run, f.host, not f.gz, f.rel))
     return files, left_out

@@ -461,9 +461,13 @@ def _apply(b: Batch, lf: LogFile, st: FileState, piece: bytes, plan: _Plan):
     b.n_events += n_acc
     b.n_fast += n_acc
     b.saw(lf.run, float(plan.t[accepted].max()), int(plan.step[accepted].max()), lf.host)
-    cls = plan.cls
-    mt = _metrics_table(plan, accepted[cls == 1], plan.step[cls == 1], plan.t[cls == 1], lf.run, lf.host)
-    xt = _experts_table(plan, accepted[cls == 2], plan.step[cls == 2], lf.run)
+    m, x = plan.cls == 1, plan.cls == 2
+    n_m, n_x = int(m.sum()), int(x.sum())
+    one = np.zeros(max(n_m, n_x), np.int32)  # every event's run: this file's, the only one
+    mt = _metrics_table(
+        plan, accepted[m], plan.step[m], plan.t[m], [lf.run], one[:n_m], np.full(n_m, lf.host)
+    )
+    xt = _experts_table(plan, accepted[x], plan.step[x], [lf.run], one[:n_x])
     _touched(b, mt, xt, [lf.run], [lf.run])
     return mt, xt
 
@@ -510,37 +514,32 @@ def _metrics_table(
     keep: np.ndarray,
     steps: np.ndarray,
     ts: np.ndarray,
-    run: str | tuple[list[str], np.ndarray],
-    host: int | np.ndarray,
+    runs: list[str],
+    run_of: np.ndarray,
+    host: np.ndarray,
 ) -> pa.Table | None:
-    """(N,) rows of step, name (dictionary-encoded), value, t of the accepted metrics events (`keep` (M,)).
-    Several files' events (`ingest_small`): `run` is (the runs, (M,) each event's index into them) and
-    `host` (M,) each event's host."""
+    """(N,) rows of run and name (dictionary-encoded), step, value, t, host of the accepted metrics events
+    (`keep` (M,)); `run_of` (M,) each event's index into `runs`, `host` (M,) its host."""
     if not keep.any():
         return None
     lens, values, codes = plan.m_lens, plan.m_values, plan.m_codes
-    runs, run_of = ([run], None) if isinstance(run, str) else run
     if not keep.all():
         rows = np.repeat(keep, lens)
         values, codes = values[rows], codes[rows]
         steps, ts, lens = steps[keep], ts[keep], lens[keep]
-        if run_of is not None:
-            run_of, host = run_of[keep], host[keep]
+        run_of, host = run_of[keep], host[keep]
     if int(lens.sum()) == 0:
         return None  # only empty `data` objects: events, but no values
     name = pa.DictionaryArray.from_arrays(numeric(codes), _strings(plan.m_names))
     steps, ts = np.repeat(steps, lens), np.repeat(ts, lens)
-    n = len(steps)
     return pa.table(
         {
-            "run": _constant(runs[0], n) if run_of is None else _coded(runs, np.repeat(run_of, lens)),
+            "run": _coded(runs, np.repeat(run_of, lens)),
             "step": numeric(steps),
             "name": name,
             "value": numeric(values),
             "t": numeric(ts),
-            "host": numeric(
-                np.full(n, host, np.uint16) if run_of is None else np.repeat(host, lens).astype(np.uint16)
-            ),
+            "host": numeric(np.repeat(host, lens).astype(np.uint16)),
         }
     )
 
@@ -585,21 +584,18 @@ def _expert_counts(evs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
 
 
 def _experts_table(
-    plan: _Plan, keep: np.ndarray, steps: np.ndarray, run: str | tuple[list[str], np.ndarray]
+    plan: _Plan, keep: np.ndarray, steps: np.ndarray, runs: list[str], run_of: np.ndarray
 ) -> pa.Table | None:
-    """(R,) rows of step, layer, expert, routed, dropped: one per expert of each accepted event (`keep` (X,));
-    `run` as in `_metrics_table`."""
+    """(R,) rows of run, step, layer, expert, routed, dropped: one per expert of each accepted event (`keep`
+    (X,)); `run_of` as in `_metrics_table`."""
     if not keep.any():
         return None
     lens, layers, routed, dropped = plan.x_lens, plan.x_layers, plan.x_routed, plan.x_dropped
-    runs, run_of = ([run], None) if isinstance(run, str) else run
     steps = steps.astype(np.int32)  # certified: <= 2**31 - 1
     if not keep.all():
         rows = np.repeat(keep, lens)
         routed, dropped = routed[rows], dropped[rows]
-        steps, layers, lens = steps[keep], layers[keep], lens[keep]
-        if run_of is not None:
-            run_of = run_of[keep]
+        steps, layers, lens, run_of = steps[keep], layers[keep], lens[keep], run_of[keep]
     r = int(lens.sum())
     if r == 0:
         return None  # only empty lists: events, but no rows
@@ -611,8 +607,9 @@ def _experts_table(
         "routed": routed,
         "dropped": dropped,
     }
-    run_col = _constant(runs[0], r) if run_of is None else _coded(runs, np.repeat(run_of, lens))
-    return pa.table({"run": run_col, **{k: numeric(v) for k, v in cols.items()}})
+    return pa.table(
+        {"run": _coded(runs, np.repeat(run_of, lens)), **{k: numeric(v) for k, v in cols.items()}}
+    )
 
 
 def _strings(names: list[str]) -> pa.Array:
@@ -620,13 +617,8 @@ def _strings(names: list[str]) -> pa.Array:
     return column(names, pa.string())
 
 
-def _constant(value: str, n: int) -> pa.Array:
-    """(n,) copies of one string, dictionary-encoded: no string per row."""
-    return pa.DictionaryArray.from_arrays(numeric(np.zeros(n, np.int32)), _strings([value]))
-
-
 def _coded(values: list[str], codes: np.ndarray) -> pa.Array:
-    """(n,) strings given as indexes into `values`, dictionary-encoded."""
+    """(n,) strings given as indexes into `values`, dictionary-encoded: no string per row."""
     return pa.DictionaryArray.from_arrays(numeric(codes.astype(np.int32)), _strings(values))
 
 
@@ -700,8 +692,8 @@ def ingest_small(con, b: Batch, items: list[tuple[LogFile, FileState, Chunk]], m
     index: dict[str, int] = {}
     code = np.array([index.setdefault(r, len(index)) for r in runs], np.int32)[files]  # (L,) each line's run
     names = list(index)
-    mt = _metrics_table(plan, accepted[m], plan.step[m], plan.t[m], (names, code[m]), hosts[files[m]])
-    xt = _experts_table(plan, accepted[x], plan.step[x], (names, code[x]))
+    mt = _metrics_table(plan, accepted[m], plan.step[m], plan.t[m], names, code[m], hosts[files[m]])
+    xt = _experts_table(plan, accepted[x], plan.step[x], names, code[x])
     # the runs with rows: accepted events with some value (an empty `data` or list adds none)
     m_rows = code[m][accepted[m] & (plan.m_lens > 0)]
     x_rows = code[x][accepted[x] & (plan.x_lens > 0)]
