@@ -26,7 +26,7 @@ from observatory.events import OBSERVATORY_HOST
 from observatory.logtail import last_seq
 from observatory.writer import init
 
-__all__ = ["root", "path", "write", "pending"]
+__all__ = ["root", "path", "write", "pending", "pending_many"]
 
 NAME = f"events.{OBSERVATORY_HOST}.jsonl"
 
@@ -108,8 +108,32 @@ def pending(runs_dir, run: str, kind: str) -> list[dict]:
     lines ingest would not store (a forged anomaly's `scanned_through` must not stop the scan).
     """
     p = path(runs_dir, run)
-    if not p.exists():
-        return []
+    return _pending_in(p, kind) if p.exists() else []
+
+
+def pending_many(runs_dir, runs: Iterable[str], kind: str) -> dict[str, list[dict]]:
+    """`pending` of each run: the findings folder is listed once, not looked up run by run (a scan of a
+    sweep's 10^4 runs, most with no findings file)."""
+    top = root(runs_dir)
+    try:
+        in_top = set(os.listdir(top)) if top is not None else set()
+    except OSError:
+        in_top = set()
+    out = {}
+    for run in runs:
+        own = os.path.join(runs_dir, run, NAME)
+        p = (
+            own
+            if top is None or os.path.exists(own)
+            else os.path.join(top, run, NAME)
+            if run in in_top
+            else None
+        )
+        out[run] = _pending_in(p, kind) if p is not None and os.path.exists(p) else []
+    return out
+
+
+def _pending_in(p, kind: str) -> list[dict]:
     needle = f'"{kind}"'.encode()
     out = []
     with open(p, "rb") as f:

@@ -328,6 +328,24 @@ def test_a_line_nested_too_deeply_is_rejected_and_the_rest_kept(runs_dir, db_pat
     assert q(db_path, "SELECT step FROM metrics ORDER BY step") == [(0,), (2,)]
 
 
+@pytest.mark.parametrize(
+    "arrays, brackets_in_text, kept",
+    [(63, 0, True), (64, 0, False), (3, 200, True)],
+    ids=["64-levels-kept", "65-levels-rejected", "brackets-in-a-string-kept"],
+)
+def test_the_depth_limit_is_exact(runs_dir, db_path, arrays, brackets_in_text, kept):
+    """The data object is level 1: 63 arrays inside it make 64 levels (kept), 64 make 65 (rejected). Brackets
+    inside a string are text, not levels (the check counts them only to skip the walk of a shallow line)."""
+    deep = event("a", "note", {"text": "[{" * brackets_in_text, "deep": 0}, 1, 1)
+    raw = json.dumps(deep).replace('"deep": 0', '"deep": ' + "[" * arrays + "]" * arrays)
+    path = runs_dir / "a" / "events.0.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join([json.dumps(GOOD_BEFORE), raw, json.dumps(GOOD_AFTER)]) + "\n")
+    rep, msgs = ingest(runs_dir, db_path)
+    assert (rep.events, rep.rejected) == ((3, 0) if kept else (2, 1))
+    assert any("nested more than 64 levels deep" in m for m in msgs) is not kept
+
+
 def test_a_rejected_metric_name_holding_a_secret_is_stored_hidden(runs_dir, db_path):
     """`rejected_events.field` names the bad value's field, here a metric name that is a token: it is hidden
     there as in the raw line and the reason (the SQL console's own "Rejected lines" example selects it)."""

@@ -79,6 +79,33 @@ def test_findings_in_run_folders_when_asked_or_when_the_folder_has_them(tmp_path
     assert findings.root(runs) is None and (runs / "c" / "events.1000.jsonl").exists()
 
 
+def test_pending_many_reads_what_pending_reads_run_by_run(tmp_path, monkeypatch):
+    """One listing of the findings folder for many runs gives each run what `pending` gives it: a run with a
+    file in the findings folder, one with its own (older) file in its run folder, one with none, one whose
+    file holds a torn line and a forged finding; with `findings_in_run_folders` set too."""
+    runs = tmp_path / "runs"
+    good = {"detector": "d", "severity": "warn", "message": "m"}
+    findings.write(runs, "in-top", "anomaly", [(good, 3)])
+    own = runs / "own" / "events.1000.jsonl"  # an older runs dir: the run folder has its file
+    write_lines(own, [event("own", "note", {"text": "old"}, 0, host=OBSERVATORY_HOST)])
+    findings.write(runs, "own", "anomaly", [(good, 5)])
+    findings.write(runs, "odd", "anomaly", [(good, 7)])
+    with open(findings.path(runs, "odd"), "ab") as f:
+        forged = {**event("odd", "anomaly", good, 9, 8), "host": OBSERVATORY_HOST}  # not signed by us
+        f.write((json.dumps(forged) + "\n" + json.dumps(forged)).encode())  # the last one torn
+    names = ["in-top", "own", "none", "odd"]
+    for in_folders in ("0", "1"):
+        monkeypatch.setenv("OBSERVATORY_FINDINGS_IN_RUN_FOLDERS", in_folders)
+        many = findings.pending_many(runs, names, "anomaly")
+        assert many == {run: findings.pending(runs, run, "anomaly") for run in names}
+        steps = {run: [e["step"] for e in evs] for run, evs in many.items()}
+        assert steps == (
+            {"in-top": [3], "own": [5], "none": [], "odd": [7]}
+            if in_folders == "0"
+            else {"in-top": [], "own": [5], "none": [], "odd": []}
+        )
+
+
 def test_a_findings_file_continues_the_numbering_of_the_run_folders_gz_copy(tmp_path):
     """Seqs ingest has from a sibling file of the same (run, host) are duplicates: a findings-folder file
     numbered from 0 beside a run folder's events.1000.jsonl.gz would lose its events."""

@@ -606,3 +606,46 @@ def test_small_files_decoded_together_store_what_each_alone_stores(tmp_path, mon
     assert len({r[0] for r in fast["metrics"]}) >= 38 and fast["rejected_events"] and fast["expert_load"]
     assert reps["fast"][0].duplicates + reps["fast"][1].duplicates > 0
     assert len([n for n in grouped if n > 1]) >= 4  # both rounds, in several groups of many files
+
+
+def test_small_files_of_sweeps_with_other_names_share_a_layout_by_turns(tmp_path, monkeypatch):
+    """Small runs decoded together use one layout (`SMALL`): learnt from a piece, outgrown by the next
+    sweep's names (the piece decoded with dicts again, the layout learnt anew), none for a piece of more
+    names than SMALL_LAYOUT_MAX, a bool in a line decoded around; the store is that of each line alone."""
+    monkeypatch.setattr(ingest_fast, "METRICS_PIECE_BYTES", 6000)
+    monkeypatch.setattr(ingest_mod.fs, "METRICS_PIECE_BYTES", 6000)
+    learnt: list[int | None] = []  # the small layout's width after each learning (None: dicts)
+    real = ingest_fast._learn
+
+    def learn(run, decoded, old):
+        real(run, decoded, old)
+        if run == ingest_fast.SMALL:
+            lay = ingest_fast._LAYOUTS[run]
+            learnt.append(None if lay is None else len(lay.names))
+
+    monkeypatch.setattr(ingest_fast, "_learn", learn)
+    ingest_fast._LAYOUTS.pop(ingest_fast.SMALL, None)
+    rng = random.Random(3)
+    sweeps = {
+        "a": [f"train/m{i}" for i in range(6)],
+        "b": ["eval/x", "eval/y", "train/m0"],
+        "w": [f"wide/n{i}" for i in range(ingest_fast.SMALL_LAYOUT_MAX + 6)],
+    }
+    for i in range(36):
+        sweep = "w" if i in (13, 14) else "a" if (i // 6) % 2 == 0 else "b"
+        run = f"r{i:02d}-{sweep}"  # in folder order: the sweeps by turns
+        lines = [event(run, "run_start", {"config": {"i": i}}, 0, 0, t=1.7e9)]
+        for s in range(1, 12):
+            names = sweeps[sweep][: rng.randrange(1, len(sweeps[sweep]) + 1)]
+            lines.append(event(run, "metrics", {n: rng.random() for n in names}, s, s, t=1.7e9 + s))
+        if i == 20:
+            lines[5] = json.loads(json.dumps(lines[5]).replace(": 0.", ': true, "x": 0.', 1))
+        write_lines(tmp_path / "runs" / run / "events.0.jsonl", lines)
+    out = _ingest_both(tmp_path, monkeypatch, tmp_path / "runs")
+    _assert_same(out)
+    assert len(out["fast"][0]["rejected_events"]) == 1  # the bool
+    widths = [w for w in learnt if w is not None]
+    assert len(set(widths)) >= 2 and max(widths) <= ingest_fast.SMALL_LAYOUT_MAX  # learnt, outgrown
+    assert any(
+        a is None and b is not None for a, b in zip(learnt, learnt[1:], strict=False)
+    )  # none, again one

@@ -243,15 +243,13 @@ def _key_of(d: dict) -> tuple[str, str, int] | None:
 
 def existing_findings(con, runs_dir: Path, run: str) -> tuple[set[tuple[str, str, int]], int | None]:
     """Keys of findings already made for a run (store and host-1000 file) and the furthest step scanned."""
-    return _finding_keys(anomaly_events(con, run), runs_dir, run)
+    return _finding_keys(anomaly_events(con, run), findings.pending(runs_dir, run, "anomaly"))
 
 
-def _finding_keys(
-    stored: list[dict], runs_dir: Path, run: str
-) -> tuple[set[tuple[str, str, int]], int | None]:
-    """`existing_findings` from the run's stored anomaly events (`anomaly_events`) and its host-1000 file."""
-    pending = [{**ev["data"], "host": ev.get("host")} for ev in findings.pending(runs_dir, run, "anomaly")]
-    seen = stored + pending
+def _finding_keys(stored: list[dict], pending: list[dict]) -> tuple[set[tuple[str, str, int]], int | None]:
+    """`existing_findings` from the run's stored anomaly events (`anomaly_events`) and those in its host-1000
+    file (`findings.pending`)."""
+    seen = stored + [{**ev["data"], "host": ev.get("host")} for ev in pending]
     keys = {k for d in seen if (k := _key_of(d)) is not None}
     scanned = [
         int(d["scanned_through"])
@@ -368,8 +366,9 @@ def _read_runs(
     states = {} if full else detector_states(con, runs)
     where = str(Path(runs_dir).resolve())  # this process's scans of the runs dir (`_STATE`'s keys)
     keys, was = [], []
+    in_files = findings.pending_many(runs_dir, runs, "anomaly")
     for run in runs:
-        k, stored_through = _finding_keys(stored.get(run, []), runs_dir, run)
+        k, stored_through = _finding_keys(stored.get(run, []), in_files[run])
         keys.append(k)
         was.append({} if full else _through(states.get(run, {}), (where, run), stored_through))
     fresh = [

@@ -326,7 +326,9 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
         b.reject(lf, lineno, "(line)", f"bad JSON: {e}", raw)
         return
     if (
-        isinstance(ev, dict) and _depth(ev.get("data")) > MAX_DEPTH
+        isinstance(ev, dict)
+        and text.count("{") + text.count("[") > MAX_DEPTH  # each level opens with one: else it cannot be
+        and _depth(ev.get("data")) > MAX_DEPTH
     ):  # what is stored of an event: every reader
         # after this one (redaction, encoding, reports, the pages) recurses into it
         b.reject(

@@ -172,8 +172,17 @@ class _Layout:
 
 
 LAYOUT_MAX = 1024  # names in a run's layout; past that its metrics lines decode into dicts
-_LAYOUTS: dict[str, _Layout | None] = {}  # run -> its layout (None: too many names, or an empty one)
-_BY_NAMES: dict[tuple[str, ...], _Layout | None] = {}  # the layouts made, by their names
+# Several files' lines (`ingest_small`: a sweep's small runs) share one layout, under this key (no run id is
+# empty): the names of the last pieces, at most SMALL_LAYOUT_MAX of them, as every line's row of the matrix
+# is that wide. Most sweeps log a few names each: a piece decodes into Structs as one run's would (10^4 runs:
+# their decode and columns took 1.1 s with dicts). A piece with names outside it is decoded with dicts
+# again (its cost twice) and the layout learnt anew from it.
+SMALL = ""
+SMALL_LAYOUT_MAX = 64
+_LAYOUTS: dict[
+    str, _Layout | None
+] = {}  # run (or SMALL) -> its layout (None: too many names, or an empty one)
+_BY_NAMES: dict[tuple[str, ...], _Layout] = {}  # the layouts made, by their names
 
 
 def ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line: int) -> None:
@@ -237,7 +246,7 @@ def _plan(
     piece: bytes, run: str | None, host: int, max_line: int, lines: tuple[list, list] | None = None
 ) -> _Plan | None:
     """Decode and certify a piece; None when `plain_ingest_chunk` must take all of it. `lines`: the piece is
-    several files' lines (`ingest_small`), each line's (run, host) in two lists; `run` is None then."""
+    several files' lines (`ingest_small`), each line's (run, host) in two lists; `run` is SMALL then."""
     if not piece.isascii():
         try:
             piece.decode("utf-8")  # msgspec does not check UTF-8 inside fields it skips; json.loads would
@@ -261,7 +270,7 @@ def _plan(
         text = b"".join(
             piece[s : e + 1] for s, e in zip(starts[good].tolist(), ends[good].tolist(), strict=True)
         )
-    decoded = _decode(text, run)  # several files' lines (run None): dict data, no layout
+    decoded = _decode(text, run)
     if decoded is None:  # some line does not fit the types (a "nan" string, say): decode line by line
         decoded = [
             _decode_line(piece[s : e + 1])
@@ -324,9 +333,9 @@ def _plan(
 
 
 def _decode(text: bytes, run: str | None, depth: int = 0) -> list | None:
-    """Every line of `text` decoded (None if some line does not fit): into the run's layout when it has one
-    that fits, else with dict `data`, from which the layout is learnt for the next pieces (`run` None:
-    several files' lines, `ingest_small`: dict `data`, nothing learnt).
+    """Every line of `text` decoded (None if some line does not fit): into the run's layout (SMALL: the
+    small files' one) when it has one that fits, else with dict `data`, from which the layout is learnt
+    for the next pieces (`run` None: dict `data`, nothing learnt).
 
     A line whose value is of the wrong type (a "nan" string, say) fails the decode at that line, which
     msgspec names (`$[i]`): the lines before it decoded, so the piece is decoded around it, the line
@@ -348,8 +357,12 @@ def _decode(text: bytes, run: str | None, depth: int = 0) -> list | None:
                 _decode(tail, within, depth + 1) if tail else [],
             ]
             return None if any(p is None for p in parts) else [ev for p in parts for ev in p]
-        if decoder is _DECODER and run is not None and (run not in _LAYOUTS or layout is not None):
-            _learn(run, decoded, layout)  # none yet, or names outside it
+        if (
+            decoder is _DECODER
+            and run is not None
+            and (run not in _LAYOUTS or layout is not None or run == SMALL)
+        ):
+            _learn(run, decoded, layout)  # none yet, or names outside it (SMALL: the next sweep's, maybe)
         return decoded
     return None
 
@@ -377,23 +390,28 @@ def _split_at(e: Exception, text: bytes) -> tuple[bytes, bytes, bytes] | None:
 
 
 def _learn(run: str, decoded: list, old: _Layout | None) -> None:
-    """The run's layout: the names of this piece, in their order, then the old layout's others."""
+    """The run's layout: the names of this piece, in their order, then the old layout's others (SMALL: only
+    while they fit in SMALL_LAYOUT_MAX, else this piece's alone)."""
     names = dict.fromkeys(itertools.chain.from_iterable(e.data for e in decoded if e.__class__ is _Metrics))
     if not names:
         return  # no metrics here: look again at the next piece
-    names.update(dict.fromkeys(old.names if old is not None else ()))
+    most = SMALL_LAYOUT_MAX if run == SMALL else LAYOUT_MAX
+    if old is not None and len(names) + len(old.names) <= most:
+        names.update(dict.fromkeys(old.names))
     if len(_LAYOUTS) > 64:
         _LAYOUTS.clear()
     if len(_BY_NAMES) > 64:
         _BY_NAMES.clear()
+    # msgspec cannot name a field with a quote, a backslash or a control character: such a run's metrics
+    # decode into dicts (the line is as valid as any)
+    if len(names) > most or "" in names or any(map(_UNNAMEABLE.search, names)):
+        _LAYOUTS[run] = None
+        return
     key = tuple(names)
     if (
         key not in _BY_NAMES
     ):  # runs of one sweep log the same names: one layout (two Structs, a decoder) for all
-        # msgspec cannot name a field with a quote, a backslash or a control character: such a run's
-        # metrics decode into dicts (the line is as valid as any)
-        fits = len(names) <= LAYOUT_MAX and "" not in names and not any(map(_UNNAMEABLE.search, names))
-        _BY_NAMES[key] = _Layout(key) if fits else None
+        _BY_NAMES[key] = _Layout(key)
     _LAYOUTS[run] = _BY_NAMES[key]
 
 
@@ -665,7 +683,7 @@ def ingest_small(con, b: Batch, items: list[tuple[LogFile, FileState, Chunk]], m
         runs = [lf.run for lf, _, _ in items]
         hosts = np.array([lf.host for lf, _, _ in items], np.int64)
         line_runs = [runs[k] for k in files.tolist()]
-        plan = _plan(text, None, 0, max_line, (line_runs, hosts[files].tolist()))
+        plan = _plan(text, SMALL, 0, max_line, (line_runs, hosts[files].tolist()))
     if plan is None:
         for lf, st, ch in items:
             ingest_chunk(con, b, lf, st, ch, max_line)
