@@ -35,6 +35,7 @@ __all__ = [
     "validate_event",
     "is_final_failure",
     "encode_value",
+    "json_text",
     "decode_number",
     "encode_nonfinite",
     "describe",
@@ -226,6 +227,15 @@ def encode_value(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [encode_value(v) for v in obj]
     return obj
+
+
+def json_text(obj: Any, separators: tuple[str, str] = (",", ":")) -> str:
+    """`json.dumps(encode_value(obj))`, with the walk only for a value that holds a non-finite float (which
+    `allow_nan=False` refuses): a config or an eval is dumped as it is, in one C call."""
+    try:
+        return json.dumps(obj, separators=separators, allow_nan=False)
+    except ValueError:
+        return json.dumps(encode_value(obj), separators=separators)
 
 
 def is_final_failure(kind: str, data: Any) -> bool:

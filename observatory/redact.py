@@ -178,6 +178,18 @@ def scrub_text(text: str) -> tuple[str, int]:
     return text, n
 
 
+_PLAIN = frozenset((int, float, bool, type(None)))  # what holds no secret: passed as it is
+
+
+_scrub_short_key = functools.lru_cache(maxsize=1 << 14)(lambda key: scrub_text(key))
+
+
+def _scrub_key(key: str) -> tuple[str, int]:
+    """`scrub_text` of a mapping key, remembered when short: a sweep's 10^5 configs repeat a few dozen keys
+    (a long one is not kept: 16k hostile keys of a line's length each would fill the memory)."""
+    return _scrub_short_key(key) if len(key) <= 128 else scrub_text(key)
+
+
 def scrub(value: Any) -> tuple[Any, int]:
     """A copy of a nested value with secrets hidden by key and by pattern; and how many were.
 
@@ -185,23 +197,28 @@ def scrub(value: Any) -> tuple[Any, int]:
     list element by element, so it keeps its length); every string, keys included, is
     scrubbed by pattern. Numbers, bools and None pass.
     """
+    if value.__class__ in _PLAIN:
+        return value, 0
     if isinstance(value, str):
         return scrub_text(value)
     if isinstance(value, Mapping):
         out, n = {}, 0
         for k, v in value.items():
-            if isinstance(k, str):
-                k2, nk = scrub_text(k)
-                n += nk
-            else:
-                k2 = k
-            if isinstance(k, str) and is_secret_key(k) and isinstance(v, (list, tuple)):
+            if not isinstance(k, str):
+                out[k], nv = scrub(v)
+                n += nv
+                continue
+            k2, nk = _scrub_key(k)
+            n += nk
+            if is_secret_key(k) and isinstance(v, (list, tuple)):
                 # a list keeps its shape (a config_diff's [old, new] stays a pair)
                 out[k2] = [None if x is None else REDACTED for x in v]
                 n += any(x is not None and x != REDACTED for x in v)
-            elif isinstance(k, str) and is_secret_key(k) and v is not None and v != REDACTED:
+            elif is_secret_key(k) and v is not None and v != REDACTED:
                 out[k2] = REDACTED
                 n += 1
+            elif v.__class__ in _PLAIN:
+                out[k2] = v
             else:
                 out[k2], nv = scrub(v)
                 n += nv

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -11,6 +12,7 @@ from observatory.events import (
     ValidationError,
     decode_number,
     encode_value,
+    json_text,
     validate_event,
 )
 
@@ -84,6 +86,25 @@ def test_nonfinite_round_trip():
     assert math.isnan(decode_number("nan")) and decode_number("-inf") == -math.inf
     assert decode_number("1.0") is None and decode_number(True) is None and decode_number(2) == 2.0
     validate_event(ev(data={"loss": "nan", "g": "inf"}))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"config": {"lr": 1e-3, "layers": [1, 2.5, None, True], "name": "é\n"}, "tags": ("a", "b")},
+        {"a": math.nan, "b": [1.0, {"c": math.inf}], "d": (-math.inf,)},
+        [{"deep": [[[math.nan]]]}],
+        1.0,
+        math.nan,
+    ],
+    ids=["finite", "non-finite", "nested-non-finite", "a-float", "a-nan"],
+)
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])
+def test_json_text_is_json_of_encode_value(value, separators):
+    """The walk that turns non-finite floats into strings runs only where one is: the text is the same."""
+    want = json.dumps(encode_value(value), separators=separators)
+    assert json_text(value, separators) == want
+    assert "NaN" not in want and "Infinity" not in want
 
 
 def test_every_kind_names_its_table():

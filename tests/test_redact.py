@@ -93,16 +93,23 @@ def test_nested_config_by_key_and_pattern_counted():
         "list": [{"secret": "s", "ok": 1}],
         "notes": "used hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345 to pull",
         "n": 3,
+        "db_password": 123456,  # a number under a secret key is hidden too
+        "ghp_" + "K" * 36: 1.5,  # a key that is a token: hidden, its value kept
+        "x" * 200 + " ghp_" + "L" * 36: True,  # a long one too (not remembered)
     }
     out, n = scrub(cfg)
+    assert out["db_password"] == REDACTED
+    assert {v for k, v in out.items() if "<redacted>" in k} == {1.5, True}
+    assert redact(cfg) == out
+    del out["db_password"]
+    out = {k: v for k, v in out.items() if "<redacted>" not in k}
     assert out["wandb"] == {"api_key": REDACTED, "project": "p"}
     assert out["hf_token"] is None  # nothing to hide
     assert out["model"] == {"tokenizer": "gpt2"} and out["n"] == 3
     assert out["list"] == [{"secret": REDACTED, "ok": 1}]
     assert "hf_" not in out["notes"]
-    assert n == 3
+    assert n == 6
     assert scrub(out) == (out, 0), "redacting twice hides nothing more and counts nothing more"
-    assert redact(cfg) == out
 
 
 def test_git_commit_hashes_and_numbers_survive():

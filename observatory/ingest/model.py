@@ -28,8 +28,8 @@ from observatory.events import (
     OBSERVATORY_HOST,
     ValidationError,
     decode_number,
-    encode_value,
     is_final_failure,
+    json_text,
     validate_event,
 )
 from observatory.ingest.appends import Appends
@@ -401,7 +401,7 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
             kind, data
         )  # every writer's secrets, by key and by pattern (ours already hid its own)
         b.hid(run, n)
-        dj = json.dumps(encode_value(data), separators=(",", ":"))
+        dj = json_text(data)
         b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
         if kind in ("run_start", "run_end") or is_final_failure(kind, data):
             b.lifecycle.append(

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from observatory import settings
-from observatory.events import OBSERVATORY_HOST, encode_value
+from observatory.events import OBSERVATORY_HOST, json_text
 from observatory.ingest.model import I64, Batch
 from observatory.store import RUN_COLUMNS, RUN_JSON_COLUMNS, crashed_sql
 from observatory.store.arrow import column
@@ -100,7 +100,7 @@ def update_runs(con, b: Batch) -> None:
             c for c in RUN_COLUMNS if not _same(r[c], before[c])
         )  # of a stored row; a new one is inserted whole
         for c in RUN_JSON_COLUMNS:
-            r[c] = None if r[c] is None else json.dumps(encode_value(r[c]))
+            r[c] = None if r[c] is None else json_text(r[c], (", ", ": "))
         if run not in existing:
             new_rows.append(tuple(r[c] for c in RUN_COLUMNS))
         elif changed:
@@ -143,7 +143,7 @@ def _write(con, cols: tuple[str, ...], rows: list[tuple], sql: str) -> None:
             arrays[c] = column(list(values), pa.int64())
         elif c == "tags":
             arrays[c] = column(
-                [None if v is None else json.dumps(encode_value(v)) for v in values], pa.string()
+                [None if v is None else json_text(v, (", ", ": ")) for v in values], pa.string()
             )
         else:
             arrays[c] = column([None if v is None else str(v) for v in values], pa.string())
