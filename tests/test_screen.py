@@ -157,3 +157,56 @@ def test_grad_growth_flags_nothing_in_fewer_rows_than_it_needs():
     assert D.growth_flags(g, TH)[0][-1]
     assert not D.growth_flags(g[1:], TH)[0].any()
     assert screen.rows_needed(screen.RULES[D.LOSS][0], TH) == 1
+
+
+def test_series_rows_give_each_run_what_metric_arrays_gives_it(tmp_path):
+    """Every run's rows read at once (`metric_arrays_many`: sorted, each (name, step) once, hosts' rows at a
+    step averaged, NULLs not counted) give each run the arrays its own `metric_arrays` gives it, bit for bit;
+    and the screen's views of them (`values`, `longest`, `with_values`, `last_step`) agree with those."""
+    from observatory import store
+    from observatory.queries import anomalies as qa
+
+    rng = np.random.default_rng(4)
+    names = ["train/loss", "grad/norm/total", "throughput/tokens_per_s", "moe/drop_frac"]
+    runs = [f"r{i:02d}" for i in range(14)] + ["s1", "s2"]
+    # two runs of one row each, at the same name and step: one after the other, never one (name, step)
+    rows = [(run, 5, names[0], v, 1e9, 0, False) for run, v in (("s1", 1.0), ("s2", 3.0))]
+    for i, run in enumerate(runs[:14]):
+        if i % 5 == 3:
+            continue  # a run with no rows of these names
+        for step in rng.permutation(np.arange(1, 20 + i)).tolist():  # stored out of step order
+            for name in names[: 1 + i % 4]:
+                for host in range(1 + (step % 7 == 0)):  # two hosts at some steps: averaged
+                    value = None if (step + i) % 11 == 0 else float(rng.standard_normal())
+                    rows.append((run, step, name, value, 1e9 + step, host, False))
+    with store.connect(tmp_path / "s.duckdb", read_only=False) as con:
+        store.ensure_schema(con)
+        con.executemany(
+            "INSERT INTO metrics (run, step, name, value, t, host, replaced) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        since, fresh = [None] * len(runs), [False] * len(runs)
+        qa.register_wanted(con, runs, since, fresh)
+        try:
+            many = qa.metric_arrays_many(con, since, fresh, None, names)
+        finally:
+            qa.unregister_wanted(con)
+        alone = [qa.metric_arrays(con, run, None, names) for run in runs]
+    longest = many.longest()
+    members = np.array([i % 3 != 1 for i in range(len(runs))])
+    for i, (steps, series) in enumerate(alone):
+        got_steps, got = many.of(i)
+        assert np.array_equal(got_steps, steps) and got.keys() == series.keys()
+        for name, (s, v) in series.items():
+            assert np.array_equal(got[name][0], s) and np.array_equal(got[name][1], v)  # NaN-free: exact
+        assert many.last_step(i) == (int(steps[-1]) if len(steps) else None)
+        assert longest[i] == max((len(v) for _, v in series.values()), default=0)
+    for name in names:
+        have = many.with_values(name)
+        assert have.tolist() == [name in series for _, series in alone]
+        x, heads, ks = many.values(name, members)
+        want = [i for i in range(len(runs)) if members[i] and have[i]]
+        assert ks.tolist() == want
+        assert np.array_equal(x, np.concatenate([alone[i][1][name][1] for i in want]))
+        assert heads.tolist() == np.cumsum([0] + [len(alone[i][1][name][1]) for i in want])[:-1].tolist()
+    assert sum(len(s) for _, s in alone) > 20 and (longest == 0).any()

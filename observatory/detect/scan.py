@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # annotations only: polars loads lazily (start-up time of `ob
 from observatory import findings
 from observatory.alerts.rules import Rules, RulesError
 from observatory.alerts.rules import load as load_rules
+from observatory.detect import screen
 from observatory.detect.detectors import (
     DROP,
     GRAD,
@@ -62,10 +63,11 @@ from observatory.detect.detectors import (
     update_spikes,
 )
 from observatory.detect.expert_scan import expert_findings
-from observatory.detect.screen import loud_runs, screenable
+from observatory.detect.screen import SHORT
 from observatory.detect.thresholds import Thresholds, widest
 from observatory.events import OBSERVATORY_HOST
 from observatory.queries.anomalies import (
+    SeriesRows,
     anomaly_events,
     anomaly_events_many,
     cut_steps,
@@ -285,19 +287,25 @@ class _RunScan:
     were made in commits)."""
 
     def __init__(
-        self, run, state_key, keys, was, through, since, steps, series, bad, since_x, experts, drop, last_x
+        self, run, state_key, keys, was, through, since, rows, i, bad, since_x, experts, drop, last_x
     ):
         self.run, self.state_key, self.keys, self.was = run, state_key, keys, was
-        self.through, self.since, self.steps, self.series, self.bad = through, since, steps, series, bad
+        self.through, self.since, self.bad = through, since, bad
+        self.rows, self.i = rows, i  # its metric rows: `rows.of(i)`, made when the detectors need them
         self.since_x, self.experts, self.drop, self.last_x = since_x, experts, drop, last_x
 
-    def screenable(self) -> bool:
+    def arrays(self) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """(every step it has a row at; {metric: (steps, values)}): what `detect_series` reads."""
+        return self.rows.of(self.i)
+
+    def screenable(self, longest: np.ndarray) -> bool:
         """Whether `screen.loud_runs` may decide that this run's series detectors find nothing: short
-        series, no non-finite value and no drop fraction from expert_load (whose detectors it does not run)."""
+        series (`longest`: `rows.longest()`), no non-finite value and no drop fraction from expert_load
+        (whose detectors it does not run)."""
         return (
             (self.bad is None or not len(self.bad["step"]))
             and not len(self.drop[0])
-            and screenable(self.series)
+            and int(longest[self.i]) <= SHORT
         )
 
     def finish(
@@ -305,12 +313,13 @@ class _RunScan:
     ) -> tuple[list[Finding], int | None, dict]:
         """(new findings, deduped; the last step scanned; the state the scan reached). quiet: the screen
         (`screen.loud_runs`) found no row any series detector would flag: they are not run."""
+        steps, series = (None, None) if quiet else self.arrays()
         found = (
             []
             if quiet
             else detect_series(
-                self.series,
-                self.steps,
+                series,
+                steps,
                 th,
                 truncated=self.since is not None,
                 bad=self.bad,
@@ -326,7 +335,8 @@ class _RunScan:
                 fresh.add(f.key)
                 new.append(replace(f, run=self.run))
         through, through_x = self.through, self.was.get("experts")
-        last = int(self.steps[-1]) if len(self.steps) else through
+        last_step = self.rows.last_step(self.i) if quiet else (int(steps[-1]) if len(steps) else None)
+        last = through if last_step is None else last_step
         now_state = dict(self.was)
         if last is not None:
             now_state["series"] = max(last, through if through is not None else last)
@@ -382,12 +392,12 @@ def _read_runs(
         since[i] = c
     register_wanted(con, runs, since, fresh)
     try:
-        arrays = metric_arrays_many(con, since, fresh, fresh_from and fresh_from.metrics, list(SERIES))
+        rows = metric_arrays_many(con, since, fresh, fresh_from and fresh_from.metrics, list(SERIES))
         bad = nonfinite_arrays_many(con, since, fresh, fresh_from and fresh_from.metrics)
     finally:
         unregister_wanted(con)
     through_x = [w.get("experts") for w in was]
-    lookback_x = [2 * th.expert_steps + 2 if DROP in a[1] else th.lookback for a in arrays]
+    lookback_x = [2 * th.expert_steps + 2 if d else th.lookback for d in rows.with_values(DROP).tolist()]
     since_x: list[int | None] = [None] * len(runs)
     for lb in set(lookback_x):
         at = [i for i, t in enumerate(through_x) if t is not None and lookback_x[i] == lb]
@@ -413,8 +423,8 @@ def _read_runs(
                 was[i],
                 through[i],
                 since[i],
-                arrays[i][0],
-                arrays[i][1],
+                rows,
+                i,
                 bad[i],
                 since_x[i],
                 experts,
@@ -568,10 +578,7 @@ class Scan:
         quiet: set[str] = set()
         if len(self.reads) >= SCREEN_FROM:
             try:
-                short = [
-                    (r.run, r.series, self.per_run.get(r.run, self.th)) for r in self.reads if r.screenable()
-                ]
-                quiet = {run for run, _, _ in short} - loud_runs(short)
+                quiet = self._quiet()
             except Exception as e:  # then every run's detectors, as without the screen
                 print(f"observatory anomalies: screen failed: {type(e).__name__}: {e}", file=sys.stderr)
         for r in self.reads:
@@ -580,6 +587,26 @@ class Scan:
                 self.results.append((r, *r.finish(th, self.activity.get(r.run), self.now, r.run in quiet)))
             except Exception as e:
                 _say_failed(r.run, e)
+
+    def _quiet(self) -> set[str]:
+        """The screenable runs (`_RunScan.screenable`) no series rule flags a row of (`screen.loud`): each
+        read's rows and thresholds at once, its values of a metric laid end to end, never split by run."""
+        groups: dict[tuple[int, Thresholds], tuple[SeriesRows, np.ndarray, dict[int, str]]] = {}
+        longest: dict[int, np.ndarray] = {}
+        for r in self.reads:
+            rows = r.rows
+            if id(rows) not in longest:
+                longest[id(rows)] = rows.longest()
+            if r.screenable(longest[id(rows)]):
+                th = self.per_run.get(r.run, self.th)
+                _, members, names = groups.setdefault((id(rows), th), (rows, np.zeros(rows.n, bool), {}))
+                members[r.i] = True
+                names[r.i] = r.run
+        quiet: set[str] = set()
+        for (_, th), (rows, members, names) in groups.items():
+            loud = screen.loud(th, lambda metric, rows=rows, members=members: rows.values(metric, members))
+            quiet.update(run for i, run in names.items() if i not in loud)
+        return quiet
 
     def write(self, db=None) -> list[Finding]:
         """The new findings, written into their runs' folders and their scans' state kept (`_commit_state`

@@ -11,7 +11,7 @@ finds nothing, and `observatory.detect.scan` skips its series detectors. The oth
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from observatory.detect.detectors import (
 )
 from observatory.detect.thresholds import Thresholds
 
-__all__ = ["loud_runs", "SHORT"]
+__all__ = ["loud", "loud_runs", "SHORT"]
 
 # a series longer than this is not screened: its own windows cost as much as the screen's, and a run that is
 # flagged would pay for both (a hero run's scan)
@@ -85,30 +85,41 @@ def rows_needed(rule: Rule, th: Thresholds) -> int:
     return k + max(1, k // 2) + max(1, th.min_history) - 1
 
 
-def screenable(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> bool:
-    """Whether a run's series are short enough to be screened (`SHORT`)."""
-    return all(len(v) <= SHORT for _, v in series.values())
+# metric -> (its values of several runs laid end to end, where each run's begin, the runs): what a rule reads
+Columns = Callable[[str], tuple[np.ndarray, np.ndarray, Sequence]]
+
+
+def loud(th: Thresholds, columns: Columns) -> set:
+    """Of the runs whose series `columns` gives, those some series rule (with thresholds `th`) flags a row
+    of. The others' series detectors would find nothing."""
+    out: set = set()
+    for metric, rules in RULES.items():
+        x, starts, runs = columns(metric)
+        if not len(starts):
+            continue
+        longest = int(np.diff(np.append(starts, len(x))).max())
+        hit = np.zeros(len(starts), bool)
+        for rule in rules:
+            if longest >= rows_needed(rule, th):
+                hit |= np.logical_or.reduceat(rule(x, th, starts), starts)
+        out.update(run for run, h in zip(runs, hit.tolist(), strict=True) if h)
+    return out
 
 
 def loud_runs(runs: Iterable[tuple[str, dict[str, tuple[np.ndarray, np.ndarray]], Thresholds]]) -> set[str]:
-    """Of (run, its series as `scan.detect_series` takes them, its thresholds), the runs some series rule
-    flags a row of. The others' series detectors would find nothing."""
+    """`loud` of (run, its series as `scan.detect_series` takes them, its thresholds) each."""
     groups: dict[Thresholds, list[tuple[str, dict]]] = {}
     for run, series, th in runs:
         groups.setdefault(th, []).append((run, series))
-    loud: set[str] = set()
+    out: set[str] = set()
     for th, members in groups.items():
-        for metric, rules in RULES.items():
+
+        def columns(metric: str, members=members) -> tuple[np.ndarray, np.ndarray, list[str]]:
             have = [(run, s[metric][1]) for run, s in members if metric in s and len(s[metric][1])]
-            if not have:
-                continue
             lens = np.fromiter((len(v) for _, v in have), np.int64, len(have))
-            longest = int(lens.max())
-            starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
-            x = np.concatenate([np.asarray(v, dtype=float) for _, v in have])
-            hit = np.zeros(len(have), bool)
-            for rule in rules:
-                if longest >= rows_needed(rule, th):
-                    hit |= np.logical_or.reduceat(rule(x, th, starts), starts)
-            loud.update(run for (run, _), h in zip(have, hit.tolist(), strict=True) if h)
-    return loud
+            starts = np.concatenate(([0], np.cumsum(lens)[:-1])) if have else np.empty(0, np.int64)
+            x = np.concatenate([np.asarray(v, dtype=float) for _, v in have]) if have else np.empty(0)
+            return x, starts, [run for run, _ in have]
+
+        out |= loud(th, columns)
+    return out

@@ -55,19 +55,24 @@ class Scan:
     rel: list[str] = field(default_factory=list)
     size: list[int] = field(default_factory=list)
     mtime: list[float] = field(default_factory=list)
+    _table: pa.Table | None = field(default=None, repr=False, compare=False)
 
     def sig(self) -> tuple:
         """What a follower compares between passes: nothing on disk changed when it is equal."""
         return (self.rel, self.size, self.mtime)
 
     def table(self) -> pa.Table:
-        return pa.table(
-            {
-                "path": column(self.rel, pa.string()),
-                "size": column(self.size, pa.int64()),
-                "mtime": column(self.mtime, pa.float64()),
-            }
-        )
+        """The three columns as one Arrow table, made once: each batch of a catch-up joins it with the store
+        (`with_work`), and at 10^5 files it took 0.05 s to make."""
+        if self._table is None or self._table.num_rows != len(self.rel):
+            self._table = pa.table(
+                {
+                    "path": column(self.rel, pa.string()),
+                    "size": column(self.size, pa.int64()),
+                    "mtime": column(self.mtime, pa.float64()),
+                }
+            )
+        return self._table
 
     def without(self, rel: str) -> Scan:
         keep = [i for i, r in enumerate(self.rel) if r != rel]

@@ -127,10 +127,8 @@ def metric_arrays(
             "names": names,
         },
     ).fetchnumpy()
-    k, step = np.asarray(got["k"], np.int64), np.asarray(got["step"], np.int64)
-    value, null = np.asarray(got["value"], np.float64), np.asarray(got["null"], bool)
-    order = np.lexsort((step, k))
-    return _series_of(k[order], step[order], value[order], null[order], names)
+    c, step = np.asarray(got["k"], np.int64), np.asarray(got["step"], np.int64)
+    return SeriesRows(np.zeros(len(c), np.int64), c, step, got["value"], got["null"], names, 1).of(0)
 
 
 def nonfinite_arrays(con, run: str, since_step: int | None = None) -> dict[str, np.ndarray] | None:
@@ -425,8 +423,9 @@ def _split(k: np.ndarray, n: int) -> list[slice]:
 
 def metric_arrays_many(
     con, since: list[int | None], fresh: list[bool], fresh_rowid: int | None, names: list[str]
-) -> list[tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]]:
-    """`metric_arrays` of every run in `_scan_w`, one query per part (`_parts`), a result per run."""
+) -> SeriesRows:
+    """`metric_arrays` of every run in `_scan_w`, one query per part (`_parts`): their rows, run by run on
+    demand (`SeriesRows.of`)."""
     got: dict[str, list] = {c: [] for c in ("k", "c", "step", "value", "null")}
     for part in _parts(fresh_rowid, since, fresh):
         r = con.execute(
@@ -442,38 +441,76 @@ def metric_arrays_many(
         for c in got:
             got[c].append(np.asarray(r[c]))
     k, c, step, value, null = (np.concatenate(got[x]) if got[x] else np.empty(0) for x in got)
-    k, c, step = k.astype(np.int64), c.astype(np.int64), step.astype(np.int64)
-    order = np.lexsort((step, c, k))
-    k, c, step, value, null = (
-        k[order],
-        c[order],
-        step[order],
-        value[order].astype(np.float64),
-        null[order].astype(bool),
-    )
-    return [_series_of(c[s], step[s], value[s], null[s], list(names)) for s in _split(k, len(since))]
+    return SeriesRows(k, c, step, value, null, list(names), len(since))
 
 
-def _series_of(k, step, value, null, names):
-    """Rows of one run sorted by (name code k, step) -> (every step, sorted; {name: (steps, values)}),
-    several rows at one (name, step) averaged, NULLs not counted (see `metric_arrays`)."""
-    first = np.ones(len(k), bool)
-    first[1:] = (k[1:] != k[:-1]) | (step[1:] != step[:-1])
-    keep = ~null
-    if not (first.all() and keep.all()):  # several rows at a (name, step), or a NULL: their average
-        starts = np.flatnonzero(first)
-        n = np.add.reduceat(keep.astype(np.int64), starts) if len(starts) else np.empty(0, np.int64)
-        total = np.add.reduceat(np.where(keep, value, 0.0), starts) if len(starts) else np.empty(0)
-        k, step, keep = k[starts], step[starts], n > 0
-        value = total / np.maximum(n, 1)
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    if len(k):
-        cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
-        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(k)], strict=True):
-            m = keep[lo:hi]
-            if m.any():
-                out[names[int(k[lo]) - 1]] = step[lo:hi][m], value[lo:hi][m]
-    return distinct(step), out
+class SeriesRows:
+    """Metric rows of n runs (run k in 0..n-1, name code c: its 1-based place in `names`), sorted by (k, c,
+    step) and each (k, c, step) once: several rows averaged, NULLs not counted (a (name, step) of NULLs only
+    is not a value), as `metric_arrays` gives them. A run's arrays are made when asked (`of`); the
+    detectors' screen (`observatory.detect.screen`) reads every run's values of a name at once (`values`),
+    so a scan of 10^4 small runs does not split them into 10^4 dicts that it would join again."""
+
+    def __init__(self, k, c, step, value, null, names: list[str], n: int):
+        k, c, step = (np.asarray(a, np.int64) for a in (k, c, step))
+        value, keep = np.asarray(value, np.float64), ~np.asarray(null, bool)
+        order = np.lexsort((step, c, k))
+        k, c, step, value, keep = k[order], c[order], step[order], value[order], keep[order]
+        first = np.ones(len(k), bool)
+        first[1:] = (k[1:] != k[:-1]) | (c[1:] != c[:-1]) | (step[1:] != step[:-1])
+        if not (first.all() and keep.all()):  # several rows at a (run, name, step), or a NULL: their average
+            starts = np.flatnonzero(first)
+            cnt = np.add.reduceat(keep.astype(np.int64), starts) if len(starts) else np.empty(0, np.int64)
+            total = np.add.reduceat(np.where(keep, value, 0.0), starts) if len(starts) else np.empty(0)
+            k, c, step, keep = k[starts], c[starts], step[starts], cnt > 0
+            value = total / np.maximum(cnt, 1)
+        self.k, self.c, self.step, self.value, self.keep = k, c, step, value, keep
+        self.names, self.n = list(names), n
+        self.bounds = np.searchsorted(k, np.arange(n + 1))
+
+    def of(self, i: int) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """Run i's (every step it has a row at, sorted; {name: (steps, values) where it has a value})."""
+        lo, hi = int(self.bounds[i]), int(self.bounds[i + 1])
+        c, step, value, keep = self.c[lo:hi], self.step[lo:hi], self.value[lo:hi], self.keep[lo:hi]
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if len(c):
+            cuts = np.flatnonzero(c[1:] != c[:-1]) + 1
+            for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(c)], strict=True):
+                m = keep[a:b]
+                if m.any():
+                    out[self.names[int(c[a]) - 1]] = step[a:b][m], value[a:b][m]
+        return distinct(step), out
+
+    def last_step(self, i: int) -> int | None:
+        """The last step run i has a row at (`of(i)[0][-1]`), or None."""
+        lo, hi = int(self.bounds[i]), int(self.bounds[i + 1])
+        return int(self.step[lo:hi].max()) if hi > lo else None
+
+    def with_values(self, name: str) -> np.ndarray:
+        """(n,) bool: which runs have a value of `name` (`name in of(i)[1]`)."""
+        out = np.zeros(self.n, bool)
+        if name in self.names:
+            out[self.k[(self.c == self.names.index(name) + 1) & self.keep]] = True
+        return out
+
+    def longest(self) -> np.ndarray:
+        """(n,) each run's longest series: the most values it has of one name."""
+        out = np.zeros(self.n, np.int64)
+        k, c = self.k[self.keep], self.c[self.keep]
+        if len(k):
+            heads = np.flatnonzero(np.concatenate(([True], (k[1:] != k[:-1]) | (c[1:] != c[:-1]))))
+            np.maximum.at(out, k[heads], np.diff(np.append(heads, len(k))))
+        return out
+
+    def values(self, name: str, runs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The values of `name` of the runs where `runs` (n,) is True, run after run in k order, each run's
+        in step order (`of(i)[1][name][1]` laid end to end): (values, where each run's begin, its k)."""
+        if name not in self.names:
+            return np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
+        sel = (self.c == self.names.index(name) + 1) & self.keep & runs[self.k]
+        k, x = self.k[sel], self.value[sel]
+        heads = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1]))) if len(k) else np.empty(0, np.int64)
+        return x, heads, k[heads]
 
 
 def nonfinite_arrays_many(
