@@ -746,6 +746,8 @@ def test_a_file_that_cannot_be_read_just_now_holds_no_other_back(runs_dir, db_pa
         return real(lf, *a, **k)
 
     monkeypatch.setattr(fs, "read_chunk", flaky)
+    real_rest = fs.read_rest  # a small file's one read fails too: read_chunk is then asked
+    monkeypatch.setattr(fs, "read_rest", lambda lf, *a: None if lf.run == "r0" else real_rest(lf, *a))
     msgs: list[str] = []
     _ingest(runs_dir, db_path, hooks=False, emit=msgs.append)
     assert q(db_path, "SELECT DISTINCT run FROM metrics ORDER BY run") == [("r1",), ("r2",), ("r3",), ("r4",)]
@@ -797,4 +799,41 @@ def test_a_run_in_a_long_budgeted_phase_is_not_crashed_before_its_budget(runs_di
     cols = "run, status, phase, phase_t, phase_budget_s"
     assert q(again, f"SELECT {cols} FROM runs ORDER BY run") == q(
         db_path, f"SELECT {cols} FROM runs ORDER BY run"
+    )
+
+
+def test_read_rest_reads_a_small_log_as_read_chunk_does_or_leaves_it_to_it(tmp_path):
+    """A small log's one read (`model.read_rest`): the chunk `read_chunk` gives of a log of complete lines,
+    from the start or an offset; None (read_chunk's turn) for one that grew since it was listed, ends in a
+    torn line, is bigger than asked, is a FIFO (never blocks on it) or a folder named like a log."""
+    import os
+
+    from observatory.ingest.model import LogFile, read_chunk, read_rest
+
+    def log(name: str, data: bytes | None) -> LogFile:
+        p = tmp_path / name / "events.0.jsonl"
+        p.parent.mkdir()
+        if data is not None:
+            p.write_bytes(data)
+        return LogFile(str(tmp_path), f"{name}/events.0.jsonl", name, 0, False, len(data or b""), 0.0)
+
+    lines = b'{"a": 1}\n{"b": 2}\n'
+    whole = log("whole", lines)
+    for offset in (0, 9):
+        got, want = read_rest(whole, offset, 1 << 16), read_chunk(whole, offset, (1 << 16) + 1, 1 << 20)
+        assert got == want and got.data == lines[offset:] and got.end == len(lines) and got.eof
+    grown = log("grown", lines)
+    with open(grown.path, "ab") as f:
+        f.write(b'{"c": 3}\n')
+    torn = log("torn", lines + b'{"c":')
+    assert read_rest(grown, 0, 1 << 16) is None and read_rest(torn, 0, 1 << 16) is None
+    assert read_rest(whole, 0, 10) is None and read_rest(whole, len(lines), 1 << 16) is None
+    fifo = log("fifo", None)
+    os.mkfifo(fifo.path)
+    fifo = LogFile(fifo.root, fifo.rel, fifo.run, 0, False, 10, 0.0)
+    assert read_rest(fifo, 0, 1 << 16) is None
+    folder = tmp_path / "dir" / "events.0.jsonl"
+    folder.mkdir(parents=True)
+    assert (
+        read_rest(LogFile(str(tmp_path), "dir/events.0.jsonl", "dir", 0, False, 10, 0.0), 0, 1 << 16) is None
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from observatory import findings
-from observatory.ingest.model import U16, Batch, Chunk, FileState, LogFile, read_chunk
+from observatory.ingest.model import U16, Batch, Chunk, FileState, LogFile, read_chunk, read_rest
 from observatory.ingest.msgspec_lines import METRICS_PIECE_BYTES, ingest_chunk, ingest_small
 from observatory.store.arrow import column
 
@@ -367,17 +367,12 @@ class Small:
 
     def take(self, lf: LogFile, st: FileState) -> int | None:
         """The bytes taken of `lf` (decoded by a later `flush`), or None: `process_file` reads it."""
-        if (
-            lf.gz
-            or lf.size - st.offset > SMALL_FILE
-            or not lf.size > st.offset
-            or st.restarted_from is not None
-        ):
+        if st.restarted_from is not None:
             return None  # (a file read again from its start says so first: alone, its message in order)
         self.b.track(lf, st)
-        ch = read_chunk(lf, st.offset, SMALL_FILE + 1, self.max_line)
-        if ch.error or not ch.eof or ch.tail_len or ch.oversized or not ch.data:
-            return None  # grew, torn, unreadable, odd: alone, from where it was (read again)
+        ch = read_rest(lf, st.offset, SMALL_FILE)
+        if ch is None:
+            return None  # big, grown, torn, unreadable, odd: alone, from where it was (read again)
         self.items.append((lf, st, ch))
         self.size += len(ch.data)
         return ch.end - st.offset
