@@ -184,15 +184,26 @@ def main() -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
+        _shut_down(procs.values())
+    return 0
+
+
+def _shut_down(procs) -> None:
+    """SIGTERM to each process, then up to 20 s each to finish; a second Ctrl-C (or SIGTERM) meanwhile kills
+    them at once instead of leaving a traceback and the processes behind."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    try:
+        for p in procs:
             try:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
-    return 0
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
 
 
 if __name__ == "__main__":
