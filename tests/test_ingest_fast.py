@@ -649,3 +649,31 @@ def test_small_files_of_sweeps_with_other_names_share_a_layout_by_turns(tmp_path
     assert any(
         a is None and b is not None for a, b in zip(learnt, learnt[1:], strict=False)
     )  # none, again one
+
+
+def test_a_run_whose_names_outgrow_layout_max_decodes_into_dicts_from_then_on(tmp_path, monkeypatch):
+    """A run's layout keeps every name it has seen; past LAYOUT_MAX of them the run decodes into dicts for
+    good (its pieces are not decoded twice, into a layout and again), and the store is the SQL path's."""
+    monkeypatch.setattr(ingest_fast, "PIECE_BYTES", 700)
+    monkeypatch.setattr(ingest_fast, "METRICS_PIECE_BYTES", 700)
+    monkeypatch.setattr(ingest_fast, "LAYOUT_MAX", 8)
+    monkeypatch.setattr(ingest_mod.fs, "SMALL_FILE", 0)  # read alone, in pieces: the run's layout
+    seen: list[int | None] = []
+    real = ingest_fast._learn
+
+    def learn(run, decoded, old):
+        real(run, decoded, old)
+        lay = ingest_fast._LAYOUTS.get(run)
+        seen.append(None if lay is None else len(lay.names))
+
+    monkeypatch.setattr(ingest_fast, "_learn", learn)
+    ingest_fast._LAYOUTS.pop("grow", None)
+    lines = [
+        event("grow", "metrics", {f"m/{i // 10}": 1.0 + i, "loss": float(i)}, i, i, t=1.7e9)
+        for i in range(120)
+    ]
+    write_lines(tmp_path / "runs" / "grow" / "events.0.jsonl", lines)
+    _assert_same(_ingest_both(tmp_path, monkeypatch, tmp_path / "runs"))
+    first_none = seen.index(None)
+    assert first_none > 0 and max(w for w in seen[:first_none]) <= 8
+    assert seen[first_none:] == [None]  # learnt no more after it: the rest decoded into dicts at once

@@ -261,7 +261,7 @@ def _finding_keys(stored: list[dict], pending: list[dict]) -> tuple[set[tuple[st
     return keys, (max(scanned) if scanned else None)
 
 
-SCREEN_FROM = 2  # runs in a scan from which their series are screened (`screen.loud_runs`) first
+SCREEN_FROM = 2  # runs in a scan from which their series are screened (`screen.loud`) first
 
 # (runs dir, run) -> {"series": last metrics step scanned, "experts": last expert_load step scanned}
 # by this process; the store's `detector_state` (and the findings' `scanned_through`) is the fallback
@@ -299,7 +299,7 @@ class _RunScan:
         return self.rows.of(self.i)
 
     def screenable(self, longest: np.ndarray) -> bool:
-        """Whether `screen.loud_runs` may decide that this run's series detectors find nothing: short
+        """Whether the screen (`screen.loud`) may decide that this run's series detectors find nothing: short
         series (`longest`: `rows.longest()`), no non-finite value and no drop fraction from expert_load
         (whose detectors it does not run)."""
         return (
@@ -312,7 +312,7 @@ class _RunScan:
         self, th: Thresholds, activity: dict | None, now: float | None, quiet: bool = False
     ) -> tuple[list[Finding], int | None, dict]:
         """(new findings, deduped; the last step scanned; the state the scan reached). quiet: the screen
-        (`screen.loud_runs`) found no row any series detector would flag: they are not run."""
+        (`screen.loud`) found no row any series detector would flag: they are not run."""
         steps, series = (None, None) if quiet else self.arrays()
         found = (
             []
@@ -573,7 +573,7 @@ class Scan:
 
     def compute(self) -> None:
         """The series detectors over what was read, run by run (a run that fails is said and left out);
-        when there are many, only over the runs whose rows some rule flags (`screen.loud_runs`)."""
+        when there are many, only over the runs whose rows some rule flags (`screen.loud`)."""
         self.results = []
         quiet: set[str] = set()
         if len(self.reads) >= SCREEN_FROM:

@@ -390,13 +390,14 @@ def _split_at(e: Exception, text: bytes) -> tuple[bytes, bytes, bytes] | None:
 
 
 def _learn(run: str, decoded: list, old: _Layout | None) -> None:
-    """The run's layout: the names of this piece, in their order, then the old layout's others (SMALL: only
-    while they fit in SMALL_LAYOUT_MAX, else this piece's alone)."""
+    """The run's layout: the names of this piece, in their order, then the old layout's others; none past
+    LAYOUT_MAX names (the run decodes into dicts from then on). SMALL: the old layout's names only while
+    they fit in SMALL_LAYOUT_MAX, else this piece's alone (the next sweep's)."""
     names = dict.fromkeys(itertools.chain.from_iterable(e.data for e in decoded if e.__class__ is _Metrics))
     if not names:
         return  # no metrics here: look again at the next piece
     most = SMALL_LAYOUT_MAX if run == SMALL else LAYOUT_MAX
-    if old is not None and len(names) + len(old.names) <= most:
+    if old is not None and (run != SMALL or len(names) + len(old.names) <= most):
         names.update(dict.fromkeys(old.names))
     if len(_LAYOUTS) > 64:
         _LAYOUTS.clear()
