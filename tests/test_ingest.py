@@ -837,3 +837,33 @@ def test_read_rest_reads_a_small_log_as_read_chunk_does_or_leaves_it_to_it(tmp_p
     assert (
         read_rest(LogFile(str(tmp_path), "dir/events.0.jsonl", "dir", 0, False, 10, 0.0), 0, 1 << 16) is None
     )
+
+
+def test_a_pass_lists_its_files_once_and_no_batch_lists_one_read_to_its_end(runs_dir, db_path, monkeypatch):
+    """A catch-up in many batches joins the scan with the store once (not once a batch), and no batch lists a
+    file an earlier batch of the pass read to its end; every row is stored, and the next call lists nothing."""
+    from observatory.ingest import files as fs
+    from observatory.ingest import passes
+
+    _files(runs_dir, 12)
+    monkeypatch.setattr(passes, "BATCH_BYTES", 3000)  # a few files a transaction
+    sizes = _transactions(monkeypatch)
+    joins, taken = [], []
+    real_listed, real_with_work = fs._listed, fs.with_work
+    monkeypatch.setattr(fs, "_listed", lambda *a, **k: joins.append(1) or real_listed(*a, **k))
+
+    def with_work(con, scan, only=None, budget=None):
+        files, left = real_with_work(con, scan, only, budget)
+        taken.append([f.rel for f in files])
+        return files, left
+
+    monkeypatch.setattr(fs, "with_work", with_work)
+    rep = _ingest(runs_dir, db_path, hooks=False, emit=None)
+    assert len(sizes) >= 4 and len(joins) == 1
+    listed = [rel for batch in taken for rel in batch]
+    assert sorted(set(listed)) == sorted(f"r{r}/events.0.jsonl" for r in range(12))
+    assert len(listed) == len(set(listed))  # each file read to its end once, in one batch
+    assert rep.bytes == sum(p.stat().st_size for p in runs_dir.rglob("*.jsonl"))
+    assert q(db_path, "SELECT count(*) FROM metrics") == [(12 * 40,)]
+    joins.clear()
+    assert _ingest(runs_dir, db_path, hooks=False, emit=None).bytes == 0 and len(joins) == 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +56,11 @@ class Scan:
     size: list[int] = field(default_factory=list)
     mtime: list[float] = field(default_factory=list)
     _table: pa.Table | None = field(default=None, repr=False, compare=False)
+    # the files with work, listed once for a store (`with_work`'s budgeted calls): (store, files in ingest
+    # order, each one's new bytes then), how many at the head are read to their end, those that are
+    _work: tuple | None = field(default=None, repr=False, compare=False)
+    _pos: int = field(default=0, repr=False, compare=False)
+    _done: set = field(default_factory=set, repr=False, compare=False)
 
     def sig(self) -> tuple:
         """What a follower compares between passes: nothing on disk changed when it is equal."""
@@ -73,6 +78,10 @@ class Scan:
                 }
             )
         return self._table
+
+    def read_to_end(self, rels: Iterable[str]) -> None:
+        """These files' new bytes are stored (their batch committed): no later batch of this pass lists them."""
+        self._done.update(rels)
 
     def without(self, rel: str) -> Scan:
         keep = [i for i, r in enumerate(self.rel) if r != rel]
@@ -158,45 +167,49 @@ WHERE f.path IS NULL
 """
 
 
-# ... and of those, in ingest order (`with_work`), the first whose new bytes before them are under $budget
-_FIRST_WORK = f"""
-SELECT path, size, mtime, total FROM (
-    SELECT path, size, mtime, count(*) OVER () AS total,
-           sum(todo) OVER (ORDER BY run, host, NOT gz, path ROWS UNBOUNDED PRECEDING) - todo AS before
-    FROM (
-        SELECT w.path, w.size, w.mtime, w.path LIKE '%.gz' AS gz,
-               regexp_replace(split_part(w.path, '/', 1), '^{FINDINGS}', '') AS run,
-               regexp_extract(split_part(w.path, '/', 2), '^events[.]([0-9]+)[.]', 1)::BIGINT AS host,
-               CASE WHEN w.path LIKE '%.gz' THEN w.size
-                    ELSE greatest(w.size - coalesce(w.byte_offset, 0), 0) END AS todo
-        FROM ({_WITH_WORK}) w
-    )
-) WHERE before < $budget
-"""
-
-
 def with_work(
     con, scan: Scan, only: str | None = None, budget: int | None = None
 ) -> tuple[list[LogFile], bool]:
     """The scanned files the store has not read to their end, in ingest order: by run, host, a run's
     `.gz` copies before its live files; and whether some were left out. `budget`: only the first files
-    whose new bytes before them are under it (a batch's worth: at 10^5 runs a catch-up takes dozens of
-    batches, and each lists the few it reads, not every file still to read)."""
+    whose new bytes before them are under it, of those no batch of this pass has read to their end
+    (`Scan.read_to_end`). A pass lists its files with work once (one join of the scan with the store) and
+    each batch takes the next budget's worth: at 10^5 runs a catch-up takes dozens of batches, and joining
+    every file again for each cost a tenth of a second a batch. A file a batch read only part of keeps its
+    place at the head, with its new bytes as listed (more than it has left: a batch takes fewer files)."""
+    if budget is None or only is not None:
+        return _listed(con, scan, only)[0], False
+    key = str(getattr(con, "path", id(con)))
+    if scan._work is None or scan._work[0] != key:
+        files, todo = _listed(con, scan)
+        scan._work, scan._pos, scan._done = (key, files, todo), 0, set()
+    _, files, todo = scan._work
+    while scan._pos < len(files) and files[scan._pos].rel in scan._done:
+        scan._pos += 1
+    out, before, i = [], 0, scan._pos
+    while i < len(files) and before < budget:
+        if files[i].rel not in scan._done:
+            out.append(files[i])
+            before += todo[i]
+        i += 1
+    return out, i < len(files)
+
+
+def _listed(con, scan: Scan, only: str | None = None) -> tuple[list[LogFile], list[int]]:
+    """(every scanned file with work, in ingest order; the new bytes of each: a .gz's whole size)."""
     con.register("_scan", scan.table())
     try:
         if only is not None:
             rows = con.execute(f"SELECT * FROM ({_WITH_WORK}) WHERE path = ?", [only]).fetchall()
-        elif budget is None:
-            rows = con.execute(_WITH_WORK).fetchall()
         else:
-            rows = con.execute(_FIRST_WORK, {"budget": budget}).fetchall()
+            rows = con.execute(_WITH_WORK).fetchall()
     finally:
         con.unregister("_scan")
-    # the budget's query says how many files had work in all (its 4th column); the others list them all
-    left_out = budget is not None and only is None and bool(rows) and rows[0][3] > len(rows)
-    files = [scan.file(*r[:3]) for r in rows]
-    files.sort(key=lambda f: (f.run, f.host, not f.gz, f.rel))
-    return files, left_out
+    listed = sorted(
+        ((scan.file(*r[:3]), r[3]) for r in rows), key=lambda x: (x[0].run, x[0].host, not x[0].gz, x[0].rel)
+    )
+    files = [lf for lf, _ in listed]
+    return files, [lf.size if lf.gz else max(lf.size - (offset or 0), 0) for lf, offset in listed]
 
 
 class Work:

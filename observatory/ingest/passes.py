@@ -290,6 +290,7 @@ def _run_batch(
                 fol.rolled_up = True
             hooks.save_pending(con)  # what the last batch's after-commit hooks keep in the store
             con.execute("COMMIT")
+            scan.read_to_end(lf.rel for lf, _, done, _ in saves if done)
     return b, more
 
 
