@@ -47,7 +47,7 @@ FINDINGS = "findings:"  # a store path's prefix for the runs dir's findings fold
 @dataclass
 class Scan:
     """Every event log under a runs dir and its findings folder, as three parallel columns (store path,
-    size, mtime): at 10^5 runs only the few files with work become `LogFile`s (`with_work`). A store
+    size, mtime): only the files with work become `LogFile`s, once a pass (`with_work`). A store
     path is `<run>/<file>` in the runs dir, `findings:<run>/<file>` in the findings folder."""
 
     root: str

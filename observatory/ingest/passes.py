@@ -3,8 +3,9 @@
 One pass: scan the runs dir (`files.scan`); while files have work, run a batch, one
 straight line (`_run_batch`):
 
-1. read: take the write lock, open the store, list the files with work up to `BATCH_BYTES`
-   of new bytes (`files.with_work`), read their `ingest_files` rows (offsets, seq ranges);
+1. read: take the write lock, open the store, take the next files with work up to `BATCH_BYTES`
+   of new bytes (`files.with_work`: listed once a pass), read their `ingest_files` rows (offsets,
+   seq ranges);
 2. validate and append: read each file from its offset, up to `BATCH_BYTES` in all
    (`files.process_file`: `msgspec_lines` decodes and certifies, `model` judges the
    rest; a sweep's small files are read whole and decoded together, `files.Small`);
