@@ -608,6 +608,59 @@ def test_small_files_decoded_together_store_what_each_alone_stores(tmp_path, mon
     assert len([n for n in grouped if n > 1]) >= 4  # both rounds, in several groups of many files
 
 
+def test_small_files_accepted_at_once_keep_their_seq_checks_across_reads(tmp_path, monkeypatch):
+    """A small file whose lines rise in seq is accepted at once (`_accept_small`); what it leaves in its
+    state is what checking each line in order leaves: the next read rejects a seq below its last certified
+    line (not only below its last judged one), and a file that starts with metrics records its first seq."""
+    grouped: list[int] = []
+    real = ingest_fast.ingest_small
+    monkeypatch.setattr(
+        ingest_mod.fs,
+        "ingest_small",
+        lambda con, b, items, m: (
+            (grouped.append(len(items)) if ingest_fast.ENABLED else None) or real(con, b, items, m)
+        ),
+    )
+
+    def line(run, kind, data, seq, step):
+        return json.dumps(event(run, kind, data, seq, step, t=1.7e9 + step), separators=(",", ":")) + "\n"
+
+    def metrics(run, seq, step):
+        return line(run, "metrics", {"loss": 1.0 + seq, "lr": 0.5}, seq, step)
+
+    runs = tmp_path / "runs"
+    logs = {}
+    for i in range(6):
+        run = f"r{i}"
+        head = line(run, "run_start", {"name": run, "config": {"seed": i}}, 0, 0) if i % 2 else ""
+        logs[run] = head + "".join(metrics(run, s, s) for s in range(1, 6))  # the last line certified
+    logs["r6"] = "".join(metrics("r6", s, i) for i, s in enumerate((0, 1, 2, 2, 3)))  # seqs not rising
+    for run, text in logs.items():
+        (runs / run).mkdir(parents=True)
+        (runs / run / "events.0.jsonl").write_text(text)
+    out = {}
+    for name, enabled in (("old", False), ("fast", True)):
+        monkeypatch.setattr(ingest_fast, "ENABLED", enabled)
+        out[name] = ([], [])
+    for round_ in range(2):
+        if round_:  # each file: a seq below its last metrics line (but above its run_start), then more
+            for run in logs:
+                with open(runs / run / "events.0.jsonl", "a") as f:
+                    f.write(metrics(run, 3, 9) + metrics(run, 6, 10))
+                    f.write(line(run, "run_end", {"status": "completed"}, 7, 10))
+        for name, enabled in (("old", False), ("fast", True)):
+            monkeypatch.setattr(ingest_fast, "ENABLED", enabled)
+            out[name][0].append(
+                ingest(runs, tmp_path / f"{name}.duckdb", hooks=False, emit=out[name][1].append)
+            )
+    _assert_same({name: (dump(tmp_path / f"{name}.duckdb"), *out[name]) for name in out})
+    fast = dump(tmp_path / "fast.duckdb")
+    assert len([r for r in fast["rejected_events"] if r[3] == "seq"]) == 8  # seq 3 in each file; r6's 2
+    first = {r[0]: r[5] for r in fast["ingest_files"]}
+    assert first == {f"r{i}/events.0.jsonl": 0 if i % 2 or i == 6 else 1 for i in range(7)}
+    assert grouped and max(grouped) == 7  # the files decoded together, in both reads
+
+
 def test_small_files_of_sweeps_with_other_names_share_a_layout_by_turns(tmp_path, monkeypatch):
     """Small runs decoded together use one layout (`SMALL`): learnt from a piece, outgrown by the next
     sweep's names (the piece decoded with dicts again, the layout learnt anew), none for a piece of more

@@ -41,7 +41,7 @@ import itertools
 import math
 import operator
 import re
-from typing import Annotated, Union
+from typing import Annotated, Any, Union
 
 import numpy as np
 import pyarrow as pa
@@ -116,9 +116,11 @@ if msgspec is not None:
         data: _ExpertData
         step: int | None = None
 
-    # every other known kind: decoded to nothing (fields skipped, JSON still checked), sent to check_line
+    # every other known kind: decoded to its seq alone (the rest skipped, JSON still checked), sent to
+    # check_line; the seq (any JSON value: a wrong type fails no decode) lets `ingest_small` check a small
+    # file's seqs at once
     _OTHERS = tuple(
-        msgspec.defstruct(f"_Other_{k}", [], tag_field="kind", tag=k)
+        msgspec.defstruct(f"_Other_{k}", [("seq", Any, None)], tag_field="kind", tag=k)
         for k in KINDS
         if k not in ("metrics", "expert_load")
     )
@@ -235,7 +237,9 @@ class _Plan:
     def __init__(self, starts, ends, cls, seq, step, t, metrics, experts):
         self.starts, self.ends = starts, ends  # (L,) where each line starts; its newline
         self.cls = cls  # (L,) int8
-        self.seq, self.step, self.t = seq, step, t  # (L,) int64, int64, float64; meaningful where cls > 0
+        # (L,) int64, int64, float64; meaningful where cls > 0, but seq also where a line check_line judges
+        # decoded with a seq in the store's range (else -1)
+        self.seq, self.step, self.t = seq, step, t
         self.m_lens, self.m_values, self.m_names, self.m_codes = metrics  # (M,), (N,), names, (N,) int32
         self.x_lens, self.x_layers, self.x_routed, self.x_dropped = (
             experts  # (X,), (X,) uint16, (R,), (R,) uint32
@@ -281,6 +285,7 @@ def _plan(
     if len(decoded) != len(good):
         return None  # cannot happen for lines shaped {...} (see the module docstring); be safe anyway
     events: list = [None] * len(ends)  # (L,) the certified events, None for check_line
+    judged: list[tuple[int, int]] = []  # (line, seq) of the others decoded with a seq in range
     for i, e in zip(good.tolist(), decoded, strict=True):
         step_max = _STEP_MAX.get(e.__class__)  # None: another kind, for check_line
         step = getattr(e, "step", None)
@@ -297,6 +302,8 @@ def _plan(
             and -math.inf < e.t < math.inf
         ):
             events[i] = e
+        elif e is not None and (s := e.seq).__class__ is int and 0 <= s <= I64:
+            judged.append((i, s))
     # payload checks the decoder's types cannot make: finite values, no empty metric name, count lists
     m_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ in _METRIC_CLASSES]
     metrics = _metric_columns([events[i] for i in m_lines])
@@ -321,6 +328,9 @@ def _plan(
     cls[m_lines] = 1
     cls[x_lines] = 2
     seq, step, t = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, math.nan)
+    if judged:
+        at, seqs = zip(*judged, strict=True)
+        seq[list(at)] = seqs
     for lines in (m_lines, x_lines):
         if lines:
             evs = [events[i] for i in lines]
@@ -663,6 +673,67 @@ def _insert(con, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
             con.unregister(table)
 
 
+def _accept_small(b: Batch, items: list, counts: list[int], files: np.ndarray, text: bytes, plan: _Plan):
+    """(L,) which lines of several files' decoded lines are accepted certified events: `_accept` of each file.
+
+    A file whose every line decoded with a seq, the seqs rising and above its cursor, and no sibling's seqs
+    to collide with (a sweep's small file, read once), passes every seq check in any order: its certified
+    lines are accepted at once and only the lines `check_line` judges go one by one, in file order (so its
+    rows, rejections and the batch's events come as `_accept` gives them). Others go through `_accept`."""
+    cls, seq, n = plan.cls, plan.seq, len(plan.cls)
+    rising = np.ones(n, bool)
+    rising[1:] = seq[1:] > seq[:-1]
+    heads = np.cumsum(counts) - counts  # each file's first line
+    rising[heads[heads < n]] = True  # a file's first line follows no line of its own
+    odd = np.bincount(files[(seq < 0) | ~rising], minlength=len(items))  # lines that rule a file out
+    certified = cls > 0
+    accepted = certified.copy()
+    judged = np.flatnonzero(~certified).tolist()
+    # each file's first and last certified seqs (-1: none), what its lines accepted at once leave in `st`
+    first, last = np.full(len(items), -1, np.int64), np.full(len(items), -1, np.int64)
+    at = np.flatnonzero(certified)
+    if len(at):
+        owners, i0 = np.unique(files[at], return_index=True)
+        first[owners] = seq[at[i0]]
+        last[owners] = seq[at[np.append(i0[1:], len(at)) - 1]]
+    first_l, last_l = first.tolist(), last.tolist()
+    j = 0  # next in `judged`
+    for k, ((lf, st, ch), c) in enumerate(zip(items, counts, strict=True)):
+        lo, hi = int(heads[k]), int(heads[k]) + c
+        if not c:
+            st.offset = ch.end
+            continue
+        if odd[k] or st.siblings or (st.cursor is not None and int(seq[lo]) <= st.cursor):
+            accepted[lo:hi] = _accept(
+                b, lf, st, text, plan.starts[lo:hi], plan.ends[lo:hi], cls[lo:hi], seq[lo:hi]
+            )
+            while j < len(judged) and judged[j] < hi:
+                j += 1
+        else:
+            base = st.line - lo + 1
+            while j < len(judged) and judged[j] < hi:
+                i = judged[j]
+                check_line(b, lf, st, base + i, text[plan.starts[i] : plan.ends[i]])
+                j += 1
+            st.line += c
+            lo_seq, hi_seq = first_l[k], last_l[k]
+            if hi_seq >= 0:  # as `check_seq` of each in order would leave it (they all rise)
+                st.cursor = hi_seq if st.cursor is None else max(st.cursor, hi_seq)
+                st.first_seq = lo_seq if st.first_seq is None else min(st.first_seq, lo_seq)
+                st.last_seq = hi_seq if st.last_seq is None else max(st.last_seq, hi_seq)
+        st.offset = ch.end
+    # the batch saw each run's accepted events: its latest time and step
+    at = np.flatnonzero(accepted)
+    if len(at):
+        owners, i0 = np.unique(files[at], return_index=True)
+        t_max = np.maximum.reduceat(plan.t[at], i0).tolist()
+        step_max = np.maximum.reduceat(plan.step[at], i0).tolist()
+        for k, t, step in zip(owners.tolist(), t_max, step_max, strict=True):
+            lf = items[k][0]
+            b.saw(lf.run, t, step, lf.host)
+    return accepted
+
+
 def ingest_small(con, b: Batch, items: list[tuple[LogFile, FileState, Chunk]], max_line: int) -> None:
     """Several files' last chunks (complete lines to their ends; each file the only one of its run and host
     in the batch): what `ingest_chunk` of each gives, decoded in one piece.
@@ -689,17 +760,7 @@ def ingest_small(con, b: Batch, items: list[tuple[LogFile, FileState, Chunk]], m
         for lf, st, ch in items:
             ingest_chunk(con, b, lf, st, ch, max_line)
         return
-    accepted = np.zeros(len(plan.cls), bool)
-    lo = 0
-    for (lf, st, ch), n in zip(items, counts, strict=True):
-        hi = lo + n
-        acc = accepted[lo:hi] = _accept(
-            b, lf, st, text, plan.starts[lo:hi], plan.ends[lo:hi], plan.cls[lo:hi], plan.seq[lo:hi]
-        )
-        st.offset = ch.end
-        if acc.any():
-            b.saw(lf.run, float(plan.t[lo:hi][acc].max()), int(plan.step[lo:hi][acc].max()), lf.host)
-        lo = hi
+    accepted = _accept_small(b, items, counts, files, text, plan)
     n_acc = int(accepted.sum())
     if not n_acc:
         return
