@@ -106,6 +106,11 @@ _ANY_PATTERN = re.compile(
         f"(?i:{p.pattern[4:]})" if p.pattern.startswith("(?i)") else f"(?:{p.pattern})" for p in _PATTERNS
     )
 )
+# the literal each pattern needs, under that pattern's flags: a string without one of them (a run name, a
+# tag, a dataset) cannot match any, and this search costs half of `_ANY_PATTERN`'s on a short string
+_ANCHORS = re.compile(
+    r"(?i:wandb|bearer|token|basic|digest)|hf_|gh[pousr]_|github_pat_|sk-|AKIA|ASIA|://|-----BEGIN"
+)
 # `name=value` / `name: value` in free text, in a query string (`?api_key=S`, `user=bob&password=S`) or in
 # JSON-ish text (`"password": "S"`): the head; the value is found after it when the name is secret
 _PAIR_HEAD = re.compile(r"""([A-Za-z_][\w.\-]{0,63})(["']?\s*[=:]\s*)""")
@@ -162,6 +167,10 @@ def _scrub_pairs(text: str) -> tuple[str, int]:
 
 def scrub_text(text: str) -> tuple[str, int]:
     """A string with every credential-shaped part replaced; and how many were."""
+    return _scrub_short_text(text) if len(text) <= 64 else _scrub_text(text)
+
+
+def _scrub_text(text: str) -> tuple[str, int]:
     n = 0
 
     def sub(m: re.Match) -> str:
@@ -169,7 +178,7 @@ def scrub_text(text: str) -> tuple[str, int]:
         n += 1
         return m.group(1) + REDACTED
 
-    if _ANY_PATTERN.search(text) is not None:
+    if _ANCHORS.search(text) is not None and _ANY_PATTERN.search(text) is not None:
         for pat in _PATTERNS:
             text = pat.sub(sub, text)
     if "=" in text or ":" in text:
@@ -178,16 +187,26 @@ def scrub_text(text: str) -> tuple[str, int]:
     return text, n
 
 
+# remembered for short strings: a sweep's configs, tags and statuses repeat a few values 10^5 times (16k of
+# at most 64 characters each: a bounded few MB)
+_scrub_short_text = functools.lru_cache(maxsize=1 << 14)(_scrub_text)
+
+
 _PLAIN = frozenset((int, float, bool, type(None)))  # what holds no secret: passed as it is
 
 
-_scrub_short_key = functools.lru_cache(maxsize=1 << 14)(lambda key: scrub_text(key))
+def _key(key: str) -> tuple[str, int, bool]:
+    """A mapping key's (`scrub_text`, whether its value is secret: `is_secret_key`)."""
+    return (*scrub_text(key), is_secret_key(key))
 
 
-def _scrub_key(key: str) -> tuple[str, int]:
-    """`scrub_text` of a mapping key, remembered when short: a sweep's 10^5 configs repeat a few dozen keys
-    (a long one is not kept: 16k hostile keys of a line's length each would fill the memory)."""
-    return _scrub_short_key(key) if len(key) <= 128 else scrub_text(key)
+_short_key = functools.lru_cache(maxsize=1 << 14)(_key)
+
+
+def _scrub_key(key: str) -> tuple[str, int, bool]:
+    """`_key`, remembered when short: a sweep's 10^5 configs repeat a few dozen keys (a long one is not
+    kept: 16k hostile keys of a line's length each would fill the memory)."""
+    return _short_key(key) if len(key) <= 128 else _key(key)
 
 
 def scrub(value: Any) -> tuple[Any, int]:
@@ -201,20 +220,20 @@ def scrub(value: Any) -> tuple[Any, int]:
         return value, 0
     if isinstance(value, str):
         return scrub_text(value)
-    if isinstance(value, Mapping):
+    if value.__class__ is dict or isinstance(value, Mapping):
         out, n = {}, 0
         for k, v in value.items():
             if not isinstance(k, str):
                 out[k], nv = scrub(v)
                 n += nv
                 continue
-            k2, nk = _scrub_key(k)
+            k2, nk, secret = _scrub_key(k)
             n += nk
-            if is_secret_key(k) and isinstance(v, (list, tuple)):
+            if secret and isinstance(v, (list, tuple)):
                 # a list keeps its shape (a config_diff's [old, new] stays a pair)
                 out[k2] = [None if x is None else REDACTED for x in v]
                 n += any(x is not None and x != REDACTED for x in v)
-            elif is_secret_key(k) and v is not None and v != REDACTED:
+            elif secret and v is not None and v != REDACTED:
                 out[k2] = REDACTED
                 n += 1
             elif v.__class__ in _PLAIN:
