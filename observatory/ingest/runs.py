@@ -45,12 +45,14 @@ def update_runs(con, b: Batch) -> None:
     new_rows: list[tuple] = []
     updates: dict[tuple[str, ...], list[tuple]] = {}  # changed columns -> (their values..., run) per run
     for run in touched:
-        r = existing.get(run) or dict.fromkeys(RUN_COLUMNS)
+        stored = existing.get(run)
+        r = stored or dict.fromkeys(RUN_COLUMNS)
         r["run"] = run
-        for c in RUN_JSON_COLUMNS:
-            if isinstance(r[c], str):
-                r[c] = json.loads(r[c])
-        before = dict(r)
+        if stored is not None:
+            for c in RUN_JSON_COLUMNS:
+                if isinstance(r[c], str):
+                    r[c] = json.loads(r[c])
+            before = dict(r)
         if r["status"] is None or (r["status"] == "crashed" and r["end_time"] is None):
             r["status"] = "running"  # new events from a run shown as crashed for its silence: alive after all
         # (a crash known at a time, from a final failure, is undone only by events after it: below)
@@ -96,12 +98,11 @@ def update_runs(con, b: Batch) -> None:
             r["name"] = run
         if b.redactions.get(run) or r["redactions"] is None:
             r["redactions"] = (r["redactions"] or 0) + b.redactions.get(run, 0)
-        changed = tuple(
-            c for c in RUN_COLUMNS if not _same(r[c], before[c])
-        )  # of a stored row; a new one is inserted whole
+        # a stored row's changed columns (a new one is inserted whole)
+        changed = () if stored is None else tuple(c for c in RUN_COLUMNS if not _same(r[c], before[c]))
         for c in RUN_JSON_COLUMNS:
             r[c] = None if r[c] is None else json_text(r[c], (", ", ": "))
-        if run not in existing:
+        if stored is None:
             new_rows.append(tuple(r[c] for c in RUN_COLUMNS))
         elif changed:
             updates.setdefault(changed, []).append((*(r[c] for c in changed), run))
