@@ -173,3 +173,46 @@ def test_after_commit_hooks_read_beside_readers_and_their_state_lands_in_the_sto
     assert not A.unsaved_state(db)
     with connect(db) as con:
         assert qa.detector_state(con, "sim-tiny") == A._STATE[(str(runs.resolve()), "sim-tiny")]
+
+
+def test_a_rebuild_from_logs_with_findings_reads_each_batch_not_the_run_so_far(
+    tmp_path, no_stall, monkeypatch
+):
+    """A long run's folder holds a finding scanned through its end (an earlier store's). Ingested again into
+    a new store in batches (`observatory rebuild`), each batch's scan starts a lookback before the run's last
+    stored step: it found no cut near the finding's step, far past what the new store held, and read the
+    whole run at every batch (quadratic in the run's length). The anomalies are those of the first store."""
+    import json
+    import random
+
+    from observatory.ingest import passes
+
+    src = tmp_path / "runs"
+    (src / "long").mkdir(parents=True)
+    rng, steps = random.Random(3), 60_000
+    with open(src / "long" / "events.0.jsonl", "w") as f:
+        for step in range(steps):
+            loss = 3.0 + rng.gauss(0, 0.01) + (5.0 if step == steps - 300 else 0.0)  # a spike near the end
+            ev = {"v": 1, "run": "long", "kind": "metrics", "step": step, "t": 1.7e9 + step, "host": 0}
+            f.write(json.dumps(ev | {"seq": step, "data": {"train/loss": loss, "lr": 1e-3}}) + "\n")
+    first = tmp_path / "first.duckdb"
+    ingest(src, first, emit=None)
+    ingest(src, first, emit=None)  # stores what the last pass's hooks wrote
+    want = anomalies(first)
+    assert any(a[1] == "loss_spike" and a[4] >= steps - 300 for a in want), want
+    A._STATE.clear()  # a new process
+    monkeypatch.setattr(passes, "BATCH_BYTES", 1 << 20)  # batches of ~13k steps
+    monkeypatch.setenv("OBSERVATORY_MAX_LINE_BYTES", "100000")  # (a read is at least a longest line)
+    reads: list[tuple] = []  # (the scan's cut, the run's last stored step), each batch
+    real = A.metric_arrays_many
+
+    def spy(con, since, fresh, *a, **kw):
+        reads.append((since[0], qa.stored_last_steps(con, ["long"])["long"]))
+        return real(con, since, fresh, *a, **kw)
+
+    monkeypatch.setattr(A, "metric_arrays_many", spy)
+    again = tmp_path / "again.duckdb"
+    ingest(src, again, emit=None)
+    assert len(reads) >= 4
+    assert all(since is not None and last - 2 * TH.lookback <= since < last for since, last in reads), reads
+    assert anomalies(again) == want

@@ -80,6 +80,7 @@ from observatory.queries.anomalies import (
     run_ids,
     run_scopes,
     silent_runs,
+    stored_last_steps,
     unregister_wanted,
 )
 from observatory.store import StoreBusy, using, write_connection
@@ -385,8 +386,16 @@ def _read_runs(
         fresh_from is not None and run in fresh_from.runs and not w for run, w in zip(runs, was, strict=True)
     ]
     through = [w.get("series") for w in was]
+    # where a cut is looked for: no later than the run's last stored step. A rebuild of a store from logs
+    # whose findings were scanned through the run's end finds no step near that end in its first batches:
+    # each batch read the whole run again (quadratic in the run's length: a 3.5M-step run, 3x its catch-up)
+    last = stored_last_steps(con, runs)
+    capped = [
+        t if t is None or last.get(run) is None else min(t, last[run])
+        for run, t in zip(runs, through, strict=True)
+    ]
     at = [i for i, t in enumerate(through) if t is not None]
-    cuts = cut_steps(con, [runs[i] for i in at], [through[i] for i in at], th.lookback)
+    cuts = cut_steps(con, [runs[i] for i in at], [capped[i] for i in at], th.lookback)
     since: list[int | None] = [None] * len(runs)
     for i, c in zip(at, cuts, strict=True):
         since[i] = c
@@ -399,11 +408,15 @@ def _read_runs(
     through_x = [w.get("experts") for w in was]
     lookback_x = [2 * th.expert_steps + 2 if d else th.lookback for d in rows.with_values(DROP).tolist()]
     since_x: list[int | None] = [None] * len(runs)
+    capped_x = [
+        t if t is None or last.get(run) is None else min(t, last[run])
+        for run, t in zip(runs, through_x, strict=True)
+    ]
     for lb in set(lookback_x):
         at = [i for i, t in enumerate(through_x) if t is not None and lookback_x[i] == lb]
         for i, c in zip(
             at,
-            cut_steps(con, [runs[i] for i in at], [through_x[i] for i in at], lb, "expert_run_step"),
+            cut_steps(con, [runs[i] for i in at], [capped_x[i] for i in at], lb, "expert_run_step"),
             strict=True,
         ):
             since_x[i] = c

@@ -43,6 +43,7 @@ __all__ = [
     "expert_layer_stats_many",
     "cut_steps",
     "detector_states",
+    "stored_last_steps",
     "anomaly_events_many",
 ]
 
@@ -607,6 +608,15 @@ def cut_steps(
     for k, step in rows:
         out[k] = int(step)
     return out
+
+
+def stored_last_steps(con, runs: list[str]) -> dict[str, int]:
+    """The last step of each run the store has (`runs.last_step`: every kind, its own writers'), one query."""
+    rows = con.execute(
+        "SELECT run, last_step FROM runs WHERE last_step IS NOT NULL AND run IN (SELECT unnest($r))",
+        {"r": runs},
+    ).fetchall()
+    return {run: int(step) for run, step in rows}
 
 
 def detector_states(con, runs: list[str]) -> dict[str, dict[str, int]]:
