@@ -13,6 +13,27 @@ from observatory.detect import scan as A
 from observatory.detect import screen
 from observatory.detect.thresholds import Thresholds
 
+
+def loud_runs(runs) -> set[str]:
+    """`screen.loud` of (run, its series as `scan.detect_series` takes them, its thresholds) each: the series
+    laid end to end as the scan lays its `SeriesRows` out, from per-run dicts the tests plant faults in."""
+    groups: dict[Thresholds, list[tuple[str, dict]]] = {}
+    for run, series, th in runs:
+        groups.setdefault(th, []).append((run, series))
+    out: set[str] = set()
+    for th, members in groups.items():
+
+        def columns(metric: str, members=members) -> tuple[np.ndarray, np.ndarray, list[str]]:
+            have = [(run, s[metric][1]) for run, s in members if metric in s and len(s[metric][1])]
+            lens = np.fromiter((len(v) for _, v in have), np.int64, len(have))
+            starts = np.concatenate(([0], np.cumsum(lens)[:-1])) if have else np.empty(0, np.int64)
+            x = np.concatenate([np.asarray(v, dtype=float) for _, v in have]) if have else np.empty(0)
+            return x, starts, [run for run, _ in have]
+
+        out |= screen.loud(th, columns)
+    return out
+
+
 TH = Thresholds()
 
 
@@ -97,7 +118,7 @@ def findings_alone(series: dict, th: Thresholds) -> list:
 
 def test_the_quiet_runs_find_nothing_and_every_planted_fault_is_loud():
     runs = runs_of(64, seed=1)
-    loud = screen.loud_runs((run, s, TH) for run, s in runs)
+    loud = loud_runs((run, s, TH) for run, s in runs)
     found = {run: findings_alone(s, TH) for run, s in runs}
     assert {run for run, f in found.items() if f} <= loud
     planted = {f"r{i}" for i in range(64) if i % 3 == 0 and FAULTS[i % len(FAULTS)] not in (None, "nan")}
@@ -110,7 +131,7 @@ def test_runs_with_thresholds_of_their_own_are_flagged_by_theirs():
     # this run's project flags nothing: no z is that high, no throughput that low
     mine = dataclasses.replace(TH, loss_z=1e9, grad_z=1e9, drop_z=1e9, throughput_drop=1e-9, grad_growth=1e9)
     assert findings_alone(series, mine) == [] and findings_alone(series, TH) != []
-    assert screen.loud_runs([("mine", series, mine), ("default", series, TH)]) == {"default"}
+    assert loud_runs([("mine", series, mine), ("default", series, TH)]) == {"default"}
 
 
 def test_an_ingest_of_many_runs_stores_the_findings_of_each_alone(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ finds nothing, and `observatory.detect.scan` skips its series detectors. The oth
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from observatory.detect.detectors import (
 )
 from observatory.detect.thresholds import Thresholds
 
-__all__ = ["loud", "loud_runs", "SHORT"]
+__all__ = ["loud", "SHORT"]
 
 # a series longer than this is not screened: its own windows cost as much as the screen's, and a run that is
 # flagged would pay for both (a hero run's scan)
@@ -103,23 +103,4 @@ def loud(th: Thresholds, columns: Columns) -> set:
             if longest >= rows_needed(rule, th):
                 hit |= np.logical_or.reduceat(rule(x, th, starts), starts)
         out.update(run for run, h in zip(runs, hit.tolist(), strict=True) if h)
-    return out
-
-
-def loud_runs(runs: Iterable[tuple[str, dict[str, tuple[np.ndarray, np.ndarray]], Thresholds]]) -> set[str]:
-    """`loud` of (run, its series as `scan.detect_series` takes them, its thresholds) each."""
-    groups: dict[Thresholds, list[tuple[str, dict]]] = {}
-    for run, series, th in runs:
-        groups.setdefault(th, []).append((run, series))
-    out: set[str] = set()
-    for th, members in groups.items():
-
-        def columns(metric: str, members=members) -> tuple[np.ndarray, np.ndarray, list[str]]:
-            have = [(run, s[metric][1]) for run, s in members if metric in s and len(s[metric][1])]
-            lens = np.fromiter((len(v) for _, v in have), np.int64, len(have))
-            starts = np.concatenate(([0], np.cumsum(lens)[:-1])) if have else np.empty(0, np.int64)
-            x = np.concatenate([np.asarray(v, dtype=float) for _, v in have]) if have else np.empty(0)
-            return x, starts, [run for run, _ in have]
-
-        out |= loud(th, columns)
     return out
