@@ -120,17 +120,20 @@ def pending_many(runs_dir, runs: Iterable[str], kind: str) -> dict[str, list[dic
     except OSError:
         in_top = set()
     out = {}
-    for run in runs:
-        own = os.path.join(runs_dir, run, NAME)
-        p = (
-            own
-            if top is None or os.path.exists(own)
-            else os.path.join(top, run, NAME)
-            if run in in_top
-            else None
-        )
-        out[run] = _pending_in(p, kind) if p is not None and os.path.exists(p) else []
+    for run in runs:  # `path`'s rule: the run folder's own file first, else the findings folder's
+        found = _pending_at(os.path.join(runs_dir, run, NAME), kind)
+        if found is None and top is not None and run in in_top:
+            found = _pending_at(os.path.join(top, run, NAME), kind)
+        out[run] = found or []
     return out
+
+
+def _pending_at(p, kind: str) -> list[dict] | None:
+    """`_pending_in` of the file at `p`; None when there is none (one open, not a stat and then an open)."""
+    try:
+        return _pending_in(p, kind)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def _pending_in(p, kind: str) -> list[dict]:
