@@ -108,6 +108,35 @@ def test_time_limit_interrupts_and_kills(db):
 
 
 @pytest.mark.timing
+def test_the_time_limit_watchdog_interrupts_at_the_limit_and_never_after_disarm():
+    """The worker's one watchdog thread (made before its address-space limit: a thread made per query could
+    fail under it, "can't start new thread"): it interrupts at the limit, says it did, and an armed query
+    that ends first is never interrupted, whatever the next query is."""
+    from observatory.queries.user_sql_worker import _Watchdog
+
+    class Con:
+        def __init__(self):
+            self.interrupted = threading.Event()
+
+        def interrupt(self):
+            self.interrupted.set()
+
+    dog = _Watchdog()
+    slow = Con()
+    dog.arm(slow, 0.05)
+    assert slow.interrupted.wait(2.0)
+    assert dog.disarm() is True
+    quick = Con()
+    dog.arm(quick, 0.3)
+    assert dog.disarm() is False
+    time.sleep(0.5)
+    assert not quick.interrupted.is_set()
+    again = Con()
+    dog.arm(again, 0.05)  # the same thread serves the next query
+    assert again.interrupted.wait(2.0) and dog.disarm() is True
+
+
+@pytest.mark.timing
 def test_a_worker_that_stops_answering_is_killed_at_the_limit(db):
     """A worker frozen mid-query (SIGSTOP: not even DuckDB's interrupt can land) is killed at 1.25x."""
     error, elapsed = _frozen_query(db)

@@ -433,6 +433,58 @@ def _reset_peak() -> None:
 # ------------------------------------------------------------------ the worker
 
 
+class _Watchdog:
+    """One thread, started before `_lock_in`, that interrupts a query's connection at its time limit.
+
+    A thread made per query (`threading.Timer`) needs its stack mapped under the address-space limit, and
+    after a big query had grown the worker it could not be: "can't start new thread" failed the next query.
+    `disarm` holds the lock the interrupt is made under, so no interrupt lands after it returns."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._con: Any = None
+        self._deadline: float | None = None
+        self.fired = False
+        threading.Thread(target=self._run, name="sql-watchdog", daemon=True).start()
+
+    def arm(self, con: Any, limit_s: float) -> None:
+        with self._cond:
+            self._con, self._deadline, self.fired = con, time.monotonic() + limit_s, False
+            self._cond.notify()
+
+    def disarm(self) -> bool:
+        """Stop watching; whether the interrupt was made."""
+        with self._cond:
+            self._con = self._deadline = None
+            return self.fired
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                con, self._con, self._deadline = self._con, None, None
+                self.fired = True
+                try:
+                    con.interrupt()
+                except Exception:  # the connection closed meanwhile: nothing left to stop
+                    pass
+
+
+_WATCHDOG: list[_Watchdog] = []  # the worker's one: made by `main` before the limits
+
+
+def _watchdog() -> _Watchdog:
+    if not _WATCHDOG:
+        _WATCHDOG.append(_Watchdog())
+    return _WATCHDOG[0]
+
+
 def _lock_in(memory_mb: int) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write fails with EFBIG instead of killing us
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -517,6 +569,7 @@ def main() -> None:
     # warm up: the threads, their allocator arenas and the store code are in place before the limit
     policy_con.execute("SELECT sum(i) FROM range(1000000) t(i)").fetchall()
     policy.check("SELECT 1")
+    _watchdog()  # its thread is made before the limits
     _lock_in(memory_mb)
     write_frame(out, {"kind": "ready", "pid": os.getpid()})
     while True:
@@ -578,8 +631,8 @@ def _serve(req: dict, policy: Policy, out: BinaryIO, store, duckdb) -> dict:
         for s in _settings_sql(req["memory_mb"], req["threads"]):
             con.execute(s)
         before = _fingerprint(con)
-        timer = threading.Timer(limit_s, con.interrupt)
-        timer.start()
+        watchdog = _watchdog()
+        watchdog.arm(con, limit_s)
         failed = None
         types: list[str] = []
         try:
@@ -594,14 +647,14 @@ def _serve(req: dict, policy: Policy, out: BinaryIO, store, duckdb) -> dict:
         except MemoryError:
             failed = {"kind": "memory", "message": "out of memory", "retire": True}
         except duckdb.Error as e:
-            if timer.finished.is_set() and "interrupt" in str(e).lower():
+            if watchdog.fired and "interrupt" in str(e).lower():
                 failed = {"kind": "interrupted"}
             else:
                 failed = {"kind": "error", "message": f"{type(e).__name__}: {_first_line(e)}"}
         except (OverflowError, ValueError, TypeError, ArithmeticError) as e:
             failed = {"kind": "error", "message": _unconvertible(e, types)}
         finally:
-            timer.cancel()
+            watchdog.disarm()
         try:
             after = _fingerprint(con)
         except (duckdb.Error, MemoryError):
