@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import sys
@@ -33,7 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ingest_535b import child  # noqa: E402 (bench/ is not a package)
+import ingest_535b  # noqa: E402 (bench/ is not a package)
+from ingest_535b import child  # noqa: E402
 
 METRICS = (
     "train/loss",
@@ -191,6 +193,11 @@ def main() -> None:
     sizes = sorted(int(x) for x in a.runs.split(","))
     tmp = a.tmp or Path(tempfile.mkdtemp(prefix="bench-many-runs-"))
     tmp.mkdir(parents=True, exist_ok=True)
+    # the findings the detectors write (the one-run log's stall, say) go in the work folder, removed with it,
+    # not in the user's findings folder (one more folder a run of the bench, never read again)
+    os.environ["OBSERVATORY_FINDINGS_DIR"] = ingest_535b.ENV["OBSERVATORY_FINDINGS_DIR"] = str(
+        tmp / "findings"
+    )
     rows: dict[int, dict] = {}
     try:
         up = startup()
