@@ -564,13 +564,8 @@ def _small_runs(root: Path, seed: int, upto: float = 1.0) -> None:
     write_files(files, upto)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_small_files_decoded_together_store_what_each_alone_stores(tmp_path, monkeypatch, seed):
-    """A sweep's files go through `ingest_small` in groups (cut small here: several groups a batch), read
-    half and then whole: the store, the reports and the messages are those of every line judged alone."""
-    monkeypatch.setattr(ingest_fast, "METRICS_PIECE_BYTES", 6000)
-    monkeypatch.setattr(ingest_mod.fs, "METRICS_PIECE_BYTES", 6000)
-    monkeypatch.setenv("OBSERVATORY_MAX_LINE_BYTES", "4000")
+def _groups(monkeypatch) -> list[int]:
+    """The sizes of the groups of files the fast path's `ingest_small` is given, as a list that fills."""
     grouped: list[int] = []
     real = ingest_fast.ingest_small
     monkeypatch.setattr(
@@ -580,6 +575,17 @@ def test_small_files_decoded_together_store_what_each_alone_stores(tmp_path, mon
             (grouped.append(len(items)) if ingest_fast.ENABLED else None) or real(con, b, items, m)
         ),
     )
+    return grouped
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_small_files_decoded_together_store_what_each_alone_stores(tmp_path, monkeypatch, seed):
+    """A sweep's files go through `ingest_small` in groups (cut small here: several groups a batch), read
+    half and then whole: the store, the reports and the messages are those of every line judged alone."""
+    monkeypatch.setattr(ingest_fast, "METRICS_PIECE_BYTES", 6000)
+    monkeypatch.setattr(ingest_mod.fs, "METRICS_PIECE_BYTES", 6000)
+    monkeypatch.setenv("OBSERVATORY_MAX_LINE_BYTES", "4000")
+    grouped = _groups(monkeypatch)
     # each batch's runs with new rows (for the rollups and detectors), as the batch's end sees them
     touched: dict[bool, list] = {False: [], True: []}
     update = ingest_mod.update_runs
@@ -612,15 +618,7 @@ def test_small_files_accepted_at_once_keep_their_seq_checks_across_reads(tmp_pat
     """A small file whose lines rise in seq is accepted at once (`_accept_small`); what it leaves in its
     state is what checking each line in order leaves: the next read rejects a seq below its last certified
     line (not only below its last judged one), and a file that starts with metrics records its first seq."""
-    grouped: list[int] = []
-    real = ingest_fast.ingest_small
-    monkeypatch.setattr(
-        ingest_mod.fs,
-        "ingest_small",
-        lambda con, b, items, m: (
-            (grouped.append(len(items)) if ingest_fast.ENABLED else None) or real(con, b, items, m)
-        ),
-    )
+    grouped = _groups(monkeypatch)
 
     def line(run, kind, data, seq, step):
         return json.dumps(event(run, kind, data, seq, step, t=1.7e9 + step), separators=(",", ":")) + "\n"

@@ -390,12 +390,16 @@ def _read_runs(
     # whose findings were scanned through the run's end finds no step near that end in its first batches:
     # each batch read the whole run again (quadratic in the run's length: a 3.5M-step run, 3x its catch-up)
     last = stored_last_steps(con, runs)
-    capped = [
-        t if t is None or last.get(run) is None else min(t, last[run])
-        for run, t in zip(runs, through, strict=True)
-    ]
+
+    def capped(at: list[int | None]) -> list[int | None]:
+        return [
+            t if t is None or last.get(run) is None else min(t, last[run])
+            for run, t in zip(runs, at, strict=True)
+        ]
+
+    through_c = capped(through)
     at = [i for i, t in enumerate(through) if t is not None]
-    cuts = cut_steps(con, [runs[i] for i in at], [capped[i] for i in at], th.lookback)
+    cuts = cut_steps(con, [runs[i] for i in at], [through_c[i] for i in at], th.lookback)
     since: list[int | None] = [None] * len(runs)
     for i, c in zip(at, cuts, strict=True):
         since[i] = c
@@ -408,15 +412,12 @@ def _read_runs(
     through_x = [w.get("experts") for w in was]
     lookback_x = [2 * th.expert_steps + 2 if d else th.lookback for d in rows.with_values(DROP).tolist()]
     since_x: list[int | None] = [None] * len(runs)
-    capped_x = [
-        t if t is None or last.get(run) is None else min(t, last[run])
-        for run, t in zip(runs, through_x, strict=True)
-    ]
+    through_xc = capped(through_x)
     for lb in set(lookback_x):
         at = [i for i, t in enumerate(through_x) if t is not None and lookback_x[i] == lb]
         for i, c in zip(
             at,
-            cut_steps(con, [runs[i] for i in at], [capped_x[i] for i in at], lb, "expert_run_step"),
+            cut_steps(con, [runs[i] for i in at], [through_xc[i] for i in at], lb, "expert_run_step"),
             strict=True,
         ):
             since_x[i] = c
