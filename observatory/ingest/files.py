@@ -47,20 +47,22 @@ FINDINGS = "findings:"  # a store path's prefix for the runs dir's findings fold
 @dataclass
 class Scan:
     """Every event log under a runs dir and its findings folder, as three parallel columns (store path,
-    size, mtime): only the files with work become `LogFile`s, once a pass (`with_work`). A store
-    path is `<run>/<file>` in the runs dir, `findings:<run>/<file>` in the findings folder."""
+    size, mtime): only the files with work become `LogFile`s, a batch's worth at a time (`with_work`). A
+    store path is `<run>/<file>` in the runs dir, `findings:<run>/<file>` in the findings folder.
+
+    The columns are tuples of strings and numbers, and the files with work a pass lists (`_Listing`) are
+    too: the garbage collector stops looking into such a tuple once it has seen it. At 10^5 runs a
+    catch-up keeps them for its whole length, and as lists and `LogFile`s each of the collector's full
+    passes (dozens in a catch-up) took ~0.25 s, ~10% of the catch-up (bench/bench_many_runs.py)."""
 
     root: str
     findings: str | None = None  # the findings folder (`observatory.findings.root`), when apart
-    rel: list[str] = field(default_factory=list)
-    size: list[int] = field(default_factory=list)
-    mtime: list[float] = field(default_factory=list)
+    rel: tuple[str, ...] = ()
+    size: tuple[int, ...] = ()
+    mtime: tuple[float, ...] = ()
     _table: pa.Table | None = field(default=None, repr=False, compare=False)
-    # the files with work, listed once for a store (`with_work`'s budgeted calls): (store, files in ingest
-    # order, each one's new bytes then), how many at the head are read to their end, those that are
-    _work: tuple | None = field(default=None, repr=False, compare=False)
-    _pos: int = field(default=0, repr=False, compare=False)
-    _done: set = field(default_factory=set, repr=False, compare=False)
+    # the files with work, listed once for a store (`with_work`'s budgeted calls)
+    _work: _Listing | None = field(default=None, repr=False, compare=False)
 
     def sig(self) -> tuple:
         """What a follower compares between passes: nothing on disk changed when it is equal."""
@@ -81,25 +83,66 @@ class Scan:
 
     def read_to_end(self, rels: Iterable[str]) -> None:
         """These files' new bytes are stored (their batch committed): no later batch of this pass lists them."""
-        self._done.update(rels)
+        if self._work is not None:
+            self._work.read_to_end(rels)
 
     def without(self, rel: str) -> Scan:
         keep = [i for i, r in enumerate(self.rel) if r != rel]
         return Scan(
             self.root,
             self.findings,
-            [self.rel[i] for i in keep],
-            [self.size[i] for i in keep],
-            [self.mtime[i] for i in keep],
+            tuple(self.rel[i] for i in keep),
+            tuple(self.size[i] for i in keep),
+            tuple(self.mtime[i] for i in keep),
         )
 
     def file(self, rel: str, size: int, mtime: float) -> LogFile:
         where = self.root
         if rel.startswith(FINDINGS):
             where = self.findings
-        run, name = rel.removeprefix(FINDINGS).split("/", 1)
-        m = FILE_RE.match(name)
-        return LogFile(where, rel, run, int(m.group(1)), bool(m.group(2)), size, mtime)
+        run, host, gz = _parts(rel)
+        return LogFile(where, rel, run, host, gz, size, mtime)
+
+
+def _parts(rel: str) -> tuple[str, int, bool]:
+    """(run, host, gz) of a store path."""
+    run, name = rel.removeprefix(FINDINGS).split("/", 1)
+    m = FILE_RE.match(name)
+    return run, int(m.group(1)), bool(m.group(2))
+
+
+class _Listing:
+    """A pass's files with work in ingest order, as columns (store path, size, mtime, new bytes), and which of
+    them a batch of the pass has read to their end; `take` makes the next batch's `LogFile`s."""
+
+    def __init__(self, key: str, rows: list[tuple[str, int, float, int]]):
+        self.key = key
+        self.rel, self.size, self.mtime, self.todo = (
+            (tuple(c) for c in zip(*rows, strict=True)) if rows else ((),) * 4
+        )
+        self.index = {r: i for i, r in enumerate(self.rel)}  # str -> int: a dict the collector skips too
+        self.done = bytearray(len(rows))
+        self.pos = 0  # every file before it is read to its end
+
+    def read_to_end(self, rels: Iterable[str]) -> None:
+        for r in rels:
+            i = self.index.get(r)
+            if i is not None:
+                self.done[i] = 1
+
+    def take(self, scan: Scan, budget: int) -> tuple[list[LogFile], bool]:
+        """The next files not read to their end whose new bytes before them are under `budget`; whether
+        others are left."""
+        n, done = len(self.rel), self.done
+        while self.pos < n and done[self.pos]:
+            self.pos += 1
+        out, before, i = [], 0, self.pos
+        while i < n and before < budget:
+            if not done[i]:
+                out.append(scan.file(self.rel[i], self.size[i], self.mtime[i]))
+                before += self.todo[i]
+            i += 1
+        return out, i < n
 
 
 def scan(runs_dir: Path, skip: set[str] | None = None, emit: Callable[[str], None] | None = None) -> Scan:
@@ -112,14 +155,20 @@ def scan(runs_dir: Path, skip: set[str] | None = None, emit: Callable[[str], Non
     skip = set() if skip is None else skip
     top = findings.root(runs_dir)
     out = Scan(str(runs_dir), None if top is None else str(top))
-    _scan_into(out, out.root, "", skip, emit)
+    rel: list[str] = []
+    size: list[int] = []
+    mtime: list[float] = []
+    _scan_into((rel, size, mtime), out.root, "", skip, emit)
     if out.findings is not None:
-        _scan_into(out, out.findings, FINDINGS, skip, emit)
+        _scan_into((rel, size, mtime), out.findings, FINDINGS, skip, emit)
+    out.rel, out.size, out.mtime = tuple(rel), tuple(size), tuple(mtime)
     return out
 
 
-def _scan_into(out: Scan, root: str, prefix: str, skip: set[str], emit: Callable[[str], None] | None) -> None:
-    rel, size, mtime = out.rel, out.size, out.mtime
+def _scan_into(
+    out: tuple[list, list, list], root: str, prefix: str, skip: set[str], emit: Callable[[str], None] | None
+) -> None:
+    rel, size, mtime = out
     try:
         with os.scandir(root) as it:
             run_dirs = [e.name for e in it if e.is_dir()]
@@ -178,25 +227,16 @@ def with_work(
     every file again for each cost a tenth of a second a batch. A file a batch read only part of keeps its
     place at the head, with its new bytes as listed (more than it has left: a batch takes fewer files)."""
     if budget is None or only is not None:
-        return _listed(con, scan, only)[0], False
+        return [scan.file(*r[:3]) for r in _listed(con, scan, only)], False
     key = str(getattr(con, "path", id(con)))
-    if scan._work is None or scan._work[0] != key:
-        files, todo = _listed(con, scan)
-        scan._work, scan._pos, scan._done = (key, files, todo), 0, set()
-    _, files, todo = scan._work
-    while scan._pos < len(files) and files[scan._pos].rel in scan._done:
-        scan._pos += 1
-    out, before, i = [], 0, scan._pos
-    while i < len(files) and before < budget:
-        if files[i].rel not in scan._done:
-            out.append(files[i])
-            before += todo[i]
-        i += 1
-    return out, i < len(files)
+    if scan._work is None or scan._work.key != key:
+        scan._work = _Listing(key, _listed(con, scan))
+    return scan._work.take(scan, budget)
 
 
-def _listed(con, scan: Scan, only: str | None = None) -> tuple[list[LogFile], list[int]]:
-    """(every scanned file with work, in ingest order; the new bytes of each: a .gz's whole size)."""
+def _listed(con, scan: Scan, only: str | None = None) -> list[tuple[str, int, float, int]]:
+    """(store path, size, mtime, new bytes: a .gz's whole size) of every scanned file with work, in ingest
+    order: by run, host, a run's `.gz` copies before its live files."""
     con.register("_scan", scan.table())
     try:
         if only is not None:
@@ -205,11 +245,15 @@ def _listed(con, scan: Scan, only: str | None = None) -> tuple[list[LogFile], li
             rows = con.execute(_WITH_WORK).fetchall()
     finally:
         con.unregister("_scan")
-    listed = sorted(
-        ((scan.file(*r[:3]), r[3]) for r in rows), key=lambda x: (x[0].run, x[0].host, not x[0].gz, x[0].rel)
-    )
-    files = [lf for lf, _ in listed]
-    return files, [lf.size if lf.gz else max(lf.size - (offset or 0), 0) for lf, offset in listed]
+
+    def order(row: tuple) -> tuple:
+        run, host, gz = _parts(row[0])
+        return run, host, not gz, row[0]
+
+    return [
+        (rel, size, mtime, size if rel.endswith(".gz") else max(size - (offset or 0), 0))
+        for rel, size, mtime, offset in sorted(rows, key=order)
+    ]
 
 
 class Work:
