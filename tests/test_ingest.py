@@ -702,6 +702,72 @@ def test_a_transaction_takes_in_batch_bytes(runs_dir, db_path, monkeypatch):
         assert con.execute("SELECT count(*), count(DISTINCT run) FROM metrics").fetchall() == [(480, 12)]
 
 
+def test_a_long_log_is_read_a_batch_at_a_time_and_never_past_the_budget(runs_dir, db_path, monkeypatch):
+    """A log longer than a batch: each transaction takes in at most `BATCH_BYTES` (a chunk ends at its last
+    newline, so reading a second full chunk after it took twice the budget; a log's last `SMALL_FILE` bytes
+    may be read whole), the batch it fills takes no other file, and no batch fails (a batch that stopped just under its budget looked up the other files
+    while its INSERTs were running on the connection: "connection is busy", then one file at a time)."""
+    from observatory.ingest import files as fs
+    from observatory.ingest import passes
+
+    monkeypatch.setattr(passes, "BATCH_BYTES", 100_000)
+    monkeypatch.setenv("OBSERVATORY_MAX_LINE_BYTES", "1000")
+    write_lines(
+        runs_dir / "long" / "events.0.jsonl",
+        [event("long", "metrics", {"train/loss": 1.0 / (i + 1), "lr": 1e-3}, i, i) for i in range(7000)],
+    )
+    _files(runs_dir, 3)  # r0..r2 wait behind it in ingest order
+    sizes = _transactions(monkeypatch)
+    said: list[str] = []
+    rep = _ingest(runs_dir, db_path, hooks=False, emit=said.append)
+    long_bytes = (runs_dir / "long" / "events.0.jsonl").stat().st_size
+    assert not said and rep.rejected == 0
+    assert len(sizes) >= long_bytes // 100_000 and max(sizes) <= 100_000 + fs.SMALL_FILE
+    assert sum(sizes) == rep.bytes == sum(p.stat().st_size for p in runs_dir.rglob("*.jsonl"))
+    assert q(db_path, "SELECT run, count(*) FROM metrics GROUP BY run ORDER BY run") == [
+        ("long", 14000),
+        *((f"r{r}", 40) for r in range(3)),
+    ]
+
+
+@pytest.mark.timeout(120)  # the old code read the grown file again forever
+def test_a_failed_batch_is_done_again_one_file_at_a_time_and_ends(runs_dir, db_path, monkeypatch):
+    """A batch that fails is done again one file at a time: the file to blame is named and skipped, every
+    other is stored, and the call ends, also when a file grew after the pass listed it (read to its new
+    end, the pass's listing says it shrank: looking at it again read it from the start, forever)."""
+    from observatory.ingest import passes
+
+    _files(runs_dir, 3)
+    big = (
+        runs_dir / "r1" / "events.0.jsonl"
+    )  # past `SMALL_FILE`: read from its offset, not to its listed size
+    write_lines(big, [event("r1", "metrics", {"train/loss": 1.0 / i}, i, i) for i in range(1, 801)])
+    write_lines(runs_dir / "bad" / "events.0.jsonl", [event("bad", "metrics", {"train/loss": 1.0}, 0, 1)])
+    real = passes.update_runs
+    grown = []
+
+    def update_runs(con, b):
+        if "bad" in b.activity:
+            if not grown:  # r1 grows after the pass listed it
+                grown.append(1)
+                with open(big, "a") as f:
+                    f.write(json.dumps(event("r1", "metrics", {"train/loss": 0.1}, 801, 801)) + "\n")
+            raise RuntimeError("boom")
+        return real(con, b)
+
+    monkeypatch.setattr(passes, "update_runs", update_runs)
+    said: list[str] = []
+    _ingest(runs_dir, db_path, hooks=False, emit=said.append)
+    assert [m for m in said if "cannot ingest" in m] == [
+        f"{runs_dir / 'bad' / 'events.0.jsonl'}: cannot ingest (RuntimeError: boom); skipped until the next ingest"
+    ]
+    assert q(db_path, "SELECT run, count(*) FROM metrics GROUP BY run ORDER BY run") == [
+        ("r0", 40),
+        ("r1", 801),
+        ("r2", 40),
+    ]
+
+
 def test_a_batch_lists_only_the_files_it_can_take(runs_dir, db_path):
     """`with_work` with a budget: the first files with new bytes, in ingest order (a run's .gz copy before its
     live file), up to the one that crosses it, and whether others wait; without one, every file with work."""

@@ -368,7 +368,7 @@ def process_file(
     read_size = max(GZ_BATCH_BYTES if lf.gz else budget, max_line + 2)
     b.track(lf, st)
     used = 0
-    while used < budget or lf.gz:  # a .gz counts as read only at its end (else it is re-read from 0, forever)
+    while True:  # a .gz counts as read only at its end (else it is re-read from 0, forever)
         start = st.offset
         ch = read_chunk(lf, start, read_size, max_line)
         if ch.error and ch.transient:
@@ -402,6 +402,12 @@ def process_file(
             return used, True
         if ch.end == start:
             break
+        if not lf.gz:
+            # the rest of the budget, if a whole line fits in it: a chunk ends at its last newline, so
+            # reading another full `budget` read up to twice the batch's bytes
+            read_size = budget - used
+            if read_size < max_line + 2:
+                break
     return used, False
 
 

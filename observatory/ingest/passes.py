@@ -47,7 +47,12 @@ from observatory.ingest.runs import mark_crashed, update_runs
 
 __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]
 
-BATCH_BYTES = 32 << 20  # input bytes per write transaction: keeps each lock hold well under a second or two
+# input bytes per write transaction. Its metrics rows (~1.5M at a sweep's ~45 bytes a value) fill a row group
+# (`store.connection.ROW_GROUP_ROWS`), which is written on the batch's worker while it decodes; at 32 MB no
+# sweep's batch filled one, and its COMMIT wrote every row on the ingester's thread: a catch-up of 10^5 runs
+# took ~10% longer (bench/bench_many_runs.py). A reader waits for at most one transaction: ~2.5 s for a big
+# run's 64 MB here, ~5 s for a sweep's (thousands of runs' rows, rollups and runs rows).
+BATCH_BYTES = 64 << 20
 CLOCK_S = (
     5.0  # how often the hooks of `hooks.ON_CLOCK` run with no new event (a silent run is found within it)
 )
@@ -236,14 +241,14 @@ def _run_batch(
 
             def listed() -> Iterator[fs.LogFile]:
                 yield from list(work.files)
-                if work.left_out and used < BATCH_BYTES:  # they gave less than their sizes said
+                if work.left_out and not more:  # they gave less than their sizes said
                     done_small()  # (the rest may hold their siblings)
+                    b.appends.drain()  # the rest is looked up on the connection the INSERTs use
                     yield from work.rest()
 
             with b.appends:  # the INSERTs run on its worker while the next pieces decode; drained here
                 for lf in listed():
-                    if used >= BATCH_BYTES:
-                        more = True
+                    if more:
                         break
                     st = FileState(rows.get(lf.rel), lf, fs.siblings(lf, by_host))
                     if st.restarted_from is not None:
@@ -259,6 +264,7 @@ def _run_batch(
                         used += n
                         b.n_bytes += n
                         b.n_files += 1
+                        more = used >= BATCH_BYTES
                         if small.due():
                             done_small()
                         continue
@@ -269,8 +275,8 @@ def _run_batch(
                     b.n_bytes += n
                     b.n_files += 1
                     record(lf, st, done)
-                    if used >= BATCH_BYTES:
-                        more = True
+                    # full: a file that read some and stopped short of its end stopped at the budget
+                    more = used >= BATCH_BYTES or bool(n and not done)
                 done_small()
             more = more or work.left_out  # files left for the next batch
             if not saves:
@@ -398,8 +404,15 @@ def _batches(
             report.findings += sum(1 for e in b.events if e[1] == OBSERVATORY_HOST)
         if use_hooks and b.activity:
             wrote |= hooks.run_after_commit(db, runs_dir, set(b.activity), emit, b)
-        if not more and queue is None:
-            break
+        if not more:
+            if queue is None:
+                break
+            # one file at a time: this one is read as far as it goes, the next one's turn (not a new look
+            # at this one: the pass's listing of it may be stale, and it would be read again forever)
+            queue.pop(0)
+            only = queue[0] if queue else None
+            if only is None:
+                break
         time.sleep(0.02)  # let readers waiting at the gate in between two batches
     return wrote
 
