@@ -50,8 +50,8 @@ __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure
 # input bytes per write transaction. Its metrics rows (~1.5M at a sweep's ~45 bytes a value) fill a row group
 # (`store.connection.ROW_GROUP_ROWS`), which is written on the batch's worker while it decodes; at 32 MB no
 # sweep's batch filled one, and its COMMIT wrote every row on the ingester's thread: a catch-up of 10^5 runs
-# took ~10% longer (bench/bench_many_runs.py). A reader waits for at most one transaction: ~2.5 s for a big
-# run's 64 MB here, ~5 s for a sweep's (thousands of runs' rows, rollups and runs rows).
+# took ~10% longer (bench/bench_many_runs.py). A reader waits for at most one transaction: a big run's 64 MB
+# held the lock 2.5 s (median; 3.8 s at most) here, a sweep's 4.5 s (8 s at most: 7,700 runs' rows and rollups).
 BATCH_BYTES = 64 << 20
 CLOCK_S = (
     5.0  # how often the hooks of `hooks.ON_CLOCK` run with no new event (a silent run is found within it)
