@@ -758,8 +758,10 @@ def test_a_failed_batch_is_done_again_one_file_at_a_time_and_ends(runs_dir, db_p
     monkeypatch.setattr(passes, "update_runs", update_runs)
     said: list[str] = []
     _ingest(runs_dir, db_path, hooks=False, emit=said.append)
-    assert [m for m in said if "cannot ingest" in m] == [
-        f"{runs_dir / 'bad' / 'events.0.jsonl'}: cannot ingest (RuntimeError: boom); skipped until the next ingest"
+    assert [m for m in said if "cannot ingest" in m or "batch failed" in m] == [
+        f"{runs_dir}: a batch failed (RuntimeError: boom); nothing of it was stored, and its files are read "
+        "again one at a time, so that only a file that fails alone is skipped",
+        f"{runs_dir / 'bad' / 'events.0.jsonl'}: cannot ingest (RuntimeError: boom); skipped until the next ingest",
     ]
     assert q(db_path, "SELECT run, count(*) FROM metrics GROUP BY run ORDER BY run") == [
         ("r0", 40),

@@ -385,6 +385,11 @@ def _batches(
                 )
                 fol.skip.add(only)
                 files = files.without(only)
+            elif queue is None:  # said once: a failure no file turns out to cause is still heard of
+                emit(
+                    f"{runs_dir}: a batch failed ({type(e).__name__}: {e}); nothing of it was stored, and its "
+                    "files are read again one at a time, so that only a file that fails alone is skipped"
+                )
             queue = _with_work(db, files) if queue is None else [r for r in queue if r != only]
             only = queue[0] if queue else None
             if only is None:
