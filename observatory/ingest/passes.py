@@ -367,6 +367,13 @@ def _batches(
     wrote: set[str] = set()
     only: str | None = None
     queue = None  # set when isolating files after a failure
+
+    def next_turn() -> str | None:
+        """One file at a time: the queue's head is read as far as it goes; the next one's turn (not a new look
+        at the head: the pass's listing of it may be stale, and it would be read again forever)."""
+        queue.pop(0)
+        return queue[0] if queue else None
+
     while True:
         try:
             b, more = _run_batch(db, runs_dir, files, only, fol, use_hooks)
@@ -396,11 +403,8 @@ def _batches(
                 break
             continue
         if b is None:
-            if queue:
-                queue.pop(0)
-                only = queue[0] if queue else None
-                if only is not None:
-                    continue
+            if queue and (only := next_turn()) is not None:
+                continue
             break
         _add(report, b, emit)
         if progress is not None:
@@ -409,15 +413,8 @@ def _batches(
             report.findings += sum(1 for e in b.events if e[1] == OBSERVATORY_HOST)
         if use_hooks and b.activity:
             wrote |= hooks.run_after_commit(db, runs_dir, set(b.activity), emit, b)
-        if not more:
-            if queue is None:
-                break
-            # one file at a time: this one is read as far as it goes, the next one's turn (not a new look
-            # at this one: the pass's listing of it may be stale, and it would be read again forever)
-            queue.pop(0)
-            only = queue[0] if queue else None
-            if only is None:
-                break
+        if not more and (queue is None or (only := next_turn()) is None):
+            break
         time.sleep(0.02)  # let readers waiting at the gate in between two batches
     return wrote
 
