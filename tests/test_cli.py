@@ -350,3 +350,33 @@ def test_quiet_leaves_out_rejected_lines_not_errors(runs_dir, db_path):
     assert "events.0.jsonl:2: bad JSON" in loud
     res = run("ingest", "-q", "--runs-dir", runs_dir / "missing", "--db", db_path)
     assert res.exit_code == 0 and "runs dir does not exist" in res.stderr
+
+
+def test_the_collector_setting_is_the_command_processes_alone(tmp_path):
+    """`cli.run` (the console script's process) makes full collections rare; importing the package or the
+    CLI (a training script, the dashboard, a notebook) leaves Python's collector as it was."""
+    import ast
+    import subprocess
+    import sys
+
+    from observatory import cli
+
+    probe = (
+        "import gc, sys\n"
+        "default = gc.get_threshold()\n"
+        "import observatory, observatory.cli as cli\n"
+        "assert gc.get_threshold() == default, ('changed at import', gc.get_threshold())\n"
+        "import click\n"
+        "@cli.main.command('probe-gc')\n"
+        "def probe():\n"
+        "    click.echo(repr((default, gc.get_threshold())))\n"
+        "sys.argv = ['observatory', 'probe-gc']\n"
+        "cli.run()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    default, inside = ast.literal_eval(out.stdout.strip())
+    assert inside == (default[0], default[1], cli.FULL_COLLECTION_AFTER)
+    assert default[2] != cli.FULL_COLLECTION_AFTER
