@@ -122,8 +122,8 @@ def main(traceback):
 # the detectors' per-run scans) alive long enough to reach the oldest generation, so a full pass ran every
 # few thousand allocations: 75 of them, 0.01-0.2 s each as the detectors' state grew. After every 1,000
 # instead (Python's thresholds otherwise): a 100,000-run catch-up took 89-90 s against 103 s, one process
-# side by side from a warm page cache, and 86-89 s with the collector off; one run's took no longer (its
-# full passes cost 0.06 s in all). The target it is for: the same bytes as 100,000 runs against as one run,
+# side by side from a warm page cache, and 86-89 s with the collector off; one run's catch-up has little to
+# gain or lose (its full passes cost 0.06 s in all). The target it is for: the same bytes as 100,000 runs against as one run,
 # <= 2x (bench/bench_many_runs.py; bench/HISTORY.md, "The collector's full passes, again"). No other tuning
 # (threads, allocator, exit paths): none moved a figure a user sees.
 FULL_COLLECTION_AFTER = 1000  # middle-generation collections between full ones (Python's default: 10)
