@@ -180,9 +180,9 @@ def ingest(runs: Path, db: Path, label: str) -> tuple[float, float]:
     return wall, rss
 
 
-def warm(runs: Path) -> float:
+def warm(runs: Path) -> None:
     """Read every log under `runs` (its folders listed, its files read), so that each ingest finds them in
-    the page cache; the seconds it took (printed when the logs were not there).
+    the page cache; how long that took is printed when the logs were not there (over 5 s).
 
     This VM gives its page cache back within minutes. From a cold cache, listing and reading 10^5 small
     files cost ~25 s more than from a warm one, one 850 MB file ~3 s more, and whether an ingest found them
@@ -199,7 +199,6 @@ def warm(runs: Path) -> float:
     took = time.perf_counter() - t0
     if took > 5:
         print(f"{'':>7}  (the logs were read into the page cache first: {took:.0f} s)", flush=True)
-    return took
 
 
 def startup() -> float:
