@@ -65,10 +65,12 @@ _M8, _M64, _M512 = (f"metrics_r{r}" for r in METRIC_RESOLUTIONS)
 _X16, _X128, _X1024 = (f"expert_load_r{r}" for r in RESOLUTIONS)
 _XL = f"expert_layer_r{LAYER_RESOLUTION}"
 
-# metrics cells: min/max over finite values, `last` at the last step, counts
+# metrics cells: min/max over finite values, `last` at the last step, counts. `{src}` has the rows' `_row`
+# (rowid): at a tie of the last step (two hosts log a name at one step) `last` is the row stored first,
+# whatever order DuckDB's threads meet them in, as the stored part of a cell keeps its `last` (`_o`)
 _METRIC_RAW = """SELECT run, name, step // {res} AS bucket, min(step), max(step),
        min(value) FILTER (WHERE isfinite(value)), max(value) FILTER (WHERE isfinite(value)),
-       arg_max(value, step), sum(value) FILTER (WHERE isfinite(value)), count(*),
+       arg_max(value, struct_pack(s := step, r := -_row)), sum(value) FILTER (WHERE isfinite(value)), count(*),
        count(*) FILTER (WHERE NOT isfinite(value))
     FROM {src} WHERE step IS NOT NULL GROUP BY run, name, bucket"""
 # cells combined: a coarser bucket's from the level below, or a cell's stored and new parts (`_o` orders
@@ -133,7 +135,7 @@ def _roll_metrics(con, start: int) -> None:
     the rows they replace leave their cells, which are recounted from the raw rows."""
     res0 = METRIC_RESOLUTIONS[0]
     old = replays.mark(con, start)
-    raw = f"(SELECT * FROM metrics WHERE rowid >= {start} AND NOT replaced)"
+    raw = f"(SELECT *, rowid AS _row FROM metrics WHERE rowid >= {start} AND NOT replaced)"
     _merge(
         con,
         _M8,
@@ -164,7 +166,7 @@ def _recount_replaced(con, old: str) -> None:
     lo, hi = con.execute("SELECT min(bucket), max(bucket) FROM _replay_cells").fetchall()[0]
     on = _on(("run", "name", "bucket"), "t", "d")
     con.execute(f"DELETE FROM {_M8} t USING _replay_cells d WHERE {on} AND t.bucket BETWEEN {lo} AND {hi}")
-    rows = f"""(SELECT m.* FROM metrics m SEMI JOIN _replay_cells d
+    rows = f"""(SELECT m.*, m.rowid AS _row FROM metrics m SEMI JOIN _replay_cells d
                    ON m.run = d.run AND m.name = d.name AND m.step // {res0} = d.bucket
                 WHERE NOT m.replaced AND m.step BETWEEN {lo * res0} AND {hi * res0 + res0 - 1})"""
     con.execute(f"INSERT INTO {_M8} {_METRIC_RAW.format(res=res0, src=rows)} ORDER BY ALL")
@@ -182,7 +184,7 @@ def _fix_series(con, old: str) -> None:
     )
     con.execute(
         f"""UPDATE metric_series s SET last_value = v.value
-            FROM (SELECT m.run, m.name, arg_max(m.value, m.step) AS value
+            FROM (SELECT m.run, m.name, arg_max(m.value, struct_pack(s := m.step, r := -m.rowid)) AS value
                   FROM metrics m SEMI JOIN (SELECT o.run, o.name, o.step FROM {old} o
                                             JOIN metric_series x ON x.run = o.run AND x.name = o.name
                                                                 AND x.last_step = o.step) d
@@ -308,7 +310,7 @@ def _save_state(con, source: str, next_rowid: int, n_rows: int) -> None:
 
 # `metric_series` folds new per-name rows in (one statement over the batch's rows; over the store on a rebuild).
 # The value at a tie of the last step (two hosts log a name at one step) is the one stored first, as in a
-# recount's `arg_max` over the rows in insertion order, and as `metrics_r*`'s `last`
+# recount's `arg_max` by (step, first rowid), and as `metrics_r*`'s `last`
 SERIES_UPSERT = """
 INSERT INTO metric_series {source}
 ON CONFLICT (run, name) DO UPDATE SET
@@ -319,7 +321,8 @@ ON CONFLICT (run, name) DO UPDATE SET
     last_step = greatest(metric_series.last_step, excluded.last_step),
     last_t = greatest(metric_series.last_t, excluded.last_t)
 """
-_SERIES_NEW = """SELECT run, name, count(*), min(step), max(step), arg_max(value, step), max(t)
+_SERIES_NEW = """SELECT run, name, count(*), min(step), max(step), arg_max(value, struct_pack(s := step, r := -_row)),
+                        max(t)
                  FROM {src} GROUP BY run, name"""
 
 
@@ -339,7 +342,7 @@ def _rebuild_metrics(con) -> None:
     for t in METRIC_TABLES:
         con.execute(f"DELETE FROM {t}")
     replays.mark_all(con)
-    current = "(SELECT * FROM metrics WHERE NOT replaced)"
+    current = "(SELECT *, rowid AS _row FROM metrics WHERE NOT replaced)"
     con.execute(
         f"INSERT INTO {_M8} {_METRIC_RAW.format(res=METRIC_RESOLUTIONS[0], src=current)} ORDER BY ALL"
     )
