@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -54,14 +55,14 @@ def _lines(run: str, host: int, first: int, last: int, seq0: int, rnd: random.Ra
     return out
 
 
-def _write(root, i: int, upto: int | None = None) -> None:
+def _write(root, i: int, upto: int | None = None, hosts: tuple[int, ...] = (0, 1)) -> None:
     """Run i's logs: host 0 (and host 1 for every 10th run), steps 1..40; `upto`: only up to that step, the
-    rest appended by a later call (a run that spans passes)."""
+    rest appended by a later call (a run that spans passes); `hosts`: only these hosts' logs."""
     rnd = random.Random(i)
     run = f"sweep-{i:05d}"
     d = root / run
     d.mkdir(parents=True, exist_ok=True)
-    for host in (0, 1) if i % 10 == 0 else (0,):
+    for host in [h for h in ((0, 1) if i % 10 == 0 else (0,)) if h in hosts]:
         path = d / f"events.{host}.jsonl"
         have = path.read_text().splitlines() if path.exists() else []
         lines = []
@@ -107,6 +108,13 @@ def _write(root, i: int, upto: int | None = None) -> None:
             f.write("".join(x + "\n" for x in lines))
 
 
+def _age_folders(root) -> None:
+    """Set every run folder's mtime back a minute (the files' own stay as they are)."""
+    old = time.time_ns() - 60 * 1_000_000_000
+    for d in root.iterdir():
+        os.utime(d, ns=(old, old))
+
+
 def _r(v):
     return float(f"{v:.12g}") if isinstance(v, float) and math.isfinite(v) else v
 
@@ -139,7 +147,7 @@ def built(tmp_path_factory):
     mp.setenv("OBSERVATORY_ANOMALY_STALL_S", "3600")
     logs = tmp / "logs"
     for i in range(N_RUNS):
-        _write(logs, i, upto=20 if i % 3 == 0 else None)
+        _write(logs, i, upto=20 if i % 3 == 0 else None, hosts=(0,) if i % 3 == 0 else (0, 1))
     for i in range(0, N_RUNS, 3):
         _write(logs, i)  # the rest of every third run: the logs are whole, as they are for each build below
     out = {}
@@ -149,18 +157,29 @@ def built(tmp_path_factory):
         ingest(one, tmp / "one.duckdb", emit=None)
         out["one pass"] = tmp / "one.duckdb"
 
-        # many passes: the runs arrive a few hundred at a time, every third one written over two passes,
-        # and each transaction takes in ~64 KB (hundreds of transactions)
+        # many passes: the runs arrive a few hundred at a time, every third one written over two passes (of
+        # those on two hosts, host 1's log appears in the second), and each transaction takes in ~64 KB
+        # (hundreds of transactions). After each pass the run folders are as if written long before, so
+        # the next passes list only the folders whose names changed (`ingest.folders`)
         many = tmp / "many"
         mp.setattr(passes, "BATCH_BYTES", 64 << 10)
         for lo in range(0, N_RUNS, 500):
             for i in range(lo, min(lo + 500, N_RUNS)):
-                _write(many, i, upto=20 if i % 3 == 0 else None)
-            ingest(many, tmp / "many.duckdb", emit=None)
+                _write(many, i, upto=20 if i % 3 == 0 else None, hosts=(0,) if i % 3 == 0 else (0, 1))
+            for _ in range(2):
+                ingest(many, tmp / "many.duckdb", emit=None)
+                _age_folders(many)
             for i in range(lo, min(lo + 500, N_RUNS)):
                 if i % 3 == 0:
                     _write(many, i)
             ingest(many, tmp / "many.duckdb", emit=None)
+            _age_folders(many)
+        with connect(tmp / "many.duckdb") as con:  # every run folder's listing was kept, and used
+            runs, found = con.execute(
+                "SELECT count(*) FILTER (NOT starts_with(folder, 'findings:')), "
+                "count(*) FILTER (starts_with(folder, 'findings:')) FROM ingest_folders"
+            ).fetchall()[0]
+        assert runs == N_RUNS and found > 0  # found: the findings folder's, of the runs with findings
         out["many passes"] = tmp / "many.duckdb"
         mp.undo()
         mp.setenv("OBSERVATORY_STALE_AFTER_S", "3600")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from observatory import findings
+from observatory.ingest.folders import SETTLED_S, Folders
 from observatory.ingest.model import U16, Batch, Chunk, FileState, LogFile, read_chunk, read_rest
 from observatory.ingest.msgspec_lines import METRICS_PIECE_BYTES, ingest_chunk, ingest_small
 from observatory.store.arrow import column
@@ -63,6 +65,8 @@ class Scan:
     _table: pa.Table | None = field(default=None, repr=False, compare=False)
     # the files with work, listed once for a store (`with_work`'s budgeted calls)
     _work: _Listing | None = field(default=None, repr=False, compare=False)
+    # the folders' listings the scan used and kept (`ingest.folders`); a batch writes what changed
+    folders: Folders | None = field(default=None, repr=False, compare=False)
 
     def sig(self) -> tuple:
         """What a follower compares between passes: nothing on disk changed when it is equal."""
@@ -94,6 +98,7 @@ class Scan:
             tuple(self.rel[i] for i in keep),
             tuple(self.size[i] for i in keep),
             tuple(self.mtime[i] for i in keep),
+            folders=self.folders,
         )
 
     def file(self, rel: str, size: int, mtime: float) -> LogFile:
@@ -145,28 +150,43 @@ class _Listing:
         return out, i < n
 
 
-def scan(runs_dir: Path, skip: set[str] | None = None, emit: Callable[[str], None] | None = None) -> Scan:
+def scan(
+    runs_dir: Path,
+    skip: set[str] | None = None,
+    emit: Callable[[str], None] | None = None,
+    folders: Folders | None = None,
+) -> Scan:
     """Every event log under the runs dir and its findings folder but those in `skip`; a host the store
     cannot keep is said once (through `emit`) and added to `skip`.
 
-    One `scandir` per folder and one `stat` per log, with plain strings and lists: a pass over a lab's
+    One `stat` per log, and one `scandir` per folder, but for the folders `folders` kept the listing of
+    (`ingest.folders`: one `stat` of the folder instead), with plain strings and lists: a pass over a lab's
     10^5 run folders costs what those syscalls do. Which files have work is the store's to say
     (`with_work`: one join in DuckDB, not a dict of 10^5 rows in Python)."""
     skip = set() if skip is None else skip
     top = findings.root(runs_dir)
-    out = Scan(str(runs_dir), None if top is None else str(top))
-    rel: list[str] = []
-    size: list[int] = []
-    mtime: list[float] = []
-    _scan_into((rel, size, mtime), out.root, "", skip, emit)
+    out = Scan(str(runs_dir), None if top is None else str(top), folders=folders)
+    cols: tuple[list[str], list[int], list[float]] = ([], [], [])
+    seen: list[str] = []  # the folders seen that have a kept listing: any other kept listing is of one gone
+    since = time.time_ns() - SETTLED_S * 1_000_000_000
+    _scan_into(cols, out.root, "", skip, emit, folders, seen, since)
     if out.findings is not None:
-        _scan_into((rel, size, mtime), out.findings, FINDINGS, skip, emit)
-    out.rel, out.size, out.mtime = tuple(rel), tuple(size), tuple(mtime)
+        _scan_into(cols, out.findings, FINDINGS, skip, emit, folders, seen, since)
+    if folders is not None and len(folders.entries) > len(seen):
+        folders.forget(set(seen))
+    out.rel, out.size, out.mtime = (tuple(c) for c in cols)
     return out
 
 
 def _scan_into(
-    out: tuple[list, list, list], root: str, prefix: str, skip: set[str], emit: Callable[[str], None] | None
+    out: tuple[list, list, list],
+    root: str,
+    prefix: str,
+    skip: set[str],
+    emit: Callable[[str], None] | None,
+    folders: Folders | None,
+    seen: list[str],
+    since: int,
 ) -> None:
     rel, size, mtime = out
     try:
@@ -174,36 +194,59 @@ def _scan_into(
             run_dirs = [e.name for e in it if e.is_dir()]
     except (FileNotFoundError, NotADirectoryError):
         return
+    kept = folders.entries if folders is not None and root in folders.keep else None
+    stat = os.stat
     for run in run_dirs:
-        try:
-            it = os.scandir(f"{root}/{run}")
-        except OSError:
+        d, key = f"{root}/{run}", prefix + run
+        if kept is None:
+            names = _names(d)
+        else:
+            try:
+                folder_mtime = stat(d).st_mtime_ns  # before the listing: a name added meanwhile changes it
+            except OSError:
+                continue
+            entry = kept.get(key)
+            if entry is not None and entry[0] == folder_mtime:
+                names = entry[1]
+            else:
+                names = _names(d)
+                if names is not None and folder_mtime <= since:
+                    folders.put(key, folder_mtime, names)
+                    entry = folders.entries[key]
+            if entry is not None:
+                seen.append(key)
+        if names is None:
             continue
-        with it:
-            for e in it:
-                name = e.name
-                if not name.startswith("events.") or not (m := FILE_RE.match(name)):
-                    continue
-                r = f"{prefix}{run}/{name}"
-                if r in skip:
-                    continue
-                if int(m.group(1)) > U16:
-                    # the store keeps hosts as USMALLINT (ingest_files, every table): say so once and go on
-                    if emit is not None:
-                        emit(
-                            f"{root}/{run}/{name}: host {m.group(1)} in the file name is above {U16}, the "
-                            f"largest host the store keeps; file skipped (rename it events.<host>.jsonl with "
-                            f"a host in 0..{U16})"
-                        )
-                    skip.add(r)
-                    continue
-                try:
-                    st = e.stat()
-                except OSError:
-                    continue
-                rel.append(r)
-                size.append(st.st_size)
-                mtime.append(st.st_mtime)
+        for name in names:
+            r = f"{key}/{name}"
+            if r in skip:
+                continue
+            host = FILE_RE.match(name).group(1)
+            if int(host) > U16:
+                # the store keeps hosts as USMALLINT (ingest_files, every table): say so once and go on
+                if emit is not None:
+                    emit(
+                        f"{d}/{name}: host {host} in the file name is above {U16}, the largest host the "
+                        f"store keeps; file skipped (rename it events.<host>.jsonl with a host in 0..{U16})"
+                    )
+                skip.add(r)
+                continue
+            try:
+                st = stat(f"{d}/{name}")
+            except OSError:
+                continue
+            rel.append(r)
+            size.append(st.st_size)
+            mtime.append(st.st_mtime)
+
+
+def _names(folder: str) -> tuple[str, ...] | None:
+    """The event logs' names in a folder; None when it cannot be listed."""
+    try:
+        with os.scandir(folder) as it:
+            return tuple(e.name for e in it if e.name.startswith("events.") and FILE_RE.match(e.name))
+    except OSError:
+        return None
 
 
 # a file has work when the store has no row for it, or (a plain log) it is longer than the offset read,

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from observatory import settings, store
+from observatory import findings, settings, store
 from observatory.events import OBSERVATORY_HOST, STATUSES
 from observatory.ingest import files as fs
 from observatory.ingest import hooks
 from observatory.ingest.arrow import flush
+from observatory.ingest.folders import Folders
 from observatory.ingest.model import (
     MESSAGE_LIMIT,
     Batch,
@@ -117,6 +118,9 @@ class Follower:
         self.off: set[str] = set()  # in-transaction hooks that failed: batches run without them
         self.last_crash_check = 0.0
         self.last_clock = 0.0  # when the clock's hooks last ran (`hooks.ON_CLOCK`)
+        self.folders: Folders | None = (
+            None  # the run folders' listings (`ingest.folders`), loaded once a call
+        )
         self.rolled_up = (
             False  # whether a batch of this call ran the rollups over every row past their watermark
         )
@@ -213,6 +217,10 @@ def _run_batch(
     max_line = int(settings.get("max_line_bytes"))
     with _open_store(db) as con:
         with _transaction(con):
+            if scan.folders is not None:
+                scan.folders.save(
+                    con
+                )  # the folders' listings the scan made: next call lists only changed ones
             # the few with new bytes, a batch's worth (at 10^5 runs too), with their stored state
             work = fs.Work(con, scan, only, None if only is not None else BATCH_BYTES)
             rows, status, by_host = work.rows, work.status, work.by_host
@@ -311,7 +319,10 @@ def one_pass(
     progress: Callable[[dict], None] | None = None,
 ) -> None:
     """Ingest what the files have that the store has not; skip the lock when nothing changed on disk."""
-    files = fs.scan(runs_dir, fol.skip, emit)
+    if fol.folders is None:
+        top = findings.root(runs_dir)
+        fol.folders = Folders.load(db, [str(runs_dir)] + ([] if top is None else [str(top)]))
+    files = fs.scan(runs_dir, fol.skip, emit, fol.folders)
     sig = (files.sig(), _db_sig(db))
     now = time.time()
     clock = use_hooks and now - fol.last_clock >= CLOCK_S
@@ -333,7 +344,7 @@ def one_pass(
             # the hooks wrote findings into run folders: ingest them in this call, so that one command
             # leaves the store with everything it found (the hooks run again on this round's new
             # activity only: the observatory's own events are not activity, so this round ends it)
-            files = fs.scan(runs_dir, fol.skip, emit)
+            files = fs.scan(runs_dir, fol.skip, emit, fol.folders)
             sig = (files.sig(), _db_sig(db))
             wrote = _batches(
                 runs_dir, db, files, report, fol, use_hooks, emit, findings=True, progress=progress

@@ -7,8 +7,9 @@
   (metrics' latest values overridden by `summary` events), `histograms`, and `decisions`
   (the fold of `decision` events, `DECISIONS_SQL`).
 - `ROLLUP_DDL`: the tables `observatory.store.rollups` keeps up to date at ingest
-  time for the dashboard, and `detector_state`, where the detectors' scans stopped
-  (`observatory.detect.scan`); internal: not in docs/schema.md.
+  time for the dashboard, `detector_state`, where the detectors' scans stopped
+  (`observatory.detect.scan`), and `ingest_folders`, the run folders' last listings
+  (`observatory.ingest.folders`); internal: not in docs/schema.md.
 - `run_status_sql(cut)`: the one definition of a run's status as every reader
   shows it (`crashed` after `stale_after_s` of silence).
 
@@ -371,6 +372,11 @@ CREATE TABLE IF NOT EXISTS rollup_state (
     source      VARCHAR PRIMARY KEY,  -- expert_load | metrics
     next_rowid  BIGINT NOT NULL,      -- rows with rowid >= this are not rolled up yet
     n_rows      BIGINT NOT NULL       -- count(*) of the source when next_rowid was taken
+);
+CREATE TABLE IF NOT EXISTS ingest_folders (
+    folder   VARCHAR NOT NULL,        -- a run folder, as ingest_files.path begins (findings:<run> too)
+    mtime_ns BIGINT NOT NULL,         -- the folder's mtime when it was listed
+    names    VARCHAR NOT NULL         -- its event logs then, separated by spaces
 );
 """
 )
