@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from observatory.ingest import ingest
+from observatory.ingest import folders, ingest
 from observatory.ingest.folders import SETTLED_S, keeps_mtimes
 from observatory.store import connect
 
@@ -41,6 +41,7 @@ def _age(folder) -> None:
 @pytest.fixture()
 def runs(tmp_path, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_FINDINGS_DIR", str(tmp_path / "findings"))
+    monkeypatch.setattr(folders, "KEEP_FROM", 0)  # listings kept for three folders too (else from 1,000 on)
     assert keeps_mtimes(tmp_path), f"{tmp_path} is not on a file system of KEEPS_MTIMES: these tests need one"
     root = tmp_path / "runs"
     for run in ("a", "b", "c"):
@@ -151,6 +152,23 @@ def test_a_bad_host_in_a_kept_folder_is_still_reported_on_every_call(runs, tmp_p
         ingest(runs, db, emit=said.append)
         assert any("events.70000.jsonl" in m and "above 65535" in m for m in said), said
     assert "events.70000.jsonl" in _kept(db)["a"][1]
+
+
+def test_under_keep_from_folders_every_folder_is_listed_and_nothing_kept(runs, tmp_path, listed, monkeypatch):
+    monkeypatch.setattr(folders, "KEEP_FROM", 4)
+    db = tmp_path / "store.duckdb"
+    for run in ("a", "b", "c"):
+        _age(runs / run)
+    for _ in range(2):
+        listed.clear()
+        ingest(runs, db, emit=None)
+        assert {"a", "b", "c"} <= set(listed)
+    assert _kept(db) == {}
+    (runs / "d").mkdir()
+    _log(runs / "d" / "events.0.jsonl", "d", 0, range(0, 3))
+    _age(runs / "d")
+    ingest(runs, db, emit=None)  # four folders: from now on their listings are kept
+    assert set(_kept(db)) == {"a", "b", "c", "d"}
 
 
 def test_only_file_systems_that_keep_folder_mtimes_are_trusted(tmp_path):

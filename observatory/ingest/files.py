@@ -194,7 +194,7 @@ def _scan_into(
             run_dirs = [e.name for e in it if e.is_dir()]
     except (FileNotFoundError, NotADirectoryError):
         return
-    kept = folders.entries if folders is not None and root in folders.keep else None
+    kept = folders.kept(root, len(run_dirs)) if folders is not None else None
     stat = os.stat
     for run in run_dirs:
         d, key = f"{root}/{run}", prefix + run

@@ -16,6 +16,9 @@ folder is listed on every pass:
   folder's mtime, and NFS sets it with the server's clock, so there nothing is kept;
 - the folder's mtime is `SETTLED_S` older than the pass's start: a name created within the same
   clock tick as the folder's last change, just after the listing, would leave the mtime as it was.
+
+Under a root of fewer than `KEEP_FROM` run folders every folder is listed too: that costs less than
+reading the kept listings from the store, and a big run's store is not opened once more for them.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ import pyarrow as pa
 
 from observatory.store.arrow import column
 
-__all__ = ["KEEPS_MTIMES", "SETTLED_S", "Folders", "keeps_mtimes"]
+__all__ = ["KEEPS_MTIMES", "KEEP_FROM", "SETTLED_S", "Folders", "keeps_mtimes"]
 
 # file systems that set a directory's mtime, with the machine's clock, on each change of its names
 KEEPS_MTIMES = frozenset(
     {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "tmpfs", "overlay", "apfs", "hfs", "ntfs", "refs"}
 )
 SETTLED_S = 2  # a folder's listing is kept once its mtime is this much older than the pass (1-s mtimes too)
+# below this many run folders a pass lists them all: ~10 ms, less than reading kept listings from the store
+# (a read-only connection, ~0.1 s on a big run's store)
+KEEP_FROM = 1000
 
 
 def keeps_mtimes(path: str | os.PathLike) -> bool:
@@ -54,33 +60,31 @@ def keeps_mtimes(path: str | os.PathLike) -> bool:
 
 
 class Folders:
-    """{folder: (mtime in ns, the names of its event logs)} of the folders last listed under roots whose file
-    system keeps mtimes (`keep`); a folder is `prefix + run`, the store path's first part (`files.scan`).
-    `changed`: entries to write to the store with the next batch (None: the folder is gone)."""
+    """{folder: (mtime in ns, the names of its event logs)} of the folders last listed; a folder is
+    `prefix + run`, the store path's first part (`files.scan`). `changed`: entries to write to the store
+    with the next batch (None: the folder is gone). The store's listings are read on the first pass that
+    uses them (`kept`)."""
 
-    def __init__(self, keep: set[str], entries: dict[str, tuple[int, tuple[str, ...]]] | None = None):
-        self.keep = keep
-        self.entries = {} if entries is None else entries
+    def __init__(self, db: Path):
+        self.db = db
+        self.entries: dict[str, tuple[int, tuple[str, ...]]] = {}
         self.changed: dict[str, tuple[int, tuple[str, ...]] | None] = {}
+        self._read = False  # whether `entries` has the store's listings yet
+        self._keeps: dict[str, bool] = {}  # root -> whether its file system keeps mtimes
 
-    @classmethod
-    def load(cls, db: Path, roots: list[str]) -> Folders:
-        """The listings the store keeps, for the roots whose file system keeps mtimes."""
-        keep = {r for r in roots if keeps_mtimes(r)}
-        entries = {}
-        if keep and db.exists():
-            from observatory import store
-
-            try:
-                with store.connect(db, timeout_s=1.0) as con:
-                    t = con.sql("SELECT folder, mtime_ns, names FROM ingest_folders").to_arrow_table()
-                entries = {
-                    folder: (mtime, tuple(names.split()))
-                    for folder, mtime, names in zip(*(t.column(i).to_pylist() for i in range(3)), strict=True)
-                }
-            except Exception:  # busy, or a store from before the table: this call lists every folder once
-                pass
-        return cls(keep, entries)
+    def kept(self, root: str, n_folders: int) -> dict[str, tuple[int, tuple[str, ...]]] | None:
+        """The listings to use under `root`, which holds `n_folders` run folders; None: list every folder
+        (fewer than `KEEP_FROM`, or a file system not of `KEEPS_MTIMES`)."""
+        if n_folders < KEEP_FROM:
+            return None
+        if root not in self._keeps:
+            self._keeps[root] = keeps_mtimes(root)
+        if not self._keeps[root]:
+            return None
+        if not self._read:
+            self._read = True
+            self.entries = _stored(self.db)
+        return self.entries
 
     def put(self, folder: str, mtime_ns: int, names: tuple[str, ...]) -> None:
         if self.entries.get(folder) != (mtime_ns, names):
@@ -116,3 +120,21 @@ class Folders:
                 con.execute("INSERT INTO ingest_folders SELECT folder, mtime_ns, names FROM _folders")
             finally:
                 con.unregister("_folders")
+
+
+def _stored(db: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """The listings the store keeps; none when it has none to give (no file, busy, a store from before the
+    table): then this call lists every folder once."""
+    if not db.exists():
+        return {}
+    from observatory import store
+
+    try:
+        with store.connect(db, timeout_s=1.0) as con:
+            t = con.sql("SELECT folder, mtime_ns, names FROM ingest_folders").to_arrow_table()
+    except Exception:
+        return {}
+    return {
+        folder: (mtime, tuple(names.split()))
+        for folder, mtime, names in zip(*(t.column(i).to_pylist() for i in range(3)), strict=True)
+    }

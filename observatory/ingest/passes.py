@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from observatory import findings, settings, store
+from observatory import settings, store
 from observatory.events import OBSERVATORY_HOST, STATUSES
 from observatory.ingest import files as fs
 from observatory.ingest import hooks
@@ -320,8 +320,7 @@ def one_pass(
 ) -> None:
     """Ingest what the files have that the store has not; skip the lock when nothing changed on disk."""
     if fol.folders is None:
-        top = findings.root(runs_dir)
-        fol.folders = Folders.load(db, [str(runs_dir)] + ([] if top is None else [str(top)]))
+        fol.folders = Folders(db)
     files = fs.scan(runs_dir, fol.skip, emit, fol.folders)
     sig = (files.sig(), _db_sig(db))
     now = time.time()

@@ -148,7 +148,7 @@ CREATE TABLE IF NOT EXISTS ingest_files (
 
 VIEWS = """
 CREATE OR REPLACE VIEW latest_metrics AS
-    SELECT run, name, max(step) AS step, arg_max(value, struct_pack(s := step, r := -rowid)) AS value, max(t) AS t
+    SELECT run, name, max(step) AS step, arg_max(value, step::HUGEINT * 18446744073709551616 - rowid) AS value, max(t) AS t
     FROM metrics WHERE NOT replaced GROUP BY run, name;
 CREATE OR REPLACE VIEW run_drop_fraction AS
     SELECT run, sum(dropped)::DOUBLE / nullif(sum(routed), 0) AS drop_fraction,
