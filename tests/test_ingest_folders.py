@@ -175,3 +175,17 @@ def test_only_file_systems_that_keep_folder_mtimes_are_trusted(tmp_path):
     assert keeps_mtimes(tmp_path)
     assert not keeps_mtimes("/proc/self")  # procfs: its folders' mtimes say nothing of their names
     assert not keeps_mtimes("/sys/kernel")
+
+
+def test_a_kept_name_that_is_no_event_log_is_passed_over(runs, tmp_path):
+    db = tmp_path / "store.duckdb"
+    for run in ("a", "b", "c"):
+        _age(runs / run)
+    ingest(runs, db, emit=None)
+    with connect(db, read_only=False) as con:  # a store whose listing of "a" names what no scan would keep
+        con.execute(
+            "UPDATE ingest_folders SET names = names || ' ../../etc/passwd notes.txt' WHERE folder = 'a'"
+        )
+    _log(runs / "a" / "events.0.jsonl", "a", 0, range(5, 7), seq0=5)
+    report = ingest(runs, db, emit=None)
+    assert report.events == 2 and _steps(db, "a") == 6

@@ -221,7 +221,9 @@ def _scan_into(
             r = f"{key}/{name}"
             if r in skip:
                 continue
-            host = FILE_RE.match(name).group(1)
+            if (m := FILE_RE.match(name)) is None:  # (a kept listing is the store's: not trusted blindly)
+                continue
+            host = m.group(1)
             if int(host) > U16:
                 # the store keeps hosts as USMALLINT (ingest_files, every table): say so once and go on
                 if emit is not None:

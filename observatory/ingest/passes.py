@@ -118,9 +118,8 @@ class Follower:
         self.off: set[str] = set()  # in-transaction hooks that failed: batches run without them
         self.last_crash_check = 0.0
         self.last_clock = 0.0  # when the clock's hooks last ran (`hooks.ON_CLOCK`)
-        self.folders: Folders | None = (
-            None  # the run folders' listings (`ingest.folders`), loaded once a call
-        )
+        # the run folders' listings (`ingest.folders`), kept for the whole call
+        self.folders: Folders | None = None
         self.rolled_up = (
             False  # whether a batch of this call ran the rollups over every row past their watermark
         )
@@ -217,10 +216,9 @@ def _run_batch(
     max_line = int(settings.get("max_line_bytes"))
     with _open_store(db) as con:
         with _transaction(con):
+            # the listings the scan made, kept: a later call lists only the folders that changed
             if scan.folders is not None:
-                scan.folders.save(
-                    con
-                )  # the folders' listings the scan made: next call lists only changed ones
+                scan.folders.save(con)
             # the few with new bytes, a batch's worth (at 10^5 runs too), with their stored state
             work = fs.Work(con, scan, only, None if only is not None else BATCH_BYTES)
             rows, status, by_host = work.rows, work.status, work.by_host
