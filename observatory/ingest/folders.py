@@ -101,25 +101,21 @@ class Folders:
         if not self.changed:
             return
         changed, self.changed = self.changed, {}
-        kept = [(f, e) for f, e in changed.items() if e is not None]
-        con.register("_folders", pa.table({"folder": column(list(changed), pa.string())}))
+        rows = pa.table(
+            {
+                "folder": column(list(changed), pa.string()),
+                "mtime_ns": column([None if e is None else e[0] for e in changed.values()], pa.int64()),
+                "names": column(
+                    [None if e is None else " ".join(e[1]) for e in changed.values()], pa.string()
+                ),
+            }
+        )
+        con.register("_folders", rows)  # a folder gone has no mtime: its row goes, no new one comes
         try:
             con.execute("DELETE FROM ingest_folders WHERE folder IN (SELECT folder FROM _folders)")
+            con.execute("INSERT INTO ingest_folders SELECT * FROM _folders WHERE mtime_ns IS NOT NULL")
         finally:
             con.unregister("_folders")
-        if kept:
-            rows = pa.table(
-                {
-                    "folder": column([f for f, _ in kept], pa.string()),
-                    "mtime_ns": column([e[0] for _, e in kept], pa.int64()),
-                    "names": column([" ".join(e[1]) for _, e in kept], pa.string()),
-                }
-            )
-            con.register("_folders", rows)
-            try:
-                con.execute("INSERT INTO ingest_folders SELECT folder, mtime_ns, names FROM _folders")
-            finally:
-                con.unregister("_folders")
 
 
 def _stored(db: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
