@@ -38,7 +38,7 @@ import instability_suite as suite  # noqa: E402
 import observatory  # noqa: E402
 from observatory.detect import scan as A  # noqa: E402
 from observatory.detect.detectors import SPIKE_GAP, _episodes  # noqa: E402
-from observatory.ingest import ingest  # noqa: E402
+from observatory.pipeline import ingest  # noqa: E402
 from observatory.queries.anomalies import anomaly_events, metric_series  # noqa: E402
 from observatory.store import connect  # noqa: E402
 
@@ -175,9 +175,10 @@ def timing(tmp: Path, n: int = 10_000, tail: int = 100, reps: int = 5) -> tuple[
             t0 = time.perf_counter()
             A.detect(con, runs, ["long"], write=False, full=True, stall=False)
             full.append(time.perf_counter() - t0)
-            A._STATE[key] = {"series": n - tail - 1}  # as if the previous pass had scanned up to there
+            progress = A.Progress()
+            progress.state[key] = {"series": n - tail - 1}  # as if the previous pass had scanned up to there
             t0 = time.perf_counter()
-            A.detect(con, runs, ["long"], write=False, stall=False)
+            A.detect(con, runs, ["long"], write=False, stall=False, progress=progress)
             inc.append(time.perf_counter() - t0)
     return min(full), min(inc), min(opening)
 
@@ -193,7 +194,6 @@ def evaluate(truth: dict, src: Path, tmp: Path) -> tuple[dict, dict, dict, float
         for f in (src / run).glob("events.*.jsonl"):
             if f.name != "events.1000.jsonl":
                 shutil.copy(f, runs / run / f.name)
-    A._STATE.clear()
     t0 = time.perf_counter()
     ingest(runs, db, emit=None)  # the hook writes findings as host-1000 events
     A.after_ingest(db, runs, list(truth))  # explicit, in case ingest has no hook (adds nothing if it has)

@@ -44,7 +44,7 @@ WRITER = textwrap.dedent(
 INGESTER = textwrap.dedent(
     """
     import sys
-    import observatory.ingest as ing
+    import observatory.pipeline as ing
     from observatory.ingest import passes
     passes.BATCH_BYTES = 64 << 10  # many small transactions, so kills land between and inside them
     ing.ingest(sys.argv[1], sys.argv[2], hooks=False, emit=None)
@@ -57,7 +57,7 @@ def writer_kills(tmp: Path, kills: int, rng: random.Random) -> tuple[int, float,
     runs, db = tmp / "runs", tmp / "w.duckdb"
     script = tmp / "writer.py"
     script.write_text(WRITER)
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     max_lost, max_age, bad_lines = 0, 0.0, 0
     for i in range(kills):

@@ -7,7 +7,7 @@ timed from the first log call to having the metric's history in memory:
   one `log` call per step, W&B style (`step=None`, or the tool's own step argument), then
   finish the run (each tool's own flush: what must happen before another process can read);
 - read one metric's history (`train/loss`, every step) as a tool's user reads it:
-  - Observatory: `import observatory as wandb` to log; `observatory.ingest.ingest(runs, db)`
+  - Observatory: `import observatory as wandb` to log; `observatory.pipeline.ingest(runs, db)`
     (imported inside the timing: logging does not import it) then `metric_series` on the store,
     the path `observatory ingest` + a query takes;
   - trackio: its local SQLite store (`SQLiteStorage.get_metric_values`);
@@ -86,7 +86,7 @@ def _observatory(tmp: Path, read: bool):
     run = wandb.init(project="bench", id="e2e", dir=runs, install_signal_handlers=False)
 
     def read_back():
-        from observatory.ingest import ingest  # the reader's own import: logging does not load it
+        from observatory.pipeline import ingest  # the reader's own import: logging does not load it
         from observatory.queries.core import metric_series
         from observatory.store import connect
 

@@ -94,7 +94,7 @@ def build(steps: int, fresh: bool, train_missing: bool = True) -> dict[str, str]
 
 def score(made: dict[str, str]) -> list[dict]:
     """Ingest each run's own logs into a fresh store (the hook writes findings), count them by severity."""
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
     from observatory.queries.anomalies import anomaly_events
     from observatory.store import connect
 

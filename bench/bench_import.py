@@ -170,7 +170,7 @@ def main() -> None:
             ("W&B import rate (to our event log)", f"{res.records / conv_cpu:,.0f} rec/s", ">= 10,000 rec/s")
         )
         try:
-            from observatory.ingest import ingest
+            from observatory.pipeline import ingest
         except ImportError as e:
             print(f"ingest unavailable: {e}")
         else:

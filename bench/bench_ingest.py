@@ -2,7 +2,7 @@
 
 Three sides load the same event log into a fresh store file, in one run:
 
-- observatory (msgspec path): `observatory.ingest.ingest` (every line validated,
+- observatory (msgspec path): `observatory.pipeline.ingest` (every line validated,
   offsets, runs table, exactly-once bookkeeping), without the dashboard/anomaly
   hooks; lines decoded by msgspec, appended as Arrow columns (`msgspec_lines`);
 - observatory (line by line): the same with `msgspec_lines.ENABLED = False`: every line
@@ -38,7 +38,8 @@ from pathlib import Path
 import duckdb
 
 from observatory import store
-from observatory.ingest import ingest, msgspec_lines
+from observatory.ingest import msgspec_lines
+from observatory.pipeline import ingest
 
 TARGET = 5_000_000  # metric values / s
 # the stored rows, order-independent and exact (float sums depend on the order rows arrive in)

@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from observatory.demo import seed_samples  # noqa: E402
-from observatory.ingest import ingest  # noqa: E402
 from observatory.ladder.backtest import backtest  # noqa: E402
 from observatory.ladder.fit import FitConfig, fit_ladder  # noqa: E402
 from observatory.ladder.rungs import Rung, average_seeds, seed_noise  # noqa: E402
 from observatory.ladder.watch import band_at_steps, load_ladder  # noqa: E402
+from observatory.pipeline import ingest  # noqa: E402
 from observatory.queries import ladder as ql  # noqa: E402
 from observatory.store import connect  # noqa: E402
 

@@ -126,7 +126,7 @@ def section_secrets(verbose: bool) -> bool:
 def _hostile_env() -> None:
     from hostile_store import write_hostile_runs
 
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_public_hostile_"))
     os.environ.setdefault("OBSERVATORY_KEY_FILE", str(tmp / "observatory.key"))  # not the user's key
@@ -255,7 +255,7 @@ def section_memory(verbose: bool) -> bool:
     from test_dashboard_cache import big_answer
 
     from observatory.dashboard import cache
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "runs").mkdir()

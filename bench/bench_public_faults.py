@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import faults  # noqa: E402  (after the sys.path line)
 
-from observatory.ingest import ingest  # noqa: E402
+from observatory.pipeline import ingest  # noqa: E402
 
 
 def _lost(db: Path, clean: Path) -> int:

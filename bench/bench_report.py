@@ -18,7 +18,7 @@ from pathlib import Path
 
 import observatory
 from observatory import report
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.report import collect
 from observatory.report.render import render_html
 

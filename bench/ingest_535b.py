@@ -12,7 +12,7 @@ alone is printed beside it. Sides alternate `--repeat` times; medians count.
 1. expert_load: a 535b log with expert_load every step (`--expert-steps`): expert rows/s; and the
    line path alone, as for metrics below.
 2. metrics: a 535b log without expert_load (`--metric-steps`): metric values/s. Next to it the line
-   path alone: `observatory.ingest.ingest(hooks=False)` in this process (no start-up, no hooks)
+   path alone: `observatory.pipeline.ingest(hooks=False)` in this process (no start-up, no hooks)
    against the same engine append, to tell the lines' cost from the fixed costs around them.
 3. rebuild: `observatory rebuild` of a 535b run of `--rebuild-steps` steps, expert_load every
    10 steps; extrapolated linearly to 100k steps (the rows grow linearly with the steps).
@@ -133,7 +133,7 @@ ENGINE_INSERT: dict[str, list[float]] = {}  # table -> seconds of the engine's I
 
 def core_side_by_side(runs: Path, tmp: Path, table: str, repeat: int) -> dict:
     """The line path alone (in this process, hooks off) vs the engine appending the same `table` rows."""
-    from observatory.ingest import ingest  # only here: the other sides run the CLI in child processes
+    from observatory.pipeline import ingest  # only here: the other sides run the CLI in child processes
 
     ingest(tmp / "warm-runs", tmp / "warm.duckdb", hooks=False, emit=None)  # imports, outside the clock
     ours, engine = [], []

@@ -131,7 +131,7 @@ def append_lines():
 @pytest.fixture
 def empty_store(tmp_path, monkeypatch):
     """An ingested store with no runs, set as the dashboard's (OBSERVATORY_DB), its cache TTL 0.3 s."""
-    from observatory.ingest import ingest  # lazy: conftest sets the environment before our modules load
+    from observatory.pipeline import ingest  # lazy: conftest sets the environment before our modules load
 
     (tmp_path / "runs").mkdir()
     db = tmp_path / "store.duckdb"

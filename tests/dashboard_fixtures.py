@@ -24,7 +24,7 @@ from pathlib import Path
 
 import observatory
 from observatory.events import OBSERVATORY_HOST
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 BASE_STEPS = 120
 E, L = 8, 2

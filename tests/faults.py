@@ -101,7 +101,7 @@ def same_store(a: Path, b: Path) -> dict[str, tuple[int, int]]:
 
 
 def clean_store(runs: Path, db: Path) -> Path:
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     ingest(runs, db, hooks=False, emit=None)
     return db
@@ -112,17 +112,18 @@ def clean_store(runs: Path, db: Path) -> Path:
 CHILD = textwrap.dedent(
     """
     import os, sys, time, signal, resource
-    from observatory.ingest import ingest, passes
+    from observatory.ingest import passes
+    from observatory.pipeline import ingest
     runs, db, follow = sys.argv[1], sys.argv[2], sys.argv[3] == "follow"
     if os.environ.get("SMALL_BATCHES"):
         passes.BATCH_BYTES = int(os.environ["SMALL_BATCHES"])
     sleep = float(os.environ.get("IN_TX_SLEEP_S", "0"))
     if sleep:
         orig = passes.redact_metric_names
-        def slow(con, b):
+        def slow(con, b, *rest):
             print("IN_TX", flush=True)
             time.sleep(sleep)
-            return orig(con, b)
+            return orig(con, b, *rest)
         passes.redact_metric_names = slow
     if os.environ.get("FSIZE_LIMIT"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead

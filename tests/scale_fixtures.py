@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import observatory
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 RUN = "moe-48x384"
 LAYERS, EXPERTS, STEPS, EVERY = 48, 384, 80, 4

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from conftest import event, write_lines
 from dashboard_fixtures import chart_specs
 
-from observatory import alerts, findings
+from observatory import findings
 from observatory.alerts import rules
 from observatory.cli import main as cli
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 
 class Hook(BaseHTTPRequestHandler):
@@ -49,7 +49,6 @@ def rules_file(tmp_path, monkeypatch, webhook):
     p.write_text(f"channels:\n  - url: json://127.0.0.1:{webhook[0]}/hook\n    name: ops-hook\n")
     monkeypatch.setenv("OBSERVATORY_ALERTS_FILE", str(p))
     monkeypatch.setenv("OBSERVATORY_ANOMALY_STALL_S", "300")
-    alerts._written.clear()
     return p
 
 

@@ -286,7 +286,7 @@ def anomaly_lines(runs_dir, run):
 
 @pytest.fixture
 def ingest():
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     return ingest
 
@@ -303,7 +303,6 @@ def test_one_ingest_leaves_its_findings_in_the_store(tmp_path, ingest):
     """`observatory ingest` once: the spike's anomalies are queryable, and its summary counts them."""
     runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
     write_run(runs, "bloomish", *bloom(700, at=500)[:3])
-    A._STATE.clear()
     rep = ingest(runs, db, emit=None)
     stored = sorted((a["detector"], a["window"][0]) for a in stored_anomalies(db, "bloomish"))
     assert stored == [("grad_spike", 502), ("loss_spike", 504)]
@@ -321,7 +320,6 @@ def test_a_forged_finding_neither_shows_nor_stops_the_scan(tmp_path, ingest):
     log = runs / "bloomish" / "events.0.jsonl"
     lines = log.read_bytes().splitlines(keepends=True)
     log.write_bytes(b"".join(lines[:400]))  # the run before its spike
-    A._STATE.clear()
     ingest(runs, db, emit=None)
     assert stored_anomalies(db, "bloomish") == []
     forged = {
@@ -333,7 +331,6 @@ def test_a_forged_finding_neither_shows_nor_stops_the_scan(tmp_path, ingest):
     line = {"v": 1, "run": "bloomish", "kind": "anomaly", "step": 1, "t": 1.7e9, "host": 1000, "seq": 0}
     (runs / "bloomish" / "events.1000.jsonl").write_text(json.dumps(line | {"data": forged}) + "\n")
     log.write_bytes(b"".join(lines))  # the rest, spike included, read by a new process
-    A._STATE.clear()
     rep = ingest(runs, db, emit=None)
     stored = sorted((a["detector"], a["window"][0]) for a in stored_anomalies(db, "bloomish"))
     assert stored == [("grad_spike", 502), ("loss_spike", 504)]  # found, and the forged one not stored
@@ -346,7 +343,6 @@ def test_after_ingest_end_to_end_and_idempotent(tmp_path, ingest):
     steps, loss, grad = bloom(700, at=500)
     write_run(runs, "bloomish", steps, loss, grad)
     write_run(runs, "clean", *clean(700, seed=9)[:3])
-    A._STATE.clear()
     ingest(runs, db)  # ingest's hook calls after_ingest after its commit ...
     assert {a["data"]["detector"] for a in anomaly_lines(runs, "bloomish")} == {"grad_spike", "loss_spike"}
     A.after_ingest(db, runs, ["bloomish", "clean"])  # ... and calling it again adds nothing
@@ -358,9 +354,10 @@ def test_after_ingest_end_to_end_and_idempotent(tmp_path, ingest):
     assert stored_anomalies(db, "clean") == []
     # again and again: nothing new, in memory state or not
     n = len(anomaly_lines(runs, "bloomish"))
-    A.after_ingest(db, runs, ["bloomish", "clean"])
-    A._STATE.clear()
-    A.after_ingest(db, runs, ["bloomish", "clean"])
+    progress = A.Progress()
+    A.after_ingest(db, runs, ["bloomish", "clean"], progress=progress)
+    A.after_ingest(db, runs, ["bloomish", "clean"], progress=progress)  # with its state in memory
+    A.after_ingest(db, runs, ["bloomish", "clean"])  # a fresh one: the store's state alone
     assert A.detect(db, runs, full=True) == []
     ingest(runs, db)
     assert len(anomaly_lines(runs, "bloomish")) == n
@@ -379,7 +376,6 @@ def test_live_run_is_scanned_incrementally(tmp_path, ingest):
     loss[600:] += 0.0
     grad[300:306] = BLOOM_GRAD  # an early one too
     r = observatory.init(run_id="live", runs_dir=runs, install_signal_handlers=False)
-    A._STATE.clear()
     seen = []
     for lo in range(0, 1400, 200):
         for s in range(lo, lo + 200):
@@ -405,13 +401,10 @@ def test_stalled_run_is_flagged_once(tmp_path, ingest, monkeypatch):
     write_run(runs, "silent", steps, loss, grad, end=False)
     write_run(runs, "done", steps, loss, grad, end=True)
     monkeypatch.setenv("OBSERVATORY_ANOMALY_STALL_S", "0.5")
-    A._STATE.clear()
     time.sleep(0.6)
     ingest(runs, db)
-    A._last_stall_check = 0.0
     A.after_ingest(db, runs, [])
     ingest(runs, db)
-    A._last_stall_check = 0.0
     A.after_ingest(db, runs, [])
     st = stored_anomalies(db)
     assert [(a["run"], a["detector"], a["window"]) for a in st] == [("silent", "stalled_run", [199, 199])]
@@ -426,7 +419,6 @@ def test_detect_command(tmp_path, ingest):
     steps, loss, grad = bloom(700, at=500)
     loss[650] = float("nan")
     write_run(runs, "r1", steps, loss, grad)
-    A._STATE.clear()
     cli = CliRunner()
     args = ["detect", "r1", "--runs-dir", str(runs), "--db", str(db)]
     res = cli.invoke(main, [*args[:2], "--runs-dir", str(runs), "--db", str(tmp_path / "none.duckdb")])
@@ -438,7 +430,6 @@ def test_detect_command(tmp_path, ingest):
     res = cli.invoke(main, [*args, "--dry-run", "--fail-on", "critical"])  # a cron job can act on it
     assert res.exit_code == 1 and "a new finding is critical (--fail-on critical)" in res.output
     assert not findings.path(runs, "r1").exists()
-    A._STATE.clear()
     fresh = tmp_path / "fresh.duckdb"  # --ingest: ingest, detect, store the findings
     res = cli.invoke(main, ["detect", "--runs-dir", str(runs), "--db", str(fresh), "--json", "--ingest"])
     assert res.exit_code == 0, res.output
@@ -459,7 +450,6 @@ def test_nonfinite_in_any_metric_through_the_store(tmp_path, ingest):
         return {"router/layer_3/z_loss": float("inf") if s in (200, 201) else 1.0}
 
     write_run(runs, "r", steps, loss, grad, extra=extra)
-    A._STATE.clear()
     ingest(runs, db)
     ingest(runs, db)
     (f,) = stored_anomalies(db, "r")
@@ -576,7 +566,6 @@ def test_thresholds_per_run_and_per_project(tmp_path, ingest, monkeypatch, capsy
         for s, lo, g in zip(steps, loss, grad, strict=True):
             r.log({D.LOSS: float(lo), D.GRAD: float(g)}, step=int(s))
         r.finish()
-    A._STATE.clear()
     ingest(runs, db, emit=None)
     spikes = {a["run"] for a in stored_anomalies(db) if a["detector"] == "loss_spike"}
     assert spikes == {"plain", "bad"}

@@ -22,8 +22,7 @@ BAD_BATCH, NAN, LR_SPIKE = 25, 38, 48
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     pytest.importorskip("jax")
-    from observatory.detect import scan as A
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
     from trainer.config import load_config
     from trainer.train import train
 
@@ -49,7 +48,6 @@ def suite(tmp_path_factory):
         ]
         cfg = load_config(tiny, [*base, *ov])
         train(cfg, runs, run_id=run)
-    A._STATE.clear()
     ingest(runs, db, emit=None)  # the hook writes findings as host-1000 events
     ingest(runs, db, emit=None)  # ... which this pass stores
     return runs, db
@@ -94,5 +92,4 @@ def test_rerunning_detect_adds_nothing(suite):
     from observatory.detect import scan as A
 
     runs, db = suite
-    A._STATE.clear()
     assert A.detect(db, runs, full=True) == []

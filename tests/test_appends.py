@@ -12,8 +12,9 @@ from conftest import event, write_lines
 
 from observatory import store
 from observatory.ingest import appends as appends_mod
-from observatory.ingest import ingest, msgspec_lines
+from observatory.ingest import msgspec_lines
 from observatory.ingest.appends import Appends
+from observatory.pipeline import ingest
 
 
 def _table():

@@ -127,10 +127,17 @@ LAYERS = [
     {"observatory.writer"},
     {"observatory.findings"},
     {"observatory.store"},
+    # ingest is one stage: it imports none of the analyses above it; `pipeline` runs it, then them
+    {"observatory.ingest"},
     {"observatory.queries"},
     {"observatory.detect", "observatory.ladder", "observatory.decisions", "observatory.alerts"},
-    {"observatory.ingest"},
-    {"observatory.report", "observatory.interop", "observatory.lineage", "observatory.markup"},
+    {
+        "observatory.pipeline",
+        "observatory.report",
+        "observatory.interop",
+        "observatory.lineage",
+        "observatory.markup",
+    },
     {"observatory.dashboard", "observatory.integrations"},
     {
         "observatory.commands",

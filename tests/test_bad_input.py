@@ -14,7 +14,7 @@ import pytest
 from conftest import event, write_lines
 
 from observatory import store
-from observatory.ingest import ingest as _ingest
+from observatory.pipeline import ingest as _ingest
 
 
 def ingest(runs_dir, db, **kw):
@@ -154,7 +154,7 @@ def test_single_100mb_line_is_capped_and_memory_stays_bounded(runs_dir, db_path,
     # VmHWM is the peak of this process's own address space; getrusage's ru_maxrss would also
     # carry the parent's RSS at fork time across exec (the pytest process may be ~1 GB by now)
     code = (
-        "import re; from observatory.ingest import ingest; "
+        "import re; from observatory.pipeline import ingest; "
         f"r = ingest({str(runs_dir)!r}, {str(db_path)!r}, hooks=False); "
         "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1); "
         "print(r.events, r.rejected, hwm)"

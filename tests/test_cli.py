@@ -15,7 +15,8 @@ from conftest import event, write_lines
 from observatory import decisions, docs, store
 from observatory.cli import COMMANDS, main
 from observatory.commands import common_options, progress
-from observatory.ingest import ingest, passes
+from observatory.ingest import passes
+from observatory.pipeline import ingest
 from observatory.store.schema import VIEW_NAMES, schema_columns
 
 FORMATS = ("table", "csv", "json", "parquet")

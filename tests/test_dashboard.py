@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest
 import observatory
 from observatory.dashboard.charts import marker_text
 from observatory.dashboard.pages import runs as runs_page
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.queries import user_sql
 
 TIMEOUT = 60
@@ -467,7 +467,7 @@ def test_live_page_draws_the_previous_run_of_the_same_recipe(tmp_path, monkeypat
     import time
 
     import observatory
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     runs, db = tmp_path / "runs", tmp_path / "o.duckdb"
     for rid, n in (("demo-a", 100), ("demo-b", 40)):

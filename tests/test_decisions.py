@@ -17,7 +17,7 @@ from observatory import decisions as dec
 from observatory import findings
 from observatory.cli import main
 from observatory.decisions import markdown as decisions_md
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 
 def _ingest(runs, db):

@@ -13,7 +13,7 @@ from observatory import decisions as dec
 from observatory import demo
 from observatory.dashboard.pages import live
 from observatory.dashboard.runs_table import runs_table
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.queries import dashboard as qd
 from observatory.queries.core import list_runs
 from observatory.store import connect

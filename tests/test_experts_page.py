@@ -165,7 +165,7 @@ def test_a_running_runs_expert_view_is_kept_fresh_and_a_finished_ones_is_not(tmp
     from dashboard_fixtures import write_run
 
     from observatory.dashboard import cache
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
     write_run(runs, "live-run", range(20), finish=False)

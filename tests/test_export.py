@@ -13,7 +13,7 @@ from click.testing import CliRunner
 import observatory
 from observatory import findings
 from observatory.cli import main as cli
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.queries.export import METRIC_COLUMNS
 from observatory.store import connect
 

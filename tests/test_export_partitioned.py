@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from conftest import event, write_lines
 
 from observatory.cli import main as cli
-from observatory.ingest import ingest
 from observatory.interop.export import ExportError, export_partitioned
 from observatory.interop.simulate import simulate
+from observatory.pipeline import ingest
 from observatory.store import connect, write_connection
 
 T = 1_700_000_000.0

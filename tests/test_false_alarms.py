@@ -14,7 +14,7 @@ import polars as pl
 from observatory.detect import detectors as D
 from observatory.detect import scan as A
 from observatory.detect.thresholds import Thresholds
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.queries.anomalies import anomaly_events
 from observatory.store import connect
 

@@ -31,7 +31,7 @@ from faults import (
     write_runs,
 )
 
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 pytestmark = pytest.mark.slow
 

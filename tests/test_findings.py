@@ -43,17 +43,15 @@ def test_ingest_leaves_the_runs_dir_as_it_found_it_and_keeps_its_findings(tmp_pa
     from test_anomalies import clean, stored_anomalies, write_run
 
     from observatory.detect import scan as A
-    from observatory.ingest import ingest, rebuild
+    from observatory.pipeline import ingest, rebuild
 
     runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
     steps, loss, grad, _, _ = clean(200, seed=11)
     write_run(runs, "silent", steps, loss, grad, end=False)
     monkeypatch.setenv("OBSERVATORY_ANOMALY_STALL_S", "0.5")
-    A._STATE.clear()
     time.sleep(0.6)
     before = _tree(runs)
     ingest(runs, db, emit=None)
-    A._last_stall_check = 0.0
     A.after_ingest(db, runs, [])
     ingest(runs, db, emit=None)
     assert _tree(runs) == before, "ingest wrote into the runs dir"
@@ -111,7 +109,7 @@ def test_a_findings_file_continues_the_numbering_of_the_run_folders_gz_copy(tmp_
     numbered from 0 beside a run folder's events.1000.jsonl.gz would lose its events."""
     import gzip
 
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
     from observatory.store import connect
 
     runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
@@ -130,7 +128,7 @@ def test_a_findings_file_continues_the_numbering_of_the_run_folders_gz_copy(tmp_
 def test_an_unreadable_key_file_loses_no_finding_and_ingest_says_why(runs_dir, tmp_path, monkeypatch):
     """The observatory's writer cannot read its key (a folder where the file should be): the finding is still
     written, unsigned, and ingest rejects it naming the key file, without stopping."""
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     bad = tmp_path / "key-is-a-folder"
     bad.mkdir()

@@ -6,7 +6,7 @@ import duckdb
 import pytest
 from conftest import write_lines
 
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 T = 1_700_000_000.0
 

@@ -17,7 +17,7 @@ from browser_fixtures import LOAD_MS, dashboard, wait_idle
 from hostile_store import FOREIGN, write_hostile_runs
 from test_hostile_pages import PAGES
 
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -18,7 +18,7 @@ from hostile_store import DECISION, FORGED, HOSTILE, HOSTILE2, MARKS, write_host
 from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 PAGES = [
     ("runs", {}),

@@ -18,8 +18,8 @@ import observatory
 from observatory.detect import scan as A
 from observatory.detect.expert_scan import expert_findings
 from observatory.detect.thresholds import Thresholds
-from observatory.ingest import ingest
 from observatory.interop.simulate import simulate
+from observatory.pipeline import ingest
 from observatory.queries import anomalies as qa
 from observatory.store import connect, schema
 
@@ -50,9 +50,6 @@ def anomalies(db) -> list[tuple]:
 def no_stall(monkeypatch):
     # the simulated clock is in the past: a stall check would fire at whatever step each piece ends
     monkeypatch.setenv("OBSERVATORY_ANOMALY_STALL_S", "1e12")
-    A._STATE.clear()
-    yield
-    A._STATE.clear()
 
 
 @pytest.mark.slow
@@ -73,7 +70,6 @@ def test_fifty_pieces_give_the_anomalies_and_rollups_of_one_full_recomputation(t
     ingest(runs, db, emit=None)
     assert anomalies(db) == want
     # a full scan of the pieced store finds nothing the incremental scans did not
-    A._STATE.clear()
     assert A.detect(db, runs, full=True, write=False) == []
     # rollups kept batch by batch equal the one-pass rollups, and a rebuild from scratch
     assert snapshot(db) == snapshot(full_db)
@@ -119,15 +115,15 @@ def test_expert_scan_equals_the_pivot_of_per_expert_sums(tmp_path):
     assert {f.detector for f in ref} == {"hot_expert", "dead_expert"}
 
 
-def test_after_commit_hooks_read_beside_readers_and_their_state_lands_in_the_store(
-    tmp_path, no_stall, monkeypatch
-):
+def test_analyses_read_beside_readers_and_their_state_lands_in_the_store(tmp_path, no_stall, monkeypatch):
     """The detectors run on a read-only connection: another process opens the store while they run (the
-    write lock is the batch's alone). Their state is written by the next batch, or at the end of the call."""
+    write lock is the batch's alone). Their state, kept by the ingester (no module global), is written by
+    its next batch, or when it closes (the end of an `ingest` call)."""
     import subprocess
     import sys
 
-    from observatory.ingest import hooks
+    from observatory.ingest import IngestReport
+    from observatory.pipeline import Ingester
 
     src, runs, db = tmp_path / "src", tmp_path / "runs", tmp_path / "obs.duckdb"
     simulate("tiny", src, steps=120, expert_load_every=1)
@@ -150,29 +146,27 @@ def test_after_commit_hooks_read_beside_readers_and_their_state_lands_in_the_sto
         return set()  # as if it found nothing: no findings round, whose batch would save the state at once
 
     monkeypatch.setattr(A, "after_ingest", hook)
-    # the detectors alone after the commit: the other hooks' findings would start a findings round
-    monkeypatch.setattr(
-        hooks, "BUILTIN", tuple(h for h in hooks.BUILTIN if h.name in ("rollups", "anomalies"))
-    )
-    monkeypatch.setattr(hooks, "save_pending_to", lambda db, emit: None)  # only the next batch saves
-    ingest(runs, db, emit=None)
-    assert opened and all(x.isdigit() for x in opened), opened  # a reader got in during the hooks
-    reached = dict(A._STATE[(str(runs.resolve()), "sim-tiny")])
-    assert A.unsaved_state(db)
+    # the detectors alone after the commit: the other analyses' findings would start a findings round
+    ing = Ingester(runs, db, emit=lambda m: None, analyses=("anomalies",))
+    progress, key = ing.analyses.progress, (str(runs.resolve()), "sim-tiny")
+    ing.one_pass(IngestReport())
+    assert opened and all(x.isdigit() for x in opened), opened  # a reader got in during the analyses
+    reached = dict(progress.state[key])
+    assert A.unsaved_state(db, progress)
     with connect(db) as con:
-        assert qa.detector_state(con, "sim-tiny") != reached  # not written yet: the hooks could not
+        assert qa.detector_state(con, "sim-tiny") != reached  # not written yet: the analyses could not
     with open(dst, "ab") as f:
         f.write(b"".join(lines[len(lines) // 2 :]))
-    ingest(runs, db, emit=None)  # its batch writes what the last hooks reached
+    ing.one_pass(IngestReport())  # its batch writes what the last analyses reached
     with connect(db) as con:
         saved = qa.detector_state(con, "sim-tiny")
-    assert saved == reached and saved["series"] < A._STATE[(str(runs.resolve()), "sim-tiny")]["series"]
+    assert saved == reached and saved["series"] < progress.state[key]["series"]
     monkeypatch.undo()
     monkeypatch.setenv("OBSERVATORY_ANOMALY_STALL_S", "1e12")
-    hooks.save_pending_to(db, print)  # what the end of an ingest call does
-    assert not A.unsaved_state(db)
+    ing.close()  # what the end of an ingest call does
+    assert not A.unsaved_state(db, progress)
     with connect(db) as con:
-        assert qa.detector_state(con, "sim-tiny") == A._STATE[(str(runs.resolve()), "sim-tiny")]
+        assert qa.detector_state(con, "sim-tiny") == progress.state[key]
 
 
 def test_a_rebuild_from_logs_with_findings_reads_each_batch_not_the_run_so_far(
@@ -200,7 +194,6 @@ def test_a_rebuild_from_logs_with_findings_reads_each_batch_not_the_run_so_far(
     ingest(src, first, emit=None)  # stores what the last pass's hooks wrote
     want = anomalies(first)
     assert any(a[1] == "loss_spike" and a[4] >= steps - 300 for a in want), want
-    A._STATE.clear()  # a new process
     monkeypatch.setattr(passes, "BATCH_BYTES", 1 << 20)  # batches of ~13k steps
     monkeypatch.setenv("OBSERVATORY_MAX_LINE_BYTES", "100000")  # (a read is at least a longest line)
     reads: list[tuple] = []  # (the scan's cut, the run's last stored step), each batch

@@ -14,8 +14,8 @@ from conftest import append_in_pieces, event, write_lines
 
 from observatory import findings, store
 from observatory.events import ValidationError, validate_event
-from observatory.ingest import ingest as _ingest
-from observatory.ingest import rebuild
+from observatory.pipeline import ingest as _ingest
+from observatory.pipeline import rebuild
 from observatory.queries.core import list_runs
 
 
@@ -624,17 +624,14 @@ def test_a_host_above_the_stores_range_skips_that_file_with_a_clear_error(tmp_pa
     ]
 
 
-def test_hooks_are_declared_in_one_place():
-    """Every built-in hook, its point (inside the batch's transaction or after its commit), in run order."""
-    from observatory.ingest import hooks
+def test_the_analyses_run_in_one_fixed_order():
+    """The analyses the ingester runs after each batch, in run order (the alerts after the findings they
+    read); each is a method of `Analyses`."""
+    from observatory import pipeline
 
-    assert [(h.name, h.point) for h in hooks.BUILTIN] == [
-        ("rollups", hooks.IN_TRANSACTION),
-        ("anomalies", hooks.AFTER_COMMIT),
-        ("ladder_watch", hooks.AFTER_COMMIT),
-        ("decisions", hooks.AFTER_COMMIT),
-        ("alerts", hooks.AFTER_COMMIT),
-    ]
+    assert pipeline.ANALYSES == ("anomalies", "ladder_watch", "decisions", "alerts")
+    assert all(callable(getattr(pipeline.Analyses, "_" + name)) for name in pipeline.ANALYSES)
+    assert set(pipeline.ON_CLOCK) <= set(pipeline.ANALYSES)
 
 
 def test_runs_rows_kept_by_updates_equal_one_pass(tmp_path):

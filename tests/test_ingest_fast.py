@@ -22,17 +22,9 @@ import pytest
 from conftest import event, write_lines
 
 from observatory import provenance, store
-from observatory.ingest import ingest
 from observatory.ingest import msgspec_lines as ingest_fast
 from observatory.ingest import passes as ingest_mod
-
-
-@pytest.fixture(autouse=True)
-def _fresh_layouts():
-    """Each test as in a new process: no run's layout known (another test's run "a" may have left one)."""
-    ingest_fast._LAYOUTS.clear()
-    ingest_fast._BY_NAMES.clear()
-
+from observatory.pipeline import ingest
 
 TABLES = {
     "metrics": "SELECT * FROM metrics",
@@ -464,10 +456,16 @@ def test_changing_key_sets_give_the_same_store(tmp_path, monkeypatch):
     ]
     lines += extra
     write_lines(tmp_path / "runs" / "lay" / "events.0.jsonl", lines)
-    ingest_fast._LAYOUTS.pop("lay", None)
+    learnt: dict = {}  # run -> the names of the layouts it was given, in turn
+    real_set = ingest_fast.Layouts.set
+    monkeypatch.setattr(
+        ingest_fast.Layouts,
+        "set",
+        lambda self, run, names: [learnt.setdefault(run, []).append(names), real_set(self, run, names)],
+    )
     out = _ingest_both(tmp_path, monkeypatch, tmp_path / "runs")
     _assert_same(out)
-    assert "late/n7" in ingest_fast._LAYOUTS["lay"].names  # the layout grew with the names
+    assert "late/n7" in learnt["lay"][-1]  # the layout grew with the names
     got = {(r[1], r[2]): r[3] for r in out["fast"][0]["metrics"]}
     assert got[(400, "train/m1")] == 6.0
     assert len(out["fast"][0]["rejected_events"]) == 2  # the empty name and the bool; 1e999 is inf, kept
@@ -533,7 +531,7 @@ def test_pieces_of_metrics_lines_are_cut_smaller(monkeypatch):
     kinds = [k for k, n in runs for _ in range(n)]
     data = b"".join(x + b"\n" for k, n in runs for x in lines(k, n))
     lf = type("LogFile", (), {"run": "r", "host": 0})()
-    pieces = list(ingest_fast._plans(data, lf, 1 << 20))
+    pieces = list(ingest_fast._plans(data, lf, 1 << 20, ingest_fast.Layouts()))
     assert b"".join(p for _, p, _ in pieces) == data
     assert [hi for hi, _, _ in pieces] == list(itertools.accumulate(len(p) for _, p, _ in pieces))
     line_kinds = iter(kinds)
@@ -668,14 +666,13 @@ def test_small_files_of_sweeps_with_other_names_share_a_layout_by_turns(tmp_path
     learnt: list[int | None] = []  # the small layout's width after each learning (None: dicts)
     real = ingest_fast._learn
 
-    def learn(run, decoded, old):
-        real(run, decoded, old)
+    def learn(layouts, run, decoded, old):
+        real(layouts, run, decoded, old)
         if run == ingest_fast.SMALL:
-            lay = ingest_fast._LAYOUTS[run]
+            lay = layouts.by_run[run]
             learnt.append(None if lay is None else len(lay.names))
 
     monkeypatch.setattr(ingest_fast, "_learn", learn)
-    ingest_fast._LAYOUTS.pop(ingest_fast.SMALL, None)
     rng = random.Random(3)
     sweeps = {
         "a": [f"train/m{i}" for i in range(6)],
@@ -712,13 +709,12 @@ def test_a_run_whose_names_outgrow_layout_max_decodes_into_dicts_from_then_on(tm
     seen: list[int | None] = []
     real = ingest_fast._learn
 
-    def learn(run, decoded, old):
-        real(run, decoded, old)
-        lay = ingest_fast._LAYOUTS.get(run)
+    def learn(layouts, run, decoded, old):
+        real(layouts, run, decoded, old)
+        lay = layouts.by_run.get(run)
         seen.append(None if lay is None else len(lay.names))
 
     monkeypatch.setattr(ingest_fast, "_learn", learn)
-    ingest_fast._LAYOUTS.pop("grow", None)
     lines = [
         event("grow", "metrics", {f"m/{i // 10}": 1.0 + i, "loss": float(i)}, i, i, t=1.7e9)
         for i in range(120)
@@ -728,3 +724,28 @@ def test_a_run_whose_names_outgrow_layout_max_decodes_into_dicts_from_then_on(tm
     first_none = seen.index(None)
     assert first_none > 0 and max(w for w in seen[:first_none]) <= 8
     assert seen[first_none:] == [None]  # learnt no more after it: the rest decoded into dicts at once
+
+
+def test_layouts_stay_bounded_when_metric_names_keep_changing():
+    """A long `--follow` whose runs' metric names change: the ingester's `Layouts` keeps at most `KEEP`
+    runs and name sets, and the layouts it dropped (their Struct classes) are freed, not kept by a module
+    global; a run dropped learns its layout again and decodes as before."""
+    import gc
+    import weakref
+
+    from observatory.ingest.layouts import Layouts
+
+    layouts = Layouts()
+    dropped = []
+    for i in range(5 * Layouts.KEEP):
+        layouts.set(f"run{i}", (f"m/{i}", "loss"))
+        if i == 0:
+            dropped.append(weakref.ref(layouts.of("run0")))
+    assert len(layouts.by_run) == len(layouts.by_names) == Layouts.KEEP
+    gc.collect()
+    assert dropped[0]() is None  # the first layout (and its classes) is gone
+    lay = layouts.of(f"run{5 * Layouts.KEEP - 1}")
+    line = b'{"v":1,"run":"r","kind":"metrics","t":1.0,"host":0,"seq":0,"step":0,"data":{"loss":2.0}}\n'
+    (ev,) = lay.decoder.decode_lines(line)
+    assert ev.data.__class__.names == lay.names
+    assert ingest_fast._as_dict(ev.data) == {"loss": 2.0}

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from observatory.ingest import folders, ingest
+from observatory.ingest import folders
 from observatory.ingest.folders import SETTLED_S, keeps_mtimes
+from observatory.pipeline import ingest
 from observatory.store import connect
 
 

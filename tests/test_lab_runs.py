@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 import observatory as wandb
 from observatory.cli import main
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.queries import details
 from observatory.queries.core import list_runs
 from observatory.queries.user_sql import run_user_sql
@@ -239,7 +239,7 @@ def test_a_small_ingest_and_query_do_not_import_pandas(tmp_path):
     run.event("note", {"text": "hello"})
     run.finish()
     code = (
-        "import sys; from observatory.ingest import ingest; from observatory.store import connect\n"
+        "import sys; from observatory.pipeline import ingest; from observatory.store import connect\n"
         "from observatory.queries.core import metric_series\n"
         f"ingest({str(runs_dir)!r}, {str(db)!r}, emit=None)\n"
         f"con = connect({str(db)!r}); n = len(metric_series(con, 'small', 'train/loss')['step']); con.close()\n"

@@ -19,9 +19,9 @@ from click.testing import CliRunner
 import observatory
 from observatory import findings
 from observatory.cli import main as cli
-from observatory.ingest import ingest
 from observatory.ladder.rungs import DETECTOR, FIT_VERSION
 from observatory.ladder.watch import check_targets, forecast_band
+from observatory.pipeline import ingest
 from observatory.store import connect
 
 pytestmark = pytest.mark.slow  # each test ingests a store and fits a ladder (seconds)

@@ -16,11 +16,11 @@ from click.testing import CliRunner
 import observatory
 from observatory import findings
 from observatory.cli import main as cli
-from observatory.ingest import ingest, rebuild
 from observatory.interop.ladder_points import PointsError, import_points
 from observatory.ladder.fit import FitConfig, fit_ladder
 from observatory.ladder.rungs import Rung
 from observatory.ladder.watch import load_ladder
+from observatory.pipeline import ingest, rebuild
 from observatory.store import connect
 
 E, A, ALPHA = 1.8, 1.5, 0.15

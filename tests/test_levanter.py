@@ -23,7 +23,7 @@ from streamlit.testing.v1 import AppTest
 from test_dashboard import arr, specs
 
 from observatory.cli import main as cli
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "levanter_fixture.py"

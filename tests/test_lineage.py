@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import observatory
 from observatory import lineage as lin
 from observatory.cli import main
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 
 def _run(runs, run_id, steps, parent=None, offset=0.0):

@@ -22,7 +22,7 @@ from dashboard_fixtures import BASE_STEPS, growing_run, make_store, write_run
 
 import observatory
 from observatory.events import OBSERVATORY_HOST
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

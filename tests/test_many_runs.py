@@ -17,7 +17,8 @@ import time
 import pytest
 from conftest import recounted_copy
 
-from observatory.ingest import folders, ingest, passes, rebuild
+from observatory.ingest import folders, passes
+from observatory.pipeline import ingest, rebuild
 from observatory.store import connect, schema
 
 pytestmark = pytest.mark.slow

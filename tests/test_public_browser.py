@@ -22,7 +22,7 @@ from public_secrets import RUN as SECRET_RUN
 from public_secrets import leaks, write_foreign_run
 
 from observatory import report
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ from streamlit.testing.v1 import AppTest
 
 from observatory import report
 from observatory.cli import main as cli
-from observatory.ingest import ingest, rebuild
+from observatory.pipeline import ingest, rebuild
 from observatory.redact import redacted_note
 from observatory.store import connect, write_connection
 

@@ -16,8 +16,8 @@ import pytest
 from conftest import event, write_lines
 
 from observatory import store
-from observatory.ingest import ingest as _ingest
-from observatory.ingest import model, msgspec_lines, passes
+from observatory.ingest import model, msgspec_lines
+from observatory.pipeline import ingest as _ingest
 
 CAP = 50
 
@@ -227,7 +227,7 @@ def test_a_store_from_before_the_count_starts_from_its_stored_rejections(runs_di
     con.execute("ALTER TABLE ingest_files DROP COLUMN rejected")
     con.execute("ALTER TABLE ingest_files DROP COLUMN rejected_dropped")
     con.close()
-    passes._ENSURED.clear()  # a new process: it makes sure of the schema again
+    # the next ingest (a new Ingester, as in a new process) makes sure of the schema again
     write_lines(path, [*(bad(i) for i in range(40, 60)), good(1)])
     ingest(runs_dir, db_path)
     assert counts(db_path, "a/events.0.jsonl") == (CAP, 60, 10)

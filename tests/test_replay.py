@@ -14,7 +14,7 @@ from conftest import recounted_copy
 from test_rollups import snapshot
 
 import observatory
-from observatory.ingest import ingest, rebuild
+from observatory.pipeline import ingest, rebuild
 from observatory.queries import anomalies as qa
 from observatory.queries import dashboard as qd
 from observatory.queries import report as qr

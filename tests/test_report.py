@@ -19,7 +19,7 @@ from observatory import decisions as dec
 from observatory import report
 from observatory.cli import main
 from observatory.events import OBSERVATORY_HOST
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.report.figures import figures
 
 STEPS = 120

@@ -14,7 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from observatory import demo
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.report.collect import build
 from observatory.report.figures import forecast
 

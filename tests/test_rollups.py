@@ -14,7 +14,7 @@ from conftest import recounted_copy
 from dashboard_fixtures import expert_loads, make_store, metrics_at
 
 import observatory
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.queries import dashboard as qd
 from observatory.queries import experts as qe
 from observatory.store import connect, schema

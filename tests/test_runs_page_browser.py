@@ -9,7 +9,7 @@ import json
 import pytest
 from browser_fixtures import LOAD_MS, assert_no_exception, dashboard, open_page, wait_idle
 
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

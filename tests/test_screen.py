@@ -138,7 +138,7 @@ def test_an_ingest_of_many_runs_stores_the_findings_of_each_alone(tmp_path, monk
     """A batch of sweep runs, some with a fault: the screened scan stores what one run at a time stores,
     and runs the series detectors of few of them."""
     import observatory
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
     from observatory.queries.anomalies import anomaly_events
     from observatory.store import connect
 
@@ -159,11 +159,9 @@ def test_an_ingest_of_many_runs_stores_the_findings_of_each_alone(tmp_path, monk
     real = A.detect_series
     monkeypatch.setattr(A, "detect_series", lambda *a, **k: calls.append(1) or real(*a, **k))
     write(tmp_path / "runs")
-    A._STATE.clear()
     ingest(tmp_path / "runs", tmp_path / "screened.duckdb", emit=None)
     screened = len(calls)
     monkeypatch.setattr(A, "SCREEN_FROM", 10**9)
-    A._STATE.clear()
     ingest(tmp_path / "runs", tmp_path / "alone.duckdb", emit=None)
     assert stored(tmp_path / "screened.duckdb") == stored(tmp_path / "alone.duckdb") != []
     assert 0 < screened < (len(calls) - screened) / 2

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from observatory.cli import main as cli
-from observatory.ingest import ingest
 from observatory.interop.eventlog import decimal_rows
 from observatory.interop.simulate import LAW, PRESETS, eval_steps, metric_names, simulate
+from observatory.pipeline import ingest
 from observatory.store import connect
 
 STEPS = 80  # 535b: spike 26, NaN 37 (rollback to 36), preemption 50, fork at 56

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from observatory.cli import main
-from observatory.ingest import ingest
 from observatory.interop.simulate_ops import FAULTS, simulate_ops
+from observatory.pipeline import ingest
 
 
 @pytest.fixture(scope="module")

@@ -234,7 +234,7 @@ def test_busy_store_raises_store_busy_naming_the_setting(db_path):
 def test_decisions_view_on_an_empty_store_and_after_ingest(runs_dir, db_path):
     """`SELECT * FROM decisions` works through the user-SQL door, empty or not, and agrees with the query."""
     from observatory import decisions
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
     from observatory.queries.decisions import current_states
     from observatory.queries.user_sql import run_user_sql
 
@@ -276,7 +276,7 @@ def test_run_status_is_one_definition_for_ingest_cli_and_reports(runs_dir, db_pa
 
     from observatory import report
     from observatory.events import OBSERVATORY_HOST
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
     from observatory.queries import report as qr
     from observatory.queries.core import list_runs
 

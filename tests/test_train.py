@@ -210,7 +210,7 @@ def test_resume_continues_the_same_run_and_sequence(base, tmp_path):
     # the store: running while the resumed process writes (the log cut before its last run_end; the
     # first session's run_end and no second run_start before it), completed at step 70 after
     from observatory import store
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     log = tmp_path / run_id / "events.0.jsonl"
     lines = log.read_bytes().splitlines(keepends=True)
@@ -314,7 +314,7 @@ def test_a_resume_replays_the_lost_steps_and_the_store_shows_the_newest(tmp_path
     """Attempt 0 takes a 30x LR spike at step 45 and crashes before step 51 (its last checkpoint: 40);
     `--resume` trains 41..50 again, healthy, then on to 60. The chart, the rollups, the detectors' series
     and the report show attempt 1's values at 41..50, one per step; a rebuild marks the same rows."""
-    from observatory.ingest import ingest, rebuild
+    from observatory.pipeline import ingest, rebuild
     from observatory.queries import anomalies as qa
     from observatory.queries import dashboard as qd
     from observatory.store import connect

@@ -14,7 +14,7 @@ import pytest
 
 import observatory
 from observatory.events import validate_event
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.store import connect
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from streamlit.testing.v1 import AppTest
 import observatory as wandb
 from observatory import report, settings
 from observatory.dashboard.auto_panels import MAX_PANELS, UNGROUPED, choose_panels
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.queries import dashboard as qd
 from observatory.queries.core import loss_name
 from observatory.report import figures as report_figures

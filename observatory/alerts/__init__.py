@@ -2,7 +2,8 @@
 
 `evaluate` compares what fires now (`conditions.firing`) with the alerts still open (the store's
 `alert` events, and what this process wrote since) and, for each episode that begins or ends,
-sends one message to the channels (`channels.send`) and writes one `alert` event (state `open` or
+sends one message to the channels (`channels.send`, or queued for the ingester's delivery thread:
+`delivery`) and writes one `alert` event (state `open` or
 `resolved`) into the run's observatory file (host 1000), so the store stays rebuildable and the pages
 show them. It runs as ingest's after-commit hook and on the follower's clock (`ingest --follow`
 evaluates every few seconds with no new event too: a silent run is found by the clock, not by the
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -27,18 +28,17 @@ from observatory.store import using
 
 __all__ = ["evaluate", "after_ingest", "open_alerts", "live_link", "Firing"]
 
-# what this process wrote and the store may not hold yet: key -> "open" | "resolved"
-_written: dict[tuple, str] = {}
-
 
 def live_link(run: str, step: int | None) -> str:
     base = settings.get("public_url").rstrip("/")
     return f"{base}/live?run={quote(run)}" + (f"&step={step}" if step is not None else "")
 
 
-def open_alerts(con, runs: Iterable[str] | None = None) -> dict[tuple, dict]:
-    """The alerts open now, by key, from the store's `alert` events (the newest per key wins) and this
-    process's writes not yet ingested."""
+def open_alerts(
+    con, runs: Iterable[str] | None = None, written: dict[tuple, str] | None = None
+) -> dict[tuple, dict]:
+    """The alerts open now, by key, from the store's `alert` events (the newest per key wins) and
+    `written`: what this ingester wrote that the store may not hold yet (key -> "open" | "resolved")."""
     rows = alert_rows(con, None if runs is None else sorted(runs))
     out = {}
     for run, data in rows:
@@ -47,7 +47,7 @@ def open_alerts(con, runs: Iterable[str] | None = None) -> dict[tuple, dict]:
         key = (run, d.get("rule"), d.get("host"), f.get("detector"), f.get("metric"))
         if d.get("state") == "open":
             out[key] = {"run": run, **d}
-    for key, state in _written.items():
+    for key, state in (written or {}).items():
         if state == "resolved":
             out.pop(key, None)
     return out
@@ -80,16 +80,29 @@ def _body(f: Firing, state: str, message: str) -> tuple[str, str]:
 
 
 def evaluate(
-    db, runs_dir, *, now: float | None = None, rule_set: rules.Rules | None = None, send: bool = True
+    db,
+    runs_dir,
+    *,
+    now: float | None = None,
+    rule_set: rules.Rules | None = None,
+    send: bool = True,
+    written: dict[tuple, str] | None = None,
+    deliver: Callable[[list, str, str, str], list[str]] | None = None,
 ) -> list[dict]:
-    """Open the episodes that began and resolve those that ended; the `alert` events written (with `run`)."""
+    """Open the episodes that began and resolve those that ended; the `alert` events written (with `run`).
+    `written`: the caller's record of the alert states it wrote (key -> "open" | "resolved"), read and
+    updated (a long-lived ingester keeps one: its writes reach the store one pass later). `deliver`: how a
+    message leaves (`delivery.Delivery.put`: queued for a thread of its own, returning the channels it is
+    queued for); None: sent now, on this thread (`channels.send`)."""
+    deliver = deliver or channels.send
     now = time.time() if now is None else now
     rule_set = rule_set or rules.load()
+    written = {} if written is None else written
     with using(db) as con:
-        opened = open_alerts(con)
+        opened = open_alerts(con, written=written)
         live = live_runs(con, now, also={k[0] for k in opened})
         fire = {f.key: f for f in firing(con, rule_set, live, now)}
-    written: list[dict] = []
+    out: list[dict] = []
     by_run: dict[str, list[tuple[dict, int | None]]] = {}
     for key, f in fire.items():
         if key in opened:
@@ -97,9 +110,9 @@ def evaluate(
         project = live[f.run].project
         silenced = rule_set.silenced(f.rule, f.run, project, now)
         title, body = _body(f, "open", f.message)
-        sent = [] if silenced or not send else channels.send(rule_set.channels, f.severity, title, body)
+        sent = [] if silenced or not send else deliver(rule_set.channels, f.severity, title, body)
         by_run.setdefault(f.run, []).append((_data(f, "open", sent, f.message), f.step))
-        _written[key] = "open"
+        written[key] = "open"
     for key, d in opened.items():
         if key in fire:
             continue
@@ -123,9 +136,9 @@ def evaluate(
         msg = f"resolved ({why}): {f.message}"
         silenced = rule_set.silenced(f.rule, run, r.project if r else None, now)
         title, body = _body(f, "resolved", msg)
-        sent = [] if silenced or not send else channels.send(rule_set.channels, f.severity, title, body)
+        sent = [] if silenced or not send else deliver(rule_set.channels, f.severity, title, body)
         by_run.setdefault(run, []).append((_data(f, "resolved", sent, msg), f.step))
-        _written[key] = "resolved"
+        written[key] = "resolved"
     for run, items in by_run.items():
         if not (Path(runs_dir) / run).is_dir():
             print(
@@ -134,15 +147,23 @@ def evaluate(
             )
             continue
         findings.write(runs_dir, run, "alert", items)
-        written += [{"run": run, **d} for d, _ in items]
-    return written
+        out += [{"run": run, **d} for d, _ in items]
+    return out
 
 
-def after_ingest(db, runs_dir, runs: set[str] | None = None) -> set[str]:
-    """Ingest's hook (after each batch, and on the follower's clock): evaluate; the runs written to.
-    Never raises: a bad rules file or a failed send is said on stderr and ingest goes on."""
+def after_ingest(
+    db,
+    runs_dir,
+    runs: set[str] | None = None,
+    *,
+    written: dict[tuple, str] | None = None,
+    deliver: Callable[[list, str, str, str], list[str]] | None = None,
+) -> set[str]:
+    """The ingester's analysis (after each batch, and on the follower's clock): evaluate; the runs written
+    to. `written`, `deliver`: as for `evaluate`. Never raises: a bad rules file or a failed send is said on stderr and
+    ingest goes on."""
     try:
-        return {w["run"] for w in evaluate(db, runs_dir)}
+        return {w["run"] for w in evaluate(db, runs_dir, written=written, deliver=deliver)}
     except rules.RulesError as e:
         print(f"observatory alerts: {e}", file=sys.stderr)
     except Exception as e:

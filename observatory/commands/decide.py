@@ -23,7 +23,7 @@ from observatory import decisions as dec
 from observatory import lineage as lin
 from observatory.commands import common_options
 from observatory.decisions import markdown as decisions_md
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 __all__ = ["decide", "lineage"]
 

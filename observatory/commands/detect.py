@@ -14,7 +14,7 @@ import click
 from observatory.commands import common_options
 from observatory.detect import scan
 from observatory.detect.thresholds import Thresholds
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 __all__ = ["detect"]
 

@@ -24,7 +24,9 @@ def ingest(runs_dir, db, follow, quiet):
     as `file:line: reason`; the rest of each file is ingested. On a terminal a
     progress bar shows the bytes read and the time left (not with --follow).
     """
-    from observatory.ingest import ingest as run_ingest  # lazy for start-up time (pyarrow, the hooks' polars)
+    from observatory.pipeline import (
+        ingest as run_ingest,
+    )  # lazy for start-up time (pyarrow, the hooks' polars)
 
     if follow:
         click.echo(f"following {runs_dir} into {db} (Ctrl-C to stop)", err=True)
@@ -44,7 +46,7 @@ def ingest(runs_dir, db, follow, quiet):
 @quiet_option("No progress bar, nor each rejected line: only the summary and errors.")
 def rebuild(runs_dir, db, quiet):
     """Recreate the store from the event logs (built aside, then swapped in atomically)."""
-    from observatory.ingest import rebuild as run_rebuild  # lazy for start-up time (see `ingest`)
+    from observatory.pipeline import rebuild as run_rebuild  # lazy for start-up time (see `ingest`)
 
     try:
         with bar("rebuild", quiet) as progress:

@@ -8,7 +8,7 @@ import click
 
 from observatory import decisions
 from observatory.commands import common_options
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 __all__ = ["report"]
 

@@ -6,7 +6,7 @@
 - `markdown`: export/import as Markdown files (and `decide new FILE`).
 
     from observatory import decisions
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
     d = decisions.new(runs_dir, db, title="Enable z-loss", kind="intervention",
                       runs=[{"run": "d512", "step": 1200}], action="z_loss=1e-4", ingest=ingest)
     decisions.update(runs_dir, db, d.id, status="running", ingest=ingest)

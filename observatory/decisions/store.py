@@ -10,7 +10,7 @@ or into the pseudo-run folder `decisions/` (no `run_start`) when no linked run
 exists locally. Updates go to the folder the decision was created in.
 
 Writing does not ingest: pass `ingest` (a callable taking `(runs_dir, db)`, e.g.
-`observatory.ingest.ingest`) to `new` and `update` to bring the store up to date
+`observatory.pipeline.ingest`) to `new` and `update` to bring the store up to date
 after they wrote, so the record can be read back at once.
 """
 

@@ -6,14 +6,14 @@ pass stores it. So what the observatory said, and when, is as the run itself. Th
 detectors (pure functions over numpy series) live in `observatory.detect.detectors`,
 their thresholds (the `anomaly_*` settings) in `observatory.detect.thresholds`.
 
-    after_ingest(db, runs_dir, runs)   # ingest's hook, after each committed batch
+    after_ingest(db, runs_dir, runs, progress=p)   # the ingester's analysis, after each committed batch
     detect(db, runs_dir, runs=None)    # `observatory detect`: new findings, written
 
 Incremental and idempotent: a flag at a step depends only on a bounded trailing
 window, so `scan_run` re-reads `Thresholds.lookback` logged steps before the last
 step it scanned (the hot / dead expert detectors: `2 * expert_steps + 2` logged
 expert steps, `observatory.detect.expert_scan`). Where each scan stopped is kept per
-run and detector group in the store's `detector_state` (and per process, and as
+run and detector group in the store's `detector_state` (and in the ingester's `Progress`, and as
 `scanned_through` in every finding written), so a new process also reads only what
 is new. It ignores episodes that began before its windows were whole (an earlier
 scan saw their start: `detect_frame(truncated=True)`) and dedupes by (detector,
@@ -87,6 +87,7 @@ from observatory.store import StoreBusy, using, write_connection
 
 __all__ = [
     "SERIES",
+    "Progress",
     "save_state",
     "unsaved_state",
     "detect_frame",
@@ -264,15 +265,27 @@ def _finding_keys(stored: list[dict], pending: list[dict]) -> tuple[set[tuple[st
 
 SCREEN_FROM = 2  # runs in a scan from which their series are screened (`screen.loud`) first
 
-# (runs dir, run) -> {"series": last metrics step scanned, "experts": last expert_load step scanned}
-# by this process; the store's `detector_state` (and the findings' `scanned_through`) is the fallback
-_STATE: dict[tuple[str, str], dict[str, int]] = {}
+
+class Progress:
+    """The detectors' progress in one ingester (`observatory.pipeline.Ingester` owns one); a one-off `detect`
+    makes a fresh one (the store's `detector_state` is the fallback)."""
+
+    def __init__(self) -> None:
+        # (runs dir, run) -> {"series": last metrics step scanned, "experts": last expert_load step scanned}
+        self.state: dict[tuple[str, str], dict[str, int]] = {}
+        # store file -> {(run, detector group): through}: reached on a read-only connection (the ingester's
+        # analyses read beside the dashboard's readers), written by that store's next write transaction
+        self.unsaved: dict[str, dict[tuple[str, str], int]] = {}
+        self.said: set[tuple[str, str]] = set()  # (run, problem) with its thresholds already said
+        self.last_stall_check = 0.0  # set when a scan that looked for silent runs is written
 
 
-def _through(kept: dict[str, int], state_key: tuple[str, str], stored_through: int | None) -> dict[str, int]:
-    """Where the last scan of a run stopped, per detector group: this process's, else the store's (`kept`,
+def _through(
+    kept: dict[str, int], state_key: tuple[str, str], stored_through: int | None, progress: Progress
+) -> dict[str, int]:
+    """Where the last scan of a run stopped, per detector group: this ingester's, else the store's (`kept`,
     its `detector_state`, and the furthest `scanned_through` of its findings)."""
-    mine = _STATE.get(state_key)
+    mine = progress.state.get(state_key)
     if mine is not None:
         return dict(mine)
     kept = dict(kept)
@@ -365,23 +378,25 @@ def _read_runs(
     full: bool,
     fresh_from: FreshFrom | None = None,
     per_run: dict[str, Thresholds] | None = None,
+    progress: Progress | None = None,
 ) -> list[_RunScan]:
     """The first half of `scan_run`, for several runs: every store read, one query per kind for them all
     (`per_run`: a run's own thresholds, where it has some; the reads reach back as far as the widest)."""
     if not runs:
         return []
     per_run = per_run or {}
+    progress = progress or Progress()
     own = th
     th = widest(th, per_run.values())
     stored = anomaly_events_many(con, runs)
     states = {} if full else detector_states(con, runs)
-    where = str(Path(runs_dir).resolve())  # this process's scans of the runs dir (`_STATE`'s keys)
+    where = str(Path(runs_dir).resolve())  # this ingester's scans of the runs dir (`Progress.state`'s keys)
     keys, was = [], []
     in_files = findings.pending_many(runs_dir, runs, "anomaly")
     for run in runs:
         k, stored_through = _finding_keys(stored.get(run, []), in_files[run])
         keys.append(k)
-        was.append({} if full else _through(states.get(run, {}), (where, run), stored_through))
+        was.append({} if full else _through(states.get(run, {}), (where, run), stored_through, progress))
     fresh = [
         fresh_from is not None and run in fresh_from.runs and not w for run, w in zip(runs, was, strict=True)
     ]
@@ -470,30 +485,24 @@ def scan_run(
     return new, last
 
 
-# store file -> {(run, detector group): through}: state reached on a read-only connection (ingest's
-# after-commit hooks read the store beside the dashboard's readers), written by that store's next write
-# transaction (`save_state`: ingest's next batch, or the write at the end of an `ingest` call)
-_UNSAVED: dict[str, dict[tuple[str, str], int]] = {}
-
-
 def _store_key(path) -> str:
     return str(Path(path).resolve())
 
 
-def _commit_state(db, done: list[tuple[tuple[str, str], str, dict[str, int]]]) -> None:
-    """The state the scans of `done` ((state key, run, state) each) reached: into this process's `_STATE`
-    and the store's `detector_state` (on a read-only store connection the rows wait in `_UNSAVED` for the
-    store's next write)."""
+def _commit_state(db, done: list[tuple[tuple[str, str], str, dict[str, int]]], progress: Progress) -> None:
+    """The state the scans of `done` ((state key, run, state) each) reached: into `progress` and the store's
+    `detector_state` (on a read-only store connection the rows wait in `progress.unsaved` for the store's
+    next write)."""
     rows = []
     for key, run, st in done:
-        _STATE[key] = st
+        progress.state[key] = st
         rows += [(run, group, through) for group, through in st.items()]
     if not rows:
         return
     if hasattr(db, "execute") and getattr(db, "read_only", True):
         path = getattr(db, "path", None)
         if path is not None:  # a store: its next write saves them
-            _UNSAVED.setdefault(_store_key(path), {}).update({(r, g): t for r, g, t in rows})
+            progress.unsaved.setdefault(_store_key(path), {}).update({(r, g): t for r, g, t in rows})
         return  # else (a bare DuckDB connection): the process's state has to do
     try:
         with nullcontext(db) if hasattr(db, "execute") else write_connection(db) as con:
@@ -502,15 +511,15 @@ def _commit_state(db, done: list[tuple[tuple[str, str], str, dict[str, int]]]) -
         print(f"observatory anomalies: detector state not saved ({type(e).__name__}: {e})", file=sys.stderr)
 
 
-def unsaved_state(db) -> bool:
+def unsaved_state(db, progress: Progress) -> bool:
     """Whether scans on read-only connections to the store `db` reached state its file does not hold yet."""
-    return bool(_UNSAVED.get(_store_key(db)))
+    return bool(progress.unsaved.get(_store_key(db)))
 
 
-def save_state(con) -> int:
+def save_state(con, progress: Progress) -> int:
     """Write the state that scans on read-only connections reached into `con`'s store: `con` is a write
     connection (inside the caller's transaction, which commits it). Returns the rows written."""
-    rows = _UNSAVED.pop(_store_key(con.path), None)
+    rows = progress.unsaved.pop(_store_key(con.path), None)
     if rows:
         _upsert_state(con, [(run, group, through) for (run, group), through in rows.items()])
     return len(rows or ())
@@ -543,11 +552,13 @@ class Scan:
         activity: dict,
         now: float | None,
         per_run: dict[str, Thresholds] | None = None,
+        progress: Progress | None = None,
     ):
         self.runs_dir, self.th, self.reads, self.activity, self.now = runs_dir, th, reads, activity, now
+        self.progress = progress or Progress()
         self.per_run = per_run or {}  # runs with thresholds of their own (`thresholds_of`)
         self.results: list[tuple[_RunScan, list[Finding], int | None, dict]] = []
-        # whether the scan checked for stalled runs: `_last_stall_check` is set when it is written
+        # whether the scan checked for stalled runs: `progress.last_stall_check` is set when it is written
         self.stall_checked = False
 
     @classmethod
@@ -563,27 +574,29 @@ class Scan:
         now: float | None = None,
         strict: bool = False,
         fresh_from: FreshFrom | None = None,
+        progress: Progress | None = None,
     ) -> Scan:
         """Every store read of a scan of `runs` (None: every stored run), one query per kind for all of them
         (`fresh_from`: where the ingest batch that began some of them began). A run whose reads fail is said
         and left out, unless `strict`."""
+        progress = progress or Progress()
         wanted = run_ids(con) if runs is None else list(dict.fromkeys(runs))
         act = {a["run"]: a for a in run_activity(con, wanted)} if stall and wanted else {}
-        per_run = thresholds_of(con, wanted, th)
+        per_run = thresholds_of(con, wanted, th, progress.said)
         try:
-            reads = _read_runs(con, runs_dir, wanted, th, full, fresh_from, per_run)
+            reads = _read_runs(con, runs_dir, wanted, th, full, fresh_from, per_run, progress)
         except Exception as e:  # then run by run: one bad run must not stop the others
             if strict:
                 raise
             reads = []
             for run in wanted:
                 try:
-                    reads += _read_runs(con, runs_dir, [run], th, full, per_run=per_run)
+                    reads += _read_runs(con, runs_dir, [run], th, full, per_run=per_run, progress=progress)
                 except Exception as e1:
                     _say_failed(run, e1)
             if not reads and wanted:
                 _say_failed(", ".join(wanted[:3]) + ("..." if len(wanted) > 3 else ""), e)
-        return cls(runs_dir, th, reads, act, now, per_run)
+        return cls(runs_dir, th, reads, act, now, per_run, progress)
 
     def compute(self) -> None:
         """The series detectors over what was read, run by run (a run that fails is said and left out);
@@ -625,9 +638,8 @@ class Scan:
     def write(self, db=None) -> list[Finding]:
         """The new findings, written into their runs' folders and their scans' state kept (`_commit_state`
         into `db`); with `db` None, nothing written."""
-        global _last_stall_check
         if self.stall_checked:
-            _last_stall_check = time.monotonic()
+            self.progress.last_stall_check = time.monotonic()
         out, done = [], []
         for r, new, last, state in self.results:
             if db is not None and new:
@@ -641,14 +653,16 @@ class Scan:
             done.append((r.state_key, r.run, state))
             out += new
         if db is not None:  # after the findings are in their files: a crash re-finds, never loses
-            _commit_state(db, done)
+            _commit_state(db, done, self.progress)
         return out
 
 
-def thresholds_of(con, runs: list[str], th: Thresholds) -> dict[str, Thresholds]:
+def thresholds_of(
+    con, runs: list[str], th: Thresholds, said: set[tuple[str, str]] | None = None
+) -> dict[str, Thresholds]:
     """The runs whose thresholds are not `th` (the settings'), with theirs: the rules file's `thresholds`
     for their project or id, then their own config's `alerts.thresholds` (`alerts.rules.Rules.thresholds_for`).
-    A rules file that cannot be read leaves every run on `th` (the alerts say what is wrong with it)."""
+    A rules file that cannot be read leaves every run on `th`. `said`: problems already said (once each)."""
     try:
         rules = load_rules()
     except RulesError:
@@ -658,15 +672,13 @@ def thresholds_of(con, runs: list[str], th: Thresholds) -> dict[str, Thresholds]
         if rules is None and not config:
             continue
         mine, problem = (rules or Rules([])).thresholds_for(th, run, project, config)
-        if problem is not None and (run, problem) not in _SAID:
-            _SAID.add((run, problem))  # once a process: a live run is scanned after every batch
+        if problem is not None and (said is None or (run, problem) not in said):
+            if said is not None:
+                said.add((run, problem))  # once an ingester: a live run is scanned after every batch
             print(f"observatory detect: {problem}", file=sys.stderr)
         if mine != th:
             out[run] = mine
     return out
-
-
-_SAID: set[tuple[str, str]] = set()  # (run, problem) with its thresholds already said (`thresholds_of`)
 
 
 def _say_failed(run: str, e: Exception) -> None:
@@ -683,27 +695,26 @@ def detect(
     stall: bool = True,
     write: bool = True,
     now: float | None = None,
+    progress: Progress | None = None,
 ) -> list[Finding]:
     """Run every detector over stored runs (all when `runs` is None); write and return the new findings.
 
     `full` rescans each run from its first step instead of continuing from the
     last scanned step (the result is the same; it is slower). `stall` also checks
-    whether the runs have gone silent without a run_end.
-    """
+    whether the runs have gone silent without a run_end. `progress`: where earlier scans stopped."""
     th = thresholds or Thresholds.from_settings()
     with using(db) as con:
-        scan = Scan.read(con, Path(runs_dir), runs, th, full=full, stall=stall, now=now)
+        scan = Scan.read(con, Path(runs_dir), runs, th, full=full, stall=stall, now=now, progress=progress)
     scan.compute()
     return scan.write(db if write else None)
 
 
-_last_stall_check = 0.0
-
-
-def _wanted(con, runs: Iterable[str] | None, th: Thresholds) -> tuple[list[str] | None, bool]:
+def _wanted(
+    con, runs: Iterable[str] | None, th: Thresholds, progress: Progress
+) -> tuple[list[str] | None, bool]:
     """The runs an ingest batch's scan looks at (None: every stored run): those it touched, and every few
     seconds (whether it is due, the second value) the runs that went silent without run_end."""
-    stall_due = time.monotonic() - _last_stall_check > min(10.0, th.stall_s / 4)
+    stall_due = time.monotonic() - progress.last_stall_check > min(10.0, th.stall_s / 4)
     if runs is None:
         return None, stall_due
     wanted = list(dict.fromkeys(runs))
@@ -719,8 +730,9 @@ def after_ingest(
     *,
     thresholds: Thresholds | None = None,
     fresh_from: FreshFrom | None = None,
+    progress: Progress | None = None,
 ) -> set[str]:
-    """Ingest's hook, called after each committed batch: detect over the runs it touched.
+    """The ingester's analysis, called after each committed batch: detect over the runs it touched.
 
     `runs`: the runs the batch touched (None: every stored run). Cheap on every pass:
     each run continues from the last step this process scanned (re-reading only
@@ -737,6 +749,7 @@ def after_ingest(
                 thresholds or Thresholds.from_settings(),
                 strict=False,
                 fresh_from=fresh_from,
+                progress=progress or Progress(),
             )
         if scan is None:
             return set()
@@ -754,13 +767,24 @@ def _ingest_scan(
     th: Thresholds,
     strict: bool,
     fresh_from: FreshFrom | None = None,
+    progress: Progress | None = None,
 ) -> Scan | None:
     """The reads of an ingest batch's scan (`after_ingest`): the runs `_wanted` gives, the stall check when
-    it is due (`_last_stall_check` is set when the scan is written); None: no run to look at."""
-    wanted, stall_due = _wanted(con, runs, th)
+    it is due (`progress.last_stall_check` is set when the scan is written); None: no run to look at."""
+    progress = progress or Progress()
+    wanted, stall_due = _wanted(con, runs, th, progress)
     if wanted == []:
         return None
-    scan = Scan.read(con, Path(runs_dir), wanted, th, stall=stall_due, strict=strict, fresh_from=fresh_from)
+    scan = Scan.read(
+        con,
+        Path(runs_dir),
+        wanted,
+        th,
+        stall=stall_due,
+        strict=strict,
+        fresh_from=fresh_from,
+        progress=progress,
+    )
     scan.stall_checked = stall_due
     return scan
 

@@ -19,6 +19,7 @@ import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -181,8 +182,10 @@ def read_rest(lf: LogFile, offset: int, most: int) -> Chunk | None:
 class Batch:
     """Everything one transaction adds, gathered in Python lists and staged Arrow tables."""
 
-    def __init__(self, now: float, max_rejected: int | None = None):
+    def __init__(self, now: float, max_rejected: int | None = None, layouts: Any = None):
         self.now = now
+        # the ingester's `msgspec_lines.Layouts` (what it learnt of its runs' metric names); None: a new one
+        self.layouts = layouts
         # rejected lines stored per file, in all passes (`max_rejected_per_file`); past it they are counted only
         self.max_rejected = int(
             settings.get("max_rejected_per_file") if max_rejected is None else max_rejected

@@ -8,7 +8,7 @@ the tests' reference). It cuts the chunk into pieces of ~`PIECE_BYTES` complete 
 1. checks the bytes: UTF-8, no line over `max_line_bytes`; lines that do not start
    with `{` and end with `}` (blank, torn, junk) go to `check_line` one by one;
 2. decodes the other lines with one `msgspec` `decode_lines` call into typed
-   Structs (a tagged union on `kind`). A metrics line's `data` goes into a `_Layout`
+   Structs (a tagged union on `kind`). A metrics line's `data` goes into a `Layout`
    (its metric names as the float fields of a Struct built at run time, learnt from
    the first piece decoded with dict `data`, shared by runs that log the same names):
    the values of a piece come out as one (lines x names) matrix, with no per-value
@@ -39,16 +39,27 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import operator
 import re
-from typing import Annotated, Any, Union
 
 import numpy as np
 import pyarrow as pa
 
-from observatory.events import KINDS, RUN_ID_RE
+from observatory.events import RUN_ID_RE
+from observatory.ingest.layouts import (
+    DATA,
+    DECODE_ERRORS,
+    DECODER,
+    LAYOUT_MAX,
+    SMALL,
+    SMALL_LAYOUT_MAX,
+    ExpertLine,
+    Layout,
+    Layouts,
+    MetricsLine,
+    astuple,
+    msgspec,
+)
 from observatory.ingest.model import (
-    I32,
     I64,
     U16,
     U32,
@@ -62,15 +73,7 @@ from observatory.ingest.model import (
 )
 from observatory.store.arrow import column, numeric
 
-try:  # without msgspec (>= 0.19: Decoder.decode_lines) every line is judged alone (`plain_ingest_chunk`)
-    import msgspec
-
-    if not hasattr(msgspec.json.Decoder, "decode_lines"):  # pragma: no cover
-        msgspec = None
-except ImportError:  # pragma: no cover - msgspec is a declared dependency
-    msgspec = None
-
-__all__ = ["ENABLED", "PIECE_BYTES", "METRICS_PIECE_BYTES", "ingest_chunk", "ingest_small"]
+__all__ = ["ENABLED", "PIECE_BYTES", "METRICS_PIECE_BYTES", "Layouts", "ingest_chunk", "ingest_small"]
 
 ENABLED = True  # False: every line is judged alone, model.plain_ingest_chunk (the tests' reference)
 PIECE_BYTES = 4 << 20  # bytes decoded per step (a piece with expert_load lines)
@@ -88,104 +91,6 @@ INSERT_ROWS = 1 << 17
 
 _LBRACE, _RBRACE, _CR, _NL = ord("{"), ord("}"), ord("\r"), ord("\n")
 
-if msgspec is not None:
-    from msgspec import Meta, Struct
-
-    class _ExpertData(Struct):
-        layer: Annotated[int, Meta(ge=0, le=U16)]
-        # the JSON text of the lists, parsed in bulk by `_int_lists` (msgspec still checks the syntax):
-        # 2 x 64 Python ints per event would cost as decoding the rest of the line
-        routed: msgspec.Raw
-        dropped: msgspec.Raw
-
-    class _Metrics(Struct, tag_field="kind", tag="metrics"):
-        v: int
-        run: str
-        t: float
-        host: int
-        seq: int
-        data: dict[str, float]  # (K,) name -> value; duplicate keys: the last wins, as in json.loads
-        step: int | None = None
-
-    class _Expert(Struct, tag_field="kind", tag="expert_load"):
-        v: int
-        run: str
-        t: float
-        host: int
-        seq: int
-        data: _ExpertData
-        step: int | None = None
-
-    # every other known kind: decoded to its seq alone (the rest skipped, JSON still checked), sent to
-    # check_line; the seq (any JSON value: a wrong type fails no decode) lets `ingest_small` check a small
-    # file's seqs at once
-    _OTHERS = tuple(
-        msgspec.defstruct(f"_Other_{k}", [("seq", Any, None)], tag_field="kind", tag=k)
-        for k in KINDS
-        if k not in ("metrics", "expert_load")
-    )
-    _DECODER = msgspec.json.Decoder(Union[(_Metrics, _Expert, *_OTHERS)])  # noqa: UP007 (a built union)
-    _DECODE_ERRORS: tuple = (msgspec.MsgspecError, RecursionError)
-    _STEP_MAX = {_Metrics: I64, _Expert: I32}  # the store's step columns: metrics BIGINT, expert_load INTEGER
-    _METRIC_CLASSES = {_Metrics}  # + each _Layout's metrics Struct
-    _NAMES: dict[type, tuple[str, ...]] = {}  # a _Layout's data Struct -> its metric names, by field
-    astuple = msgspec.structs.astuple
-    _DATA = operator.attrgetter("data")
-
-
-class _Layout:
-    """A run's metric names as a Struct: `data` decoded straight into K float fields, no dict, no name strings.
-
-    Each field defaults to NaN, which marks an absent name: a JSON number never decodes
-    to NaN (msgspec has no NaN literal), so NaN in a field can only mean "not in this
-    line". Names outside the layout make the decode fail (`forbid_unknown_fields`), and
-    the piece is decoded with dicts again. A duplicate key keeps its last value, as
-    json.loads and the dict decoder do.
-    """
-
-    def __init__(self, names: tuple[str, ...]):
-        self.names = names
-        fields = [(f"f{i}", float, math.nan) for i in range(len(names))]
-        data = msgspec.defstruct(
-            "_LayoutData",
-            fields,
-            rename=dict(zip((f[0] for f in fields), names, strict=True)),
-            forbid_unknown_fields=True,
-            gc=False,
-        )
-        _NAMES[data] = names
-        line = msgspec.defstruct(
-            "_LayoutMetrics",
-            [
-                ("v", int),
-                ("run", str),
-                ("t", float),
-                ("host", int),
-                ("seq", int),
-                ("data", data),
-                ("step", int | None, None),
-            ],
-            tag_field="kind",
-            tag="metrics",
-        )
-        _STEP_MAX[line] = I64
-        _METRIC_CLASSES.add(line)
-        self.decoder = msgspec.json.Decoder(Union[(line, _Expert, *_OTHERS)])  # noqa: UP007 (a built union)
-
-
-LAYOUT_MAX = 1024  # names in a run's layout; past that its metrics lines decode into dicts
-# Several files' lines (`ingest_small`: a sweep's small runs) share one layout, under this key (no run id is
-# empty): the names of the last pieces, at most SMALL_LAYOUT_MAX of them, as every line's row of the matrix
-# is that wide. Most sweeps log a few names each: a piece decodes into Structs as one run's would (10^4 runs:
-# their decode and columns took 1.1 s with dicts). A piece with names outside it is decoded with dicts
-# again (its cost twice) and the layout learnt anew from it.
-SMALL = ""
-SMALL_LAYOUT_MAX = 64
-_LAYOUTS: dict[
-    str, _Layout | None
-] = {}  # run (or SMALL) -> its layout (None: too many names, or an empty one)
-_BY_NAMES: dict[tuple[str, ...], _Layout] = {}  # the layouts made, by their names
-
 
 def ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line: int) -> None:
     """Validate and stage one chunk of complete lines from one file: same effect as `plain_ingest_chunk`.
@@ -195,10 +100,12 @@ def ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line:
     if not ENABLED or msgspec is None or not ch.data or not RUN_ID_RE.match(lf.run) or lf.host > U16:
         plain_ingest_chunk(b, lf, st, ch, max_line)
         return
+    if b.layouts is None:
+        b.layouts = Layouts()  # a batch of no ingester's (a test's): it learns for itself
     data = ch.data
     offset0 = ch.end - len(data)
     insert = functools.partial(_insert, con)
-    for hi, piece, plan in _plans(data, lf, max_line):
+    for hi, piece, plan in _plans(data, lf, max_line, b.layouts):
         if plan is None:
             plain_ingest_chunk(b, lf, st, Chunk(piece, offset0 + hi, [], b"", 0, False), max_line)
             continue
@@ -208,7 +115,7 @@ def ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line:
             b.appends.hold(tables, sum(t.num_rows for t in tables if t is not None), insert, INSERT_ROWS)
 
 
-def _plans(data: bytes, lf: LogFile, max_line: int):
+def _plans(data: bytes, lf: LogFile, max_line: int, layouts: Layouts):
     """(end in `data`, bytes, _Plan) of each piece of complete lines, in order, cut and decoded when needed:
     `METRICS_PIECE_BYTES` at first and after a piece without expert_load rows, else `PIECE_BYTES`. The
     bytes are one copy out of the chunk (~2-3 ms a 4 MB piece). A process pool does not pay on 2 shared
@@ -220,7 +127,7 @@ def _plans(data: bytes, lf: LogFile, max_line: int):
         if end < 0:  # one line longer than a piece
             end = data.find(b"\n", pos + size)
         piece = data[pos : end + 1]
-        plan = _plan(piece, lf.run, lf.host, max_line)
+        plan = _plan(piece, lf.run, lf.host, max_line, layouts)
         yield end + 1, piece, plan
         pos = end + 1
         size = PIECE_BYTES if plan is None or len(plan.x_lens) else min(PIECE_BYTES, METRICS_PIECE_BYTES)
@@ -247,7 +154,12 @@ class _Plan:
 
 
 def _plan(
-    piece: bytes, run: str | None, host: int, max_line: int, lines: tuple[list, list] | None = None
+    piece: bytes,
+    run: str | None,
+    host: int,
+    max_line: int,
+    layouts: Layouts,
+    lines: tuple[list, list] | None = None,
 ) -> _Plan | None:
     """Decode and certify a piece; None when `plain_ingest_chunk` must take all of it. `lines`: the piece is
     several files' lines (`ingest_small`), each line's (run, host) in two lists; `run` is SMALL then."""
@@ -274,7 +186,7 @@ def _plan(
         text = b"".join(
             piece[s : e + 1] for s, e in zip(starts[good].tolist(), ends[good].tolist(), strict=True)
         )
-    decoded = _decode(text, run)
+    decoded = _decode(text, run, layouts)
     if decoded is None:  # some line does not fit the types (a "nan" string, say): decode line by line
         decoded = [
             _decode_line(piece[s : e + 1])
@@ -287,7 +199,7 @@ def _plan(
     events: list = [None] * len(ends)  # (L,) the certified events, None for check_line
     judged: list[tuple[int, int]] = []  # (line, seq) of the others decoded with a seq in range
     for i, e in zip(good.tolist(), decoded, strict=True):
-        step_max = _STEP_MAX.get(e.__class__)  # None: another kind, for check_line
+        step_max = getattr(e.__class__, "step_max", None)  # None: another kind, for check_line
         step = getattr(e, "step", None)
         if lines is not None:
             run, host = lines[0][i], lines[1][i]
@@ -305,7 +217,7 @@ def _plan(
         elif e is not None and (s := e.seq).__class__ is int and 0 <= s <= I64:
             judged.append((i, s))
     # payload checks the decoder's types cannot make: finite values, no empty metric name, count lists
-    m_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ in _METRIC_CLASSES]
+    m_lines = [i for i, e in enumerate(events) if e is not None and e.__class__.metrics]
     metrics = _metric_columns([events[i] for i in m_lines])
     if not np.isfinite(metrics[1]).all() or "" in metrics[2]:
         for i in m_lines:
@@ -313,7 +225,7 @@ def _plan(
                 events[i] = None  # validate_event decides (inf as a JSON number, an empty name)
         m_lines = [i for i in m_lines if events[i] is not None]
         metrics = _metric_columns([events[i] for i in m_lines])
-    x_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ is _Expert]
+    x_lines = [i for i, e in enumerate(events) if e is not None and e.__class__ is ExpertLine]
     counts = _expert_counts([events[i] for i in x_lines])
     if counts is None:  # some list is odd (spaces, negative, huge, not a list, lengths differ): per event
         for i in x_lines:
@@ -342,7 +254,7 @@ def _plan(
     return _Plan(starts, ends, cls, seq, step, t, metrics, (counts[0], layers, counts[1], counts[2]))
 
 
-def _decode(text: bytes, run: str | None, depth: int = 0) -> list | None:
+def _decode(text: bytes, run: str | None, layouts: Layouts, depth: int = 0) -> list | None:
     """Every line of `text` decoded (None if some line does not fit): into the run's layout (SMALL: the
     small files' one) when it has one that fits, else with dict `data`, from which the layout is learnt
     for the next pieces (`run` None: dict `data`, nothing learnt).
@@ -350,29 +262,31 @@ def _decode(text: bytes, run: str | None, depth: int = 0) -> list | None:
     A line whose value is of the wrong type (a "nan" string, say) fails the decode at that line, which
     msgspec names (`$[i]`): the lines before it decoded, so the piece is decoded around it, the line
     alone by `_decode_line` (None: validate_event decides), instead of line by line (~3x the piece's time)."""
-    layout = _LAYOUTS.get(run) if run is not None else None
-    for decoder in (layout.decoder, _DECODER) if layout is not None else (_DECODER,):
+    layout = layouts.of(run) if run is not None else None
+    for decoder in (layout.decoder, DECODER) if layout is not None else (DECODER,):
         try:
             decoded = decoder.decode_lines(text)
-        except _DECODE_ERRORS as e:
+        except DECODE_ERRORS as e:
             split = _split_at(e, text) if depth < _SPLITS_MAX else None
             if split is None:
                 continue  # names outside the layout: the dict decode learns them; else line by line
             head, line, tail = split
             # around a line the dict decode failed at: dicts again, nothing learnt from a piece that failed
-            within = run if decoder is not _DECODER else None
+            within = run if decoder is not DECODER else None
             parts = [
-                _decode(head, within, depth + 1) if head else [],
+                _decode(head, within, layouts, depth + 1) if head else [],
                 [_decode_line(line)],
-                _decode(tail, within, depth + 1) if tail else [],
+                _decode(tail, within, layouts, depth + 1) if tail else [],
             ]
             return None if any(p is None for p in parts) else [ev for p in parts for ev in p]
         if (
-            decoder is _DECODER
+            decoder is DECODER
             and run is not None
-            and (run not in _LAYOUTS or layout is not None or run == SMALL)
+            and (run not in layouts.by_run or layout is not None or run == SMALL)
         ):
-            _learn(run, decoded, layout)  # none yet, or names outside it (SMALL: the next sweep's, maybe)
+            _learn(
+                layouts, run, decoded, layout
+            )  # none yet, or names outside it (SMALL: the next sweep's, maybe)
         return decoded
     return None
 
@@ -399,37 +313,30 @@ def _split_at(e: Exception, text: bytes) -> tuple[bytes, bytes, bytes] | None:
     return text[:pos], text[pos : end + 1], text[end + 1 :]
 
 
-def _learn(run: str, decoded: list, old: _Layout | None) -> None:
+def _learn(layouts: Layouts, run: str, decoded: list, old: Layout | None) -> None:
     """The run's layout: the names of this piece, in their order, then the old layout's others; none past
     LAYOUT_MAX names (the run decodes into dicts from then on). SMALL: the old layout's names only while
     they fit in SMALL_LAYOUT_MAX, else this piece's alone (the next sweep's)."""
-    names = dict.fromkeys(itertools.chain.from_iterable(e.data for e in decoded if e.__class__ is _Metrics))
+    names = dict.fromkeys(
+        itertools.chain.from_iterable(e.data for e in decoded if e.__class__ is MetricsLine)
+    )
     if not names:
         return  # no metrics here: look again at the next piece
     most = SMALL_LAYOUT_MAX if run == SMALL else LAYOUT_MAX
     if old is not None and (run != SMALL or len(names) + len(old.names) <= most):
         names.update(dict.fromkeys(old.names))
-    if len(_LAYOUTS) > 64:
-        _LAYOUTS.clear()
-    if len(_BY_NAMES) > 64:
-        _BY_NAMES.clear()
     # msgspec cannot name a field with a quote, a backslash or a control character: such a run's metrics
     # decode into dicts (the line is as valid as any)
     if len(names) > most or "" in names or any(map(_UNNAMEABLE.search, names)):
-        _LAYOUTS[run] = None
+        layouts.set(run, None)
         return
-    key = tuple(names)
-    if (
-        key not in _BY_NAMES
-    ):  # runs of one sweep log the same names: one layout (two Structs, a decoder) for all
-        _BY_NAMES[key] = _Layout(key)
-    _LAYOUTS[run] = _BY_NAMES[key]
+    layouts.set(run, tuple(names))  # runs of one sweep log the same names: one layout for all
 
 
 def _decode_line(line: bytes):
     try:
-        return _DECODER.decode(line)
-    except _DECODE_ERRORS:
+        return DECODER.decode(line)
+    except DECODE_ERRORS:
         return None  # validate_event decides
 
 
@@ -467,14 +374,14 @@ def _metric_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.nd
 
 def _as_dict(data) -> dict[str, float]:
     """A layout's `data` as the dict the dict decoder gives (NaN fields are absent names)."""
-    return {k: v for k, v in zip(_NAMES[data.__class__], astuple(data), strict=True) if v == v}
+    return {k: v for k, v in zip(data.__class__.names, astuple(data), strict=True) if v == v}
 
 
 def _layout_columns(evs: list) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
     """`_metric_columns` of events decoded into one layout: an (E, K) matrix, NaN where a name is absent."""
-    names = _NAMES[evs[0].data.__class__]
+    names = evs[0].data.__class__.names
     # the fields' floats straight into one buffer: np.array over a list of tuples costs ~2x (shape discovery)
-    flat = itertools.chain.from_iterable(map(astuple, map(_DATA, evs)))
+    flat = itertools.chain.from_iterable(map(astuple, map(DATA, evs)))
     mat = np.fromiter(flat, np.float64, len(evs) * len(names)).reshape(len(evs), len(names))
     present = ~np.isnan(mat)
     codes = np.nonzero(present)[1]  # row-major: line by line, each line's names in layout order
@@ -750,12 +657,14 @@ def ingest_small(con, b: Batch, items: list[tuple[LogFile, FileState, Chunk]], m
         and msgspec is not None
         and all(RUN_ID_RE.match(lf.run) and lf.host <= U16 for lf, _, _ in items)
     ):
+        if b.layouts is None:
+            b.layouts = Layouts()
         text = b"".join(ch.data for _, _, ch in items)
         files = np.repeat(np.arange(len(items)), counts)
         runs = [lf.run for lf, _, _ in items]
         hosts = np.array([lf.host for lf, _, _ in items], np.int64)
         line_runs = [runs[k] for k in files.tolist()]
-        plan = _plan(text, SMALL, 0, max_line, (line_runs, hosts[files].tolist()))
+        plan = _plan(text, SMALL, 0, max_line, b.layouts, (line_runs, hosts[files].tolist()))
     if plan is None:
         for lf, st, ch in items:
             ingest_chunk(con, b, lf, st, ch, max_line)

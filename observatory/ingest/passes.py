@@ -15,9 +15,12 @@ straight line (`_run_batch`):
    went silent; roll up (`observatory.store.rollups`, one statement per table for every
    run of the batch); then COMMIT, so a kill at any point leaves either all of the batch
    or none of it;
-4. detect: release the lock; run the after-commit hooks (`observatory.ingest.hooks`: the
-   detectors, every run of the batch screened at once; the ladder watch, the decision
-   records) on a read-only connection.
+4. hand the committed batch to the caller (`batches` yields it): `observatory.pipeline.Ingester`
+   runs the analyses (detectors, ladder watch, decisions, alerts) over its runs before the next.
+
+What the stage keeps between passes is one `Stage` object, owned by its caller: the folder
+listings, the files skipped, the store files whose schema it made sure of, the metric-name
+layouts it learnt, the names known clean, and what the caller saves in each batch's transaction.
 """
 
 from __future__ import annotations
@@ -32,9 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from observatory import settings, store
-from observatory.events import OBSERVATORY_HOST, STATUSES
+from observatory.events import STATUSES
 from observatory.ingest import files as fs
-from observatory.ingest import hooks
 from observatory.ingest.arrow import flush
 from observatory.ingest.folders import Folders
 from observatory.ingest.model import (
@@ -43,10 +45,12 @@ from observatory.ingest.model import (
     FileState,
     Rejection,
 )
+from observatory.ingest.msgspec_lines import Layouts
 from observatory.ingest.redaction import redact_metric_names
 from observatory.ingest.runs import mark_crashed, update_runs
+from observatory.store import rollups
 
-__all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure"]
+__all__ = ["BATCH_BYTES", "IngestReport", "Stage", "look", "batches", "looked", "write_failure"]
 
 # input bytes per write transaction. Its metrics rows (~1.5M at a sweep's ~45 bytes a value) fill a row group
 # (`store.connection.ROW_GROUP_ROWS`), which is written on the batch's worker while it decodes; at 32 MB no
@@ -54,9 +58,7 @@ __all__ = ["BATCH_BYTES", "IngestReport", "Follower", "one_pass", "write_failure
 # took ~10% longer (bench/bench_many_runs.py). A reader waits for at most one transaction: a big run's 64 MB
 # held the lock 2.5 s (median; 3.8 s at most) here, a sweep's 4.5 s (8 s at most: 7,700 runs' rows and rollups).
 BATCH_BYTES = 64 << 20
-CLOCK_S = (
-    5.0  # how often the hooks of `hooks.ON_CLOCK` run with no new event (a silent run is found within it)
-)
+ALL_SOURCES = {"metrics": {"*"}, "expert_load": {"*"}}  # `touched` for "roll up every source's new rows"
 
 
 @dataclass
@@ -109,23 +111,27 @@ class IngestReport:
         )
 
 
-class Follower:
-    """State kept between passes of one `ingest` call."""
+class Stage:
+    """The ingest stage's state between the passes of one ingester (`observatory.pipeline.Ingester`).
 
-    def __init__(self):
+    `rollups`: whether each batch rolls up its rows (`observatory.store.rollups`) in its transaction.
+    `savers`: what the caller keeps in the store, written by each batch's transaction (`saver(con)`; the
+    detectors' progress, say): a write of its own would take the store's lock once more."""
+
+    def __init__(self, rollups: bool = True, savers: tuple[Callable[[Any], None], ...] = ()):
+        self.rollups = rollups
+        self.savers = savers
         self.sig: Any = None
         self.skip: set[str] = set()  # files that cannot be ingested (until the next `ingest` call)
-        self.off: set[str] = set()  # in-transaction hooks that failed: batches run without them
+        self.rollups_failed = False  # the rollups raised once: batches run without them from then on
         self.last_crash_check = 0.0
-        self.last_clock = 0.0  # when the clock's hooks last ran (`hooks.ON_CLOCK`)
         # the run folders' listings (`ingest.folders`), kept for the whole call
         self.folders: Folders | None = None
-        self.rolled_up = (
-            False  # whether a batch of this call ran the rollups over every row past their watermark
-        )
-
-
-_ENSURED: set = set()  # (path, (inode, device)) of store files whose schema this process made sure of
+        # whether a batch of this call ran the rollups over every row past their watermark
+        self.rolled_up = False
+        self.ensured: set = set()  # (path, (inode, device)) of store files whose schema it made sure of
+        self.layouts = Layouts()  # the runs' metric-name layouts the bulk decoder learnt
+        self.clean_names: set[str] = set()  # metric names known to hold no secret (`redaction`)
 
 
 def _db_sig(db: Path) -> Any:
@@ -173,17 +179,35 @@ def _transaction(con) -> Iterator[None]:
         raise
 
 
-def _hook_off(fol: Follower, h: hooks.HookFailed, emit: Callable[[str], None]) -> None:
-    """Say that an in-transaction hook failed (its transaction was rolled back) and leave it out from now on."""
-    e, name = h.error, h.hook.name
+class RollupsFailed(Exception):
+    """The rollups raised inside a batch's transaction: it is rolled back and done again without them."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _roll_up(con, touched: dict[str, set[str]], st: Stage) -> None:
+    """The rollups of `touched`'s rows, in the batch's transaction (`RollupsFailed` if they raise)."""
+    if not st.rollups or st.rollups_failed or not (touched["metrics"] or touched["expert_load"]):
+        return
+    try:
+        rollups.after_ingest(con, touched)
+    except Exception as e:
+        raise RollupsFailed(e) from e
+
+
+def _rollups_off(st: Stage, h: RollupsFailed, emit: Callable[[str], None]) -> None:
+    """Say that the rollups failed (their transaction was rolled back) and leave them out from now on."""
+    e = h.error
     emit(
-        f"observatory ingest: {name}.after_ingest failed ({type(e).__name__}: {e}); "
-        f"ingesting without {name} from now on (`observatory rebuild` rebuilds them)"
+        f"observatory ingest: rollups.after_ingest failed ({type(e).__name__}: {e}); "
+        "ingesting without rollups from now on (`observatory rebuild` rebuilds them)"
     )
-    fol.off.add(name)
+    st.rollups_failed = True
 
 
-def _open_store(db: Path):
+def _open_store(db: Path, st: Stage):
     """The write connection of a batch, the store's schema ensured; `StoreUnusable` when the file cannot be
     opened or given the schema (a file that is not a DuckDB store): no event log is to blame for that."""
     try:
@@ -194,9 +218,9 @@ def _open_store(db: Path):
         raise store.StoreUnusable(db, e) from e
     try:
         con.execute("SET enable_progress_bar = false")
-        if (str(db), _db_sig(db)) not in _ENSURED or not _has_schema(con):
+        if (str(db), _db_sig(db)) not in st.ensured or not _has_schema(con):
             store.ensure_schema(con)  # DDL costs ~0.1 s a batch; once per store file is enough
-            _ENSURED.add((str(db), _db_sig(db)))
+            st.ensured.add((str(db), _db_sig(db)))
     except Exception as e:
         con.close(reuse=False)
         if write_failure(e):
@@ -206,7 +230,7 @@ def _open_store(db: Path):
 
 
 def _run_batch(
-    db: Path, runs_dir: Path, scan: fs.Scan, only: str | None, fol: Follower, use_hooks: bool
+    db: Path, runs_dir: Path, scan: fs.Scan, only: str | None, fol: Stage
 ) -> tuple[Batch | None, bool]:
     """One write transaction over files with work, top to bottom: read and validate each file's new lines
     (up to `BATCH_BYTES` in all), append the rows, fold the runs, roll up, COMMIT. Returns (the batch, or
@@ -214,7 +238,7 @@ def _run_batch(
     now = time.time()
     stale = settings.get("stale_after_s")
     max_line = int(settings.get("max_line_bytes"))
-    with _open_store(db) as con:
+    with _open_store(db, fol) as con:
         with _transaction(con):
             # the listings the scan made, kept: a later call lists only the folders that changed
             if scan.folders is not None:
@@ -222,7 +246,7 @@ def _run_batch(
             # the few with new bytes, a batch's worth (at 10^5 runs too), with their stored state
             work = fs.Work(con, scan, only, None if only is not None else BATCH_BYTES)
             rows, status, by_host = work.rows, work.status, work.by_host
-            b = Batch(now)
+            b = Batch(now, layouts=fol.layouts)
             # where this batch's rows begin in each table: the detectors read the runs it began from there
             b.metrics_start, b.experts_start = con.execute(
                 "SELECT (SELECT count(*) FROM metrics), (SELECT count(*) FROM expert_load)"
@@ -288,91 +312,69 @@ def _run_batch(
             if not saves:
                 # nothing new, but time passes: runs that went silent are now crashed
                 mark_crashed(con, now)
-                if use_hooks and not fol.rolled_up:  # rows an earlier call (hooks off) left without rollups
-                    hooks.run_in_transaction(con, hooks.ALL_SOURCES, fol.off)
+                if fol.rollups and not fol.rolled_up:  # rows an earlier call (hooks off) left without rollups
+                    _roll_up(con, ALL_SOURCES, fol)
                     fol.rolled_up = True
                 con.execute("COMMIT")
                 return None, False
             fs.save_files(con, saves)
             flush(con, b)
-            redact_metric_names(con, b)
+            redact_metric_names(con, b, fol.clean_names)
             update_runs(con, b)
             mark_crashed(con, now)
-            if use_hooks:  # the first batch of a call also rolls up what an earlier call left (hooks off)
-                hooks.run_in_transaction(con, b.touched if fol.rolled_up else hooks.ALL_SOURCES, fol.off)
+            if fol.rollups:  # the first batch of a call also rolls up what an earlier call left (hooks off)
+                _roll_up(con, b.touched if fol.rolled_up else ALL_SOURCES, fol)
                 fol.rolled_up = True
-            hooks.save_pending(con)  # what the last batch's after-commit hooks keep in the store
+            for save in fol.savers:  # what the caller keeps in the store (the last batch's analyses reached)
+                save(con)
             con.execute("COMMIT")
             scan.read_to_end(lf.rel for lf, _, done, _ in saves if done)
     return b, more
 
 
-def one_pass(
-    runs_dir: Path,
-    db: Path,
-    report: IngestReport,
-    fol: Follower,
-    use_hooks: bool,
-    emit: Callable[[str], None],
-    progress: Callable[[dict], None] | None = None,
-) -> None:
-    """Ingest what the files have that the store has not; skip the lock when nothing changed on disk."""
-    if fol.folders is None:
-        fol.folders = Folders(db)
-    files = fs.scan(runs_dir, fol.skip, emit, fol.folders)
-    sig = (files.sig(), _db_sig(db))
+def look(
+    runs_dir: Path, db: Path, st: Stage, emit: Callable[[str], None], force: bool = False
+) -> fs.Scan | None:
+    """The runs dir's logs as they are now, or None when nothing changed on disk since the last pass (and
+    the check for runs gone silent is not due, nor `force`d): then the store's lock is not even taken."""
+    if st.folders is None:
+        st.folders = Folders(db)
+    files = fs.scan(runs_dir, st.skip, emit, st.folders)
     now = time.time()
-    clock = use_hooks and now - fol.last_clock >= CLOCK_S
     if (
-        sig == fol.sig
-        and now - fol.last_crash_check < min(5.0, settings.get("stale_after_s") / 4)
-        and not clock
+        (files.sig(), _db_sig(db)) == st.sig
+        and now - st.last_crash_check < min(5.0, settings.get("stale_after_s") / 4)
+        and not force
     ):
-        return  # nothing changed on disk: do not even take the lock
-    fol.last_crash_check = now
-    wrote = _batches(runs_dir, db, files, report, fol, use_hooks, emit, progress=progress)
-    for tick in (False, True):
-        if tick and clock and db.exists():
-            # the clock's checks (a silent run; the alerts, over the findings just stored too), with or
-            # without new events: a run that stopped writing is found by the time, not by the next event
-            fol.last_clock = now
-            wrote |= hooks.run_after_commit(db, runs_dir, set(), emit, None, only=hooks.ON_CLOCK)
-        if wrote:
-            # the hooks wrote findings into run folders: ingest them in this call, so that one command
-            # leaves the store with everything it found (the hooks run again on this round's new
-            # activity only: the observatory's own events are not activity, so this round ends it)
-            files = fs.scan(runs_dir, fol.skip, emit, fol.folders)
-            sig = (files.sig(), _db_sig(db))
-            wrote = _batches(
-                runs_dir, db, files, report, fol, use_hooks, emit, findings=True, progress=progress
-            )
-    # the files as they were when this pass read them, not a scan taken now: a writer that appended
-    # meanwhile (its last flush, say) must make the next pass read, not wait for the 5 s check
-    fol.sig = (sig[0], _db_sig(db))
-    if wrote:
-        fol.sig = None  # a hook wrote after our last read: look again on the next pass, not in 5 s
+        return None
+    st.last_crash_check = now
+    return files
 
 
-def _batches(
+def looked(db: Path, st: Stage, files: fs.Scan | None) -> None:
+    """The pass read `files` (as they were when it read them, not a scan taken now: a writer that appended
+    meanwhile must make the next pass read); None: look again on the next pass (something was written
+    after the last read)."""
+    st.sig = None if files is None else (files.sig(), _db_sig(db))
+
+
+def batches(
     runs_dir: Path,
     db: Path,
     files: fs.Scan,
     report: IngestReport,
-    fol: Follower,
-    use_hooks: bool,
+    fol: Stage,
     emit: Callable[[str], None],
-    findings: bool = False,
     progress: Callable[[dict], None] | None = None,
-) -> set[str]:
-    """Write transactions until `files` have no work left; returns the hooks that wrote events meanwhile.
+) -> Iterator[Batch]:
+    """Write transactions until `files` have no work left; yields each batch once it is committed and
+    counted into `report` (the caller runs its analyses then, before the next batch).
 
-    `findings`: this round ingests what the hooks just wrote; count the observatory's events as findings.
     `progress`: called at the start and after each batch with the bytes done and to do (`_progress`).
     """
     total = report.bytes + _pending_bytes(db, files) if progress is not None else 0
     if progress is not None:
         progress(_progress(report, total))
-    wrote: set[str] = set()
     only: str | None = None
     queue = None  # set when isolating files after a failure
 
@@ -384,12 +386,12 @@ def _batches(
 
     while True:
         try:
-            b, more = _run_batch(db, runs_dir, files, only, fol, use_hooks)
+            b, more = _run_batch(db, runs_dir, files, only, fol)
         except store.StoreBusy as e:
             emit(f"{db}: {e}; will retry")
-            return wrote
-        except hooks.HookFailed as h:
-            _hook_off(fol, h, emit)  # the batch's transaction was rolled back: do it again without that hook
+            return
+        except RollupsFailed as h:
+            _rollups_off(fol, h, emit)  # the batch's transaction was rolled back: do it again without them
             continue
         except Exception as e:
             if write_failure(e):
@@ -417,14 +419,10 @@ def _batches(
         _add(report, b, emit)
         if progress is not None:
             progress(_progress(report, total))
-        if findings:
-            report.findings += sum(1 for e in b.events if e[1] == OBSERVATORY_HOST)
-        if use_hooks and b.activity:
-            wrote |= hooks.run_after_commit(db, runs_dir, set(b.activity), emit, b)
+        yield b
         if not more and (queue is None or (only := next_turn()) is None):
             break
         time.sleep(0.02)  # let readers waiting at the gate in between two batches
-    return wrote
 
 
 def _pending_bytes(db: Path, files: fs.Scan) -> int:

@@ -13,26 +13,28 @@ from observatory.store.rollups import LOCAL_ROWID
 
 __all__ = ["redact_metric_names", "added_names"]
 
-_CLEAN_NAMES: set[str] = set()  # metric names known to hold no secret (bounded: cleared when large)
+CLEAN_MAX = 100_000  # metric names kept as known clean; past it the set starts again
 
 
-def redact_metric_names(con, b: Batch) -> None:
+def redact_metric_names(con, b: Batch, clean: set[str] | None = None) -> None:
     """Hide credential-shaped text in the metric names this transaction added (values are numbers).
 
     Both paths (`msgspec_lines`, `check_line`) append to `metrics`; the
     names it added are the distinct names of the transaction's local rows (rowid >=
     LOCAL_ROWID), so one query covers them all (`added_names`). Each hidden name counts once per row.
+    `clean`: the ingester's metric names known to hold no secret (read and added to; bounded by CLEAN_MAX).
     """
+    clean = set() if clean is None else clean
     if not b.touched["metrics"]:
         return
     for name in added_names(con, b):
-        if name in _CLEAN_NAMES:
+        if name in clean:
             continue
-        clean, n = scrub_text(name)
+        hidden, n = scrub_text(name)
         if not n:
-            if len(_CLEAN_NAMES) > 100_000:
-                _CLEAN_NAMES.clear()
-            _CLEAN_NAMES.add(name)
+            if len(clean) > CLEAN_MAX:
+                clean.clear()
+            clean.add(name)
             continue
         where = f"rowid >= {LOCAL_ROWID} AND name = $old"
         hits = con.execute(
@@ -42,7 +44,7 @@ def redact_metric_names(con, b: Batch) -> None:
             continue  # a name of a run's layout that its rows do not use
         for run, rows in hits:
             b.hid(run, rows)
-        con.execute(f"UPDATE metrics SET name = $new WHERE {where}", {"old": name, "new": clean})
+        con.execute(f"UPDATE metrics SET name = $new WHERE {where}", {"old": name, "new": hidden})
 
 
 def added_names(con, b: Batch) -> set[str]:

@@ -318,7 +318,7 @@ def ingest_runs(
     (`RunLogBuilder.crashed`), which ingest shows as `crashed`. `progress`: the ingest's
     progress callback.
     """
-    from observatory import ingest as ing
+    from observatory import pipeline as ing
     from observatory.store import default_db
 
     db = Path(db) if db is not None else default_db()
