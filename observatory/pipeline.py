@@ -259,6 +259,7 @@ def ingest(
                 break
     finally:
         ing.close()
+        report.skipped = sorted(ing.stage.skip)
         for sig, h in old.items():
             signal.signal(sig, h)
         if lock is not None:

@@ -343,10 +343,11 @@ def test_quiet_leaves_out_rejected_lines_not_errors(runs_dir, db_path):
         runs_dir / "b" / f"events.{2**16}.jsonl", [event("b", "metrics", {"x": 1.0}, 0, 0, host=2**16)]
     )
     res = run("ingest", "-q", "--runs-dir", runs_dir, "--db", db_path)
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # the file the store cannot keep is not stored: said last
     lines = res.stderr.strip().splitlines()
-    assert "1 rejected" in lines[-1] and not any("events.0.jsonl:2" in x for x in lines)
-    assert any(f"events.{2**16}.jsonl: host {2**16}" in x for x in lines[:-1]), lines
+    assert lines[-1] == "Error: not stored: 1 file(s) not ingested (see above)"
+    assert "1 rejected" in lines[-2] and not any("events.0.jsonl:2" in x for x in lines)
+    assert any(f"events.{2**16}.jsonl: host {2**16}" in x for x in lines[:-2]), lines
     loud = run("rebuild", "--runs-dir", runs_dir, "--db", db_path).stderr
     assert "events.0.jsonl:2: bad JSON" in loud
     res = run("ingest", "-q", "--runs-dir", runs_dir / "missing", "--db", db_path)

@@ -38,7 +38,7 @@ def ingest(runs_dir, db, follow, quiet):
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(report.summary(), err=True)
-    _fail_on_bad_run_ids(report)
+    _fail_on_dropped(report)
 
 
 @click.command("rebuild")
@@ -54,18 +54,24 @@ def rebuild(runs_dir, db, quiet):
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rebuilt {db}: {report.summary()}", err=True)
-    _fail_on_bad_run_ids(report)
+    _fail_on_dropped(report)
 
 
-def _fail_on_bad_run_ids(report) -> None:
-    """Exit 1 when whole runs' lines were rejected for their run id: a rejected line elsewhere loses
-    that line, this loses the run (its folder's name or its events' `run` must change)."""
+def _fail_on_dropped(report) -> None:
+    """Exit 1 only when data could not be stored, saying exactly what: files skipped whole, and folders whose
+    name is no run id (none of their lines can be stored). A bad line is quarantined in `rejected_events`
+    and counted in the summary (its file's other lines stored): that is no failure of the ingest."""
+    what = []
+    if report.skipped:
+        what.append(f"{len(report.skipped)} file(s) not ingested (see above)")
     if report.bad_run_ids:
-        raise click.ClickException(
-            f"{len(report.bad_run_ids)} run folder(s) rejected for their run id: rename "
+        what.append(
+            f"the lines of {len(report.bad_run_ids)} run folder(s) whose name is not a run id: rename "
             "the folder and its events' `run` to a run id ([A-Za-z0-9._-]{1,128}, e.g. "
             "1e18 for 1e+18), then ingest again"
         )
+    if what:
+        raise click.ClickException("not stored: " + "; ".join(what))
 
 
 def _err(msg: str) -> None:

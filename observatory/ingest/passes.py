@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from observatory import settings, store
-from observatory.events import STATUSES
+from observatory.events import RUN_ID_RE, STATUSES
 from observatory.ingest import files as fs
 from observatory.ingest.arrow import flush
 from observatory.ingest.folders import Folders
@@ -82,9 +82,11 @@ class IngestReport:
     findings: int = 0  # events the hooks wrote (anomalies, deviations, decision records), ingested too
     runs: set[str] = field(default_factory=set)
     messages: list[str] = field(default_factory=list)
-    # run folder -> the first reason its lines were rejected for their `run` field (a run id that is not one,
-    # or not its folder's): those lines are in no run, so the CLI exits non-zero (`bad_run_ids_text`)
+    # run folder whose name is no run id -> the first reason its lines were rejected: none of its lines can be
+    # stored, so the CLI exits non-zero (`bad_run_ids_text`). A line whose `run` is not its (valid) folder's
+    # is quarantined like any bad line: counted in `rejected`, the folder's other lines stored
     bad_run_ids: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # files not ingested at all (said when skipped; exit 1)
 
     def summary(self) -> str:
         return (
@@ -92,8 +94,20 @@ class IngestReport:
             f"expert-load rows) from {self.files} file reads, {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s; "
             f"{self.rejected} rejected{self._dropped_text()}, {self.duplicates} duplicates skipped, "
             f"{self.truncated} truncated; "
-            f"{self.findings} findings written" + (f"; {self.bad_run_ids_text()}" if self.bad_run_ids else "")
+            f"{self.findings} findings written"
+            + (f"; {self.bad_run_ids_text()}" if self.bad_run_ids else "")
+            + (f"; {self.skipped_text()}" if self.skipped else "")
         )
+
+    def dropped(self) -> bool:
+        """Whether data could not be stored: a file skipped, or a folder whose name is no run id."""
+        return bool(self.bad_run_ids or self.skipped)
+
+    def skipped_text(self) -> str:
+        shown = ", ".join(self.skipped[:5]) + (
+            f" and {len(self.skipped) - 5} more" if len(self.skipped) > 5 else ""
+        )
+        return f"{len(self.skipped)} file(s) not ingested (each said why above): {shown}"
 
     def bad_run_ids_text(self) -> str:
         names = sorted(self.bad_run_ids)
@@ -463,7 +477,7 @@ def _add(report: IngestReport, b: Batch, emit: Callable[[str], None]) -> None:
     report.truncated += b.n_truncated
     report.runs |= set(b.activity) | b.observed
     for _, folder, _, fld, reason, *_ in b.rejected:
-        if fld == "run":
+        if fld == "run" and not RUN_ID_RE.match(folder):  # no line of the folder can be stored
             report.bad_run_ids.setdefault(folder, reason)
     report.files += b.n_files
     report.fast_events += b.n_fast
