@@ -113,7 +113,7 @@ def test_no_import_cycles():
     assert _cycles() == [], "import cycles among our modules (each list is one cycle's modules)"
 
 
-# Stages bottom to top (ARCHITECTURE.md, README's package map): a module imports only its own
+# Stages bottom to top (README's code layout; docs/architecture.md for the processes): a module imports only its own
 # stage and stages below it.
 LAYERS = [
     {

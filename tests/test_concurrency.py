@@ -1,4 +1,4 @@
-"""ARCHITECTURE decision 2: a writer, `ingest --follow` and several SQL readers at once.
+"""docs/architecture.md, "The rule for the store": a writer, `ingest --follow` and several SQL readers at once.
 
 No lock error reaches anyone, no event is lost, readers see new data within 2 s.
 """

@@ -209,7 +209,7 @@ class Batch:
         self.touched: dict[str, set[str]] = {"metrics": set(), "expert_load": set()}
         self.new_runs: set[str] = set()  # runs the store had no row of before this batch (`runs.update_runs`)
         self.metrics_start = self.experts_start = 0  # rows `metrics`, `expert_load` had before this batch
-        self.appends = Appends()  # the msgspec path's INSERTs, on a worker thread (`drain` before using con)
+        self.appends = Appends()  # the msgspec path's rows, held for one INSERT per `INSERT_ROWS`
         self.messages: list[str] = []
         self.n_events = self.n_metric_values = self.n_expert_rows = self.n_duplicates = self.n_truncated = 0
         self.n_bytes = self.n_files = 0

@@ -23,9 +23,8 @@ the tests' reference). It cuts the chunk into pieces of ~`PIECE_BYTES` complete 
    finite t and values, no empty name, routed/dropped shapes); an event that fails,
    and every event of another kind, goes to `check_line` -- validate_event decides;
 4. checks seqs in file order exactly as `check_line` does (`FileState`), builds
-   numpy/Arrow columns (run and metric names dictionary-encoded) and hands them to
-   the batch's worker thread, which INSERTs them while the next pieces decode
-   (`ingest.appends`; DuckDB releases the GIL).
+   numpy/Arrow columns (run and metric names dictionary-encoded) and holds them for
+   one INSERT per `INSERT_ROWS` rows (`ingest.appends`), on the ingester's thread.
 
 Why a decoded line is one line: every line given to msgspec starts with `{` and
 ends with `}`, and `}` <newline> `{` is a syntax error inside any JSON container,
@@ -83,10 +82,8 @@ PIECE_BYTES = 4 << 20  # bytes decoded per step (a piece with expert_load lines)
 # the same per byte at either size (their count lists stay raw JSON), and 4x as many of them cost their
 # per-piece work in rows and INSERTs: that log's ingest took ~20% longer in 1 MB pieces.
 METRICS_PIECE_BYTES = 1 << 20
-# rows gathered before an INSERT (on the batch's worker thread, overlapping the next pieces' decoding),
-# or up to `appends.HOLD_WHILE_BUSY` times as many while the worker is still busy (writing a full row
-# group, say). Small enough that the rows reach DuckDB soon after they are decoded, so that a row group
-# fills, and is written (`store.connection`'s write_buffer_row_group_count), while the rest decodes.
+# rows gathered before an INSERT: enough that a sweep's thousands of small files cost a few INSERTs, few
+# enough that the decoded rows held in memory stay small (a row group, `store.ROW_GROUP_ROWS`, is 8 of them)
 INSERT_ROWS = 1 << 17
 
 _LBRACE, _RBRACE, _CR, _NL = ord("{"), ord("}"), ord("\r"), ord("\n")
@@ -95,8 +92,8 @@ _LBRACE, _RBRACE, _CR, _NL = ord("{"), ord("}"), ord("\r"), ord("\n")
 def ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line: int) -> None:
     """Validate and stage one chunk of complete lines from one file: same effect as `plain_ingest_chunk`.
 
-    The certified rows go to `b.appends`, inserted on its worker thread while the next pieces decode;
-    `b.appends.drain()` before anything else uses `con` (the batch's end does)."""
+    The certified rows go to `b.appends`, inserted once `INSERT_ROWS` of them are held, or at the batch's
+    end (`b.appends.drain()`)."""
     if not ENABLED or msgspec is None or not ch.data or not RUN_ID_RE.match(lf.run) or lf.host > U16:
         plain_ingest_chunk(b, lf, st, ch, max_line)
         return
@@ -559,8 +556,7 @@ def _coded(values: list[str], codes: np.ndarray) -> pa.Array:
 
 
 def _insert(con, held: list[tuple[pa.Table | None, pa.Table | None]]) -> None:
-    """Append some pieces' rows, of any files, one INSERT per table (on the batch's worker thread:
-    `ingest.appends`)."""
+    """Append some pieces' rows, of any files, one INSERT per table (`ingest.appends` calls it)."""
     for i, (table, sql) in enumerate(
         (
             (

@@ -9,7 +9,7 @@ straight line (`_run_batch`):
 2. validate and append: read each file from its offset, up to `BATCH_BYTES` in all
    (`files.process_file`: `msgspec_lines` decodes and certifies, `model` judges the
    rest; a sweep's small files are read whole and decoded together, `files.Small`);
-   certified rows are appended as Arrow columns on the batch's worker thread;
+   certified rows are appended as Arrow columns, one INSERT per `INSERT_ROWS` rows;
 3. in the same transaction: the batch's staged rows, rejected lines and each file's new
    offset; fold the batch into `runs` (`runs.update_runs`), store `crashed` for runs that
    went silent; roll up (`observatory.store.rollups`, one statement per table for every
@@ -53,9 +53,9 @@ from observatory.store import rollups
 __all__ = ["BATCH_BYTES", "IngestReport", "Stage", "look", "batches", "looked", "write_failure"]
 
 # input bytes per write transaction. Its metrics rows (~1.5M at a sweep's ~45 bytes a value) fill a row group
-# (`store.connection.ROW_GROUP_ROWS`), which is written on the batch's worker while it decodes; at 32 MB no
-# sweep's batch filled one, and its COMMIT wrote every row on the ingester's thread: a catch-up of 10^5 runs
-# took ~10% longer (bench/bench_many_runs.py). A reader waits for at most one transaction: a big run's 64 MB
+# (`store.connection.ROW_GROUP_ROWS`), which is written as it fills, before the COMMIT; at 32 MB no sweep's
+# batch filled one, and its COMMIT wrote every row: a catch-up of 10^5 runs took ~10% longer
+# (bench/bench_many_runs.py). A reader waits for at most one transaction: a big run's 64 MB
 # held the lock 2.5 s (median; 3.8 s at most) here, a sweep's 4.5 s (8 s at most: 7,700 runs' rows and rollups).
 BATCH_BYTES = 64 << 20
 ALL_SOURCES = {"metrics": {"*"}, "expert_load": {"*"}}  # `touched` for "roll up every source's new rows"
@@ -290,7 +290,7 @@ def _run_batch(
                     b.appends.drain()  # the rest is looked up on the connection the INSERTs use
                     yield from work.rest()
 
-            with b.appends:  # the INSERTs run on its worker while the next pieces decode; drained here
+            with b.appends:  # the rows held for one INSERT per INSERT_ROWS; the rest inserted here
                 for lf in listed():
                     if more:
                         break

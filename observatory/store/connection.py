@@ -1,6 +1,6 @@
 """Connections to the store: read-only by default, one unit of work each, safe across processes.
 
-Concurrency (ARCHITECTURE decision 2). DuckDB lets one read-write process or many read-only ones
+Concurrency (docs/architecture.md, "The rule for the store"). DuckDB lets one read-write process or many read-only ones
 hold the file, never both, and a process that finds the file busy gets an error. So every
 connection made here first takes advisory `flock`s beside the store (per open file, across
 processes): `<db>.gate`, the turnstile that keeps the one writer from starving behind a stream
