@@ -1,4 +1,5 @@
-# Two commands: `make demo` and `make test`. Everything they need is installed here.
+# `make check` while editing (under 2 minutes), `make test` for everything (CI), `make demo`.
+# Everything they need is installed here.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +11,7 @@ LEVANTER_VENV ?= .venv-levanter
 LEVANTER_STAMP := $(LEVANTER_VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup levanter-venv chromium test test-fast lint demo bench clean
+.PHONY: setup levanter-venv chromium check test lint demo bench clean
 
 # The package's bytecode, compiled as `pip install` compiles an installed package's: with
 # PYTHONDONTWRITEBYTECODE set (as on these machines) an editable checkout would otherwise compile
@@ -44,16 +45,18 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The timing tests (readers see new data within 2 s) run first, in a pytest process of their
-# own (no other test's load skews their clock).
-test: setup chromium levanter-venv
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/pytest -q -m timing
-	$(BIN)/pytest -q -m "not timing"
+# The quick tier: ruff, then the tests that start no child process, drive no browser, import no JAX and
+# judge no wall-clock bound, on every core. tests/tiers.py fails a test of this tier that starts a
+# process or imports JAX, naming the marker to give it.
+CHECK_TIER := not slow and not browser and not timing and not subprocess and not jax
+check: lint
+	$(BIN)/pytest -q -n auto -m "$(CHECK_TIER)"
 
-test-fast: setup
-	$(BIN)/pytest -q -m "not slow and not browser"
+# Everything, for CI. The timing tests (readers see new data within 2 s) run first, in a pytest process
+# of their own (no other test's load skews their clock); the rest after, the 25 slowest named.
+test: lint chromium levanter-venv
+	$(BIN)/pytest -q -m timing
+	$(BIN)/pytest -q -m "not timing" --durations=25
 
 demo: setup
 	$(BIN)/python -m observatory.demo

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# The test tiers (`make check`, `make test`) and the guard that keeps the quick one quick.
+pytest_plugins = ["tiers"]
+
 # Simulated CPU devices for the MoE expert-parallel tests (8-device meshes); it must be set before
 # jax is first imported in this pytest process. setdefault keeps a value the user already exported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")

@@ -71,6 +71,7 @@ def test_store_has_nested_and_json_columns(real_store):
     assert "VARCHAR[]" in types and "JSON" in types
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_handles_every_table_and_view(real_store, tmp_path, fmt):
     _, db = real_store
@@ -90,6 +91,7 @@ def test_every_format_handles_every_table_and_view(real_store, tmp_path, fmt):
             assert out.stat().st_size > 0
 
 
+@pytest.mark.subprocess
 def test_csv_writes_nested_and_json_values_as_json_text(real_store):
     _, db = real_store
     res = run("sql", "SELECT run, tags, config FROM runs WHERE run = 'r1'", "--db", db, "--format", "csv")
@@ -109,6 +111,7 @@ def test_csv_writes_nested_and_json_values_as_json_text(real_store):
     assert json.loads(row["m"]) == {"k": 2}
 
 
+@pytest.mark.subprocess
 def test_json_embeds_json_columns_and_parquet_keeps_types(real_store, tmp_path):
     _, db = real_store
     res = run("sql", "SELECT run, tags, config FROM runs WHERE run = 'r1'", "--db", db, "--format", "json")
@@ -124,6 +127,7 @@ def test_json_embeds_json_columns_and_parquet_keeps_types(real_store, tmp_path):
     assert schema["line"].is_integer() and schema["reason"] == pl.String  # types survive zero rows
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_errors_are_one_line_and_nonzero(real_store, tmp_path, fmt, monkeypatch):
     runs_dir, db = real_store
@@ -354,6 +358,7 @@ def test_quiet_leaves_out_rejected_lines_not_errors(runs_dir, db_path):
     assert res.exit_code == 0 and "runs dir does not exist" in res.stderr
 
 
+@pytest.mark.subprocess
 def test_the_collector_setting_is_the_command_processes_alone(tmp_path):
     """`cli.run` (the console script's process) makes full collections rare; importing the package or the
     CLI (a training script, the dashboard, a notebook) leaves Python's collector as it was."""

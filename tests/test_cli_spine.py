@@ -35,6 +35,7 @@ def run(*args):
     return res
 
 
+@pytest.mark.subprocess
 def test_ingest_then_runs_and_sql(env, tmp_path):
     runs_dir, db = env
     res = run("ingest")
@@ -65,6 +66,7 @@ def test_ingest_then_runs_and_sql(env, tmp_path):
     assert res.stdout.splitlines() == ["range", "0", "1", "2"] and "showing the first 3 rows" in res.stderr
 
 
+@pytest.mark.subprocess
 def test_sql_refusals_and_errors_are_clear(env):
     run("ingest", "-q")
     for sql_text, words in [
@@ -82,6 +84,7 @@ def test_sql_refusals_and_errors_are_clear(env):
     assert run("sql", "SELECT 1", "--format", "parquet").exit_code == 2  # parquet needs --out
 
 
+@pytest.mark.subprocess
 def test_rebuild_and_settings(env):
     run("ingest", "-q")
     before = run("sql", "SELECT * FROM metrics ORDER BY ALL", "--format", "csv").stdout

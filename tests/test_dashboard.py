@@ -74,6 +74,7 @@ def test_app_routes_to_runs_page(store):
     assert [t.value for t in at.title] == ["Runs"]
 
 
+@pytest.mark.subprocess
 def test_app_start_warms_one_sql_worker_in_the_background(store, monkeypatch):
     """The first page paints while the SQL console's first worker starts; reruns start no more."""
     user_sql._POOL.close()
@@ -304,6 +305,7 @@ def run_sql(at: AppTest, sql: str) -> AppTest:
     return at.run()
 
 
+@pytest.mark.subprocess
 def test_sql_console_runs_refuses_and_downloads(store, monkeypatch):
     at = page("sql")
     assert not at.exception
@@ -347,6 +349,7 @@ EVERY_TYPE = {
 }
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("label", EVERY_TYPE)
 def test_sql_console_shows_every_duckdb_type(store, label):
     """HUGEINT, TIMETZ, INTERVAL, UNION, ... used to crash the page's table (Arrow has no form for
@@ -367,6 +370,7 @@ def test_sql_console_shows_every_duckdb_type(store, label):
         assert list(df.columns) == ["a", "a (2)", "a (3)"] and list(df.iloc[0]) == [1, "x", 2.5]
 
 
+@pytest.mark.subprocess
 def test_sql_results_of_all_sessions_together_stay_under_their_bound(store, monkeypatch):
     """Each session's last SQL result used to live in its own state: many visitors (or one with many
     tabs) grew the server by up to `sql_max_result_mb` each. They are kept together now, oldest let go
@@ -384,6 +388,7 @@ def test_sql_results_of_all_sessions_together_stay_under_their_bound(store, monk
     assert sessions[-1].run().dataframe[-1].value.shape == (8000, 2)  # the newest is still shown
 
 
+@pytest.mark.subprocess
 def test_sql_console_interrupted_names_the_setting(store, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_SQL_TIME_LIMIT_MS", "50")
     at = page("sql")

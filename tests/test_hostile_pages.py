@@ -175,6 +175,7 @@ BAD_VALUES = [
 ]
 
 
+@pytest.mark.slow  # ~10-50 s a page: every parameter, each hostile value, a page run each
 @pytest.mark.parametrize("name", list(PARAMS))
 def test_every_query_parameter_with_hostile_values(hostile_db, name):
     for key in PARAMS[name]:

@@ -115,6 +115,7 @@ def test_expert_scan_equals_the_pivot_of_per_expert_sums(tmp_path):
     assert {f.detector for f in ref} == {"hot_expert", "dead_expert"}
 
 
+@pytest.mark.subprocess
 def test_analyses_read_beside_readers_and_their_state_lands_in_the_store(tmp_path, no_stall, monkeypatch):
     """The detectors run on a read-only connection: another process opens the store while they run (the
     write lock is the batch's alone). Their state, kept by the ingester (no module global), is written by

@@ -92,6 +92,7 @@ def store(tmp_path_factory):
         os.environ["OBSERVATORY_DB"] = old
 
 
+@pytest.mark.subprocess
 def test_run_start_fields_are_columns(store):
     res = run_user_sql(
         store, "SELECT run, name, project, run_group, notes, source->>'$.trainer' FROM runs ORDER BY run"
@@ -128,6 +129,7 @@ def test_list_runs_and_cli_filter_by_project_and_group(store):
     assert "cifar-1" in res.output and "mnist" not in res.output
 
 
+@pytest.mark.subprocess
 def test_summary_folds_metrics_and_summary_events(store):
     with connect(store) as con:
         s = {r["key"]: r for r in details.run_summary(con, "mnist-a1")}
@@ -156,6 +158,7 @@ def test_later_summary_event_overrides_key_by_key(tmp_path):
     assert got == {"a": (2, "summary"), "b": ("x", "summary"), "loss": (9.0, "summary")}
 
 
+@pytest.mark.subprocess
 def test_histograms_and_artifacts_are_queryable(store):
     res = run_user_sql(
         store,
@@ -227,6 +230,7 @@ def test_live_page_shows_summary_histogram_and_artifacts(store):
     assert at.selectbox(key="details_hist_mnist-a1").value == "grad/hist"
 
 
+@pytest.mark.subprocess
 def test_a_small_ingest_and_query_do_not_import_pandas(tmp_path):
     """The fixed cost of reading a run back: ingest + a query never load pandas (~0.5-1.3 s of import)."""
     import subprocess

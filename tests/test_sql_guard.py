@@ -19,6 +19,8 @@ from observatory.queries import dashboard as qd
 from observatory.queries import user_sql
 from observatory.queries.user_sql import QueryBusy, QueryError, QueryInterrupted, run_user_sql
 
+pytestmark = pytest.mark.subprocess  # user SQL runs in the SQL worker, a child process
+
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):

@@ -231,6 +231,7 @@ def test_busy_store_raises_store_busy_naming_the_setting(db_path):
             store.connect(db_path, timeout_s=0.2)
 
 
+@pytest.mark.subprocess
 def test_decisions_view_on_an_empty_store_and_after_ingest(runs_dir, db_path):
     """`SELECT * FROM decisions` works through the user-SQL door, empty or not, and agrees with the query."""
     from observatory import decisions
@@ -249,6 +250,7 @@ def test_decisions_view_on_an_empty_store_and_after_ingest(runs_dir, db_path):
     assert "- `decisions`: " in store.SCHEMA_DOC
 
 
+@pytest.mark.subprocess
 def test_store_imports_without_a_cycle():
     """store pulls the decisions view SQL in lazily: both import orders work in a fresh interpreter."""
     import subprocess

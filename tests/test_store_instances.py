@@ -35,6 +35,7 @@ def _other_process(db_path, code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.subprocess
 def test_a_unit_of_work_reuses_the_last_instance_and_sees_other_processes_writes(seeded):
     with store.connect(seeded) as con:
         first = _instance(con)
@@ -49,6 +50,7 @@ def test_a_unit_of_work_reuses_the_last_instance_and_sees_other_processes_writes
         assert con.execute("SELECT current_setting('temp_directory')").fetchall() == [(f"{seeded}.tmp",)]
 
 
+@pytest.mark.subprocess
 def test_a_kept_writer_leaves_its_rows_in_the_file_and_no_wal(seeded):
     wal = seeded.with_name(seeded.name + ".wal")
     for i in range(3):

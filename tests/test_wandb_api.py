@@ -160,6 +160,7 @@ def test_a_wandb_script_runs_unchanged_and_lands_in_the_store(tmp_path, runs_dir
     assert [d["status"] for _s, d in by_kind["run_end"]] == ["completed"]
 
 
+@pytest.mark.subprocess
 def test_the_drop_in_import_stays_light_and_the_run_still_names_its_version(tmp_path, runs_dir):
     """`import observatory as wandb` at the top of a training script loads no store, array or metadata
     module (duckdb, numpy, pyarrow, importlib.metadata: ~0.03 s of the import was the last alone); the

@@ -164,6 +164,7 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return {**env, "HOME": str(home), **extra}
 
 
+@pytest.mark.subprocess
 def test_init_writes_to_the_per_user_runs_dir_from_any_folder_and_says_where(tmp_path):
     home, elsewhere = tmp_path / "home", tmp_path / "some" / "folder"
     elsewhere.mkdir(parents=True)
@@ -192,6 +193,7 @@ def test_init_writes_to_the_per_user_runs_dir_from_any_folder_and_says_where(tmp
     assert (home / ".local/share/observatory/observatory.duckdb").is_file()
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("how", ["settings", "OBSERVATORY_QUIET", "WANDB_SILENT"])
 def test_quiet_init_and_finish_say_nothing(tmp_path, how):
     script = SCRIPT.replace('config={"lr": 3e-4}', 'config={"lr": 3e-4}, settings=wandb.Settings(quiet=True)')

@@ -61,6 +61,7 @@ def _raw_stats(path):
     return stats, cpus
 
 
+@pytest.mark.subprocess
 def test_a_real_offline_runs_system_stats_become_heartbeats_under_our_names(wandb_file):
     stats, cpus = _raw_stats(wandb_file)
     assert len(stats) >= 5 and cpus
@@ -87,6 +88,7 @@ def test_a_real_offline_runs_system_stats_become_heartbeats_under_our_names(wand
     assert res.skipped["unmapped system stat"] > 0  # threads, per-device extras: counted, not silently lost
 
 
+@pytest.mark.subprocess
 def test_imported_heartbeats_are_stored_as_host_telemetry(wandb_file, tmp_path):
     runs, db = tmp_path / "runs", tmp_path / "s.duckdb"
     (res,) = import_wandb([wandb_file], runs, db)

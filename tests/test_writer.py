@@ -285,6 +285,7 @@ SHARED_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.subprocess
 def test_two_processes_share_the_observatory_file(tmp_path, runs_dir, db_path):
     """`decide new` while the detectors write: distinct increasing seqs, whole lines, nothing rejected."""
     from conftest import event, write_lines
