@@ -56,9 +56,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the viewers, shared with the tests
 
-from load_viewer import PAGES, RUN, View, page_query, run_viewers, view_page  # noqa: E402 (bench/ is not a package)
+from load_viewer import PAGES, RUN, View, page_query, run_viewers, view_page  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -605,6 +605,14 @@ def main() -> None:
         "browse page after page do); 0: all open a page in the same instant, a burst of 20x the steady "
         "rate whose views are the top 10%% of a 2-minute run's",
     )
+    ap.add_argument(
+        "--dwell",
+        type=float,
+        nargs=2,
+        default=(8.0, 16.0),
+        metavar=("MIN", "MAX"),
+        help="each viewer stays on a page between MIN and MAX seconds (default 8 16)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, store)")
     ap.add_argument(
         "--profile", type=Path, help="write py-spy's collapsed stacks of the dashboard under load here"
@@ -623,6 +631,7 @@ def main() -> None:
                 args.viewers,
                 args.duration,
                 args.single_views,
+                dwell=tuple(args.dwell),
                 profile=args.profile,
                 ramp_s=args.ramp,
                 dump=args.dump,

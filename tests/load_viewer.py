@@ -1,4 +1,5 @@
-"""The load bench's viewers: Streamlit's websocket protocol spoken as a browser would (bench/bench_load.py).
+"""Viewers without a browser: Streamlit's websocket protocol spoken as a browser would (bench/bench_load.py,
+tests/test_load.py).
 
 Each viewer opens a page with a `rerun_script` BackMsg, answers the Live page's fragments' `auto_rerun`, submits the
 SQL form, and records what it saw and when (`View`).
@@ -57,7 +58,7 @@ def _client_state(
     return cs
 
 
-def _rerun(page: str, query: str, **kw) -> bytes:
+def rerun(page: str, query: str, **kw) -> bytes:
     from streamlit.proto.BackMsg_pb2 import BackMsg
 
     msg = BackMsg()
@@ -65,13 +66,13 @@ def _rerun(page: str, query: str, **kw) -> bytes:
     return msg.SerializeToString()
 
 
-def _sql_submit(page_hash: str, area_id: str, button_id: str, sql: str, fragment: str = "") -> bytes:
+def sql_submit(page_hash: str, area_id: str, button_id: str, sql: str, fragment: str = "") -> bytes:
     """The form's submit as a browser sends it: the console's fragment alone reruns (when it is one)."""
     from streamlit.proto.WidgetStates_pb2 import WidgetState
 
     area = WidgetState(id=area_id, string_value=sql)
     button = WidgetState(id=button_id, trigger_value=True)
-    return _rerun("sql", "", page_hash=page_hash, widgets=(area, button), fragment=fragment, auto=False)
+    return rerun("sql", "", page_hash=page_hash, widgets=(area, button), fragment=fragment, auto=False)
 
 
 async def view_page(
@@ -109,7 +110,7 @@ async def view_page(
             max_size=None,
             open_timeout=60,
         ) as ws:
-            await ws.send(_rerun(page, query))
+            await ws.send(rerun(page, query))
 
             async def refresh(interval: float, fragment: str) -> None:
                 while True:  # the browser's side of st.fragment(run_every=...)
@@ -117,7 +118,7 @@ async def view_page(
                     if cpu:
                         refresh_cpu.append((interval, cpu()))
                     v.refreshes += 1
-                    await ws.send(_rerun(page, query, page_hash=page_hash, fragment=fragment))
+                    await ws.send(rerun(page, query, page_hash=page_hash, fragment=fragment))
 
             while (left := end - time.perf_counter()) > 0:
                 try:
@@ -152,7 +153,7 @@ async def view_page(
                         submitted = True
                         v.form = now - t0
                         await ws.send(
-                            _sql_submit(
+                            sql_submit(
                                 page_hash,
                                 ids["area"],
                                 ids["button"],
