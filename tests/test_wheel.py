@@ -24,17 +24,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_the_built_wheel_works_outside_the_checkout(tmp_path):
-    dist = tmp_path / "dist"
-    # the build backend from PyPI (build isolation), as `pip install .` or a release build gets it
+def _build_wheel(dist: Path) -> Path:
+    """The wheel of this checkout, built offline: setuptools from this venv (the test extra's), no build
+    isolation and no index, so that no package is fetched (CI machines and sandboxes may have no network)."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
+        + ["-w", str(dist), str(ROOT)],
         check=True,
         capture_output=True,
         timeout=300,
     )
     (wheel,) = dist.glob("observatory-*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_the_built_wheel_works_outside_the_checkout(tmp_path):
+    wheel = _build_wheel(tmp_path / "dist")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py, bin_ = venv / "bin" / "python", venv / "bin"
@@ -106,14 +112,7 @@ def test_a_light_install_runs_a_wandb_loop_and_says_what_the_cli_needs(tmp_path)
     import shutil
     import zipfile
 
-    dist = tmp_path / "dist"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = dist.glob("observatory-*.whl")
+    wheel = _build_wheel(tmp_path / "dist")
     meta = zipfile.ZipFile(wheel).read("observatory-0.1.0.dist-info/METADATA").decode()
     core = {
         line.split(":", 1)[1].split(">")[0].split(";")[0].strip().lower()
