@@ -167,15 +167,6 @@ def run_once_measured(runs: Path, db: Path, timeout: float = 600, **env: str) ->
     return out, peak
 
 
-def wait_for(cond, timeout: float = 60.0, every: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(every)
-    return False
-
-
 def read_until(p: subprocess.Popen, prefix: str, n: int = 1, timeout: float = 60.0) -> str | None:
     """Read the child's output until the n-th line starting with `prefix` (returned); None at timeout or EOF."""
     deadline = time.monotonic() + timeout

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import event, write_lines
 from dashboard_fixtures import chart_specs
+from polling import wait_until
 
 from observatory import findings
 from observatory.alerts import rules
@@ -324,8 +325,7 @@ def test_the_follower_alerts_a_silent_run_on_its_own_clock(
     t0 = time.monotonic()
     th.start()
     try:
-        while not webhook[1] and time.monotonic() - t0 < 30:
-            time.sleep(0.2)
+        wait_until(lambda: webhook[1], 30 - (time.monotonic() - t0), what="an alert at the webhook")
     finally:
         stop.set()
         th.join(30)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 from conftest import event, write_lines
+from polling import wait_until
 
 from observatory import store
 from observatory.pipeline import ingest as _ingest
@@ -228,11 +229,11 @@ def test_db_deleted_during_follow(runs_dir, db_path, monkeypatch):
     )
     th.start()
     try:
-        _wait(lambda: db_path.exists() and q(db_path, "SELECT count(*) FROM metrics") == [(5,)])
+        wait_until(lambda: db_path.exists() and q(db_path, "SELECT count(*) FROM metrics") == [(5,)])
         for suffix in ("", ".wal"):
             db_path.with_name(db_path.name + suffix).unlink(missing_ok=True)
         write_lines(path, [event("a", "metrics", {"x": float(i)}, i, i) for i in range(5, 8)])
-        _wait(lambda: db_path.exists() and q(db_path, "SELECT count(*) FROM metrics") == [(8,)])
+        wait_until(lambda: db_path.exists() and q(db_path, "SELECT count(*) FROM metrics") == [(8,)])
     finally:
         stop.set()
         th.join(timeout=30)
@@ -262,15 +263,6 @@ def test_unreadable_log_is_reported_not_fatal(runs_dir, db_path):
     rep, msgs = ingest(runs_dir, db_path)
     assert rep.events == 1
     assert any(m.startswith(f"{bad}: cannot open") for m in msgs), msgs
-
-
-def _wait(cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_a_store_file_that_is_not_a_store_is_the_error_not_the_logs(runs_dir, db_path):

@@ -11,10 +11,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from polling import wait_until
 
 WRITER = textwrap.dedent(
     """
@@ -96,9 +96,7 @@ def _scenario(tmp_path: Path) -> int:
         env=env,
     )
     first = writer.stdout.readline()  # the writer is logging
-    deadline = time.time() + 60
-    while time.time() < deadline and not _has_run(db):  # steady state: the follower is up and warm
-        time.sleep(0.1)
+    wait_until(lambda: _has_run(db), 60, every=0.1, what="the follower is up and warm")  # steady state
     readers = [
         subprocess.Popen(
             [sys.executable, str(tmp_path / "reader.py"), str(db), str(seconds + 3)],
@@ -124,9 +122,7 @@ def _scenario(tmp_path: Path) -> int:
     r_outs = [r.communicate(timeout=120) for r in readers]
     logged = {int(s): float(t) for s, t in (line.split() for line in w_out.split("\n") if line)}
     # wait for the follower to catch up, then stop it like a user would (Ctrl-C / SIGTERM)
-    deadline = time.time() + 30
-    while time.time() < deadline and not _caught_up(db, len(logged)):
-        time.sleep(0.2)
+    wait_until(lambda: _caught_up(db, len(logged)), 30, every=0.2, what="the follower caught up")
     follower.send_signal(signal.SIGTERM)
     f_out, f_err = follower.communicate(timeout=60)
     assert follower.returncode == 0, f_err

@@ -14,6 +14,7 @@ import os
 import random
 import shutil
 import signal
+import time
 import zlib
 
 import duckdb
@@ -27,9 +28,9 @@ from faults import (
     read_until,
     run_once_measured,
     same_store,
-    wait_for,
     write_runs,
 )
+from polling import wait_until
 
 from observatory.pipeline import ingest
 
@@ -67,7 +68,7 @@ def test_sigkill_of_the_follower_at_10_random_points(runs, clean, tmp_path):
         if in_tx:
             kinds.append("in-transaction" if read_until(p, "IN_TX", rng.randint(1, 3), 30) else "idle")
         else:
-            wait_for(lambda: False, timeout=rng.uniform(0.3, 2.5))
+            time.sleep(rng.uniform(0.3, 2.5))  # the kill lands at a random point of its work
             kinds.append("at a random time")
         p.send_signal(signal.SIGKILL)
         p.wait(30)
@@ -92,7 +93,9 @@ def test_full_disk_is_reported_and_the_follower_resumes_when_space_returns(runs,
             out.append(line)
             if "writable again" in line:
                 break
-        assert wait_for(lambda: same_store(db, clean) == {}, timeout=120, every=1.0), same_store(db, clean)
+        wait_until(
+            lambda: same_store(db, clean) == {}, timeout=120, every=1.0, what=lambda: same_store(db, clean)
+        )
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(30)
@@ -103,12 +106,12 @@ def test_store_replaced_by_an_old_copy_mid_follow(runs, clean, tmp_path):
     db = tmp_path / "replaced.duckdb"
     p = child(runs, db, True, SMALL_BATCHES=128 << 10)
     try:
-        assert wait_for(lambda: db.exists() and os.path.getsize(db) > 0, timeout=60)
-        wait_for(lambda: False, timeout=1.0)
+        wait_until(lambda: db.exists() and os.path.getsize(db) > 0, timeout=60, what="the follower's store")
+        time.sleep(1.0)  # the follower works on it a while
         snap = tmp_path / "snap.duckdb"
         ingest(runs / "run0", snap, hooks=False, emit=None)  # a store that is not this one at all
         os.replace(snap, db)
-        assert wait_for(lambda: _quiet_same(db, clean), timeout=120, every=1.0), same_store(db, clean)
+        wait_until(lambda: _quiet_same(db, clean), timeout=120, every=1.0, what=lambda: same_store(db, clean))
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(30)
@@ -147,12 +150,13 @@ def test_two_followers_the_second_says_who_holds_it_and_waits(runs, clean, tmp_p
     db = tmp_path / "two.duckdb"
     first = child(runs, db, True)
     try:
-        assert wait_for(
+        wait_until(
             lambda: (
                 db.with_name(db.name + ".follower").exists()
                 and "pid" in db.with_name(db.name + ".follower").read_text()
             ),
             timeout=60,
+            what="the first follower's pid file",
         )
         second = child(runs, db, True)
         line = ""
@@ -166,7 +170,7 @@ def test_two_followers_the_second_says_who_holds_it_and_waits(runs, clean, tmp_p
             if "following now" in line:
                 break
         assert "following now" in line
-        assert wait_for(lambda: _quiet_same(db, clean), timeout=120, every=1.0)
+        wait_until(lambda: _quiet_same(db, clean), timeout=120, every=1.0, what=lambda: same_store(db, clean))
     finally:
         for p in (first, second):
             if p.poll() is None:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import holds_for, wait_until
 
 from observatory.dashboard import cache
 
@@ -54,8 +55,7 @@ def test_a_recent_answer_does_not_wait_for_a_fill(empty_store):
     GATE.clear()
     filler = threading.Thread(target=cache.query, args=(slow_answer, "a"))
     filler.start()  # this viewer fills, and waits on the store
-    while len(CALLS) < 2:
-        time.sleep(0.01)
+    wait_until(lambda: len(CALLS) >= 2, what="the fill started")
     t0 = time.monotonic()
     assert cache.query(slow_answer, "a") == first  # the others take the recent answer at once
     assert time.monotonic() - t0 < 0.2
@@ -73,13 +73,11 @@ def test_an_old_answer_waits_for_the_fill(empty_store):
     GATE.clear()
     filler = threading.Thread(target=cache.query, args=(slow_answer, "b"))
     filler.start()
-    while len(CALLS) < 2:
-        time.sleep(0.01)
+    wait_until(lambda: len(CALLS) >= 2, what="the fill started")
     got: list[str] = []
     waiter = threading.Thread(target=lambda: got.append(cache.query(slow_answer, "b")))
     waiter.start()
-    time.sleep(0.2)
-    assert not got  # queued behind the fill
+    holds_for(lambda: not got, 0.2, what="queued behind the fill")
     GATE.set()
     filler.join(10)
     waiter.join(10)
@@ -106,18 +104,19 @@ def test_a_recent_answer_is_shown_while_the_ingester_writes_and_refilled_after(e
         got: list[str] = []
         waiter = threading.Thread(target=lambda: got.append(cache.query(quick_answer, "o")))
         waiter.start()
-        time.sleep(0.3)
-        assert not got  # it waits for the writer
+        holds_for(lambda: not got, 0.3, what="it waits for the writer")
         assert cache._CACHE[key][1] == fresh  # the keeper does not wait for the writer to refill it
     finally:
         writer.close()
     assert not store.writer_active(empty_store)
     waiter.join(10)
     assert got and got[0] != old
-    deadline = time.monotonic() + 3  # the keeper's refill, with nobody asking
-    while time.monotonic() < deadline and cache._CACHE[key][1] == fresh:
-        time.sleep(0.02)
-    assert cache._CACHE[key][1] != fresh, "the keeper refilled the batch once the writer was done"
+    # the keeper's refill, with nobody asking
+    wait_until(
+        lambda: cache._CACHE[key][1] != fresh,
+        3,
+        what="the keeper refilled the batch once the writer was done",
+    )
 
 
 def test_a_slow_fill_serves_the_viewers_queued_behind_it(empty_store):
@@ -141,8 +140,7 @@ def test_a_slow_fill_holds_up_only_its_own_batch(empty_store):
     GATE.clear()
     filler = threading.Thread(target=cache.query, args=(slow_answer, "slow-page"))
     filler.start()
-    while not CALLS:
-        time.sleep(0.01)
+    wait_until(lambda: CALLS, what="the fill started")
     t0 = time.monotonic()
     assert cache.query(quick_answer, "other-page").startswith("quick other-page")
     assert time.monotonic() - t0 < 1.0  # not the 10 s the slow fill waits for its gate
@@ -185,9 +183,7 @@ def test_a_live_batch_is_refilled_when_the_store_changes(empty_store, monkeypatc
     assert len(KEPT) == 1  # the store unchanged, the answer young: not refilled
     st = os.stat(empty_store)
     os.utime(empty_store, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # what a commit does to it
-    deadline = time.monotonic() + 3
-    while len(KEPT) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(KEPT) >= 2, 3, what="a refill after the commit")
     assert len(KEPT) == 2
 
 
@@ -215,9 +211,7 @@ def test_hot_batches_are_refilled_on_one_connection_last_asked_first(empty_store
     ON.clear()
     st = os.stat(empty_store)
     os.utime(empty_store, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # what a commit does to it
-    deadline = time.monotonic() + 3
-    while len(ON) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: len(ON) >= 2, 3, what="both hot batches refilled after the commit")
     assert [t for t, _ in ON] == ["panel", "page"]
     assert ON[0][1] is ON[1][1], "both refills ran on the same connection"
 

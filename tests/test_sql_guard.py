@@ -13,6 +13,7 @@ import time
 
 import pytest
 from dashboard_fixtures import make_store
+from polling import holds_for, wait_until
 from sql_corpus import CORPUS, MEMORY_LIMIT_MB, TIME_LIMIT_MS, Probe, limits_env
 
 from observatory.queries import dashboard as qd
@@ -131,8 +132,7 @@ def test_the_time_limit_watchdog_interrupts_at_the_limit_and_never_after_disarm(
     quick = Con()
     dog.arm(quick, 0.3)
     assert dog.disarm() is False
-    time.sleep(0.5)
-    assert not quick.interrupted.is_set()
+    holds_for(lambda: not quick.interrupted.is_set(), 0.5, what="a disarmed watchdog interrupts nothing")
     again = Con()
     dog.arm(again, 0.05)  # the same thread serves the next query
     assert again.interrupted.wait(2.0) and dog.disarm() is True
@@ -180,11 +180,9 @@ def _frozen_query(db) -> tuple[Exception | None, float]:
 
     t = threading.Thread(target=query)
     t.start()
-    deadline = time.monotonic() + 10
-    busy = []
-    while not busy and time.monotonic() < deadline:
-        busy = [w for w in user_sql._POOL.all if w.phase == "running" and w.alive()]
-        time.sleep(0.01)
+    busy = wait_until(
+        lambda: [w for w in user_sql._POOL.all if w.phase == "running" and w.alive()], what="a running worker"
+    )
     os.kill(busy[0].proc.pid, signal.SIGSTOP)
     t.join(timeout=10)
     busy[0].proc.wait(timeout=5)  # killed, not left stopped
@@ -274,9 +272,7 @@ def test_concurrency_cap_says_busy(db, monkeypatch):
 
     t = threading.Thread(target=long_query)
     t.start()
-    deadline = time.monotonic() + 10
-    while user_sql._GATE.active == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: user_sql._GATE.active, what="the long query holds the only slot")
     t0 = time.perf_counter()
     with pytest.raises(QueryBusy) as e:
         run_user_sql(db, "SELECT 1")
@@ -289,11 +285,12 @@ def test_concurrency_cap_says_busy(db, monkeypatch):
 
 def test_a_killed_worker_is_replaced(db):
     user_sql.warm_up()
-    time.sleep(0.2)  # let any replacement still starting join the pool
-    pids = {w.proc.pid for w in user_sql._POOL.idle}
+    wait_until(lambda: user_sql._POOL.idle, what="a started worker")
+    killed = list(user_sql._POOL.idle)
+    pids = {w.proc.pid for w in killed}
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    time.sleep(0.1)
+    wait_until(lambda: not any(w.alive() for w in killed), what="the killed workers are gone")
     assert run_user_sql(db, "SELECT 7").rows == [(7,)]
     assert user_sql._POOL.idle and all(w.proc.pid not in pids for w in user_sql._POOL.idle)
 
@@ -367,13 +364,10 @@ def test_taking_the_last_idle_worker_starts_a_spare_up_to_the_cap(db, monkeypatc
     user_sql.warm_up(1)
     (first,) = user_sql._POOL.idle
     assert run_user_sql(db, "SELECT 1").rows == [(1,)]
-    deadline = time.monotonic() + 30
-    while len(user_sql._POOL.idle) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(user_sql._POOL.idle) >= 2, what="the spare joins the pool")
     idle = list(user_sql._POOL.idle)
     assert first in idle and len(idle) == 2  # the one that ran, and the spare started while it ran
     for _ in range(5):  # the cap holds: taking a worker while another is idle starts nothing
         assert run_user_sql(db, "SELECT 2").rows == [(2,)]
-    time.sleep(0.5)
-    assert user_sql.pool_status()["alive"] == 2
+    holds_for(lambda: user_sql.pool_status()["alive"] == 2, 0.5, what="no worker past the cap")
     user_sql._POOL.close()

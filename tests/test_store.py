@@ -7,6 +7,7 @@ import time
 
 import duckdb
 import pytest
+from polling import holds_for, wait_until
 
 from observatory import store
 from observatory.events import KINDS
@@ -64,15 +65,17 @@ def test_reader_waits_for_writer_and_writer_is_not_starved(db_path):
         store.ensure_schema(con)
     w = store.write_connection(db_path)
     got: list[float] = []
+    trying = threading.Event()
 
     def reader():
+        trying.set()
         with store.connect(db_path) as con:
             got.append((time.monotonic(), con.execute("SELECT count(*) FROM runs").fetchall()[0][0]))
 
     th = threading.Thread(target=reader)
     th.start()
-    time.sleep(0.3)
-    assert not got, "a reader must wait while the writer holds the store"
+    wait_until(trying.is_set, what="the reader asks for the store")
+    holds_for(lambda: not got, 0.3, what="a reader must wait while the writer holds the store")
     w.execute("INSERT INTO runs (run, status) VALUES ('x', 'running')")
     t_closed = time.monotonic()
     w.close()
@@ -81,18 +84,20 @@ def test_reader_waits_for_writer_and_writer_is_not_starved(db_path):
 
     # readers keep arriving; a writer still gets in (the gate stops new readers while it waits)
     stop = threading.Event()
+    reads: list[int] = []
 
     def busy_reader():
         while not stop.is_set():
             with store.connect(db_path) as con:
                 con.execute("SELECT count(*) FROM runs").fetchall()
+                reads.append(1)
                 time.sleep(0.02)
 
     readers = [threading.Thread(target=busy_reader) for _ in range(3)]
     for r in readers:
         r.start()
     try:
-        time.sleep(0.2)
+        wait_until(lambda: len(reads) >= 6, what="the readers stream in")
         t0 = time.monotonic()
         with store.write_connection(db_path, timeout_s=10) as con:
             con.execute("INSERT INTO runs (run, status) VALUES ('y', 'running')")
@@ -173,7 +178,7 @@ def test_a_writer_with_no_gap_closes_the_gate_after_its_window(db_path):
     th = threading.Thread(target=relay)
     th.start()
     try:
-        time.sleep(0.3)
+        wait_until(lambda: len(readers) >= 3, what="readers hand over to each other")
         t0 = time.monotonic()
         with store.write_connection(db_path, timeout_s=10) as con:
             waited = time.monotonic() - t0
@@ -211,7 +216,8 @@ def test_a_thread_that_reads_cannot_deadlock_against_a_waiting_writer(db_path, m
             store.write_connection(db_path)
         t = threading.Thread(target=writer)
         t.start()
-        time.sleep(0.3)  # the writer found no gap: it holds the gate and waits for this thread's lock
+        # the writer found no gap: it holds the gate and waits for this thread's lock
+        wait_until(lambda: connection.writer_active(db_path), what="the writer closes the gate")
         assert not wrote.is_set()
         t0 = time.monotonic()
         with store.connect(db_path) as inner:  # re-entrant: past the gate the writer holds
