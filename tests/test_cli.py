@@ -291,6 +291,7 @@ def test_import_jsonl_shows_progress_per_file(runs_dir, db_path, tmp_path, tty):
     assert res.exit_code == 0 and "3/3" not in res.output and "host 0" not in res.output
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_ladder_fit_reports_progress_per_round(tmp_path, tty):
     runs_dir, db = tmp_path / "runs", tmp_path / "s.duckdb"
     assert (

@@ -194,6 +194,7 @@ def linked_lines(fig: dict) -> list:
     return [s["x0"] for s in fig["layout"].get("shapes", []) if s.get("name") == "linked step"]
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_live_page_centers_and_marks_the_step_of_an_alert_link(store):
     """An alert links to `/live?run=R&step=S`: the charts open on a window around S, with S marked."""
     at = page("live", run="base-run", step="60")

@@ -13,6 +13,7 @@ import gc
 
 import polars as pl
 import psutil
+import pytest
 
 from observatory.dashboard import cache
 
@@ -35,6 +36,7 @@ def _empty() -> None:
         cache._BYTES[0] = 0
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_many_distinct_queries_keep_the_cache_and_the_server_under_the_bound(empty_store, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_DASHBOARD_CACHE_MB", "4")
     _empty()

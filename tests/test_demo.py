@@ -93,6 +93,7 @@ def test_samples_carry_the_ladders_decision_history(tmp_path):
     assert 0 in steps
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_ladder_page_marks_the_samples_decisions(tmp_path, monkeypatch):
     """The sample ladder's decision history shows on the Ladder page's target charts, at their steps."""
     from streamlit.testing.v1 import AppTest

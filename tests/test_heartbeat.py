@@ -90,6 +90,7 @@ def test_telemetry_leaves_out_what_the_platform_cannot_measure(tmp_path):
         assert not [n for n in s if n.startswith("accel/")]
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_each_heartbeat_says_the_hosts_own_step_time_without_the_evals_seconds(tmp_path):
     r = observatory.init(run_id="st", runs_dir=tmp_path, heartbeat_s=0.25, install_signal_handlers=False)
     step = 0

@@ -170,6 +170,7 @@ def test_analyses_read_beside_readers_and_their_state_lands_in_the_store(tmp_pat
         assert qa.detector_state(con, "sim-tiny") == progress.state[key]
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_a_rebuild_from_logs_with_findings_reads_each_batch_not_the_run_so_far(
     tmp_path, no_stall, monkeypatch
 ):

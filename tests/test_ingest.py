@@ -555,6 +555,7 @@ def test_observatory_findings_do_not_revive_a_crashed_run(runs_dir, db_path):
     ]
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_one_ingest_leaves_auto_decisions_in_the_store(runs_dir, db_path):
     """The decision hook's records (config_diff, handled failure) are ingested in the same call, once."""
     from observatory.queries.decisions import current_states
@@ -634,6 +635,7 @@ def test_the_analyses_run_in_one_fixed_order():
     assert set(pipeline.ON_CLOCK) <= set(pipeline.ANALYSES)
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_runs_rows_kept_by_updates_equal_one_pass(tmp_path):
     """`runs` folded batch by batch (each batch UPDATEs the columns it changed) equals one pass over the same
     bytes: a 535b-shaped story with a preemption and resume, a fork, host files and a run_end."""
@@ -684,6 +686,7 @@ def _transactions(monkeypatch) -> list[int]:
     return sizes
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_a_transaction_takes_in_batch_bytes(runs_dir, db_path, monkeypatch):
     """Each write transaction takes in about `BATCH_BYTES` of input (here one file a transaction), so a reader
     waits for one short hold at most; the rows are those of every file."""
@@ -699,6 +702,7 @@ def test_a_transaction_takes_in_batch_bytes(runs_dir, db_path, monkeypatch):
         assert con.execute("SELECT count(*), count(DISTINCT run) FROM metrics").fetchall() == [(480, 12)]
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_a_long_log_is_read_a_batch_at_a_time_and_never_past_the_budget(runs_dir, db_path, monkeypatch):
     """A log longer than a batch: each transaction takes in at most `BATCH_BYTES` (a chunk ends at its last
     newline, so reading a second full chunk after it took twice the budget; a log's last `SMALL_FILE` bytes

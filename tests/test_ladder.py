@@ -115,6 +115,7 @@ def test_backtest_on_synthetic_ladder():
     assert bt.final_low <= bt.final_obs <= bt.final_high
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_forward_errors_predict_each_rung_from_the_smaller_rungs_only():
     """The band's held-out term: the largest rung from the rungs below it (as a forecast
     extrapolates), not each rung from all the others; the smallest rung, predicted backwards,
@@ -239,6 +240,7 @@ def test_average_seeds_means_every_fraction_and_keeps_the_rung_as_one_unit():
         average_seeds([runs[0], Rung(run="x", rung="r0", flops=3e10, curve={1.0: 3.0}, seed=1)])
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_the_fit_sees_the_seed_mean_and_the_bootstrap_moves_whole_rungs():
     flops = [1e10, 2.2e10, 5e10, 1.1e11]
     runs = seeded_rungs(flops, [-0.03, 0.01, 0.02], seed=1)
@@ -261,6 +263,7 @@ def test_the_fit_sees_the_seed_mean_and_the_bootstrap_moves_whole_rungs():
     assert math.log(b3.final.high / b3.final.low) < math.log(b1.final.high / b1.final.low)
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_seed_noise_is_measured_from_the_seeds():
     offsets = [-0.02, 0.0, 0.02]  # sample sd 0.02 in log loss, the same at every rung
     runs = seeded_rungs([1e10, 2.2e10, 5e10, 1.1e11], offsets, noise=1e-5)

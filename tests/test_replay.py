@@ -117,6 +117,7 @@ def test_a_resume_replays_steps_and_the_newest_values_win(tmp_path):
     assert snapshot(again) == snapshot(db)
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_a_replay_ingested_live_supersedes_what_the_store_had(tmp_path):
     """Ingested as it happens: attempt 0's rows are in the store (and rolled up) when attempt 1 replays them."""
     runs_dir, db = tmp_path / "runs", tmp_path / "store.duckdb"

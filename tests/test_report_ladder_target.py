@@ -21,6 +21,9 @@ from observatory.report.figures import forecast
 RUN = "ladder-cpu-d72"
 
 
+pytestmark = pytest.mark.slow  # its store: a ladder ingested and fitted (~5 s)
+
+
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("samples")

@@ -51,6 +51,7 @@ def log_steps(run, steps, layers=2):
     run.flush()
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_incremental_rollups_equal_a_rebuild(tmp_path):
     runs_dir, db = tmp_path / "runs", tmp_path / "store.duckdb"
     a = observatory.init(run_id="run-a", runs_dir=runs_dir, install_signal_handlers=False)

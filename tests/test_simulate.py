@@ -245,6 +245,7 @@ def test_535b_ingests_cleanly(tmp_path):
     assert rep.metric_values == res.metric_values
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 def test_ladder_runs_fit_the_law(tmp_path):
     from observatory.ladder.fit import FitConfig, fit_ladder
     from observatory.ladder.watch import load_ladder

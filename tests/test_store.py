@@ -342,6 +342,7 @@ def test_run_status_is_one_definition_for_ingest_cli_and_reports(runs_dir, db_pa
     assert report.effective_status({**info, "writer_t": None}) == "records"
 
 
+@pytest.mark.slow  # seconds: `make test`, not `make check`
 @pytest.mark.parametrize("name", ["store.duckdb", "temp.duckdb", "it's.duckdb"])
 def test_the_writer_writes_big_row_groups_under_the_store_s_own_name(tmp_path, name):
     """Row groups of `ROW_GROUP_ROWS` (DuckDB's default is 8x smaller): a filtered query on a fresh
