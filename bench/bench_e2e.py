@@ -33,13 +33,13 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from peers import version
+from peers import NAMES, version
+from procs import child_result
 
 TOOLS = {
     "observatory": "Observatory (log, ingest, query)",
@@ -49,18 +49,6 @@ TOOLS = {
     "mlflow": "MLflow (sqlite backend)",
     "tensorboardX": "tensorboardX",
 }
-NAMES = [
-    "train/loss",
-    "train/ce_loss",
-    "train/z_loss",
-    "router/lb_loss",
-    "router/entropy",
-    "grad/norm/total",
-    "opt/lr",
-    "throughput/tokens_per_s",
-    "throughput/mfu",
-    "data/tokens",
-]
 METRIC = "train/loss"
 
 
@@ -253,28 +241,8 @@ def main() -> None:
         for tool in order:
             if rnd and all(r.get("total_s", 0) > args.slow_s for r in runs[tool]):
                 continue
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    tool,
-                    "--steps",
-                    str(args.steps),
-                    "--metrics",
-                    str(args.metrics),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=3600,
-                env=env,
-            )
-            lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
-            r = (
-                json.loads(lines[-1])
-                if out.returncode == 0 and lines
-                else {"tool": tool, "missing": f"failed (rc {out.returncode}): {out.stderr.strip()[-300:]}"}
-            )
+            steps = ["--steps", str(args.steps), "--metrics", str(args.metrics)]
+            r = child_result(__file__, tool, steps, timeout=3600, env=env)
             runs[tool].append(r)
             print(
                 f"  round {rnd + 1} {tool}: " + (f"{r['total_s']:.2f} s" if "total_s" in r else r["missing"]),

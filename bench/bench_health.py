@@ -28,14 +28,7 @@ from observatory.alerts import conditions, rules
 from observatory.queries import health as qh
 from observatory.store import using
 
-NAMES = (
-    "system/cpu_percent",
-    "system/rss_bytes",
-    "system/mem_available_bytes",
-    "accel/0/hbm_used_bytes",
-    "accel/0/hbm_limit_bytes",
-    "accel/0/util",
-)
+NAMES = qh.SUMMARY_NAMES  # the host telemetry the Health page summarizes
 
 
 def build(db: Path, hosts: int, steps: int, step_s: float, every_s: float) -> float:

@@ -56,26 +56,26 @@ def make_log(
     seq = 0
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
+
+        def line(kind: str, step: int, t: float, data: dict) -> None:
+            nonlocal seq
+            ev = {
+                "v": 1,
+                "run": "bench",
+                "kind": kind,
+                "step": step,
+                "t": t,
+                "host": 0,
+                "seq": seq,
+                "data": data,
+            }
+            f.write(json.dumps(ev, separators=(",", ":")) + "\n")
+            seq += 1
+
         for step in range(steps):
             t = 1.7e9 + step * 0.05
             data = {n: rng.random() for n in names}
-            f.write(
-                json.dumps(
-                    {
-                        "v": 1,
-                        "run": "bench",
-                        "kind": "metrics",
-                        "step": step,
-                        "t": t,
-                        "host": 0,
-                        "seq": seq,
-                        "data": data,
-                    },
-                    separators=(",", ":"),
-                )
-                + "\n"
-            )
-            seq += 1
+            line("metrics", step, t, data)
             if step % every == 0:
                 for layer in range(layers):
                     d = {
@@ -83,23 +83,7 @@ def make_log(
                         "routed": [rng.randrange(5000) for _ in range(experts)],
                         "dropped": [rng.randrange(50) for _ in range(experts)],
                     }
-                    f.write(
-                        json.dumps(
-                            {
-                                "v": 1,
-                                "run": "bench",
-                                "kind": "expert_load",
-                                "step": step,
-                                "t": t,
-                                "host": 0,
-                                "seq": seq,
-                                "data": d,
-                            },
-                            separators=(",", ":"),
-                        )
-                        + "\n"
-                    )
-                    seq += 1
+                    line("expert_load", step, t, d)
     return steps * scalars
 
 

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the browser tests' page helpers
 
 from browser_fixtures import last_step  # noqa: E402
+from procs import start_follower  # noqa: E402
 
 from bench.bench_dashboard import CHROMIUM_ARGS, _free_port, _serve  # noqa: E402
 from bench.ingest_535b import ENV, RUN, append_steps, append_target, child, compile_bytecode  # noqa: E402
@@ -72,23 +73,7 @@ def measure(
 ) -> tuple[list[float], list[float]]:
     """Seconds from appending a step to `log` until the Live page's status line shows it, and until its loss
     chart is redrawn with it, `tries` times."""
-    follower = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "observatory.cli",
-            "ingest",
-            "--follow",
-            "-q",
-            "--runs-dir",
-            str(runs),
-            "--db",
-            str(db),
-        ],
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    follower = start_follower(runs, db, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     append_steps(log, 1)  # news since the ingest (a long run's ingest outlasts `stale_after_s`)
     with open(tmp / f"streamlit-{db.stem}.log", "wb") as slog:
         port = _free_port()

@@ -17,13 +17,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from peers import version
+from peers import NAMES, version
+from procs import child_result
 
 TOOLS = {
     "observatory": "Observatory (`import observatory as wandb`)",
@@ -38,19 +37,7 @@ def _payloads(n: int) -> list[dict[str, float]]:
     import random
 
     rng = random.Random(0)
-    names = [
-        "train/loss",
-        "train/ce_loss",
-        "train/z_loss",
-        "router/lb_loss",
-        "router/entropy",
-        "grad/norm/total",
-        "opt/lr",
-        "throughput/tokens_per_s",
-        "throughput/mfu",
-        "data/tokens",
-    ]
-    return [{k: rng.random() for k in names} for _ in range(n)]
+    return [{k: rng.random() for k in NAMES} for _ in range(n)]
 
 
 def _start(tool: str, tmp: Path):
@@ -120,28 +107,8 @@ def main() -> None:
         return
     results = []
     for tool in args.only.split(","):
-        out = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--child",
-                tool,
-                "--steps",
-                str(args.steps),
-                "--compute-ms",
-                str(args.compute_ms),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
-        lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
-        if out.returncode != 0 or not lines:
-            results.append(
-                {"tool": tool, "missing": f"failed (rc {out.returncode}): {out.stderr.strip()[-300:]}"}
-            )
-        else:
-            results.append(json.loads(lines[-1]))
+        steps = ["--steps", str(args.steps), "--compute-ms", str(args.compute_ms)]
+        results.append(child_result(__file__, tool, steps, timeout=1800))
     base = next((r["median_us"] for r in results if r["tool"] == "observatory" and "median_us" in r), None)
     print(
         f"run.log of 10 scalars, step=None, {args.steps} calls each, {args.compute_ms:g} ms of sleep between calls"

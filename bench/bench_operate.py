@@ -36,6 +36,8 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
+from procs import start_follower
+
 STALL_S = 10.0
 GOT: list[tuple[float, dict]] = []  # (arrival time, apprise's JSON body)
 
@@ -213,22 +215,7 @@ rules:
         "OBSERVATORY_ALERTS_FILE": str(rules),
         "OBSERVATORY_PHASE_BUDGET_S": str(3 * STALL_S),
     }
-    follower = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "observatory.cli",
-            "ingest",
-            "--follow",
-            "-q",
-            "--runs-dir",
-            str(runs),
-            "--db",
-            str(db),
-        ],
-        env=env,
-        stderr=subprocess.DEVNULL,
-    )
+    follower = start_follower(runs, db, env=env, stderr=subprocess.DEVNULL)
     stop, marks = threading.Event(), {}
     jobs = [
         threading.Thread(

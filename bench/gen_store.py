@@ -24,18 +24,13 @@ from pathlib import Path
 import duckdb
 
 from observatory import store
+from observatory.interop.simulate import STEP_SCALARS
 from observatory.store import rollups
 
 RUN = "bench-moe"
 METRICS = (
     [
-        "train/loss",
-        "train/ce_loss",
-        "train/z_loss",
-        "router/z_loss",
-        "router/lb_loss",
-        "router/entropy",
-        "moe/drop_fraction",
+        *STEP_SCALARS,
         "grad/norm/total",
         "opt/lr",
         "throughput/tokens_per_s",

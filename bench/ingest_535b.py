@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import duckdb
+from procs import start_follower
 
 from observatory import findings, store
 from observatory.interop.simulate import simulate
@@ -233,23 +234,7 @@ def append_steps(log: Path, k: int, at_step: int | None = None) -> int:
 
 def freshness(runs: Path, db: Path, log: Path, tries: int = 3) -> list[float]:
     """Seconds from appending a step to `log` until a read-only query sees it, under `ingest --follow`."""
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "observatory.cli",
-            "ingest",
-            "--follow",
-            "-q",
-            "--runs-dir",
-            str(runs),
-            "--db",
-            str(db),
-        ],
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    p = start_follower(runs, db, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = []
     try:
         time.sleep(1.0)

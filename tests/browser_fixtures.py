@@ -34,6 +34,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_demo(tmp_path: Path, port: int, **env: str) -> tuple[subprocess.Popen, Path]:
+    """`python -m observatory.demo` (what `make demo` runs) in a session of its own, its runs dir and store
+    under `tmp_path`, 20 steps a demo run: (the process, its log)."""
+    env = dict(
+        os.environ,
+        OBSERVATORY_RUNS=str(tmp_path / "runs"),
+        OBSERVATORY_DB=str(tmp_path / "obs.duckdb"),
+        OBSERVATORY_PORT=str(port),
+        OBSERVATORY_DEMO_STEPS="20",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        **env,
+    )
+    log = tmp_path / "demo.log"
+    cmd = [sys.executable, "-m", "observatory.demo"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+    return proc, log
+
+
 def start_server(app: Path, db: Path, port: int, log: Path) -> subprocess.Popen:
     """`streamlit run` on localhost:port as `observatory dashboard` starts it (`streamlit_argv`: hardened,
     headless, the repo's .streamlit/config.toml), ready when healthy."""

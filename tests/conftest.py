@@ -121,6 +121,15 @@ def write_lines(path: Path, lines, mode: str = "a") -> Path:
     return path
 
 
+def write_stall_finding(runs_dir: Path, run: str, step: int, t: float | None = None) -> Path:
+    """The observatory's own finding "stalled" on `run` at `step`, in its file of that run (signed)."""
+    from observatory.events import OBSERVATORY_HOST
+
+    data = {"detector": "stall", "severity": "warn", "message": "silent"}
+    finding = event(run, "anomaly", data, 0, step, t=t, host=OBSERVATORY_HOST)
+    return write_lines(runs_dir / run / f"events.{OBSERVATORY_HOST}.jsonl", [finding])
+
+
 @pytest.fixture
 def make_event():
     return event

@@ -30,6 +30,8 @@ BASE_STEPS = 120
 E, L = 8, 2
 HTML_NOTE = "**bold** <script>alert('x')</script><img src=x onerror=alert(1)>"
 
+PAGE_TIMEOUT_S = 60  # a page run under AppTest (two shared cores: a cold one can take a while)
+
 
 def metrics_at(step: int, lr: float = 3e-4) -> dict[str, float]:
     loss = 2.0 + 6.0 * (step + 10) ** -0.5
@@ -239,6 +241,19 @@ def growing_run(runs_dir: Path, db: Path, run_id: str, every_s: float = 0.25) ->
         writer.join(10)
         stop_follower.set()
         follower.join(30)
+
+
+def page(name: str, **query):
+    """The dashboard page `name` (observatory.dashboard.pages), run once under Streamlit's AppTest with
+    `query` as its URL's query parameters."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_string(
+        f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=PAGE_TIMEOUT_S
+    )
+    for k, v in query.items():
+        at.query_params[k] = v
+    return at.run()
 
 
 def chart_specs(at) -> list[dict]:

@@ -42,6 +42,19 @@ class View:
     refreshes: int = 0
 
 
+def session(port: int):
+    """A new session on the dashboard at `port`: its websocket, opened as a browser's is."""
+    import websockets
+
+    return websockets.connect(
+        f"ws://127.0.0.1:{port}/_stcore/stream",
+        subprotocols=["streamlit"],
+        origin=f"http://127.0.0.1:{port}",
+        max_size=None,
+        open_timeout=60,
+    )
+
+
 def _client_state(
     page: str, query: str, page_hash: str = "", fragment: str = "", widgets=(), auto: bool | None = None
 ):
@@ -87,7 +100,6 @@ async def view_page(
 
     `cpu`, the server's CPU clock, is read at the view's opening and script ends (one viewer only).
     """
-    import websockets
     from streamlit.proto.Alert_pb2 import Alert
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
@@ -103,13 +115,7 @@ async def view_page(
     # server runs a session's fragment reruns in the order asked
     refresh_cpu: list[tuple[float, float]] = []
     try:
-        async with websockets.connect(
-            f"ws://127.0.0.1:{port}/_stcore/stream",
-            subprotocols=["streamlit"],
-            origin=f"http://127.0.0.1:{port}",
-            max_size=None,
-            open_timeout=60,
-        ) as ws:
+        async with session(port) as ws:
             await ws.send(rerun(page, query))
 
             async def refresh(interval: float, fragment: str) -> None:

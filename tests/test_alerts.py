@@ -340,22 +340,12 @@ def test_a_frozen_host_among_heartbeating_siblings_and_its_telemetry_stored(runs
 
     now = time.time()
     beat = lambda h, t, **tm: ("heartbeat", {"phase": "train", "step": 3, **tm}, 3, t)  # noqa: E731
-    run_log(
-        runs_dir,
-        "pod",
-        steps=[1, 2, 3],
-        t_last=now - 900,
-        host=0,
-        extra=[beat(0, now - 60 * k, **{"system/cpu_percent": 50.0 + k}) for k in (10, 5, 0)],
-    )
-    run_log(
-        runs_dir,
-        "pod",
-        steps=[1, 2, 3],
-        t_last=now - 900,
-        host=1,
-        extra=[beat(1, now - 800, **{"system/rss_bytes": 1e9, "api_key=sk-abcdefghijklmnopqrstuvwx": 1.0})],
-    )
+    beats = {
+        0: [beat(0, now - 60 * k, **{"system/cpu_percent": 50.0 + k}) for k in (10, 5, 0)],
+        1: [beat(1, now - 800, **{"system/rss_bytes": 1e9, "api_key=sk-abcdefghijklmnopqrstuvwx": 1.0})],
+    }
+    for host, extra in beats.items():
+        run_log(runs_dir, "pod", steps=[1, 2, 3], t_last=now - 900, host=host, extra=extra)
     ingest(runs_dir, db_path, emit=None)
     got = {(a["rule"], a.get("host")) for a in stored_alerts(db_path)}
     assert ("frozen_host", 1) in got and ("frozen_host", 0) not in got

@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 import pytest
-from dashboard_fixtures import BASE_STEPS, chart_specs, make_store
+from dashboard_fixtures import BASE_STEPS, chart_specs, make_store, page
 from streamlit.testing.v1 import AppTest
 
 import observatory
@@ -37,15 +37,6 @@ def store(tmp_path_factory):
         os.environ.pop("OBSERVATORY_DB", None)
     else:
         os.environ["OBSERVATORY_DB"] = old
-
-
-def page(name: str, **query) -> AppTest:
-    at = AppTest.from_string(
-        f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=TIMEOUT
-    )
-    for k, v in query.items():
-        at.query_params[k] = v
-    return at.run()
 
 
 def specs(at: AppTest) -> list[dict]:

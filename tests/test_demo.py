@@ -120,35 +120,15 @@ def test_demo_prints_a_few_lines_and_the_url_last(tmp_path):
     """`make demo` once printed the 99-row run table before its URL; now a few lines, the URL the last."""
     import os
     import signal
-    import socket
-    import subprocess
-    import sys
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(
-        os.environ,
-        OBSERVATORY_RUNS=str(tmp_path / "runs"),
-        OBSERVATORY_DB=str(tmp_path / "obs.duckdb"),
-        OBSERVATORY_PORT=str(port),
-        OBSERVATORY_DEMO_STEPS="20",
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    )
-    log = tmp_path / "demo.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "observatory.demo"],
-        cwd=ROOT,
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    from browser_fixtures import free_port, start_demo
+    from polling import wait_until
+
+    port = free_port()
+    proc, log = start_demo(tmp_path, port)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and "Dashboard:" not in log.read_text() and proc.poll() is None:
-            time.sleep(1)
+        wait_until(lambda: "Dashboard:" in log.read_text() or proc.poll() is not None, 300, every=1)
         time.sleep(3)  # whatever the children print at their start would come now
         lines = [line for line in log.read_text().splitlines() if line.strip()]
         assert (

@@ -10,12 +10,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-from browser_fixtures import LOAD_MS, ROOT, chromium, free_port, wait_healthy
+from browser_fixtures import LOAD_MS, chromium, free_port, start_demo, wait_healthy
+from polling import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -29,25 +27,8 @@ TITLES = (
 
 
 def test_demo_shows_the_sample_decisions_and_keeps_training(tmp_path):
-    runs, db, port = tmp_path / "runs", tmp_path / "obs.duckdb", free_port()
-    env = dict(
-        os.environ,
-        OBSERVATORY_RUNS=str(runs),
-        OBSERVATORY_DB=str(db),
-        OBSERVATORY_PORT=str(port),
-        OBSERVATORY_DEMO_STEPS="20",
-        OBSERVATORY_CACHE_TTL_S="1",
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    )
-    log = tmp_path / "demo.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "observatory.demo"],
-        cwd=ROOT,
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    runs, port = tmp_path / "runs", free_port()
+    proc, log = start_demo(tmp_path, port, OBSERVATORY_CACHE_TTL_S="1")
     try:
         wait_healthy(proc, port, log, 240, "the demo")
         with chromium() as b:
@@ -63,10 +44,12 @@ def test_demo_shows_the_sample_decisions_and_keeps_training(tmp_path):
                 grid.get_by_text(title, exact=True).first.wait_for(state="attached")
             assert page.locator('[data-testid="stException"]').count() == 0
         # a 20-step demo run ends soon; the demo then starts the next one
-        deadline = time.time() + 300
-        while time.time() < deadline and len(list(runs.glob("demo-*/events.0.jsonl"))) < 2:
-            time.sleep(2)
-        assert len(list(runs.glob("demo-*/events.0.jsonl"))) >= 2, log.read_text()[-3000:]
+        wait_until(
+            lambda: len(list(runs.glob("demo-*/events.0.jsonl"))) >= 2,
+            300,
+            every=2,
+            what=lambda: "a second demo run: " + log.read_text()[-3000:],
+        )
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

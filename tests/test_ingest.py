@@ -10,7 +10,7 @@ import shutil
 import time
 
 import pytest
-from conftest import append_in_pieces, event, write_lines
+from conftest import append_in_pieces, event, write_lines, write_stall_finding
 
 from observatory import findings, store
 from observatory.events import ValidationError, validate_event
@@ -532,19 +532,7 @@ def test_observatory_findings_do_not_revive_a_crashed_run(runs_dir, db_path):
         runs_dir / "a" / "events.0.jsonl",
         [event("a", "run_start", {"config": {}}, 0, t=old), event("a", "metrics", {"x": 1.0}, 1, 7, t=old)],
     )
-    write_lines(
-        runs_dir / "a" / f"events.{OBSERVATORY_HOST}.jsonl",
-        [
-            event(
-                "a",
-                "anomaly",
-                {"detector": "stall", "severity": "warn", "message": "silent"},
-                0,
-                7,
-                host=OBSERVATORY_HOST,
-            )
-        ],
-    )
+    write_stall_finding(runs_dir, "a", 7)
     rep = ingest(runs_dir, db_path, emit=None)
     assert rep.events == 3
     assert q(db_path, "SELECT status, last_step, last_event_t < epoch(now()) - 3000 FROM runs") == [

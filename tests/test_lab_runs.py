@@ -12,6 +12,7 @@ import os
 
 import pytest
 from click.testing import CliRunner
+from dashboard_fixtures import page
 from streamlit.testing.v1 import AppTest
 
 import observatory as wandb
@@ -22,7 +23,6 @@ from observatory.queries.core import list_runs
 from observatory.queries.user_sql import run_user_sql
 from observatory.store import connect
 
-TIMEOUT = 60
 # (id, project, group)
 RUNS = (
     ("mnist-a1", "mnist", "sweep-a"),
@@ -51,28 +51,11 @@ def _write(runs_dir):
             run.summary["loss"] = 0.5  # set, then a later log replaces it: finish's summary says so
             run.log({"loss": 0.25})
             run.summary.update({"eval": {"ppl": 12.5}, "note": "good"})
+            hist = {"name": "grad/hist", "bucket_limits": [0.0, 1.0, 2.0, 4.0]}
             run.event(
-                "histogram",
-                {
-                    "name": "grad/hist",
-                    "bucket_limits": [0.0, 1.0, 2.0, 4.0],
-                    "bucket_counts": [3, 5, 1],
-                    "min": 0.1,
-                    "max": 3.9,
-                    "count": 9,
-                },
-                step=2,
+                "histogram", {**hist, "bucket_counts": [3, 5, 1], "min": 0.1, "max": 3.9, "count": 9}, step=2
             )
-            run.event(
-                "histogram",
-                {
-                    "name": "grad/hist",
-                    "bucket_limits": [0.0, 1.0, 2.0, 4.0],
-                    "bucket_counts": [1, 7, 2],
-                    "count": 10,
-                },
-                step=4,
-            )
+            run.event("histogram", {**hist, "bucket_counts": [1, 7, 2], "count": 10}, step=4)
             run.event("artifact", {"name": "config", "type": "config", "path": "/tmp/cfg.yaml", "bytes": 123})
         run.finish()
 
@@ -175,15 +158,6 @@ def test_histograms_and_artifacts_are_queryable(store):
         assert details.run_info(con, "cifar-1")["project"] == "cifar"
 
 
-def _page(name: str, **query) -> AppTest:
-    at = AppTest.from_string(
-        f"from observatory.dashboard.pages import {name}\n{name}.render()\n", default_timeout=TIMEOUT
-    )
-    for k, v in query.items():
-        at.query_params[k] = v
-    return at.run()
-
-
 def _listed(v) -> list[str]:
     """A query parameter as AppTest holds it: one value as a str, several as a list."""
     return [v] if isinstance(v, str) else list(v)
@@ -194,7 +168,7 @@ def _shown(at: AppTest) -> list[str]:
 
 
 def test_runs_page_filters_by_project_and_group(store):
-    at = _page("runs")
+    at = page("runs")
     assert not at.exception
     assert _shown(at) == sorted(r for r, _, _ in RUNS)
     assert at.multiselect(key="runs_project").options == ["cifar", "mnist"]
@@ -206,18 +180,18 @@ def test_runs_page_filters_by_project_and_group(store):
     assert _listed(at.query_params["group"]) == ["sweep-b"]
     assert "sweep-b" in list(at.dataframe[0].value["group"])
 
-    linked = _page("runs", project="cifar")  # a link opens the filtered view
+    linked = page("runs", project="cifar")  # a link opens the filtered view
     assert not linked.exception
     assert _shown(linked) == ["cifar-1"]
     assert linked.multiselect(key="runs_project").value == ["cifar"]
 
-    at = _page("runs")
+    at = page("runs")
     at.text_input(key="runs_q").input("sweep-a").run()  # the search sees groups too
     assert _shown(at) == ["mnist-a1", "mnist-a2"]
 
 
 def test_live_page_shows_summary_histogram_and_artifacts(store):
-    at = _page("live", run="mnist-a1")
+    at = page("live", run="mnist-a1")
     assert not at.exception
     exp = [e for e in at.expander if "Run details" in e.label]
     assert exp and "1 histograms" in exp[0].label and "1 artifacts" in exp[0].label

@@ -281,20 +281,13 @@ def test_five_viewers_for_20_s_while_training(tmp_path):
 async def _sql_view(port: int, sql: str) -> tuple[list[str], list[str]]:
     """The SQL page opened over Streamlit's websocket protocol, then its form submitted as a browser does:
     (element types of the opening run, element types of the run the submit started)."""
-    import websockets
-    from load_viewer import rerun, sql_submit
+    from load_viewer import rerun, session, sql_submit
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
     runs: list[list[str]] = [[]]
     ids: dict[str, str] = {}
     page_hash = ""
-    async with websockets.connect(
-        f"ws://127.0.0.1:{port}/_stcore/stream",
-        subprotocols=["streamlit"],
-        origin=f"http://127.0.0.1:{port}",
-        max_size=None,
-        open_timeout=60,
-    ) as ws:
+    async with session(port) as ws:
         await ws.send(rerun("sql", ""))
         while True:
             msg = ForwardMsg()

@@ -98,51 +98,21 @@ def test_capacity_every_token_to_one_expert(mesh_shape):
     assert c == 4
     assert capacity(0.55, 100, 3, 3) == 55  # float noise (55.00000000000001) must not add a slot
     assert capacity(1.25, 16, 2, 8) == 5 and capacity(0.01, 16, 1, 8) == 1
-    y, st = _fwd(
-        x,
-        p["router_w"],
-        jnp.zeros(e),
-        p["w_gate"],
-        p["w_up"],
-        p["w_down"],
-        top_k=1,
-        capacity_factor=cf,
-        aux_free=False,
-        mesh=mesh,
-    )
+    # the router and experts as arguments, without the aux-free bias (zeros)
+    args = (x, p["router_w"], jnp.zeros(e), p["w_gate"], p["w_up"], p["w_down"])
+    y, st = _fwd(*args, top_k=1, capacity_factor=cf, aux_free=False, mesh=mesh)
     assert st.routed.tolist() == [0, 0, 0, B * S]
     assert st.dropped.tolist() == [0, 0, 0, B * (S - c)]
     # the kept assignments are the FIRST c tokens of every group (token order within a rank)
     kept = np.abs(np.asarray(y)).sum(-1) > 0  # (B, S)
     assert kept[:, :c].all() and not kept[:, c:].any()
     # top-2: C = 8; expert 3 takes every token's first choice, expert 1 every second choice.
-    y2, st2 = _fwd(
-        x,
-        p["router_w"],
-        jnp.zeros(e),
-        p["w_gate"],
-        p["w_up"],
-        p["w_down"],
-        top_k=2,
-        capacity_factor=cf,
-        aux_free=False,
-        mesh=mesh,
-    )
+    y2, st2 = _fwd(*args, top_k=2, capacity_factor=cf, aux_free=False, mesh=mesh)
     c2 = capacity(cf, S, 2, e)
     assert c2 == 8
     assert st2.routed.tolist() == [0, B * S, 0, B * S]
     assert st2.dropped.tolist() == [0, B * (S - c2), 0, B * (S - c2)]
-    _, ref = _ref(
-        x,
-        p["router_w"],
-        jnp.zeros(e),
-        p["w_gate"],
-        p["w_up"],
-        p["w_down"],
-        top_k=2,
-        capacity_factor=cf,
-        aux_free=False,
-    )
+    _, ref = _ref(*args, top_k=2, capacity_factor=cf, aux_free=False)
     assert ref.dropped.tolist() == st2.dropped.tolist()
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from browser_fixtures import LOAD_MS, dashboard, wait_idle
+from conftest import event
 from public_secrets import RUN as SECRET_RUN
 from public_secrets import leaks, write_foreign_run
 
@@ -49,20 +50,7 @@ def _write(runs: Path, run: str, config: dict, extra: list[tuple[str, dict, int]
 
     def put(kind, data, step=None):
         nonlocal seq
-        lines.append(
-            json.dumps(
-                {
-                    "v": 1,
-                    "run": run,
-                    "kind": kind,
-                    "step": step,
-                    "t": T0 + seq,
-                    "host": 0,
-                    "seq": seq,
-                    "data": data,
-                }
-            )
-        )
+        lines.append(json.dumps(event(run, kind, data, seq, step, t=T0)))
         seq += 1
 
     put(

@@ -280,7 +280,7 @@ def test_run_status_is_one_definition_for_ingest_cli_and_reports(runs_dir, db_pa
     - observatory-host (1000) events do not keep a run alive;
     - a folder without run_start shows as `records` in reports.
     """
-    from conftest import event, write_lines
+    from conftest import event, write_lines, write_stall_finding
 
     from observatory import report
     from observatory.events import OBSERVATORY_HOST
@@ -305,20 +305,7 @@ def test_run_status_is_one_definition_for_ingest_cli_and_reports(runs_dir, db_pa
             event("quiet", "metrics", {"x": 1.0}, 1, 1, t=now - 60),
         ],
     )
-    write_lines(
-        runs_dir / "quiet" / f"events.{OBSERVATORY_HOST}.jsonl",
-        [
-            event(
-                "quiet",
-                "anomaly",
-                {"detector": "stall", "severity": "warn", "message": "silent"},
-                0,
-                1,
-                t=now,
-                host=OBSERVATORY_HOST,
-            )
-        ],
-    )
+    write_stall_finding(runs_dir, "quiet", 1, t=now)
     write_lines(runs_dir / "live" / "events.0.jsonl", [event("live", "run_start", {"config": {}}, 0, t=now)])
     write_lines(
         runs_dir / "notes" / f"events.{OBSERVATORY_HOST}.jsonl",

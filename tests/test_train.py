@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from observatory.interop.simulate import STEP_SCALARS
 from trainer.config import load_config
 from trainer.data import load_corpus
 from trainer.faults import InjectedCrash
@@ -84,13 +85,7 @@ def test_base_run_writes_the_full_event_stream(base):
     assert [m["step"] for m in metrics] == list(range(1, 61))
     m = metrics[30]["data"]
     for name in (
-        "train/loss",
-        "train/ce_loss",
-        "train/z_loss",
-        "router/z_loss",
-        "router/lb_loss",
-        "router/entropy",
-        "moe/drop_fraction",
+        *STEP_SCALARS,  # the simulator's names are the trainer's
         "grad/norm/total",
         "grad/norm/layers",
         "grad/norm/embed",
@@ -230,8 +225,16 @@ def test_resume_continues_the_same_run_and_sequence(base, tmp_path):
         assert con.execute("SELECT status, final_step FROM runs").fetchall() == [("completed", 70)]
 
 
+def completed_run_events(tmp_path, *overrides: str) -> list[dict]:
+    """The events of a run of the tiny config with `overrides`, which must have completed."""
+    run_id, status = train_with_status(cfg(*overrides), tmp_path)
+    assert status == "completed"
+    return events(tmp_path, run_id)
+
+
 def test_injected_faults_produce_their_events(tmp_path):
-    c = cfg(
+    evs = completed_run_events(
+        tmp_path,
         "steps=8",
         "inject=lr_spike@3:x10",
         "inject=bad_batch@4",
@@ -240,9 +243,6 @@ def test_injected_faults_produce_their_events(tmp_path):
         "eval.every=0",
         "checkpoint.at_exit=false",
     )
-    run_id, status = train_with_status(c, tmp_path)
-    assert status == "completed"
-    evs = events(tmp_path, run_id)
     notes = [e["data"]["text"] for e in of(evs, "note")]
     assert notes == ["fault injected: lr_spike@3:x10", "fault injected: bad_batch@4", "fault injected: nan@6"]
     m = {e["step"]: e["data"] for e in of(evs, "metrics")}
@@ -263,7 +263,8 @@ def test_injected_faults_produce_their_events(tmp_path):
 
 
 def test_nan_rollback_restores_the_checkpoint_with_a_smaller_lr(tmp_path):
-    c = cfg(
+    evs = completed_run_events(
+        tmp_path,
         "steps=10",
         "checkpoint.every=4",
         "inject=nan@6",
@@ -271,9 +272,6 @@ def test_nan_rollback_restores_the_checkpoint_with_a_smaller_lr(tmp_path):
         "failure.rollback_lr_scale=0.5",
         "eval.every=0",
     )
-    run_id, status = train_with_status(c, tmp_path)
-    assert status == "completed"
-    evs = events(tmp_path, run_id)
     fail = of(evs, "failure")
     assert [(f["step"], f["data"]["action"]) for f in fail] == [(6, "rollback")]
     assert "rolled back to step 4" in " ".join(e["data"]["text"] for e in of(evs, "note"))

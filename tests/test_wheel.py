@@ -38,24 +38,29 @@ def _build_wheel(dist: Path) -> Path:
     return wheel
 
 
-@pytest.mark.slow
-def test_the_built_wheel_works_outside_the_checkout(tmp_path):
-    wheel = _build_wheel(tmp_path / "dist")
-    venv = tmp_path / "venv"
+def _install_into_a_fresh_venv(wheel: Path, venv: Path) -> tuple[Path, Path]:
+    """`wheel` alone (no dependencies, no index) in a new venv: (its python, its site-packages)."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    py, bin_ = venv / "bin" / "python", venv / "bin"
+    py = venv / "bin" / "python"
+    # not this checkout on PYTHONPATH: pip would take its build's observatory.egg-info for an installed copy
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run(
         [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
         check=True,
         capture_output=True,
         timeout=120,
+        env=env,
     )
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    return py, Path(subprocess.check_output([str(py), "-c", purelib], text=True).strip())
+
+
+@pytest.mark.slow
+def test_the_built_wheel_works_outside_the_checkout(tmp_path):
+    venv = tmp_path / "venv"
+    py, site = _install_into_a_fresh_venv(_build_wheel(tmp_path / "dist"), venv)
+    bin_ = venv / "bin"
     # its dependencies: this venv's (already installed), after the fresh venv's own site-packages
-    site = Path(
-        subprocess.check_output(
-            [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
-        ).strip()
-    )
     (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     away = tmp_path / "elsewhere"  # not the checkout: nothing of the repository is on hand here
     away.mkdir()
@@ -121,19 +126,7 @@ def test_a_light_install_runs_a_wandb_loop_and_says_what_the_cli_needs(tmp_path)
     }
     assert core == {"msgspec", "psutil", "click", "pyyaml"}, core
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    py = venv / "bin" / "python"
-    subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    site = Path(
-        subprocess.check_output(
-            [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
-        ).strip()
-    )
+    py, site = _install_into_a_fresh_venv(wheel, venv)
     here = Path(sysconfig.get_path("purelib"))
     for pkg in ("msgspec", "psutil", "click", "yaml"):  # the core requirements only, copied from this venv
         shutil.copytree(here / pkg, site / pkg)

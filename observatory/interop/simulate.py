@@ -203,6 +203,18 @@ GRAD_SHARES = {
 EVAL_S, CKPT_S, ROLLBACK_S, PREEMPT_GAP_S, RESUME_S, FORK_DELAY_S = 90.0, 20.0, 300.0, 1800.0, 600.0, 3600.0
 
 
+# the losses and routing scalars every step logs, as the trainer names them (before the per-layer ones)
+STEP_SCALARS = (
+    "train/loss",
+    "train/ce_loss",
+    "train/z_loss",
+    "router/z_loss",
+    "router/lb_loss",
+    "router/entropy",
+    "moe/drop_fraction",
+)
+
+
 def metric_names(shape: Shape) -> list[str]:
     """Every scalar name a step of `shape` logs (throughput is left out on the step after an eval,
     a checkpoint or a (re)start, as the trainer does: that step's wall time is not training)."""
@@ -217,13 +229,7 @@ def metric_names(shape: Shape) -> list[str]:
         )
     ]
     return [
-        "train/loss",
-        "train/ce_loss",
-        "train/z_loss",
-        "router/z_loss",
-        "router/lb_loss",
-        "router/entropy",
-        "moe/drop_fraction",
+        *STEP_SCALARS,
         *per_layer,
         "grad/norm/total",
         *(f"grad/norm/{m}" for m in GRAD_SHARES),
