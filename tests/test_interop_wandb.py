@@ -6,12 +6,11 @@ import json
 import math
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from wandb_fixtures import run_wandb_offline
 
 pytest.importorskip("wandb")
 
@@ -68,9 +67,7 @@ json.dump({"logged": logged, "media": media}, open(out + "/logged.json", "w"))
 @pytest.fixture(scope="module")
 def wandb_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("wandb")
-    env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(out), WANDB_SILENT="true")
-    env.pop("WANDB_API_KEY", None)
-    subprocess.run([sys.executable, "-c", MAKE_RUNS, str(out)], check=True, env=env, timeout=300)
+    run_wandb_offline(MAKE_RUNS, out)
     info = json.loads((out / "logged.json").read_text())
     files = {f.name: f for f in find_wandb_files([out]) if f.name != "run-res1.wandb"}
     logged = {int(s): {k: float(v) for k, v in row.items()} for s, row in info["logged"].items()}

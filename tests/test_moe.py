@@ -169,29 +169,10 @@ def test_aux_free_bias_only_selects():
     """The bias changes which experts are chosen, never the gate weights' values."""
     p, x = _params()
     big = jnp.zeros(E).at[5].set(10.0)  # forces expert 5 into every token's top-2
-    _, st = _fwd(
-        x,
-        p["router_w"],
-        big,
-        p["w_gate"],
-        p["w_up"],
-        p["w_down"],
-        top_k=2,
-        capacity_factor=8.0,
-        aux_free=True,
-    )
+    args = (x, p["router_w"], big, p["w_gate"], p["w_up"], p["w_down"])
+    _, st = _fwd(*args, top_k=2, capacity_factor=8.0, aux_free=True)
     assert int(st.routed[5]) == B * S
-    _, st_plain = _fwd(
-        x,
-        p["router_w"],
-        big,
-        p["w_gate"],
-        p["w_up"],
-        p["w_down"],
-        top_k=2,
-        capacity_factor=8.0,
-        aux_free=False,
-    )
+    _, st_plain = _fwd(*args, top_k=2, capacity_factor=8.0, aux_free=False)
     assert int(st_plain.routed[5]) < B * S  # softmax_topk ignores the bias
     # router statistics are computed from the unbiased probabilities in both cases
     np.testing.assert_allclose(st.router_z, st_plain.router_z, rtol=1e-6)

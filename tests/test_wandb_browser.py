@@ -9,13 +9,13 @@ and `acc` charts, and so must its report on the Reports page (in a frame as tall
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from browser_fixtures import CHROMIUM, CHROMIUM_ARGS, assert_no_exception, dashboard, open_page, wait_idle
+from wandb_fixtures import run_as_user, user_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -36,18 +36,6 @@ wandb.finish()
 """
 
 
-def _env(home: Path) -> dict[str, str]:
-    drop = (
-        "OBSERVATORY_RUNS",
-        "OBSERVATORY_DB",
-        "XDG_DATA_HOME",
-        "OBSERVATORY_QUIET",
-        "WANDB_QUIET",
-        "WANDB_SILENT",
-    )
-    return {**{k: v for k, v in os.environ.items() if k not in drop}, "HOME": str(home)}
-
-
 def _titles(scope) -> set[str]:
     """The chart and subplot titles drawn in a page or frame (plotly's, and the Live page's charts' own
     title lines, `dashboard.live_chart`)."""
@@ -64,22 +52,19 @@ def test_wandb_tutorial_from_any_folder_is_drawn_on_live_and_in_its_report(tmp_p
     script_dir.mkdir()
     elsewhere.mkdir()
     (script_dir / "train.py").write_text(TUTORIAL)
-    out = subprocess.run(
-        [sys.executable, "train.py"],
-        cwd=script_dir,
-        env=_env(home),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
+    out = run_as_user(["train.py"], script_dir, home)
     assert "observatory ingest && observatory dashboard" in out.stderr  # what init said to run next
     assert not (script_dir / "data").exists()
     (log,) = (home / ".local/share/observatory/runs").glob("*/events.0.jsonl")
     run = log.parent.name
     cli = Path(sys.executable).parent / "observatory"
     done = subprocess.run(
-        [str(cli), "ingest", "-q"], cwd=elsewhere, env=_env(home), capture_output=True, text=True, timeout=120
+        [str(cli), "ingest", "-q"],
+        cwd=elsewhere,
+        env=user_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     db = home / ".local/share/observatory/observatory.duckdb"

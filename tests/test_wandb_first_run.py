@@ -7,7 +7,6 @@ ingester; the pages run under streamlit's AppTest.
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from dashboard_fixtures import chart_specs
 from streamlit.testing.v1 import AppTest
+from wandb_fixtures import run_as_user, user_env
 
 import observatory as wandb
 from observatory import report, settings
@@ -147,36 +147,11 @@ wandb.finish()
 """
 
 
-def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in (
-            "OBSERVATORY_RUNS",
-            "OBSERVATORY_DB",
-            "XDG_DATA_HOME",
-            "WANDB_QUIET",
-            "WANDB_SILENT",
-            "OBSERVATORY_QUIET",
-        )
-    }
-    return {**env, "HOME": str(home), **extra}
-
-
 @pytest.mark.subprocess
 def test_init_writes_to_the_per_user_runs_dir_from_any_folder_and_says_where(tmp_path):
     home, elsewhere = tmp_path / "home", tmp_path / "some" / "folder"
     elsewhere.mkdir(parents=True)
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        cwd=elsewhere,
-        env=_env(home),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
+    out = run_as_user(["-c", SCRIPT], elsewhere, home)
     runs = home / ".local/share/observatory/runs"
     logs = list(runs.glob("*/events.0.jsonl"))
     assert len(logs) == 1 and not (elsewhere / "data").exists()
@@ -187,7 +162,12 @@ def test_init_writes_to_the_per_user_runs_dir_from_any_folder_and_says_where(tmp
     # every command without a flag reads the same place
     cli = Path(sys.executable).parent / "observatory"
     done = subprocess.run(
-        [str(cli), "ingest", "-q"], cwd=tmp_path, env=_env(home), capture_output=True, text=True, timeout=120
+        [str(cli), "ingest", "-q"],
+        cwd=tmp_path,
+        env=user_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert (home / ".local/share/observatory/observatory.duckdb").is_file()
@@ -201,7 +181,7 @@ def test_quiet_init_and_finish_say_nothing(tmp_path, how):
     out = subprocess.run(
         [sys.executable, "-c", script if how == "settings" else SCRIPT],
         cwd=tmp_path,
-        env=_env(tmp_path / "home", **extra),
+        env=user_env(tmp_path / "home", **extra),
         capture_output=True,
         text=True,
         timeout=120,

@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
+from wandb_fixtures import run_wandb_offline
 
 pytest.importorskip("wandb")
 
@@ -33,9 +31,7 @@ run.finish()
 @pytest.fixture(scope="module")
 def wandb_file(tmp_path_factory):
     out = tmp_path_factory.mktemp("wandb-stats")
-    env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(out), WANDB_SILENT="true")
-    env.pop("WANDB_API_KEY", None)
-    subprocess.run([sys.executable, "-c", MAKE_RUN, str(out)], check=True, env=env, timeout=300)
+    run_wandb_offline(MAKE_RUN, out)
     (path,) = find_wandb_files([out])
     return path
 

@@ -8,7 +8,9 @@ marker to give it; so a test that needs either cannot slip into the quick tier u
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -43,6 +45,24 @@ class Guard:
         )
 
 
+# What a module says of all its tests at once, read from its text before it is imported: a top-level
+# `pytestmark` with a heavy marker, or a top-level JAX import (every test of it gets `jax`, above).
+MODULE_MARKS = re.compile(r"^pytestmark = .*$", re.M)
+JAX_IMPORT = re.compile(r"^(?:import|from) (?:jax|jaxlib|flax|optax|orbax)\b", re.M)
+
+
+def left_out_whole(path: Path, markexpr: str) -> bool:
+    """Whether `-m markexpr` deselects every test of the module at `path` (`not slow` and the module is
+    all slow, ...): then it is not even imported, which spares each worker of `make check` JAX's import."""
+    if not path.name.startswith("test_") or path.suffix != ".py":
+        return False
+    text = path.read_text()
+    marks = set(re.findall(r"mark\.(\w+)", "\n".join(MODULE_MARKS.findall(text))))
+    if JAX_IMPORT.search(text):
+        marks.add("jax")
+    return any(f"not {m}" in markexpr for m in marks & set(HEAVY))
+
+
 def imports_jax(module: ModuleType | None) -> bool:
     return module is not None and any(
         isinstance(v, ModuleType) and v.__name__.partition(".")[0] in JAX_PACKAGES
@@ -54,6 +74,10 @@ class TiersPlugin:
     def __init__(self) -> None:
         self.guard = Guard()
         sys.addaudithook(self.guard)
+
+    def pytest_ignore_collect(self, collection_path: Path, config) -> bool | None:
+        markexpr = config.option.markexpr or ""
+        return True if markexpr and left_out_whole(collection_path, markexpr) else None
 
     @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
     def pytest_collection_modifyitems(self, items) -> None:

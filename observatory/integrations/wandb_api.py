@@ -263,14 +263,7 @@ class DisabledRun:
     def flush(self, timeout: float = 10.0) -> None:
         pass
 
-    def finish(
-        self,
-        status: str | int | None = None,
-        final_step: int | None = None,
-        *,
-        exit_code: int | None = None,
-        quiet: bool | None = None,
-    ) -> None:
+    def finish(self, *args: Any, **kwargs: Any) -> None:  # the Run's arguments, all ignored
         _deactivate(self)
 
     def __enter__(self) -> DisabledRun:

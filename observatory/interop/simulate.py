@@ -108,76 +108,24 @@ class Shape:
         return 6 * self.params_active + 12 * self.n_layers * self.seq_len * self.d_model
 
 
-PRESETS: dict[str, Shape] = {
-    "535b": Shape(
-        name="535b",
-        d_model=6144,
-        n_layers=48,
-        n_heads=48,
-        n_routed=384,
-        d_expert=3072,
-        top_k=8,
-        n_shared=2,
-        seq_len=4096,
-        batch=4096,
-        vocab=128_256,
-        params_total=535e9,
-        params_active=23e9,
-        compute=2.7e24,
-        mesh=(11, 64, 704),
-        lr=2.2e-4,
-        metric_layers=tuple(range(0, 48, 5)),
-        hot_layer=20,
-        steps=500,
-        expert_load_every=10,
-    ),
-    "tiny": Shape(
-        name="tiny",
-        d_model=64,
-        n_layers=4,
-        n_heads=4,
-        n_routed=16,
-        d_expert=64,
-        top_k=2,
-        n_shared=1,
-        seq_len=256,
-        batch=32,
-        vocab=256,
-        params_total=2.2e6,
-        params_active=0.9e6,
-        compute=1e21,
-        mesh=(2, 4, 8),
-        lr=3e-3,
-        metric_layers=(0, 1, 2, 3),
-        hot_layer=2,
-        steps=200,
-        expert_load_every=1,
-        peak_flops=1e11,
-    ),
+# Each preset: its model (the fields of `Shape` from `name` to `lr`, in their order), then its run's recipe
+# (the layers whose router stats are also scalars, the hot expert's layer, the default schedule's steps and
+# expert_load interval) and what differs from `Shape`'s defaults.
+#  name      d_model layers heads routed d_expert top_k shared seq_len batch vocab total active compute mesh lr
+_MODELS = (
+    ("535b", 6144, 48, 48, 384, 3072, 8, 2, 4096, 4096, 128_256, 535e9, 23e9, 2.7e24, (11, 64, 704), 2.2e-4),
+    ("tiny", 64, 4, 4, 16, 64, 2, 1, 256, 32, 256, 2.2e6, 0.9e6, 1e21, (2, 4, 8), 3e-3),
     # the rungs' recipe; each rung sets its width, depth, sizes and batch (`_ladder`)
-    "ladder": Shape(
-        name="ladder",
-        d_model=768,
-        n_layers=8,
-        n_heads=6,
-        n_routed=384,
-        d_expert=384,
-        top_k=8,
-        n_shared=2,
-        seq_len=4096,
-        batch=64,
-        vocab=128_256,
-        params_total=1.6e9,
-        params_active=61e6,
-        compute=5.5e19,
-        mesh=(8, 8, 64),
-        lr=3e-3,
-        metric_layers=(0, 4),
-        hot_layer=None,
-        steps=200,
-        expert_load_every=5,
-        load_batch=256,
-    ),
+    ("ladder", 768, 8, 6, 384, 384, 8, 2, 4096, 64, 128_256, 1.6e9, 61e6, 5.5e19, (8, 8, 64), 3e-3),
+)
+#  name: (metric_layers, hot_layer, steps, expert_load_every, {other field: value})
+_RECIPES = {
+    "535b": (tuple(range(0, 48, 5)), 20, 500, 10, {}),
+    "tiny": ((0, 1, 2, 3), 2, 200, 1, {"peak_flops": 1e11}),
+    "ladder": ((0, 4), None, 200, 5, {"load_batch": 256}),
+}
+PRESETS: dict[str, Shape] = {
+    name: Shape(name, *model, *_RECIPES[name][:4], **_RECIPES[name][4]) for name, *model in _MODELS
 }
 # the reference ladder (CONTEXT.md): rung, d_model, MoE layers, total, active, tokens, FLOPs
 LADDER_RUNGS = (
