@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import event, write_lines
+from polling import wait_until
 
 from observatory import store
 from observatory.alerts.delivery import Delivery
@@ -48,16 +49,6 @@ def hung():
     srv.server_close()
 
 
-def _wait_for(what, deadline_s: float, every_s: float = 0.02):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        got = what()
-        if got:
-            return got
-        time.sleep(every_s)
-    return what()
-
-
 def _max_step(db, run: str):
     try:
         with store.connect(db, timeout_s=0.5) as con:
@@ -66,6 +57,7 @@ def _max_step(db, run: str):
         return None
 
 
+@pytest.mark.timing  # a step within 2 s of wall clock: judged in `make test`'s quiet timing pass
 def test_a_hung_channel_never_delays_the_follower(runs_dir, db_path, hung, tmp_path, monkeypatch):
     """A stalled run opens an alert whose webhook hangs 40 s; meanwhile a live run's new step is in the
     store within 2 s (sent on the follower's thread, the pass waited for the channel's timeout first)."""
@@ -90,13 +82,15 @@ def test_a_hung_channel_never_delays_the_follower(runs_dir, db_path, hung, tmp_p
     )
     follower.start()
     try:
-        assert _wait_for(lambda: Hung.got, 30.0), f"the alert never reached the receiver: {said}"
-        assert _wait_for(lambda: _max_step(db_path, "live") == 1, 10.0)
+        wait_until(lambda: Hung.got, 30.0, what=lambda: f"the alert never reached the receiver: {said}")
+        wait_until(lambda: _max_step(db_path, "live") == 1, 10.0, what="step 1 in the store")
         for step in (2, 3):  # while the receiver holds the alert's request
             write_lines(live, [event("live", "metrics", {"train/loss": 3.0}, step, step=step, t=time.time())])
             t0 = time.monotonic()
-            assert _wait_for(lambda s=step: _max_step(db_path, "live") == s, 2.0, every_s=0.01), (
-                f"step {step} not in the store within 2 s while the channel hangs"
+            wait_until(
+                lambda s=step: _max_step(db_path, "live") == s,
+                2.0,
+                what=f"step {step} in the store within 2 s while the channel hangs",
             )
             assert time.monotonic() - t0 <= 2.0
             assert not Hung.release.is_set() and time.monotonic() - Hung.got[0] < HANG_S
@@ -114,7 +108,7 @@ def test_a_full_queue_drops_the_message_and_says_so(hung):
     d = Delivery(said.append, size=1, timeout_s=HANG_S + 5, retries=0)
     chans = [Channel(f"json://127.0.0.1:{hung}/hook", "hook", "info")]
     assert d.put(chans, "critical", "[CRITICAL] r1: stalled", "body") == ["hook"]
-    assert _wait_for(lambda: Hung.got, 10.0)  # the worker holds the first
+    wait_until(lambda: Hung.got, 10.0, what="the worker holds the first")
     assert d.put(chans, "critical", "[CRITICAL] r2: stalled", "body") == ["hook"]  # waits in the queue
     assert d.put(chans, "critical", "[CRITICAL] r3: stalled", "body") == []  # full
     assert d.dropped == 1
@@ -132,7 +126,7 @@ def test_a_channel_that_times_out_is_tried_again_then_said(hung):
     t0 = time.monotonic()
     assert d.put(chans, "warn", "[WARN] r: slow", "body") == ["hook"]
     assert time.monotonic() - t0 < 0.5  # put returns at once
-    assert _wait_for(lambda: d.failed == 1, 20.0)
+    wait_until(lambda: d.failed == 1, 20.0, what="the channel failed once")
     assert len(Hung.got) == 2  # the first try and one retry
     assert [m for m in said if "not delivered after 2 tries" in m]
     d.close(1.0)

@@ -59,6 +59,7 @@ def traces(spec: dict, name_part: str) -> list[dict]:
     return [t for t in spec["data"] if name_part in (t.get("name") or "")]
 
 
+@pytest.mark.subprocess  # the app warms a SQL worker (a child) as it starts
 def test_app_routes_to_runs_page(store):
     at = AppTest.from_file("../app.py", default_timeout=TIMEOUT).run()
     assert not at.exception

@@ -151,7 +151,7 @@ wandb.finish()
 def test_init_writes_to_the_per_user_runs_dir_from_any_folder_and_says_where(tmp_path):
     home, elsewhere = tmp_path / "home", tmp_path / "some" / "folder"
     elsewhere.mkdir(parents=True)
-    out = run_as_user(["-c", SCRIPT], elsewhere, home)
+    out = run_as_user([sys.executable, "-c", SCRIPT], elsewhere, home)
     runs = home / ".local/share/observatory/runs"
     logs = list(runs.glob("*/events.0.jsonl"))
     assert len(logs) == 1 and not (elsewhere / "data").exists()
@@ -161,15 +161,7 @@ def test_init_writes_to_the_per_user_runs_dir_from_any_folder_and_says_where(tmp
     assert "completed" in said[1] and "observatory report" in said[1]
     # every command without a flag reads the same place
     cli = Path(sys.executable).parent / "observatory"
-    done = subprocess.run(
-        [str(cli), "ingest", "-q"],
-        cwd=tmp_path,
-        env=user_env(home),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    run_as_user([str(cli), "ingest", "-q"], tmp_path, home)
     assert (home / ".local/share/observatory/observatory.duckdb").is_file()
 
 

@@ -29,6 +29,9 @@ class Guard:
 
     def __init__(self) -> None:
         self.nodeid: str | None = None
+        self.refused: str | None = (
+            None  # what the test did, kept: a thread that started it may swallow the error
+        )
 
     def __call__(self, event: str, args: tuple) -> None:
         if self.nodeid is None:
@@ -40,9 +43,10 @@ class Guard:
 
     def _refuse(self, what: str, marker: str) -> None:
         nodeid, self.nodeid = self.nodeid, None  # once: the error's own handling may spawn or import
-        raise RuntimeError(
+        self.refused = (
             f"{nodeid} {what}, which `make check` leaves out: mark it @pytest.mark.{marker} (tests/tiers.py)"
         )
+        raise RuntimeError(self.refused)
 
 
 # What a module says of all its tests at once, read from its text before it is imported: a top-level
@@ -88,11 +92,20 @@ class TiersPlugin:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         quick = not any(item.get_closest_marker(m) for m in HEAVY)
-        self.guard.nodeid = item.nodeid if quick else None
+        self.guard.nodeid, self.guard.refused = (item.nodeid if quick else None), None
         try:
             yield
         finally:
             self.guard.nodeid = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        result = yield
+        if (
+            self.guard.refused
+        ):  # done in its setup or call, though no error reached the test (another thread's)
+            raise RuntimeError(self.guard.refused)
+        return result
 
 
 def pytest_configure(config) -> None:

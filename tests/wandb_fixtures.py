@@ -24,11 +24,9 @@ def user_env(home: Path, **extra: str) -> dict[str, str]:
     return {**env, "HOME": str(home), **extra}
 
 
-def run_as_user(argv: list[str], cwd: Path, home: Path) -> subprocess.CompletedProcess:
-    """`python *argv` in `cwd` as a new user with `home`; it must succeed."""
-    out = subprocess.run(
-        [sys.executable, *argv], cwd=cwd, env=user_env(home), capture_output=True, text=True, timeout=120
-    )
+def run_as_user(cmd: list[str], cwd: Path, home: Path) -> subprocess.CompletedProcess:
+    """`cmd` in `cwd` as a new user with `home` (`user_env`); it must succeed."""
+    out = subprocess.run(cmd, cwd=cwd, env=user_env(home), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out
 
