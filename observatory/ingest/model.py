@@ -315,30 +315,42 @@ class FileState:
             # (in order, the cursor is never below the highest stored seq)
             self.siblings = [*self.siblings, (self.first_seq, self.last_seq)]
 
+    # The seq rule, in one place: in a file, each seq is above the one before (the cursor); a seq in a
+    # sibling file's range (the same run and host, another file) is a duplicate; an accepted seq widens
+    # the file's range. `check_seq` judges one seq; `clear_run` and `record` judge and keep a rising run
+    # of them at once, leaving what `check_seq` of each in order would leave.
+
+    def clear_run(self, lo: int, hi: int) -> bool:
+        """Whether a rising run of seqs from `lo` to `hi` passes `check_seq`, each in order: above the
+        cursor, and in no sibling's range."""
+        return (self.cursor is None or lo > self.cursor) and not any(
+            s_lo <= hi and lo <= s_hi for s_lo, s_hi in self.siblings
+        )
+
+    def record(self, lo: int, hi: int) -> None:
+        """Keep a rising run of accepted seqs from `lo` to `hi` (one seq: `lo == hi`)."""
+        self.cursor = hi if self.cursor is None else max(self.cursor, hi)
+        self.first_seq = lo if self.first_seq is None else min(self.first_seq, lo)
+        self.last_seq = hi if self.last_seq is None else max(self.last_seq, hi)
+
     def accept_all(self, seqs: np.ndarray) -> bool:
         """`check_seq` of every seq in order accepts them all: then record them, as it would; else change nothing."""
         if len(seqs) == 0:
             return True
         lo, hi = int(seqs[0]), int(seqs[-1])
-        if (self.cursor is not None and lo <= self.cursor) or not bool(np.all(np.diff(seqs) > 0)):
-            return False
-        if any(s_lo <= hi and lo <= s_hi for s_lo, s_hi in self.siblings):
-            return False  # some may be duplicates (or not: the per-line check decides)
-        self.cursor = hi
-        self.first_seq = lo if self.first_seq is None else min(self.first_seq, lo)
-        self.last_seq = hi if self.last_seq is None else max(self.last_seq, hi)
+        if not bool(np.all(np.diff(seqs) > 0)) or not self.clear_run(lo, hi):
+            return False  # some may be duplicates or out of order (or not: the per-line check decides)
+        self.record(lo, hi)
         return True
 
     def check_seq(self, seq: int) -> str | None:
         """None to accept; "dup" for an already stored event; else the rejection reason."""
         if self.cursor is not None and seq <= self.cursor:
             return f"seq {seq} is not above the previous seq {self.cursor} in this file"
-        self.cursor = seq
-        for lo, hi in self.siblings:
-            if lo <= seq <= hi:
-                return "dup"
-        self.first_seq = seq if self.first_seq is None else min(self.first_seq, seq)
-        self.last_seq = seq if self.last_seq is None else max(self.last_seq, seq)
+        if not self.clear_run(seq, seq):
+            self.cursor = seq
+            return "dup"
+        self.record(seq, seq)
         return None
 
 

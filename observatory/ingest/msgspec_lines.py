@@ -606,7 +606,7 @@ def _accept_small(b: Batch, items: list, counts: list[int], files: np.ndarray, t
         if not c:
             st.offset = ch.end
             continue
-        if odd[k] or st.siblings or (st.cursor is not None and int(seq[lo]) <= st.cursor):
+        if odd[k] or not st.clear_run(int(seq[lo]), int(seq[hi - 1])):
             accepted[lo:hi] = _accept(
                 b, lf, st, text, plan.starts[lo:hi], plan.ends[lo:hi], cls[lo:hi], seq[lo:hi]
             )
@@ -619,11 +619,8 @@ def _accept_small(b: Batch, items: list, counts: list[int], files: np.ndarray, t
                 check_line(b, lf, st, base + i, text[plan.starts[i] : plan.ends[i]])
                 j += 1
             st.line += c
-            lo_seq, hi_seq = first_l[k], last_l[k]
-            if hi_seq >= 0:  # as `check_seq` of each in order would leave it (they all rise)
-                st.cursor = hi_seq if st.cursor is None else max(st.cursor, hi_seq)
-                st.first_seq = lo_seq if st.first_seq is None else min(st.first_seq, lo_seq)
-                st.last_seq = hi_seq if st.last_seq is None else max(st.last_seq, hi_seq)
+            if last_l[k] >= 0:  # as `check_seq` of each in order would leave it (they all rise)
+                st.record(first_l[k], last_l[k])
         st.offset = ch.end
     # the batch saw each run's accepted events: its latest time and step
     at = np.flatnonzero(accepted)
