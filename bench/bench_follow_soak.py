@@ -10,7 +10,9 @@ sampled every wall second. Printed: its RSS at the start and the end of the seco
 the least-squares slope over the second half (the first half is warm-up: imports, DuckDB's
 caches), in MB per simulated minute and per hour of wall time, and the steps it stored.
 
-    python bench/bench_follow_soak.py [--minutes 30] [--speed 10] [--runs 4] [--metrics 40]
+    python bench/bench_follow_soak.py [--minutes 30] [--speed 10] [--runs 4] [--metrics 40] [--tree DIR]
+
+`--tree` runs the follower from another checkout (an older commit, say) to compare slopes side by side.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import psutil
 
 import observatory
 
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+TREE = Path(__file__).resolve().parents[1]
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
@@ -47,11 +49,19 @@ def main() -> None:
     ap.add_argument("--metrics", type=int, default=40, help="metric names a run logs each step")
     ap.add_argument("--run-minutes", type=float, default=5.0, help="simulated minutes a run lives")
     ap.add_argument("--steps-per-s", type=float, default=2.0, help="steps a run logs per simulated second")
+    ap.add_argument(
+        "--tree", type=Path, default=TREE, help="the source tree the follower runs (another checkout)"
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="soak-"))
     runs_dir, db = tmp / "runs", tmp / "soak.duckdb"
     runs_dir.mkdir()
-    env = {**ENV, "OBSERVATORY_ALERTS_FILE": str(tmp / "no-alerts.yaml"), "OBSERVATORY_HEARTBEAT_S": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(args.tree),
+        "OBSERVATORY_ALERTS_FILE": str(tmp / "no-alerts.yaml"),
+        "OBSERVATORY_HEARTBEAT_S": "0",
+    }
     follower = subprocess.Popen(
         [sys.executable, "-m", "observatory.cli", "ingest", "--follow", "-q", "--runs-dir", str(runs_dir)]
         + ["--db", str(db)],
@@ -100,7 +110,7 @@ def main() -> None:
     half = [s for s in samples if s[0] >= args.minutes / 2]
     per_min = slope([m for m, _ in half], [r for _, r in half])
     print(
-        f"follower over {args.minutes:g} simulated minutes ({wall_total:.0f} s wall, {args.runs} runs at a time, "
+        f"follower of {args.tree} over {args.minutes:g} simulated minutes ({wall_total:.0f} s wall, {args.runs} runs at a time, "
         f"{args.metrics} names a step, new names every minute: {names} names): stored {stored:,} of {steps:,} steps"
     )
     print(

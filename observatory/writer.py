@@ -404,10 +404,6 @@ class Run:
             batch = []
             try:
                 batch.append(self._queue.get(timeout=self._flush_interval))
-                if not self._stop.is_set():
-                    # a step logs in a burst (metrics, then expert_load per layer): let the burst end
-                    # before encoding, so the caller does not wait for the GIL in the middle of it
-                    time.sleep(0.005)
                 while len(batch) < 10_000:
                     batch.append(self._queue.get_nowait())
             except queue.Empty:
@@ -436,12 +432,7 @@ class Run:
             pass
 
     def _encode_batch(self, batch: list) -> bytes:
-        parts = []
-        for i, it in enumerate(batch):
-            parts.append(self._encode(it))
-            if i % 64 == 63:
-                time.sleep(0)  # hand the GIL back now and then: the training loop must not wait on us
-        return b"".join(parts)
+        return b"".join(map(self._encode, batch))
 
     def _append_shared(self, batch: list) -> bytes:
         """Append a batch to a file other processes append to: whole lines, seqs after theirs."""
