@@ -39,9 +39,9 @@ from typing import Any
 from observatory import settings
 from observatory.store.schema import ensure_schema
 
-# DuckDB threads of the writer: every core but one, which the ingester's own thread keeps busy decoding
-# lines while DuckDB appends the previous piece (`ingest.msgspec_lines`); on a small machine DuckDB's
-# extra threads only wait for that core (one thread did the same work in ~20% fewer CPU seconds here)
+# DuckDB threads of the writer: every core but one, which the ingester's own thread needs to decode the
+# lines it appends; on a small machine a DuckDB thread on that core too only waits for it (a metrics
+# catch-up was slower with every core: bench/HISTORY.md, "one thread per write connection")
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
 WRITER_THREADS = max(1, _CORES - 1)
 
