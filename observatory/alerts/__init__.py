@@ -5,7 +5,7 @@
 sends one message to the channels (`channels.send`, or queued for the ingester's delivery thread:
 `delivery`) and writes one `alert` event (state `open` or
 `resolved`) into the run's observatory file (host 1000), so the store stays rebuildable and the pages
-show them. It runs as ingest's after-commit hook and on the follower's clock (`ingest --follow`
+show them. It runs as one of the ingester's analyses (`observatory.pipeline`) and on the follower's clock (`ingest --follow`
 evaluates every few seconds with no new event too: a silent run is found by the clock, not by the
 next event). Rules: `observatory.alerts.rules`.
 """

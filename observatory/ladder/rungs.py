@@ -8,7 +8,7 @@ run-to-run noise the band uses (else `NOISE_DEFAULT`).
 `fit_version` names the method (`FIT_VERSION`) and the data a fit saw, so a forecast
 event says exactly what made it.
 
-No scipy here: the store side (`observatory.ladder.watch`, run by ingest's hook)
+No scipy here: the store side (`observatory.ladder.watch`, run by the ingester after each batch)
 needs these types and not the fit.
 """
 

@@ -7,7 +7,7 @@
 - `check_target(db, runs_dir, run)`: the target's evals against that band; K
   consecutive evals outside write one `anomaly` (detector `ladder_deviation`) per
   excursion, idempotently. `check_targets(db, runs_dir, runs)` does it for many runs,
-  and `after_ingest(db, runs_dir, runs)` is ingest's hook around it.
+  and `after_ingest(db, runs_dir, runs)` is the ingester's analysis around it (`observatory.pipeline`).
 - `forecast_band(db, run)`: the band as a DataFrame, for the Live run page.
 
 Both events are written through `observatory.findings`, so what the observatory said
@@ -450,7 +450,7 @@ def check_targets(db, runs_dir, runs: Iterable[str] | None = None, **kw) -> list
 
 
 def after_ingest(db, runs_dir, runs: set[str] | None) -> set[str]:
-    """Ingest's hook, after each committed batch: the touched targets against their forecast band.
+    """The ingester's analysis, after each committed batch: the touched targets against their forecast band.
 
     `runs`: the runs the batch touched (None: every run with a forecast). Returns the
     runs whose folders got new `ladder_deviation` anomalies. Never raises: a failure is
