@@ -486,21 +486,23 @@ def test_rolling_quantiles_equal_polars_bit_for_bit():
 
 
 def test_level_noise_is_kept_for_the_same_values_only():
-    """The loss's spike and dip detectors both ask for its level and noise: the second gets the first's
-    arrays (read-only), a series that differs in one value gets its own."""
+    """The loss's spike and dip detectors both ask for its level and noise: in the caller's memo the second
+    gets the first's arrays (read-only), a series that differs in one value gets its own; without a memo
+    nothing is kept (no module global holds them)."""
     from observatory.detect import rolling as R
 
-    R._LEVEL_NOISE.clear()
+    memo: dict = {}
     x = np.random.default_rng(0).normal(2.0, 0.1, 500)
-    first = R.level_noise(x, 64, 16)
-    again = R.level_noise(x.copy(), 64, 16)
+    first = R.level_noise(x, 64, 16, memo=memo)
+    again = R.level_noise(x.copy(), 64, 16, memo=memo)
     assert again[0] is first[0] and not first[0].flags.writeable
     for got, want in zip(first, R._level_noise_of(x, 64, 16), strict=True):
         assert np.array_equal(got, want, equal_nan=True)
     y = x.copy()
     y[250] += 1.0
-    other = R.level_noise(y, 64, 16)
+    other = R.level_noise(y, 64, 16, memo=memo)
     assert other[0] is not first[0] and not np.array_equal(other[1], first[1], equal_nan=True)
+    assert len(memo) == 2 and R.level_noise(x, 64, 16)[0] is not first[0]
 
 
 def test_a_long_checkpoint_or_first_compile_is_not_a_stalled_run(monkeypatch):

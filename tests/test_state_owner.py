@@ -25,8 +25,6 @@ KNOWN = {
     ("store/connection.py", "_READING"),
     # the process's DuckDB instances, shared by every caller's units of work (the dashboard's sessions)
     ("store/connection.py", "_INSTANCES"),
-    # the last 8 `level_noise` results, shared by the spike and dip detectors and the screen
-    ("detect/rolling.py", "_LEVEL_NOISE"),
 }
 
 

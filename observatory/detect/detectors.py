@@ -189,6 +189,7 @@ def _spikes(
     th: Thresholds,
     log: bool,
     single: float | None = None,
+    memo: dict | None = None,
 ) -> list[Finding]:
     """Episodes of values above their recent level by `z_thr` robust sigmas and by `min_rise`.
 
@@ -198,7 +199,7 @@ def _spikes(
     The finding's `step` is the step that confirmed it.
     """
     x = np.asarray(x, dtype=float)
-    flags, strong, med, z = spike_flags(x, z_thr, min_rise, th, log, single)
+    flags, strong, med, z = spike_flags(x, z_thr, min_rise, th, log, single, memo=memo)
     out = []
     for i0, i1 in _episodes(flags, SPIKE_GAP):
         conf = next(
@@ -241,15 +242,17 @@ def spike_flags(
     log: bool,
     single: float | None = None,
     starts: np.ndarray | None = None,
+    memo: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """`_spikes`' rule, row by row: (flags, strong, level, z). `starts`: `x` is several series one after
-    another (`observatory.detect.rolling.rolling`), each flagged as alone (`observatory.detect.screen`)."""
+    another (`observatory.detect.rolling.rolling`), each flagged as alone (`observatory.detect.screen`).
+    `memo`: the caller's, to share the level and noise of the same values (`rolling.level_noise`)."""
     if log:
         with np.errstate(divide="ignore", invalid="ignore"):
             y = np.where(x > 0, np.log(x), np.nan)
     else:
         y = x
-    med, sig = _level_noise(y, th.window, th.min_history, starts)
+    med, sig = _level_noise(y, th.window, th.min_history, starts, memo)
     med = np.where(np.isfinite(sig), med, np.nan)  # no noise estimate yet: not enough history
     # a floor on sigma: a perfectly smooth series must not turn 0.1% into 6 sigma
     floor = 0.01 if log else 0.002 * np.abs(med) + 1e-12
@@ -266,7 +269,7 @@ def spike_flags(
     return flags, strong, med, z
 
 
-def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
+def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS, memo: dict | None = None) -> list[Finding]:
     """Loss above its recent level by `loss_z` robust sigmas and by `loss_min_rise`.
 
     A new episode that starts before the loss came back to within `recovery_tol` of
@@ -276,7 +279,7 @@ def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding
     steps = np.asarray(steps)
     x = np.asarray(loss, dtype=float)
     out: list[Finding] = []
-    for f in _spikes("loss_spike", metric, steps, x, th.loss_z, th.loss_min_rise, th, log=False):
+    for f in _spikes("loss_spike", metric, steps, x, th.loss_z, th.loss_min_rise, th, log=False, memo=memo):
         if out:
             prev = out[-1]
             between = x[(steps > prev.window[1]) & (steps < f.window[0])]
@@ -297,7 +300,7 @@ def loss_spikes(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding
     return out
 
 
-def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
+def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS, memo: dict | None = None) -> list[Finding]:
     """Loss below its recent level by `loss_z` robust sigmas and by the fraction `loss_dip`.
 
     Learning never halves the loss from one step to the next; a batch does that when
@@ -305,7 +308,7 @@ def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
     """
     steps = np.asarray(steps)
     x = np.asarray(loss, dtype=float)
-    flags, med = dip_flags(x, th)
+    flags, med = dip_flags(x, th, memo=memo)
     out = []
     for i0, i1 in _episodes(flags, 0):
         ip = i0 + int(np.nanargmin(x[i0 : i1 + 1]))
@@ -328,10 +331,10 @@ def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS) -> list[Finding]:
 
 
 def dip_flags(
-    x: np.ndarray, th: Thresholds, starts: np.ndarray | None = None
+    x: np.ndarray, th: Thresholds, starts: np.ndarray | None = None, memo: dict | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`loss_dips`' rule, row by row: (flags, level); `starts` as in `spike_flags`."""
-    med, sig = _level_noise(x, th.window, th.min_history, starts)
+    """`loss_dips`' rule, row by row: (flags, level); `starts`, `memo` as in `spike_flags`."""
+    med, sig = _level_noise(x, th.window, th.min_history, starts, memo)
     med = np.where(np.isfinite(sig), med, np.nan)
     sig = np.maximum(np.nan_to_num(sig, nan=0.0), 0.002 * np.abs(np.nan_to_num(med)) + 1e-12)
     with np.errstate(invalid="ignore"):

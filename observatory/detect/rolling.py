@@ -94,27 +94,27 @@ def trailing(
     return med, (q75 - q25) / 1.349
 
 
-_LEVEL_NOISE: dict[
-    tuple, tuple[np.ndarray, np.ndarray]
-] = {}  # the last few `level_noise` results (read-only)
-
-
 def level_noise(
-    x: np.ndarray, window: int, min_history: int, starts: np.ndarray | None = None
+    x: np.ndarray,
+    window: int,
+    min_history: int,
+    starts: np.ndarray | None = None,
+    memo: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`_level_noise_of`, kept for the next call on the same values: the loss's spike and dip detectors
-    both ask for it, and its rolling quantiles are most of a scan's time (~0.05 s per 20k steps).
-    Several series one after another (`starts`, as in `rolling`) are kept by their values and starts."""
+    """`_level_noise_of`, kept in the caller's `memo` (a dict it owns for one scan or one screen) for the
+    next call on the same values: the loss's spike and dip detectors both ask for it, and its rolling
+    quantiles are most of a scan's time. Several series one after another (`starts`, as in `rolling`) are
+    kept by their values and starts. `memo` None: computed, not kept."""
+    if memo is None:
+        return _level_noise_of(np.asarray(x, dtype=float), window, min_history, starts)
     x = np.ascontiguousarray(x, dtype=float)
     digest = hashlib.blake2b(x.view(np.uint8), digest_size=16)
     if starts is not None:
         digest.update(np.ascontiguousarray(starts, dtype=np.int64).view(np.uint8))
     key = (digest.digest(), len(x), window, min_history, starts is None)
-    got = _LEVEL_NOISE.get(key)
+    got = memo.get(key)
     if got is None:
-        if len(_LEVEL_NOISE) >= 8:
-            _LEVEL_NOISE.clear()
-        got = _LEVEL_NOISE[key] = _level_noise_of(x, window, min_history, starts)
+        got = memo[key] = _level_noise_of(x, window, min_history, starts)
         for a in got:
             a.flags.writeable = False
     return got

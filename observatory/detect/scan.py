@@ -199,10 +199,11 @@ def detect_series(
     dips: list[Finding] = []
     if (s := series.get(LOSS)) is not None:
         st, x = s
-        spikes = loss_spikes(st, x, th)
+        memo: dict = {}  # the loss's level and noise, computed once for its spikes and dips
+        spikes = loss_spikes(st, x, th, memo=memo)
         out += _keep(spikes, st, spike_dep, truncated)
         out += _keep(incomplete_recovery(st, x, spikes, th), st, spike_dep, truncated)
-        dips = loss_dips(st, x, th)
+        dips = loss_dips(st, x, th, memo=memo)
         out += _keep(dips, st, spike_dep, truncated)
     if (s := series.get(GRAD)) is not None:
         st, g = s
@@ -267,8 +268,7 @@ SCREEN_FROM = 2  # runs in a scan from which their series are screened (`screen.
 
 
 class Progress:
-    """The detectors' progress in one ingester (`observatory.pipeline.Ingester` owns one); a one-off `detect`
-    makes a fresh one (the store's `detector_state` is the fallback)."""
+    """The detectors' progress in one ingester (`pipeline.Ingester` owns one); a one-off `detect`: a new one."""
 
     def __init__(self) -> None:
         # (runs dir, run) -> {"series": last metrics step scanned, "experts": last expert_load step scanned}

@@ -35,33 +35,37 @@ __all__ = ["loud", "SHORT"]
 # flagged would pay for both (a hero run's scan)
 SHORT = 512
 
-Rule = Callable[[np.ndarray, Thresholds, np.ndarray], np.ndarray]
+# a rule: (values, thresholds, starts, memo) -> flags; `memo`: the screen's, for the level and noise the
+# loss's spike and dip rules share (`rolling.level_noise`)
+Rule = Callable[..., np.ndarray]
 
 
-def _loss_spike(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
-    return spike_flags(x, th.loss_z, th.loss_min_rise, th, log=False, starts=starts)[0]
+def _loss_spike(x: np.ndarray, th: Thresholds, starts: np.ndarray, memo: dict | None = None) -> np.ndarray:
+    return spike_flags(x, th.loss_z, th.loss_min_rise, th, log=False, starts=starts, memo=memo)[0]
 
 
-def _loss_dip(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
-    return dip_flags(x, th, starts)[0]
+def _loss_dip(x: np.ndarray, th: Thresholds, starts: np.ndarray, memo: dict | None = None) -> np.ndarray:
+    return dip_flags(x, th, starts, memo)[0]
 
 
-def _norm_spike(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
+def _norm_spike(x: np.ndarray, th: Thresholds, starts: np.ndarray, memo: dict | None = None) -> np.ndarray:
     """The grad norm's spike rule, which the update norm's uses too."""
     return spike_flags(
         x, th.grad_z, th.grad_min_ratio, th, log=True, single=th.grad_single_ratio, starts=starts
     )[0]
 
 
-def _grad_growth(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
+def _grad_growth(x: np.ndarray, th: Thresholds, starts: np.ndarray, memo: dict | None = None) -> np.ndarray:
     return growth_flags(x, th, starts)[0]
 
 
-def _drop_jump(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
+def _drop_jump(x: np.ndarray, th: Thresholds, starts: np.ndarray, memo: dict | None = None) -> np.ndarray:
     return drop_flags(x, th, starts)[0]
 
 
-def _throughput_drop(x: np.ndarray, th: Thresholds, starts: np.ndarray) -> np.ndarray:
+def _throughput_drop(
+    x: np.ndarray, th: Thresholds, starts: np.ndarray, memo: dict | None = None
+) -> np.ndarray:
     return throughput_flags(x, th, starts)[0]
 
 
@@ -93,6 +97,7 @@ def loud(th: Thresholds, columns: Columns) -> set:
     """Of the runs whose series `columns` gives, those some series rule (with thresholds `th`) flags a row
     of. The others' series detectors would find nothing."""
     out: set = set()
+    memo: dict = {}  # this screen's: the loss's level and noise, once for its spike and dip rules
     for metric, rules in RULES.items():
         x, starts, runs = columns(metric)
         if not len(starts):
@@ -101,6 +106,6 @@ def loud(th: Thresholds, columns: Columns) -> set:
         hit = np.zeros(len(starts), bool)
         for rule in rules:
             if longest >= rows_needed(rule, th):
-                hit |= np.logical_or.reduceat(rule(x, th, starts), starts)
+                hit |= np.logical_or.reduceat(rule(x, th, starts, memo), starts)
         out.update(run for run, h in zip(runs, hit.tolist(), strict=True) if h)
     return out
