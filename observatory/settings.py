@@ -94,6 +94,28 @@ SETTINGS: dict[str, Setting] = {
             "write the observatory's own events into each run's folder (`<runs dir>/<run>/events.1000.jsonl`) instead of findings_dir; a run folder that has that file already keeps getting it",
         ),
         Setting(
+            "spool_dir",
+            f"{DATA_HOME}/spool",
+            "a writer's local copy of what it logs to a bucket runs dir (`<this>/<bucket>-<8 hex>/<run>/events.<host>.jsonl`), uploaded from there as chunks; a restarted writer uploads what is left",
+            path=True,
+        ),
+        Setting(
+            "chunk_s", 10.0, "a writer to a bucket uploads a chunk this many seconds after the last", low=0.05
+        ),
+        Setting("chunk_mb", 8.0, "... or once this many MB are waiting, whichever comes first", low=0.001),
+        Setting(
+            "upload_timeout_s",
+            60.0,
+            "how long finish() (or a dying process) keeps retrying the last chunk of a bucket runs dir; what is not uploaded stays in spool_dir",
+            low=0.0,
+        ),
+        Setting(
+            "journal_margin_s",
+            300.0,
+            "a bucket reader lists the journal from this many seconds before the newest entry it saw: the writers' clocks may be this far behind each other",
+            low=0.0,
+        ),
+        Setting(
             "loss_names",
             ",".join(LOSS_NAMES),
             "a run's loss: the first of these comma-separated metric names it logged (the Live chart, the Runs table's last loss, the report)",

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from observatory import bucket as _bucket
 from observatory import provenance, settings
 from observatory.events import OBSERVATORY_HOST, PHASES, RUN_ID_RE, STATUSES, VERSION, encode_value
 from observatory.logtail import last_seq as _tail
@@ -42,7 +43,7 @@ from observatory.redact import redact
 # than json.dumps, as the same JSON values (floats round-trip; `1e16` rather than `1e+16`).
 _CLEAN = msgspec.json.Encoder()
 
-__all__ = ["init", "Run", "Sink", "new_run_id"]
+__all__ = ["init", "Run", "Sink", "new_run_id", "log_path"]
 
 
 class Sink(Protocol):
@@ -95,7 +96,7 @@ class Run:
     def __init__(
         self,
         run_id: str,
-        runs_dir: Path,
+        runs_dir: Path | str,
         host: int = 0,
         *,
         queue_size: int = 100_000,
@@ -104,24 +105,44 @@ class Run:
         install_signal_handlers: bool = True,
         heartbeat_s: float | None = None,
         seq_from: int = 0,
+        chunk_s: float | None = None,
+        chunk_mb: float | None = None,
     ):
         """`seq_from`: number events from at least this seq (a file that continues the numbering of another
-        file of the same run and host: the observatory's findings folder beside a run folder's own)."""
+        file of the same run and host: the observatory's findings folder beside a run folder's own).
+        `runs_dir`: a folder, or a bucket URL (`s3://bucket/prefix`, `gs://...`): then the log is spooled to
+        `spool_dir` and uploaded from there as chunk objects every `chunk_s` seconds or `chunk_mb` MB."""
         if not RUN_ID_RE.match(run_id):
             raise ValueError(f"run id {run_id!r} must match [A-Za-z0-9._-]{{1,128}}")
         if isinstance(host, bool) or not isinstance(host, int) or host < 0:
             raise ValueError(f"host must be an int >= 0, got {host!r}")
         self.id = run_id
         self.host = host
-        self.dir = Path(runs_dir) / run_id
+        where = _bucket.location(runs_dir)
+        self.bucket = _bucket.Bucket(where) if isinstance(where, str) else None
+        if self.bucket is not None and host >= OBSERVATORY_HOST:
+            raise ValueError(f"host {host}: the observatory's own hosts write to a local findings folder")
+        self.runs_dir = where  # the runs dir as given: a Path, or a bucket URL
+        self.path = log_path(where, run_id, host)  # the local file: the log, or a bucket's spool
+        self.dir = self.path.parent
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / f"events.{host}.jsonl"
         # The observatory's own file (host >= 1000) has several writers at once (`decide new` while
         # `ingest --follow` runs the detectors, a ladder forecast): each batch is appended under an
         # exclusive flock, numbered from the file's tail. A training host's file has one writer and
         # keeps the lock-free hot path.
         self._shared = host >= OBSERVATORY_HOST
         self._end: int | None = None  # file size after our last append (shared files only)
+        self._uploader = None
+        if self.bucket is not None:
+            self._uploader = _bucket.Uploader(
+                self.bucket,
+                self.path,
+                run_id,
+                host,
+                settings.get("chunk_s") if chunk_s is None else chunk_s,
+                settings.get("chunk_mb") if chunk_mb is None else chunk_mb,
+            )
+            seq_from = max(seq_from, self._uploader.seq_from)  # a stream the bucket has and this spool not
         self._seq = self._next_seq()  # assigned on the writer thread, so file order is seq order
         # the restart attempt this process is: 0 for a new log, one past the newest phase's for a resumed one
         self.attempt = 0 if self._seq == 0 else _attempt(self.path)
@@ -160,6 +181,13 @@ class Run:
         atexit.register(self._atexit)
 
     # ------------------------------------------------------------- public API
+
+    @property
+    def where(self) -> str:
+        """Where the log goes, as it may be shown: its file, or its chunks' prefix in the bucket."""
+        if self.bucket is None:
+            return str(self.path)
+        return self.bucket.key_url(f"{self.id}/events.{self.host}/")
 
     @property
     def dropped_events(self) -> int:
@@ -291,6 +319,9 @@ class Run:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
+        uploader, self._uploader = self._uploader, None
+        if uploader is not None and threading.current_thread() is not self._thread:
+            uploader.close(settings.get("upload_timeout_s"))  # the last chunk, retried for a while
         if not self._exiting:
             atexit.unregister(self._atexit)  # closed runs need no exit hook (and can be freed)
         for sig, old in self._old_handlers.items():
@@ -514,6 +545,13 @@ class Run:
             self.close()
 
 
+def log_path(runs_dir: Path | str, run_id: str, host: int) -> Path:
+    """The local file a run's host writes: in the runs dir's run folder, or a bucket's spool."""
+    where = _bucket.location(runs_dir)
+    base = Path(settings.get("spool_dir")) / _bucket.tag(where) if isinstance(where, str) else where
+    return base / run_id / f"events.{host}.jsonl"
+
+
 def _counts(what: str, values: Iterable[int]) -> list[int]:
     """Per-expert counts as Python ints >= 0 (numpy/jax arrays welcome); raise on anything else."""
     kind = getattr(getattr(values, "dtype", None), "kind", None)
@@ -581,7 +619,7 @@ def init(
     """
     if run_id is None:
         run_id = new_run_id(name)
-    runs_dir = Path(runs_dir) if runs_dir is not None else Path(settings.get("runs"))
+    runs_dir = _bucket.location(runs_dir if runs_dir is not None else settings.get("runs"))
     if tags is not None and (isinstance(tags, str) or not all(isinstance(t, str) for t in tags)):
         raise TypeError("init: tags must be a list of strings")
     for key, value in (("project", project), ("group", group), ("notes", notes)):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from observatory import settings
+from observatory import bucket, settings
 
-__all__ = ["runs_dir_option", "db_option", "common_options"]
+__all__ = ["runs_dir_option", "db_option", "common_options", "RunsDir"]
 
 
 def _path_option(flag: str, setting: str, help: str):
@@ -23,7 +23,25 @@ def _path_option(flag: str, setting: str, help: str):
     )
 
 
-runs_dir_option = _path_option("--runs-dir", "runs", "Directory of event logs.")
+class RunsDir(click.ParamType):
+    """A runs dir: a local folder (a `Path`) or a bucket URL (`s3://bucket/prefix`, `gs://...`, kept a `str`)."""
+
+    name = "path|url"
+
+    def convert(self, value, param, ctx):
+        try:
+            return bucket.location(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+runs_dir_option = click.option(
+    "--runs-dir",
+    type=RunsDir(),
+    default=lambda: settings.get("runs"),
+    show_default=f"{settings.SETTINGS['runs'].default}, env {settings.SETTINGS['runs'].env}",
+    help="Directory of event logs, or a bucket: s3://bucket/prefix, gs://bucket/prefix.",
+)
 db_option = _path_option("--db", "db", "The DuckDB store.")
 
 

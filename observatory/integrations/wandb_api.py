@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from observatory import settings, writer
+from observatory import bucket, settings, writer
 from observatory.events import OBSERVATORY_HOST, STATUSES
 from observatory.integrations.wandb_objects import (
     Config,
@@ -191,8 +192,8 @@ class Run(writer.Run):
         super().finish(status, final_step)
         if not done and not (quiet or self.quiet):
             _say(
-                f"run {self.id} {status}, {self.logged_events} events in {self.path}; "
-                f"see it: {show_command(self.dir.parent)} && observatory report {self.id}"
+                f"run {self.id} {status}, {self.logged_events} events in {self.where}; "
+                f"see it: {show_command(self.runs_dir)} && observatory report {self.id}"
             )
         _deactivate(self)
 
@@ -323,11 +324,12 @@ def _install_excepthook() -> None:
         sys.excepthook = _excepthook
 
 
-def show_command(runs_dir: Path) -> str:
+def show_command(runs_dir: Path | str) -> str:
     """The command that puts a run of `runs_dir` on the dashboard (the runs dir named when it is not the default)."""
-    flag = (
-        "" if Path(runs_dir).resolve() == Path(settings.get("runs")).resolve() else f" --runs-dir {runs_dir}"
-    )
+    here, default = bucket.location(runs_dir), bucket.location(settings.get("runs"))
+    if isinstance(here, Path) and isinstance(default, Path):
+        here, default = here.resolve(), default.resolve()
+    flag = "" if here == default else f" --runs-dir {shlex.quote(bucket.safe(str(here)))}"
     return f"observatory ingest{flag}"
 
 
@@ -499,7 +501,7 @@ def init(
             _check_gpu_telemetry()
         if not quiet:
             _say(
-                f"run {run.id} logs to {run.path}; see it: {show_command(run.dir.parent)} && observatory dashboard"
+                f"run {run.id} logs to {run.where}; see it: {show_command(run.runs_dir)} && observatory dashboard"
             )
         _install_excepthook()
     if reinit != "create_new":
@@ -556,10 +558,10 @@ def _start(
     wandb_rules,
     options,
 ) -> Run:
-    runs_dir = Path(runs_dir) if runs_dir is not None else Path(settings.get("runs"))
+    runs_dir = bucket.location(runs_dir if runs_dir is not None else settings.get("runs"))
     if resume == "must" and rid is None:
         raise Error("init: resume='must' needs id= (the run to continue)")
-    log_file = runs_dir / rid / f"events.{host}.jsonl" if rid else None
+    log_file = writer.log_path(runs_dir, rid, host) if rid else None
     exists = log_file is not None and log_file.is_file() and log_file.stat().st_size > 0
     if resume == "must" and not exists:
         raise Error(f"init: resume='must' but run {rid!r} has no event log under {runs_dir}")

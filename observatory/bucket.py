@@ -1,0 +1,322 @@
+"""A runs dir in object storage: `s3://bucket/prefix` or `gs://bucket/prefix`.
+
+Objects cannot be appended, so a (run, host) stream is a sequence of immutable chunk objects, each
+created with a must-not-exist precondition, and each announced by a tiny journal object whose key
+starts with the writer's clock, so a reader finds new chunks with one LIST from where it stopped:
+
+    <prefix>/<run>/events.<host>/<n:010d>.jsonl          chunk n: whole lines, spool bytes [a, b)
+    <prefix>/_journal/<ms:013d>-<run>-<host>-<n:010d>    empty; written after chunk n
+
+- `location`/`is_url`/`safe`: parse a runs dir (a URL stays a string; a local path a `Path`), and the
+  form of a URL that may be printed (no user, password or query: credentials come from the cloud's
+  standard environment and files, never from the URL);
+- `Bucket`: the few requests we make (create-only put, get, list after a key), counted;
+- `Uploader`: a writer's spool file (a local event log) rolled into chunks on its own thread.
+
+One library for both clouds: fsspec's s3fs and gcsfs (docs/scaling.md says why). s3fs reads
+`AWS_ENDPOINT_URL`, gcsfs `STORAGE_EMULATOR_HOST`, so the same code talks to the emulators.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from observatory.events import RUN_ID_RE
+
+__all__ = [
+    "SCHEMES",
+    "is_url",
+    "location",
+    "safe",
+    "tag",
+    "Bucket",
+    "Uploader",
+    "chunk_key",
+    "journal_key",
+    "parse_journal",
+]
+
+SCHEMES = ("s3", "gs", "gcs")
+_URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+JOURNAL = "_journal"
+_JOURNAL_RE = re.compile(r"^(\d{13})-([A-Za-z0-9._-]{1,128})-(\d+)-(\d{10})$")
+
+
+def is_url(where: Any) -> bool:
+    """True for `scheme://...` (a bucket, or a scheme we refuse); False for a local path."""
+    return isinstance(where, str) and bool(_URL_RE.match(where))
+
+
+def safe(url: str) -> str:
+    """The URL without user, password, query or fragment: the form we print, log and show."""
+    m = _URL_RE.match(url)
+    if not m:
+        return url
+    rest = url[m.end() :].split("?", 1)[0].split("#", 1)[0]
+    host, _, path = rest.partition("/")
+    host = host.rpartition("@")[2]
+    return f"{m.group(1).lower()}://{host}" + (f"/{path}" if path else "")
+
+
+def location(where: Any) -> str | Path:
+    """A runs dir as given: a bucket URL (checked, normalised: `gcs://` is `gs://`, no trailing slash) or a
+    local `Path`. Raises ValueError for a scheme we do not speak or a URL carrying a credential."""
+    if isinstance(where, Path) or not is_url(str(where)):
+        return Path(where)
+    url = str(where)
+    scheme = _URL_RE.match(url).group(1).lower()
+    shown = safe(url)
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"{shown}: runs dir must be a local folder, s3://bucket/prefix or gs://bucket/prefix"
+        )
+    rest = url[len(scheme) + 3 :]
+    if "@" in rest.split("/", 1)[0] or "?" in rest or "#" in rest:
+        raise ValueError(
+            f"{shown}: a runs dir URL must not carry a user, password or query; credentials come from the "
+            "cloud's environment (AWS_* variables, ~/.aws, GOOGLE_APPLICATION_CREDENTIALS, gcloud)"
+        )
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{shown}: no bucket name")
+    prefix = prefix.strip("/")
+    return f"{'gs' if scheme == 'gcs' else scheme}://{bucket}" + (f"/{prefix}" if prefix else "")
+
+
+def tag(url: str) -> str:
+    """A folder name for a bucket's local files (a writer's spool, a reader's mirror): readable and unique."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", url.split("://", 1)[1]).strip("-")[:60]
+    return f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:8]}"
+
+
+def chunk_key(run: str, host: int, n: int) -> str:
+    return f"{run}/events.{host}/{n:010d}.jsonl"
+
+
+def journal_key(ms: int, run: str, host: int, n: int) -> str:
+    return f"{JOURNAL}/{ms:013d}-{run}-{host}-{n:010d}"
+
+
+def parse_journal(name: str) -> tuple[str, str, int, int] | None:
+    """`(key, run, host, n)` of a journal object's name (after `_journal/`), or None for another name."""
+    m = _JOURNAL_RE.match(name)
+    if m is None or not RUN_ID_RE.match(m.group(2)):  # "." and ".." are folders, never run ids
+        return None
+    return name, m.group(2), int(m.group(3)), int(m.group(4))
+
+
+class Bucket:
+    """The requests Observatory makes of a bucket, on one fsspec filesystem; `requests` counts them."""
+
+    def __init__(self, url: str):
+        url = location(url)
+        if not isinstance(url, str):
+            raise ValueError(f"{url}: not a bucket URL")
+        self.url = url
+        self.scheme, _, rest = url.partition("://")
+        self.bucket, _, self.prefix = rest.partition("/")
+        self.requests = 0
+        self._lock = threading.Lock()
+        if self.scheme == "s3":
+            import s3fs
+
+            self.fs = s3fs.S3FileSystem(skip_instance_cache=True)
+        else:
+            # gcsfs.core's class: the package default also asks a gRPC control plane for the bucket's layout
+            # (zonal or hierarchical namespaces), which we do not use and an emulator does not answer
+            from gcsfs.core import GCSFileSystem
+
+            emulated = os.environ.get("STORAGE_EMULATOR_HOST", "") not in ("", "default")
+            self.fs = GCSFileSystem(skip_instance_cache=True, token="anon" if emulated else None)
+
+    def _count(self, n: int = 1) -> None:
+        with self._lock:
+            self.requests += n
+
+    def _path(self, key: str) -> str:
+        return f"{self.bucket}/{self.prefix}/{key}" if self.prefix else f"{self.bucket}/{key}"
+
+    def key_url(self, key: str) -> str:
+        return f"{self.scheme}://{self._path(key)}"
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        """Create the object; False when it exists already (S3 If-None-Match, GCS ifGenerationMatch=0)."""
+        self._count()
+        try:
+            self.fs.pipe_file(self._path(key), data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        self._count()
+        return int(self.fs.info(self._path(key))["size"])
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes | BaseException]:
+        """The objects' bytes, fetched concurrently; a failed one maps to its exception."""
+        if not keys:
+            return {}
+        self._count(len(keys))
+        paths = [self._path(k) for k in keys]
+        got = self.fs.cat(paths, on_error="return")
+        return {k: got.get(p, FileNotFoundError(p)) for k, p in zip(keys, paths, strict=True)}
+
+    def list_after(self, prefix: str, after: str = "") -> list[str]:
+        """Keys (relative to the runs dir) under `prefix` that sort after `after`, in order: one request a
+        page of 1,000. GCS's `startOffset` is inclusive and an emulator may ignore it: filtered here too."""
+        full = self._path(prefix)[len(self.bucket) + 1 :]
+        start = self._path(after)[len(self.bucket) + 1 :] if after else ""
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        keys: list[str] = []
+        token = None
+        while True:
+            self._count()
+            if self.scheme == "s3":
+                kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full, "MaxKeys": 1000}
+                if start:
+                    kw["StartAfter"] = start
+                if token:
+                    kw["ContinuationToken"] = token
+                page = self.fs.call_s3("list_objects_v2", **kw)
+                names = [o["Key"] for o in page.get("Contents", [])]
+                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+            else:
+                kw = {"prefix": full, "maxResults": 1000, "json_out": True}
+                if start:
+                    kw["startOffset"] = start
+                if token:
+                    kw["pageToken"] = token
+                page = self.fs.call("GET", "b/{}/o", self.bucket, **kw)
+                names = [o["name"] for o in page.get("items", [])]
+                token = page.get("nextPageToken")
+            keys.extend(n[cut:] for n in names if n > start)
+            if not token:
+                return keys
+
+
+class Uploader:
+    """Rolls a spool file (a local event log that one `Run` appends) into chunk objects, on its own thread.
+
+    A chunk is whole lines: the spool's bytes from the end of the last chunk to its last newline, once
+    `chunk_s` passed since the last roll or `chunk_mb` piled up, and at `close`. `<spool>.chunks` records
+    each uploaded chunk (`n end`), after its object and its journal object exist, so a restarted writer
+    continues at chunk n+1 from byte `end`: a chunk uploaded but not recorded is found by its
+    precondition (it exists: its size says where it ended). A store that does not answer is retried with
+    back-off while the spool keeps growing on local disk: nothing is lost, it drains later.
+    """
+
+    def __init__(self, bucket: Bucket, spool: Path, run: str, host: int, chunk_s: float, chunk_mb: float):
+        self.bucket, self.spool, self.run, self.host = bucket, spool, run, host
+        self.chunk_s, self.chunk_bytes = chunk_s, max(1, int(chunk_mb * 1e6))
+        self.ledger = spool.with_name(spool.name + ".chunks")
+        self.next, self.done = 0, 0  # next chunk number; spool bytes uploaded
+        if self.ledger.exists():
+            for line in self.ledger.read_text().split("\n"):
+                parts = line.split()
+                if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                    self.next, self.done = int(parts[0]) + 1, int(parts[1])
+        self.seq_from = 0
+        if not self.ledger.exists() and not (spool.exists() and spool.stat().st_size):
+            self._continue_stream()
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"observatory-upload-{run}", daemon=True)
+        self._thread.start()
+
+    def _continue_stream(self) -> None:
+        """A stream the bucket has and this machine's spool not (the run resumed elsewhere): number the
+        chunks after the bucket's last one, and the events after its last seq."""
+        names = self.bucket.list_after(f"{self.run}/events.{self.host}/")
+        if not names:
+            return
+        last = names[-1]
+        self.next = int(last.rsplit("/", 1)[1].split(".")[0]) + 1
+        body = self.bucket.get_many([last])[last]
+        if isinstance(body, BaseException):
+            raise body
+        for line in reversed(bytes(body).splitlines()):
+            try:
+                self.seq_from = int(json.loads(line)["seq"]) + 1
+                return
+            except (ValueError, KeyError, TypeError):
+                continue
+
+    def _loop(self) -> None:
+        last = time.monotonic()
+        wait = min(1.0, self.chunk_s)
+        while not self._stop.wait(wait):
+            pending = self._pending()
+            if pending and (pending >= self.chunk_bytes or time.monotonic() - last >= self.chunk_s):
+                wait = 1.0 if self.roll() else min(30.0, wait * 2)  # back off while the store is down
+                last = time.monotonic()
+            else:
+                wait = min(1.0, self.chunk_s)
+
+    def _pending(self) -> int:
+        try:
+            return max(0, self.spool.stat().st_size - self.done)
+        except OSError:
+            return 0
+
+    def roll(self) -> bool:
+        """Upload what the spool has past the last chunk, whole lines only; False when the store failed."""
+        try:
+            with open(self.spool, "rb") as f:
+                f.seek(self.done)
+                data = f.read()
+        except OSError:
+            return True
+        cut = data.rfind(b"\n") + 1
+        while cut:
+            piece = data[: min(cut, self.chunk_bytes)]
+            piece = (
+                piece[: piece.rfind(b"\n") + 1] or data[: data.find(b"\n") + 1]
+            )  # a line longer than a chunk
+            try:
+                self._upload(piece)
+            except Exception as e:  # the network, the store, credentials: retry later, the spool keeps it
+                self.failures += 1
+                if self.failures in (1, 10) or self.failures % 100 == 0:
+                    _warn(
+                        f"{self.bucket.url}: cannot upload chunk {self.next} of {self.run} ({type(e).__name__}); retrying"
+                    )
+                return False
+            data, cut = data[len(piece) :], cut - len(piece)
+        self.failures = 0
+        return True
+
+    def _upload(self, piece: bytes) -> None:
+        n = self.next
+        key = chunk_key(self.run, self.host, n)
+        # exists already: an earlier try (a killed process, a lost answer) made it from the same spool bytes
+        size = len(piece) if self.bucket.put_new(key, piece) else self.bucket.size(key)
+        self.bucket.put_new(journal_key(int(time.time() * 1000), self.run, self.host, n), b"")
+        self.done += size
+        self.next = n + 1
+        with open(self.ledger, "a") as f:
+            f.write(f"{n} {self.done}\n")
+
+    def close(self, timeout: float) -> None:
+        """The last roll (retried until `timeout`), then stop."""
+        self._stop.set()
+        self._thread.join()
+        deadline = time.monotonic() + timeout
+        while self._pending() and not self.roll() and time.monotonic() < deadline:
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+        if self._pending():
+            _warn(
+                f"{self.bucket.url}: {self._pending()} bytes of {self.run} not uploaded yet; they stay in "
+                f"{self.spool} and go up when this run's writer starts again"
+            )
+
+
+def _warn(msg: str) -> None:
+    print(f"observatory writer: {msg}", file=sys.stderr)
