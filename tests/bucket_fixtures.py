@@ -1,0 +1,93 @@
+"""Real object stores on free local ports: moto's S3 server and gcp-storage-emulator.
+
+Started once per test session; the standard variables (`AWS_ENDPOINT_URL`, `STORAGE_EMULATOR_HOST`) point
+our code (and any child process) at them, as they would point it at the real clouds' endpoints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+from browser_fixtures import free_port
+
+_names = itertools.count()
+
+
+class Emulators:
+    def __init__(self):
+        from gcp_storage_emulator.server import create_server
+        from moto.server import ThreadedMotoServer
+
+        self.s3_port = free_port()
+        self.s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=self.s3_port, verbose=False)
+        self.s3.start()
+        self.gcs_port = free_port()
+        self.gcs = create_server("127.0.0.1", self.gcs_port, in_memory=True)
+        self.gcs.start()
+        self.env = {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.s3_port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{self.gcs_port}",
+        }
+
+    def stop_s3(self) -> None:
+        self.s3.stop()
+
+    def start_s3(self) -> None:
+        """S3 again on the same port (moto keeps its buckets in this process across servers)."""
+        from moto.server import ThreadedMotoServer
+
+        self.s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=self.s3_port, verbose=False)
+        self.s3.start()
+
+    def new_bucket(self, scheme: str) -> str:
+        """A fresh empty bucket; its runs dir URL (with a prefix, as a lab's would have)."""
+        name = f"obs-{next(_names)}-{secrets.token_hex(3)}"
+        if scheme == "s3":
+            import s3fs
+
+            s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
+        else:
+            from gcsfs.core import GCSFileSystem
+
+            GCSFileSystem(skip_instance_cache=True, token="anon").mkdir(name)
+        return f"{scheme}://{name}/lab/runs"
+
+    def close(self) -> None:
+        self.s3.stop()
+        self.gcs.stop()
+
+
+@pytest.fixture(scope="session")
+def emulators() -> Iterator[Emulators]:
+    em = Emulators()
+    old = {k: os.environ.get(k) for k in em.env}
+    os.environ.update(em.env)
+    try:
+        yield em
+    finally:
+        em.close()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(params=["s3", "gs"])
+def bucket_url(request, emulators, tmp_path, monkeypatch) -> str:
+    """A fresh bucket runs dir on each emulator; the writers' spool under the test's temp folder."""
+    monkeypatch.setenv("OBSERVATORY_SPOOL_DIR", str(tmp_path / "spool"))
+    return emulators.new_bucket(request.param)
+
+
+@pytest.fixture
+def s3_url(emulators, tmp_path, monkeypatch) -> str:
+    monkeypatch.setenv("OBSERVATORY_SPOOL_DIR", str(tmp_path / "spool"))
+    return emulators.new_bucket("s3")

@@ -1,0 +1,219 @@
+"""A runs dir in a bucket (s3://, gs://), against moto's S3 server and gcp-storage-emulator on local ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from bucket_fixtures import bucket_url, emulators, s3_url  # noqa: F401  (fixtures)
+
+import observatory
+from observatory import bucket, store
+from observatory.ingest import ingest
+from observatory.ingest.bucket_source import BucketSource, mirror_of
+
+
+def _steps(db: Path, run: str) -> list[int]:
+    with store.connect(db) as con:
+        return [
+            r[0]
+            for r in con.execute("SELECT step FROM metrics WHERE run = ? ORDER BY step", [run]).fetchall()
+        ]
+
+
+def _log(url: str, run: str, steps: range, finish: bool = True, **kw) -> None:
+    r = observatory.init(run_id=run, runs_dir=url, chunk_s=0.1, heartbeat_s=0, **kw)
+    for s in steps:
+        r.log({"train/loss": 1.0 / (s + 1)}, step=s)
+    if finish:
+        r.finish()
+    else:
+        r.close()
+
+
+def test_a_run_written_to_a_bucket_is_ingested_from_it(bucket_url, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _log(bucket_url, "r1", range(50))
+    report = ingest(bucket_url, tmp_path / "a.duckdb", emit=None)
+    assert report.events == 50 + 5  # run_start, phases init, train and shutdown, the steps, run_end
+    assert _steps(tmp_path / "a.duckdb", "r1") == list(range(50))
+    with store.connect(tmp_path / "a.duckdb") as con:
+        assert con.execute("SELECT status FROM runs WHERE run = 'r1'").fetchone()[0] == "completed"
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists()  # never a folder named "s3:"
+    keys = bucket.Bucket(bucket_url).list_after("r1/")
+    assert keys and all(k.startswith("r1/events.0/") and k.endswith(".jsonl") for k in keys)
+
+
+def test_a_url_with_a_credential_is_refused_without_showing_it():
+    with pytest.raises(ValueError) as e:
+        bucket.location("s3://AKIAEXAMPLE:hunter2secret@bkt/runs")
+    assert "hunter2secret" not in str(e.value) and "AKIAEXAMPLE" not in str(e.value)
+    with pytest.raises(ValueError, match="local folder, s3://"):
+        bucket.location("az://container/runs")
+    assert bucket.safe("gs://u:p@bkt/x?token=abc") == "gs://bkt/x"
+    assert bucket.location("gcs://bkt/runs/") == "gs://bkt/runs"
+    assert isinstance(bucket.location("runs/here"), Path)
+
+
+def test_the_cli_takes_a_bucket_url(s3_url, tmp_path):
+    _log(s3_url, "cli-run", range(5))
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    db = tmp_path / "c.duckdb"
+    cmd = [sys.executable, "-m", "observatory.cli", "ingest", "--runs-dir", s3_url, "--db", str(db), "-q"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert _steps(db, "cli-run") == list(range(5))
+
+
+def test_a_corrupt_chunk_is_quarantined_with_its_key_and_the_stream_goes_on(bucket_url, tmp_path):
+    b = bucket.Bucket(bucket_url)
+    lines = [
+        json.dumps(
+            {
+                "v": 1,
+                "run": "c",
+                "kind": "metrics",
+                "step": i,
+                "t": time.time(),
+                "host": 0,
+                "seq": i,
+                "data": {"train/loss": 1.0},
+            }
+        ).encode()
+        + b"\n"
+        for i in range(3)
+    ]
+    bodies = [lines[0], lines[1][:-9], lines[2]]  # chunk 1 was cut off mid-line
+    for n, body in enumerate(bodies):
+        assert b.put_new(bucket.chunk_key("c", 0, n), body)
+        assert b.put_new(bucket.journal_key(int(time.time() * 1000), "c", 0, n), b"")
+    db = tmp_path / "q.duckdb"
+    ingest(bucket_url, db, emit=None)
+    assert _steps(db, "c") == [0, 2]
+    with store.connect(db) as con:
+        rows = con.execute("SELECT file, run, field, reason FROM rejected_events").fetchall()
+    assert rows == [(b.key_url("c/events.0/0000000001.jsonl"), "c", "(chunk)", pytest.approx(rows[0][3]))]
+    assert "half-written" in rows[0][3]
+
+
+def test_a_follower_restarted_mid_stream_neither_loses_nor_repeats(bucket_url, tmp_path):
+    db = tmp_path / "f.duckdb"
+    r = observatory.init(run_id="live", runs_dir=bucket_url, chunk_s=0.1, heartbeat_s=0)
+    for s in range(20):
+        r.log({"train/loss": 1.0}, step=s)
+    r.flush()
+    time.sleep(0.6)  # a few chunks up
+    ingest(bucket_url, db, emit=None)
+    first = _steps(db, "live")
+    assert first and first == list(range(len(first)))
+    # a pass cut short after appending to the mirror but before saving the cursor: bytes past the cursor
+    mirror = mirror_of(bucket.location(bucket_url), db) / "live" / "events.0.jsonl"
+    with open(mirror, "ab") as f:
+        (f.write(b'{"half": "a chunk'),)
+    for s in range(20, 40):
+        r.log({"train/loss": 1.0}, step=s)
+    r.finish()
+    ingest(bucket_url, db, emit=None)  # a new process: state from the mirror's cursors
+    assert _steps(db, "live") == list(range(40))
+
+
+def test_two_followers_on_one_bucket_give_the_same_answers(bucket_url, tmp_path):
+    for i in range(3):
+        _log(bucket_url, f"run{i}", range(10 * (i + 1)))
+    answers = []
+    for name in ("one", "two"):
+        db = tmp_path / f"{name}.duckdb"
+        ingest(bucket_url, db, emit=None)
+        with store.connect(db) as con:
+            answers.append(
+                (
+                    con.execute("SELECT run, status FROM runs ORDER BY run").fetchall(),
+                    con.execute("SELECT run, step, value FROM metrics ORDER BY run, step").fetchall(),
+                )
+            )
+    assert answers[0] == answers[1] and len(answers[0][1]) == 60
+
+
+def test_an_idle_pass_is_one_list_whatever_the_runs(s3_url, tmp_path):
+    b = bucket.Bucket(s3_url)
+    old = int(time.time() * 1000) - 3_600_000  # finished an hour ago
+    line = b'{"v":1,"run":"%s","kind":"run_end","step":null,"t":1.0,"host":0,"seq":0,"data":{"status":"completed"}}\n'
+    for i in range(60):
+        run = f"done{i:03d}"
+        b.put_new(bucket.chunk_key(run, 0, 0), line % run.encode())
+        b.put_new(bucket.journal_key(old + i, run, 0, 0), b"")
+    src = BucketSource(s3_url, tmp_path / "i.duckdb", margin_s=300)
+    assert src.pull(lambda m: None) == 60  # the catch-up: every chunk once
+    before = src.bucket.requests
+    assert src.pull(lambda m: None) == 0
+    assert src.bucket.requests - before == 1  # idle: one LIST of the journal's recent end
+    _log(s3_url, "live", range(3))  # a live run's chunks: one list, and a GET per new chunk
+    before = src.bucket.requests
+    got = src.pull(lambda m: None)
+    assert got >= 1 and src.bucket.requests - before == 1 + got
+
+
+def test_a_writer_killed_with_sigkill_resumes_without_holes_or_duplicates(bucket_url, tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys, time, observatory
+        r = observatory.init(run_id="k", runs_dir={bucket_url!r}, chunk_s=0.2, heartbeat_s=0,
+                             write_start=sys.argv[1] == "0")
+        start = int(sys.argv[1])
+        for s in range(start, start + int(sys.argv[2])):
+            r.log({{"train/loss": 1.0}}, step=s)
+            time.sleep(0.01)
+        print("logged", flush=True)
+        if sys.argv[3] == "finish":
+            r.finish()
+        else:
+            time.sleep(60)
+        """
+    )
+    (tmp_path / "w.py").write_text(script)
+    p = subprocess.Popen(
+        [sys.executable, str(tmp_path / "w.py"), "0", "100", "hang"], stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout.readline().strip() == "logged"
+    time.sleep(1.0)  # the steps are in the spool and some chunks are up; then kill -9 mid-run
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    subprocess.run([sys.executable, str(tmp_path / "w.py"), "100", "50", "finish"], check=True, timeout=120)
+    db = tmp_path / "k.duckdb"
+    ingest(bucket_url, db, emit=None)
+    assert _steps(db, "k") == list(range(150))
+    b = bucket.Bucket(bucket_url)
+    keys = b.list_after("k/events.0/")
+    assert keys == [bucket.chunk_key("k", 0, n) for n in range(len(keys))]  # chunks 0, 1, 2, ... no gap
+    got = b.get_many(keys)
+    seqs = [json.loads(line)["seq"] for k in keys for line in bytes(got[k]).splitlines()]
+    assert seqs == list(range(len(seqs)))  # in the bucket itself: no hole, no duplicate
+
+
+@pytest.mark.slow
+def test_a_minute_without_the_store_loses_nothing(emulators, s3_url, tmp_path):
+    r = observatory.init(run_id="o", runs_dir=s3_url, chunk_s=0.5, heartbeat_s=0)
+    for s in range(10):
+        r.log({"train/loss": 1.0}, step=s)
+    time.sleep(1.5)
+    emulators.stop_s3()
+    try:
+        t0 = time.monotonic()
+        s = 10
+        while time.monotonic() - t0 < 60:  # a minute of training while the store does not answer
+            r.log({"train/loss": 1.0}, step=s)
+            s += 1
+            time.sleep(0.05)
+    finally:
+        emulators.start_s3()
+    r.finish()
+    db = tmp_path / "o.duckdb"
+    ingest(s3_url, db, emit=None)
+    assert _steps(db, "o") == list(range(s))
