@@ -10,8 +10,8 @@ import itertools
 import os
 import secrets
 from collections.abc import Iterator
+from contextlib import contextmanager
 
-import pytest
 from browser_fixtures import free_port
 
 _names = itertools.count()
@@ -64,8 +64,9 @@ class Emulators:
         self.gcs.stop()
 
 
-@pytest.fixture(scope="session")
-def emulators() -> Iterator[Emulators]:
+@contextmanager
+def running() -> Iterator[Emulators]:
+    """Both emulators, the standard variables pointing at them meanwhile (and in child processes)."""
     em = Emulators()
     old = {k: os.environ.get(k) for k in em.env}
     os.environ.update(em.env)
@@ -78,16 +79,3 @@ def emulators() -> Iterator[Emulators]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-@pytest.fixture(params=["s3", "gs"])
-def bucket_url(request, emulators, tmp_path, monkeypatch) -> str:
-    """A fresh bucket runs dir on each emulator; the writers' spool under the test's temp folder."""
-    monkeypatch.setenv("OBSERVATORY_SPOOL_DIR", str(tmp_path / "spool"))
-    return emulators.new_bucket(request.param)
-
-
-@pytest.fixture
-def s3_url(emulators, tmp_path, monkeypatch) -> str:
-    monkeypatch.setenv("OBSERVATORY_SPOOL_DIR", str(tmp_path / "spool"))
-    return emulators.new_bucket("s3")

@@ -123,6 +123,7 @@ LAYERS = [
         "observatory.provenance",
         "observatory.logtail",
         "observatory.telemetry",
+        "observatory.bucket",
     },
     {"observatory.writer"},
     {"observatory.findings"},
@@ -174,6 +175,7 @@ def test_trainer_uses_only_the_event_writer_of_observatory():
         "observatory.settings",
         "observatory.events",
         "observatory.redact",
+        "observatory.bucket",
         "observatory.interop.wandb_mirror",
     }
     used = {

@@ -11,13 +11,32 @@ import textwrap
 import time
 from pathlib import Path
 
+import bucket_fixtures
 import pytest
-from bucket_fixtures import bucket_url, emulators, s3_url  # noqa: F401  (fixtures)
 
 import observatory
 from observatory import bucket, store
 from observatory.ingest import ingest
 from observatory.ingest.bucket_source import BucketSource, mirror_of
+
+
+@pytest.fixture(scope="session")
+def emulators():
+    with bucket_fixtures.running() as em:
+        yield em
+
+
+@pytest.fixture(params=["s3", "gs"])
+def bucket_url(request, emulators, tmp_path, monkeypatch) -> str:
+    """A fresh bucket runs dir on each emulator; the writers' spool under the test's temp folder."""
+    monkeypatch.setenv("OBSERVATORY_SPOOL_DIR", str(tmp_path / "spool"))
+    return emulators.new_bucket(request.param)
+
+
+@pytest.fixture
+def s3_url(emulators, tmp_path, monkeypatch) -> str:
+    monkeypatch.setenv("OBSERVATORY_SPOOL_DIR", str(tmp_path / "spool"))
+    return emulators.new_bucket("s3")
 
 
 def _steps(db: Path, run: str) -> list[int]:
@@ -116,7 +135,7 @@ def test_a_follower_restarted_mid_stream_neither_loses_nor_repeats(bucket_url, t
     # a pass cut short after appending to the mirror but before saving the cursor: bytes past the cursor
     mirror = mirror_of(bucket.location(bucket_url), db) / "live" / "events.0.jsonl"
     with open(mirror, "ab") as f:
-        (f.write(b'{"half": "a chunk'),)
+        f.write(b'{"half": "a chunk')
     for s in range(20, 40):
         r.log({"train/loss": 1.0}, step=s)
     r.finish()
