@@ -40,6 +40,8 @@ __all__ = [
     "Bucket",
     "Uploader",
     "chunk_key",
+    "mirror_of",
+    "findings_tag",
     "journal_key",
     "parse_journal",
 ]
@@ -97,6 +99,22 @@ def tag(url: str) -> str:
     return f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:8]}"
 
 
+def mirror_of(url: str, db: Path) -> Path:
+    """The local runs dir into which a store `db` reads bucket `url` (`observatory.ingest.bucket_source`)."""
+    return Path(f"{db}.bucket") / tag(url) / "runs"
+
+
+def findings_tag(runs_dir: Any) -> str | None:
+    """For a bucket runs dir (its URL, or a store's mirror of it), the name of its findings folder (the
+    bucket's tag: every store on this machine reads and writes the same one); None for a local runs dir."""
+    if is_url(str(runs_dir)):
+        return tag(location(str(runs_dir)))
+    p = Path(runs_dir)
+    if p.name == "runs" and p.parent.parent.name.endswith(".bucket"):
+        return p.parent.name
+    return None
+
+
 def chunk_key(run: str, host: int, n: int) -> str:
     return f"{run}/events.{host}/{n:010d}.jsonl"
 
@@ -125,17 +143,25 @@ class Bucket:
         self.bucket, _, self.prefix = rest.partition("/")
         self.requests = 0
         self._lock = threading.Lock()
+        try:
+            self.fs = self._filesystem()
+        except ImportError as e:
+            raise ImportError(
+                f"{self.url}: a bucket runs dir needs s3fs and gcsfs: pip install 'observatory[bucket]' ({e})"
+            ) from None
+
+    def _filesystem(self):
         if self.scheme == "s3":
             import s3fs
 
-            self.fs = s3fs.S3FileSystem(skip_instance_cache=True)
+            return s3fs.S3FileSystem(skip_instance_cache=True)
         else:
             # gcsfs.core's class: the package default also asks a gRPC control plane for the bucket's layout
             # (zonal or hierarchical namespaces), which we do not use and an emulator does not answer
             from gcsfs.core import GCSFileSystem
 
             emulated = os.environ.get("STORAGE_EMULATOR_HOST", "") not in ("", "default")
-            self.fs = GCSFileSystem(skip_instance_cache=True, token="anon" if emulated else None)
+            return GCSFileSystem(skip_instance_cache=True, token="anon" if emulated else None)
 
     def _count(self, n: int = 1) -> None:
         with self._lock:

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from observatory import provenance, settings
+from observatory import bucket, provenance, settings
 from observatory.events import OBSERVATORY_HOST
 from observatory.logtail import last_seq
 from observatory.writer import init
@@ -34,6 +34,9 @@ NAME = f"events.{OBSERVATORY_HOST}.jsonl"
 def root(runs_dir) -> Path | None:
     """The runs dir's findings folder (`<findings_dir>/<its name>-<8 hex of its absolute path>`), or None
     when `findings_in_run_folders` is set."""
+    tag = bucket.findings_tag(runs_dir)  # a bucket's (its URL, or a store's mirror of it): never a run folder
+    if tag is not None:
+        return Path(settings.get("findings_dir")) / tag
     if settings.get("findings_in_run_folders"):
         return None
     where = os.path.abspath(runs_dir)
@@ -44,8 +47,10 @@ def root(runs_dir) -> Path | None:
 def path(runs_dir, run: str) -> Path:
     """The run's observatory-host file: in the findings folder, or in the run's folder when asked or
     when one is there already."""
-    own = Path(runs_dir) / run / NAME
     top = root(runs_dir)
+    if bucket.is_url(str(runs_dir)):
+        return top / run / NAME
+    own = Path(runs_dir) / run / NAME
     return own if top is None or own.exists() else top / run / NAME
 
 
@@ -80,6 +85,8 @@ def _next_seq(runs_dir, run: str, target: Path) -> int:
     copy): the findings folder's file continues their numbering, so ingest keeps both (seqs it has from
     a sibling file of the same run and host count as duplicates)."""
     seqs = []
+    if bucket.is_url(str(runs_dir)):
+        return 0
     for other in (Path(runs_dir) / run / NAME, Path(runs_dir) / run / f"{NAME}.gz"):
         if other == target or not other.exists():
             continue
@@ -121,7 +128,7 @@ def pending_many(runs_dir, runs: Iterable[str], kind: str) -> dict[str, list[dic
         in_top = set()
     out = {}
     for run in runs:  # `path`'s rule: the run folder's own file first, else the findings folder's
-        found = _pending_at(os.path.join(runs_dir, run, NAME), kind)
+        found = None if bucket.is_url(str(runs_dir)) else _pending_at(os.path.join(runs_dir, run, NAME), kind)
         if found is None and top is not None and run in in_top:
             found = _pending_at(os.path.join(top, run, NAME), kind)
         out[run] = found or []

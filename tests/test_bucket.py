@@ -17,7 +17,7 @@ import pytest
 import observatory
 from observatory import bucket, store
 from observatory.ingest import ingest
-from observatory.ingest.bucket_source import BucketSource, mirror_of
+from observatory.ingest.bucket_source import BucketSource
 
 
 @pytest.fixture(scope="session")
@@ -133,7 +133,7 @@ def test_a_follower_restarted_mid_stream_neither_loses_nor_repeats(bucket_url, t
     first = _steps(db, "live")
     assert first and first == list(range(len(first)))
     # a pass cut short after appending to the mirror but before saving the cursor: bytes past the cursor
-    mirror = mirror_of(bucket.location(bucket_url), db) / "live" / "events.0.jsonl"
+    mirror = bucket.mirror_of(bucket.location(bucket_url), db) / "live" / "events.0.jsonl"
     with open(mirror, "ab") as f:
         f.write(b'{"half": "a chunk')
     for s in range(20, 40):
@@ -236,3 +236,15 @@ def test_a_minute_without_the_store_loses_nothing(emulators, s3_url, tmp_path):
     db = tmp_path / "o.duckdb"
     ingest(s3_url, db, emit=None)
     assert _steps(db, "o") == list(range(s))
+
+
+def test_findings_for_a_bucket_runs_dir_are_ingested_with_it(s3_url, tmp_path):
+    from observatory import findings
+
+    _log(s3_url, "f1", range(3))
+    assert findings.root(s3_url) == findings.root(bucket.mirror_of(bucket.location(s3_url), tmp_path / "x.duckdb"))
+    findings.write(s3_url, "f1", "note", [({"text": "a decision was made"}, 2)])
+    db = tmp_path / "x.duckdb"
+    ingest(s3_url, db, emit=None)
+    with store.connect(db) as con:
+        assert con.execute("SELECT count(*) FROM events WHERE run = 'f1' AND host = 1000").fetchone()[0] == 1

@@ -21,14 +21,9 @@ from pathlib import Path
 
 from observatory import bucket, store
 
-__all__ = ["BucketSource", "mirror_of"]
+__all__ = ["BucketSource"]
 
 _STATE = "journal"
-
-
-def mirror_of(url: str, db: Path) -> Path:
-    """The local runs dir that mirrors bucket `url` for store `db`."""
-    return Path(f"{db}.bucket") / bucket.tag(url) / "runs"
 
 
 class BucketSource:
@@ -38,7 +33,7 @@ class BucketSource:
         self.bucket = bucket.Bucket(url)
         self.url = self.bucket.url
         self.db = db
-        self.mirror = mirror_of(self.url, db)
+        self.mirror = bucket.mirror_of(self.url, db)
         self.state = self.mirror.parent / "state"
         self.mirror.mkdir(parents=True, exist_ok=True)
         self.state.mkdir(parents=True, exist_ok=True)
