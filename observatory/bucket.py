@@ -24,8 +24,11 @@ import json
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,8 @@ __all__ = [
     "tag",
     "Bucket",
     "Uploader",
+    "upload_runs",
+    "staged",
     "chunk_key",
     "mirror_of",
     "findings_tag",
@@ -226,6 +231,40 @@ class Bucket:
             keys.extend(n[cut:] for n in names if n > start)
             if not token:
                 return keys
+
+
+def upload_runs(local: Path, url: str, chunk_mb: float = 8.0) -> list[str]:
+    """Upload a local runs dir's event logs (`<run>/events.<host>.jsonl`, written whole by an import or a
+    simulation) as chunks; a stream the bucket has already is left alone. Returns what was left alone."""
+    b = Bucket(url)
+    size = max(1, int(chunk_mb * 1e6))
+    kept = []
+    for log in sorted(Path(local).glob("*/events.*.jsonl")):
+        run, host = log.parent.name, int(log.name.split(".")[1])
+        if b.list_after(f"{run}/events.{host}/"):
+            kept.append(b.key_url(f"{run}/events.{host}/"))
+            continue
+        data, n = log.read_bytes(), 0
+        while data:
+            cut = data.rfind(b"\n", 0, size) + 1 or data.find(b"\n") + 1 or len(data)
+            b.put_new(chunk_key(run, host, n), data[:cut])
+            b.put_new(journal_key(int(time.time() * 1000), run, host, n), b"")
+            data, n = data[cut:], n + 1
+    return kept
+
+
+@contextmanager
+def staged(runs_dir: Any) -> Iterator[Path]:
+    """A local runs dir to write whole logs into: `runs_dir` itself, or for a bucket a temporary folder
+    uploaded (`upload_runs`) when the block ends without an error."""
+    where = location(runs_dir)
+    if not isinstance(where, str):
+        yield where
+        return
+    with tempfile.TemporaryDirectory(prefix="observatory-upload-") as tmp:
+        yield Path(tmp)
+        for key in upload_runs(Path(tmp), where):
+            _warn(f"{key} is in the bucket already; its chunks are immutable, so it was left as it is")
 
 
 class Uploader:

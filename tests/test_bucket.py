@@ -242,9 +242,47 @@ def test_findings_for_a_bucket_runs_dir_are_ingested_with_it(s3_url, tmp_path):
     from observatory import findings
 
     _log(s3_url, "f1", range(3))
-    assert findings.root(s3_url) == findings.root(bucket.mirror_of(bucket.location(s3_url), tmp_path / "x.duckdb"))
+    assert findings.root(s3_url) == findings.root(
+        bucket.mirror_of(bucket.location(s3_url), tmp_path / "x.duckdb")
+    )
     findings.write(s3_url, "f1", "note", [({"text": "a decision was made"}, 2)])
     db = tmp_path / "x.duckdb"
     ingest(s3_url, db, emit=None)
     with store.connect(db) as con:
         assert con.execute("SELECT count(*) FROM events WHERE run = 'f1' AND host = 1000").fetchone()[0] == 1
+
+
+def test_simulate_and_ladder_import_write_to_a_bucket(s3_url, tmp_path):
+    db = tmp_path / "s.duckdb"
+    csv = tmp_path / "points.csv"
+    csv.write_text("ladder,rung,flops,loss\nlab,1,1e18,3.1\nlab,2,1e19,2.8\nlab,3,1e20,2.6\n")
+    for args in (
+        [
+            "simulate",
+            "--preset",
+            "tiny",
+            "--steps",
+            "60",
+            "--run-id",
+            "sim",
+            "--runs-dir",
+            s3_url,
+            "--db",
+            str(db),
+            "--ingest",
+        ],
+        ["ladder", "import", str(csv), "--runs-dir", s3_url, "--db", str(db)],
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "observatory.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(Path.cwd())},
+        )
+        assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "s3:").exists()
+    with store.connect(db) as con:
+        runs = {r[0] for r in con.execute("SELECT run FROM runs").fetchall()}
+    assert "sim" in runs and len(runs) >= 4

@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from observatory import bucket
 from observatory.commands import common_options
 from observatory.commands.progress import bar, quiet_option
 from observatory.events import RUN_ID_RE
@@ -173,12 +174,13 @@ def import_cmd(files, runs_dir, db, no_ingest, replace):
     results = []
     for f in files:
         try:
-            res = import_points(f, runs_dir, ingest=False, replace=replace)
+            with bucket.staged(runs_dir) as local:  # a bucket's runs: written here, then uploaded as chunks
+                res = import_points(f, local, ingest=False, replace=replace)
         except PointsError as e:
             raise click.ClickException(f"{f}: {e}") from None
         states = ", ".join(f"{n} {s}" for s, n in sorted(Counter(res.runs.values()).items()))
         click.echo(
-            f"{f}: {len(res.runs)} run(s) of ladder(s) {', '.join(res.ladders)} in {runs_dir} ({states or 'none'})"
+            f"{f}: {len(res.runs)} run(s) of ladder(s) {', '.join(res.ladders)} in {bucket.safe(str(runs_dir))} ({states or 'none'})"
             + (f"; {len(res.targets)} target(s) without a loss" if res.targets else "")
         )
         results.append(res)

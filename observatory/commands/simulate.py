@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from observatory import bucket
 from observatory.commands import common_options
 
 __all__ = ["simulate"]
@@ -51,16 +52,17 @@ def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts
         _fault(fault, steps, runs_dir, db, run_id, seed, hosts, do_ingest)
         return
     try:
-        res = run_simulate(
-            preset,
-            runs_dir,
-            steps=steps,
-            run_id=run_id,
-            seed=seed,
-            expert_load_every=expert_load_every,
-            hosts=hosts,
-            replace=replace,
-        )
+        with bucket.staged(runs_dir) as local:  # a bucket's runs: written here, then uploaded as chunks
+            res = run_simulate(
+                preset,
+                local,
+                steps=steps,
+                run_id=run_id,
+                seed=seed,
+                expert_load_every=expert_load_every,
+                hosts=hosts,
+                replace=replace,
+            )
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     for path, state, _ in res.files:
@@ -71,7 +73,7 @@ def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts
                 fg="red",
                 err=True,
             )
-    click.echo(f"{', '.join(res.runs)} -> {runs_dir}: {res.summary()}")
+    click.echo(f"{', '.join(res.runs)} -> {bucket.safe(str(runs_dir))}: {res.summary()}")
     if do_ingest:
         from observatory.interop import ingest_runs
 
@@ -79,7 +81,9 @@ def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts
         click.echo(f"store {db}: {report.summary()}")
     else:
         command = "rebuild" if any(s == "replaced" for _, s, _ in res.files) else "ingest"
-        click.echo(f"next: observatory {command} --runs-dir {shlex.quote(str(runs_dir))}", err=True)
+        click.echo(
+            f"next: observatory {command} --runs-dir {shlex.quote(bucket.safe(str(runs_dir)))}", err=True
+        )
     if res.conflicts:
         sys.exit(1)
 
@@ -88,13 +92,14 @@ def _fault(fault, steps, runs_dir, db, run_id, seed, hosts, do_ingest) -> None:
     from observatory.interop.simulate_ops import simulate_ops
 
     try:
-        run, truth = simulate_ops(
-            fault, runs_dir, hosts=max(hosts, 8), steps=steps or 3000, seed=seed, run_id=run_id
-        )
+        with bucket.staged(runs_dir) as local:
+            run, truth = simulate_ops(
+                fault, local, hosts=max(hosts, 8), steps=steps or 3000, seed=seed, run_id=run_id
+            )
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     click.echo(
-        f"{run} -> {runs_dir}: {max(hosts, 8)} hosts, fault {fault}; goodput {truth['sim/goodput']:.4f}"
+        f"{run} -> {bucket.safe(str(runs_dir))}: {max(hosts, 8)} hosts, fault {fault}; goodput {truth['sim/goodput']:.4f}"
     )
     if do_ingest:
         from observatory.interop import ingest_runs

@@ -322,4 +322,4 @@ def ingest_runs(
     from observatory.store import default_db
 
     db = Path(db) if db is not None else default_db()
-    return (ing.rebuild if rebuild else ing.ingest)(Path(runs_dir), db, progress=progress)
+    return (ing.rebuild if rebuild else ing.ingest)(runs_dir, db, progress=progress)
