@@ -20,11 +20,14 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from observatory.writer import log_path
+
 __all__ = ["Checkpointer", "parse_ref", "checkpoint_dir", "dir_bytes"]
 
 
 def checkpoint_dir(runs_dir: str | Path, run_id: str) -> Path:
-    return (Path(runs_dir) / run_id / "checkpoints").resolve()
+    """`<runs dir>/<run>/checkpoints`; for a bucket runs dir, beside the writer's local spool of the run."""
+    return (log_path(runs_dir, run_id, 0).parent / "checkpoints").resolve()
 
 
 def parse_ref(ref: str, *, need_step: bool) -> tuple[str, int | None]:

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from observatory import settings
+from observatory import bucket, settings
 from trainer import ladder
 from trainer.runtime import enable_compile_cache, init_distributed
 
@@ -91,7 +91,7 @@ def resolve_config(
 
 
 def cmd_train(args) -> int:
-    runs_dir = Path(args.runs_dir or settings.get("runs"))
+    runs_dir = bucket.location(args.runs_dir or settings.get("runs"))  # a folder, or s3:// or gs://
     try:
         cfg = resolve_config(
             args.config, args.overrides, runs_dir=runs_dir, resume=args.resume, fork=args.fork
@@ -106,7 +106,7 @@ def cmd_train(args) -> int:
     run_id, status = train_with_status(
         cfg, runs_dir, run_id=args.run_id, resume=args.resume, fork=args.fork, tags=args.tag
     )
-    print(f"run {run_id}: {status}; events in {runs_dir / run_id}", file=sys.stderr)
+    print(f"run {run_id}: {status}; events in {bucket.safe(str(runs_dir))}/{run_id}", file=sys.stderr)
     return 0 if status in ("completed", "preempted") else 1
 
 

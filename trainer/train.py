@@ -29,9 +29,9 @@ import numpy as np
 from flax import nnx
 
 import observatory
-from observatory import settings
+from observatory import bucket, settings
 from observatory.interop.wandb_mirror import WandbMirror
-from observatory.writer import new_run_id
+from observatory.writer import log_path, new_run_id
 from trainer.checkpoint import Checkpointer, checkpoint_dir, parse_ref
 from trainer.config import TrainConfig, diff_configs
 from trainer.data import Corpus, bits_per_byte, load_corpus
@@ -155,7 +155,7 @@ def train_with_status(
     """`train`, returning (run id, run_end status)."""
     if resume and fork:
         raise ValueError("give either resume or fork, not both")
-    runs_dir = Path(runs_dir if runs_dir is not None else settings.get("runs"))
+    runs_dir = bucket.location(runs_dir if runs_dir is not None else settings.get("runs"))  # or s3://, gs://
     pid, nproc = jax.process_index(), jax.process_count()
 
     src_run, src_step, src_meta = None, None, None
@@ -180,7 +180,7 @@ def train_with_status(
 
     sinks = []
     if cfg.wandb.mode != "disabled" and pid == 0:
-        wandb_dir = runs_dir / run_id  # W&B's own files next to our event log
+        wandb_dir = log_path(runs_dir, run_id, 0).parent  # W&B's own files next to our event log (or spool)
         wandb_dir.mkdir(parents=True, exist_ok=True)
         sinks.append(
             WandbMirror(
