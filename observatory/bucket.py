@@ -197,8 +197,9 @@ class Bucket:
             return {}
         self._count(len(keys))
         paths = [self._path(k) for k in keys]
-        got = self.fs.cat(paths, on_error="return")
-        return {k: got.get(p, FileNotFoundError(p)) for k, p in zip(keys, paths, strict=True)}
+        # cat_ranges: one GET each, concurrently (`cat` of a list would HEAD each path first)
+        got = self.fs.cat_ranges(paths, None, None, on_error="return")
+        return dict(zip(keys, got, strict=True))
 
     def list_after(self, prefix: str, after: str = "") -> list[str]:
         """Keys (relative to the runs dir) under `prefix` that sort after `after`, in order: one request a

@@ -9,6 +9,10 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,13 +22,18 @@ _names = itertools.count()
 
 
 class Emulators:
-    def __init__(self):
+    def __init__(self, s3_process: bool = False):
+        """`s3_process`: moto in a process of its own (the bench: its CPU is not the measured process's)."""
         from gcp_storage_emulator.server import create_server
         from moto.server import ThreadedMotoServer
 
         self.s3_port = free_port()
-        self.s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=self.s3_port, verbose=False)
-        self.s3.start()
+        if s3_process:
+            exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
+            self.s3 = _Process([exe, "-H", "127.0.0.1", "-p", str(self.s3_port)], self.s3_port)
+        else:
+            self.s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=self.s3_port, verbose=False)
+            self.s3.start()
         self.gcs_port = free_port()
         self.gcs = create_server("127.0.0.1", self.gcs_port, in_memory=True)
         self.gcs.start()
@@ -64,10 +73,26 @@ class Emulators:
         self.gcs.stop()
 
 
+class _Process:
+    def __init__(self, argv: list[str], port: int):
+        self.p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"{argv[0]} did not listen on port {port}")
+
+    def stop(self) -> None:
+        self.p.terminate()
+        self.p.wait(10)
+
+
 @contextmanager
-def running() -> Iterator[Emulators]:
+def running(s3_process: bool = False) -> Iterator[Emulators]:
     """Both emulators, the standard variables pointing at them meanwhile (and in child processes)."""
-    em = Emulators()
+    em = Emulators(s3_process)
     old = {k: os.environ.get(k) for k in em.env}
     os.environ.update(em.env)
     try:
