@@ -217,7 +217,7 @@ def test_a_writer_killed_with_sigkill_resumes_without_holes_or_duplicates(bucket
 
 
 @pytest.mark.slow
-def test_a_minute_without_the_store_loses_nothing(emulators, s3_url, tmp_path):
+def test_a_minute_without_the_store_loses_nothing(emulators, s3_url, tmp_path, capfd):
     r = observatory.init(run_id="o", runs_dir=s3_url, chunk_s=0.5, heartbeat_s=0)
     for s in range(10):
         r.log({"train/loss": 1.0}, step=s)
@@ -233,6 +233,9 @@ def test_a_minute_without_the_store_loses_nothing(emulators, s3_url, tmp_path):
     finally:
         emulators.start_s3()
     r.finish()
+    assert (
+        "cannot upload chunk" in capfd.readouterr().err
+    )  # the store was down for the writer, not only in name
     db = tmp_path / "o.duckdb"
     ingest(s3_url, db, emit=None)
     assert _steps(db, "o") == list(range(s))
@@ -286,3 +289,26 @@ def test_simulate_and_ladder_import_write_to_a_bucket(s3_url, tmp_path):
     with store.connect(db) as con:
         runs = {r[0] for r in con.execute("SELECT run FROM runs").fetchall()}
     assert "sim" in runs and len(runs) >= 4
+
+
+def test_ingest_follow_tails_a_live_run_in_a_bucket(bucket_url, tmp_path):
+    import threading
+
+    db = tmp_path / "live.duckdb"
+    stop = threading.Event()
+    follower = threading.Thread(
+        target=ingest, args=(bucket_url, db), kwargs={"follow": True, "stop_event": stop, "emit": None}
+    )
+    follower.start()
+    r = observatory.init(run_id="tail", runs_dir=bucket_url, chunk_s=0.2, heartbeat_s=0)
+    try:
+        for s in range(30):
+            r.log({"train/loss": 1.0}, step=s)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not db.exists() or len(_steps(db, "tail")) < 30):
+            time.sleep(0.3)
+        assert _steps(db, "tail") == list(range(30))  # live: before the run ends
+    finally:
+        r.finish()
+        stop.set()
+        follower.join(30)
