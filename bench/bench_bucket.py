@@ -63,7 +63,8 @@ def populate(url: str, local: Path, start: int, stop: int) -> None:
         run = f"sweep-{i:06d}"
         data = run_log(run, t0)
         objects[b._path(bucket.chunk_key(run, 0, 0))] = data
-        objects[b._path(bucket.journal_key(int(t0 * 1000) + i, run, 0, 0))] = b""
+        # finished runs: their journal entries a second apart, all older than a follower's margin
+        objects[b._path(bucket.journal_key(int(t0 * 1000) + i * 1000, run, 0, 0))] = b""
         (local / run).mkdir(parents=True, exist_ok=True)
         (local / run / "events.0.jsonl").write_bytes(data)
     items = list(objects.items())

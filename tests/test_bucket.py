@@ -81,14 +81,21 @@ def test_a_url_with_a_credential_is_refused_without_showing_it():
     assert isinstance(bucket.location("runs/here"), Path)
 
 
+@pytest.mark.slow
 def test_the_cli_takes_a_bucket_url(s3_url, tmp_path):
     _log(s3_url, "cli-run", range(5))
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     db = tmp_path / "c.duckdb"
     cmd = [sys.executable, "-m", "observatory.cli", "ingest", "--runs-dir", s3_url, "--db", str(db), "-q"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert _steps(db, "cli-run") == list(range(5))
+    # a command that reads run folders gets the store's mirror of the bucket
+    for args in (["runs"], ["detect"], ["report", "cli-run", "--out", str(tmp_path / "rep")]):
+        cmd = [sys.executable, "-m", "observatory.cli", *args, "--runs-dir", s3_url, "--db", str(db)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 0, (args, out.stderr)
+    assert not (tmp_path / "s3:").exists()
 
 
 def test_a_corrupt_chunk_is_quarantined_with_its_key_and_the_stream_goes_on(bucket_url, tmp_path):
@@ -255,6 +262,7 @@ def test_findings_for_a_bucket_runs_dir_are_ingested_with_it(s3_url, tmp_path):
         assert con.execute("SELECT count(*) FROM events WHERE run = 'f1' AND host = 1000").fetchone()[0] == 1
 
 
+@pytest.mark.slow
 def test_simulate_and_ladder_import_write_to_a_bucket(s3_url, tmp_path):
     db = tmp_path / "s.duckdb"
     csv = tmp_path / "points.csv"

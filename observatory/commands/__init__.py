@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
 
 from observatory import bucket, settings
 
-__all__ = ["runs_dir_option", "db_option", "common_options", "RunsDir"]
+__all__ = ["runs_dir_option", "db_option", "common_options", "bucket_options", "RunsDir"]
 
 
 def _path_option(flag: str, setting: str, help: str):
@@ -46,4 +47,18 @@ db_option = _path_option("--db", "db", "The DuckDB store.")
 
 
 def common_options(f):
+    """--runs-dir and --db. A bucket runs dir reaches the command as the store's local mirror of it (what
+    `ingest` copied there; the findings folder is the bucket's): commands that read run folders need one."""
+
+    @functools.wraps(f)
+    def local(*args, **kwargs):
+        if isinstance(kwargs.get("runs_dir"), str):
+            kwargs["runs_dir"] = bucket.mirror_of(kwargs["runs_dir"], Path(kwargs["db"]))
+        return f(*args, **kwargs)
+
+    return runs_dir_option(db_option(local))
+
+
+def bucket_options(f):
+    """--runs-dir and --db for a command that reads or writes a bucket runs dir itself (a URL stays one)."""
     return runs_dir_option(db_option(f))

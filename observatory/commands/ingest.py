@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from observatory.commands import common_options
+from observatory.commands import bucket_options
 from observatory.commands.progress import bar, quiet_option
 from observatory.store import StoreBusy
 
@@ -12,7 +12,7 @@ __all__ = ["ingest", "rebuild"]
 
 
 @click.command("ingest")
-@common_options
+@bucket_options
 @click.option(
     "--follow", "-f", is_flag=True, help="Keep tailing live runs (every follow_interval_s) until Ctrl-C."
 )
@@ -42,7 +42,7 @@ def ingest(runs_dir, db, follow, quiet):
 
 
 @click.command("rebuild")
-@common_options
+@bucket_options
 @quiet_option("No progress bar, nor each rejected line: only the summary and errors.")
 def rebuild(runs_dir, db, quiet):
     """Recreate the store from the event logs (built aside, then swapped in atomically)."""

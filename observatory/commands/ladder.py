@@ -20,7 +20,7 @@ import click
 import numpy as np
 
 from observatory import bucket
-from observatory.commands import common_options
+from observatory.commands import bucket_options, common_options
 from observatory.commands.progress import bar, quiet_option
 from observatory.events import RUN_ID_RE
 from observatory.ladder.watch import (
@@ -153,7 +153,7 @@ def ladder():
 @click.argument(
     "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
-@common_options
+@bucket_options
 @click.option("--no-ingest", is_flag=True, help="Write the event logs but do not update the store.")
 @click.option(
     "--replace",

@@ -8,7 +8,7 @@ import sys
 import click
 
 from observatory import bucket
-from observatory.commands import common_options
+from observatory.commands import bucket_options
 
 __all__ = ["simulate"]
 
@@ -19,7 +19,7 @@ FAULTS = ("healthy", "frozen", "straggler", "hang", "preempt", "mfu_drop", "hbm_
 @click.command("simulate")
 @click.option("--preset", type=click.Choice(PRESET_NAMES), required=True, help="Shape and story of the runs.")
 @click.option("--steps", type=int, help="Schedule length [default: tiny 200, ladder 200, 535b 500].")
-@common_options
+@bucket_options
 @click.option(
     "--run-id", help="Main run id [default: sim-<preset>]; the fork is <id>-fork, ladder rungs <id>-<rung>."
 )
