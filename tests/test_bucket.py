@@ -320,3 +320,16 @@ def test_ingest_follow_tails_a_live_run_in_a_bucket(bucket_url, tmp_path):
         r.finish()
         stop.set()
         follower.join(30)
+
+
+def test_an_announced_chunk_that_is_not_there_holds_up_only_its_stream(s3_url, tmp_path):
+    b = bucket.Bucket(s3_url)
+    now = int(time.time() * 1000)
+    b.put_new(bucket.journal_key(now, "evil", 0, 9_999_999_999), b"")  # announces 10^10 chunks, has none
+    _log(s3_url, "good", range(5))
+    said: list[str] = []
+    src = BucketSource(s3_url, tmp_path / "e.duckdb", margin_s=300)
+    assert src.pull(said.append) >= 1
+    assert any("evil/events.0/0000000000.jsonl: cannot read" in m for m in said)
+    assert (src.mirror / "good" / "events.0.jsonl").stat().st_size > 0
+    assert src.bucket.requests < 300  # one window of the evil stream at most, not 10^10 keys

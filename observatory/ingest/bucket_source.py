@@ -24,6 +24,8 @@ from observatory import bucket, store
 __all__ = ["BucketSource"]
 
 _STATE = "journal"
+_BATCH = 256  # chunks fetched at once (concurrently)
+_PER_PASS = 16 * _BATCH
 
 
 class BucketSource:
@@ -69,50 +71,72 @@ class BucketSource:
             if got is not None:
                 _, run, host, n = got
                 newest[(run, host)] = max(n, newest.get((run, host), -1))
-        wanted: dict[tuple[str, int], tuple[int, int, list[int]]] = {}
-        for (run, host), top in newest.items():
-            n, end = self._cursor(run, host)
-            if top >= n:
-                wanted[(run, host)] = (n, end, list(range(n, top + 1)))
-        keys = [bucket.chunk_key(run, host, i) for (run, host), (_, _, ns) in wanted.items() for i in ns]
-        got_all: dict[str, bytes | BaseException] = {}
-        for i in range(0, len(keys), 1000):
-            got_all.update(self.bucket.get_many(keys[i : i + 1000]))
+        # each stream from its cursor to the newest chunk announced, fetched _BATCH chunks at a time (memory
+        # stays bounded; a stream stops at its first chunk that cannot be read: retried on the next pass)
+        # at most _PER_PASS chunks of a stream a pass: the journal is then listed from the same key again
+        cursors: dict[tuple[str, int], list] = {}
+        windows: list[tuple[tuple[str, int], range]] = []
+        again = False
+        for stream, top in newest.items():
+            n, end = self._cursor(*stream)
+            cursors[stream] = [n, end, False]
+            if top >= n + _PER_PASS:
+                top, again = n + _PER_PASS - 1, True
+            windows += [(stream, range(a, min(a + _BATCH, top + 1))) for a in range(n, top + 1, _BATCH)]
         read = 0
-        rejected: list[tuple] = []
-        for (run, host), (n, end, ns) in wanted.items():
-            path = self.mirror / run / f"events.{host}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "ab") as f:
-                if f.tell() != end:
-                    f.truncate(end)  # a pass cut short between the bytes and the cursor
-                    f.seek(end)
-                for i in ns:
-                    key = bucket.chunk_key(run, host, i)
-                    body = got_all.get(key)
-                    if isinstance(body, BaseException) or body is None:
-                        emit(
-                            f"{self.bucket.key_url(key)}: cannot read ({type(body).__name__}); retrying next pass"
-                        )
-                        break
-                    why = _bad(body)
-                    if why:
-                        shown = self.bucket.key_url(key)
-                        emit(f"{shown}: chunk quarantined: {why}")
-                        raw = bytes(body[:4096]).decode("utf-8", "replace")
-                        rejected.append((shown, run, 0, "(chunk)", why, raw, time.time()))
-                    else:
-                        f.write(body)
-                    n, end = i + 1, f.tell()
-                    read += 1
-                f.flush()
-            if rejected:
-                _quarantine(self.db, rejected)
-                rejected = []
-            self._save(f"{run}.{host}", f"{n} {end}\n")
-        if names and names[-1] > last:
+        group: list[tuple[tuple[str, int], range]] = []
+        for k, window in enumerate(windows):
+            group.append(window)
+            if k + 1 < len(windows) and sum(len(w) for _, w in group) < _BATCH:
+                continue
+            keys = [bucket.chunk_key(*stream, i) for stream, w in group for i in w if not cursors[stream][2]]
+            got = self.bucket.get_many(keys)
+            for stream, w in group:
+                read += self._append(stream, w, got, cursors[stream], emit)
+            group = []
+        again |= any(c[2] == "retry" for c in cursors.values())
+        if names and names[-1] > last and not again:
             self._save(_STATE, names[-1] + "\n")
         self.chunks += read
+        return read
+
+    def _append(self, stream: tuple[str, int], window: range, got: dict, cur: list, emit) -> int:
+        """Append a window of a stream's chunks to its mirror file, then save its cursor; chunks read."""
+        run, host = stream
+        n, end, stopped = cur
+        if stopped:
+            return 0
+        path = self.mirror / run / f"events.{host}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rejected, read = [], 0
+        with open(path, "ab") as f:
+            if f.tell() != end:
+                f.truncate(end)  # a pass cut short between the bytes and the cursor
+                f.seek(end)
+            for i in window:
+                key = bucket.chunk_key(run, host, i)
+                body = got.get(key)
+                if not isinstance(body, (bytes, bytearray, memoryview)):
+                    # not there (announced too early, or by someone else): the stream waits for its next
+                    # announcement; any other failure (the network): this pass's journal is listed again
+                    emit(f"{self.bucket.key_url(key)}: cannot read ({type(body).__name__}); retrying later")
+                    cur[2] = True if isinstance(body, FileNotFoundError) else "retry"
+                    break
+                why = _bad(body)
+                if why:
+                    shown = self.bucket.key_url(key)
+                    emit(f"{shown}: chunk quarantined: {why}")
+                    raw = bytes(body[:4096]).decode("utf-8", "replace")
+                    rejected.append((shown, run, 0, "(chunk)", why, raw, time.time()))
+                else:
+                    f.write(body)
+                n, end = i + 1, f.tell()
+                read += 1
+        if rejected:
+            _quarantine(self.db, rejected)
+        if read:
+            cur[0], cur[1] = n, end
+            self._save(f"{run}.{host}", f"{n} {end}\n")
         return read
 
 
