@@ -333,3 +333,33 @@ def test_an_announced_chunk_that_is_not_there_holds_up_only_its_stream(s3_url, t
     assert any("evil/events.0/0000000000.jsonl: cannot read" in m for m in said)
     assert (src.mirror / "good" / "events.0.jsonl").stat().st_size > 0
     assert src.bucket.requests < 300  # one window of the evil stream at most, not 10^10 keys
+
+
+@pytest.mark.slow
+def test_the_trainer_writes_its_events_to_a_bucket(s3_url, tmp_path):
+    from trainer.config import load_config
+    from trainer.train import train
+
+    root = Path(__file__).resolve().parents[1]
+    c = load_config(
+        root / "trainer" / "configs" / "tiny.yaml",
+        [
+            "telemetry.progress=false",
+            "telemetry.peak_flops=1e10",
+            "steps=8",
+            "eval.every=0",
+            "checkpoint.every=4",
+        ],
+    )
+    run_id = train(c, s3_url, run_id="trained")
+    db = tmp_path / "t.duckdb"
+    ingest(s3_url, db, emit=None)
+    assert _steps(db, run_id)[-1] == 8  # steps 1..8
+    with store.connect(db) as con:
+        assert con.execute("SELECT status FROM runs WHERE run = 'trained'").fetchone()[0] == "completed"
+    assert (
+        Path(os.environ["OBSERVATORY_SPOOL_DIR"])
+        / bucket.tag(bucket.location(s3_url))
+        / run_id
+        / "checkpoints"
+    ).is_dir()
