@@ -290,8 +290,17 @@ class Uploader:
                 if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
                     self.next, self.done = int(parts[0]) + 1, int(parts[1])
         self.seq_from = 0
-        if not self.ledger.exists() and not (spool.exists() and spool.stat().st_size):
-            self._continue_stream()
+        self._resolved = self.ledger.exists() or (spool.exists() and spool.stat().st_size > 0)
+        if not self._resolved:
+            try:
+                self._continue_stream()
+            except (
+                Exception
+            ) as e:  # the store is down: training goes on; the thread asks again before uploading
+                _warn(
+                    f"{bucket.url}: cannot list {run}'s stream ({type(e).__name__}); if it was started on another "
+                    "machine, this process's first events may repeat its seqs"
+                )
         self.failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"observatory-upload-{run}", daemon=True)
@@ -301,6 +310,7 @@ class Uploader:
         """A stream the bucket has and this machine's spool not (the run resumed elsewhere): number the
         chunks after the bucket's last one, and the events after its last seq."""
         names = self.bucket.list_after(f"{self.run}/events.{self.host}/")
+        self._resolved = True
         if not names:
             return
         last = names[-1]
@@ -334,19 +344,13 @@ class Uploader:
 
     def roll(self) -> bool:
         """Upload what the spool has past the last chunk, whole lines only; False when the store failed."""
-        try:
-            with open(self.spool, "rb") as f:
-                f.seek(self.done)
-                data = f.read()
-        except OSError:
-            return True
-        cut = data.rfind(b"\n") + 1
-        while cut:
-            piece = data[: min(cut, self.chunk_bytes)]
-            piece = (
-                piece[: piece.rfind(b"\n") + 1] or data[: data.find(b"\n") + 1]
-            )  # a line longer than a chunk
+        while True:
             try:
+                if not self._resolved:
+                    self._continue_stream()
+                piece = self._piece()
+                if not piece:
+                    break
                 self._upload(piece)
             except Exception as e:  # the network, the store, credentials: retry later, the spool keeps it
                 self.failures += 1
@@ -355,9 +359,25 @@ class Uploader:
                         f"{self.bucket.url}: cannot upload chunk {self.next} of {self.run} ({type(e).__name__}); retrying"
                     )
                 return False
-            data, cut = data[len(piece) :], cut - len(piece)
         self.failures = 0
         return True
+
+    def _piece(self) -> bytes:
+        """The next chunk's bytes: whole lines from `done`, at most `chunk_mb` (a longer line whole)."""
+        try:
+            with open(self.spool, "rb") as f:
+                f.seek(self.done)
+                data = f.read(self.chunk_bytes)
+                cut = data.rfind(b"\n") + 1
+                while not cut and len(data) >= self.chunk_bytes:  # one line longer than a chunk
+                    more = f.read(self.chunk_bytes)
+                    if not more:
+                        break
+                    data += more
+                    cut = data.find(b"\n") + 1
+        except OSError:
+            return b""
+        return data[:cut]
 
     def _upload(self, piece: bytes) -> None:
         n = self.next

@@ -363,3 +363,20 @@ def test_the_trainer_writes_its_events_to_a_bucket(s3_url, tmp_path):
         / run_id
         / "checkpoints"
     ).is_dir()
+
+
+def test_a_wandb_style_script_with_dir_in_a_bucket(bucket_url, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OBSERVATORY_CHUNK_S", "0.2")
+    import observatory as wandb
+
+    run = wandb.init(project="mnist", config={"lr": 3e-4}, dir=bucket_url)
+    for step in range(10):
+        wandb.log({"train": {"loss": 1.0 / (step + 1)}, "acc": step / 10})
+    wandb.finish()
+    said = capsys.readouterr().err
+    assert f"--runs-dir {bucket_url}" in said and "s3:/" not in said.replace("s3://", "")
+    db = tmp_path / "w.duckdb"
+    ingest(bucket_url, db, emit=None)
+    assert len(_steps(db, run.id)) == 20  # train/loss and acc at 10 steps
+    assert not {"s3:", "gs:", "wandb"} & set(os.listdir(tmp_path))  # no folder named after the URL
