@@ -116,7 +116,11 @@ def test_a_corrupt_chunk_is_quarantined_with_its_key_and_the_stream_goes_on(buck
         + b"\n"
         for i in range(3)
     ]
-    bodies = [lines[0], lines[1][:-9], lines[2]]  # chunk 1 was cut off mid-line
+    bodies = [
+        lines[0],
+        b'{"note": "hf_' + b"a" * 34 + b'"}\n' + lines[1][:-9],
+        lines[2],
+    ]  # chunk 1 cut mid-line
     for n, body in enumerate(bodies):
         assert b.put_new(bucket.chunk_key("c", 0, n), body)
         assert b.put_new(bucket.journal_key(int(time.time() * 1000), "c", 0, n), b"")
@@ -127,6 +131,9 @@ def test_a_corrupt_chunk_is_quarantined_with_its_key_and_the_stream_goes_on(buck
         rows = con.execute("SELECT file, run, field, reason FROM rejected_events").fetchall()
     assert rows == [(b.key_url("c/events.0/0000000001.jsonl"), "c", "(chunk)", pytest.approx(rows[0][3]))]
     assert "half-written" in rows[0][3]
+    with store.connect(db) as con:
+        raw = con.execute("SELECT raw FROM rejected_events").fetchone()[0]
+    assert "hf_" + "a" * 34 not in raw and "<redacted>" in raw  # the chunk's text is public: secrets hidden
 
 
 def test_a_follower_restarted_mid_stream_neither_loses_nor_repeats(bucket_url, tmp_path):

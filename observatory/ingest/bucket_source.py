@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from observatory import bucket, store
+from observatory.ingest.model import RAW_CAP
+from observatory.redact import scrub_text
 
 __all__ = ["BucketSource"]
 
@@ -126,7 +128,7 @@ class BucketSource:
                 if why:
                     shown = self.bucket.key_url(key)
                     emit(f"{shown}: chunk quarantined: {why}")
-                    raw = bytes(body[:4096]).decode("utf-8", "replace")
+                    raw = scrub_text(bytes(body[:RAW_CAP]).decode("utf-8", "replace"))[0]  # public text
                     rejected.append((shown, run, 0, "(chunk)", why, raw, time.time()))
                 else:
                     f.write(body)
