@@ -20,6 +20,9 @@ __all__ = ["ingest", "rebuild"]
 def ingest(runs_dir, db, follow, quiet):
     """Load every event log under the runs dir into the store (incremental, exactly-once).
 
+    The runs dir may be a bucket (s3://bucket/prefix, gs://bucket/prefix): its new chunks are copied
+    into a mirror beside the store (DB.bucket/) and read from there; an idle pass is one LIST.
+
     Lines that break the event format are stored in `rejected_events` and printed
     as `file:line: reason`; the rest of each file is ingested. On a terminal a
     progress bar shows the bytes read and the time left (not with --follow).
