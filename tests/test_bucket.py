@@ -387,3 +387,22 @@ def test_a_wandb_style_script_with_dir_in_a_bucket(bucket_url, tmp_path, monkeyp
     ingest(bucket_url, db, emit=None)
     assert len(_steps(db, run.id)) == 20  # train/loss and acc at 10 steps
     assert not {"s3:", "gs:", "wandb"} & set(os.listdir(tmp_path))  # no folder named after the URL
+
+
+def test_rebuild_of_a_store_that_follows_a_bucket(s3_url, tmp_path):
+    from observatory.ingest import rebuild
+
+    db = tmp_path / "r.duckdb"
+    r = observatory.init(run_id="rb", runs_dir=s3_url, chunk_s=0.1, heartbeat_s=0)
+    for s in range(10):
+        r.log({"train/loss": 1.0}, step=s)
+    r.flush()
+    time.sleep(0.5)
+    ingest(s3_url, db, emit=None)
+    rebuild(s3_url, db, emit=None)  # from a fresh mirror of its own, removed after the swap
+    assert not Path(f"{db}.rebuild-{os.getpid()}.bucket").exists()
+    for s in range(10, 20):
+        r.log({"train/loss": 1.0}, step=s)
+    r.finish()
+    ingest(s3_url, db, emit=None)  # the store's own mirror again: its cursors and the rebuilt offsets agree
+    assert _steps(db, "rb") == list(range(20))
