@@ -34,8 +34,8 @@ import bucket_fixtures  # noqa: E402 (the tests' emulators)
 
 import observatory  # noqa: E402
 from observatory import bucket, store  # noqa: E402
-from observatory.ingest import ingest  # noqa: E402
 from observatory.ingest.bucket_source import BucketSource  # noqa: E402
+from observatory.pipeline import ingest  # noqa: E402
 
 
 def run_log(run: str, t0: float) -> bytes:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from observatory import decisions, settings, store
+from observatory import bucket, decisions, settings, store
 from observatory.alerts.delivery import Delivery
 from observatory.detect import scan as detectors
 from observatory.events import OBSERVATORY_HOST
@@ -211,10 +211,19 @@ def ingest(
     `hooks=False` runs neither the rollups nor the analyses. `progress`, if given, is called
     after each batch with `{"done", "total", "unit": "bytes", "files", "events"}`: bytes
     read so far and bytes to read in all (the total grows when a pass finds more).
+
+    `runs_dir` may be a bucket URL (`s3://bucket/prefix`, `gs://...`): each pass first copies its new
+    chunks into the store's local mirror of it (`observatory.ingest.bucket_source`), then reads that.
     """
-    runs_dir = Path(runs_dir) if runs_dir is not None else store.default_runs_dir()
+    runs_dir = bucket.location(runs_dir if runs_dir is not None else settings.get("runs"))
     db = Path(db) if db is not None else store.default_db()
     emit = emit or (lambda _msg: None)
+    source = None
+    if isinstance(runs_dir, str):  # a bucket: its new chunks into a local mirror, read from there
+        from observatory.ingest.bucket_source import BucketSource
+
+        source = BucketSource(runs_dir, db, settings.get("journal_margin_s"))
+        runs_dir = source.mirror
     report = IngestReport()
     ing = Ingester(runs_dir, db, hooks=hooks, emit=emit, progress=progress)
     t0 = time.perf_counter()
@@ -234,6 +243,8 @@ def ingest(
         failing = None
         while True:
             try:
+                if source is not None:
+                    source.pull(emit)
                 ing.one_pass(report)
                 if failing:
                     emit(
@@ -319,7 +330,7 @@ def rebuild(
     state and the next `ingest` reads only what is new. What the analyses wrote before is
     already events (the new store holds it too), so they find nothing they said already. `progress`: as for `ingest`.
     """
-    runs_dir = Path(runs_dir) if runs_dir is not None else store.default_runs_dir()
+    runs_dir = bucket.location(runs_dir if runs_dir is not None else settings.get("runs"))
     db = Path(db) if db is not None else store.default_db()
     db.parent.mkdir(parents=True, exist_ok=True)
     tmp = db.with_name(f"{db.name}.rebuild-{os.getpid()}")
@@ -339,4 +350,8 @@ def rebuild(
     finally:
         for p in (tmp, tmp.with_name(tmp.name + ".wal"), *store.lock_files(tmp)):
             p.unlink(missing_ok=True)
+        if isinstance(runs_dir, str):  # a bucket's: the fresh store read it into a mirror of its own
+            import shutil
+
+            shutil.rmtree(f"{tmp}.bucket", ignore_errors=True)
     return report

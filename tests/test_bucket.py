@@ -16,8 +16,8 @@ import pytest
 
 import observatory
 from observatory import bucket, store
-from observatory.ingest import ingest
 from observatory.ingest.bucket_source import BucketSource
+from observatory.pipeline import ingest
 
 
 @pytest.fixture(scope="session")
@@ -82,6 +82,7 @@ def test_a_url_with_a_credential_is_refused_without_showing_it():
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_cli_takes_a_bucket_url(s3_url, tmp_path):
     _log(s3_url, "cli-run", range(5))
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
@@ -136,6 +137,7 @@ def test_a_corrupt_chunk_is_quarantined_with_its_key_and_the_stream_goes_on(buck
     assert "hf_" + "a" * 34 not in raw and "<redacted>" in raw  # the chunk's text is public: secrets hidden
 
 
+@pytest.mark.slow  # seconds each against the emulators
 def test_a_follower_restarted_mid_stream_neither_loses_nor_repeats(bucket_url, tmp_path):
     db = tmp_path / "f.duckdb"
     r = observatory.init(run_id="live", runs_dir=bucket_url, chunk_s=0.1, heartbeat_s=0)
@@ -157,6 +159,7 @@ def test_a_follower_restarted_mid_stream_neither_loses_nor_repeats(bucket_url, t
     assert _steps(db, "live") == list(range(40))
 
 
+@pytest.mark.slow  # seconds each against the emulators
 def test_two_followers_on_one_bucket_give_the_same_answers(bucket_url, tmp_path):
     for i in range(3):
         _log(bucket_url, f"run{i}", range(10 * (i + 1)))
@@ -174,6 +177,7 @@ def test_two_followers_on_one_bucket_give_the_same_answers(bucket_url, tmp_path)
     assert answers[0] == answers[1] and len(answers[0][1]) == 60
 
 
+@pytest.mark.slow  # seconds each against the emulators
 def test_an_idle_pass_is_one_list_whatever_the_runs(s3_url, tmp_path):
     b = bucket.Bucket(s3_url)
     old = int(time.time() * 1000) - 3_600_000  # finished an hour ago
@@ -193,6 +197,7 @@ def test_an_idle_pass_is_one_list_whatever_the_runs(s3_url, tmp_path):
     assert got >= 1 and src.bucket.requests - before == 1 + got
 
 
+@pytest.mark.subprocess
 def test_a_writer_killed_with_sigkill_resumes_without_holes_or_duplicates(bucket_url, tmp_path):
     script = textwrap.dedent(
         f"""
@@ -270,6 +275,7 @@ def test_findings_for_a_bucket_runs_dir_are_ingested_with_it(s3_url, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_simulate_and_ladder_import_write_to_a_bucket(s3_url, tmp_path):
     db = tmp_path / "s.duckdb"
     csv = tmp_path / "points.csv"
@@ -306,6 +312,7 @@ def test_simulate_and_ladder_import_write_to_a_bucket(s3_url, tmp_path):
     assert "sim" in runs and len(runs) >= 4
 
 
+@pytest.mark.slow  # seconds each against the emulators
 def test_ingest_follow_tails_a_live_run_in_a_bucket(bucket_url, tmp_path):
     import threading
 
@@ -329,6 +336,7 @@ def test_ingest_follow_tails_a_live_run_in_a_bucket(bucket_url, tmp_path):
         follower.join(30)
 
 
+@pytest.mark.slow  # seconds each against the emulators
 def test_an_announced_chunk_that_is_not_there_holds_up_only_its_stream(s3_url, tmp_path):
     b = bucket.Bucket(s3_url)
     now = int(time.time() * 1000)
@@ -343,6 +351,7 @@ def test_an_announced_chunk_that_is_not_there_holds_up_only_its_stream(s3_url, t
 
 
 @pytest.mark.slow
+@pytest.mark.jax
 def test_the_trainer_writes_its_events_to_a_bucket(s3_url, tmp_path):
     from trainer.config import load_config
     from trainer.train import train
@@ -389,8 +398,9 @@ def test_a_wandb_style_script_with_dir_in_a_bucket(bucket_url, tmp_path, monkeyp
     assert not {"s3:", "gs:", "wandb"} & set(os.listdir(tmp_path))  # no folder named after the URL
 
 
+@pytest.mark.slow  # seconds each against the emulators
 def test_rebuild_of_a_store_that_follows_a_bucket(s3_url, tmp_path):
-    from observatory.ingest import rebuild
+    from observatory.pipeline import rebuild
 
     db = tmp_path / "r.duckdb"
     r = observatory.init(run_id="rb", runs_dir=s3_url, chunk_s=0.1, heartbeat_s=0)
