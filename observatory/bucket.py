@@ -285,7 +285,11 @@ class Uploader:
         self.ledger = spool.with_name(spool.name + ".chunks")
         self.next, self.done = 0, 0  # next chunk number; spool bytes uploaded
         if self.ledger.exists():
-            for line in self.ledger.read_text().split("\n"):
+            text = self.ledger.read_text()
+            if text and not text.endswith("\n"):  # torn by a kill: end it, so the next record is a line
+                with open(self.ledger, "a") as f:
+                    f.write("\n")
+            for line in text.split("\n")[:-1]:  # whole lines: a torn last one is not one
                 parts = line.split()
                 if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
                     self.next, self.done = int(parts[0]) + 1, int(parts[1])
@@ -294,9 +298,8 @@ class Uploader:
         if not self._resolved:
             try:
                 self._continue_stream()
-            except (
-                Exception
-            ) as e:  # the store is down: training goes on; the thread asks again before uploading
+            except Exception as e:
+                # the store is down: training goes on; the upload thread asks again before its first chunk
                 _warn(
                     f"{bucket.url}: cannot list {run}'s stream ({type(e).__name__}); if it was started on another "
                     "machine, this process's first events may repeat its seqs"

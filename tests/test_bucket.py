@@ -416,3 +416,15 @@ def test_rebuild_of_a_store_that_follows_a_bucket(s3_url, tmp_path):
     r.finish()
     ingest(s3_url, db, emit=None)  # the store's own mirror again: its cursors and the rebuilt offsets agree
     assert _steps(db, "rb") == list(range(20))
+
+
+def test_a_writer_resumes_from_a_ledger_torn_by_a_kill(s3_url, tmp_path):
+    _log(s3_url, "torn", range(5), finish=False)  # chunks up, ledger written; the process "dies" here
+    spool = observatory.writer.log_path(s3_url, "torn", 0)
+    ledger = spool.with_name(spool.name + ".chunks")
+    ledger.write_text(ledger.read_text() + "7 12")  # a record cut short by the kill
+    _log(s3_url, "torn", range(5, 10))
+    db = tmp_path / "t.duckdb"
+    ingest(s3_url, db, emit=None)
+    assert _steps(db, "torn") == list(range(10))
+    assert ledger.read_text().split("\n")[-2].split()[1] == str(spool.stat().st_size)  # all of it up
