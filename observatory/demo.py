@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from observatory import provenance, settings
+from observatory import bucket, provenance, settings
 from observatory.events import OBSERVATORY_HOST
 
 DEFAULT_STEPS = 30000  # ~25 min at ~20 steps/s on a shared 2-core CPU
@@ -118,6 +118,9 @@ def _stop(signum, frame):
 
 
 def main() -> int:
+    if bucket.is_url(settings.get("runs")):
+        print("demo: OBSERVATORY_RUNS is a bucket; the demo needs a local folder", file=sys.stderr)
+        return 2
     runs_dir = Path(settings.get("runs"))
     db = Path(settings.get("db"))
     port = int(os.environ.get("OBSERVATORY_PORT", "8501"))

@@ -51,7 +51,7 @@ from typing import Any
 
 import yaml
 
-from observatory import settings
+from observatory import bucket, settings
 from trainer.runtime import enable_compile_cache
 
 __all__ = ["LadderSpec", "RungSpec", "RungPlan", "load_ladder_spec", "plan", "run_ladder", "pack", "main"]
@@ -420,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         help="afterwards gzip the runs' event logs into DIR/<run>/ (how data/samples is made)",
     )
     args = ap.parse_args(argv)
+    if bucket.is_url(args.runs_dir or settings.get("runs")):  # it reads its rungs' logs back from the folder
+        ap.error(
+            "trainer ladder needs a local runs dir (--runs-dir DIR); a bucket runs dir works with trainer train"
+        )
     runs_dir = Path(args.runs_dir or settings.get("runs"))
     db = Path(args.db or settings.get("db"))
     try:
