@@ -18,12 +18,13 @@ import gzip
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 from observatory import bucket, provenance, settings
 from observatory.events import OBSERVATORY_HOST
-from observatory.logtail import last_seq
+from observatory.logtail import LinkRefused, last_seq, open_under
 from observatory.writer import init
 
 __all__ = ["root", "path", "write", "pending", "pending_many"]
@@ -51,7 +52,9 @@ def path(runs_dir, run: str) -> Path:
     if bucket.is_url(str(runs_dir)):
         return top / run / NAME
     own = Path(runs_dir) / run / NAME
-    return own if top is None or own.exists() else top / run / NAME
+    # a link there is a log writer's, never ours (ingest refuses it): the findings folder's file is used
+    mine = own.exists() and not own.is_symlink() and not own.parent.is_symlink()
+    return own if top is None or mine else top / run / NAME
 
 
 def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]]) -> int:
@@ -88,8 +91,8 @@ def _next_seq(runs_dir, run: str, target: Path) -> int:
     if bucket.is_url(str(runs_dir)):
         return 0
     for other in (Path(runs_dir) / run / NAME, Path(runs_dir) / run / f"{NAME}.gz"):
-        if other == target or not other.exists():
-            continue
+        if other == target or not other.exists() or other.is_symlink() or other.parent.is_symlink():
+            continue  # a link is a log writer's, not ours: never read through
         if other.suffix == ".gz":
             with gzip.open(other, "rb") as f:
                 last = None
@@ -115,7 +118,7 @@ def pending(runs_dir, run: str, kind: str) -> list[dict]:
     lines ingest would not store (a forged anomaly's `scanned_through` must not stop the scan).
     """
     p = path(runs_dir, run)
-    return _pending_in(p, kind) if p.exists() else []
+    return _pending_at(p.parent.parent, f"{run}/{NAME}", kind) or []
 
 
 def pending_many(runs_dir, runs: Iterable[str], kind: str) -> dict[str, list[dict]]:
@@ -128,25 +131,28 @@ def pending_many(runs_dir, runs: Iterable[str], kind: str) -> dict[str, list[dic
         in_top = set()
     out = {}
     for run in runs:  # `path`'s rule: the run folder's own file first, else the findings folder's
-        found = None if bucket.is_url(str(runs_dir)) else _pending_at(os.path.join(runs_dir, run, NAME), kind)
+        found = None if bucket.is_url(str(runs_dir)) else _pending_at(runs_dir, f"{run}/{NAME}", kind)
         if found is None and top is not None and run in in_top:
-            found = _pending_at(os.path.join(top, run, NAME), kind)
+            found = _pending_at(top, f"{run}/{NAME}", kind)
         out[run] = found or []
     return out
 
 
-def _pending_at(p, kind: str) -> list[dict] | None:
-    """`_pending_in` of the file at `p`; None when there is none (one open, not a stat and then an open)."""
+def _pending_at(top, rel: str, kind: str) -> list[dict] | None:
+    """`_pending_in` of the file `rel` under `top`; None when there is none, or it is a link (one open, not a
+    stat and then an open; never through a link: a log writer's link is not our file)."""
     try:
-        return _pending_in(p, kind)
-    except (FileNotFoundError, NotADirectoryError):
+        return _pending_in(open_under(top, rel, os.O_RDONLY | os.O_NONBLOCK), kind)
+    except (FileNotFoundError, NotADirectoryError, LinkRefused):
         return None
 
 
-def _pending_in(p, kind: str) -> list[dict]:
+def _pending_in(fd: int, kind: str) -> list[dict]:
     needle = f'"{kind}"'.encode()
     out = []
-    with open(p, "rb") as f:
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return out
         for raw in f:
             if not raw.endswith(b"\n") or needle not in raw:
                 continue

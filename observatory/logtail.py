@@ -1,12 +1,71 @@
 """The end of an event log, read back by a writer that appends to it: the last seq, a torn last line, the
-newest restart attempt (a resumed process numbers its events and its attempt after the dead one's)."""
+newest restart attempt (a resumed process numbers its events and its attempt after the dead one's); and
+`open_under`, the one way a log under a runs dir is opened (no symbolic link followed below the runs dir)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
-__all__ = ["last_seq", "next_attempt"]
+__all__ = ["last_seq", "next_attempt", "open_under", "LinkRefused"]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+class LinkRefused(OSError):
+    """A file or folder below a runs dir is a symbolic link (or not what it should be): not followed."""
+
+
+def open_under(root, rel: str, flags: int, mode: int = 0o644) -> int:
+    """A file descriptor of `root/rel`, opened without following a symbolic link anywhere below `root`.
+
+    A log writer may link `events.0.jsonl`, or its whole run folder, to any file the observatory's user
+    can read or write (its signing key, `alerts.yaml`, `/etc/passwd`): each part of `rel` is opened with
+    `O_NOFOLLOW` relative to the folder before it (`openat`), so a link, a link swapped in after a scan
+    included, is refused with `LinkRefused`. `root` itself (the runs dir the operator named) may be a link.
+    Where the platform has no `O_NOFOLLOW` or `dir_fd`, each part is `lstat`ed first instead."""
+    parts = [p for p in str(rel).split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise LinkRefused(errno.EINVAL, f"not a path below the runs dir: {rel!r}")
+    if not (_NOFOLLOW and os.open in os.supports_dir_fd):  # pragma: no cover (Windows)
+        import stat
+
+        where = Path(root)
+        for i, p in enumerate(parts):
+            where = where / p
+            try:
+                st = os.lstat(where)
+            except FileNotFoundError:
+                if i == len(parts) - 1:
+                    break
+                raise
+            if stat.S_ISLNK(st.st_mode):
+                raise LinkRefused(errno.ELOOP, f"{where} is a symbolic link: not followed")
+        return os.open(where, flags, mode)
+    fd = os.open(root, os.O_RDONLY | _DIRECTORY)
+    try:
+        for i, p in enumerate(parts):
+            last = i == len(parts) - 1
+            try:
+                nxt = os.open(
+                    p, (flags if last else os.O_RDONLY | _DIRECTORY) | _NOFOLLOW, mode, dir_fd=fd
+                )
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    where = "/".join(parts[: i + 1])
+                    raise LinkRefused(
+                        errno.ELOOP, f"{where} is a symbolic link (or not a folder): not followed"
+                    ) from None
+                raise
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def last_seq(path: Path, size: int) -> tuple[int | None, bool]:

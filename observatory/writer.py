@@ -37,6 +37,7 @@ from observatory import provenance, settings
 from observatory.events import OBSERVATORY_HOST, PHASES, RUN_ID_RE, STATUSES, VERSION, encode_value
 from observatory.logtail import last_seq as _tail
 from observatory.logtail import next_attempt as _attempt
+from observatory.logtail import open_under
 from observatory.redact import redact
 
 # Encodes a clean event (finite floats, ints, str keys: `metrics` and `expert_load`) ~15x faster
@@ -126,6 +127,13 @@ class Run:
         self.path = log_path(where, run_id, host)  # the local file: the log, or a bucket's spool
         self.dir = self.path.parent
         self.dir.mkdir(parents=True, exist_ok=True)
+        # opened first, and never through a link: a run folder or log linked elsewhere (the signing key,
+        # alerts.yaml) is refused, not appended to (`LinkRefused`, an OSError)
+        self._file = open(
+            open_under(self.dir.parent, f"{run_id}/{self.path.name}", os.O_WRONLY | os.O_APPEND | os.O_CREAT),
+            "ab",
+            buffering=0,
+        )
         # The observatory's own file (host >= 1000) has several writers at once (`decide new` while
         # `ingest --follow` runs the detectors, a ladder forecast): each batch is appended under an
         # exclusive flock, numbered from the file's tail. A training host's file has one writer and
@@ -163,7 +171,6 @@ class Run:
         self._sinks = list(sinks)
         self._finished = False
         self._last_step: int | None = None
-        self._file = open(self.path, "ab", buffering=0)
         if not self._shared:
             self._terminate_torn_line()  # shared files: done under the lock, at the first append
         self._stop = threading.Event()

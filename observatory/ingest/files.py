@@ -191,9 +191,15 @@ def _scan_into(
     rel, size, mtime = out
     try:
         with os.scandir(root) as it:
-            run_dirs = [e.name for e in it if e.is_dir()]
+            entries = [(e.name, e.is_symlink()) for e in it if e.is_dir()]
     except (FileNotFoundError, NotADirectoryError):
         return
+    run_dirs = [name for name, link in entries if not link]
+    for name in (name for name, link in entries if link and prefix + name not in skip):
+        # a run folder that is a link may point anywhere (the store's folder, /etc): never read through
+        skip.add(prefix + name)
+        if emit is not None:
+            emit(f"{root}/{name}: a symbolic link to a folder; not read (a run folder must be a real folder)")
     kept = folders.kept(root, len(run_dirs)) if folders is not None else None
     stat = os.stat
     for run in run_dirs:
@@ -234,7 +240,7 @@ def _scan_into(
                 skip.add(r)
                 continue
             try:
-                st = stat(f"{d}/{name}")
+                st = os.lstat(f"{d}/{name}")  # a link is listed as one, and its read refuses it
             except OSError:
                 continue
             rel.append(r)
@@ -421,6 +427,8 @@ def process_file(
             return used, False
         if ch.error:
             b.reject(lf, st.line + 1, "(file)", ch.error, b"")
+            if not lf.gz:  # (a link): passed over until its size changes; a .gz's size and mtime say that
+                st.offset = max(st.offset, lf.size)
             return used, True
         if ch.data or ch.oversized:
             ingest_chunk(

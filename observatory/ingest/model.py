@@ -34,6 +34,7 @@ from observatory.events import (
     validate_event,
 )
 from observatory.ingest.appends import Appends
+from observatory.logtail import LinkRefused, open_under
 from observatory.redact import scrub_event, scrub_text
 
 RAW_CAP = 4096  # bytes of a rejected line kept in rejected_events.raw
@@ -97,13 +98,30 @@ def _read_error(lf: LogFile, e: BaseException) -> str:
     return f"cannot read: {e}"
 
 
+def _fd(lf: LogFile) -> int:
+    """The log opened read-only below its runs dir, never through a symbolic link (`open_under`: a link to
+    the signing key or `/etc/passwd` is refused, not read), and non-blocking (a FIFO named like a log)."""
+    return open_under(lf.root, lf.rel.partition(":")[2] or lf.rel, os.O_RDONLY | os.O_NONBLOCK)
+
+
 def _open(lf: LogFile):
     # only regular files: opening a FIFO named like a log would block the ingester forever
-    mode = os.stat(lf.path).st_mode
-    if not stat.S_ISREG(mode):
-        what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
-        raise OSError(errno.EINVAL, f"not a regular file ({what})")
-    return gzip.open(lf.path, "rb") if lf.gz else open(lf.path, "rb")
+    fd = _fd(lf)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+            raise OSError(errno.EINVAL, f"not a regular file ({what})")
+        os.set_blocking(fd, True)
+        f = open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    if not lf.gz:
+        return f
+    g = gzip.GzipFile(fileobj=f, mode="rb")
+    g.myfileobj = f  # closed with it (as `gzip.open` of a path does)
+    return g
 
 
 def read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> Chunk:
@@ -115,6 +133,8 @@ def read_chunk(lf: LogFile, offset: int, budget: int, max_line: int) -> Chunk:
     oversized: list[tuple[int, int, bytes]] = []
     try:
         f = _open(lf)
+    except LinkRefused as e:  # for good: said once, stored with no byte of what the link points to
+        return Chunk(b"", offset, [], b"", 0, True, f"not read: {e.strerror}")
     except OSError as e:
         return Chunk(b"", offset, [], b"", 0, True, f"cannot open: {e.strerror or e}", transient=True)
     with f:
@@ -160,7 +180,7 @@ def read_rest(lf: LogFile, offset: int, most: int) -> Chunk | None:
     if lf.gz or not 0 < want <= most:
         return None
     try:
-        fd = os.open(lf.path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = _fd(lf)
     except OSError:
         return None
     try:
