@@ -13,11 +13,18 @@ from collections.abc import Callable
 
 import streamlit as st
 
+from observatory import provenance
 from observatory.dashboard.cache import StoreBusy
 from observatory.dashboard.pages import PAGES, compare, decisions, experts, health, live, reports, runs, sql
 from observatory.queries import user_sql
 
-st.set_page_config(page_title="Observatory", page_icon="🔭", layout="wide")
+st.set_page_config(
+    page_title="Observatory",
+    page_icon="🔭",
+    layout="wide",
+    # the lab's public keys: a reader of the logs or of an export checks the findings' signatures with them
+    menu_items={"About": "Observatory: a training-log observatory.\n\n" + provenance.published()},
+)
 # the SQL console's first worker starts with the server's first script run, on a thread of its own
 # (once per process; reruns find it started), so no visitor's first query waits for DuckDB to load
 user_sql.warm_up_in_background()

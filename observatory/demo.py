@@ -14,8 +14,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import shutil
 import signal
@@ -24,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from observatory import bucket, provenance, settings
-from observatory.events import OBSERVATORY_HOST
+from observatory import bucket, settings
 
 DEFAULT_STEPS = 30000  # ~25 min at ~20 steps/s on a shared 2-core CPU
 # a long run logs evals and checkpoints less often than tiny.yaml's 40 and 50 steps
@@ -35,8 +32,8 @@ SAMPLES = ROOT / "data" / "samples"
 
 
 def seed_samples(runs_dir: Path, samples: Path = SAMPLES) -> int:
-    """Copy the sample runs' event logs (`samples`: data/samples) into the runs dir, their findings signed with
-    this observatory's key; returns how many runs were added or updated.
+    """Copy the sample runs' event logs (`samples`: data/samples) into the runs dir; returns how many runs
+    were added or updated. Their findings are signed with the sample key, which `trusted_keys` trusts.
 
     A sample file that is missing from the runs dir, or there with another size (the samples
     gained events, e.g. decision records), is copied; ingest reads a changed `.gz` again and
@@ -51,34 +48,11 @@ def seed_samples(runs_dir: Path, samples: Path = SAMPLES) -> int:
         copied = False
         for f in sorted(run_dir.glob("events.*.jsonl*")):
             target = dest / f.name
-            own = f.name.startswith(f"events.{OBSERVATORY_HOST}.")
-            if own and (not target.exists() or target.stat().st_mtime != f.stat().st_mtime):
-                _copy_signed(f, target)
-                copied = True
-            elif not own and (not target.exists() or target.stat().st_size != f.stat().st_size):
+            if not target.exists() or target.stat().st_size != f.stat().st_size:
                 shutil.copy2(f, target)
                 copied = True
         changed += copied
     return changed
-
-
-def _copy_signed(src: Path, target: Path) -> None:
-    """The samples' own findings (host 1000), signed with this observatory's key as it copies them: the
-    committed files cannot carry every install's signature. Same mtime as `src`: copied again when it changes."""
-    opener = gzip.open if src.suffix == ".gz" else open
-    with opener(src, "rb") as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    out = [provenance.signed(ev) if ev.get("kind") in provenance.FINDING_KINDS else ev for ev in lines]
-    data = "".join(json.dumps(ev, separators=(",", ":")) + "\n" for ev in out).encode()
-    tmp = target.with_name(target.name + ".tmp")
-    if src.suffix == ".gz":
-        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as g:
-            g.write(data)
-    else:
-        tmp.write_bytes(data)
-    st = src.stat()
-    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
-    os.replace(tmp, target)
 
 
 def _trainer(bin_dir: Path, runs_dir: Path, run_id: str, steps: str, env: dict) -> subprocess.Popen:

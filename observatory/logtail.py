@@ -50,9 +50,7 @@ def open_under(root, rel: str, flags: int, mode: int = 0o644) -> int:
         for i, p in enumerate(parts):
             last = i == len(parts) - 1
             try:
-                nxt = os.open(
-                    p, (flags if last else os.O_RDONLY | _DIRECTORY) | _NOFOLLOW, mode, dir_fd=fd
-                )
+                nxt = os.open(p, (flags if last else os.O_RDONLY | _DIRECTORY) | _NOFOLLOW, mode, dir_fd=fd)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
                     where = "/".join(parts[: i + 1])

@@ -259,8 +259,15 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "key_file",
             f"{DATA_HOME}/observatory.key",
-            "the key the observatory signs its findings with (made on first use; keep it private, off the runs dir)",
+            "the private Ed25519 key the observatory signs its findings with (made on first use, mode 0600; keep it off the runs dir)",
             path=True,
+        ),
+        Setting(
+            "trusted_keys",
+            "ed25519:EdxLOxWshzDRetSIrI9Za0nsEmdOzdBd189qfRmLUyk=",
+            "public keys (`ed25519:<base64>`, space-separated) whose signed findings ingest accepts besides "
+            "this observatory's own: the committed samples' key by default; add your lab's earlier keys "
+            "after a rotation",
         ),
         Setting(
             "alerts_file",

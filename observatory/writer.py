@@ -429,10 +429,7 @@ class Run:
             # signed as ingest will read it back: the line's own JSON values
             try:
                 line = json.dumps(provenance.signed(json.loads(line)), separators=(",", ":"), allow_nan=False)
-            except (
-                OSError,
-                ValueError,
-            ) as e:  # no key: the finding is written, and ingest says it is unsigned
+            except (OSError, ValueError, ImportError) as e:  # no key: written, and ingest says it is unsigned
                 _warn(f"cannot sign a {kind} with key_file {settings.get('key_file')}: {e}")
         return (line + "\n").encode()
 

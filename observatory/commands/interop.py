@@ -194,3 +194,7 @@ def export(run, fmt, out, partitioned, runs_dir, db):
     if res.skipped:
         msg += f" ({res.skipped} invalid or torn lines left out)"
     click.echo(msg, err=str(res.out) == "-")
+    if fmt == "jsonl":
+        from observatory import provenance
+
+        click.echo(provenance.published(), err=str(res.out) == "-")

@@ -110,7 +110,9 @@ def _open(lf: LogFile):
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+            what = (
+                "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+            )
             raise OSError(errno.EINVAL, f"not a regular file ({what})")
         os.set_blocking(fd, True)
         f = open(fd, "rb")
@@ -464,6 +466,11 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
             kind, data
         )  # every writer's secrets, by key and by pattern (ours already hid its own)
         b.hid(run, n)
+        if lf.host == OBSERVATORY_HOST and (kid := provenance.signer(ev)) is not None:
+            data = {
+                **data,
+                "signed_by": kid,
+            }  # judged above: the trusted key that signed it, for pages to say
         dj = json_text(data)
         b.events.append((run, lf.host, ev["seq"], kind, step, t, ev["v"], kind in KINDS, dj))
         if kind in ("run_start", "run_end") or is_final_failure(kind, data):

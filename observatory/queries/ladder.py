@@ -119,18 +119,19 @@ def eval_points(con, runs: list[str]) -> list[dict[str, Any]]:
 
 
 def forecast_events(con, run: str | None = None, ladder: str | None = None) -> list[dict[str, Any]]:
-    """Stored `forecast` events, oldest first: run, t, host, seq, step and the data fields."""
+    """Stored `forecast` events, oldest first: run, t, host, seq, step, the run's `started` (its first
+    run_start's time) and the data fields (`signed_by`: the key that signed one of the observatory's)."""
     rows = con.execute(
-        """SELECT run, t, host, seq, step, data FROM events
-           WHERE kind = 'forecast' AND ($run IS NULL OR run = $run)
+        """SELECT run, t, host, seq, step, data, (SELECT start_time FROM runs r WHERE r.run = events.run)
+           FROM events WHERE kind = 'forecast' AND ($run IS NULL OR run = $run)
              AND ($ladder IS NULL OR json_extract_string(data, '$.source.ladder') = $ladder)
            ORDER BY t, run, seq""",
         {"run": run, "ladder": ladder},
     ).fetchall()
     out = []
-    for run_id, t, host, seq, step, data in rows:
+    for run_id, t, host, seq, step, data, started in rows:
         d = _json(data) or {}
-        out.append({"run": run_id, "t": t, "host": host, "seq": seq, "step": step, **d})
+        out.append({"run": run_id, "t": t, "host": host, "seq": seq, "step": step, **d, "started": started})
     return out
 
 

@@ -14,6 +14,8 @@ reuse it until a rung's evals change.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import plotly.colors
 import plotly.graph_objects as go
@@ -21,6 +23,7 @@ import streamlit as st
 
 from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.charts import add_markers
+from observatory.events import OBSERVATORY_HOST
 from observatory.ladder.backtest import backtest
 from observatory.ladder.fit import fit_ladder
 from observatory.ladder.rungs import Rung, average_seeds, fit_version
@@ -214,6 +217,26 @@ def band_text(fit) -> str:
     )
 
 
+def registration_text(fc: dict) -> str:
+    """Who wrote a target's forecast and when, against the target's start: what a reader checks (the line's
+    `sig` against the signer's public key, its `t` against the run's first event)."""
+
+    def when(t) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if isinstance(t, (int, float)) else "?"
+
+    kid = fc.get("signed_by")
+    who = (
+        f"Signed by key {kid}"
+        if fc.get("host") == OBSERVATORY_HOST and isinstance(kid, str)
+        else f"Written by the run's own writer (host {fc.get('host')}), not signed by the observatory"
+    )
+    t, started = fc.get("t"), fc.get("started")
+    if not isinstance(started, (int, float)):
+        return f"{who}, registered at {when(t)}; the target has not started."
+    order = "before" if isinstance(t, (int, float)) and t < started else "NOT before"
+    return f"{who}, registered at {when(t)}, {order} the target's first step at {when(started)}."
+
+
 def unregistered_text(fit, t: dict) -> str:
     """A target without a forecast event (an imported one, with its actual loss): the fit's forecast against it."""
     flops, final = t["ladder"].get("flops"), t["curve"].get("1.0")
@@ -402,6 +425,7 @@ def render() -> None:
         # the ladder's decisions (recipe changes, forecasts, outcomes) at their steps, as on the Live page
         add_markers(fig, decided, y_at=max((v for _, v in obs), default=fc.get("high")))
         st.plotly_chart(fig, key=f"ladder_target_{t['run']}", config={"displaylogo": False})
+        st.caption(md_escape(registration_text(fc)))
         final = t["curve"].get("1.0")
         if final is not None:
             inside = fc["low"] <= final <= fc["high"]
