@@ -71,12 +71,15 @@ def _data(f: Firing, state: str, sent: list[str], message: str) -> dict:
 
 
 def _body(f: Firing, state: str, message: str) -> tuple[str, str]:
+    """(title, body) of an alert's message. The body's first line is the message, a log's text on one line
+    (`channels.send_one` makes it inert for each channel); the lines after it are the observatory's own."""
     host = f" host {f.host}" if f.host is not None else ""
     attempt = f" attempt {f.attempt}" if f.attempt is not None else ""
     where = f"step {f.step}" if f.step is not None else "no step yet"
     verb = "RESOLVED" if state == "resolved" else f.severity.upper()
     title = f"[{verb}] {f.run}{host}: {f.rule}"
-    return title, f"{message}\nrun {f.run}{host}{attempt}, {where}\n{live_link(f.run, f.step)}"
+    one_line = " ".join(str(message).split())
+    return title, f"{one_line}\nrun {f.run}{host}{attempt}, {where}\n{live_link(f.run, f.step)}"
 
 
 def evaluate(

@@ -1,0 +1,141 @@
+"""Alert text is no injection channel into the lab's chat (issue 55, class 2).
+
+A detector's message repeats a metric name a log writer chose. The alerts it raises go out through apprise
+to Slack, Discord and JSON webhooks; here each channel's real outgoing HTTP request is captured by a
+receiver on 127.0.0.1: the json:// channel posts there itself, and the slack:// and discord:// channels'
+requests (built by apprise's own Slack and Discord plugins, headers and payload as they would leave) are
+sent there instead of hooks.slack.com / discord.com (only the URL's host is rewritten, in `requests`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+from conftest import event, write_lines
+
+from observatory import alerts, findings
+from observatory.alerts import channels
+from observatory.ingest import ingest
+
+HOSTILE = (
+    "train/loss <!channel> <!here> <@U024BE7LH> <!subteam^S0123|team> <https://evil.example/reset|Reset your "
+    "password> @everyone @here <@123456789012> <@&987654321> [Reset](https://evil.example) & &lt;!channel&gt; "
+    "`code` **bold** ![i](https://evil.example/i.png)\u202e\x1b[31m"
+)
+
+
+class Receiver(BaseHTTPRequestHandler):
+    got: list = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).got.append((self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"ok" if "slack" in self.path else b"{}")  # what each service answers
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def receiver(monkeypatch):
+    Receiver.got = []
+    srv = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    real = requests.sessions.Session.request
+
+    def to_receiver(self, method, url, *a, **k):
+        parts = urlsplit(url)
+        if parts.hostname in ("hooks.slack.com", "discord.com"):
+            url = f"http://127.0.0.1:{srv.server_port}/{parts.hostname}{parts.path}"
+        return real(self, method, url, *a, **k)
+
+    monkeypatch.setattr(requests.sessions.Session, "request", to_receiver)
+    yield srv.server_port, Receiver.got
+    srv.shutdown()
+
+
+def _payloads(got) -> dict[str, dict]:
+    out = {}
+    for path, body in got:
+        name = "slack" if "slack" in path else "discord" if "discord" in path else "json"
+        out[name] = json.loads(body)
+    return out
+
+
+def _slack_text(p: dict) -> str:
+    return " ".join(a.get("text", "") for a in p.get("attachments", [])) + p.get("text", "")
+
+
+def _assert_inert(p: dict[str, dict]) -> None:
+    slack = _slack_text(p["slack"])
+    assert p["slack"].get("mrkdwn") is False or "mrkdwn" not in p["slack"]
+    # Slack resolves `<!channel>`, `<@U…>`, `<url|text>` only from a literal `<`: every one is an entity
+    assert "<" not in slack and ">" not in slack and "&lt;!channel&gt;" in slack, slack
+    assert "&amp;lt;!channel&amp;gt;" in slack  # the typed entity is shown as typed, not as `<!channel>`
+    d = p["discord"]
+    content = d.get("content", "") + json.dumps(d.get("embeds", []))
+    assert (
+        "allow_mentions" not in d
+        and "allowed_mentions" not in d
+        or d.get("allowed_mentions") == {"parse": []}
+    )
+    for live in ("@everyone", "@here", "<@123456789012>", "<@&987654321>"):
+        assert live not in content, (live, content)
+    assert "`" in content and "[Reset](https://evil.example)" in content  # inside the one code span
+    assert content.count("`") == 2 + content.count("\\`"), content
+    assert "\x1b" not in json.dumps(p) and "\u202e" not in json.dumps(p, ensure_ascii=False)
+    assert "train/loss" in p["json"]["message"]
+
+
+def _rules(tmp_path, monkeypatch, port) -> None:
+    p = tmp_path / "alerts.yaml"
+    p.write_text(
+        "channels:\n"
+        f"  - {{url: 'json://127.0.0.1:{port}/hook', name: hook}}\n"
+        "  - {url: 'slack://T1JJ3T3L2/A1BRTD4JD/TIiajkdnlazkcOXrIdevi7FQ', name: slack}\n"
+        "  - {url: 'discord://4174216298/JHMHI8qBe7bk2ZwO5U711o3dV_js', name: discord}\n"
+    )
+    monkeypatch.setenv("OBSERVATORY_ALERTS_FILE", str(p))
+    alerts._written.clear()
+
+
+def test_an_alert_about_a_hostile_metric_name_mentions_and_links_nobody(
+    runs_dir, db_path, tmp_path, monkeypatch, receiver
+):
+    """Fails before the fix: `<!channel>`, `@everyone`, `<@…>` and `<url|text>` went out as typed."""
+    _rules(tmp_path, monkeypatch, receiver[0])
+    now = time.time()
+    write_lines(
+        runs_dir / "r" / "events.0.jsonl",
+        [event("r", "run_start", {"config": {}}, 0, step=0, t=now - 60)]
+        + [event("r", "metrics", {"train/loss": 3.0}, i, step=i, t=now - 10 + i) for i in range(1, 5)],
+    )
+    ingest(runs_dir, db_path, emit=None)
+    f = {
+        "detector": "loss_spike",
+        "metric": HOSTILE,
+        "severity": "critical",
+        "message": f"a spike in {HOSTILE}",
+    }
+    findings.write(runs_dir, "r", "anomaly", [({**f, "window": [3, 3]}, 3)])
+    ingest(runs_dir, db_path, emit=None)
+    p = _payloads(receiver[1])
+    assert sorted(p) == ["discord", "json", "slack"], receiver[1]
+    _assert_inert(p)
+
+
+def test_chat_text_keeps_the_words_and_bounds_them():
+    s = channels.chat_text("x" * 5000 + "\n#heading", "plain")
+    assert len(s) <= channels.MAX_TEXT + 1 and "\n" not in s
+    assert channels.chat_text("a @everyone b", "discord") == "`a @\u200beveryone b`"
+    assert channels.channel_kind("https://hooks.slack.com/services/a/b/c") == "slack"
+    assert channels.channel_kind("json://127.0.0.1/x") == "plain"
