@@ -34,7 +34,10 @@ REDACTED = "<redacted>"
 
 # A key is secret when one of its words is one of these, or its joined words contain a pair.
 SECRET_WORDS = frozenset(
-    "token secret secrets password passwd pwd credential credentials apikey auth authorization cookie".split()
+    (
+        "token secret secrets password passwd pwd pw passphrase passcode credential credentials apikey auth "
+        "authorization cookie jwt webhook webhooks dsn sas privkey"
+    ).split()
 )
 SECRET_PAIRS = (
     "api_key",
@@ -44,6 +47,14 @@ SECRET_PAIRS = (
     "client_secret",
     "session_token",
     "auth_token",
+    "ssh_key",
+    "account_key",
+    "signing_key",
+    "encryption_key",
+    "master_key",
+    "connection_string",
+    "conn_str",
+    "pass_phrase",
 )
 
 
@@ -94,8 +105,8 @@ _PATTERNS = (
     re.compile(r"(?i)(\b(?:bearer|token)\s+)[A-Za-z0-9._~+/=\-]{8,}"),
     # Basic/Digest credentials: base64 with a digit, '+', '/' or '=' in it ("basic tokenization" is prose)
     re.compile(r"(?i)(\b(?:basic|digest)\s+)(?=[A-Za-z0-9+/]*[0-9+/=])[A-Za-z0-9+/]{8,}={0,2}"),
-    # a URL's user:password@
-    re.compile(r"(://[^/\s:@]{1,256}:)[^@\s/]{1,512}(?=@)"),
+    # a URL's user:password@ (the user may be empty: redis://:pw@host)
+    re.compile(r"(://[^/\s:@]{0,256}:)[^@\s/]{1,512}(?=@)"),
     re.compile(r"()-----BEGIN [A-Z0-9 ]+-----[\s\S]*?(?:-----END [A-Z0-9 ]+-----|$)"),
 )
 # any of them, in one search: a string none of them matches (nearly every name, tag and path) is passed by
@@ -181,10 +192,153 @@ def _scrub_text(text: str) -> tuple[str, int]:
     if _ANCHORS.search(text) is not None and _ANY_PATTERN.search(text) is not None:
         for pat in _PATTERNS:
             text = pat.sub(sub, text)
+    text, n_found = hide_detected(text)
+    n += n_found
     if "=" in text or ":" in text:
         text, n_pairs = _scrub_pairs(text)
         n += n_pairs
     return text, n
+
+
+# prose: "my password is S", "the api key was S" (one word after; `name: S` and `name=S` are pairs)
+_PROSE = re.compile(
+    r"(?i)(\b(?:password|passphrase|passcode|passwd|pw|secret|token|api[ _-]?key)\s+(?:is|was)\s+)"
+    r"(?![<(])[^\s\"']{3,512}"
+)
+
+
+# our rules beside detect-secrets', each behind the literals one of which its matches hold
+_MORE = (
+    # a signed URL's or an API's credential in its query string: ?sig=, &key=, X-Amz-Signature=, ...
+    (
+        re.compile(r"[?&;][^=\s]{1,40}="),
+        re.compile(
+            r"(?i)([?&;](?:sig|signature|key|api[_-]?key|apikey|access[_-]?token|token|x-amz-signature|"
+            r"x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential)=)[^&#\s\"'<>]{1,2048}"
+        ),
+    ),
+    # token shapes detect-secrets has no rule for: Google API keys, npm tokens, any Slack token
+    (re.compile("AIza"), re.compile(r"()AIza[0-9A-Za-z_\-]{35}")),
+    (re.compile("npm_"), re.compile(r"()npm_[A-Za-z0-9]{36}")),
+    (re.compile("xox"), re.compile(r"()xox[abposr]-[A-Za-z0-9\-]{10,}")),
+    (re.compile(r"(?i) (?:is|was) "), _PROSE),
+)
+
+
+def hide_detected(text: str) -> tuple[str, int]:
+    """`text` with what detect-secrets' rules find hidden (`_detectors`), and what ours beside them find
+    (`_MORE`: signed URLs' query credentials, Google, npm and Slack tokens, a secret told in prose); and
+    how many were."""
+    n = 0
+    for needles, pat in _MORE:
+        if needles.search(text) is not None:
+            text, k = pat.subn(lambda m: m.group(1) + REDACTED, text)
+            n += k
+    for needles, rules in _detectors():
+        if needles.search(text) is None:
+            continue  # no literal the rule needs is there: its searches are skipped
+        for pat, whole in rules:
+            text, k = _hide_rule(text, pat, whole)
+            n += k
+    return text, n
+
+
+def _hide_rule(text: str, pat: re.Pattern, whole: bool) -> tuple[str, int]:
+    """`text` with each match of one rule hidden (the whole match, or its first group); and how many were."""
+    n = 0
+
+    def hide(m: re.Match) -> str:
+        nonlocal n
+        if whole or m.lastindex is None:
+            part, head, tail = m.group(0), "", ""
+        else:
+            part, head, tail = m.group(1), text[m.start() : m.start(1)], text[m.end(1) : m.end()]
+        if part.strip("<>") == REDACTED.strip("<>"):  # hidden already by our own pattern
+            return m.group(0)
+        n += 1
+        return head + REDACTED + tail
+
+    return pat.sub(hide, text), n
+
+
+@functools.cache
+def _detectors() -> tuple[tuple[re.Pattern, tuple[tuple[re.Pattern, bool], ...]], ...]:
+    """detect-secrets' token rules (its maintained regexes: AWS, Azure `AccountKey=`, a URL's basic auth,
+    Discord, GitHub, GitLab `glpat-`, JWT, Mailchimp, npm, OpenAI, PyPI, SendGrid `SG.`, Slack `xox…` and
+    webhooks, Square, Stripe `sk_live_`, Telegram) with whether the whole match is the secret (else its
+    first group is), grouped by rule set behind a search for the literals one of which each match holds.
+    Loaded on first use; none where detect-secrets is not installed (a training script's
+    writer: ingest applies them again). Its keyword and entropy rules are left out (they flag prose), and
+    so are its Artifactory, Twilio and public-IP rules (they flag metric names and addresses)."""
+    try:
+        from detect_secrets.plugins import (
+            aws,
+            azure_storage_key,
+            basic_auth,
+            discord,
+            github_token,
+            gitlab_token,
+            jwt,
+            mailchimp,
+            npm,
+            openai,
+            pypi_token,
+            sendgrid,
+            slack,
+            square_oauth,
+            stripe,
+            telegram_token,
+        )
+    except ImportError:
+        return ()
+    in_group = (basic_auth.BasicAuthDetector, npm.NpmDetector)
+    out = []
+    # each rule with the literals one of which any match of it holds (a case-blind rule's in the cases a
+    # secret is written in): most text has none of them
+    for cls, needles in (
+        (aws.AWSKeyDetector, ("A3T", "ABIA", "ACCA", "AKIA", "ASIA", "aws", "AWS", "Aws")),
+        (azure_storage_key.AzureStorageKeyDetector, ("AccountKey=",)),
+        (basic_auth.BasicAuthDetector, ("://",)),
+        (discord.DiscordBotTokenDetector, (".",)),
+        (github_token.GitHubTokenDetector, ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),
+        (
+            gitlab_token.GitLabTokenDetector,
+            (
+                "glpat-",
+                "gldt-",
+                "glft-",
+                "glsoat-",
+                "glrt-",
+                "GR1348941",
+                "glcbt-",
+                "glimt-",
+                "glptt-",
+                "glagent-",
+                "gloas-",
+            ),
+        ),
+        (jwt.JwtTokenDetector, ("eyJ",)),
+        (mailchimp.MailchimpDetector, ("-us",)),
+        (npm.NpmDetector, ("_authToken=",)),
+        (openai.OpenAIDetector, ("T3BlbkFJ",)),
+        (pypi_token.PypiTokenDetector, ("pypi-",)),
+        (sendgrid.SendGridDetector, ("SG.",)),
+        (slack.SlackDetector, ("xox", "XOX", "Xox", "hooks.slack.com", "HOOKS.SLACK.COM")),
+        (square_oauth.SquareOAuthDetector, ("sq0csp-",)),
+        (stripe.StripeDetector, ("k_live_",)),
+        (telegram_token.TelegramBotTokenDetector, (":",)),
+    ):
+        rules = []
+        for pat in cls().denylist:
+            # the secret is the whole match, but where a rule's group is the secret (a URL's password, an
+            # npm token, AWS's quoted secret key); a token is hidden to its last character (`sk_live_` + 99)
+            whole = not (cls in in_group or (cls is aws.AWSKeyDetector and pat.groups))
+            if whole:
+                end = "\n" if pat.flags & re.VERBOSE else ""  # a verbose rule may end in a comment
+                pat = re.compile(f"(?:{pat.pattern}{end})[A-Za-z0-9_\\-]*", pat.flags)
+            rules.append((pat, whole))
+        out.append((re.compile("|".join(map(re.escape, needles))), tuple(rules)))
+    return tuple(out)
 
 
 # remembered for short strings: a sweep's configs, tags and statuses repeat a few values 10^5 times (16k of
@@ -244,12 +398,28 @@ def scrub(value: Any) -> tuple[Any, int]:
         return out, n
     if isinstance(value, (list, tuple)):
         out_l, n = [], 0
+        flag = False  # the element before was a secret flag (argv's `["--api-key", S]`): this is its value
         for v in value:
+            if flag and isinstance(v, str) and v and v != REDACTED:
+                out_l.append(REDACTED)
+                n += 1
+                flag = False
+                continue
             v2, nv = scrub(v)
             out_l.append(v2)
             n += nv
+            flag = isinstance(v, str) and _is_secret_flag(v)
         return out_l, n
     return value, 0
+
+
+_FLAG = re.compile(r"^--?([A-Za-z][\w.\-]{0,63})$")
+
+
+def _is_secret_flag(arg: str) -> bool:
+    """`--api-key`, `--hf_token`, `-password`: a command-line flag whose next argument is a secret."""
+    m = _FLAG.match(arg) if len(arg) <= 66 else None
+    return m is not None and is_secret_key(m.group(1))
 
 
 def scrub_event(kind: str, data: Any) -> tuple[Any, int]:

@@ -44,6 +44,24 @@ SECRETS = {
     "multiword": "horse battery staple",
     "glued_ghp": "ghp_PlantedGluedToAWord0123456789",
     "glued_hf": "hf_PlantedAfterAPercent0123456789",
+    # issue 55: key names, URLs, token formats (detect-secrets' rules and ours), argv, prose
+    "k_pw": "planted-pw-by-key-pw",
+    "k_passphrase": "planted-by-key-passphrase",
+    "k_jwt": "planted-by-key-jwt-value",
+    "k_webhook_url": "planted-webhook-url-path-9f8e7d",
+    "k_ssh_key": "planted-by-key-ssh-key-body",
+    "url_empty_user": "plantedUrlPwNoUser42",
+    "url_sig": "PlantedSasSig%2Bq0Zx9Y8%3D",
+    "url_key": "PlantedQueryKey0123456789",
+    "stripe": "sk_live_" + "Pl4nted0Str1peKey0123456",
+    "google": "AIza" + "PlantedGoogleApiKey_0123456789abcde",
+    "slack_bot": "xoxb-123456789012-1234567890123-PlantedSlackBot0Tok",
+    "gitlab": "glpat-PlantedGitLab0123456789",
+    "npm": "npm_" + "PlantedNpmToken0123456789abcdefghijk",
+    "sendgrid": "SG." + "PlantedSendGrid0123456" + "." + "PlantedSendGridSecretPart0123456789abcdefgh",
+    "azure": "Pl4ntedAzureAccountKey" + "A" * 64 + "==",
+    "argv": "planted-argv-api-key-value",
+    "prose": "Planted-Prose-Pw-42!",
 }
 PEM = f"-----BEGIN RSA PRIVATE KEY-----\n{SECRETS['pem']}\n-----END RSA PRIVATE KEY-----"
 RUN = "foreign"
@@ -57,16 +75,49 @@ def _line(seq: int, kind: str, data: dict, step: int | None = None) -> str:
     )
 
 
-def write_foreign_run(runs_dir: Path) -> Path:
-    """`<runs_dir>/foreign/events.0.jsonl`, every needle in it; returns the file."""
+def foreign_config() -> dict:
+    """The foreign run's config: the needles a config holds, by key and by shape (and an argv)."""
     s = SECRETS
-    config = {
+    return {
         "wandb": {"api_key": s["wandb_hex"], "project": "p"},
         "optimizer": {"lr": 3e-4, "client_secret": s["by_key_nested"]},
         "db": {"password": s["by_key"]},
         "env": f"WANDB_API_KEY={s['wandb_hex_text']} HF_TOKEN={s['hf']}",
         "steps": 20,
+        "service": {
+            "pw": s["k_pw"],
+            "passphrase": s["k_passphrase"],
+            "jwt": s["k_jwt"],
+            "webhook_url": f"https://hooks.example.com/{s['k_webhook_url']}",
+            "ssh_key": s["k_ssh_key"],
+        },
+        "urls": [
+            f"redis://:{s['url_empty_user']}@cache:6379/0",
+            f"https://acct.blob.core.windows.net/c/x.bin?sv=2020-08-04&se=2030&sig={s['url_sig']}",
+            f"https://maps.example.com/api?q=1&key={s['url_key']}",
+        ],
+        "t1": s["stripe"],
+        "t2": s["google"],
+        "t3": s["slack_bot"],
+        "t4": s["gitlab"],
+        "t5": s["npm"],
+        "t6": s["sendgrid"],
+        "t7": f"DefaultEndpointsProtocol=https;AccountName=a;AccountKey={s['azure']};EndpointSuffix=x",
+        "argv": ["train.py", "--api-key", s["argv"], "--lr", "3e-4"],
     }
+
+
+# the needles `foreign_config` holds
+IN_CONFIG = (
+    "wandb_hex wandb_hex_text hf by_key by_key_nested k_pw k_passphrase k_jwt k_webhook_url k_ssh_key "
+    "url_empty_user url_sig url_key stripe google slack_bot gitlab npm sendgrid azure argv"
+).split()
+
+
+def write_foreign_run(runs_dir: Path) -> Path:
+    """`<runs_dir>/foreign/events.0.jsonl`, every needle in it; returns the file."""
+    s = SECRETS
+    config = foreign_config()
     lines = [
         _line(
             0,
@@ -75,7 +126,7 @@ def write_foreign_run(runs_dir: Path) -> Path:
                 "config": config,
                 "name": f"run with {s['ghp']}",
                 "tags": ["ok", s["hf_tag"], f"q%3D{s['glued_hf']}"],
-                "notes": f"launched with {s['sk']}",
+                "notes": f"launched with {s['sk']}; my password is {s['prose']} for now",
                 "project": f"Bearer {s['bearer']}",
                 "group": s["akia"],
             },
