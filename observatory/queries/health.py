@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["health_view", "host_series", "STEP_TIME", "SUMMARY_NAMES"]
+__all__ = ["health_view", "host_series", "host_names_total", "STEP_TIME", "SUMMARY_NAMES"]
 
 LATEST_S = (
     300.0  # the hosts table's telemetry: each host's newest values within this of the run's newest beat
@@ -100,23 +100,40 @@ def _matrix(con, run: str, name: str, buckets: int) -> dict[str, Any] | None:
     }
 
 
+# telemetry names a page lists (the measure picker) and draws (one host's chart): a writer may send 90k
+# names a host, and each listed or drawn one costs every visitor's view (the summary names come first)
+MAX_NAMES_LISTED = 200
+MAX_NAMES_DRAWN = 40
+_FIRST_NAMES = """
+    SELECT name, count(*) OVER () AS total FROM (SELECT DISTINCT name FROM host_telemetry WHERE {where})
+    ORDER BY NOT list_contains($summary::VARCHAR[], name), name LIMIT $k
+"""
+
+
+def _names(con, where: str, params: dict, k: int) -> tuple[list[str], int]:
+    """(the first `k` telemetry names matching `where`, the summary names first; how many there are)."""
+    rows = con.execute(
+        _FIRST_NAMES.format(where=where), {**params, "summary": list(SUMMARY_NAMES), "k": k}
+    ).fetchall()
+    return [r[0] for r in rows], (rows[0][1] if rows else 0)
+
+
 def health_view(con, run: str, name: str, buckets: int = 200) -> dict[str, Any]:
-    """The Health page's data for `run`: its hosts' newest state, the matrix of `name`, the names it has."""
-    names = [
-        r[0]
-        for r in con.execute(
-            "SELECT DISTINCT name FROM host_telemetry WHERE run = $run ORDER BY name", {"run": run}
-        ).fetchall()
-    ]
+    """The Health page's data for `run`: its hosts' newest state, the matrix of `name`, the names it has (the
+    first `MAX_NAMES_LISTED`; `names_total` says how many)."""
+    names, total = _names(con, "run = $run", {"run": run}, MAX_NAMES_LISTED)
     return {
         "hosts": _hosts(con, run),
         "matrix": _matrix(con, run, name, buckets),
         "names": [STEP_TIME, *names],
+        "names_total": total,
     }
 
 
 def host_series(con, run: str, host: int, max_points: int = 2000) -> dict[str, dict[str, list]]:
-    """Every telemetry name of one host over time (bucketed to `max_points` per name): {name: {t, value}}."""
+    """One host's telemetry names over time (bucketed to `max_points` per name): {name: {t, value}}; the
+    first `MAX_NAMES_DRAWN` names, the summary names first (`host_names_total` says how many it has)."""
+    names, _ = _names(con, "run = $run AND host = $host", {"run": run, "host": host}, MAX_NAMES_DRAWN)
     ext = con.execute(
         "SELECT min(t), max(t) FROM host_telemetry WHERE run = $run AND host = $host",
         {"run": run, "host": host},
@@ -126,10 +143,11 @@ def host_series(con, run: str, host: int, max_points: int = 2000) -> dict[str, d
     width = max((ext[1] - ext[0]) / max_points, 1e-9)
     rows = con.execute(
         """
-        SELECT name, min(t) AS t, avg(value) AS v FROM host_telemetry WHERE run = $run AND host = $host
+        SELECT name, min(t) AS t, avg(value) AS v FROM host_telemetry
+        WHERE run = $run AND host = $host AND list_contains($names::VARCHAR[], name)
         GROUP BY name, CAST(floor((t - $t0) / $w) AS BIGINT) ORDER BY name, t
         """,
-        {"run": run, "host": host, "t0": ext[0], "w": width},
+        {"run": run, "host": host, "t0": ext[0], "w": width, "names": names},
     ).fetchall()
     out: dict[str, dict[str, list]] = {}
     for name, t, v in rows:
@@ -137,3 +155,11 @@ def host_series(con, run: str, host: int, max_points: int = 2000) -> dict[str, d
         d["t"].append(t)
         d["value"].append(v)
     return out
+
+
+def host_names_total(con, run: str, host: int) -> int:
+    """How many telemetry names one host sent (the page says how many it did not draw)."""
+    return con.execute(
+        "SELECT count(DISTINCT name) FROM host_telemetry WHERE run = $run AND host = $host",
+        {"run": run, "host": host},
+    ).fetchone()[0]

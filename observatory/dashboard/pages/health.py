@@ -9,6 +9,7 @@ name over time, picked from the table's host list (or `?host=`).
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -19,6 +20,7 @@ from observatory.dashboard.cache import derive, query_all
 from observatory.dashboard.charts import _ticks, scatter
 from observatory.dashboard.runs_table import is_running, run_row
 from observatory.dashboard.widgets import pick_run, show_chart
+from observatory.markup import md_escape, plot_text
 from observatory.queries import health as qh
 from observatory.queries.goodput import describe_goodput, goodput
 
@@ -49,11 +51,11 @@ def host_heatmap(m: dict) -> dict:
                 "y": hosts,
                 "colorscale": "Viridis",
                 "hovertemplate": "host %{y}, minute %{x}: %{z:.4g}<extra></extra>",
-                "colorbar": {"title": {"text": m["name"]}},
+                "colorbar": {"title": {"text": plot_text(m["name"])}},
             }
         ],
         "layout": {
-            "title": {"text": f"{m['name']}, every host", "font": {"size": 14}},
+            "title": {"text": plot_text(f"{m['name']}, every host"), "font": {"size": 14}},
             "height": height,
             "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
             "xaxis": {"title": {"text": "minutes since the first heartbeat"}},
@@ -77,8 +79,8 @@ def host_figure(series: dict, host: int) -> dict:
                 x=(t - t[0]) / 60.0 if len(t) else t,
                 y=d["value"],
                 mode="lines",
-                name=name,
-                hovertemplate="minute %{x:.1f}: %{y:.4g}<extra>" + name + "</extra>",
+                name=plot_text(name),
+                hovertemplate="minute %{x:.1f}: %{y:.4g}<extra>" + plot_text(name) + "</extra>",
             )
         )
     return {
@@ -94,6 +96,23 @@ def host_figure(series: dict, host: int) -> dict:
     }
 
 
+def _alert_box(a: dict) -> None:
+    """One open alert as an error or warning box; its message is a log's text (a metric name): inert."""
+    host = f" host {a['host']}" if a.get("host") is not None else ""
+    (st.error if a.get("severity") == "critical" else st.warning)(
+        md_escape(f"{a.get('rule', '?')}{host}: {a.get('message', '')}"),
+        icon=":material/notifications_active:",
+    )
+
+
+def linked_host(raw, ids: list[int]) -> int | None:
+    """The host `?host=` asks for: a plain ASCII integer (not `²`, `٣`, `+1`, `1e3`) that is one of `ids`;
+    else None (ignored, with a note)."""
+    if not isinstance(raw, str) or not re.fullmatch(r"[0-9]{1,6}", raw):
+        return None
+    return int(raw) if int(raw) in ids else None
+
+
 def render() -> None:
     st.title("Health")
     run = pick_run()
@@ -107,10 +126,7 @@ def render() -> None:
     if gp is not None and gp["total_s"]:
         st.markdown(f"**Goodput:** {describe_goodput(gp)}.")
     for a in alerts:
-        host = f" host {a['host']}" if a.get("host") is not None else ""
-        (st.error if a.get("severity") == "critical" else st.warning)(
-            f"{a.get('rule', '?')}{host}: {a.get('message', '')}", icon=":material/notifications_active:"
-        )
+        _alert_box(a)
     hosts = view["hosts"]
     if not hosts["host"]:
         st.info(
@@ -122,6 +138,10 @@ def render() -> None:
     if name not in view["names"]:
         name = qh.STEP_TIME
     st.selectbox("Measure", view["names"], index=view["names"].index(name), key=NAME_KEY)
+    if view["names_total"] > len(view["names"]) - 1:
+        st.caption(
+            f"The first {len(view['names']) - 1} of {view['names_total']:,} telemetry names are listed."
+        )
     if view["matrix"] is not None:
         show_chart(derive(host_heatmap, view["matrix"]), key=f"health_map_{run}")
     now = time.time()
@@ -134,16 +154,19 @@ def render() -> None:
     }
     order = np.argsort(-np.asarray(table["silent for (s)"]))  # the silent first
     st.dataframe({k: [v[i] for i in order] for k, v in table.items()}, hide_index=True, key="health_hosts")
-    wanted = st.query_params.get("host")
     ids = hosts["host"]
+    wanted = linked_host(st.query_params.get("host"), ids)
+    if wanted is None and st.query_params.get("host"):
+        st.caption(md_escape(f"?host={st.query_params.get('host')[:40]} ignored: not a host of this run."))
     host = st.selectbox(
-        "One host's telemetry",
-        ids,
-        key="health_host",
-        index=ids.index(int(wanted)) if wanted and wanted.isdigit() and int(wanted) in ids else 0,
+        "One host's telemetry", ids, key="health_host", index=ids.index(wanted) if wanted is not None else 0
     )
     if st.query_params.get("host") != str(host):
         st.query_params["host"] = str(host)
-    series = query_all((qh.host_series, run, int(host)), keep_fresh=live)[0]
+    series, total = query_all(
+        (qh.host_series, run, int(host)), (qh.host_names_total, run, int(host)), keep_fresh=live
+    )
     if series:
         show_chart(derive(host_figure, series, int(host)), key=f"health_host_{run}")
+    if total > len(series):
+        st.caption(f"Host {host} sent {total:,} telemetry names; the first {len(series)} are drawn.")
