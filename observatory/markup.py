@@ -18,6 +18,9 @@ open the dashboard. None of it may run script or inject links:
   plotly renders a subset of HTML (`<b>`, `<a href>`, `<br>`) there, so HTML-escaped.
 - `Markup`: a str that is already HTML (what `markdown_html` returns); HTML builders
   escape every other str.
+- `CSV_FORMULA`: a CSV cell a spreadsheet would run as a formula (`=cmd|' /C calc'!A0`,
+  `+`, `-`, `@`, a tab or carriage return first); CSV writers (the SQL page's download,
+  `export --format csv`) prefix such a text cell with `'` (`csv_cell`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ from urllib.parse import unquote
 
 from markdown_it import MarkdownIt
 
-__all__ = ["Markup", "md_escape", "markdown_html", "plot_text", "safe_url"]
+__all__ = ["Markup", "md_escape", "markdown_html", "plot_text", "safe_url", "CSV_FORMULA", "csv_cell"]
+
+CSV_FORMULA = r"^[=+\-@\t\r]"  # (a regex for polars and Arrow too)
+
+
+def csv_cell(text: str) -> str:
+    """A text cell for a CSV file: one a spreadsheet would take for a formula gets a leading `'`."""
+    return "'" + text if re.match(CSV_FORMULA, text) else text
 
 
 class Markup(str):

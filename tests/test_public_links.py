@@ -131,3 +131,19 @@ def test_findings_never_go_through_a_link_a_log_writer_made(runs_dir, tmp_path, 
         findings.write(runs_dir, "r", "note", [({"text": "y"}, None)])
     assert sorted(p.name for p in alerts.parent.iterdir()) == ["alerts.yaml"]
     assert findings.pending_many(runs_dir, ["r"], "note") == {"r": []}
+
+
+def test_export_reads_no_log_through_a_link(runs_dir, tmp_path):
+    """`export --format jsonl` reads the run's files as ingest does: a linked log or run folder is not read."""
+    from observatory.interop.export import ExportError, export_run
+
+    _good(runs_dir)
+    other = tmp_path / "other" / "events.0.jsonl"
+    write_lines(other, [event("r", "note", {"text": SECRET}, 5)])
+    os.symlink(other, runs_dir / "r" / "events.4.jsonl")
+    out = tmp_path / "r.jsonl"
+    export_run("r", "jsonl", out, runs_dir=runs_dir)
+    assert SECRET not in out.read_text() and out.read_text().count("\n") == 1
+    os.symlink(other.parent, runs_dir / "evil")
+    with pytest.raises(ExportError, match="symbolic link"):
+        export_run("evil", "jsonl", tmp_path / "e.jsonl", runs_dir=runs_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from observatory.commands import bucket_options
+from observatory.commands.output import terminal_text
 from observatory.commands.progress import bar, quiet_option
 from observatory.store import StoreBusy
 
@@ -78,7 +79,9 @@ def _fail_on_dropped(report) -> None:
 
 
 def _err(msg: str) -> None:
-    click.echo(msg, err=True)
+    click.echo(
+        terminal_text(msg), err=True
+    )  # names a log writer chose: no escape sequence reaches the terminal
 
 
 def _quiet(msg: str) -> None:
@@ -86,4 +89,4 @@ def _quiet(msg: str) -> None:
     from observatory.ingest.model import Rejection
 
     if not isinstance(msg, Rejection):
-        click.echo(msg, err=True)
+        click.echo(terminal_text(msg), err=True)

@@ -15,6 +15,7 @@ import datetime as dt
 import decimal
 import io
 import json
+import re
 import sys
 import uuid
 from collections.abc import Sequence
@@ -91,11 +92,22 @@ def _rows_as_json(columns: list[str], rows: list[tuple], types: Sequence[str] | 
 
 
 def _csv(columns: list[str], rows: list[tuple]) -> str:
+    from observatory.markup import csv_cell
+
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(columns)
-    w.writerows([_text(v) for v in r] for r in rows)
+    w.writerow([csv_cell(c) for c in columns])
+    w.writerows([csv_cell(_text(v)) for v in r] for r in rows)  # a formula cell prefixed (`markup.csv_cell`)
     return buf.getvalue()
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_text(msg: str) -> str:
+    """`msg` for a terminal: control characters (an escape sequence in a folder name that a log writer
+    chose, a carriage return that overwrites the line) and bidi overrides as `\\xNN`/`\\uNNNN` escapes."""
+    return _CONTROL.sub(lambda m: ascii(m.group(0))[1:-1], str(msg))
 
 
 def _arrow_types(types: Sequence[str] | None, n: int) -> list[Any]:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from observatory import findings
 from observatory.events import OBSERVATORY_HOST, RUN_ID_RE, ValidationError, validate_event
+from observatory.markup import CSV_FORMULA
 from observatory.redact import scrub_event
 
 __all__ = [
@@ -62,12 +63,14 @@ def run_event_files(runs_dir: str | os.PathLike, run: str) -> list[tuple[int, Pa
     if not RUN_ID_RE.match(run):
         raise ExportError(f"{run!r} is not a run id ([A-Za-z0-9._-]{{1,128}})")
     folder = Path(runs_dir) / run
+    if folder.is_symlink():  # a log writer's link may point anywhere: never read through (as ingest)
+        raise ExportError(f"run {run!r}: its folder {folder} is a symbolic link; not read")
     if not folder.is_dir():
         raise ExportError(f"run {run!r} has no folder {folder} in the runs dir (is --runs-dir right?)")
     files = []
     for p in sorted(folder.iterdir()):
         m = _FILE_RE.match(p.name)
-        if m and p.is_file():
+        if m and p.is_file() and not p.is_symlink():
             files.append((int(m.group(1)), p))
     own = findings.path(runs_dir, run)  # the observatory's own events, in the runs dir's findings folder
     if own.parent != folder and own.is_file():
@@ -108,6 +111,21 @@ def _export_jsonl(runs_dir, run: str, out) -> ExportResult:
     return res
 
 
+def _csv_safe(batch):
+    """`batch` with each text cell a spreadsheet would run as a formula (a metric named `=cmd|…`) prefixed
+    with `'` (`markup.CSV_FORMULA`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cols = []
+    for col in batch.columns:
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            bad = pc.fill_null(pc.match_substring_regex(col, CSV_FORMULA), False)
+            col = pc.if_else(bad, pc.binary_join_element_wise("'", col, ""), col)
+        cols.append(col)
+    return pa.RecordBatch.from_arrays(cols, schema=batch.schema)
+
+
 def _export_table(db, run: str, fmt: str, out) -> ExportResult:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -134,7 +152,7 @@ def _export_table(db, run: str, fmt: str, out) -> ExportResult:
         else:
             with _open_out(out, "wb") as f, pacsv.CSVWriter(f, reader.schema) as w:
                 for batch in reader:
-                    w.write_batch(batch)
+                    w.write_batch(_csv_safe(batch))
                     res.rows += batch.num_rows
     return res
 

@@ -22,6 +22,7 @@ import streamlit as st
 
 from observatory import settings, store
 from observatory.dashboard.cache import db_path, derive, query
+from observatory.markup import CSV_FORMULA
 from observatory.queries import dashboard as qd
 from observatory.queries import user_sql
 
@@ -107,7 +108,13 @@ def _jsonable(v: Any) -> Any:
 
 
 def csv_text(frame: pl.DataFrame) -> str:
-    """The frame as CSV (`to_frame` has made every column a type CSV can write)."""
+    """The frame as CSV (`to_frame` has made every column a type CSV can write), a text cell that a
+    spreadsheet would run as a formula prefixed with `'` (`markup.CSV_FORMULA`)."""
+    texts = [c for c, t in frame.schema.items() if t == pl.Utf8]
+    frame = frame.with_columns(
+        pl.when(pl.col(c).str.contains(CSV_FORMULA)).then("'" + pl.col(c)).otherwise(pl.col(c)).alias(c)
+        for c in texts
+    )
     return frame.write_csv()
 
 

@@ -1,0 +1,61 @@
+"""Smaller doors (issue 55, class 6): CSV formula cells, terminal escapes in names `ingest` prints."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import sys
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from conftest import event, write_lines
+
+from observatory.markup import csv_cell
+
+FORMULAS = ["=cmd|' /C calc'!A0", "+1+1", "-2+3", "@SUM(A1)", "\t=1", "\r=1"]
+
+
+def test_the_sql_pages_csv_prefixes_formula_cells():
+    """Fails before the fix: `=cmd|…` went into the download as is."""
+    from observatory.dashboard.pages.sql import csv_text
+
+    frame = pl.DataFrame({"name": [*FORMULAS, "ok", None], "n": list(range(len(FORMULAS) + 2))})
+    rows = list(csv.reader(io.StringIO(csv_text(frame))))[1:]
+    assert [r[0] for r in rows] == [*("'" + f for f in FORMULAS), "ok", ""]
+    assert [r[1] for r in rows] == [str(i) for i in range(len(FORMULAS) + 2)]
+
+
+def test_export_csv_prefixes_formula_metric_names(tmp_path):
+    from observatory.ingest import ingest
+    from observatory.interop.export import export_run
+
+    runs, db = tmp_path / "runs", tmp_path / "s.duckdb"
+    lines = [event("r", "run_start", {"config": {}}, 0, step=0)]
+    lines += [event("r", "metrics", {f: 1.0 for f in FORMULAS[:4]} | {"loss": 2.0}, 1, step=1)]
+    write_lines(runs / "r" / "events.0.jsonl", lines)
+    ingest(runs, db, emit=None)
+    out = tmp_path / "r.csv"
+    export_run("r", "csv", out, runs_dir=runs, db=db)
+    names = {row["name"] for row in csv.DictReader(out.open())}
+    assert names == {csv_cell(f) for f in FORMULAS[:4]} | {"loss"}
+    assert all(not n.startswith(("=", "+", "-", "@")) for n in names)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="control characters in file names")
+def test_ingest_prints_no_terminal_escape_from_a_folder_name(tmp_path):
+    """Fails before the fix: a folder named with an escape sequence (a window title, a cleared screen) was
+    printed raw by `observatory ingest`."""
+    from observatory.cli import main as cli
+
+    runs = tmp_path / "runs"
+    evil = "x\x1b]0;pwned\x07\x1b[2J\u202e"
+    write_lines(runs / "r" / "events.0.jsonl", [event("r", "run_start", {"config": {}}, 0)])
+    (runs / evil).mkdir()
+    os.symlink(runs / "r", runs / f"{evil}-link")  # said by ingest: a linked run folder is not read
+    res = CliRunner().invoke(cli, ["ingest", "--runs-dir", str(runs), "--db", str(tmp_path / "s.duckdb")])
+    assert res.exit_code == 0, res.output
+    out = res.output + (res.stderr if res.stderr_bytes is not None else "")
+    assert "symbolic link" in out and "\\x1b]0;pwned\\x07" in out
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
