@@ -142,8 +142,8 @@ def test_export_reads_no_log_through_a_link(runs_dir, tmp_path):
     write_lines(other, [event("r", "note", {"text": SECRET}, 5)])
     os.symlink(other, runs_dir / "r" / "events.4.jsonl")
     out = tmp_path / "r.jsonl"
-    export_run("r", "jsonl", out, runs_dir=runs_dir)
+    export_run("r", "jsonl", out, runs_dir=runs_dir, db=tmp_path / "none.duckdb")
     assert SECRET not in out.read_text() and out.read_text().count("\n") == 1
     os.symlink(other.parent, runs_dir / "evil")
     with pytest.raises(ExportError, match="symbolic link"):
-        export_run("evil", "jsonl", tmp_path / "e.jsonl", runs_dir=runs_dir)
+        export_run("evil", "jsonl", tmp_path / "e.jsonl", runs_dir=runs_dir, db=tmp_path / "none.duckdb")
