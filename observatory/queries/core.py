@@ -7,6 +7,7 @@ Every function takes an open connection (the caller owns it:
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -46,14 +47,30 @@ RUN_COLUMNS = (
 )
 
 
+SEARCH_WORDS = 8  # words of a run search that are matched (the rest ignored, and the page says so)
+SEARCH_WORD_CHARS = 64
+SEARCH_TEXT_CHARS = 256  # the whole text, as a run id prefix
+
+
+def search_words(text: str | None) -> list[str]:
+    """The words a run search matches: the first `SEARCH_WORDS` distinct ones, each at most `SEARCH_WORD_CHARS`."""
+    words: dict[str, None] = {}
+    for m in re.finditer(r"\S+", text or ""):
+        words.setdefault(m.group(0)[:SEARCH_WORD_CHARS].lower())
+        if len(words) == SEARCH_WORDS:
+            break
+    return list(words)
+
+
 def _run_filter(
     text: str | None, status, projects, groups, ladders=(), tags=(), runs=None, name: str | None = None
 ) -> tuple[str, dict[str, Any]]:
     """The WHERE of a run search over `runs` with its `status` computed (see `search_runs`) and its parameters.
 
     `text`: every word matches the run id, name, project, group, ladder or a tag (case-insensitive,
-    anywhere in them); a run whose id is the whole text or starts with it matches too."""
-    words = (text or "").lower().split()
+    anywhere in them); a run whose id is the whole text or starts with it matches too. Bounded: its first
+    `SEARCH_WORDS` distinct words, each cut to `SEARCH_WORD_CHARS` (a 3,000-word `?q=` cost 5 s a view)."""
+    words = search_words(text)
     where = [
         "(len($status::VARCHAR[]) = 0 OR list_contains($status::VARCHAR[], status))",
         "($name IS NULL OR name = $name)",
@@ -82,7 +99,7 @@ def _run_filter(
         where.append(f"(starts_with(run, $raw) OR contains({hay}, $w{i}))")
         params[f"w{i}"] = w
     if words:
-        params["raw"] = (text or "").strip()
+        params["raw"] = (text or "").strip()[:SEARCH_TEXT_CHARS]
     return " AND ".join(where), params
 
 

@@ -67,6 +67,10 @@ def render() -> None:
         "ladders": ladders,
         "tags": tags,
     }
+    if len(text.split()) > core.SEARCH_WORDS or any(len(w) > core.SEARCH_WORD_CHARS for w in text.split()):
+        st.caption(
+            f"Searched the first {core.SEARCH_WORDS} words, each up to {core.SEARCH_WORD_CHARS} characters."
+        )
     total = query(core.count_runs, search["search"], statuses or None, projects, groups, ladders, tags)
     pages = max(1, -(-total // PAGE))
     page = _page(pages)
