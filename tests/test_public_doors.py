@@ -79,3 +79,36 @@ def test_a_3000_word_search_matches_a_bounded_number_of_words(tmp_path):
     with using(db) as con:
         assert core.count_runs(con, "alpha", None, (), (), (), ()) == 1
         assert core.count_runs(con, text, None, (), (), (), ()) == 0  # still an AND of the words it matches
+
+
+def test_a_metrics_scrape_reads_the_open_alerts_once_not_once_per_run(tmp_path, monkeypatch):
+    """Fails before the fix: each run's count was a pass over every open alert (quadratic: 22 s at 8k runs).
+    The open alerts are a dict that counts its passes; a scrape of 300 live runs makes one."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from observatory.alerts import prometheus
+    from observatory.ingest import ingest
+
+    runs, db = tmp_path / "runs", tmp_path / "s.duckdb"
+    for i in range(300):
+        run = f"r{i}"
+        write_lines(
+            runs / run / "events.0.jsonl",
+            [event(run, "run_start", {"config": {}}, 0), event(run, "metrics", {"loss": 1.0}, 1, step=1)],
+        )
+    ingest(runs, db, emit=None)
+
+    class Counted(dict):
+        passes = 0
+
+        def items(self):
+            type(self).passes += 1
+            return super().items()
+
+    opened = Counted({(f"r{i}", "findings", None, "d", "m"): {"severity": "critical"} for i in range(300)})
+    monkeypatch.setattr(prometheus, "open_alerts", lambda con, runs: opened)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(prometheus.RunHealth(db))
+    text = generate_latest(reg).decode()
+    assert Counted.passes == 1
+    assert 'observatory_run_open_alerts{project="",run="r7",severity="critical"} 1.0' in text

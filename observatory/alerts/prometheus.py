@@ -9,6 +9,7 @@ per run (labels `run`, `project`) that is running, or crashed within `alert_hori
 from __future__ import annotations
 
 import time
+from collections import Counter
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -54,6 +55,9 @@ class RunHealth:
             names = list(dict.fromkeys(LOSS_NAMES + MFU_NAMES))
             series = last_values(con, sorted(runs), names)
             opened = open_alerts(con, runs)
+        per_run: Counter = Counter(
+            (k[0], d.get("severity")) for k, d in opened.items()
+        )  # one pass, not per run
         last: dict[str, dict[str, tuple[float, float]]] = {}
         for run, name, value, t in series:
             last.setdefault(run, {})[name] = (value, t)
@@ -71,8 +75,7 @@ class RunHealth:
                 fams["since"].add_metric(lv, max(0.0, now - progress))
             fams["up"].add_metric(lv, 1.0 if r.status == "running" else 0.0)
             for sev in SEVERITIES:
-                n = sum(1 for k, d in opened.items() if k[0] == run and d.get("severity") == sev)
-                alerts_fam.add_metric([*lv, sev], n)
+                alerts_fam.add_metric([*lv, sev], per_run[run, sev])
         yield from fams.values()
         yield alerts_fam
 
