@@ -182,10 +182,18 @@ def _number(v: Any) -> float | None:
     return x
 
 
-def _positive(v: Any) -> float:
+# the largest values a row may hold: beyond them (1e308, 2^70) a ladder's page and tables cannot show it
+MAX_FLOPS = 1e40
+MAX_COUNT = 1 << 53
+MAX_LOSS = 1e6
+
+
+def _positive(v: Any, most: float = MAX_COUNT) -> float:
     x = _number(v)
     if not x > 0:
         raise ValueError(f"{v!r} must be > 0")
+    if x > most:
+        raise ValueError(f"{v!r} is beyond {most:.3g}, the largest this field may be")
     return x
 
 
@@ -193,6 +201,8 @@ def _count(v: Any, least: int) -> int:
     x = _number(v)
     if x != int(x) or x < least:
         raise ValueError(f"{v!r} must be a whole number >= {least}")
+    if x > MAX_COUNT:
+        raise ValueError(f"{v!r} is beyond {MAX_COUNT:.3g}, the largest this field may be")
     return int(x)
 
 
@@ -239,10 +249,10 @@ def _point(row: dict, where: str, problems: list[str]) -> Point | None:
         else:
             got[name] = str(v).strip()
     got["target"] = bool(take("target", _flag))
-    got["flops"] = take("flops", _positive)
+    got["flops"] = take("flops", _positive, MAX_FLOPS)
     if row.get("flops") in (None, ""):
         problems.append(f"{at}, field flops: missing (the run's training compute C in FLOPs, e.g. 6*N*D)")
-    got["loss"] = take("loss", _positive)
+    got["loss"] = take("loss", _positive, MAX_LOSS)
     if got["loss"] is None and not got["target"] and row.get("loss") in (None, ""):
         problems.append(f"{at}, field loss: missing (only a target row may leave it empty)")
     got["tokens"] = take("tokens", lambda v: int(_positive(v)))

@@ -92,6 +92,32 @@ def _steps_of(info: dict, points: list[dict]) -> int | None:
     return max(steps) if steps else None
 
 
+MAX_FLOPS = 1e40  # training compute a rung may claim (today's largest runs: ~1e26)
+MAX_COUNT = 1 << 53  # tokens, parameters, steps and seeds beyond this (2^70 from a log) are not shown
+
+
+def _count(v) -> int | None:
+    """A ladder's count as a page and a table can hold it: an int in [0, 2^53], else None (not shown)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT else None
+
+
+def out_of_range(lad: dict) -> str | None:
+    """Why a rung's ladder.flops is left out of its ladder (beyond `MAX_FLOPS`), or None."""
+    flops = lad.get("flops")
+    if isinstance(flops, (int, float)) and not isinstance(flops, bool) and not float(flops) <= MAX_FLOPS:
+        return f"ladder.flops {float(flops):.3g} is beyond {MAX_FLOPS:.0e} FLOPs"
+    return None
+
+
+def left_out(con, name: str) -> list[str]:
+    """The ladder's runs that `load_ladder` leaves out for a value beyond what a page can show, each with why."""
+    return [
+        f"run {r['run']}: {why}; left out of the ladder"
+        for r in q.ladder_runs(con, name)
+        if (why := out_of_range(r["ladder"] or {})) is not None
+    ]
+
+
 def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung], list[dict], str | None]:
     """A ladder's rung runs (as `Rung`s, one per run: a rung trained with several seeds gives one per
     seed, with `seed` from ladder.seed; the fit averages them), its targets (run info + observed
@@ -124,17 +150,21 @@ def load_ladder(con, name: str, dataset: str | None = None) -> tuple[list[Rung],
             raise ValueError(
                 f"ladder {name!r}: run {r['run']} (rung {r['rung']!r}) has no ladder.flops in run_start"
             )
+        if (
+            out_of_range(lad) is not None
+        ):  # 1e308 from a log: left out (`left_out` says why), not a broken page
+            continue
         rungs.append(
             Rung(
                 run=r["run"],
                 rung=str(lad.get("rung", r["rung"])),
                 flops=float(flops),
                 curve=curve,
-                params_active=lad.get("params_active"),
-                params_total=lad.get("params_total"),
-                tokens=lad.get("tokens"),
-                steps=steps,
-                seed=lad.get("seed") if isinstance(lad.get("seed"), int) else None,
+                params_active=_count(lad.get("params_active")),
+                params_total=_count(lad.get("params_total")),
+                tokens=_count(lad.get("tokens")),
+                steps=steps if _count(steps) else None,
+                seed=_count(lad.get("seed")),
             )
         )
     lacking = [r.run for r in rungs if 1.0 not in r.curve]

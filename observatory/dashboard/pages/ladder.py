@@ -27,7 +27,7 @@ from observatory.events import OBSERVATORY_HOST
 from observatory.ladder.backtest import backtest
 from observatory.ladder.fit import fit_ladder
 from observatory.ladder.rungs import Rung, average_seeds, fit_version
-from observatory.ladder.watch import load_ladder
+from observatory.ladder.watch import left_out, load_ladder
 from observatory.markup import md_escape
 from observatory.queries import ladder as ql
 
@@ -50,6 +50,7 @@ def ladder_data(con, name: str) -> dict:
             for t in targets
         ],
         "dataset": ds,
+        "left_out": left_out(con, name),
     }
 
 
@@ -320,6 +321,8 @@ def render() -> None:
     except ValueError as e:
         st.error(md_escape(e))
         return
+    for note in data["left_out"]:
+        st.warning(md_escape(note))
     rungs = _rungs(data)
     try:
         fit, bt = _fit(name, fit_version(rungs), rungs)

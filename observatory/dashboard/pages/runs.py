@@ -20,6 +20,7 @@ import streamlit as st
 
 from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.runs_table import PAGE, ago, runs_table
+from observatory.ladder.watch import MAX_COUNT
 from observatory.markup import md_escape
 from observatory.queries import core
 from observatory.queries import ladder as ql
@@ -143,7 +144,7 @@ def ladder_groups(shown: list[dict], ladder_runs: dict[str, list[dict]]) -> list
                 {
                     **r,
                     "rung": lr["rung"] or "",
-                    "seed": seed if isinstance(seed, int) else None,
+                    "seed": seed if isinstance(seed, int) and 0 <= seed <= MAX_COUNT else None,  # not 2^70
                     "target": lr["target"],
                 }
             )
