@@ -112,3 +112,25 @@ def test_a_metrics_scrape_reads_the_open_alerts_once_not_once_per_run(tmp_path, 
     text = generate_latest(reg).decode()
     assert Counted.passes == 1
     assert 'observatory_run_open_alerts{project="",run="r7",severity="critical"} 1.0' in text
+
+
+def test_the_html_reports_figures_carry_no_live_link_from_a_failure_message(tmp_path):
+    """Fails before the fix: a failure window's title (the failure's message) went to plotly as is, and
+    plotly draws `<a href>` there as a live link (in the HTML report and the PDF printed from it)."""
+    from observatory import report
+    from observatory.ingest import ingest
+
+    runs, db = tmp_path / "runs", tmp_path / "s.duckdb"
+    link = '<a href="https://evil.example/reset">Reset your password</a>'
+    lines = [event("r", "run_start", {"config": {}}, 0, step=0)]
+    lines += [event("r", "metrics", {f"loss{link}": 3.0 - i / 100}, i + 1, step=i) for i in range(40)]
+    lines.append(
+        event("r", "failure", {"type": "exception", "message": f"boom {link}", "action": "halt"}, 41, step=39)
+    )
+    lines.append(event("r", "run_end", {"status": "failed", "final_step": 39}, 42, step=39))
+    write_lines(runs / "r" / "events.0.jsonl", lines)
+    ingest(runs, db, emit=None)
+    html = report.render_html(report.build(db, "r"))
+    assert "evil.example" in html  # the text is there, as text
+    assert '<a href="https://evil' not in html and '<a href=\\"https://evil' not in html
+    assert "\\u003ca href" not in html.lower() and "u003ca href" not in html.lower()

@@ -125,7 +125,8 @@ def window(rep: Report, w: dict) -> go.Figure:
         pts = w["series"][name]
         xs, ys = _xy(pts)
         fig.add_trace(
-            go.Scatter(x=xs, y=ys, mode="lines+markers", name=name, marker=dict(size=4)), secondary_y=j > 0
+            go.Scatter(x=xs, y=ys, mode="lines+markers", name=plot_text(name), marker=dict(size=4)),
+            secondary_y=j > 0,
         )
         bad = [s for s, v in pts if v is None or not math.isfinite(v)]
         if bad:
@@ -135,7 +136,7 @@ def window(rep: Report, w: dict) -> go.Figure:
                     x=bad,
                     y=[max(fin) if fin else 0.0] * len(bad),
                     mode="markers",
-                    name=f"{name} NaN/inf",
+                    name=plot_text(f"{name} NaN/inf"),
                     marker=dict(color="#d62728", symbol="x", size=10),
                 ),
                 secondary_y=j > 0,
@@ -143,12 +144,13 @@ def window(rep: Report, w: dict) -> go.Figure:
         fin = [v for v in _finite(pts) if v > 0]
         if j > 0 and fin and max(fin) / min(fin) > 100:
             fig.update_yaxes(type="log", tickformat=".3g", secondary_y=True)
-        fig.update_yaxes(title_text=name, secondary_y=j > 0)
+        fig.update_yaxes(title_text=plot_text(name), secondary_y=j > 0)
     fig.add_vrect(x0=w["first"] - 0.5, x1=w["last"] + 0.5, fillcolor="#ff7f0e", opacity=0.15, line_width=0)
     fig.add_vline(
         x=w["step"], line=dict(color="#d62728" if w["kind"] == "failure" else "#ff7f0e", dash="dot")
     )
-    fig.update_layout(height=300, title=w["title"][:120], **LAYOUT)
+    # a failure's message or a finding's text: plotly draws `<a href>` in a title as a live link
+    fig.update_layout(height=300, title=plot_text(w["title"][:120]), **LAYOUT)
     fig.update_xaxes(title_text="step", range=[w["lo"] - 0.5, w["hi"] + 0.5])
     return fig
 
@@ -202,7 +204,7 @@ def lineage(rep: Report) -> go.Figure | None:
         if r["parent_step"] is not None:
             fig.add_vline(x=r["parent_step"], line=dict(color="#555", dash="dash", width=1))
     fig.update_layout(
-        height=320, title=f"Stitched {li.metric} along the lineage {li.root} -> {li.run}", **LAYOUT
+        height=320, title=plot_text(f"Stitched {li.metric} along the lineage {li.root} -> {li.run}"), **LAYOUT
     )
     fig.update_xaxes(title_text="step")
     return fig
@@ -216,7 +218,7 @@ def forecast(rep: Report) -> go.Figure | None:
         pts = rep.forecast_actuals.get(metric) or []
         if pts:
             xs, ys = _xy(_thin(pts))
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{metric} (actual)"))
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=plot_text(f"{metric} (actual)")))
         fs = [f for f in rep.forecasts if f["metric"] == metric and f.get("step") is not None]
         if fs:
             fig.add_trace(
@@ -224,7 +226,7 @@ def forecast(rep: Report) -> go.Figure | None:
                     x=[f["step"] for f in fs],
                     y=[f["value"] for f in fs],
                     mode="markers",
-                    name=f"{metric} (forecast)",
+                    name=plot_text(f"{metric} (forecast)"),
                     marker=dict(symbol="star", size=13, color="#2ca02c"),
                     error_y=dict(
                         type="data",
@@ -232,7 +234,7 @@ def forecast(rep: Report) -> go.Figure | None:
                         array=[(f["high"] - f["value"]) if f.get("high") is not None else 0 for f in fs],
                         arrayminus=[(f["value"] - f["low"]) if f.get("low") is not None else 0 for f in fs],
                     ),
-                    hovertext=[f.get("source_text", "") for f in fs],
+                    hovertext=[plot_text(f.get("source_text", "")) for f in fs],
                 )
             )
         for f in fs:  # the headline: where the run ended up against the band

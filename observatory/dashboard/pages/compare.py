@@ -20,7 +20,7 @@ from observatory.dashboard.runs_table import runs_table
 from observatory.dashboard.widgets import requested_window, show_chart, step_window
 from observatory.events import RUN_ID_RE
 from observatory.lineage import Lineage
-from observatory.markup import md_escape
+from observatory.markup import md_escape, plot_text
 from observatory.queries import dashboard as qd
 from observatory.queries import lineage as ql
 from observatory.redact import redacted_note
@@ -73,8 +73,8 @@ def _overlay(runs: list[str], metric: str, x: str, smoothing: float) -> None:
                 + "); those points are left out."
             )
         df = df.filter(df[col].is_not_null())
-    fig = series_figure(df, metric, smoothing, x=col, group="run", height=420)
-    fig["layout"]["xaxis"]["title"] = {"text": x}
+    fig = series_figure(df, plot_text(metric), smoothing, x=col, group="run", height=420)
+    fig["layout"]["xaxis"]["title"] = {"text": plot_text(x)}
     show_chart(fig, key="compare_overlay", window_key="compare_window" if col == "step" else None)
 
 
@@ -101,7 +101,7 @@ def _lineage(run: str, metric: str) -> None:
         if i + 1 < len(pieces) and d.height:
             fig.add_vline(x=d["step"].max(), line={"dash": "dot", "color": "#999"})
     fig.update_layout(
-        title={"text": f"Stitched {metric}: root → {run}", "font": {"size": 14}},
+        title={"text": plot_text(f"Stitched {metric}: root → {run}"), "font": {"size": 14}},
         height=320,
         margin={"l": 40, "r": 10, "t": 36, "b": 30},
     )

@@ -28,7 +28,7 @@ from observatory.ladder.backtest import backtest
 from observatory.ladder.fit import fit_ladder
 from observatory.ladder.rungs import Rung, average_seeds, fit_version
 from observatory.ladder.watch import left_out, load_ladder
-from observatory.markup import md_escape
+from observatory.markup import md_escape, plot_text
 from observatory.queries import ladder as ql
 
 BAND = "rgba(31, 119, 180, 0.18)"
@@ -85,12 +85,12 @@ def rung_curves_figure(rungs: list[Rung], targets: list[dict]) -> go.Figure:
                     showlegend=False,
                     opacity=0.35,
                     line={"width": 1, "color": color},
-                    name=f"{m.rung} seed {r.seed}",
+                    name=plot_text(f"{m.rung} seed {r.seed}"),  # a rung's name is a log's text
                     hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + r.run + "</extra>",
                 )
             )
         fr = sorted(m.curve)
-        label = m.rung if m.n_seeds == 1 else f"{m.rung} (mean of {m.n_seeds} seeds)"
+        label = plot_text(m.rung if m.n_seeds == 1 else f"{m.rung} (mean of {m.n_seeds} seeds)")
         fig.add_trace(
             go.Scatter(
                 x=[f * m.flops for f in fr],
@@ -155,7 +155,7 @@ def fit_figure(fit, targets: list[dict]) -> go.Figure:
                 mode="markers",
                 name="rungs (final eval)",
                 marker={"size": 10, "color": "#333"},
-                text=[r.rung for r in fit.rungs],
+                text=[plot_text(r.rung) for r in fit.rungs],
                 hovertemplate="%{text}: C=%{x:.3g}, loss %{y:.4f}<extra></extra>",
             ),
         ]
