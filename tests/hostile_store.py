@@ -58,7 +58,7 @@ def _object(kind: str, name: str, run: str, ladder: str) -> Any:
             "lr": 1e-3,
         },
         ("run_start", "parent"): {"run": HOSTILE2 if run == HOSTILE else HOSTILE, "step": 1},
-        ("run_start", "ladder"): {"name": ladder, "rung": p("rung"), "seed": 1},
+        ("run_start", "ladder"): {"name": ladder, "rung": p("rung"), "seed": 1, "flops": 1e18},
         ("run_start", "code"): {"commit": p("commit"), "dirty": True},
         ("run_start", "data"): {"name": p("name"), "fingerprint": p("fp"), "tokens": 10**6},
         ("run_start", "mesh"): {"data": 1, "expert": 1, "processes": 1, "devices": 1},
@@ -120,6 +120,8 @@ def _data(kind: str, run: str, ladder: str, step: int) -> dict:
         data = {"train/loss": 3.0 - 0.01 * step, f"eval/{planted('metric.name')}": 1.0}
     if kind == "run_end":
         data["final_step"] = 30
+    if kind == "heartbeat":  # a telemetry name: the Health page's legend, hover and picker
+        data[f"x/{planted('telemetry.name')}"] = 1.0
     return data
 
 

@@ -31,7 +31,11 @@ PAGES = [
     ("decisions", {}),
     ("reports", {"run": HOSTILE}),
     ("ladder", {}),
+    ("health", {"run": HOSTILE}),
 ]
+# what plotly would draw as markup from a planted part (its titles, names and hover text take `<b>`,
+# `<a href>` and `<img>`): an escaped part is `&lt;b&gt;` in the figure's JSON
+_PLOTLY_MARKUP = re.compile(r"(?:<|\\u003c)(?:b(?:>|\\u003e)HTMLMK|img src=|a href=)", re.IGNORECASE)
 _MD = MarkdownIt("commonmark")
 # what a planted part becomes when Markdown or Streamlit renders it
 _RENDERED = re.compile(r"<(?:strong|em|h\d|b)>[^<]*MK|<a href=\"(?:https?:)?//evil\.invalid|<img\b")
@@ -116,7 +120,9 @@ def test_every_page_over_every_field_planted(hostile_db, name, query):
     assert rendered == {}, f"{name}: planted formatting renders"
     # findings in a trainer's log, or put into the observatory's own file by hand (unsigned, or signed
     # with another key), are rejected lines: no page shows them as its word
-    shown = texts + [c.proto.spec for c in at.get("plotly_chart")] + [d.value.to_csv() for d in at.dataframe]
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert not [m.group(0) for sp in specs for m in _PLOTLY_MARKUP.finditer(sp)], f"{name}: plotly markup"
+    shown = texts + specs + [d.value.to_csv() for d in at.dataframe]
     assert not [t[:200] for t in shown if FORGED in t], f"{name}: a forged finding is shown"
 
 
