@@ -29,7 +29,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,7 @@ class PointsError(ValueError):
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # (slots: a table's 10^5 points are held at once)
 class Point:
     row: int  # the CSV line (the header is line 1) or the JSON item (from 1)
     ladder: str
@@ -116,10 +116,14 @@ class LadderImport:
 # ------------------------------------------------------------------- reading
 
 
-def read_points(path: str | Path) -> tuple[list[dict], str]:
-    """The table's rows as dicts, each with its `_row` number; and the word rows are counted in."""
+def read_points(path: str | Path) -> tuple[Iterable[dict], str]:
+    """The table's rows as dicts, each with its `_row` number; and the word rows are counted in. A CSV's
+    rows come one at a time as its lines are read (a 34 MB table is never held whole: `check_points`
+    keeps each row's `Point` only)."""
     p = Path(path)
     suffix = p.suffix.lower()
+    if suffix in (".csv", ".tsv", ".txt"):
+        return _csv_rows(p, suffix), "line"
     text = p.read_text(encoding="utf-8-sig")
     if suffix == ".json":
         try:
@@ -145,26 +149,32 @@ def read_points(path: str | Path) -> tuple[list[dict], str]:
                 {**defaults, **item, "_row": i} if isinstance(item, dict) else {"_row": i, "_bad": item}
             )
         return rows, "item"
-    if suffix not in (".csv", ".tsv", ".txt"):
-        raise PointsError(str(p), [f"unknown table type {suffix or '(none)'!r}: give a .csv or .json file"])
-    lines = [
-        (n, line)
-        for n, line in enumerate(text.splitlines(), 1)
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
-    if not lines:
+    raise PointsError(str(p), [f"unknown table type {suffix or '(none)'!r}: give a .csv or .json file"])
+
+
+def _csv_rows(p: Path, suffix: str) -> Iterator[dict]:
+    """A CSV's rows, read line by line (`#` lines and blank lines skipped), each with its line number."""
+    numbers: list[int] = []  # the line number of the line the reader took last
+
+    def lines() -> Iterator[str]:
+        with open(p, encoding="utf-8-sig", newline="") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip() and not line.lstrip().startswith("#"):
+                    numbers.append(n)
+                    yield line.rstrip("\r\n")
+
+    reader = csv.reader(lines(), delimiter="\t" if suffix == ".tsv" else ",")
+    header = next(reader, None)
+    if header is None:
         raise PointsError(str(p), ["empty: no header line"])
-    reader = csv.reader([line for _, line in lines], delimiter="\t" if suffix == ".tsv" else ",")
-    header = [h.strip().lower() for h in next(reader)]
-    rows = []
-    for (n, _), cells in zip(lines[1:], reader, strict=True):
+    header = [h.strip().lower() for h in header]
+    for cells in reader:
+        n = numbers[-1]
+        del numbers[:-1]
         if len(cells) > len(header):
-            rows.append({"_row": n, "_bad": f"{len(cells)} cells for {len(header)} columns"})
+            yield {"_row": n, "_bad": f"{len(cells)} cells for {len(header)} columns"}
             continue
-        rows.append(
-            {"_row": n, **{h: c.strip() for h, c in zip(header, cells, strict=False) if c.strip() != ""}}
-        )
-    return rows, "line"
+        yield {"_row": n, **{h: c.strip() for h, c in zip(header, cells, strict=False) if c.strip() != ""}}
 
 
 # ------------------------------------------------------------------ checking
@@ -448,8 +458,12 @@ def import_points(
                 }
             )
             continue
-        logs[run] = _log(run, ps, origin)
-    conflicts = [run for run, b in logs.items() if _conflicts(Path(runs_dir), b) and not replace]
+        logs[run] = ps
+    # a run's log is made twice (to check, then to write), one at a time: all of them at once held
+    # every event of the table in memory
+    conflicts = [
+        run for run, ps in logs.items() if not replace and _conflicts(Path(runs_dir), _log(run, ps, origin))
+    ]
     if conflicts:
         raise PointsError(
             "the runs dir",
@@ -460,8 +474,8 @@ def import_points(
                 for r in conflicts
             ],
         )
-    for run, b in logs.items():
-        out.runs[run] = b.write(runs_dir, replace=replace)
+    for run, ps in logs.items():
+        out.runs[run] = _log(run, ps, origin).write(runs_dir, replace=replace)
     if ingest and db is not None and any(s != "unchanged" for s in out.runs.values()):
         out.ingest = ingest_runs(runs_dir, db, rebuild="replaced" in out.runs.values())
     return out
