@@ -19,9 +19,9 @@ import pytest
 import requests
 from conftest import event, write_lines
 
-from observatory import alerts, findings
+from observatory import findings
 from observatory.alerts import channels
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 HOSTILE = (
     "train/loss <!channel> <!here> <@U024BE7LH> <!subteam^S0123|team> <https://evil.example/reset|Reset your "
@@ -105,7 +105,6 @@ def _rules(tmp_path, monkeypatch, port) -> None:
         "  - {url: 'discord://4174216298/JHMHI8qBe7bk2ZwO5U711o3dV_js', name: discord}\n"
     )
     monkeypatch.setenv("OBSERVATORY_ALERTS_FILE", str(p))
-    alerts._written.clear()
 
 
 def test_an_alert_about_a_hostile_metric_name_mentions_and_links_nobody(

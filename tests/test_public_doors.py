@@ -28,8 +28,8 @@ def test_the_sql_pages_csv_prefixes_formula_cells():
 
 
 def test_export_csv_prefixes_formula_metric_names(tmp_path):
-    from observatory.ingest import ingest
     from observatory.interop.export import export_run
+    from observatory.pipeline import ingest
 
     runs, db = tmp_path / "runs", tmp_path / "s.duckdb"
     lines = [event("r", "run_start", {"config": {}}, 0, step=0)]
@@ -55,7 +55,7 @@ def test_ingest_prints_no_terminal_escape_from_a_folder_name(tmp_path):
     (runs / evil).mkdir()
     os.symlink(runs / "r", runs / f"{evil}-link")  # said by ingest: a linked run folder is not read
     res = CliRunner().invoke(cli, ["ingest", "--runs-dir", str(runs), "--db", str(tmp_path / "s.duckdb")])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # the linked folder is not stored, and ingest says so
     out = res.output + (res.stderr if res.stderr_bytes is not None else "")
     assert "symbolic link" in out and "\\x1b]0;pwned\\x07" in out
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
@@ -63,7 +63,7 @@ def test_ingest_prints_no_terminal_escape_from_a_folder_name(tmp_path):
 
 def test_a_3000_word_search_matches_a_bounded_number_of_words(tmp_path):
     """Fails before the fix: each of 3,000 words was a LIKE over every run (5 s of CPU a view)."""
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
     from observatory.queries import core
     from observatory.store import using
 
@@ -87,7 +87,7 @@ def test_a_metrics_scrape_reads_the_open_alerts_once_not_once_per_run(tmp_path, 
     from prometheus_client import CollectorRegistry, generate_latest
 
     from observatory.alerts import prometheus
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     runs, db = tmp_path / "runs", tmp_path / "s.duckdb"
     for i in range(300):
@@ -118,7 +118,7 @@ def test_the_html_reports_figures_carry_no_live_link_from_a_failure_message(tmp_
     """Fails before the fix: a failure window's title (the failure's message) went to plotly as is, and
     plotly draws `<a href>` there as a live link (in the HTML report and the PDF printed from it)."""
     from observatory import report
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     runs, db = tmp_path / "runs", tmp_path / "s.duckdb"
     link = '<a href="https://evil.example/reset">Reset your password</a>'

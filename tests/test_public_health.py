@@ -14,7 +14,7 @@ import pytest
 from conftest import event, write_lines
 from streamlit.testing.v1 import AppTest
 
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.queries import health as qh
 from observatory.store import using
 

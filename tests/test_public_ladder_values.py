@@ -11,8 +11,8 @@ import pytest
 from conftest import event, write_lines
 from streamlit.testing.v1 import AppTest
 
-from observatory.ingest import ingest
 from observatory.interop.ladder_points import PointsError, import_points
+from observatory.pipeline import ingest
 
 HUGE_INT = 1 << 70
 

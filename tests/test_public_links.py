@@ -16,8 +16,8 @@ from conftest import event, write_lines
 
 from observatory import findings
 from observatory.events import OBSERVATORY_HOST
-from observatory.ingest import ingest
 from observatory.logtail import LinkRefused
+from observatory.pipeline import ingest
 from observatory.writer import init
 
 SECRET = "hunter2-SECRET-CONTENTS-of-a-private-file"

@@ -18,7 +18,7 @@ from conftest import event, write_lines
 
 from observatory import provenance
 from observatory.events import OBSERVATORY_HOST
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 SAMPLES = Path(__file__).resolve().parent.parent / "data" / "samples"
 

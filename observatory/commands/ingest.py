@@ -41,7 +41,7 @@ def ingest(runs_dir, db, follow, quiet):
             )
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
-    click.echo(report.summary(), err=True)
+    click.echo(terminal_text(report.summary()), err=True)  # (it names skipped files)
     _fail_on_dropped(report)
 
 
@@ -57,7 +57,7 @@ def rebuild(runs_dir, db, quiet):
             report = run_rebuild(runs_dir, db, emit=_quiet if quiet else _err, progress=progress)
     except StoreBusy as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"rebuilt {db}: {report.summary()}", err=True)
+    click.echo(terminal_text(f"rebuilt {db}: {report.summary()}"), err=True)
     _fail_on_dropped(report)
 
 
