@@ -27,8 +27,8 @@ def open_under(root, rel: str, flags: int, mode: int = 0o644) -> int:
     `O_NOFOLLOW` relative to the folder before it (`openat`), so a link, a link swapped in after a scan
     included, is refused with `LinkRefused`. `root` itself (the runs dir the operator named) may be a link.
     Where the platform has no `O_NOFOLLOW` or `dir_fd`, each part is `lstat`ed first instead."""
-    parts = [p for p in str(rel).split("/") if p]
-    if not parts or any(p in (".", "..") for p in parts):
+    parts = str(rel).split("/")
+    if "" in parts or "." in parts or ".." in parts:
         raise LinkRefused(errno.EINVAL, f"not a path below the runs dir: {rel!r}")
     if not (_NOFOLLOW and os.open in os.supports_dir_fd):  # pragma: no cover (Windows)
         import stat
@@ -45,12 +45,17 @@ def open_under(root, rel: str, flags: int, mode: int = 0o644) -> int:
             if stat.S_ISLNK(st.st_mode):
                 raise LinkRefused(errno.ELOOP, f"{where} is a symbolic link: not followed")
         return os.open(where, flags, mode)
-    fd = os.open(root, os.O_RDONLY | _DIRECTORY)
+    fd = None  # the first part is opened by its path (`root` may be a link; the part itself may not)
     try:
         for i, p in enumerate(parts):
             last = i == len(parts) - 1
             try:
-                nxt = os.open(p, (flags if last else os.O_RDONLY | _DIRECTORY) | _NOFOLLOW, mode, dir_fd=fd)
+                how = (flags if last else os.O_RDONLY | _DIRECTORY) | _NOFOLLOW
+                nxt = (
+                    os.open(os.path.join(root, p), how, mode)
+                    if fd is None
+                    else os.open(p, how, mode, dir_fd=fd)
+                )
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
                     where = "/".join(parts[: i + 1])
@@ -58,11 +63,13 @@ def open_under(root, rel: str, flags: int, mode: int = 0o644) -> int:
                         errno.ELOOP, f"{where} is a symbolic link (or not a folder): not followed"
                     ) from None
                 raise
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             fd = nxt
         return fd
     except BaseException:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
         raise
 
 
