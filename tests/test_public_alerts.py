@@ -107,6 +107,7 @@ def _rules(tmp_path, monkeypatch, port) -> None:
     monkeypatch.setenv("OBSERVATORY_ALERTS_FILE", str(p))
 
 
+@pytest.mark.slow  # (several seconds: an ingest with its analyses, a page under AppTest)
 def test_an_alert_about_a_hostile_metric_name_mentions_and_links_nobody(
     runs_dir, db_path, tmp_path, monkeypatch, receiver
 ):

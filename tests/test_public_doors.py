@@ -27,6 +27,7 @@ def test_the_sql_pages_csv_prefixes_formula_cells():
     assert [r[1] for r in rows] == [str(i) for i in range(len(FORMULAS) + 2)]
 
 
+@pytest.mark.slow  # (several seconds: an ingest with its analyses)
 def test_export_csv_prefixes_formula_metric_names(tmp_path):
     from observatory.interop.export import export_run
     from observatory.pipeline import ingest

@@ -48,6 +48,7 @@ def test_many_telemetry_names_are_listed_and_drawn_bounded(store):
     assert len(one) == qh.MAX_NAMES_DRAWN and "system/cpu_percent" in one and total == N_NAMES + 2
 
 
+@pytest.mark.slow  # (several seconds: an ingest with its analyses, a page under AppTest)
 def test_the_page_says_what_it_left_out_escapes_names_and_ignores_a_bad_host(store):
     at = AppTest.from_string(
         "from observatory.dashboard.pages import health\nhealth.render()\n", default_timeout=60

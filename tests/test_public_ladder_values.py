@@ -56,6 +56,7 @@ def store(tmp_path, monkeypatch):
     return db
 
 
+@pytest.mark.slow  # (several seconds: an ingest with its analyses, a page under AppTest)
 def test_the_ladder_page_and_runs_by_ladder_keep_working(store):
     """Fails before the fix: the Ladder page raised (an int beyond 64 bits in its rung table)."""
     at = AppTest.from_string(

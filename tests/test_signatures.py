@@ -149,6 +149,7 @@ def test_ingesting_the_samples_by_hand_rejects_nothing(tmp_path, monkeypatch):
         )
 
 
+@pytest.mark.slow  # (several seconds: an ingest with its analyses, a page under AppTest)
 def test_a_forecast_registered_after_its_target_started_says_so(runs_dir, db_path):
     from observatory.dashboard.pages.ladder import registration_text
     from observatory.queries import ladder as ql
