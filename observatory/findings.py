@@ -66,6 +66,7 @@ def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]
     items = list(items)
     if not items:
         return 0
+    provenance.warn_if_reachable(runs_dir)
     target = path(runs_dir, run)
     w = init(
         run_id=run,

@@ -131,6 +131,24 @@ def _raw_public(priv) -> bytes:
     return priv.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
+def warn_if_reachable(runs_dir) -> bool:
+    """Whether the key file lies under the runs dir, where a log writer may read it (and sign what it
+    likes): said once on stderr per runs dir and key file; the findings are still signed."""
+    return _reachable(os.path.realpath(runs_dir), os.path.realpath(_key_path()))
+
+
+@functools.lru_cache(maxsize=16)
+def _reachable(runs_dir: str, key_path: str) -> bool:
+    if os.path.commonpath([runs_dir, key_path]) != runs_dir:
+        return False
+    print(
+        f"observatory: warning: key_file {key_path} is inside the runs dir {runs_dir}: whoever writes a "
+        "log there can read it and sign findings; move it (OBSERVATORY_KEY_FILE) off the runs dir",
+        file=sys.stderr,
+    )
+    return True
+
+
 def public_key() -> str:
     """This observatory's public key as text (`ed25519:<base64 of its 32 bytes>`): what a lab publishes."""
     return PREFIX + base64.b64encode(_raw_public(key())).decode()

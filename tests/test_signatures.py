@@ -181,3 +181,17 @@ def test_the_lab_publishes_its_public_keys_without_making_a_key(tmp_path, monkey
     text = provenance.published()
     assert f"`{provenance.key_id(own)}`: `{own}`" in text and provenance.SAMPLE_KEY in text
     assert (tmp_path / "k.key").read_text().strip() not in text  # the private half never
+
+
+def test_a_key_file_inside_the_runs_dir_warns(tmp_path, monkeypatch, capfd):
+    """The private key must sit where no log writer reaches it: a key file under the runs dir is said."""
+    from observatory import findings
+
+    runs = tmp_path / "runs"
+    (runs / "r").mkdir(parents=True)
+    _use_key(monkeypatch, tmp_path / "elsewhere.key")
+    findings.write(runs, "r", "note", [({"text": "x"}, None)])
+    assert "inside the runs dir" not in capfd.readouterr().err
+    _use_key(monkeypatch, runs / "keys" / "observatory.key")
+    findings.write(runs, "r", "note", [({"text": "y"}, None)])
+    assert "is inside the runs dir" in capfd.readouterr().err
