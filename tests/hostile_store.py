@@ -184,13 +184,18 @@ def forged_findings(run: str) -> list[tuple[str, dict, int]]:
 
 
 def forged_own_lines(run: str, start: int) -> list[dict]:
-    """Findings appended to the observatory's own file by someone else: unsigned, and signed with a wrong key."""
+    """Findings appended to the observatory's own file by someone else: unsigned, signed with HMAC of a wrong
+    key, and signed with an Ed25519 key nobody trusts."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    untrusted = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
     out = []
     for i, k in enumerate(sorted(provenance.FINDING_KINDS)):
-        ev = {"v": 1, "run": run, "kind": k, "step": 12, "t": T0 + start + 2 * i, "host": OBSERVATORY_HOST}
-        out.append(ev | {"seq": start + 2 * i, "data": _forged(k, run)})
-        wrong = ev | {"seq": start + 2 * i + 1, "data": _forged(k, run)}
+        ev = {"v": 1, "run": run, "kind": k, "step": 12, "t": T0 + start + 3 * i, "host": OBSERVATORY_HOST}
+        out.append(ev | {"seq": start + 3 * i, "data": _forged(k, run)})
+        wrong = ev | {"seq": start + 3 * i + 1, "data": _forged(k, run)}
         out.append(
             wrong | {"sig": hmac.new(b"not the key", provenance.canonical(wrong), "sha256").hexdigest()}
         )
+        out.append(provenance.signed(ev | {"seq": start + 3 * i + 2, "data": _forged(k, run)}, untrusted))
     return out
