@@ -1,4 +1,4 @@
-# `make check` while editing (under 2 minutes), `make test` for everything (CI), `make demo`.
+# `make check` while editing (the quick tier), `make test` for everything (CI), `make demo`.
 # Everything they need is installed here.
 SHELL := /bin/bash
 PYTHON ?= python3
