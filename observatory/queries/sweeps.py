@@ -1,0 +1,224 @@
+"""Many-run queries over a selection (`observatory.queries.selection`): the selected runs, one metric's
+final or best value per run with chosen config keys, and group curves (mean, sd, min, max, n per x bucket).
+
+Each is one SQL statement over the selection, whatever the number of runs: no loop of statements per run.
+A metric is a metric name (`train/loss`: its last logged value, or its lowest finite value for `best`),
+or `eval:<dataset>`: the `loss` of that dataset's `eval` events (the last one, or the lowest).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from observatory import settings
+from observatory.queries.selection import (
+    FOLDED_COLUMNS,
+    Selection,
+    SelectionError,
+    key_sql,
+    parse_selection,
+    selected_sql,
+)
+from observatory.store.schema import METRIC_RESOLUTIONS
+
+__all__ = [
+    "select_runs",
+    "count_selected",
+    "final_values",
+    "group_curves",
+    "sweep_keys",
+    "X_AXES",
+    "MAX_KEYS",
+]
+
+X_AXES = ("step", "tokens", "flops")
+MAX_KEYS = 8  # config keys in one view (group-by, pivot, parallel coordinates)
+_OUT = [c for c in FOLDED_COLUMNS if c != "attempts"]
+
+
+def _sel(sel: Selection | str | None) -> Selection:
+    return sel if isinstance(sel, Selection) else parse_selection(sel)
+
+
+def select_runs(
+    con, sel: Selection | str | None, limit: int | None = 1000, offset: int = 0, now: float | None = None
+) -> list[dict[str, Any]]:
+    """The selected (folded) runs, newest first: FOLDED_COLUMNS as dicts, `limit` from `offset`."""
+    head, params = selected_sql(_sel(sel), now)
+    sql = f"{head} SELECT {', '.join(FOLDED_COLUMNS)} FROM selected ORDER BY start_time DESC NULLS LAST, run"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)} OFFSET {int(offset)}"
+    return [dict(zip(FOLDED_COLUMNS, r, strict=True)) for r in con.execute(sql, params).fetchall()]
+
+
+def count_selected(con, sel: Selection | str | None, now: float | None = None) -> int:
+    head, params = selected_sql(_sel(sel), now)
+    return con.execute(f"{head} SELECT count(*) FROM selected", params).fetchall()[0][0]
+
+
+def _keys(keys) -> list[str]:
+    keys = [k for k in keys if k]
+    if len(keys) > MAX_KEYS:
+        raise SelectionError(f"{len(keys)} keys; at most {MAX_KEYS}")
+    return keys
+
+
+def _value_sql(metric: str, best: bool, params: dict[str, Any]) -> tuple[str, str]:
+    """(CTE body giving (run, value) for the selected runs' newest attempts, its note)."""
+    if metric.startswith("eval:"):
+        params["ds"] = metric[5:]
+        agg = "min(v) FILTER (WHERE isfinite(v))" if best else "arg_max(v, (step, t, host, seq))"
+        return (
+            f"""SELECT run, {agg} AS value FROM (
+                  SELECT run, step, t, host, seq, TRY_CAST(data->>'$.loss' AS DOUBLE) AS v FROM events
+                  WHERE kind = 'eval' AND known AND data->>'$.dataset' = $ds
+                    AND run IN (SELECT last FROM selected)) GROUP BY run""",
+            "eval",
+        )
+    params["metric"] = metric
+    if best:
+        res = METRIC_RESOLUTIONS[0]
+        # the finest rollup's min, and the rows it has not rolled up yet (its min is over finite values)
+        return (
+            f"""SELECT run, min(v) AS value FROM (
+                  SELECT run, min AS v FROM metrics_r{res} WHERE name = $metric AND run IN (SELECT last FROM selected)
+                  UNION ALL
+                  SELECT run, value FROM metrics WHERE name = $metric AND isfinite(value) AND NOT replaced
+                    AND run IN (SELECT last FROM selected)
+                    AND rowid >= (SELECT coalesce(max(next_rowid), 0) FROM rollup_state WHERE source = 'metrics')
+                ) GROUP BY run""",
+            "metric",
+        )
+    return (
+        "SELECT run, last_value AS value FROM metric_series WHERE name = $metric "
+        "AND run IN (SELECT last FROM selected)",
+        "metric",
+    )
+
+
+def final_values(
+    con,
+    sel: Selection | str | None,
+    metric: str,
+    keys=(),
+    best: bool = False,
+    limit: int = 100_000,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """One row per selected run that logged `metric`: the folded run's columns, `value` (final, or best),
+    and the value of each of `keys` (dotted, e.g. `config.model.width`, as text). Returns
+    {"rows": [...], "keys": [...], "selected": n, "missing": runs without the metric, "truncated": bool}."""
+    keys = _keys(keys)
+    sel = _sel(sel)
+    head, params = selected_sql(sel, now)
+    body, _ = _value_sql(metric, best, params)
+    kcols = "".join(f", {key_sql(k, f'k{i}', params, 's.')} AS k{i}" for i, k in enumerate(keys))
+    sql = f"""{head}, vals AS ({body})
+        SELECT {", ".join("s." + c for c in _OUT)}, v.value{kcols}
+        FROM selected s JOIN vals v ON v.run = s.last
+        ORDER BY s.budget NULLS LAST, s.tokens NULLS LAST, s.run LIMIT {int(limit) + 1}"""
+    rows = con.execute(sql, params).fetchall()
+    total = count_selected(con, sel, params["cut"] + settings.get("stale_after_s"))
+    truncated = len(rows) > limit
+    rows = rows[:limit]
+    cols = [*_OUT, "value", *(f"k{i}" for i in range(len(keys)))]
+    out = []
+    for r in rows:
+        d = dict(zip(cols, r, strict=True))
+        d["keys"] = {k: d.pop(f"k{i}") for i, k in enumerate(keys)}
+        out.append(d)
+    return {
+        "rows": out,
+        "keys": keys,
+        "selected": total,
+        "missing": total - len(rows) if not truncated else None,
+        "truncated": truncated,
+    }
+
+
+def group_curves(
+    con,
+    sel: Selection | str | None,
+    metric: str,
+    keys=(),
+    x: str = "step",
+    max_groups: int = 12,
+    max_points: int = 200,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Curves of `metric` for the selected runs, grouped by up to two `keys`: per group and x bucket the
+    mean, sd, min, max and n over the group's runs (each run's bucket mean first). Only the `max_groups`
+    largest groups are drawn; `groups` says how many matched. x: step, tokens (data/tokens) or flops
+    (tokens x model.flops_per_token). Returns {"data": frame(group, i, x, mean, sd, min, max, n),
+    "groups": [{"group", "n"}] drawn, "matched_groups", "runs", "x"}."""
+    if x not in X_AXES:
+        raise SelectionError(f"x {x!r}: one of {', '.join(X_AXES)}")
+    keys = _keys(keys)[:2]
+    head, params = selected_sql(_sel(sel), now)
+    params["metric"] = metric
+    gexpr = (
+        " || ' · ' || ".join(
+            f"coalesce({key_sql(k, f'g{i}', params, 's.')}, '∅')" for i, k in enumerate(keys)
+        )
+        or "'all'"
+    )
+    ext = con.execute(
+        f"""{head}, g AS (SELECT s.last AS run, {gexpr} AS grp FROM selected s
+                           JOIN metric_series m ON m.run = s.last AND m.name = $metric),
+            sizes AS (SELECT grp, count(*) AS n FROM g GROUP BY grp)
+            SELECT (SELECT count(*) FROM sizes), (SELECT count(*) FROM g),
+                   (SELECT list({{'group': grp, 'n': n}} ORDER BY n DESC, grp) FROM
+                       (SELECT * FROM sizes ORDER BY n DESC, grp LIMIT {int(max_groups)})),
+                   (SELECT min(m.first_step) FROM metric_series m JOIN g USING (run) WHERE m.name = $metric),
+                   (SELECT max(m.last_step) FROM metric_series m JOIN g USING (run) WHERE m.name = $metric)""",
+        params,
+    ).fetchall()[0]
+    matched, runs, groups, lo, hi = ext
+    groups = groups or []
+    empty = {"data": None, "groups": groups, "matched_groups": matched, "runs": runs, "x": x}
+    if lo is None or not groups:
+        return empty
+    width = max(1, -(-(hi - lo + 1) // max(1, max_points)))
+    res = max([1, *(r for r in METRIC_RESOLUTIONS if r <= width)])
+    width = -(-width // res) * res
+    params.update({"lo": (lo // res) * res, "w": width, "keep": [g["group"] for g in groups]})
+    src = (
+        "SELECT run, name, step, value AS v, value AS vlast FROM metrics WHERE NOT replaced AND isfinite(value)"
+        if res == 1
+        else f"SELECT run, name, last_step AS step, sum / nullif(n - n_nonfinite, 0) AS v, last AS vlast "
+        f"FROM metrics_r{res}"
+    )
+    data = con.sql(
+        f"""{head}, g AS (SELECT s.last AS run, {gexpr} AS grp,
+                                 TRY_CAST(s.model->>'$.flops_per_token' AS DOUBLE) AS fpt
+                          FROM selected s),
+            kept AS (SELECT * FROM g WHERE list_contains($keep::VARCHAR[], grp)),
+            pts AS (SELECT k.grp, m.run, (m.step - $lo) // $w AS i, max(m.step) AS step, avg(m.v) AS v
+                    FROM ({src}) m JOIN kept k USING (run)
+                    WHERE m.name = $metric GROUP BY ALL),
+            tok AS (SELECT m.run, (m.step - $lo) // $w AS i, max(m.vlast) AS tokens
+                    FROM ({src}) m JOIN kept k USING (run) WHERE m.name = 'data/tokens' GROUP BY ALL)
+        SELECT p.grp AS "group", p.i, avg(CASE $x WHEN 'step' THEN p.step WHEN 'tokens' THEN t.tokens
+                                            ELSE t.tokens * k.fpt END) AS x,
+               avg(p.v) AS mean, stddev_samp(p.v) AS sd, min(p.v) AS min, max(p.v) AS max, count(*) AS n
+        FROM pts p LEFT JOIN tok t USING (run, i) JOIN kept k USING (run)
+        GROUP BY p.grp, p.i HAVING x IS NOT NULL ORDER BY p.grp, p.i""",
+        params={**params, "x": x},
+    ).pl()
+    return {**empty, "data": data}
+
+
+def sweep_keys(con, sel: Selection | str | None, limit: int = 200, now: float | None = None) -> list[str]:
+    """The dotted config keys (leaves) the selected runs' configs have, most common first (bounded)."""
+    head, params = selected_sql(_sel(sel), now)
+    rows = con.execute(
+        f"""{head}, sample AS (SELECT config FROM selected WHERE json_type(config) = 'OBJECT' LIMIT 2000)
+            SELECT j.fullkey AS p, count(*) AS n FROM sample, json_tree(sample.config) j
+            WHERE j.type NOT IN ('OBJECT', 'ARRAY') GROUP BY p ORDER BY n DESC, p LIMIT {int(limit)}""",
+        params,
+    ).fetchall()
+    out = []
+    for p, _ in rows:
+        if p.startswith("$.") and "[" not in p:
+            out.append("config." + p[2:].replace('"', ""))
+    return out

@@ -1,0 +1,131 @@
+"""Run selection (observatory.queries.selection) and the sweep queries over a real store."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from observatory.queries.selection import MAX_TEXT, SelectionError, parse_selection
+from observatory.queries.sweeps import count_selected, final_values, group_curves, select_runs, sweep_keys
+from observatory.store import connect
+from tests.sweep_fixtures import make_sweep_store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    _, db = make_sweep_store(tmp_path_factory.mktemp("sweeps"))
+    with connect(db) as con:
+        yield con
+
+
+def ids(con, text):
+    return sorted(r["run"] for r in select_runs(con, text, limit=None))
+
+
+def test_parse_grammar():
+    s = parse_selection(
+        "project = lr and config.optimizer.lr > 1e-3 ; config.model.width in (768, 'x y') and finished"
+    )
+    assert [(c.field, c.op, c.values) for c in s.clauses] == [
+        ("project", "=", ("lr",)),
+        ("config.optimizer.lr", ">", (1e-3,)),
+        ("config.model.width", "in", (768.0, "x y")),
+        ("status", "=", ("completed",)),
+    ]
+    assert parse_selection("").clauses == ()
+    assert parse_selection("started >= 2026-11-01").clauses[0].values == (1793491200.0,)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("projekt = x", "unknown field 'projekt'"),
+        ("project =", "at the end: expected a value"),
+        ("project = x or name = y", "at character 13: expected and"),
+        ("config.a'b = 1", "at character"),
+        ("config.a.b.c.d.e.f.g.h.i = 1", "at most 8 segments"),
+        ("name in (a, b", "at the end: expected , or )"),
+        ("started > yesterday", "is not a date"),
+        ("project = x and", "expected a clause after and"),
+        ("config.x = 1; DROP TABLE runs", "at character 15: unknown field 'DROP'"),
+    ],
+)
+def test_bad_selections_say_where(text, message):
+    with pytest.raises(SelectionError, match=re.escape(message)):
+        parse_selection(text)
+
+
+def test_bounds():
+    with pytest.raises(SelectionError, match=f"at most {MAX_TEXT}"):
+        parse_selection("name = " + "x" * MAX_TEXT)
+    with pytest.raises(SelectionError, match="at most 32"):
+        parse_selection(" and ".join(["finished"] * 33))
+    with pytest.raises(SelectionError, match="at most 256"):
+        parse_selection("name in (" + ", ".join(map(str, range(300))) + ")")
+
+
+def test_restarts_fold_into_their_run(store):
+    rows = {r["run"]: r for r in select_runs(store, "project = lr", limit=None)}
+    assert sorted(rows) == ["lr-a", "lr-a-fork", "lr-b"]  # lr-a-r1 is an attempt of lr-a
+    a = rows["lr-a"]
+    assert a["attempts"] == ["lr-a", "lr-a-r1"] and a["last"] == "lr-a-r1"
+    assert a["status"] == "completed" and a["last_step"] == 100  # the newest attempt's
+    assert ids(store, "project = lr and finished") == ["lr-a", "lr-a-fork"]
+
+
+def test_fields_and_config_values(store):
+    assert ids(store, "config.optimizer.lr > 1e-3 and project = lr") == ["lr-b"]
+    assert ids(store, "config.optimizer.lr <= 1e-3 and project = lr") == ["lr-a", "lr-a-fork"]
+    assert ids(store, "config.optimizer.lr in (0.0005, 0.003) and group = lr-sweep") == ["lr-a-fork", "lr-b"]
+    assert ids(store, "tag = 'hot lr'") == ["lr-b"]
+    assert ids(store, "tag in (seed0, seed1)") == ["lr-a", "lr-b"]
+    assert ids(store, "name ~ FORK") == ["lr-a-fork"]
+    assert ids(store, "status = failed") == ["lr-b"]
+    assert ids(store, "group = lr-sweep and status != failed") == ["lr-a", "lr-a-fork"]
+    assert len(ids(store, "ladder = isoflop-sim and config.budget = 1e18")) == 5
+    assert len(ids(store, "ladder.budget >= 1e18 and project = variant")) == 10
+    assert ids(store, "started < 1780000001") == ["isoflop-sim-1e17-n0", "isoflop-var-1e17-n0"]
+    assert ids(store, "started >= 2026-09-21T00:00:00") == ["lr-a", "lr-a-fork", "lr-b"]
+    assert count_selected(store, "") == 40 + 3
+
+
+def test_hostile_text_is_a_value_not_sql(store):
+    assert ids(store, 'name = "x\' OR 1=1 --"') == []
+    assert ids(store, "config.optimizer.lr = '1; DROP TABLE runs'") == []
+    assert count_selected(store, "") == 43  # the table is still there
+
+
+def test_final_values_eval_and_metric_with_keys(store):
+    got = final_values(
+        store, "ladder = isoflop-sim", "eval:eval", keys=["config.budget", "config.model.width"]
+    )
+    assert len(got["rows"]) == 20 and got["missing"] == 0 and not got["truncated"]
+    r = got["rows"][0]
+    assert r["budget"] == 1e17 and r["tokens"] > 0 and r["params"] > 0 and 2 < r["value"] < 5
+    assert set(r["keys"]) == {"config.budget", "config.model.width"}
+    m = final_values(store, "project = lr", "train/loss")
+    by = {r["run"]: r["value"] for r in m["rows"]}
+    assert by["lr-a"] == pytest.approx(3.0 - 0.01 * 100)  # the newest attempt's last value
+    best = final_values(store, "project = lr", "train/loss", best=True)
+    assert {r["run"]: r["value"] for r in best["rows"]}["lr-b"] == pytest.approx(3.0 - 0.01 * 30)
+    none = final_values(store, "project = lr", "eval:eval")
+    assert none["rows"] == [] and none["missing"] == 3
+
+
+def test_group_curves_mean_band_and_bound(store):
+    g = group_curves(
+        store, "ladder = isoflop-sim", "train/loss", keys=["config.budget"], x="tokens", max_groups=3
+    )
+    assert g["matched_groups"] == 4 and len(g["groups"]) == 3 and g["runs"] == 20
+    d = g["data"]
+    assert set(d["group"].unique()) == {x["group"] for x in g["groups"]}
+    assert (d["n"] == 5).all() and (d["min"] <= d["mean"]).all() and (d["mean"] <= d["max"]).all()
+    assert (d["x"] > 0).all()
+    one = group_curves(store, "project = lr", "train/loss", x="step")
+    assert one["groups"] == [{"group": "all", "n": 3}]
+
+
+def test_sweep_keys(store):
+    keys = sweep_keys(store, "ladder = isoflop-sim")
+    assert {"config.budget", "config.model.width", "config.optimizer.lr"} <= set(keys)
