@@ -22,6 +22,7 @@ from observatory.commands import (
     read,
     report,
     simulate,
+    sweeps,
 )
 from observatory.store import StoreBusy, StoreUnusable
 
@@ -33,6 +34,8 @@ COMMANDS: dict[str, click.Command] = {
     "sql": read.sql,
     "settings": read.settings_cmd,
     "ladder": ladder.ladder,
+    "isoflop": sweeps.isoflop,
+    "sweep": sweeps.sweep,
     "decide": decide.decide,
     "lineage": decide.lineage,
     "detect": detect.detect,
@@ -53,6 +56,8 @@ HELP = {
     "sql": "Run a read-only SQL query over the store.",
     "settings": "Show every setting, its value and its environment variable.",
     "ladder": "Fit scaling ladders and forecast target runs.",
+    "isoflop": "Iso-FLOP fit of a selection: compute-optimal params and tokens per budget, the frontier.",
+    "sweep": "Many-run views of a selection: runs, curves, table, values, compare (variant vs baseline).",
     "decide": "Decision history: new, update, show, list, export, import.",
     "lineage": "Show a run's lineage (parents through forks and resumes).",
     "detect": "Run the instability detectors over stored runs.",

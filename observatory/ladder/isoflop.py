@@ -312,61 +312,97 @@ def fit_isoflop(
 # ------------------------------------------------------------------ a variant against a baseline
 
 
+Z90 = 1.6448536269514722  # the normal quantile of 0.95: a 90 % interval is +-Z90 sd
+
+
 @dataclass
 class Envelope:
-    """The best loss reached at each compute, fitted as log L = log A - alpha·log C, with its draws.
+    """The best loss reached at each compute: log L as a polynomial in log C (a quadratic from 4 budgets
+    on, which bends as E + A·C^-alpha does; a line below), with bootstrap draws of its coefficients.
 
-    `points`: [(C, L)]: per budget the iso-FLOP vertex loss when the budget has one, else the best cell."""
+    `points`: [(C, L, sd)]: per budget the iso-FLOP vertex loss and its sd (from its interval) when the
+    budget has one, else the best cell and the cells' pooled noise."""
 
-    points: list[tuple[float, float]]
-    log_a: float
-    alpha: float
-    draws: np.ndarray | None  # (2, B): [alpha, log A] per bootstrap draw
-    noise: float | None
+    points: list[tuple[float, float, float | None]]
+    coef: np.ndarray  # (deg + 1,) in numpy's polyfit order, x = log C, y = log L
+    draws: np.ndarray | None  # (deg + 1, B)
 
     def loss(self, flops):
-        return np.exp(self.log_a - self.alpha * np.log(np.asarray(flops, dtype=float)))
+        return np.exp(np.polyval(self.coef, np.log(np.asarray(flops, dtype=float))))
 
     def band(self, flops, level: float = 0.9) -> tuple[np.ndarray, np.ndarray] | None:
         """Lower and upper loss at each of `flops` (m,) from the draws; None without draws."""
         if self.draws is None:
             return None
-        lx = np.log(np.asarray(flops, dtype=float))[:, None]  # (m, 1)
-        ly = self.draws[1][None, :] - self.draws[0][None, :] * lx  # (m, B)
+        lx = np.log(np.asarray(flops, dtype=float))
+        ly = np.stack(
+            [np.polyval(self.draws[:, b], lx) for b in range(self.draws.shape[1])], axis=1
+        )  # (m, B)
         lo, hi = np.quantile(ly, [(1 - level) / 2, (1 + level) / 2], axis=1)
         return np.exp(lo), np.exp(hi)
 
+    def flops_at(self, loss: float, coef: np.ndarray | None = None) -> np.ndarray:
+        """The compute where the envelope (or the draws' envelopes, `coef` (deg + 1, B)) first reaches
+        `loss`, searched from the smallest budget to 100x the largest; NaN where it never does."""
+        coef = self.coef[:, None] if coef is None else coef
+        cs = [p[0] for p in self.points]
+        grid = np.linspace(math.log(min(cs)) - math.log(100), math.log(max(cs)) + math.log(100), 800)
+        y = np.stack([np.polyval(coef[:, b], grid) for b in range(coef.shape[1])], axis=1)  # (800, B)
+        below = y <= math.log(loss)
+        first = np.argmax(below, axis=0)
+        ok = below.any(axis=0) & (first > 0)
+        j = np.clip(first, 1, len(grid) - 1)
+        cols = np.arange(coef.shape[1])
+        y0, y1 = y[j - 1, cols], y[j, cols]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = (y0 - math.log(loss)) / (y0 - y1)
+        x = grid[j - 1] + frac * (grid[j] - grid[j - 1])
+        return np.where(ok, np.exp(x), np.nan)
 
-def fit_envelope(cells: Sequence[Cell], *, n_boot: int = 1000, seed: int = 0) -> Envelope:
+
+def fit_envelope(cells: Sequence[Cell], *, n_boot: int = 1000, seed: int = 0, level: float = 0.9) -> Envelope:
     """The loss-against-compute envelope of a grid (or of any runs: each run is its own budget)."""
     groups = _group(cells)
-    iso = fit_isoflop(cells, n_boot=0)
+    iso = fit_isoflop(cells, n_boot=n_boot, seed=seed, level=level)
     by = {f.budget: f for f in iso.budgets}
+    z = Z90 if level == 0.9 else float(np.sqrt(2) * _erfinv(level))
     pts = []
     for c, cs in groups.items():
         f = by[c]
-        pts.append((c, f.loss if f.has_vertex else min(x.loss for x in cs)))
+        if f.has_vertex:
+            sd = (f.loss_hi - f.loss_lo) / (2 * z) if f.loss_lo is not None else iso.noise
+            pts.append((c, f.loss, sd))
+        else:
+            pts.append((c, min(x.loss for x in cs), iso.noise))
     if len(pts) < 2:
         raise ValueError(f"an envelope needs runs at 2 or more budgets, got {len(pts)}")
+    deg = 2 if len(pts) >= 4 else 1
     lc = np.log([p[0] for p in pts])
     ll = np.log([p[1] for p in pts])
-    slope, log_a = np.polyfit(lc, ll, 1)
-    resid = ll - (log_a + slope * lc)
+    coef = np.polyfit(lc, ll, deg)
     draws = None
-    noise = float(math.sqrt(resid @ resid / (len(pts) - 2))) if len(pts) > 2 else None
-    if noise:
-        rng = np.random.default_rng(seed)
-        yy = (log_a + slope * lc)[:, None] + rng.normal(0, noise, (len(pts), n_boot))
-        p = np.polyfit(lc, yy, 1)  # (2, B)
-        draws = np.stack([-p[0], p[1]])
-    return Envelope(pts, float(log_a), float(-slope), draws, noise)
+    sds = np.array([p[2] if p[2] else np.nan for p in pts])
+    if np.isfinite(sds).all() and n_boot > 0:
+        rng = np.random.default_rng(seed + 1)
+        yy = ll[:, None] + rng.normal(0, 1, (len(pts), n_boot)) * (sds / np.exp(ll))[:, None]  # (k, B)
+        draws = np.polyfit(lc, yy, deg)
+    if deg == 2 and coef[0] < 0:  # bending downwards: no saturating law does; a line is the safer shape
+        coef = np.polyfit(lc, ll, 1)
+        draws = None if draws is None else np.polyfit(lc, yy, 1)
+    return Envelope(pts, coef, draws)
+
+
+def _erfinv(y: float) -> float:
+    from scipy.special import erfinv
+
+    return float(erfinv(y))
 
 
 @dataclass
 class Multiplier:
     """The variant's compute to reach the baseline's loss, over the baseline's compute for it."""
 
-    loss: float  # the baseline's loss it is measured at (its best envelope point)
+    loss: float  # the baseline's loss it is measured at (its envelope at its largest budget)
     flops: float  # the baseline's compute there
     value: float
     lo: float | None
@@ -379,22 +415,21 @@ class Multiplier:
 
 
 def compute_multiplier(baseline: Envelope, variant: Envelope, level: float = 0.9) -> Multiplier:
-    """Effective compute multiplier at the baseline's best loss: C_variant(L_b) / C_baseline(L_b) from the
-    fitted envelopes (< 1: the variant needs less compute); its interval from both envelopes' draws."""
-    c_b, _ = max(baseline.points)
+    """Effective compute multiplier at the baseline's loss at its largest budget: C_variant(L_b) / C_b from
+    the fitted envelopes (< 1: the variant needs less compute); its interval from both envelopes' draws
+    (each draw's baseline loss at C_b, found on that draw's variant envelope)."""
+    c_b = max(p[0] for p in baseline.points)
     l_b = float(baseline.loss(c_b))
-
-    def c_at(log_a, alpha):  # compute where exp(log_a - alpha·log C) = l_b
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.exp((log_a - math.log(l_b)) / alpha)
-
-    value = float(c_at(variant.log_a, variant.alpha) / c_at(baseline.log_a, baseline.alpha))
+    value = float(variant.flops_at(l_b)[0] / c_b)
     lo = hi = None
-    if baseline.draws is not None or variant.draws is not None:
-        bd = baseline.draws if baseline.draws is not None else np.array([[baseline.alpha], [baseline.log_a]])
-        vd = variant.draws if variant.draws is not None else np.array([[variant.alpha], [variant.log_a]])
-        m = c_at(vd[1], vd[0]) / c_at(bd[1], bd[0])
+    if baseline.draws is not None and variant.draws is not None:
+        n = min(baseline.draws.shape[1], variant.draws.shape[1])
+        lbs = np.exp([np.polyval(baseline.draws[:, b], math.log(c_b)) for b in range(n)])
+        m = (
+            np.array([variant.flops_at(float(lbs[b]), variant.draws[:, b : b + 1])[0] for b in range(n)])
+            / c_b
+        )
         m = m[np.isfinite(m) & (m > 0)]
-        if m.size >= 10:
+        if m.size >= max(10, n // 2):
             lo, hi = (float(v) for v in np.quantile(m, [(1 - level) / 2, (1 + level) / 2]))
     return Multiplier(l_b, float(c_b), value, lo, hi, level)

@@ -114,14 +114,14 @@ def final_values(
     body, _ = _value_sql(metric, best, params)
     kcols = "".join(f", {key_sql(k, f'k{i}', params, 's.')} AS k{i}" for i, k in enumerate(keys))
     sql = f"""{head}, vals AS ({body})
-        SELECT {", ".join("s." + c for c in _OUT)}, v.value{kcols}
+        SELECT {", ".join("s." + c for c in _OUT)}, s.attempts, s.code->>'$.commit' AS commit, v.value{kcols}
         FROM selected s JOIN vals v ON v.run = s.last
         ORDER BY s.budget NULLS LAST, s.tokens NULLS LAST, s.run LIMIT {int(limit) + 1}"""
     rows = con.execute(sql, params).fetchall()
     total = count_selected(con, sel, params["cut"] + settings.get("stale_after_s"))
     truncated = len(rows) > limit
     rows = rows[:limit]
-    cols = [*_OUT, "value", *(f"k{i}" for i in range(len(keys)))]
+    cols = [*_OUT, "attempts", "commit", "value", *(f"k{i}" for i in range(len(keys)))]
     out = []
     for r in rows:
         d = dict(zip(cols, r, strict=True))
