@@ -37,12 +37,20 @@ def _ladder() -> None:
     ladder.render()
 
 
+def _sweeps() -> None:
+    # lazy like the Ladder page: only this page loads the iso-FLOP fit's modules
+    from observatory.dashboard.pages import sweeps
+
+    sweeps.render()
+
+
 RENDER: dict[str, Callable[[], None]] = {
     "runs": runs.render,
     "live": live.render,
     "experts": experts.render,
     "health": health.render,
     "compare": compare.render,
+    "sweeps": _sweeps,
     "decisions": decisions.render,
     "ladder": _ladder,
     "reports": reports.render,
@@ -63,7 +71,7 @@ def _page(module: str) -> Callable[[], None]:
     return run
 
 
-# One flat top bar: nine pages fit, and sections would hide them in drop-downs. Top, not the
+# One flat top bar: ten pages fit, and sections would hide them in drop-downs. Top, not the
 # sidebar: the sidebar's page list delays the Live page's first chart.
 pages = [
     st.Page(_page(module), title=title, url_path=url, icon=icon, default=module == "runs")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from sweep_fixtures import make_sweep_store
 
 from observatory.queries.selection import MAX_TEXT, SelectionError, parse_selection
 from observatory.queries.sweeps import count_selected, final_values, group_curves, select_runs, sweep_keys
 from observatory.store import connect
-from tests.sweep_fixtures import make_sweep_store
 
 
 @pytest.fixture(scope="module")

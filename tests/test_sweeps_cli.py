@@ -7,11 +7,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from sweep_fixtures import make_sweep_store
 
 from observatory.cli import main
 from observatory.decisions import store as decisions
 from observatory.interop.simulate_isoflop import TRUTH, optimum
-from tests.sweep_fixtures import make_sweep_store
 
 
 @pytest.fixture(scope="module")

@@ -53,7 +53,6 @@ def isoflop_view(
     con,
     selection: str,
     metric: str,
-    *,
     budget: float | None = None,
     noise: float | None = None,
     level: float = 0.9,
@@ -103,7 +102,7 @@ def _envelope_dict(env, level: float) -> dict:
 
 
 def compare_view(
-    con, baseline: str, variant: str, metric: str, *, level: float = 0.9, n_boot: int = 1000, best=False
+    con, baseline: str, variant: str, metric: str, best: bool = False, level: float = 0.9, n_boot: int = 1000
 ) -> dict[str, Any]:
     """A variant's envelope against a baseline's and its effective compute multiplier at the baseline's
     best loss: {baseline, variant, multiplier, text, inputs}; `message` when it cannot be computed."""

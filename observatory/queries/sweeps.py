@@ -27,6 +27,7 @@ __all__ = [
     "final_values",
     "group_curves",
     "sweep_keys",
+    "metric_choices",
     "X_AXES",
     "MAX_KEYS",
 ]
@@ -222,3 +223,21 @@ def sweep_keys(con, sel: Selection | str | None, limit: int = 200, now: float | 
         if p.startswith("$.") and "[" not in p:
             out.append("config." + p[2:].replace('"', ""))
     return out
+
+
+def metric_choices(con, sel: Selection | str | None, limit: int = 300, now: float | None = None) -> list[str]:
+    """What a view can show for the selected runs: `eval:<dataset>` for each eval dataset, then metric
+    names, most common first (bounded)."""
+    head, params = selected_sql(_sel(sel), now)
+    rows = con.execute(
+        f"""{head}, lasts AS (SELECT last AS run FROM selected)
+            SELECT n FROM (
+                SELECT 'eval:' || (data->>'$.dataset') AS n, count(DISTINCT run) AS c, 0 AS o FROM events
+                WHERE kind = 'eval' AND known AND run IN (SELECT run FROM lasts) AND data->>'$.dataset' IS NOT NULL
+                GROUP BY 1
+                UNION ALL
+                SELECT name, count(*), 1 FROM metric_series WHERE run IN (SELECT run FROM lasts) GROUP BY 1
+            ) ORDER BY o, c DESC, n LIMIT {int(limit)}""",
+        params,
+    ).fetchall()
+    return [r[0] for r in rows]

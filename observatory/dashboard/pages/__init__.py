@@ -1,4 +1,4 @@
-"""Dashboard pages, one module each with `render()`: runs, live, experts, health, compare, decisions, ladder, reports, sql.
+"""Dashboard pages, one module each with `render()`: runs, live, experts, health, compare, sweeps, decisions, ladder, reports, sql.
 
 `PAGES` lists them in navigation order as (module name, title, url path, icon);
 `app.py` routes to them.
@@ -12,6 +12,7 @@ PAGES = (
     ("experts", "Experts", "experts", ":material/grid_on:"),
     ("health", "Health", "health", ":material/monitor_heart:"),
     ("compare", "Compare", "compare", ":material/compare_arrows:"),
+    ("sweeps", "Sweeps", "sweeps", ":material/scatter_plot:"),
     ("decisions", "Decisions", "decisions", ":material/gavel:"),
     ("ladder", "Ladder", "ladder", ":material/stacked_line_chart:"),
     ("reports", "Reports", "reports", ":material/description:"),
