@@ -1,14 +1,15 @@
 """`make demo`: the sample ladder, a live training run, the ingester and the dashboard, together.
 
 1. Seed the runs dir with the committed sample runs (data/samples: a scaling ladder,
-   its forecast and a target run), unless they are there already.
+   its forecast and a target run, and a simulated iso-FLOP grid with a variant of it),
+   unless they are there already.
 2. Ingest everything once, so the dashboard has history from its first second.
 3. Start, as child processes: a real training run (`trainer train`, config tiny.yaml
    with `OBSERVATORY_DEMO_STEPS` steps, default 30000: about 25 minutes on 2 CPU cores),
    the follower (`observatory ingest --follow`) and the dashboard (`streamlit run app.py`).
    When a training run ends, the next one starts (`demo-<time>`), so something is always
    training; the Live page draws each run against the previous one (same name and steps).
-4. Once the dashboard answers, print a few lines, the URL last (the follower's and the dashboard's
+4. Once the dashboard answers, print a few lines (the Sweeps page on the iso-FLOP grid among them), the URL last (the follower's and the dashboard's
    own output go to log files in the runs dir); Ctrl-C stops them all.
 """
 
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 from observatory import bucket, settings
 
@@ -29,6 +31,23 @@ DEFAULT_STEPS = 30000  # ~25 min at ~20 steps/s on a shared 2-core CPU
 LONG_RUN = ("eval.every=500", "checkpoint.every=2000")
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "data" / "samples"
+
+
+# the Sweeps page on the samples' iso-FLOP grids (data/samples/sweep-isoflop*): the fit, and the variant's multiplier
+SWEEPS_QUERY = urlencode(
+    {
+        "sel": "ladder = sweep-isoflop",
+        "metric": "eval:eval",
+        "by": "config.budget",
+        "x": "tokens",
+        "rows": "config.budget",
+        "cols": "config.model.width",
+        "key": "config.model.width",
+        "color": "config.budget",
+        "budget": "1e19",
+        "var": "ladder = sweep-isoflop-var",
+    }
+)
 
 
 def seed_samples(runs_dir: Path, samples: Path = SAMPLES) -> int:
@@ -132,6 +151,7 @@ def main() -> int:
         f"  Logs:       {runs_dir}/{run_id}.trainer.log, demo.ingest.log, demo.dashboard.log\n"
         f'  Store:      {db}   try: observatory sql "SELECT * FROM latest_metrics LIMIT 10"\n'
         "  Ctrl-C stops the demo.\n\n"
+        f"  Iso-FLOP:   http://localhost:{port}/sweeps?{SWEEPS_QUERY}  (the samples' simulated grid)\n"
         f"  Dashboard:  http://localhost:{port}/live?run={run_id}",
         flush=True,
     )
