@@ -132,3 +132,15 @@ def test_compute_multiplier_recovers_a_known_speedup():
     assert m.value == pytest.approx(0.7, rel=0.08)
     assert m.lo is not None and m.lo < m.value < m.hi
     assert m.text().startswith(f"reaches the baseline's loss with {m.value:.2f}×")
+
+
+def test_many_columns_at_once_match_polyfit_column_by_column():
+    from observatory.ladder.isoflop import _fit_many
+
+    rng = np.random.default_rng(0)
+    x = np.log(np.geomspace(1e8, 1e10, 7))  # log tokens ~ 18-23: the ill-conditioned case
+    ys = rng.normal(3, 0.1, (7, 50))
+    for deg in (1, 2):
+        many = _fit_many(x, ys, deg)
+        for b in range(ys.shape[1]):
+            assert many[:, b] == pytest.approx(np.polyfit(x, ys[:, b], deg), rel=1e-7, abs=1e-9)

@@ -24,12 +24,12 @@ QUERY = {
     "budget": "1e19",
     "var": "ladder = isoflop-var",
 }
-# tab -> what shows when it is drawn (a CSS selector inside the open tab panel, or a text)
-TABS = {
+# view -> what shows when it is drawn (a CSS selector, or a text)
+VIEWS = {
     "Curves": ".js-plotly-plot",
     "Table": "a[href*='live?run=isoflop-sim-1e17-n0']",
     "Scatter": ".js-plotly-plot",
-    "Parallel coordinates": ".js-plotly-plot .parcoords",
+    "Parallel coordinates": ".js-plotly-plot .parcoords, .js-plotly-plot .parcoords-lines",
     "Iso-FLOP": "[data-testid='stDataFrame']",
     "Variant vs baseline": "text=reaches the baseline's loss with 0.7",
 }
@@ -52,13 +52,15 @@ def test_every_view_at_phone_and_desktop_width(server, browser, width):
     try:
         page.goto(f"{server}/sweeps?{urlencode(QUERY)}")
         page.wait_for_selector(".js-plotly-plot")
-        for tab, shows in TABS.items():
-            page.get_by_role("tab", name=tab).click()
-            panel = page.locator("[role='tabpanel']:not([hidden])")
-            panel.locator(shows).first.wait_for(state="visible")
-            assert_no_exception(page, f"{tab} at {width} px")
+        for view, shows in VIEWS.items():
+            page.locator("[data-testid='stRadio'] label", has_text=view).first.click()
+            page.locator(shows).first.wait_for(state="visible")
+            page.wait_for_function(
+                "v => new URLSearchParams(location.search).get('view') === v", arg=view, timeout=LOAD_MS
+            )
+            assert_no_exception(page, f"{view} at {width} px")
             wide = page.evaluate("() => document.documentElement.scrollWidth")
-            assert wide <= width + 1, f"{tab} at {width} px: the page is {wide} px wide"
-        page.screenshot(path=str(ARTIFACTS / f"sweeps-{width}.png"), full_page=True)
+            assert wide <= width + 1, f"{view} at {width} px: the page is {wide} px wide"
+            page.screenshot(path=str(ARTIFACTS / f"sweeps-{width}-{view.split()[0].lower()}.png"))
     finally:
         page.close()

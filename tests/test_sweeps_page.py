@@ -54,41 +54,47 @@ def text(at) -> str:
     )
 
 
+QUERY = {
+    "sel": "ladder = isoflop-sim",
+    "metric": "eval:eval",
+    "by": "config.budget",
+    "var": "ladder = isoflop-var",
+    "rows": "config.budget",
+    "cols": "config.model.width",
+    "budget": "1e19",
+}
+
+
 def test_every_view_draws_from_the_url(store):
-    at = page(
-        sel="ladder = isoflop-sim",
-        metric="eval:eval",
-        by="config.budget",
-        var="ladder = isoflop-var",
-        rows="config.budget",
-        cols="config.model.width",
-        budget="1e19",
-    )
+    at = page(**QUERY)
     assert not at.exception
-    assert [t.label for t in at.tabs] == [
-        "Curves",
-        "Table",
-        "Scatter",
-        "Parallel coordinates",
-        "Iso-FLOP",
-        "Variant vs baseline",
-    ]
-    figs = chart_specs(at)
-    kinds = [sorted({t.get("type", "scatter") for t in f["data"]}) for f in figs]
-    assert ["parcoords"] in kinds and len(figs) == 5  # curves, scatter, parallel, iso-FLOP, envelopes
-    body = text(at)
-    assert "20 run\\(s\\) selected" in body
-    assert "(live?run=isoflop-sim-1e17-n0)" in body  # the pivot's cells link to their runs
-    assert "N\\* ∝ C^0.45" in body and "At C = 1e+19\\: params" in body
-    assert "The variant reaches the baseline's loss with 0.7" in body
-    iso = at.dataframe[0].value
-    assert list(iso["status"]) == ["ok"] * 4
-    assert at.query_params["sel"] == "ladder = isoflop-sim"
+    assert list(at.radio[0].options) == list(sweeps_page.VIEWS) and at.radio[0].value == "Curves"
+    assert "20 run\\(s\\) selected" in text(at)
+    kinds = {}
+    for view in sweeps_page.VIEWS:
+        at = page(**QUERY, view=view)
+        assert not at.exception, view
+        figs = chart_specs(at)
+        kinds[view] = sorted({t.get("type", "scatter") for f in figs for t in f["data"]})
+        body = text(at)
+        if view == "Table":
+            assert "(live?run=isoflop-sim-1e17-n0)" in body  # the pivot's cells link to their runs
+        if view == "Iso-FLOP":
+            assert "N\\* ∝ C^0.45" in body and "At C = 1e+19\\: params" in body
+            assert list(at.dataframe[0].value["status"]) == ["ok"] * 4
+        if view == "Variant vs baseline":
+            assert "The variant reaches the baseline's loss with 0.7" in body
+    assert kinds["Parallel coordinates"] == ["parcoords"]
+    assert all(kinds[v] == ["scatter"] for v in ("Curves", "Scatter", "Iso-FLOP", "Variant vs baseline"))
+    assert kinds["Table"] == []  # Markdown
+    assert (
+        at.query_params["sel"] == "ladder = isoflop-sim" and at.query_params["view"] == "Variant vs baseline"
+    )
 
 
 def test_more_groups_than_drawn_are_said(store, monkeypatch):
     monkeypatch.setattr(sweeps_page, "MAX_GROUPS", 2)
-    at = page(sel="ladder = isoflop-sim", metric="train/loss", by="config.budget", x="tokens")
+    at = page(sel="ladder = isoflop-sim", metric="train/loss", by="config.budget", x="tokens", view="Curves")
     assert not at.exception
     assert "20 run\\(s\\) in 4 group\\(s\\); showing the 2 largest" in text(at)
     curves = chart_specs(at)[0]
@@ -110,26 +116,30 @@ def test_a_bad_selection_is_said_where(store):
 def test_nothing_selected_and_no_cells(store):
     at = page(sel="project = nothing")
     assert not at.exception and "No run matches" in at.info[0].value
-    at = page(sel="project = lr", metric="train/loss")
+    at = page(sel="project = lr", metric="train/loss", view="Iso-FLOP")
     assert not at.exception
     assert any("no cells\\: 3 run\\(s\\) selected" in i.value for i in at.info)
 
 
 def test_writer_labels_stay_inert(store):
-    at = page(
-        sel="project = evil",
-        metric="train/loss",
-        by="config.model.width",
-        key="config.model.width",
-        color="config.model.width",
-        rows="config.model.width",
-        cols="config.optimizer.lr",
-        pkeys="config.model.width,config.optimizer.lr",
-    )
-    assert not at.exception
-    specs = json.dumps(chart_specs(at))
+    specs, body = [], []
+    for view in ("Curves", "Table", "Scatter", "Parallel coordinates"):
+        at = page(
+            view=view,
+            sel="project = evil",
+            metric="train/loss",
+            by="config.model.width",
+            key="config.model.width",
+            color="config.model.width",
+            rows="config.model.width",
+            cols="config.optimizer.lr",
+            pkeys="config.model.width,config.optimizer.lr",
+        )
+        assert not at.exception, view
+        specs += chart_specs(at)
+        body.append(text(at))
+    specs, body = json.dumps(specs), "\n".join(body)
     assert HOSTILE not in specs, specs[max(0, specs.find(HOSTILE) - 300) : specs.find(HOSTILE) + 40]
-    assert HOSTILE not in specs and "&lt;img src=x onerror=alert(1)&gt;" in specs
-    body = text(at)
+    assert "&lt;img src=x onerror=alert(1)&gt;" in specs
     assert not re.search(r"(?<!\\)<img", body) and "](javascript" not in body
     assert "\\<img src=x onerror=alert\\(1\\)\\>" in body  # the pivot's row label, escaped

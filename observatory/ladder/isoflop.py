@@ -120,6 +120,20 @@ def _finite(x):
     return x
 
 
+def _fit_many(x: np.ndarray, ys: np.ndarray, deg: int) -> np.ndarray:
+    """`np.polyfit(x, ys, deg)` for many columns ys (k, B) at once: (deg + 1, B), numpy's order.
+
+    One pseudo-inverse of the (centred) Vandermonde matrix serves every column, so a thousand bootstrap
+    draws cost one small matrix product instead of a least-squares solve over all of them."""
+    m = float(np.mean(x))
+    p = np.linalg.pinv(np.vander(x - m, deg + 1)) @ ys  # in t = x - m
+    if deg == 1:
+        a, b = p
+        return np.stack([a, b - a * m])
+    a, b, c = p  # a t^2 + b t + c with t = x - m
+    return np.stack([a, b - 2 * a * m, a * m * m - b * m + c])
+
+
 def _vertex(coef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Vertex (x*, y*) of quadratics with coefficients (3, B) (numpy's polyfit order); NaN where a <= 0."""
     a, b, c = coef
@@ -244,9 +258,9 @@ def fit_isoflop(
                 continue
             x, y, px, coef = xs[f.budget]
             yy = np.polyval(coef, x)[:, None] + rng.normal(0, sigma, (len(x), n_boot))  # (k, B)
-            vx, vy = _vertex(np.polyfit(x, yy, 2))
+            vx, vy = _vertex(_fit_many(x, yy, 2))
             if px is not None and f.params_from == "fit":
-                vn, _ = _vertex(np.polyfit(px, yy, 2))
+                vn, _ = _vertex(_fit_many(px, yy, 2))
             else:
                 vn = np.log(f.budget / 6) - vx
             draws[f.budget] = (vx, vn, vy)
@@ -275,8 +289,8 @@ def fit_isoflop(
             ok = np.isfinite(dn).all(0) & np.isfinite(dd).all(0)
             dn, dd = dn[:, ok], dd[:, ok]
             if dn.shape[1] >= 10:
-                pn = np.polyfit(lc, dn, 1)  # (2, B')
-                pd = np.polyfit(lc, dd, 1)
+                pn = _fit_many(lc, dn, 1)  # (2, B')
+                pd = _fit_many(lc, dd, 1)
                 lims = {"a_n": _q(pn[0], level), "a_d": _q(pd[0], level)}
             else:
                 dn = dd = None
@@ -295,7 +309,7 @@ def fit_isoflop(
                 "tokens_hi": None,
             }
             if dn is not None:
-                pn, pd = np.polyfit(lc, dn, 1), np.polyfit(lc, dd, 1)
+                pn, pd = _fit_many(lc, dn, 1), _fit_many(lc, dd, 1)
                 for key, p in (("params", pn), ("tokens", pd)):
                     lo, hi = _q(p[1] + p[0] * lb, level)
                     rec[f"{key}_lo"], rec[f"{key}_hi"] = (
@@ -334,30 +348,37 @@ class Envelope:
         """Lower and upper loss at each of `flops` (m,) from the draws; None without draws."""
         if self.draws is None:
             return None
-        lx = np.log(np.asarray(flops, dtype=float))
-        ly = np.stack(
-            [np.polyval(self.draws[:, b], lx) for b in range(self.draws.shape[1])], axis=1
-        )  # (m, B)
+        ly = _polyval(self.draws, np.log(np.asarray(flops, dtype=float)))  # (m, B)
         lo, hi = np.quantile(ly, [(1 - level) / 2, (1 + level) / 2], axis=1)
         return np.exp(lo), np.exp(hi)
 
-    def flops_at(self, loss: float, coef: np.ndarray | None = None) -> np.ndarray:
-        """The compute where the envelope (or the draws' envelopes, `coef` (deg + 1, B)) first reaches
-        `loss`, searched from the smallest budget to 100x the largest; NaN where it never does."""
+    def flops_at(self, loss, coef: np.ndarray | None = None) -> np.ndarray:
+        """The compute where the envelope (or each of the draws' envelopes, `coef` (deg + 1, B), with its own
+        `loss` when that is (B,)) first reaches `loss`, searched from 1/100 of the smallest budget to 100x
+        the largest; NaN where it never does."""
         coef = self.coef[:, None] if coef is None else coef
         cs = [p[0] for p in self.points]
         grid = np.linspace(math.log(min(cs)) - math.log(100), math.log(max(cs)) + math.log(100), 800)
-        y = np.stack([np.polyval(coef[:, b], grid) for b in range(coef.shape[1])], axis=1)  # (800, B)
-        below = y <= math.log(loss)
+        y = _polyval(coef, grid)  # (800, B)
+        target = np.log(np.broadcast_to(np.asarray(loss, dtype=float), (coef.shape[1],)))
+        below = y <= target[None, :]
         first = np.argmax(below, axis=0)
         ok = below.any(axis=0) & (first > 0)
         j = np.clip(first, 1, len(grid) - 1)
         cols = np.arange(coef.shape[1])
         y0, y1 = y[j - 1, cols], y[j, cols]
         with np.errstate(divide="ignore", invalid="ignore"):
-            frac = (y0 - math.log(loss)) / (y0 - y1)
+            frac = (y0 - target) / (y0 - y1)
         x = grid[j - 1] + frac * (grid[j] - grid[j - 1])
         return np.where(ok, np.exp(x), np.nan)
+
+
+def _polyval(coef: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Polynomials (deg + 1, B) in numpy's order at points x (m,): (m, B), by Horner's rule."""
+    y = np.zeros((len(x), coef.shape[1]))
+    for c in coef:
+        y = y * x[:, None] + c[None, :]
+    return y
 
 
 def fit_envelope(cells: Sequence[Cell], *, n_boot: int = 1000, seed: int = 0, level: float = 0.9) -> Envelope:
@@ -385,10 +406,10 @@ def fit_envelope(cells: Sequence[Cell], *, n_boot: int = 1000, seed: int = 0, le
     if np.isfinite(sds).all() and n_boot > 0:
         rng = np.random.default_rng(seed + 1)
         yy = ll[:, None] + rng.normal(0, 1, (len(pts), n_boot)) * (sds / np.exp(ll))[:, None]  # (k, B)
-        draws = np.polyfit(lc, yy, deg)
+        draws = _fit_many(lc, yy, deg)
     if deg == 2 and coef[0] < 0:  # bending downwards: no saturating law does; a line is the safer shape
         coef = np.polyfit(lc, ll, 1)
-        draws = None if draws is None else np.polyfit(lc, yy, 1)
+        draws = None if draws is None else _fit_many(lc, yy, 1)
     return Envelope(pts, coef, draws)
 
 
@@ -424,11 +445,8 @@ def compute_multiplier(baseline: Envelope, variant: Envelope, level: float = 0.9
     lo = hi = None
     if baseline.draws is not None and variant.draws is not None:
         n = min(baseline.draws.shape[1], variant.draws.shape[1])
-        lbs = np.exp([np.polyval(baseline.draws[:, b], math.log(c_b)) for b in range(n)])
-        m = (
-            np.array([variant.flops_at(float(lbs[b]), variant.draws[:, b : b + 1])[0] for b in range(n)])
-            / c_b
-        )
+        lbs = np.exp(_polyval(baseline.draws[:, :n], np.array([math.log(c_b)]))[0])  # (B,)
+        m = variant.flops_at(lbs, variant.draws[:, :n]) / c_b
         m = m[np.isfinite(m) & (m > 0)]
         if m.size >= max(10, n // 2):
             lo, hi = (float(v) for v in np.quantile(m, [(1 - level) / 2, (1 + level) / 2]))

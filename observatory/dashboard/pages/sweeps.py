@@ -37,6 +37,7 @@ MAX_GROUPS = 12  # curves drawn at once; the page says when more groups match
 MAX_PARAM = 256  # characters of any other URL parameter
 MAX_COLS, MAX_ROWS = 40, 200  # of the pivot table
 X_AXES = {"step": "step", "tokens": "tokens", "FLOPs": "flops"}
+VIEWS = ("Curves", "Table", "Scatter", "Parallel coordinates", "Iso-FLOP", "Variant vs baseline")
 EXAMPLE = "project = sweeps and config.optimizer.lr > 1e-3 and finished"
 
 
@@ -279,16 +280,25 @@ def render() -> None:
     metric = _select(c1, "Metric", metrics, "metric", default=default)
     best = _select(c2, "Value", ["final", "best"], "value") == "best"
     st.caption(md_escape(f"{n} run(s) selected (restarts folded into their run)."))
-    tabs = st.tabs(["Curves", "Table", "Scatter", "Parallel coordinates", "Iso-FLOP", "Variant vs baseline"])
-    with tabs[0]:
+    # one view at a time (a radio, not tabs: tabs would run every view's queries on each visit)
+    want = _param("view")
+    view = st.radio(
+        "View",
+        VIEWS,
+        index=VIEWS.index(want) if want in VIEWS else 0,
+        horizontal=True,
+        key="sweeps_view_pick",
+    )
+    _sync("view", view)
+    if view == "Curves":
         _curves(sel, metric, keys, metrics)
-    with tabs[1]:
+    elif view == "Table":
         _table(sel, metric, keys, best)
-    with tabs[2]:
+    elif view == "Scatter":
         _scatter(sel, metric, keys, best)
-    with tabs[3]:
+    elif view == "Parallel coordinates":
         _parallel(sel, metric, keys, best)
-    with tabs[4]:
+    elif view == "Iso-FLOP":
         _isoflop(sel, metric, best)
-    with tabs[5]:
+    else:
         _variant(sel, metric, best)
