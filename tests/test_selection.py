@@ -129,3 +129,16 @@ def test_group_curves_mean_band_and_bound(store):
 def test_sweep_keys(store):
     keys = sweep_keys(store, "ladder = isoflop-sim")
     assert {"config.budget", "config.model.width", "config.optimizer.lr"} <= set(keys)
+
+
+def test_resolved_roots_give_the_same_views_as_the_text(store):
+    from observatory.queries.sweeps import selected_roots
+
+    text = "project = lr"
+    roots = selected_roots(store, text)
+    assert roots == ["lr-a", "lr-a-fork", "lr-b"]  # lr-a-r1 folded into lr-a
+    by_text = final_values(store, text, "train/loss", ["config.optimizer.lr"])
+    by_roots = final_values(store, roots, "train/loss", ["config.optimizer.lr"])
+    assert by_roots["rows"] == by_text["rows"] and by_roots["selected"] == 3
+    assert {r["run"]: r["attempts"] for r in select_runs(store, roots)}["lr-a"] == ["lr-a", "lr-a-r1"]
+    assert selected_roots(store, "", limit=2) == ["isoflop-sim-1e17-n0", "isoflop-sim-1e17-n1"]

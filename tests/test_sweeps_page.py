@@ -143,3 +143,11 @@ def test_writer_labels_stay_inert(store):
     assert "&lt;img src=x onerror=alert(1)&gt;" in specs
     assert not re.search(r"(?<!\\)<img", body) and "](javascript" not in body
     assert "\\<img src=x onerror=alert\\(1\\)\\>" in body  # the pivot's row label, escaped
+
+
+def test_a_selection_past_the_views_bound_asks_for_a_narrower_one(store, monkeypatch):
+    monkeypatch.setattr(sweeps_page, "MAX_VIEW_RUNS", 10)
+    at = page(sel="ladder = isoflop-sim")
+    assert not at.exception
+    assert "20 runs selected; the views draw at most 10" in at.info[0].value
+    assert not chart_specs(at)

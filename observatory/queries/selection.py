@@ -103,8 +103,12 @@ class Clause:
 
 @dataclass(frozen=True)
 class Selection:
+    """Parsed clauses; or (`roots`) the run ids a selection resolved to, so the views that follow read
+    only those runs and their restarts instead of evaluating the clauses over every run again."""
+
     text: str
     clauses: tuple[Clause, ...]
+    roots: tuple[str, ...] | None = None
 
 
 def _tokens(text: str) -> list[tuple[str, str, int]]:
@@ -293,10 +297,17 @@ def selected_sql(sel: Selection, now: float | None = None) -> tuple[str, dict[st
     Append a SELECT over `selected`."""
     params: dict[str, Any] = {"cut": (time.time() if now is None else now) - settings.get("stale_after_s")}
     where = [_clause_sql(c, n, params) for n, c in enumerate(sel.clauses)] or ["true"]
+    if sel.roots is not None:  # resolved already: start the fold from these runs only
+        params["roots"] = list(sel.roots)
+        base = "SELECT r.run, r.run, r.name, 0 FROM runs r WHERE r.run IN (SELECT unnest($roots::VARCHAR[]))"
+    else:  # every run that is not a restart of its parent (a child with its parent's name)
+        base = (
+            "SELECT r.run, r.run, r.name, 0 FROM runs r LEFT JOIN runs p ON p.run = r.parent_run "
+            "WHERE p.run IS NULL OR p.name IS DISTINCT FROM r.name OR p.run = r.run"
+        )
     sql = f"""
     WITH RECURSIVE chain(root, run, name, depth) AS (
-        SELECT r.run, r.run, r.name, 0 FROM runs r LEFT JOIN runs p ON p.run = r.parent_run
-        WHERE p.run IS NULL OR p.name IS DISTINCT FROM r.name OR p.run = r.run
+        {base}
         UNION
         SELECT c.root, r.run, c.name, c.depth + 1 FROM chain c
         JOIN runs r ON r.parent_run = c.run AND r.name = c.name AND r.run <> c.run

@@ -28,6 +28,7 @@ __all__ = [
     "group_curves",
     "sweep_keys",
     "metric_choices",
+    "selected_roots",
     "X_AXES",
     "MAX_KEYS",
 ]
@@ -37,8 +38,27 @@ MAX_KEYS = 8  # config keys in one view (group-by, pivot, parallel coordinates)
 _OUT = [c for c in FOLDED_COLUMNS if c != "attempts"]
 
 
-def _sel(sel: Selection | str | None) -> Selection:
-    return sel if isinstance(sel, Selection) else parse_selection(sel)
+def _sel(sel: Selection | str | list | tuple | None) -> Selection:
+    """A selection from its text, or from the run ids `selected_roots` resolved it to."""
+    if isinstance(sel, Selection):
+        return sel
+    if isinstance(sel, list | tuple):
+        return Selection("", (), tuple(sel))
+    return parse_selection(sel)
+
+
+def selected_roots(
+    con, sel: Selection | str | None, limit: int = 10_001, now: float | None = None
+) -> list[str]:
+    """The selected runs' ids (each the first attempt of its restarts), at most `limit`, in id order: pass
+    them to the other functions here in place of the text, so a page's views read only these runs."""
+    head, params = selected_sql(_sel(sel), now)
+    return [
+        r[0]
+        for r in con.execute(
+            f"{head} SELECT run FROM selected ORDER BY run LIMIT {int(limit)}", params
+        ).fetchall()
+    ]
 
 
 def select_runs(

@@ -30,10 +30,12 @@ from observatory.queries.sweeps import (
     final_values,
     group_curves,
     metric_choices,
+    selected_roots,
     sweep_keys,
 )
 
 MAX_GROUPS = 12  # curves drawn at once; the page says when more groups match
+MAX_VIEW_RUNS = 10_000  # selected runs a view draws; more: the page asks for a narrower selection
 MAX_PARAM = 256  # characters of any other URL parameter
 MAX_COLS, MAX_ROWS = 40, 200  # of the pivot table
 X_AXES = {"step": "step", "tokens": "tokens", "FLOPs": "flops"}
@@ -247,7 +249,11 @@ def _variant(sel: str, metric: str, best: bool) -> None:
     var = _selection("Variant selection", "var", "sweeps_var", placeholder="ladder = my-variant-grid")
     if not var:
         return
-    view = query(compare_view, sel, var, metric, best)
+    var_roots = query(selected_roots, var, MAX_VIEW_RUNS + 1)
+    if len(var_roots) > MAX_VIEW_RUNS:
+        st.info(f"The variant selection has more than {MAX_VIEW_RUNS:,} runs; narrow it.")
+        return
+    view = query(compare_view, sel, var_roots, metric, best)
     if view["multiplier"] is None:
         st.info(md_escape(view["message"] or "No multiplier."))
         return
@@ -266,10 +272,18 @@ def render() -> None:
     sel = _selection("Selection", "sel", "sweeps_sel")
     if sel is None:
         return
-    n = query(count_selected, sel)
-    if not n:
+    roots = query(selected_roots, sel, MAX_VIEW_RUNS + 1)  # the selection runs once; the views read these
+    if not roots:
         st.info("No run matches this selection." if sel else "No runs in the store yet.")
         return
+    if len(roots) > MAX_VIEW_RUNS:
+        st.info(
+            f"{query(count_selected, sel):,} runs selected; the views draw at most {MAX_VIEW_RUNS:,} "
+            "(narrow the selection: a project, a group, a tag or a config value)."
+        )
+        return
+    n = len(roots)
+    sel = roots  # from here on the views read the resolved runs
     metrics = query(metric_choices, sel)
     if not metrics:
         st.info(md_escape(f"The {n} selected run(s) logged no metrics or evals yet."))
