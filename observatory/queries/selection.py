@@ -64,6 +64,7 @@ FIELDS = {  # field -> its column in the folded row
     "ended": "end_time",
 }
 OPS = ("=", "!=", "<", "<=", ">", ">=", "in", "~")
+LATE_FIELDS = ("status", "ended")  # the newest attempt's: filtered after the restarts are folded
 _SEGMENT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _TOKEN = re.compile(
     r"\s*(?:(?P<op><=|>=|!=|=|<|>|~|\(|\)|,|;)|(?P<q>'[^']*'|\"[^\"]*\")|(?P<w>[^\s=<>!~(),;'\"]+)|(?P<bad>\S))"
@@ -296,15 +297,22 @@ def selected_sql(sel: Selection, now: float | None = None) -> tuple[str, dict[st
     run_start objects config, ladder, model, data, code of the first attempt), and its parameters.
     Append a SELECT over `selected`."""
     params: dict[str, Any] = {"cut": (time.time() if now is None else now) - settings.get("stale_after_s")}
-    where = [_clause_sql(c, n, params) for n, c in enumerate(sel.clauses)] or ["true"]
+    # clauses on the first attempt's fields filter `runs` before the fold (so the fold reads only the runs
+    # they keep); status and ended are the newest attempt's, so they filter after it
+    late = [_clause_sql(c, n, params) for n, c in enumerate(sel.clauses) if c.field in LATE_FIELDS] or ["true"]
+    early = [_clause_sql(c, n, params) for n, c in enumerate(sel.clauses) if c.field not in LATE_FIELDS]
     if sel.roots is not None:  # resolved already: start the fold from these runs only
         params["roots"] = list(sel.roots)
         base = "SELECT r.run, r.run, r.name, 0 FROM runs r WHERE r.run IN (SELECT unnest($roots::VARCHAR[]))"
-    else:  # every run that is not a restart of its parent (a child with its parent's name)
+        late = ["true"]
+    else:  # the runs the early clauses keep that are not a restart of their parent (same name)
         base = (
-            "SELECT r.run, r.run, r.name, 0 FROM runs r LEFT JOIN runs p ON p.run = r.parent_run "
+            "SELECT r.run, r.run, r.name, 0 FROM (SELECT * FROM runs WHERE "
+            + " AND ".join(early or ["true"])
+            + ") r LEFT JOIN runs p ON p.run = r.parent_run "
             "WHERE p.run IS NULL OR p.name IS DISTINCT FROM r.name OR p.run = r.run"
         )
+    where = late
     sql = f"""
     WITH RECURSIVE chain(root, run, name, depth) AS (
         {base}
