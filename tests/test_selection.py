@@ -142,3 +142,19 @@ def test_resolved_roots_give_the_same_views_as_the_text(store):
     assert by_roots["rows"] == by_text["rows"] and by_roots["selected"] == 3
     assert {r["run"]: r["attempts"] for r in select_runs(store, roots)}["lr-a"] == ["lr-a", "lr-a-r1"]
     assert selected_roots(store, "", limit=2) == ["isoflop-sim-1e17-n0", "isoflop-sim-1e17-n1"]
+
+
+def test_a_parent_cycle_folds_nothing(tmp_path):
+    from observatory.interop import RunLogBuilder, ingest_runs
+
+    for run, parent in (("cyc-a", "cyc-b"), ("cyc-b", "cyc-a")):
+        b = RunLogBuilder(run)
+        b.start(1.7e9, {"lr": 1}, name="same", parent={"run": parent, "step": 1})
+        b.add("run_end", {"status": "completed", "final_step": 1}, 1, 1.7e9 + 1)
+        b.write(tmp_path / "runs")
+    ingest_runs(tmp_path / "runs", tmp_path / "s.duckdb")
+    with connect(tmp_path / "s.duckdb") as con:
+        assert {r["run"]: r["attempts"] for r in select_runs(con, "")} == {
+            "cyc-a": ["cyc-a"],
+            "cyc-b": ["cyc-b"],
+        }

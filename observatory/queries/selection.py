@@ -15,8 +15,9 @@ The text comes from a URL, so it is hostile input: it is parsed into `Clause`s a
 and list reaches DuckDB as a bound parameter, never pasted into SQL. Its length, clause count, list length
 and key depth are bounded (`SelectionError` names what is wrong and where).
 
-Restarts are folded into their run: a run resumed from another run's checkpoint under the same `name`
-is an attempt of that run, not a run of its own. A selected run is the root of such a chain: its id,
+Restarts are folded into their run: a run resumed from another run's checkpoint under the same `name`,
+started after it, is an attempt of that run, not a run of its own (a parent cycle in bad data folds
+nothing: each run of it is its own). A selected run is the root of such a chain: its id,
 config and labels are the first attempt's, its status, steps and end the newest attempt's (`last`),
 and `attempts` lists the ids oldest first (the newest holds the final values).
 """
@@ -43,6 +44,8 @@ __all__ = [
     "MAX_TEXT",
     "MAX_CLAUSES",
     "MAX_LIST",
+    "MAX_DEPTH",
+    "SEGMENT",
     "FOLDED_COLUMNS",
 ]
 
@@ -65,7 +68,7 @@ FIELDS = {  # field -> its column in the folded row
 }
 OPS = ("=", "!=", "<", "<=", ">", ">=", "in", "~")
 LATE_FIELDS = ("status", "ended")  # the newest attempt's: filtered after the restarts are folded
-_SEGMENT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SEGMENT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _TOKEN = re.compile(
     r"\s*(?:(?P<op><=|>=|!=|=|<|>|~|\(|\)|,|;)|(?P<q>'[^']*'|\"[^\"]*\")|(?P<w>[^\s=<>!~(),;'\"]+)|(?P<bad>\S))"
 )
@@ -157,7 +160,7 @@ def _field(word: str, where: str) -> str:
     head, _, rest = word.partition(".")
     if head.lower() in JSON_COLUMNS and rest:
         segs = rest.split(".")
-        if len(segs) > MAX_DEPTH or not all(_SEGMENT.match(s) for s in segs):
+        if len(segs) > MAX_DEPTH or not all(SEGMENT.match(s) for s in segs):
             raise SelectionError(
                 f"{where}: key {word[:80]!r}: at most {MAX_DEPTH} segments of letters, digits, _ or -"
             )
@@ -299,26 +302,28 @@ def selected_sql(sel: Selection, now: float | None = None) -> tuple[str, dict[st
     params: dict[str, Any] = {"cut": (time.time() if now is None else now) - settings.get("stale_after_s")}
     # clauses on the first attempt's fields filter `runs` before the fold (so the fold reads only the runs
     # they keep); status and ended are the newest attempt's, so they filter after it
-    late = [_clause_sql(c, n, params) for n, c in enumerate(sel.clauses) if c.field in LATE_FIELDS] or ["true"]
+    late = [_clause_sql(c, n, params) for n, c in enumerate(sel.clauses) if c.field in LATE_FIELDS] or [
+        "true"
+    ]
     early = [_clause_sql(c, n, params) for n, c in enumerate(sel.clauses) if c.field not in LATE_FIELDS]
     if sel.roots is not None:  # resolved already: start the fold from these runs only
         params["roots"] = list(sel.roots)
-        base = "SELECT r.run, r.run, r.name, 0 FROM runs r WHERE r.run IN (SELECT unnest($roots::VARCHAR[]))"
+        base = "SELECT r.run, r.run, r.name, r.start_time, 0 FROM runs r WHERE r.run IN (SELECT unnest($roots::VARCHAR[]))"
         late = ["true"]
     else:  # the runs the early clauses keep that are not a restart of their parent (same name)
         base = (
-            "SELECT r.run, r.run, r.name, 0 FROM (SELECT * FROM runs WHERE "
+            "SELECT r.run, r.run, r.name, r.start_time, 0 FROM (SELECT * FROM runs WHERE "
             + " AND ".join(early or ["true"])
-            + ") r LEFT JOIN runs p ON p.run = r.parent_run "
-            "WHERE p.run IS NULL OR p.name IS DISTINCT FROM r.name OR p.run = r.run"
+            + ") r LEFT JOIN runs p ON p.run = r.parent_run AND p.name = r.name AND p.start_time < r.start_time "
+            "WHERE p.run IS NULL"
         )
     where = late
     sql = f"""
-    WITH RECURSIVE chain(root, run, name, depth) AS (
+    WITH RECURSIVE chain(root, run, name, t, depth) AS (
         {base}
         UNION
-        SELECT c.root, r.run, c.name, c.depth + 1 FROM chain c
-        JOIN runs r ON r.parent_run = c.run AND r.name = c.name AND r.run <> c.run
+        SELECT c.root, r.run, c.name, r.start_time, c.depth + 1 FROM chain c
+        JOIN runs r ON r.parent_run = c.run AND r.name = c.name AND r.start_time > c.t
         WHERE c.depth < 1000
     ),
     folded AS (

@@ -13,6 +13,8 @@ from typing import Any
 from observatory import settings
 from observatory.queries.selection import (
     FOLDED_COLUMNS,
+    MAX_DEPTH,
+    SEGMENT,
     Selection,
     SelectionError,
     key_sql,
@@ -239,9 +241,13 @@ def sweep_keys(con, sel: Selection | str | None, limit: int = 200, now: float | 
         params,
     ).fetchall()
     out = []
-    for p, _ in rows:
-        if p.startswith("$.") and "[" not in p:
-            out.append("config." + p[2:].replace('"', ""))
+    for (
+        p,
+        _,
+    ) in rows:  # only keys a selection can name (letters, digits, _ and -): a writer's others are left out
+        key = "config." + p[2:].replace('"', "") if p.startswith("$.") and "[" not in p else None
+        if key and len(key.split(".")) <= MAX_DEPTH + 1 and all(SEGMENT.match(x) for x in key.split(".")[1:]):
+            out.append(key)
     return out
 
 
