@@ -143,7 +143,13 @@ def views(db: Path) -> dict[str, float]:
     """Seconds per view (best of 3), each on a fresh read-only connection, figure included."""
     from observatory.dashboard import sweeps_charts as ch
     from observatory.ladder.sweep import compare_view, isoflop_view, pivot
-    from observatory.queries.sweeps import count_selected, final_values, group_curves, select_runs
+    from observatory.queries.sweeps import (
+        count_selected,
+        final_values,
+        group_curves,
+        select_runs,
+        selected_roots,
+    )
 
     def on(fn):
         def run():
@@ -153,46 +159,50 @@ def views(db: Path) -> dict[str, float]:
         return run
 
     out: dict[str, float] = {}
-    out["selection"], n = timed(on(lambda con: count_selected(con, SELECTION)))
-    assert n == PICK, f"the selection found {n} runs, not {PICK}"
-    out["runs list"], _ = timed(on(lambda con: select_runs(con, SELECTION, 1000)))
+    # as the page does: the selection runs once (over every run), the views read the runs it found
+    out["selection"], roots = timed(on(lambda con: selected_roots(con, SELECTION)))
+    assert len(roots) == PICK, f"the selection found {len(roots)} runs, not {PICK}"
+    out["selection (CLI: count)"], _ = timed(on(lambda con: count_selected(con, SELECTION)))
+    out["runs list"], _ = timed(on(lambda con: select_runs(con, roots, 1000)))
 
     def curves(con):
-        v = group_curves(con, SELECTION, "train/loss", ["config.width"], "tokens", 12, 200)
+        v = group_curves(con, roots, "train/loss", ["config.width"], "tokens", 12, 200)
         return ch.curves_figure(v, "train/loss", 0.6)
 
     out["curves"], _ = timed(on(curves))
 
     def table(con):
-        got = final_values(con, SELECTION, "train/loss", ["config.width", "config.seed"])
+        got = final_values(con, roots, "train/loss", ["config.width", "config.seed"])
         assert len(got["rows"]) == PICK
         return ch.pivot_markdown(pivot(got["rows"], "config.width", "config.seed"))
 
     out["table"], _ = timed(on(table))
 
     def scatter(con):
-        got = final_values(con, SELECTION, "eval:val", ["config.lr", "config.width"], True)
+        got = final_values(con, roots, "eval:val", ["config.lr", "config.width"], True)
         return ch.scatter_figure(got["rows"], "config.lr", "config.width", "eval:val", True)
 
     out["scatter (best)"], _ = timed(on(scatter))
 
     def parallel(con):
-        got = final_values(con, SELECTION, "train/loss", ["config.lr", "config.width", "config.seed"])
+        got = final_values(con, roots, "train/loss", ["config.lr", "config.width", "config.seed"])
         return ch.parcoords_figure(got["rows"], ["config.lr", "config.width", "config.seed"], "train/loss")
 
     out["parallel"], _ = timed(on(parallel))
 
     def iso(con):
-        v = isoflop_view(con, SELECTION, "eval:val", 1e19)
+        v = isoflop_view(con, roots, "eval:val", 1e19)
         assert v["fit"] and all(b["status"] in ("ok", "extrapolated") for b in v["fit"]["budgets"]), v["fit"]
         return ch.isoflop_figure(v)
 
     out["iso-FLOP"], _ = timed(on(iso))
 
+    with store.connect(db) as con:  # the page resolves both selections once, as above
+        base = selected_roots(con, SELECTION + " and config.width <= 128")
+        var = selected_roots(con, SELECTION + " and config.width = 256")
+
     def variant(con):
-        v = compare_view(
-            con, SELECTION + " and config.width <= 128", SELECTION + " and config.width = 256", "eval:val"
-        )
+        v = compare_view(con, base, var, "eval:val")
         return ch.envelope_figure(v) if v["multiplier"] else v
 
     out["variant"], _ = timed(on(variant))
@@ -239,6 +249,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,100000", help="Store sizes in runs (comma-separated).")
     ap.add_argument("--keep", type=Path, help="Build the stores in this folder and keep them.")
+    ap.add_argument("--reuse", action="store_true", help="With --keep: use the stores already there.")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="bench-sweeps-"))
@@ -246,7 +257,7 @@ def main() -> None:
     rows: dict[int, dict[str, float]] = {}
     for n in sizes:
         db = tmp / f"sweeps-{n}.duckdb"
-        built = build(db, n)
+        built = 0.0 if args.reuse and db.exists() else build(db, n)
         r = views(db)
         r.update(page(db))
         rows[n] = r

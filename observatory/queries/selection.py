@@ -326,11 +326,11 @@ def selected_sql(sel: Selection, now: float | None = None) -> tuple[str, dict[st
         JOIN runs r ON r.parent_run = c.run AND r.name = c.name AND r.start_time > c.t
         WHERE c.depth < 1000
     ),
-    folded AS (
+    folded AS MATERIALIZED (
         SELECT root, arg_max(run, (depth, run)) AS last, list(run ORDER BY depth, run) AS attempts
         FROM (SELECT root, run, min(depth) AS depth FROM chain GROUP BY root, run) GROUP BY root
     ),
-    selected AS (
+    selected AS MATERIALIZED (
         SELECT * FROM (
             SELECT f.root AS run, f.last, f.attempts, r.name, r.project, r.run_group, r.tags,
                    l.status,

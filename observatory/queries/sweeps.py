@@ -136,7 +136,7 @@ def final_values(
     head, params = selected_sql(sel, now)
     body, _ = _value_sql(metric, best, params)
     kcols = "".join(f", {key_sql(k, f'k{i}', params, 's.')} AS k{i}" for i, k in enumerate(keys))
-    sql = f"""{head}, vals AS ({body})
+    sql = f"""{head}, vals AS MATERIALIZED ({body})
         SELECT {", ".join("s." + c for c in _OUT)}, s.attempts, s.code->>'$.commit' AS commit, v.value{kcols}
         FROM selected s JOIN vals v ON v.run = s.last
         ORDER BY s.budget NULLS LAST, s.tokens NULLS LAST, s.run LIMIT {int(limit) + 1}"""
@@ -185,48 +185,63 @@ def group_curves(
         )
         or "'all'"
     )
-    ext = con.execute(
-        f"""{head}, g AS (SELECT s.last AS run, {gexpr} AS grp FROM selected s
-                           JOIN metric_series m ON m.run = s.last AND m.name = $metric),
-            sizes AS (SELECT grp, count(*) AS n FROM g GROUP BY grp)
-            SELECT (SELECT count(*) FROM sizes), (SELECT count(*) FROM g),
-                   (SELECT list({{'group': grp, 'n': n}} ORDER BY n DESC, grp) FROM
-                       (SELECT * FROM sizes ORDER BY n DESC, grp LIMIT {int(max_groups)})),
-                   (SELECT min(m.first_step) FROM metric_series m JOIN g USING (run) WHERE m.name = $metric),
-                   (SELECT max(m.last_step) FROM metric_series m JOIN g USING (run) WHERE m.name = $metric)""",
+    # 1. the runs that logged the metric, their group, FLOPs per token and steps (bounded by the selection)
+    runs = con.execute(
+        f"""{head} SELECT s.last, {gexpr}, TRY_CAST(s.model->>'$.flops_per_token' AS DOUBLE), m.first_step,
+                          m.last_step
+            FROM selected s JOIN metric_series m ON m.run = s.last AND m.name = $metric""",
         params,
-    ).fetchall()[0]
-    matched, runs, groups, lo, hi = ext
-    groups = groups or []
-    empty = {"data": None, "groups": groups, "matched_groups": matched, "runs": runs, "x": x}
-    if lo is None or not groups:
+    ).fetchall()
+    sizes: dict[str, int] = {}
+    for r in runs:
+        sizes[r[1]] = sizes.get(r[1], 0) + 1
+    groups = [
+        {"group": g, "n": n} for g, n in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))[:max_groups]
+    ]
+    empty = {"data": None, "groups": groups, "matched_groups": len(sizes), "runs": len(runs), "x": x}
+    keep = {g["group"] for g in groups}
+    kept = [r for r in runs if r[1] in keep]
+    if not kept:
         return empty
+    lo, hi = min(r[3] for r in kept), max(r[4] for r in kept)
     width = max(1, -(-(hi - lo + 1) // max(1, max_points)))
     res = max([1, *(r for r in METRIC_RESOLUTIONS if r <= width)])
     width = -(-width // res) * res
-    params.update({"lo": (lo // res) * res, "w": width, "keep": [g["group"] for g in groups]})
+    # 2. their points, read with the run ids as a literal list (DuckDB pushes it into the scan)
+    rin = "(" + ", ".join("?" * len(kept)) + ")"
     src = (
-        "SELECT run, name, step, value AS v, value AS vlast FROM metrics WHERE NOT replaced AND isfinite(value)"
+        f"SELECT run, name, step, value AS v, value AS vlast FROM metrics WHERE run IN {rin} "
+        "AND name IN (?, 'data/tokens') AND NOT replaced AND isfinite(value)"
         if res == 1
         else f"SELECT run, name, last_step AS step, sum / nullif(n - n_nonfinite, 0) AS v, last AS vlast "
-        f"FROM metrics_r{res}"
+        f"FROM metrics_r{res} WHERE run IN {rin} AND name IN (?, 'data/tokens')"
     )
+    ids = [r[0] for r in kept]
     data = con.sql(
-        f"""{head}, g AS (SELECT s.last AS run, {gexpr} AS grp,
-                                 TRY_CAST(s.model->>'$.flops_per_token' AS DOUBLE) AS fpt
-                          FROM selected s),
-            kept AS (SELECT * FROM g WHERE list_contains($keep::VARCHAR[], grp)),
-            pts AS (SELECT k.grp, m.run, (m.step - $lo) // $w AS i, max(m.step) AS step, avg(m.v) AS v
-                    FROM ({src}) m JOIN kept k USING (run)
-                    WHERE m.name = $metric GROUP BY ALL),
-            tok AS (SELECT m.run, (m.step - $lo) // $w AS i, max(m.vlast) AS tokens
-                    FROM ({src}) m JOIN kept k USING (run) WHERE m.name = 'data/tokens' GROUP BY ALL)
-        SELECT p.grp AS "group", p.i, avg(CASE $x WHEN 'step' THEN p.step WHEN 'tokens' THEN t.tokens
+        f"""WITH m AS MATERIALIZED ({src}),
+            k AS (SELECT unnest(?::VARCHAR[]) AS run, unnest(?::VARCHAR[]) AS grp, unnest(?::DOUBLE[]) AS fpt),
+            pts AS (SELECT k.grp, m.run, (m.step - ?) // ? AS i, max(m.step) AS step, avg(m.v) AS v
+                    FROM m JOIN k USING (run) WHERE m.name = ? GROUP BY ALL),
+            tok AS (SELECT m.run, (m.step - ?) // ? AS i, max(m.vlast) AS tokens
+                    FROM m WHERE m.name = 'data/tokens' GROUP BY ALL)
+        SELECT p.grp AS "group", p.i, avg(CASE ? WHEN 'step' THEN p.step WHEN 'tokens' THEN t.tokens
                                             ELSE t.tokens * k.fpt END) AS x,
                avg(p.v) AS mean, stddev_samp(p.v) AS sd, min(p.v) AS min, max(p.v) AS max, count(*) AS n
-        FROM pts p LEFT JOIN tok t USING (run, i) JOIN kept k USING (run)
+        FROM pts p LEFT JOIN tok t USING (run, i) JOIN k USING (run)
         GROUP BY p.grp, p.i HAVING x IS NOT NULL ORDER BY p.grp, p.i""",
-        params={**params, "x": x},
+        params=[
+            *ids,
+            metric,
+            ids,
+            [r[1] for r in kept],
+            [r[2] for r in kept],
+            (lo // res) * res,
+            width,
+            metric,
+            (lo // res) * res,
+            width,
+            x,
+        ],
     ).pl()
     return {**empty, "data": data}
 
