@@ -158,3 +158,13 @@ def test_a_parent_cycle_folds_nothing(tmp_path):
             "cyc-a": ["cyc-a"],
             "cyc-b": ["cyc-b"],
         }
+
+
+def test_a_restarted_runs_curve_is_stitched_and_wall_time_counts_from_its_start(store):
+    # lr-a logged steps 1-50 (preempted), lr-a-r1 resumed at 50 and logged 50-100: one curve of 100 steps
+    g = group_curves(store, "run = lr-a", "train/loss", x="step", max_points=1000)
+    d = g["data"]
+    assert g["runs"] == 1 and d["x"].to_list() == list(range(1, 101)) and (d["n"] == 1).all()
+    assert d["mean"].to_list()[-1] == pytest.approx(3.0 - 0.01 * 100)
+    t = group_curves(store, "run = lr-a", "train/loss", x="time", max_points=1000)["data"]
+    assert t["x"].to_list()[0] == pytest.approx(0.0) and t["x"].to_list()[-1] == pytest.approx(99.0)

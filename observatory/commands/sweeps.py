@@ -196,7 +196,9 @@ def table_cmd(selection, runs_dir, db, metric, row_key, col_key, best, as_json):
 @common_options
 @_metric
 @click.option("--by", "keys", multiple=True, help="Group by this config key (at most twice).")
-@click.option("--x", "x", type=click.Choice(["step", "tokens", "flops"]), default="step", show_default=True)
+@click.option(
+    "--x", "x", type=click.Choice(["step", "tokens", "flops", "time"]), default="step", show_default=True
+)
 @click.option("--max-groups", type=int, default=12, show_default=True)
 @click.option("--points", type=int, default=200, show_default=True, help="x buckets per curve.")
 @_json

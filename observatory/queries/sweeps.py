@@ -35,7 +35,7 @@ __all__ = [
     "MAX_KEYS",
 ]
 
-X_AXES = ("step", "tokens", "flops")
+X_AXES = ("step", "tokens", "flops", "time")
 MAX_KEYS = 8  # config keys in one view (group-by, pivot, parallel coordinates)
 _OUT = [c for c in FOLDED_COLUMNS if c != "attempts"]
 
@@ -171,8 +171,8 @@ def group_curves(
 ) -> dict[str, Any]:
     """Curves of `metric` for the selected runs, grouped by up to two `keys`: per group and x bucket the
     mean, sd, min, max and n over the group's runs (each run's bucket mean first). Only the `max_groups`
-    largest groups are drawn; `groups` says how many matched. x: step, tokens (data/tokens) or flops
-    (tokens x model.flops_per_token). Returns {"data": frame(group, i, x, mean, sd, min, max, n),
+    largest groups are drawn; `groups` says how many matched. x: step, tokens (data/tokens), flops
+    (tokens x model.flops_per_token) or time (seconds since the run's start; its restarts' too). Returns {"data": frame(group, i, x, mean, sd, min, max, n),
     "groups": [{"group", "n"}] drawn, "matched_groups", "runs", "x"}."""
     if x not in X_AXES:
         raise SelectionError(f"x {x!r}: one of {', '.join(X_AXES)}")
@@ -185,11 +185,12 @@ def group_curves(
         )
         or "'all'"
     )
-    # 1. the runs that logged the metric, their group, FLOPs per token and steps (bounded by the selection)
+    # 1. the runs that logged the metric (in any attempt), their group, FLOPs per token, steps, start, attempts
     runs = con.execute(
-        f"""{head} SELECT s.last, {gexpr}, TRY_CAST(s.model->>'$.flops_per_token' AS DOUBLE), m.first_step,
-                          m.last_step
-            FROM selected s JOIN metric_series m ON m.run = s.last AND m.name = $metric""",
+        f"""{head} SELECT s.run, {gexpr}, TRY_CAST(s.model->>'$.flops_per_token' AS DOUBLE), min(m.first_step),
+                          max(m.last_step), s.start_time, s.attempts
+            FROM (SELECT *, unnest(attempts) AS att FROM selected) s
+            JOIN metric_series m ON m.run = s.att AND m.name = $metric GROUP BY ALL""",
         params,
     ).fetchall()
     sizes: dict[str, int] = {}
@@ -205,36 +206,61 @@ def group_curves(
         return empty
     lo, hi = min(r[3] for r in kept), max(r[4] for r in kept)
     width = max(1, -(-(hi - lo + 1) // max(1, max_points)))
-    res = max([1, *(r for r in METRIC_RESOLUTIONS if r <= width)])
+    # wall time is in the raw rows only (the rollups keep steps): x = time reads them at any width
+    res = 1 if x == "time" else max([1, *(r for r in METRIC_RESOLUTIONS if r <= width)])
     width = -(-width // res) * res
-    # 2. their points, read with the run ids as a literal list (DuckDB pushes it into the scan)
-    rin = "(" + ", ".join("?" * len(kept)) + ")"
+    # a restarted run's curve is stitched: each attempt up to the step the next one resumed from
+    later = [a for r in kept for a in r[6][1:]]
+    resumed = (
+        dict(
+            con.execute(
+                "SELECT run, parent_step FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [later]
+            ).fetchall()
+        )
+        if later
+        else {}
+    )
+    segs = [
+        (a, r[0], resumed.get(r[6][i + 1]) if i + 1 < len(r[6]) else None)
+        for r in kept
+        for i, a in enumerate(r[6])
+    ]
+    # 2. their points, read with the attempts' ids as a literal list (DuckDB pushes it into the scan)
+    ids = [a for a, _, _ in segs]
+    rin = "(" + ", ".join("?" * len(ids)) + ")"
     src = (
-        f"SELECT run, name, step, value AS v, value AS vlast FROM metrics WHERE run IN {rin} "
+        f"SELECT run, name, step, value AS v, value AS vlast, t FROM metrics WHERE run IN {rin} "
         "AND name IN (?, 'data/tokens') AND NOT replaced AND isfinite(value)"
         if res == 1
-        else f"SELECT run, name, last_step AS step, sum / nullif(n - n_nonfinite, 0) AS v, last AS vlast "
+        else f"SELECT run, name, last_step AS step, sum / nullif(n - n_nonfinite, 0) AS v, last AS vlast, NULL AS t "
         f"FROM metrics_r{res} WHERE run IN {rin} AND name IN (?, 'data/tokens')"
     )
-    ids = [r[0] for r in kept]
     data = con.sql(
-        f"""WITH m AS MATERIALIZED ({src}),
-            k AS (SELECT unnest(?::VARCHAR[]) AS run, unnest(?::VARCHAR[]) AS grp, unnest(?::DOUBLE[]) AS fpt),
-            pts AS (SELECT k.grp, m.run, (m.step - ?) // ? AS i, max(m.step) AS step, avg(m.v) AS v
+        f"""WITH seg AS (SELECT unnest(?::VARCHAR[]) AS att, unnest(?::VARCHAR[]) AS run, unnest(?::BIGINT[]) AS cut),
+            m AS MATERIALIZED (SELECT seg.run, m.name, m.step, m.v, m.vlast, m.t FROM ({src}) m
+                               JOIN seg ON seg.att = m.run WHERE seg.cut IS NULL OR m.step <= seg.cut),
+            k AS (SELECT unnest(?::VARCHAR[]) AS run, unnest(?::VARCHAR[]) AS grp, unnest(?::DOUBLE[]) AS fpt,
+                         unnest(?::DOUBLE[]) AS t0),
+            pts AS (SELECT k.grp, m.run, (m.step - ?) // ? AS i, max(m.step) AS step, avg(m.v) AS v,
+                           max(m.t) - any_value(k.t0) AS wall
                     FROM m JOIN k USING (run) WHERE m.name = ? GROUP BY ALL),
             tok AS (SELECT m.run, (m.step - ?) // ? AS i, max(m.vlast) AS tokens
                     FROM m WHERE m.name = 'data/tokens' GROUP BY ALL)
         SELECT p.grp AS "group", p.i, avg(CASE ? WHEN 'step' THEN p.step WHEN 'tokens' THEN t.tokens
-                                            ELSE t.tokens * k.fpt END) AS x,
+                                            WHEN 'time' THEN p.wall ELSE t.tokens * k.fpt END) AS x,
                avg(p.v) AS mean, stddev_samp(p.v) AS sd, min(p.v) AS min, max(p.v) AS max, count(*) AS n
         FROM pts p LEFT JOIN tok t USING (run, i) JOIN k USING (run)
         GROUP BY p.grp, p.i HAVING x IS NOT NULL ORDER BY p.grp, p.i""",
         params=[
+            ids,
+            [r for _, r, _ in segs],
+            [c for _, _, c in segs],
             *ids,
             metric,
-            ids,
+            [r[0] for r in kept],
             [r[1] for r in kept],
             [r[2] for r in kept],
+            [r[5] for r in kept],
             (lo // res) * res,
             width,
             metric,

@@ -38,7 +38,7 @@ MAX_GROUPS = 12  # curves drawn at once; the page says when more groups match
 MAX_VIEW_RUNS = 10_000  # selected runs a view draws; more: the page asks for a narrower selection
 MAX_PARAM = 256  # characters of any other URL parameter
 MAX_COLS, MAX_ROWS = 40, 200  # of the pivot table
-X_AXES = {"step": "step", "tokens": "tokens", "FLOPs": "flops"}
+X_AXES = {"step": "step", "tokens": "tokens", "FLOPs": "flops", "wall time (s)": "time"}
 VIEWS = ("Curves", "Table", "Scatter", "Parallel coordinates", "Iso-FLOP", "Variant vs baseline")
 EXAMPLE = "project = sweeps and config.optimizer.lr > 1e-3 and finished"
 
