@@ -144,3 +144,10 @@ def test_many_columns_at_once_match_polyfit_column_by_column():
         many = _fit_many(x, ys, deg)
         for b in range(ys.shape[1]):
             assert many[:, b] == pytest.approx(np.polyfit(x, ys[:, b], deg), rel=1e-7, abs=1e-9)
+
+
+def test_a_variant_that_never_reaches_the_baseline_gives_nan_not_a_number_made_up():
+    base, _, _ = chinchilla_grid(sd=0.002, seed=5)
+    worse = [Cell("w" + c.run, c.budget, c.tokens, c.loss + 1.0, c.params) for c in base]
+    m = compute_multiplier(fit_envelope(base), fit_envelope(worse))
+    assert math.isnan(m.value)

@@ -147,3 +147,15 @@ def test_compare_recovers_the_variant_multiplier_and_records_it(store):
     assert ev["kind"] == "compute_multiplier" and ev["value"] == m["value"]
     assert len(ev["baseline"]["runs"]) == 20 and ev["variant"]["selection"] == "ladder = isoflop-var"
     assert len(d.runs) == 40
+
+
+def test_compare_says_when_the_variant_never_reaches_the_baseline(store):
+    # the lr runs have no budget: no envelope at all; the grid against a slice of itself that is far worse
+    res = cli(
+        store, "sweep", "compare", "ladder = isoflop-sim", "project = lr", "--metric", "eval:eval", "--json"
+    )
+    view = json.loads(res.output)
+    assert res.exit_code == 0 and view["multiplier"] is None
+    assert "variant: an envelope needs runs at 2 or more budgets, got 0" in view["message"]
+    text = cli(store, "sweep", "compare", "ladder = isoflop-sim", "project = lr", "--metric", "eval:eval")
+    assert text.exit_code == 1 and "variant: an envelope needs" in text.output

@@ -120,9 +120,15 @@ def compare_view(
         out[side]["envelope"] = _envelope_dict(envs[side], level)
     if len(envs) == 2:
         m = compute_multiplier(envs["baseline"], envs["variant"], level)
-        out["multiplier"] = {k: v for k, v in m.__dict__.items()}
-        out["text"] = m.text()
-        if m.lo is None:
+        if not math.isfinite(m.value):
+            out["message"] += (
+                f"the variant's envelope does not reach the baseline's loss ({m.loss:.4g}) between 1/100 of its "
+                "smallest budget and 100x its largest. "
+            )
+        else:
+            out["multiplier"] = {k: v for k, v in m.__dict__.items()}
+            out["text"] = m.text()
+        if out["multiplier"] is not None and m.lo is None:
             out["message"] += (
                 "no interval: the envelopes' points have no noise to draw from (give more cells). "
             )
