@@ -65,6 +65,7 @@ QUERY = {
 }
 
 
+@pytest.mark.slow  # six script runs, ~7 s
 def test_every_view_draws_from_the_url(store):
     at = page(**QUERY)
     assert not at.exception

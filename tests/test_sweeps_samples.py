@@ -25,7 +25,7 @@ def test_the_committed_grid_is_what_the_simulator_writes(tmp_path):
 
 
 def test_the_demo_store_fits_the_samples_grid(tmp_path):
-    from observatory.ingest import ingest
+    from observatory.pipeline import ingest
 
     runs_dir, db = tmp_path / "runs", tmp_path / "s.duckdb"
     demo.seed_samples(runs_dir)

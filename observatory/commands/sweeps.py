@@ -245,10 +245,10 @@ def compare_cmd(baseline, variant, runs_dir, db, metric, level, best, title, as_
 
     view = _with_store(db, lambda con: compare_view(con, baseline, variant, metric, level=level, best=best))
     if title:
-        from observatory.ingest import ingest
+        from observatory.pipeline import ingest
 
         try:
-            d = record_comparison(runs_dir, db, view, title, ingest=lambda r, s: ingest(r, s))
+            d = record_comparison(runs_dir, db, view, title, ingest=ingest)
         except ValueError as e:
             raise click.ClickException(str(e)) from None
         view["decision"] = d.id
