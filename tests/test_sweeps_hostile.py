@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 from test_hostile_pages import BAD_VALUES, hostile_db, inert, markdown_texts, monkeypatch_module  # noqa: F401
+from test_sweeps_page import page
 
 from observatory.dashboard.pages.sweeps import VIEWS
 
@@ -30,12 +31,7 @@ PARAMS = [
 
 
 def run(query: dict) -> AppTest:
-    at = AppTest.from_string(
-        "from observatory.dashboard.pages import sweeps\nsweeps.render()\n", default_timeout=120
-    )
-    for k, v in query.items():
-        at.query_params[k] = v
-    return at.run()
+    return page(**query)
 
 
 @pytest.mark.parametrize("view", VIEWS)
