@@ -159,3 +159,37 @@ def test_compare_says_when_the_variant_never_reaches_the_baseline(store):
     assert "variant: an envelope needs runs at 2 or more budgets, got 0" in view["message"]
     text = cli(store, "sweep", "compare", "ladder = isoflop-sim", "project = lr", "--metric", "eval:eval")
     assert text.exit_code == 1 and "variant: an envelope needs" in text.output
+
+
+def test_published_cells_imported_as_a_ladder_table_fit_through_the_cli(tmp_path):
+    """The CSV path of docs/ladder.md: marin #8003's cells as `ladder import` rows, then `observatory isoflop`."""
+    from test_isoflop import MARIN_8003, MARIN_8003_OPTIMA
+
+    from observatory.interop.ladder_points import import_points
+
+    csv = tmp_path / "marin-8003.csv"
+    csv.write_text(
+        "ladder,rung,flops,tokens,loss,source\n"
+        + "".join(f"marin-8003,{c:.0e}-{w},{c},{int(d)},{loss},marin #8003\n" for c, w, d, loss in MARIN_8003)
+    )
+    runs_dir, db = tmp_path / "runs", tmp_path / "s.duckdb"
+    import_points(csv, runs_dir, db)
+    res = CliRunner().invoke(
+        main,
+        [
+            "isoflop",
+            "ladder = marin-8003",
+            "--metric",
+            "eval:eval",
+            "--json",
+            "--runs-dir",
+            str(runs_dir),
+            "--db",
+            str(db),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    fit = json.loads(res.output)["fit"]
+    for b in fit["budgets"]:
+        tokens, loss = MARIN_8003_OPTIMA[b["budget"]]
+        assert b["tokens"] == pytest.approx(tokens, rel=0.005) and round(b["loss"], 3) == loss
