@@ -168,3 +168,24 @@ def test_a_restarted_runs_curve_is_stitched_and_wall_time_counts_from_its_start(
     assert d["mean"].to_list()[-1] == pytest.approx(3.0 - 0.01 * 100)
     t = group_curves(store, "run = lr-a", "train/loss", x="time", max_points=1000)["data"]
     assert t["x"].to_list()[0] == pytest.approx(0.0) and t["x"].to_list()[-1] == pytest.approx(99.0)
+
+
+def test_best_is_over_every_attempt_and_final_is_the_newest(tmp_path):
+    from observatory.interop import RunLogBuilder, ingest_runs
+
+    # the first attempt reached 1.0 before it died; the restart never got below 2.0
+    for run, parent, t0, losses in (
+        ("x", None, 1.7e9, [3.0, 1.0, 2.5]),
+        ("x-r1", {"run": "x", "step": 3}, 1.8e9, [2.2, 2.0]),
+    ):
+        b = RunLogBuilder(run)
+        b.start(t0, {"lr": 1}, name="x", parent=parent)
+        for i, v in enumerate(losses):
+            b.add("metrics", {"train/loss": v}, (parent["step"] if parent else 0) + i + 1, t0 + i)
+        b.write(tmp_path / "runs")
+    ingest_runs(tmp_path / "runs", tmp_path / "s.duckdb")
+    with connect(tmp_path / "s.duckdb") as con:
+        best = final_values(con, "", "train/loss", best=True)["rows"]
+        final = final_values(con, "", "train/loss")["rows"]
+    assert [(r["run"], r["attempts"], r["value"]) for r in best] == [("x", ["x", "x-r1"], 1.0)]
+    assert [(r["run"], r["value"]) for r in final] == [("x", 2.0)]

@@ -87,35 +87,36 @@ def _keys(keys) -> list[str]:
 
 
 def _value_sql(metric: str, best: bool, params: dict[str, Any]) -> tuple[str, str]:
-    """(CTE body giving (run, value) for the selected runs' newest attempts, its note)."""
+    """(CTE body giving (run, value) keyed by the selected runs' newest attempts, its note): the final value
+    is the newest attempt's; the best is the lowest over every attempt of the run."""
+    scope = "(SELECT unnest(attempts) FROM selected)" if best else "(SELECT last FROM selected)"
     if metric.startswith("eval:"):
         params["ds"] = metric[5:]
-        agg = "min(v) FILTER (WHERE isfinite(v))" if best else "arg_max(v, (step, t, host, seq))"
-        return (
-            f"""SELECT run, {agg} AS value FROM (
-                  SELECT run, step, t, host, seq, TRY_CAST(data->>'$.loss' AS DOUBLE) AS v FROM events
-                  WHERE kind = 'eval' AND known AND data->>'$.dataset' = $ds
-                    AND run IN (SELECT last FROM selected)) GROUP BY run""",
-            "eval",
-        )
-    params["metric"] = metric
-    if best:
+        rows = f"""SELECT run, step, t, host, seq, TRY_CAST(data->>'$.loss' AS DOUBLE) AS v FROM events
+                   WHERE kind = 'eval' AND known AND data->>'$.dataset' = $ds AND run IN {scope}"""
+        kind = "eval"
+        if not best:
+            return f"SELECT run, arg_max(v, (step, t, host, seq)) AS value FROM ({rows}) GROUP BY run", kind
+    else:
+        params["metric"] = metric
+        kind = "metric"
+        if not best:
+            return (
+                f"SELECT run, last_value AS value FROM metric_series WHERE name = $metric AND run IN {scope}",
+                kind,
+            )
         res = METRIC_RESOLUTIONS[0]
         # the finest rollup's min, and the rows it has not rolled up yet (its min is over finite values)
-        return (
-            f"""SELECT run, min(v) AS value FROM (
-                  SELECT run, min AS v FROM metrics_r{res} WHERE name = $metric AND run IN (SELECT last FROM selected)
-                  UNION ALL
-                  SELECT run, value FROM metrics WHERE name = $metric AND isfinite(value) AND NOT replaced
-                    AND run IN (SELECT last FROM selected)
-                    AND rowid >= (SELECT coalesce(max(next_rowid), 0) FROM rollup_state WHERE source = 'metrics')
-                ) GROUP BY run""",
-            "metric",
-        )
+        rows = f"""SELECT run, min AS v FROM metrics_r{res} WHERE name = $metric AND run IN {scope}
+                   UNION ALL
+                   SELECT run, value FROM metrics WHERE name = $metric AND isfinite(value) AND NOT replaced
+                     AND run IN {scope}
+                     AND rowid >= (SELECT coalesce(max(next_rowid), 0) FROM rollup_state WHERE source = 'metrics')"""
     return (
-        "SELECT run, last_value AS value FROM metric_series WHERE name = $metric "
-        "AND run IN (SELECT last FROM selected)",
-        "metric",
+        f"""SELECT a.last AS run, min(x.v) FILTER (WHERE isfinite(x.v)) AS value
+            FROM (SELECT last, unnest(attempts) AS att FROM selected) a JOIN ({rows}) x ON x.run = a.att
+            GROUP BY a.last""",
+        kind,
     )
 
 
