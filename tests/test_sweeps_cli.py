@@ -193,3 +193,19 @@ def test_published_cells_imported_as_a_ladder_table_fit_through_the_cli(tmp_path
     for b in fit["budgets"]:
         tokens, loss = MARIN_8003_OPTIMA[b["budget"]]
         assert b["tokens"] == pytest.approx(tokens, rel=0.005) and round(b["loss"], 3) == loss
+
+
+def test_a_nan_final_value_is_json_null(tmp_path):
+    from observatory.interop import RunLogBuilder, ingest_runs
+
+    b = RunLogBuilder("nan-run")
+    b.start(1.7e9, {"lr": 1})
+    b.add("metrics", {"train/loss": 2.0}, 1, 1.7e9 + 1)
+    b.add("metrics", {"train/loss": float("nan")}, 2, 1.7e9 + 2)
+    b.write(tmp_path / "runs")
+    ingest_runs(tmp_path / "runs", tmp_path / "s.duckdb")
+    res = cli(
+        (tmp_path / "runs", tmp_path / "s.duckdb"), "sweep", "values", "", "--metric", "train/loss", "--json"
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["rows"][0]["value"] is None

@@ -28,7 +28,9 @@ _json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
 def _echo_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=1, default=str, allow_nan=False))
+    from observatory.ladder.isoflop import finite_json  # a NaN loss is logged data: JSON null, not NaN
+
+    click.echo(json.dumps(finite_json(obj), indent=1, default=str, allow_nan=False))
 
 
 def _g(x) -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "fit_isoflop",
     "fit_envelope",
     "compute_multiplier",
+    "finite_json",
 ]
 
 MIN_CELLS = 3  # distinct token counts a quadratic needs
@@ -106,17 +107,17 @@ class IsoFlop:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return _finite(asdict(self))
+        return finite_json(asdict(self))
 
 
-def _finite(x):
+def finite_json(x):
     """NaN and inf as None, so JSON stays JSON (a missing number is said in a message, not as NaN)."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: finite_json(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
+        return [finite_json(v) for v in x]
     return x
 
 
