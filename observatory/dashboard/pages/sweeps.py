@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from observatory.dashboard.cache import query
+from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.sweeps_charts import (
     curves_figure,
     envelope_figure,
@@ -284,11 +284,10 @@ def render() -> None:
         return
     n = len(roots)
     sel = roots  # from here on the views read the resolved runs
-    metrics = query(metric_choices, sel)
+    metrics, keys = query_all((metric_choices, sel), (sweep_keys, sel))  # one connection for both
     if not metrics:
         st.info(md_escape(f"The {n} selected run(s) logged no metrics or evals yet."))
         return
-    keys = query(sweep_keys, sel)
     c1, c2 = st.columns([3, 1])
     default = next((m for m in metrics if m.startswith("eval:")), "train/loss")
     metric = _select(c1, "Metric", metrics, "metric", default=default)
