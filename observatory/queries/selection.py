@@ -342,8 +342,9 @@ def selected_sql(sel: Selection, now: float | None = None) -> tuple[str, dict[st
                    coalesce(TRY_CAST(r.ladder->>'$.params_active' AS DOUBLE),
                             TRY_CAST(r.model->>'$.params_active' AS DOUBLE)) AS params,
                    r.config, r.ladder, r.model, r.data, r.code
-            FROM folded f JOIN runs r ON r.run = f.root
-            JOIN (SELECT run, {run_status_sql("$cut")} AS status, end_time, last_step FROM runs) l
+            FROM folded f JOIN (SELECT * FROM runs WHERE run IN (SELECT root FROM folded)) r ON r.run = f.root
+            JOIN (SELECT run, {run_status_sql("$cut")} AS status, end_time, last_step FROM runs
+                  WHERE run IN (SELECT last FROM folded)) l
               ON l.run = f.last
         ) WHERE {" AND ".join(where)}
     )
