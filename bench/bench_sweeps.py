@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -279,6 +280,8 @@ def main() -> None:
         f"selection at {sizes[-1]:,} <= 1.5x at {sizes[0]:,}: {sel:.2f}x {'OK' if sel <= 1.5 else 'MISSED'}"
     )
     print(json.dumps({"sizes": sizes, "seconds": {str(n): rows[n] for n in sizes}}))
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
