@@ -253,16 +253,22 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="With --keep: use the stores already there.")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
+    if min(sizes) < PICK:
+        ap.error(f"every size must hold the {PICK:,} runs the views select")
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="bench-sweeps-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    rows: dict[int, dict[str, float]] = {}
-    for n in sizes:
-        db = tmp / f"sweeps-{n}.duckdb"
-        built = 0.0 if args.reuse and db.exists() else build(db, n)
-        r = views(db)
-        r.update(page(db))
-        rows[n] = r
-        print(f"{n:>7} runs: store built in {built:.1f} s ({db.stat().st_size / 1e6:.0f} MB)", flush=True)
+    try:
+        rows: dict[int, dict[str, float]] = {}
+        for n in sizes:
+            db = tmp / f"sweeps-{n}.duckdb"
+            built = 0.0 if args.reuse and db.exists() else build(db, n)
+            r = views(db)
+            r.update(page(db))
+            rows[n] = r
+            print(f"{n:>7} runs: store built in {built:.1f} s ({db.stat().st_size / 1e6:.0f} MB)", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
     names = list(rows[sizes[0]])
     print(
         f"\n{'view over 1,000 selected runs':<32}"
@@ -280,8 +286,6 @@ def main() -> None:
         f"selection at {sizes[-1]:,} <= 1.5x at {sizes[0]:,}: {sel:.2f}x {'OK' if sel <= 1.5 else 'MISSED'}"
     )
     print(json.dumps({"sizes": sizes, "seconds": {str(n): rows[n] for n in sizes}}))
-    if not args.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
