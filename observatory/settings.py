@@ -251,6 +251,46 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("anomaly_stall_s", 300.0, "stalled run: seconds without events (and no run_end) to flag"),
         Setting(
+            "anomaly_trend_steps",
+            256,
+            "slow changes: the shortest trend window in steps; at a step the window is 1/8 of the steps so far,"
+            " from this up to 16x this, and a change must last that long",
+        ),
+        Setting(
+            "anomaly_trend_loss_rise",
+            0.05,
+            "slow changes: nats the smoothed train or eval loss must rise above its lowest earlier level",
+        ),
+        Setting(
+            "anomaly_trend_ratio",
+            2.0,
+            "slow changes: times its lowest earlier smoothed level the grad norm or drop fraction must grow",
+        ),
+        Setting("anomaly_drop_max", 0.07, "MoE health: the smoothed drop fraction's limit"),
+        Setting(
+            "anomaly_entropy_fall",
+            0.15,
+            "MoE health: nats the smoothed router entropy must fall below its highest earlier level",
+        ),
+        Setting(
+            "anomaly_entropy_floor",
+            0.0,
+            "MoE health: the smoothed router entropy's floor (0: none; it depends on the expert count, e.g."
+            " 5.92 for 384 experts)",
+            low=0.0,
+        ),
+        Setting(
+            "anomaly_throughput_loss",
+            0.8,
+            "sustained throughput loss: smoothed tokens/s or MFU below this fraction of its earlier best"
+            " (or of the config's `baseline_run`)",
+        ),
+        Setting(
+            "anomaly_crash_steps",
+            5,
+            "crash loop: failures of the same type this many steps apart or less in consecutive attempts are one",
+        ),
+        Setting(
             "heartbeat_s",
             30.0,
             "every writing process sends a heartbeat (its step, phase and host telemetry) this often; 0 turns them off",

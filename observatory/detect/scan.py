@@ -65,6 +65,7 @@ from observatory.detect.detectors import (
 from observatory.detect.expert_scan import expert_findings
 from observatory.detect.screen import SHORT
 from observatory.detect.thresholds import Thresholds, widest
+from observatory.detect.trend import SlowReads
 from observatory.events import OBSERVATORY_HOST
 from observatory.queries.anomalies import (
     SeriesRows,
@@ -323,10 +324,11 @@ class _RunScan:
         )
 
     def finish(
-        self, th: Thresholds, activity: dict | None, now: float | None, quiet: bool = False
+        self, th: Thresholds, activity: dict | None, now: float | None, quiet: bool = False, also=()
     ) -> tuple[list[Finding], int | None, dict]:
         """(new findings, deduped; the last step scanned; the state the scan reached). quiet: the screen
-        (`screen.loud`) found no row any series detector would flag: they are not run."""
+        (`screen.loud`) found no row any series detector would flag: they are not run. also: the slow-change
+        findings (`detect.trend`), deduped with the rest."""
         steps, series = (None, None) if quiet else self.arrays()
         found = (
             []
@@ -340,7 +342,7 @@ class _RunScan:
                 load_drop=(self.drop[0], self.drop[1], self.since_x is not None),
             )
         )
-        found = sorted(found + self.experts, key=lambda f: (f.step, f.detector, f.metric))
+        found = sorted(found + self.experts + list(also), key=lambda f: (f.step, f.detector, f.metric))
         if activity is not None:
             found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now, activity)
         new, fresh = [], set()
@@ -553,9 +555,11 @@ class Scan:
         now: float | None,
         per_run: dict[str, Thresholds] | None = None,
         progress: Progress | None = None,
+        slow: SlowReads | None = None,
     ):
         self.runs_dir, self.th, self.reads, self.activity, self.now = runs_dir, th, reads, activity, now
         self.progress = progress or Progress()
+        self.slow = slow or SlowReads({}, {})  # the slow-change detectors' reads
         self.per_run = per_run or {}  # runs with thresholds of their own (`thresholds_of`)
         self.results: list[tuple[_RunScan, list[Finding], int | None, dict]] = []
         # whether the scan checked for stalled runs: `progress.last_stall_check` is set when it is written
@@ -596,7 +600,7 @@ class Scan:
                     _say_failed(run, e1)
             if not reads and wanted:
                 _say_failed(", ".join(wanted[:3]) + ("..." if len(wanted) > 3 else ""), e)
-        return cls(runs_dir, th, reads, act, now, per_run, progress)
+        return cls(runs_dir, th, reads, act, now, per_run, progress, SlowReads.read(con, wanted, th, per_run))
 
     def compute(self) -> None:
         """The series detectors over what was read, run by run (a run that fails is said and left out);
@@ -611,7 +615,10 @@ class Scan:
         for r in self.reads:
             try:
                 th = self.per_run.get(r.run, self.th)
-                self.results.append((r, *r.finish(th, self.activity.get(r.run), self.now, r.run in quiet)))
+                also = self.slow.findings(r.run, th)
+                self.results.append(
+                    (r, *r.finish(th, self.activity.get(r.run), self.now, r.run in quiet, also))
+                )
             except Exception as e:
                 _say_failed(r.run, e)
 

@@ -47,6 +47,14 @@ class Thresholds:
     throughput_steps: int = _default("throughput_steps")
     throughput_sustain: int = _default("throughput_sustain")
     stall_s: float = _default("stall_s")
+    trend_steps: int = _default("trend_steps")
+    trend_loss_rise: float = _default("trend_loss_rise")
+    trend_ratio: float = _default("trend_ratio")
+    drop_max: float = _default("drop_max")
+    entropy_fall: float = _default("entropy_fall")
+    entropy_floor: float = _default("entropy_floor")
+    throughput_loss: float = _default("throughput_loss")
+    crash_steps: int = _default("crash_steps")
 
     def __post_init__(self):
         for name in (
@@ -57,6 +65,8 @@ class Thresholds:
             "expert_steps",
             "throughput_steps",
             "throughput_sustain",
+            "trend_steps",
+            "crash_steps",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -66,11 +76,22 @@ class Thresholds:
                 f"Thresholds.min_history ({self.min_history}) must be <= window ({self.window}); "
                 "lower anomaly_min_history or raise anomaly_window"
             )
-        for name in ("loss_z", "grad_z", "drop_z", "loss_min_rise", "recovery_tol", "drop_jump", "stall_s"):
+        for name in (
+            "loss_z",
+            "grad_z",
+            "drop_z",
+            "loss_min_rise",
+            "recovery_tol",
+            "drop_jump",
+            "stall_s",
+            "trend_loss_rise",
+            "drop_max",
+            "entropy_fall",
+        ):
             v = getattr(self, name)
             if not v > 0:
                 raise ValueError(f"Thresholds.{name} must be > 0, got {v!r} (setting anomaly_{name})")
-        for name in ("grad_min_ratio", "grad_single_ratio", "grad_growth", "hot_ratio"):
+        for name in ("grad_min_ratio", "grad_single_ratio", "grad_growth", "hot_ratio", "trend_ratio"):
             if not getattr(self, name) > 1:
                 raise ValueError(
                     f"Thresholds.{name} must be > 1, got {getattr(self, name)!r} (setting anomaly_{name})"
@@ -81,6 +102,10 @@ class Thresholds:
             )
         if not 0 < self.throughput_drop < 1:
             raise ValueError(f"Thresholds.throughput_drop must be in (0, 1), got {self.throughput_drop!r}")
+        if not 0 < self.throughput_loss < 1:
+            raise ValueError(f"Thresholds.throughput_loss must be in (0, 1), got {self.throughput_loss!r}")
+        if not self.entropy_floor >= 0:
+            raise ValueError(f"Thresholds.entropy_floor must be >= 0, got {self.entropy_floor!r}")
 
     @classmethod
     def from_settings(cls) -> Thresholds:
