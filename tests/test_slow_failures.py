@@ -180,3 +180,21 @@ def test_crash_loops_count_attempts_of_one_host_and_not_rollbacks():
     (loop,) = T.crash_loops(f, TH)
     assert loop.extra["attempts"] == 3 and loop.window == (60, 61)
     assert T.crash_loops(f[:3], TH) == []
+
+
+def test_the_report_has_a_slow_changes_section_with_each_trend_finding_and_its_chart(tmp_path):
+    from observatory import report
+
+    runs, db = tmp_path / "runs", tmp_path / "store.duckdb"
+    run, _ = simulate_slow("slow_divergence", runs, steps=STEPS)
+    healthy, _ = simulate_slow("healthy_wsd", runs, steps=STEPS)
+    ingest(runs, db, emit=None)
+    ingest(runs, db, emit=None)
+    rep = report.build(db, run)
+    assert [s["metric"] for s in rep.slow][:1] == ["train/loss"]
+    assert all(s["series"] and s["since"] <= s["step"] for s in rep.slow)
+    html = report.render_html(rep)
+    assert '<section id="slow"><h2>Slow changes</h2>' in html and 'id="fig-slow-1"' in html
+    assert rep.slow[0]["message"].split(";")[0] in html.replace("&gt;", ">")
+    quiet = report.render_html(report.build(db, healthy))
+    assert "no slow change found" in quiet and "fig-slow-1" not in quiet

@@ -17,10 +17,12 @@ import duckdb
 from observatory import decisions as dec
 from observatory import lineage as lin
 from observatory import settings
+from observatory.detect.trend import EVAL, TREND_METRICS
 from observatory.events import OBSERVATORY_HOST, describe
 from observatory.queries import report as q
 from observatory.queries.core import loss_name
 from observatory.queries.goodput import describe_goodput, goodput
+from observatory.queries.trends import trend_points
 from observatory.redact import redacted_note
 from observatory.report.format import fmt_time, fmt_value
 from observatory.store import run_status_sql, using
@@ -67,6 +69,7 @@ class Report:
     loss_name: str | None = (
         None  # the run's loss (`queries.core.loss_name`): train/loss, or a W&B run's `loss`, ...
     )
+    slow: list[dict[str, Any]] = field(default_factory=list)  # trend findings: {title, metric, ..., series}
 
 
 def effective_status(info: dict[str, Any], now: float | None = None) -> str:
@@ -284,6 +287,37 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _slow(con, run: str, timeline: list[dict]) -> list[dict]:
+    """The run's slow-change findings (`observatory.detect.trend`), each with its metric over the whole run
+    (64-step means, as the detector read it), at most `MAX_WINDOWS`."""
+    found = [e for e in timeline if e["kind"] == "anomaly" and e["data"].get("trend") is True][:MAX_WINDOWS]
+    if not found:
+        return []
+    points = trend_points(con, [run], list(TREND_METRICS), EVAL, 0).get(run, {})
+    out = []
+    for e in found:
+        d = e["data"]
+        metric = str(d.get("metric") or "")
+        steps, values = points.get(metric, ([], []))
+        since = d.get("since_step") if isinstance(d.get("since_step"), int) else e["step"]
+        out.append(
+            {
+                "title": f"{d.get('severity')} at step {e['step']}: {e['text']}",
+                "kind": "anomaly",
+                "metric": metric,
+                "severity": str(d.get("severity") or ""),
+                "message": str(d.get("message") or ""),
+                "step": e["step"],
+                "since": since,
+                "lo": since,
+                "hi": e["step"],
+                "baseline": d.get("baseline") if isinstance(d.get("baseline"), int | float) else None,
+                "series": [(int(a), float(b)) for a, b in zip(list(steps), list(values), strict=True)],
+            }
+        )
+    return out
+
+
 def build(db, run: str, *, now: float | None = None) -> Report:
     """Collect a run's report from the store (a path or an open connection). ValueError if unknown."""
 
@@ -385,6 +419,7 @@ def build(db, run: str, *, now: float | None = None) -> Report:
             metric_names=names,
             nonfinite=nonfinite,
             loss_name=loss,
+            slow=_slow(con, run, timeline),
         )
 
     with using(db) as con:

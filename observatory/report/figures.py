@@ -155,6 +155,23 @@ def window(rep: Report, w: dict) -> go.Figure:
     return fig
 
 
+def slow(rep: Report, w: dict) -> go.Figure:
+    """One slow-change finding: its metric's 64-step means over the whole run, the earlier level it is held
+    against, where the change began (grey) and where it was found (orange, red when critical)."""
+    fig = go.Figure()
+    xs, ys = _xy(_thin(w["series"]))
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=plot_text(w["metric"])))
+    if w.get("baseline") is not None:
+        fig.add_hline(y=w["baseline"], line=dict(color="#7f7f7f", dash="dash"))
+    fig.add_vrect(x0=w["since"], x1=w["step"], fillcolor="#ff7f0e", opacity=0.12, line_width=0)
+    fig.add_vline(x=w["since"], line=dict(color="#7f7f7f", dash="dot"))
+    fig.add_vline(x=w["step"], line=dict(color="#d62728" if w["severity"] == "critical" else "#ff7f0e"))
+    fig.update_layout(height=280, title=plot_text(w["title"][:120]), showlegend=False, **LAYOUT)
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text=plot_text(w["metric"]))
+    return fig
+
+
 def experts(rep: Report) -> go.Figure | None:
     layers, experts_, z = rep.expert_matrix
     if not layers:
@@ -271,6 +288,8 @@ def figures(rep: Report) -> dict[str, go.Figure]:
             out[name] = f
     for i, w in enumerate(rep.windows):
         out[f"window-{i + 1}"] = window(rep, w)
+    for i, w in enumerate(rep.slow):
+        out[f"slow-{i + 1}"] = slow(rep, w)
     for name, fn in (("experts", experts), ("drops", drops), ("lineage", lineage)):
         f = fn(rep)
         if f is not None:

@@ -46,6 +46,7 @@ SECTIONS = (
     ("summary", "Summary"),
     ("timeline", "Timeline"),
     ("windows", "Around each failure and anomaly"),
+    ("slow", "Slow changes"),
     ("experts", "Expert load and token drops"),
     ("decisions", "Decisions"),
     ("lineage", "Lineage"),
@@ -232,6 +233,18 @@ def _walk(rep: Report, out) -> None:
         out.note("no failures or anomalies recorded")
     for i, w in enumerate(rep.windows):
         out.window(w, f"window-{i + 1}")
+    out.section("slow")
+    if not rep.slow:
+        out.note(
+            "no slow change found: loss, eval loss, grad norm, drop fraction, router entropy, throughput"
+        )
+    else:
+        out.table(
+            ["step", "severity", "metric", "finding"],
+            [[s["step"], s["severity"], s["metric"], s["message"]] for s in rep.slow],
+        )
+    for i, w in enumerate(rep.slow):
+        out.window(w, f"slow-{i + 1}")
     out.section("experts")
     out.table(EXPERT_HEAD, _expert_rows(rep))
     out.fig("experts")
