@@ -198,3 +198,20 @@ def test_the_report_has_a_slow_changes_section_with_each_trend_finding_and_its_c
     assert rep.slow[0]["message"].split(";")[0] in html.replace("&gt;", ">")
     quiet = report.render_html(report.build(db, healthy))
     assert "no slow change found" in quiet and "fig-slow-1" not in quiet
+
+
+def test_the_live_page_says_crash_loop_with_the_attempt_count(tmp_path):
+    from observatory.dashboard.pages.live import crash_loop_note
+    from observatory.queries import dashboard as qd
+
+    runs, db = tmp_path / "runs", tmp_path / "store.duckdb"
+    run, _ = simulate_slow("crash_loop", runs)
+    ingest(runs, db, emit=None)
+    ingest(runs, db, emit=None)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        marks = qd.markers(con, run)
+    finally:
+        con.close()
+    assert crash_loop_note(marks) == "crash loop: 2 attempts failed at step 60 with InjectedCrash"
+    assert crash_loop_note(marks.filter(marks["kind"] != "anomaly")) is None

@@ -21,6 +21,7 @@ summary, histograms and artifacts (`dashboard.run_details`).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -210,6 +211,20 @@ def banner(row: dict, now: float) -> tuple[str, str] | None:
     return None
 
 
+def crash_loop_note(marks) -> str | None:
+    """The newest crash-loop finding's message ("crash loop: 2 attempts failed at step 60 with InjectedCrash")
+    among a run's markers (`qd.markers`), or None."""
+    if marks is None or not marks.height:
+        return None
+    found = None
+    for kind, data in zip(marks["kind"].to_list(), marks["data"].to_list(), strict=True):
+        if kind == "anomaly" and data and '"crash_loop"' in data:
+            d = json.loads(data)
+            if d.get("detector") == "crash_loop" and isinstance(d.get("message"), str):
+                found = d["message"][:300]
+    return found
+
+
 def _banner(row: dict, now: float) -> None:
     shown = banner(row, now)
     if shown is not None:
@@ -342,6 +357,8 @@ def _panel(run: str, live: bool = False, at: int | None = None) -> None:
 def _draw(run: str, live: bool, me, view, all_marks, evals, fcs, names, at: int | None = None) -> None:
     if me is None:
         return  # the status line above says so
+    if (loop := crash_loop_note(all_marks)) is not None:
+        st.error(f"**{md_escape(loop)}**")
     wkey = f"live_window_{run}"
     if not set(LOSS) & set(names):  # none of our loss names (a W&B script's `loss`, `acc`): W&B's panels
         if not render_auto(run, names, all_marks, _smoothing(), live, _controls):
