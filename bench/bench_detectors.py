@@ -15,9 +15,13 @@ OLMo-core rule (loss > mean + 6 sigma of the previous 128 steps) on the same run
 - early warning: among instabilities with a grad-norm precursor (grad norm above 2x
   its recent median before the loss peak), the share warned before the peak
 
-Also times an incremental detection pass against a full rescan of a 10k-step run.
+Also times an incremental detection pass against a full rescan of a 10k-step run, and scores the slow
+failures (`observatory.interop.simulate_slow`, 10,000-step runs: slow divergence, MoE drift, lost
+throughput, crash loop, and healthy runs with warmup, cosine and WSD decay, an eval-interval bump and
+data-order changes): each case's first warn or critical finding of its detector and its lead time (steps
+from the start of the change), the healthy runs' alarms per 10k steps.
 
-    nice python bench/bench_detectors.py [--steps 300[,200]] [--synthetic-only]
+    nice python bench/bench_detectors.py [--steps 300[,200]] [--synthetic-only] [--slow-only]
 """
 
 from __future__ import annotations
@@ -235,6 +239,51 @@ def report(title: str, truth: dict, ours: dict, base: dict, series: dict, secs: 
     return so, sb
 
 
+def slow_failures(tmp: Path, steps: int = 10_000) -> tuple[int, int, int, int]:
+    """The slow failures' table; returns (cases found, cases, healthy alarms, healthy steps)."""
+    from observatory.interop.simulate_slow import HEALTHY, SLOW_CASES, lead_time, simulate_slow
+
+    runs, db = tmp / "runs", tmp / "obs.duckdb"
+    truth = dict(simulate_slow(case, runs, steps=steps) for case in SLOW_CASES)
+    A._STATE.clear()
+    t0 = time.perf_counter()
+    ingest(runs, db, emit=None)
+    ingest(runs, db, emit=None)
+    secs = time.perf_counter() - t0
+    with connect(db) as con:
+        found = {run: [e for e in anomaly_events(con, run) if e["host"] == 1000] for run in truth}
+    print(
+        f"\n## slow failures: {len(truth)} simulated runs of {steps:,} steps; ingest + detect + ingest {secs:.1f}s"
+    )
+    print(
+        "\n| case | change from | expected | first alarm | lead (steps) | alarms (detector:severity@step) |"
+    )
+    print("|---|---|---|---|---|---|")
+    caught = cases = healthy_alarms = healthy_steps = 0
+    for run, tr in truth.items():
+        alarms = sorted(
+            (f["step"], f["detector"], f["severity"]) for f in found[run] if f["severity"] != "info"
+        )
+        lead = lead_time(tr, found[run])
+        if tr["sim/case"] in HEALTHY:
+            healthy_alarms += len(alarms)
+            healthy_steps += tr["sim/steps"]
+        else:
+            cases += 1
+            caught += lead is not None
+        first = next((f"{d}@{s}" for s, d, _ in alarms), "-")
+        listed = ", ".join(f"{d}:{v}@{s}" for s, d, v in alarms) or "-"
+        print(
+            f"| {tr['sim/case']} | {tr['sim/change_step'] if tr['sim/change_step'] is not None else '-'} | "
+            f"{tr['sim/expect'] or 'nothing'} | {first} | {lead if lead is not None else '-'} | {listed} |"
+        )
+    print(
+        f"\nslow failures found: {caught}/{cases}; healthy: {healthy_alarms} alarms in {healthy_steps:,} steps "
+        f"({1e4 * healthy_alarms / max(healthy_steps, 1):.1f} per 10k)"
+    )
+    return caught, cases, healthy_alarms, healthy_steps
+
+
 def _short(s: dict) -> str:
     lead = f"{np.median(s['leads']):.0f}" if s["leads"] else "-"
     return f"{s['caught']}/{s['induced']}, {s['fa_per_10k']:.1f}, {lead}"
@@ -247,10 +296,14 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--synthetic-only", action="store_true", help="skip the real suite (no trainer needed)")
     ap.add_argument("--out", type=Path, default=suite.DEFAULT_OUT)
+    ap.add_argument("--slow-only", action="store_true", help="only the simulated slow failures")
     a = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-detectors-") as d:
         tmp = Path(d)
+        slow = slow_failures(tmp / "slow")
+        if a.slow_only:
+            return 0
         if not a.synthetic_only:
             t0 = time.monotonic()
             truth = {}
@@ -278,6 +331,10 @@ def main(argv=None) -> int:
         "\n| instability detectors: recall, false alarms / 10k clean steps, median lead (steps) | "
         f"{ours} (OLMo rule side by side: {olmo}); warned before the peak when a grad-norm precursor: {early} "
         f"| all caught, 0, > 0 with a precursor | `nice python bench/bench_detectors.py` |"
+    )
+    print(
+        f"\n| slow failures: found, healthy alarms per 10k steps | {slow[0]}/{slow[1]}, "
+        f"{1e4 * slow[2] / max(slow[3], 1):.1f} | all, <= 1 | `nice python bench/bench_detectors.py --slow-only` |"
     )
     return 0
 

@@ -6,7 +6,10 @@ Healthy runs, all of the demo's recipe (`trainer/configs/tiny.yaml` with `make d
 - `quiet-<N>`: the trainer, N steps, on the machine as it is;
 - `loaded-<N>`: the trainer, N steps, while this bench keeps the machine busy: one busy-loop process
   per CPU core (a `stress --cpu` alike), each spinning for 1-15 s, then idle for 1-15 s, at random,
-  so the run's throughput swings as it does beside other jobs.
+  so the run's throughput swings as it does beside other jobs;
+- `slow-healthy-*`: simulated 10,000-step runs (`observatory.interop.simulate_slow`, with a busy machine's
+  dips): warmup and cosine decay with an eval-interval bump, WSD decay, two data-order changes. The slow-
+  change detectors read thousands of steps, longer than the trained runs.
 
 The trained runs are cached under `tmp/artifacts/false_alarms/` (so `--before PATH` can score the
 same logs with another checkout's detectors: `PYTHONPATH=PATH`). Each run's own event logs are
@@ -35,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tmp" / "artifacts" / "false_alarms"
 SAMPLE = ROOT / "data" / "samples" / "demo-sample"
+SIM_HEALTHY = ("healthy_cosine", "healthy_wsd", "healthy_data_order")  # simulate_slow.HEALTHY
+SIM_STEPS = 10_000
 
 
 def _busy(seed: int, stop) -> None:
@@ -89,6 +94,15 @@ def build(steps: int, fresh: bool, train_missing: bool = True) -> dict[str, str]
         made[run] = f"trainer, {steps} steps, " + (
             f"{cores} busy-loop processes (1-15 s on/off)" if load else "the machine as it is"
         )
+    for case in SIM_HEALTHY:
+        run = f"slow-{case.replace('_', '-')}"
+        if not (runs / run / "events.0.jsonl").exists():
+            if not train_missing:
+                continue
+            from observatory.interop.simulate_slow import simulate_slow
+
+            simulate_slow(case, runs, steps=SIM_STEPS, run_id=run)
+        made[run] = f"simulated {case}, {SIM_STEPS:,} steps"
     return made
 
 

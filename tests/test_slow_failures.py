@@ -215,3 +215,16 @@ def test_the_live_page_says_crash_loop_with_the_attempt_count(tmp_path):
         con.close()
     assert crash_loop_note(marks) == "crash loop: 2 attempts failed at step 60 with InjectedCrash"
     assert crash_loop_note(marks.filter(marks["kind"] != "anomaly")) is None
+
+
+def test_the_trainer_can_inject_a_slow_lr_drift():
+    from trainer.faults import FaultPlan, parse_faults
+
+    (f,) = parse_faults(["lr_drift@100:x5"])
+    assert str(f) == "lr_drift@100:x5" and f.factor == 5
+    plan = FaultPlan(["lr_drift@100:x5", "lr_spike@150:x2"])
+    assert plan.lr_factor([], 99, 300) == 1.0 and plan.lr_factor([], 100, 300) == 1.0
+    assert plan.lr_factor([], 200, 300) == pytest.approx(3.0) and plan.lr_factor([], 300, 300) == 5.0
+    assert plan.lr_factor(plan.at(150), 150, 300) == pytest.approx(2 * 2.0)
+    with pytest.raises(ValueError, match="needs a factor"):
+        parse_faults(["lr_drift@100"])

@@ -188,7 +188,9 @@ class TrainConfig:
     steps: int = 100  # optimizer steps
     seed: int = 0  # model init
     tags: tuple[str, ...] = ()
-    inject: tuple[str, ...] = ()  # faults: lr_spike@STEP:xFACTOR, bad_batch@STEP, nan@STEP, crash@STEP
+    inject: tuple[
+        str, ...
+    ] = ()  # faults: lr_spike@STEP:xFACTOR, bad_batch@STEP, nan@STEP, crash@STEP, lr_drift@STEP:xFACTOR
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

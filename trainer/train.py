@@ -368,7 +368,9 @@ class _Loop:
                 if any(f.kind == "crash" for f in due):
                     raise InjectedCrash(f"inject=crash@{step}")
                 batch = self._batch(step, bad=any(f.kind == "bad_batch" for f in due))
-                lr = self.lrs[min(step, cfg.steps)] * self.lr_scale * self.plan.lr_factor(due)
+                lr = (
+                    self.lrs[min(step, cfg.steps)] * self.lr_scale * self.plan.lr_factor(due, step, cfg.steps)
+                )
                 poison = np.float32(np.nan if any(f.kind == "nan" for f in due) else 0.0)
                 out = (
                     step,
