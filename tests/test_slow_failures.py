@@ -131,7 +131,9 @@ def test_a_live_run_scanned_batch_by_batch_finds_each_trend_once(tmp_path):
 
     def keys(db):
         return sorted(
-            (d["detector"], d["metric"], d["severity"], d["step"]) for d in _stored(db).get(run, [])
+            (d["detector"], d["metric"], d["severity"], d["step"])
+            for d in _stored(db).get(run, [])
+            if d.get("trend")  # not `stalled_run`: the pieces are days old, with no run_end till the last
         )
 
     got = keys(tmp_path / "live.duckdb")
@@ -191,7 +193,7 @@ def test_the_report_has_a_slow_changes_section_with_each_trend_finding_and_its_c
     ingest(runs, db, emit=None)
     ingest(runs, db, emit=None)
     rep = report.build(db, run)
-    assert [s["metric"] for s in rep.slow][:1] == ["train/loss"]
+    assert {"train/loss", "eval/loss"} <= {s["metric"] for s in rep.slow}
     assert all(s["series"] and s["since"] <= s["step"] for s in rep.slow)
     html = report.render_html(rep)
     assert '<section id="slow"><h2>Slow changes</h2>' in html and 'id="fig-slow-1"' in html

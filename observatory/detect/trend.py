@@ -253,11 +253,16 @@ def _rule(
 
 
 def _noise(x: np.ndarray) -> np.ndarray:
-    """Each point's robust sigma of the point-to-point changes of the 64 points up to it (IQR / 1.349 /
-    sqrt 2); 0 before 8 of them."""
-    d = np.append(np.nan, np.diff(x))
-    q25, q75 = rolling(d, 64, 8, (0.25, 0.75))
-    return np.nan_to_num((q75 - q25) / (1.349 * math.sqrt(2)))
+    """Each point's robust sigma of its noise, from the second differences of the 64 points up to it (IQR /
+    1.349 / sqrt 6): a trend (the loss falling fast early on) hardly moves them; 0 before 8 of them."""
+    d2 = np.concatenate([[np.nan, np.nan], np.diff(x, 2)]) if x.size > 2 else np.full(x.size, np.nan)
+    q25, q75 = rolling(d2, 64, 8, (0.25, 0.75))
+    return np.nan_to_num((q75 - q25) / (1.349 * math.sqrt(6)))
+
+
+def _before(a: np.ndarray, steps: np.ndarray, th: Thresholds) -> np.ndarray:
+    """`a` at each point a window earlier (`_windows`): the noise from before a change, not of it."""
+    return a[np.maximum(np.arange(a.size) - _windows(steps, th), 0)] if a.size else a
 
 
 def trends(
@@ -280,7 +285,7 @@ def trends(
             detector="loss_trend",
             metric=metric,
             kind="rise",
-            thr=np.maximum(th.trend_loss_rise, 4 * _noise(x)),
+            thr=np.maximum(th.trend_loss_rise, 4 * _before(_noise(x), st, th)),
             since_step=start,
             hint=f"a rules-file rule `{{metric: {metric}, rise: {th.trend_loss_rise:g}}}` alerts on such a climb live",
         )
@@ -326,7 +331,7 @@ def trends(
             metric=DROP,
             kind="above",
             thr=th.drop_max,
-            since_step=0,
+            since_step=max(start, 2 * th.trend_steps),  # an untrained router drops more at first
             critical=False,
             what="the drop fraction",
         )
@@ -354,7 +359,7 @@ def trends(
                 metric=ENTROPY,
                 kind="below",
                 thr=th.entropy_floor,
-                since_step=0,
+                since_step=max(warmup_end(lr, st, th), 2 * th.trend_steps),
                 critical=False,
                 what="router entropy",
             )
