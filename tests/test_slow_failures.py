@@ -230,3 +230,35 @@ def test_the_trainer_can_inject_a_slow_lr_drift():
     assert plan.lr_factor(plan.at(150), 150, 300) == pytest.approx(2 * 2.0)
     with pytest.raises(ValueError, match="needs a factor"):
         parse_faults(["lr_drift@100"])
+
+
+def test_the_report_says_crash_loop_with_the_attempt_count(tmp_path):
+    from observatory import report
+
+    runs, db = tmp_path / "runs", tmp_path / "store.duckdb"
+    run, _ = simulate_slow("crash_loop", runs)
+    ingest(runs, db, emit=None)
+    ingest(runs, db, emit=None)
+    html = report.render_html(report.build(db, run))
+    assert "crash loop: 2 attempts failed at step 60 with InjectedCrash" in html
+    assert T.crash_loops([{"step": 1, "message": "A" * 500 + ": x"}] * 2, TH)[0].extra["error"] == "A" * 80
+
+
+def test_throughput_below_the_configs_baseline_run_warns(tmp_path):
+    """A run whose config names a baseline run warns when its tokens/s stays at or below 80% of that run's
+    median, from its start (its own earlier level is as slow: no `throughput_loss`)."""
+    runs, db = tmp_path / "runs", tmp_path / "store.duckdb"
+    base, _ = simulate_slow("healthy_cosine", runs, steps=2000, run_id="base")
+    slow, _ = simulate_slow("healthy_wsd", runs, steps=2000, run_id="slow", speed=0.7, baseline_run=base)
+    ok, _ = simulate_slow("healthy_wsd", runs, steps=2000, run_id="ok", speed=0.95, baseline_run=base)
+    ingest(runs, db, emit=None)
+    ingest(runs, db, emit=None)
+    found = _stored(db)
+    (f,) = _alarms(found.get(slow, []))
+    assert (f["detector"], f["metric"], f["severity"]) == (
+        "throughput_baseline",
+        "throughput/tokens_per_s",
+        "warn",
+    )
+    assert "baseline run base" in f["message"]
+    assert _alarms(found.get(ok, [])) == [] and _alarms(found.get(base, [])) == []

@@ -268,9 +268,11 @@ def _before(a: np.ndarray, steps: np.ndarray, th: Thresholds) -> np.ndarray:
 def trends(
     series: Mapping[str, tuple[np.ndarray, np.ndarray]],
     th: Thresholds,
+    baseline: tuple[str, Mapping[str, float]] | None = None,
 ) -> list[Finding]:
     """Every trend detector over one run's points: metric -> (steps, values), `bucket_means` of the train
-    metrics (`TREND_METRICS`) and the eval loss (`EVAL`) at each eval, whichever the run has."""
+    metrics (`TREND_METRICS`) and the eval loss (`EVAL`) at each eval, whichever the run has. `baseline`:
+    (the run its config names as its baseline, that run's median of each throughput metric)."""
     lr = series.get(LR)
     out: list[Finding] = []
     for metric in (LOSS, EVAL):
@@ -379,6 +381,21 @@ def trends(
                 what=metric,
                 hint="the `mfu_drop` alert rule says so live",
             )
+            if baseline is not None and metric in baseline[1]:
+                level = baseline[1][metric]
+                out += _rule(
+                    st,
+                    x,
+                    th,
+                    detector="throughput_baseline",
+                    metric=metric,
+                    kind="below",
+                    thr=th.throughput_loss * level,
+                    since_step=int(th.trend_steps),
+                    critical=False,
+                    what=metric,
+                    hint=f"{th.throughput_loss:g} x the median {_fmt(level)} of its baseline run {baseline[0]}",
+                )
     return out
 
 
@@ -434,26 +451,27 @@ def _error(f: dict) -> str:
     msg = str(f.get("message") or "")
     head = msg.split(":", 1)[0].strip()
     if head and head.isidentifier() and ":" in msg:
-        return head
-    return str(f.get("type") or "failure")
+        return head[:80]
+    return str(f.get("type") or "failure")[:80]
 
 
 class SlowReads:
     """What a scan's slow-change detectors read of its runs, set-wise (`read`): the long runs' points and every
     run's failures; `findings(run, th)` runs the detectors over one run's (numpy only)."""
 
-    def __init__(self, points: dict, failures: dict):
-        self.points, self.failures = points, failures
+    def __init__(self, points: dict, failures: dict, baselines: dict | None = None):
+        self.points, self.failures, self.baselines = points, failures, baselines or {}
 
     @classmethod
     def read(cls, con, runs: list[str], th: Thresholds, per_run: Mapping[str, Thresholds]) -> SlowReads:
-        from observatory.queries.trends import failures_of, trend_points
+        from observatory.queries.trends import baseline_levels, failures_of, trend_points
 
         span = min([th.trend_steps, *(t.trend_steps for t in per_run.values())]) * 4
-        return cls(trend_points(con, runs, list(TREND_METRICS), EVAL, span), failures_of(con, runs))
+        points = trend_points(con, runs, list(TREND_METRICS), EVAL, span)
+        return cls(points, failures_of(con, runs), baseline_levels(con, list(points), [THROUGHPUT, MFU]))
 
     def findings(self, run: str, th: Thresholds) -> list[Finding]:
-        out = trends(self.points[run], th) if run in self.points else []
+        out = trends(self.points[run], th, self.baselines.get(run)) if run in self.points else []
         if run in self.failures:
             out += crash_loops(self.failures[run], th)
         return out

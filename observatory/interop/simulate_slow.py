@@ -126,8 +126,18 @@ def _eval_steps(case: str, n: int) -> list[int]:
     return list(range(every, bump, every)) + list(range(bump, n, max(1, n // 100)))
 
 
-def simulate_slow(case: str, runs_dir, *, steps: int = 10_000, seed: int = 0, run_id: str | None = None):
-    """Write the case's run into `runs_dir`; returns (run id, truth)."""
+def simulate_slow(
+    case: str,
+    runs_dir,
+    *,
+    steps: int = 10_000,
+    seed: int = 0,
+    run_id: str | None = None,
+    speed: float = 1.0,
+    baseline_run: str | None = None,
+):
+    """Write the case's run into `runs_dir`; returns (run id, truth). `speed`: its tokens/s and MFU are this
+    fraction of the recipe's throughout; `baseline_run`: its config names that run as its baseline."""
     if case not in SLOW_CASES:
         raise ValueError(f"case must be one of {', '.join(SLOW_CASES)}, got {case!r}")
     rng = np.random.default_rng(seed)
@@ -139,8 +149,12 @@ def simulate_slow(case: str, runs_dir, *, steps: int = 10_000, seed: int = 0, ru
         "steps": n,
         "optimizer": {"lr": PEAK_LR, "warmup_steps": max(1, n // 20)},
     }
+    if baseline_run is not None:
+        config["baseline_run"] = baseline_run
     f.event("run_start", {"config": config, "name": run, "project": "slow-sim"}, 0, T0)
     series, change = _series(case, n, rng)
+    for k in ("throughput/tokens_per_s", "throughput/mfu"):
+        series[k] = series[k] * speed
     evals = set(_eval_steps(case, n))
     t = T0 + 60.0
     names = [k for k in series if not k.startswith("_")]

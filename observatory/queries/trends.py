@@ -13,7 +13,7 @@ import numpy as np
 
 from observatory.events import OBSERVATORY_HOST
 
-__all__ = ["trend_points", "failures_of"]
+__all__ = ["trend_points", "failures_of", "baseline_levels"]
 
 Points = dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]  # run -> metric -> (steps, values)
 
@@ -74,4 +74,27 @@ def failures_of(con, runs: list[str]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = defaultdict(list)
     for run, step, host, typ, msg, action in rows:
         out[run].append({"step": step, "host": host, "type": typ, "message": msg, "action": action})
+    return out
+
+
+def baseline_levels(con, runs: list[str], names: list[str]) -> dict[str, tuple[str, dict[str, float]]]:
+    """Of `runs`, those whose config names a baseline run (`baseline_run`, or `alerts.baseline_run`): that
+    run's id and the median of its 64-step means of each of `names` it logged."""
+    if not runs:
+        return {}
+    rows = con.execute(
+        """WITH b AS (
+             SELECT run, coalesce(json_extract_string(config, '$.baseline_run'),
+                                  json_extract_string(config, '$.alerts.baseline_run')) AS base
+             FROM runs WHERE run IN (SELECT unnest($runs::VARCHAR[])))
+           SELECT b.run, b.base, r.name, median(r.sum / (r.n - r.n_nonfinite)) AS level
+           FROM b JOIN metrics_r64 r ON r.run = b.base
+           WHERE b.base IS NOT NULL AND r.name IN (SELECT unnest($names::VARCHAR[])) AND r.n > r.n_nonfinite
+           GROUP BY ALL ORDER BY ALL""",
+        {"runs": list(runs), "names": list(names)},
+    ).fetchall()
+    out: dict[str, tuple[str, dict[str, float]]] = {}
+    for run, base, name, level in rows:
+        if level is not None and level > 0:
+            out.setdefault(run, (base, {}))[1][name] = float(level)
     return out
