@@ -47,13 +47,17 @@ def test_a_resumed_run_that_crashes_at_the_same_step_is_one_crash_loop(tmp_path)
     assert loops[0]["message"] == "crash loop: 2 attempts failed at step 59 with InjectedCrash"
 
 
-def test_a_slow_lr_drift_is_found_as_a_rising_loss_after_it_starts(tmp_path):
-    """1,000 tiny steps; from step 450 the LR drifts up to 40x its schedule: the loss stops falling and
-    climbs (~0.15 nats over ~250 steps). Default thresholds: the windows are 256 steps at this length."""
-    c = cfg("steps=1000", "eval.every=100", "checkpoint.every=100000", "inject=lr_drift@450:x40")
+def test_a_slow_lr_drift_is_found_as_a_rising_loss_after_it_starts(tmp_path, monkeypatch):
+    """1,000 tiny steps; from step 400 the LR drifts up to 100x its schedule: the loss stops falling and
+    climbs ~0.3 nats within ~200 steps. The shortest trend window scaled to the run: 200 steps (a run must
+    span 4 of them to be read)."""
+    monkeypatch.setenv("OBSERVATORY_ANOMALY_TREND_STEPS", "200")
+    c = cfg("steps=1000", "eval.every=100", "checkpoint.every=100000", "inject=lr_drift@400:x100")
     train(c, tmp_path, run_id="drifting")
     found = findings(tmp_path, tmp_path / "store.duckdb", "drifting")
     trends = [d for d in found if d["detector"] == "loss_trend"]
-    assert trends, [(d["detector"], d["step"]) for d in found]
-    assert all(d["step"] > 450 and d["since_step"] >= 384 for d in trends), trends
-    assert not [d for d in found if d.get("trend") and d["step"] <= 450]
+    assert {d["metric"] for d in trends} == {"train/loss", "eval/loss"}, [
+        (d["detector"], d["step"]) for d in found
+    ]
+    assert all(d["step"] > 400 and d["since_step"] >= 384 for d in trends), trends
+    assert not [d for d in found if d.get("trend") and d["step"] <= 400]
