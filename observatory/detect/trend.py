@@ -26,8 +26,10 @@ ratio threshold is raised by sqrt(peak / lr), at most 1.5x (a grad norm that gro
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 
+import duckdb
 import numpy as np
 
 from observatory.detect.detectors import DROP, GRAD, LOSS, THROUGHPUT, Finding
@@ -467,8 +469,14 @@ class SlowReads:
         from observatory.queries.trends import baseline_levels, failures_of, trend_points
 
         span = min([th.trend_steps, *(t.trend_steps for t in per_run.values())]) * 4
-        points = trend_points(con, runs, list(TREND_METRICS), EVAL, span)
-        return cls(points, failures_of(con, runs), baseline_levels(con, list(points), [THROUGHPUT, MFU]))
+        try:
+            points = trend_points(con, runs, list(TREND_METRICS), EVAL, span)
+            return cls(points, failures_of(con, runs), baseline_levels(con, list(points), [THROUGHPUT, MFU]))
+        except duckdb.Error as e:  # the other detectors go on without them
+            print(
+                f"observatory anomalies: slow-change reads failed: {type(e).__name__}: {e}", file=sys.stderr
+            )
+            return cls({}, {})
 
     def findings(self, run: str, th: Thresholds) -> list[Finding]:
         out = trends(self.points[run], th, self.baselines.get(run)) if run in self.points else []
