@@ -65,7 +65,7 @@ from observatory.detect.detectors import (
 from observatory.detect.expert_scan import expert_findings
 from observatory.detect.screen import SHORT
 from observatory.detect.thresholds import Thresholds, widest
-from observatory.detect.trend import SlowReads
+from observatory.detect.trend import TREND_RES, SlowReads
 from observatory.events import OBSERVATORY_HOST
 from observatory.queries.anomalies import (
     SeriesRows,
@@ -312,6 +312,12 @@ class _RunScan:
     def arrays(self) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
         """(every step it has a row at; {metric: (steps, values)}): what `detect_series` reads."""
         return self.rows.of(self.i)
+
+    def new_bucket(self) -> bool:
+        """Whether this scan reaches a 64-step bucket (`detect.trend.TREND_RES`) the last one did not: the
+        slow-change detectors read only whole buckets, and find nothing new without one."""
+        last = self.rows.last_step(self.i)
+        return self.through is None or last is None or last // TREND_RES != self.through // TREND_RES
 
     def screenable(self, longest: np.ndarray) -> bool:
         """Whether the screen (`screen.loud`) may decide that this run's series detectors find nothing: short
@@ -600,7 +606,8 @@ class Scan:
                     _say_failed(run, e1)
             if not reads and wanted:
                 _say_failed(", ".join(wanted[:3]) + ("..." if len(wanted) > 3 else ""), e)
-        return cls(runs_dir, th, reads, act, now, per_run, progress, SlowReads.read(con, wanted, th, per_run))
+        slow = SlowReads.read(con, wanted, th, per_run, [r.run for r in reads if r.new_bucket()])
+        return cls(runs_dir, th, reads, act, now, per_run, progress, slow)
 
     def compute(self) -> None:
         """The series detectors over what was read, run by run (a run that fails is said and left out);

@@ -465,12 +465,20 @@ class SlowReads:
         self.points, self.failures, self.baselines = points, failures, baselines or {}
 
     @classmethod
-    def read(cls, con, runs: list[str], th: Thresholds, per_run: Mapping[str, Thresholds]) -> SlowReads:
+    def read(
+        cls,
+        con,
+        runs: list[str],
+        th: Thresholds,
+        per_run: Mapping[str, Thresholds],
+        due: list[str] | None = None,
+    ) -> SlowReads:
+        """`due`: the runs whose trends are read (None: all of `runs`); the failures are of all of them."""
         from observatory.queries.trends import baseline_levels, failures_of, trend_points
 
         span = min([th.trend_steps, *(t.trend_steps for t in per_run.values())]) * 4
         try:
-            points = trend_points(con, runs, list(TREND_METRICS), EVAL, span)
+            points = trend_points(con, runs if due is None else due, list(TREND_METRICS), EVAL, span)
             return cls(points, failures_of(con, runs), baseline_levels(con, list(points), [THROUGHPUT, MFU]))
         except duckdb.Error as e:  # the other detectors go on without them
             print(
