@@ -262,3 +262,27 @@ def test_throughput_below_the_configs_baseline_run_warns(tmp_path):
     )
     assert "baseline run base" in f["message"]
     assert _alarms(found.get(ok, [])) == [] and _alarms(found.get(base, [])) == []
+
+
+def test_the_cli_simulates_each_slow_case_and_its_list_is_the_simulators(tmp_path):
+    from click.testing import CliRunner
+
+    from observatory.cli import main
+    from observatory.commands.simulate import SLOW_CASES as CLI_CASES
+
+    assert CLI_CASES == SLOW_CASES
+    args = [
+        "simulate",
+        "--preset",
+        "tiny",
+        "--slow",
+        "moe_drift",
+        "--steps",
+        "2000",
+        "--runs-dir",
+        str(tmp_path),
+    ]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert "slow-moe-drift" in r.output and "the change starts at step 400, for drop_trend" in r.output
+    assert (tmp_path / "slow-moe-drift" / "events.0.jsonl").stat().st_size > 0

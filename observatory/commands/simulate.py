@@ -14,6 +14,18 @@ __all__ = ["simulate"]
 
 PRESET_NAMES = ("tiny", "ladder", "535b")
 FAULTS = ("healthy", "frozen", "straggler", "hang", "preempt", "mfu_drop", "hbm_creep")  # simulate_ops.FAULTS
+SLOW_CASES = (  # simulate_slow.SLOW_CASES (importing it would load numpy for every command's start-up)
+    "healthy_cosine",
+    "healthy_wsd",
+    "healthy_data_order",
+    "slow_divergence",
+    "slow_divergence_grad",
+    "moe_drift",
+    "throughput_70",
+    "throughput_55",
+    "throughput_decay",
+    "crash_loop",
+)
 
 
 @click.command("simulate")
@@ -38,7 +50,15 @@ FAULTS = ("healthy", "frozen", "straggler", "hang", "preempt", "mfu_drop", "hbm_
     help="Instead of the preset's story: a live many-host job (phases, heartbeats) playing one operator "
     "fault, ending now, with its goodput ground truth in a summary event (docs/operate.md).",
 )
-def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts, replace, do_ingest, fault):
+@click.option(
+    "--slow",
+    type=click.Choice(SLOW_CASES),
+    help="Instead of the preset's story: one run of a slow failure, or of a healthy run it must be told "
+    "from, --steps long [default: 10000], with its truth in a summary event (docs/detectors.md).",
+)
+def simulate(
+    preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts, replace, do_ingest, fault, slow
+):
     """Write synthetic runs as real event logs (deterministic by seed).
 
     535b: the reference MoE (48 layers x 384 experts, top-8 + 2 shared, seq 4096) with a
@@ -50,6 +70,9 @@ def simulate(preset, steps, runs_dir, db, run_id, seed, expert_load_every, hosts
 
     if fault is not None:
         _fault(fault, steps, runs_dir, db, run_id, seed, hosts, do_ingest)
+        return
+    if slow is not None:
+        _slow(slow, steps, runs_dir, db, run_id, seed, do_ingest)
         return
     try:
         with bucket.staged(runs_dir) as local:  # a bucket's runs: written here, then uploaded as chunks
@@ -100,6 +123,21 @@ def _fault(fault, steps, runs_dir, db, run_id, seed, hosts, do_ingest) -> None:
         raise click.UsageError(str(e)) from None
     click.echo(
         f"{run} -> {bucket.safe(str(runs_dir))}: {max(hosts, 8)} hosts, fault {fault}; goodput {truth['sim/goodput']:.4f}"
+    )
+    if do_ingest:
+        from observatory.interop import ingest_runs
+
+        click.echo(f"store {db}: {ingest_runs(runs_dir, db).summary()}")
+
+
+def _slow(case, steps, runs_dir, db, run_id, seed, do_ingest) -> None:
+    from observatory.interop.simulate_slow import simulate_slow
+
+    run, truth = simulate_slow(case, runs_dir, steps=steps or 10_000, seed=seed, run_id=run_id)
+    change = truth["sim/change_step"]
+    click.echo(
+        f"{run} -> {runs_dir}: {case}, {truth['sim/steps']} steps"
+        + (f"; the change starts at step {change}, for {truth['sim/expect']}" if change is not None else "")
     )
     if do_ingest:
         from observatory.interop import ingest_runs
