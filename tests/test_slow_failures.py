@@ -286,3 +286,23 @@ def test_the_cli_simulates_each_slow_case_and_its_list_is_the_simulators(tmp_pat
     assert r.exit_code == 0, r.output
     assert "slow-moe-drift" in r.output and "the change starts at step 400, for drop_trend" in r.output
     assert (tmp_path / "slow-moe-drift" / "events.0.jsonl").stat().st_size > 0
+
+
+def test_a_run_scanned_before_the_trend_detectors_existed_gets_them_from_an_incremental_detect(
+    tmp_path, monkeypatch
+):
+    """A finished run whose scan state says `series` through its end, and nothing of `trends` (a store of an
+    earlier version): `observatory detect` without --full reads its trends once."""
+    from observatory.detect import scan
+
+    runs, db = tmp_path / "runs", tmp_path / "store.duckdb"
+    run, _ = simulate_slow("throughput_55", runs, steps=STEPS)
+    with monkeypatch.context() as m:  # the scans of a version without trend detectors
+        m.setattr(scan._RunScan, "new_bucket", lambda self: False)
+        ingest(runs, db, emit=None)
+        ingest(runs, db, emit=None)
+    assert not [d for d in _stored(db).get(run, []) if d.get("trend")]
+    scan._STATE.clear()  # a new process
+    found = scan.detect(db, runs, [run], stall=False)
+    assert [f.detector for f in found if f.extra.get("trend")] == ["throughput_loss"]
+    assert scan.detect(db, runs, [run], stall=False) == []  # once

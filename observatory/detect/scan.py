@@ -314,10 +314,11 @@ class _RunScan:
         return self.rows.of(self.i)
 
     def new_bucket(self) -> bool:
-        """Whether this scan reaches a 64-step bucket (`detect.trend.TREND_RES`) the last one did not: the
-        slow-change detectors read only whole buckets, and find nothing new without one."""
-        last = self.rows.last_step(self.i)
-        return self.through is None or last is None or last // TREND_RES != self.through // TREND_RES
+        """Whether the slow-change detectors are due: this scan reaches a 64-step bucket (`TREND_RES`) theirs
+        did not (its state group `trends`; they read whole buckets only). Sets `trend_due`."""
+        last, was = self.rows.last_step(self.i), self.was.get("trends")
+        self.trend_due = was is None or (last is not None and last // TREND_RES != was // TREND_RES)
+        return self.trend_due
 
     def screenable(self, longest: np.ndarray) -> bool:
         """Whether the screen (`screen.loud`) may decide that this run's series detectors find nothing: short
@@ -364,6 +365,8 @@ class _RunScan:
             now_state["series"] = max(last, through if through is not None else last)
         if self.last_x is not None:
             now_state["experts"] = max(self.last_x, through_x if through_x is not None else self.last_x)
+        if getattr(self, "trend_due", False) and last is not None:
+            now_state["trends"] = last
         return new, last, now_state
 
 

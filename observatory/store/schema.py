@@ -364,7 +364,7 @@ CREATE TABLE IF NOT EXISTS metric_series (
 );
 CREATE TABLE IF NOT EXISTS detector_state (
     run      VARCHAR NOT NULL,
-    detector VARCHAR NOT NULL,        -- a detector group: series | experts
+    detector VARCHAR NOT NULL,        -- a detector group: series | experts | trends
     through  BIGINT,                  -- the last step its scan read (the next re-reads a trailing window)
     PRIMARY KEY (run, detector)
 );
