@@ -245,7 +245,6 @@ def slow_failures(tmp: Path, steps: int = 10_000) -> tuple[int, int, int, int]:
 
     runs, db = tmp / "runs", tmp / "obs.duckdb"
     truth = dict(simulate_slow(case, runs, steps=steps) for case in SLOW_CASES)
-    A._STATE.clear()
     t0 = time.perf_counter()
     ingest(runs, db, emit=None)
     ingest(runs, db, emit=None)

@@ -11,8 +11,8 @@ import pytest
 
 from observatory.detect import trend as T
 from observatory.detect.thresholds import Thresholds
-from observatory.ingest import ingest
 from observatory.interop.simulate_slow import HEALTHY, SLOW_CASES, lead_time, simulate_slow
+from observatory.pipeline import ingest
 from observatory.queries.anomalies import anomaly_events
 
 STEPS = 4000
@@ -298,11 +298,11 @@ def test_a_run_scanned_before_the_trend_detectors_existed_gets_them_from_an_incr
     runs, db = tmp_path / "runs", tmp_path / "store.duckdb"
     run, _ = simulate_slow("throughput_55", runs, steps=STEPS)
     with monkeypatch.context() as m:  # the scans of a version without trend detectors
-        m.setattr(scan._RunScan, "new_bucket", lambda self: False)
+        m.setattr(T, "_due", lambda last, was: False)
         ingest(runs, db, emit=None)
         ingest(runs, db, emit=None)
     assert not [d for d in _stored(db).get(run, []) if d.get("trend")]
-    scan._STATE.clear()  # a new process
+    # a one-off detect: a fresh Progress, the store's detector_state as the fallback (a new process)
     found = scan.detect(db, runs, [run], stall=False)
     assert [f.detector for f in found if f.extra.get("trend")] == ["throughput_loss"]
     assert scan.detect(db, runs, [run], stall=False) == []  # once

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from browser_fixtures import assert_no_exception, dashboard, open_page
 
-from observatory.ingest import ingest
 from observatory.interop.simulate_slow import simulate_slow
+from observatory.pipeline import ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 from observatory.queries.anomalies import anomaly_events
 from trainer.config import load_config
 from trainer.faults import InjectedCrash

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -76,6 +76,7 @@ __all__ = [
     "DROP",
     "THROUGHPUT",
     "SPIKE_GAP",
+    "finding_rows",
 ]
 
 LOSS = "train/loss"
@@ -747,3 +748,14 @@ def unfollowed(grad: list[Finding], loss: list[Finding], last_step: int | None =
         elif last_step is None or last_step >= f.window[1] + FOLLOW_STEPS:
             out.append(replace(f, severity="info", message=f"{f.message}; one step, the loss did not follow"))
     return out
+
+
+def finding_rows(found) -> list[dict[str, Any]]:
+    """Findings as flat dicts (for --json and tables)."""
+    rows = []
+    for f in found:
+        d = asdict(f)
+        d["window"] = list(f.window)
+        d.update(d.pop("extra"))
+        rows.append(d)
+    return rows

@@ -26,9 +26,9 @@ import sys
 import time
 from collections.abc import Iterable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -50,6 +50,7 @@ from observatory.detect.detectors import (
     Finding,
     dead_experts,
     drop_jumps,
+    finding_rows,
     grad_growth,
     grad_spikes,
     hot_experts,
@@ -65,7 +66,7 @@ from observatory.detect.detectors import (
 from observatory.detect.expert_scan import expert_findings
 from observatory.detect.screen import SHORT
 from observatory.detect.thresholds import Thresholds, widest
-from observatory.detect.trend import TREND_RES, SlowReads
+from observatory.detect.trend import NO_SLOW, SlowReads
 from observatory.events import OBSERVATORY_HOST
 from observatory.queries.anomalies import (
     SeriesRows,
@@ -301,6 +302,8 @@ class _RunScan:
     arrays (`finish`: numpy only, no store, so it may run while the ingest transaction that the reads
     were made in commits)."""
 
+    slow: SlowReads = NO_SLOW  # the slow-change detectors' reads of its scan (`SlowReads.read`)
+
     def __init__(
         self, run, state_key, keys, was, through, since, rows, i, bad, since_x, experts, drop, last_x
     ):
@@ -313,13 +316,6 @@ class _RunScan:
         """(every step it has a row at; {metric: (steps, values)}): what `detect_series` reads."""
         return self.rows.of(self.i)
 
-    def new_bucket(self) -> bool:
-        """Whether the slow-change detectors are due: this scan reaches a 64-step bucket (`TREND_RES`) theirs
-        did not (its state group `trends`; they read whole buckets only). Sets `trend_due`."""
-        last, was = self.rows.last_step(self.i), self.was.get("trends")
-        self.trend_due = was is None or (last is not None and last // TREND_RES != was // TREND_RES)
-        return self.trend_due
-
     def screenable(self, longest: np.ndarray) -> bool:
         """Whether the screen (`screen.loud`) may decide that this run's series detectors find nothing: short
         series (`longest`: `rows.longest()`), no non-finite value and no drop fraction from expert_load
@@ -331,11 +327,11 @@ class _RunScan:
         )
 
     def finish(
-        self, th: Thresholds, activity: dict | None, now: float | None, quiet: bool = False, also=()
+        self, th: Thresholds, activity: dict | None, now: float | None, quiet: bool = False
     ) -> tuple[list[Finding], int | None, dict]:
-        """(new findings, deduped; the last step scanned; the state the scan reached). quiet: the screen
-        (`screen.loud`) found no row any series detector would flag: they are not run. also: the slow-change
-        findings (`detect.trend`), deduped with the rest."""
+        """(new findings, deduped; the last step scanned; the state the scan reached, the slow-change
+        detectors' (`self.slow`) included). quiet: the screen (`screen.loud`) found no row any series
+        detector would flag: they are not run."""
         steps, series = (None, None) if quiet else self.arrays()
         found = (
             []
@@ -349,7 +345,10 @@ class _RunScan:
                 load_drop=(self.drop[0], self.drop[1], self.since_x is not None),
             )
         )
-        found = sorted(found + self.experts + list(also), key=lambda f: (f.step, f.detector, f.metric))
+        found = sorted(
+            found + self.experts + self.slow.findings(self.run, th),
+            key=lambda f: (f.step, f.detector, f.metric),
+        )
         if activity is not None:
             found += stalled(activity["last_step"], activity["last_t"], activity["ended"], th, now, activity)
         new, fresh = [], set()
@@ -365,7 +364,7 @@ class _RunScan:
             now_state["series"] = max(last, through if through is not None else last)
         if self.last_x is not None:
             now_state["experts"] = max(self.last_x, through_x if through_x is not None else self.last_x)
-        if getattr(self, "trend_due", False) and last is not None:
+        if self.run in self.slow.due and last is not None:
             now_state["trends"] = last
         return new, last, now_state
 
@@ -564,11 +563,9 @@ class Scan:
         now: float | None,
         per_run: dict[str, Thresholds] | None = None,
         progress: Progress | None = None,
-        slow: SlowReads | None = None,
     ):
         self.runs_dir, self.th, self.reads, self.activity, self.now = runs_dir, th, reads, activity, now
         self.progress = progress or Progress()
-        self.slow = slow or SlowReads({}, {})  # the slow-change detectors' reads
         self.per_run = per_run or {}  # runs with thresholds of their own (`thresholds_of`)
         self.results: list[tuple[_RunScan, list[Finding], int | None, dict]] = []
         # whether the scan checked for stalled runs: `progress.last_stall_check` is set when it is written
@@ -609,8 +606,8 @@ class Scan:
                     _say_failed(run, e1)
             if not reads and wanted:
                 _say_failed(", ".join(wanted[:3]) + ("..." if len(wanted) > 3 else ""), e)
-        slow = SlowReads.read(con, wanted, th, per_run, [r.run for r in reads if r.new_bucket()])
-        return cls(runs_dir, th, reads, act, now, per_run, progress, slow)
+        SlowReads.read(con, wanted, th, per_run, reads)  # each read's `slow`
+        return cls(runs_dir, th, reads, act, now, per_run, progress)
 
     def compute(self) -> None:
         """The series detectors over what was read, run by run (a run that fails is said and left out);
@@ -625,10 +622,7 @@ class Scan:
         for r in self.reads:
             try:
                 th = self.per_run.get(r.run, self.th)
-                also = self.slow.findings(r.run, th)
-                self.results.append(
-                    (r, *r.finish(th, self.activity.get(r.run), self.now, r.run in quiet, also))
-                )
+                self.results.append((r, *r.finish(th, self.activity.get(r.run), self.now, r.run in quiet)))
             except Exception as e:
                 _say_failed(r.run, e)
 
@@ -804,14 +798,3 @@ def _ingest_scan(
     )
     scan.stall_checked = stall_due
     return scan
-
-
-def finding_rows(found: Iterable[Finding]) -> list[dict[str, Any]]:
-    """Findings as flat dicts (for --json and tables)."""
-    rows = []
-    for f in found:
-        d = asdict(f)
-        d["window"] = list(f.window)
-        d.update(d.pop("extra"))
-        rows.append(d)
-    return rows

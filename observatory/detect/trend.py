@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import duckdb
 import numpy as np
@@ -458,36 +459,50 @@ def _error(f: dict) -> str:
 
 
 class SlowReads:
-    """What a scan's slow-change detectors read of its runs, set-wise (`read`): the long runs' points and every
-    run's failures; `findings(run, th)` runs the detectors over one run's (numpy only)."""
+    """What a scan's slow-change detectors read of its runs, set-wise (`read`): the long runs' points, every
+    run's failures, their baseline runs' throughput; `findings(run, th)` runs the detectors over one run's
+    (numpy only). `due`: the runs whose points were read (their scan state's `trends` moves on)."""
 
-    def __init__(self, points: dict, failures: dict, baselines: dict | None = None):
-        self.points, self.failures, self.baselines = points, failures, baselines or {}
+    def __init__(self, points: Mapping, failures: Mapping, baselines: Mapping | None = None, due=()):
+        self.points, self.failures = points, failures
+        self.baselines, self.due = baselines or MappingProxyType({}), frozenset(due)
 
     @classmethod
     def read(
-        cls,
-        con,
-        runs: list[str],
-        th: Thresholds,
-        per_run: Mapping[str, Thresholds],
-        due: list[str] | None = None,
+        cls, con, runs: list[str], th: Thresholds, per_run: Mapping[str, Thresholds], reads=()
     ) -> SlowReads:
-        """`due`: the runs whose trends are read (None: all of `runs`); the failures are of all of them."""
+        """The reads of a scan of `runs`; each of `reads` (the scan's `_RunScan`s) gets them as its `slow`. A
+        run's points are read when its scan reaches a 64-step bucket (`TREND_RES`) the last read of them did
+        not (its state's `trends`; whole buckets only: nothing new without one), or with no `reads`."""
         from observatory.queries.trends import baseline_levels, failures_of, trend_points
 
+        due = list(runs) if not reads else [r.run for r in reads if _due(r.rows.last_step(r.i), r.was)]
         span = min([th.trend_steps, *(t.trend_steps for t in per_run.values())]) * 4
         try:
-            points = trend_points(con, runs if due is None else due, list(TREND_METRICS), EVAL, span)
-            return cls(points, failures_of(con, runs), baseline_levels(con, list(points), [THROUGHPUT, MFU]))
+            points = trend_points(con, due, list(TREND_METRICS), EVAL, span)
+            out = cls(
+                points, failures_of(con, runs), baseline_levels(con, list(points), [THROUGHPUT, MFU]), due
+            )
         except duckdb.Error as e:  # the other detectors go on without them
             print(
                 f"observatory anomalies: slow-change reads failed: {type(e).__name__}: {e}", file=sys.stderr
             )
-            return cls({}, {})
+            out = NO_SLOW
+        for r in reads:
+            r.slow = out
+        return out
 
     def findings(self, run: str, th: Thresholds) -> list[Finding]:
         out = trends(self.points[run], th, self.baselines.get(run)) if run in self.points else []
         if run in self.failures:
             out += crash_loops(self.failures[run], th)
         return out
+
+
+def _due(last: int | None, was: Mapping[str, int]) -> bool:
+    """Whether a run's trends are due (`SlowReads.read`): `last` the last step of its scan, `was` its state."""
+    t = was.get("trends")
+    return t is None or (last is not None and last // TREND_RES != t // TREND_RES)
+
+
+NO_SLOW = SlowReads(MappingProxyType({}), MappingProxyType({}))  # a scan's before they are read: nothing
