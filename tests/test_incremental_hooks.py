@@ -77,7 +77,7 @@ def test_fifty_pieces_give_the_anomalies_and_rollups_of_one_full_recomputation(t
     # the state each run's scans stopped at is in the store
     with connect(db) as con:
         st = qa.detector_state(con, "sim-tiny")
-        assert set(st) == {"series", "experts"} and st["series"] >= 390
+        assert set(st) == {"series", "experts", "trends"} and st["series"] >= 390
 
 
 def test_expert_scan_equals_the_pivot_of_per_expert_sums(tmp_path):

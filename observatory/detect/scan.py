@@ -66,7 +66,7 @@ from observatory.detect.detectors import (
 from observatory.detect.expert_scan import expert_findings
 from observatory.detect.screen import SHORT
 from observatory.detect.thresholds import Thresholds, widest
-from observatory.detect.trend import NO_SLOW, SlowReads
+from observatory.detect.trend import SlowReads
 from observatory.events import OBSERVATORY_HOST
 from observatory.queries.anomalies import (
     SeriesRows,
@@ -302,7 +302,7 @@ class _RunScan:
     arrays (`finish`: numpy only, no store, so it may run while the ingest transaction that the reads
     were made in commits)."""
 
-    slow: SlowReads = NO_SLOW  # the slow-change detectors' reads of its scan (`SlowReads.read`)
+    slow: SlowReads | None = None  # the slow-change detectors' reads of its scan (`SlowReads.read`)
 
     def __init__(
         self, run, state_key, keys, was, through, since, rows, i, bad, since_x, experts, drop, last_x
@@ -346,7 +346,7 @@ class _RunScan:
             )
         )
         found = sorted(
-            found + self.experts + self.slow.findings(self.run, th),
+            found + self.experts + (self.slow.findings(self.run, th) if self.slow else []),
             key=lambda f: (f.step, f.detector, f.metric),
         )
         if activity is not None:
@@ -364,7 +364,7 @@ class _RunScan:
             now_state["series"] = max(last, through if through is not None else last)
         if self.last_x is not None:
             now_state["experts"] = max(self.last_x, through_x if through_x is not None else self.last_x)
-        if self.run in self.slow.due and last is not None:
+        if self.slow and self.run in self.slow.due and last is not None:
             now_state["trends"] = last
         return new, last, now_state
 

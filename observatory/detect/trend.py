@@ -487,7 +487,7 @@ class SlowReads:
             print(
                 f"observatory anomalies: slow-change reads failed: {type(e).__name__}: {e}", file=sys.stderr
             )
-            out = NO_SLOW
+            out = cls({}, {})
         for r in reads:
             r.slow = out
         return out
@@ -503,6 +503,3 @@ def _due(last: int | None, was: Mapping[str, int]) -> bool:
     """Whether a run's trends are due (`SlowReads.read`): `last` the last step of its scan, `was` its state."""
     t = was.get("trends")
     return t is None or (last is not None and last // TREND_RES != t // TREND_RES)
-
-
-NO_SLOW = SlowReads(MappingProxyType({}), MappingProxyType({}))  # a scan's before they are read: nothing
