@@ -133,10 +133,11 @@ def _fault(fault, steps, runs_dir, db, run_id, seed, hosts, do_ingest) -> None:
 def _slow(case, steps, runs_dir, db, run_id, seed, do_ingest) -> None:
     from observatory.interop.simulate_slow import simulate_slow
 
-    run, truth = simulate_slow(case, runs_dir, steps=steps or 10_000, seed=seed, run_id=run_id)
+    with bucket.staged(runs_dir) as local:  # a bucket's runs: written here, then uploaded as chunks
+        run, truth = simulate_slow(case, local, steps=steps or 10_000, seed=seed, run_id=run_id)
     change = truth["sim/change_step"]
     click.echo(
-        f"{run} -> {runs_dir}: {case}, {truth['sim/steps']} steps"
+        f"{run} -> {bucket.safe(str(runs_dir))}: {case}, {truth['sim/steps']} steps"
         + (f"; the change starts at step {change}, for {truth['sim/expect']}" if change is not None else "")
     )
     if do_ingest:
