@@ -311,8 +311,8 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "alerts_file",
-            f"{DATA_HOME}/alerts.yaml",
-            "alert rules, channels, silences and disabled rules (YAML; `observatory alerts`)",
+            "",
+            "alert rules, channels, silences and disabled rules (YAML; `observatory alerts`); empty: the store's own, `<store>.alerts.yaml` beside it (`observatory.duckdb`: `observatory.alerts.yaml`)",
             path=True,
         ),
         Setting(

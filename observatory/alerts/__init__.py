@@ -99,7 +99,7 @@ def evaluate(
     queued for); None: sent now, on this thread (`channels.send`)."""
     deliver = deliver or channels.send
     now = time.time() if now is None else now
-    rule_set = rule_set or rules.load()
+    rule_set = rule_set or rules.load(rules.path_for(getattr(db, "path", db)))  # the store's own rules
     written = {} if written is None else written
     with using(db) as con:
         opened = open_alerts(con, written=written)

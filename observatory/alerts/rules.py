@@ -1,6 +1,7 @@
 """Alert rules: the default set, a lab's own rules, and who is paged for which run.
 
-A rules file (YAML, setting `alerts_file`) holds five lists, each optional::
+A store's rules file (`<store>.alerts.yaml` beside the store, or the file the setting `alerts_file`
+names: `path_for`) holds five lists, each optional::
 
     channels:            # where alerts go: any apprise URL (Slack, Discord, mailto, ntfy, PagerDuty, json://...)
       - url: slack://T000/B000/XXXX
@@ -72,6 +73,8 @@ __all__ = [
     "Rules",
     "DEFAULT_RULES",
     "load",
+    "path_for",
+    "announce",
     "save",
     "parse_until",
     "RulesError",
@@ -199,8 +202,28 @@ DEFAULT_RULES = (
 )
 
 
-def default_path() -> Path:
-    return Path(settings.get("alerts_file"))
+def path_for(db: str | os.PathLike | None = None) -> Path:
+    """The rules file of the store `db` (None: the default store): the file the `alerts_file` setting
+    names, else `<store>.alerts.yaml` beside the store. A scratch store, a test or a bench has its own
+    (none until written), so it never pages the channels of another store."""
+    named = settings.get("alerts_file")
+    if named:
+        return Path(named)
+    # a rebuild's store is built aside as `<store>.rebuild-<pid>`: the rules are the store's
+    store = Path(str(db if db is not None else settings.get("db")).split(".rebuild-")[0])
+    return store.with_suffix(".alerts.yaml") if store.suffix else store.with_name(store.name + ".alerts.yaml")
+
+
+def announce(path: Path) -> str:
+    """What a process that evaluates alerts with the rules file `path` says when it starts: the channels
+    it sends to (by name: a URL is a secret) and the file they are in, or that it sends to none."""
+    try:
+        names = [c.name for c in load(path).channels]
+    except RulesError as e:
+        return f"alerts: {e}"
+    if not names:
+        return f"alerts: sending to no channel ({path}: {'none in it' if path.exists() else 'no such file'})"
+    return f"alerts: sending to {', '.join(names)} (the channels of {path})"
 
 
 def parse_until(text: str, now: float | None = None) -> float:
@@ -278,8 +301,9 @@ def _rule(entry: dict, where: str) -> Rule:
 
 
 def load(path: str | os.PathLike | None = None) -> Rules:
-    """The rules in force: the defaults plus the file's (a missing file: the defaults alone)."""
-    p = Path(path) if path is not None else default_path()
+    """The rules in force: the defaults plus the file's (a missing file: the defaults alone); `path`
+    None: the default store's (`path_for`)."""
+    p = Path(path) if path is not None else path_for()
     if not p.exists():
         return Rules(list(DEFAULT_RULES), path=p)
     try:

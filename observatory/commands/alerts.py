@@ -9,19 +9,27 @@ from pathlib import Path
 import click
 
 from observatory import settings
-from observatory.commands import common_options
+from observatory.commands import common_options, db_option
 
 __all__ = ["alerts", "metrics", "goodput"]
 
 _s = settings.SETTINGS["alerts_file"]
+
+
 rules_option = click.option(
     "--rules",
     "rules_path",
     type=click.Path(path_type=Path),
-    default=lambda: settings.get("alerts_file"),
-    show_default=f"{_s.default}, env {_s.env}",
+    show_default=f"env {_s.env}, else <store>.alerts.yaml beside --db",
     help="The alert rules file (YAML).",
 )
+
+
+def _path(rules_path: Path | None, db: Path) -> Path:
+    """The rules file: --rules, else the store's (`rules.path_for`: the setting's file, else beside it)."""
+    from observatory.alerts import rules
+
+    return rules_path if rules_path is not None else rules.path_for(db)
 
 
 def _load(path: Path):
@@ -43,8 +51,9 @@ def _scope(run: str | None, project: str | None) -> dict:
 def alerts():
     """Alerts: list the open ones, evaluate now, silence, disable or enable a rule, test the channels.
 
-    Rules, channels and silences live in the rules file (setting `alerts_file`); `ingest` (and
-    `ingest --follow` on its clock) evaluates them and sends one message per episode.
+    Rules, channels and silences live in the store's rules file (`<store>.alerts.yaml` beside --db, or
+    the file --rules or the setting `alerts_file` names); `ingest` (and `ingest --follow` on its clock)
+    evaluates them and sends one message per episode.
     """
 
 
@@ -78,6 +87,7 @@ def list_cmd(runs_dir, db, as_json):
 @click.option("--dry-run", is_flag=True, help="Say what would open or resolve; send and write nothing.")
 def check(runs_dir, db, rules_path, dry_run):
     """Evaluate every rule now: open and resolve alerts, send them (then `observatory ingest` stores them)."""
+    rules_path = _path(rules_path, db)
     from observatory import alerts as al
     from observatory.alerts.conditions import firing, live_runs
     from observatory.store import using
@@ -85,6 +95,10 @@ def check(runs_dir, db, rules_path, dry_run):
     if not db.exists():
         raise click.UsageError(f"no store at {db}; run `observatory ingest` first")
     rule_set = _load(rules_path)
+    if not dry_run:
+        from observatory.alerts import rules
+
+        click.echo(rules.announce(rules_path), err=True)
     if dry_run:
         now = time.time()
         with using(db) as con:
@@ -108,14 +122,16 @@ def check(runs_dir, db, rules_path, dry_run):
 
 @alerts.command("silence")
 @rules_option
+@db_option
 @click.option("--run", help="Run id or glob (sweep-*).")
 @click.option("--project", help="Project name.")
 @click.option("--rule", default="*", show_default=True, help="Rule name or glob.")
 @click.option(
     "--for", "until", required=True, metavar="DURATION|TIME", help="30m, 2h, 1d, or an ISO time with zone."
 )
-def silence(rules_path, run, project, rule, until):
+def silence(rules_path, db, run, project, rule, until):
     """Send nothing for these runs and rule until then (alerts still open, resolve and are stored)."""
+    rules_path = _path(rules_path, db)
     from datetime import UTC, datetime
 
     from observatory.alerts import rules
@@ -131,13 +147,15 @@ def silence(rules_path, run, project, rule, until):
 
 @alerts.command("disable")
 @rules_option
+@db_option
 @click.option("--run", help="Run id or glob.")
 @click.option("--project", help="Project name.")
 @click.option(
     "--rule", default="*", show_default=True, help="Rule name or glob (findings, stalled, frozen_host, ...)."
 )
-def disable(rules_path, run, project, rule):
+def disable(rules_path, db, run, project, rule):
     """Turn a rule off for these runs (no alert at all), until `enable`."""
+    rules_path = _path(rules_path, db)
     from observatory.alerts import rules
 
     rules.save(rules_path, "disabled", {"rule": rule, **_scope(run, project)})
@@ -146,11 +164,13 @@ def disable(rules_path, run, project, rule):
 
 @alerts.command("enable")
 @rules_option
+@db_option
 @click.option("--run", help="Run id or glob, as it was disabled.")
 @click.option("--project", help="Project name, as it was disabled.")
 @click.option("--rule", default="*", show_default=True, help="Rule name or glob, as it was disabled.")
-def enable(rules_path, run, project, rule):
+def enable(rules_path, db, run, project, rule):
     """Undo a `disable` (and end a silence) of these runs and rule."""
+    rules_path = _path(rules_path, db)
     from observatory.alerts import rules
 
     match = {"rule": rule, **_scope(run, project)}
@@ -160,8 +180,10 @@ def enable(rules_path, run, project, rule):
 
 @alerts.command("test")
 @rules_option
-def test(rules_path):
+@db_option
+def test(rules_path, db):
     """Send one test message to every channel."""
+    rules_path = _path(rules_path, db)
     from observatory.alerts import channels
 
     rule_set = _load(rules_path)

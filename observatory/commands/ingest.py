@@ -34,6 +34,7 @@ def ingest(runs_dir, db, follow, quiet):
 
     if follow:
         click.echo(f"following {runs_dir} into {db} (Ctrl-C to stop)", err=True)
+    _announce(db, follow)
     try:
         with bar("ingest", quiet or follow) as progress:
             report = run_ingest(
@@ -52,6 +53,7 @@ def rebuild(runs_dir, db, quiet):
     """Recreate the store from the event logs (built aside, then swapped in atomically)."""
     from observatory.pipeline import rebuild as run_rebuild  # lazy for start-up time (see `ingest`)
 
+    _announce(db, False)
     try:
         with bar("rebuild", quiet) as progress:
             report = run_rebuild(runs_dir, db, emit=_quiet if quiet else _err, progress=progress)
@@ -59,6 +61,16 @@ def rebuild(runs_dir, db, quiet):
         raise click.ClickException(str(e)) from None
     click.echo(terminal_text(f"rebuilt {db}: {report.summary()}"), err=True)
     _fail_on_dropped(report)
+
+
+def _announce(db, always: bool) -> None:
+    """Say where this process's alerts go before it sends any: the store's channels (`ingest --follow`
+    says it even when there are none; a one-off ingest only when there are)."""
+    from observatory.alerts import rules
+
+    line = rules.announce(rules.path_for(db))
+    if always or not line.startswith("alerts: sending to no channel"):
+        click.echo(line, err=True)
 
 
 def _fail_on_dropped(report) -> None:
