@@ -66,10 +66,18 @@ def _hosts(con, run: str) -> dict[str, Any]:
 
 def _matrix(con, run: str, name: str, buckets: int) -> dict[str, Any] | None:
     """hosts × time buckets of `name` (mean per bucket), or of seconds per step (STEP_TIME)."""
-    ext = con.execute("SELECT min(t), max(t) FROM heartbeats WHERE run = $run", {"run": run}).fetchone()
+    ext = con.execute(
+        "SELECT min(t), max(t), count(*) / count(DISTINCT host) FROM heartbeats WHERE run = $run",
+        {"run": run},
+    ).fetchone()
     if ext[0] is None:
         return None
-    t0, width = ext[0], max((ext[1] - ext[0]) / buckets, 1e-9)
+    # a bucket spans two heartbeat intervals at least, so it holds two beats of a host (a step rate needs
+    # two) and no column is empty between beats: 17 beats of an 8.5-minute run make 8 columns, not 200 of
+    # which 183 are blank
+    span = ext[1] - ext[0]
+    buckets = int(max(1, min(buckets, (ext[2] - 1) // 2)))
+    t0, width = ext[0], max(span / buckets, 1e-9)
     params = {"run": run, "t0": t0, "w": width, "n": buckets - 1}
     if name == STEP_TIME:
         sql = """
@@ -94,7 +102,9 @@ def _matrix(con, run: str, name: str, buckets: int) -> dict[str, Any] | None:
     z[np.searchsorted(hosts, rows["host"]), rows["b"]] = v
     return {
         "hosts": hosts.tolist(),
-        "t": (t0 + width * (np.arange(buckets) + 0.5)).tolist(),
+        "t": (t0 + width * (np.arange(buckets) + 0.5)).tolist(),  # each column's middle
+        "t0": t0,  # the first heartbeat, and the last
+        "t1": ext[1],
         "z": z,
         "name": name,
     }

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import streamlit as st
 
+from observatory import settings
 from observatory.alerts import open_alerts
 from observatory.dashboard.cache import derive, query_all
 from observatory.dashboard.charts import _ticks, scatter
@@ -38,27 +39,31 @@ def _goodput(con, run: str) -> dict | None:
 
 
 def host_heatmap(m: dict) -> dict:
-    """hosts down, time across, one measure; a figure dict."""
+    """hosts down, minutes since the run's first heartbeat across (the whole run), one measure; a figure dict."""
     hosts = [str(h) for h in m["hosts"]]
     height = int(min(800, max(260, 6 * len(hosts) + 110)))
     t = np.asarray(m["t"])
+    unit, scale = unit_of(m["name"])
     return {
         "data": [
             {
                 "type": "heatmap",
-                "z": m["z"].astype(np.float32),
-                "x": ((t - t[0]) / 60.0).round(2),
+                "z": (m["z"] / scale).astype(np.float32),
+                "x": ((t - m["t0"]) / 60.0).round(3),
                 "y": hosts,
                 "colorscale": "Viridis",
-                "hovertemplate": "host %{y}, minute %{x}: %{z:.4g}<extra></extra>",
-                "colorbar": {"title": {"text": plot_text(m["name"])}},
+                "hovertemplate": "host %{y}, minute %{x:.1f}: %{z:.4g}" + f" {unit}<extra></extra>",
+                "colorbar": {"title": {"text": unit}},
             }
         ],
         "layout": {
-            "title": {"text": plot_text(f"{m['name']}, every host"), "font": {"size": 14}},
+            "title": {"text": plot_text(f"{m['name']} ({unit}), every host"), "font": {"size": 14}},
             "height": height,
             "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
-            "xaxis": {"title": {"text": "minutes since the first heartbeat"}},
+            "xaxis": {
+                "title": {"text": "minutes since the first heartbeat"},
+                "range": [0, max((m["t1"] - m["t0"]) / 60.0, 1e-3)],
+            },
             "yaxis": {
                 "title": {"text": "host"},
                 "type": "category",
@@ -69,31 +74,82 @@ def host_heatmap(m: dict) -> dict:
     }
 
 
-def host_figure(series: dict, host: int) -> dict:
-    """One host's every telemetry name over time, one line each (normalised hover keeps the real value)."""
-    data = []
-    for name, d in series.items():
-        t = np.asarray(d["t"], dtype=float)
-        data.append(
+def unit_of(name: str) -> tuple[str, float]:
+    """A telemetry name's unit as shown, and what its raw value is divided by: bytes in GB, percentages."""
+    if name == qh.STEP_TIME:
+        return "s", 1.0
+    if name.endswith("_bytes"):
+        return "GB", 1e9
+    if name.endswith("_percent") or name.endswith("/util"):
+        return "%", 1.0
+    if name.endswith("_w"):
+        return "W", 1.0
+    return "value", 1.0
+
+
+def host_figures(series: dict, host: int) -> list[dict]:
+    """One host's every telemetry name over time: a chart per unit (GB, %, W, ...), one line per name, so
+    no axis mixes bytes and percentages."""
+    groups: dict[str, list[str]] = {}
+    for name in series:
+        groups.setdefault(unit_of(name)[0], []).append(name)
+    t_first = min(d["t"][0] for d in series.values() if len(d["t"]))
+    figs = []
+    for unit, names in groups.items():
+        scale = unit_of(names[0])[1]
+        data = [
             scatter(
-                x=(t - t[0]) / 60.0 if len(t) else t,
-                y=d["value"],
+                x=(np.asarray(series[n]["t"], dtype=float) - t_first) / 60.0,
+                y=np.asarray(series[n]["value"], dtype=float) / scale,
                 mode="lines",
-                name=plot_text(name),
-                hovertemplate="minute %{x:.1f}: %{y:.4g}<extra>" + plot_text(name) + "</extra>",
+                name=plot_text(n),
+                hovertemplate="minute %{x:.1f}: %{y:.4g} " + unit + "<extra>" + plot_text(n) + "</extra>",
             )
+            for n in names
+        ]
+        figs.append(
+            {
+                "data": data,
+                "layout": {
+                    "title": {"text": f"Host {host}: telemetry in {unit}", "font": {"size": 14}},
+                    "height": 300,
+                    "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
+                    "xaxis": {"title": {"text": "minutes since its first heartbeat"}},
+                    "yaxis": {"title": {"text": unit}, "rangemode": "tozero"},
+                    "legend": {"orientation": "h", "y": -0.3},
+                },
+            }
         )
-    return {
-        "data": data,
-        "layout": {
-            "title": {"text": f"Host {host}: telemetry over time", "font": {"size": 14}},
-            "height": 320,
-            "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
-            "xaxis": {"title": {"text": "minutes since its first heartbeat"}},
-            "yaxis": {"type": "log", "title": {"text": "value (log)"}},
-            "legend": {"orientation": "h", "y": -0.25},
-        },
+    return figs
+
+
+def hosts_table(hosts: dict, now: float) -> dict[str, list]:
+    """The hosts table, the silent first: "silent for" only past two heartbeat intervals (a running host
+    beats every `heartbeat_s`, so 29 s since its last beat is not silence), memory in GB."""
+    every = float(settings.get("heartbeat_s")) or 30.0
+    age = np.asarray([now - t for t in hosts["last_t"]], dtype=float)
+    table: dict[str, list] = {
+        "host": hosts["host"],
+        "silent for": [_duration(a) if a > 2 * every else "—" for a in age],
+        "step": hosts["step"],
+        "phase": hosts["phase"],
     }
+    for n in qh.SUMMARY_NAMES:
+        if any(v is not None for v in hosts[n]):
+            unit, scale = unit_of(n)
+            table[f"{n.split('/', 1)[1].removesuffix('_bytes')} ({unit})"] = [
+                "—" if v is None else round(v / scale, 2) for v in hosts[n]
+            ]
+    order = np.argsort(-age, kind="stable")
+    return {k: [v[i] for i in order] for k, v in table.items()}
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h" if s < 172800 else f"{s / 86400:.1f} days"
 
 
 def _alert_box(a: dict) -> None:
@@ -144,16 +200,7 @@ def render() -> None:
         )
     if view["matrix"] is not None:
         show_chart(derive(host_heatmap, view["matrix"]), key=f"health_map_{run}")
-    now = time.time()
-    table = {
-        "host": hosts["host"],
-        "silent for (s)": [round(now - t, 1) for t in hosts["last_t"]],
-        "step": hosts["step"],
-        "phase": hosts["phase"],
-        **{n.split("/", 1)[1]: hosts[n] for n in qh.SUMMARY_NAMES if any(v is not None for v in hosts[n])},
-    }
-    order = np.argsort(-np.asarray(table["silent for (s)"]))  # the silent first
-    st.dataframe({k: [v[i] for i in order] for k, v in table.items()}, hide_index=True, key="health_hosts")
+    st.dataframe(hosts_table(hosts, time.time()), hide_index=True, key="health_hosts")
     ids = hosts["host"]
     wanted = linked_host(st.query_params.get("host"), ids)
     if wanted is None and st.query_params.get("host"):
@@ -166,7 +213,7 @@ def render() -> None:
     series, total = query_all(
         (qh.host_series, run, int(host)), (qh.host_names_total, run, int(host)), keep_fresh=live
     )
-    if series:
-        show_chart(derive(host_figure, series, int(host)), key=f"health_host_{run}")
+    for i, fig in enumerate(derive(host_figures, series, int(host)) if series else []):
+        show_chart(fig, key=f"health_host_{run}_{i}")
     if total > len(series):
         st.caption(f"Host {host} sent {total:,} telemetry names; the first {len(series)} are drawn.")
