@@ -333,3 +333,19 @@ def test_reports_page_renders(env):
     (frame,) = at.get("iframe")  # the story once, in the report (not also in Markdown above it)
     assert f"first became non-finite at step {NAN_AT}" in frame.proto.srcdoc
     assert not any("first became non-finite" in m.value for m in at.markdown)
+
+
+def test_info_findings_are_not_the_headlines_warning(tmp_path):
+    """A healthy run on a busy machine: its info findings (throughput dips) are counted, not announced as
+    'the first warning'."""
+    runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
+    with observatory.init(run_id="busy", runs_dir=runs, install_signal_handlers=False) as r:
+        for s in range(STEPS):
+            r.log({"train/loss": 2.0 + 6.0 * (s + 10) ** -0.5}, step=s)
+    for step in (20, 40, 60):
+        data = {"detector": "throughput_drop", "metric": "throughput/tokens_per_s", "severity": "info"}
+        _finding(runs, "busy", "anomaly", {**data, "message": "a dip", "window": [step, step + 5]}, step)
+    ingest(runs, db, emit=None)
+    story = " ".join(report.build(db, "busy").story)
+    assert "warning came" not in story and "anomalies" not in story, story
+    assert "No warning" in story and "3 info findings (worth knowing, not warnings" in story

@@ -104,7 +104,7 @@ def evaluate(
     with using(db) as con:
         opened = open_alerts(con, written=written)
         live = live_runs(con, now, also={k[0] for k in opened})
-        fire = {f.key: f for f in firing(con, rule_set, live, now)}
+        fire = {f.key: f for f in firing(con, rule_set, live, now, opened)}
     out: list[dict] = []
     by_run: dict[str, list[tuple[dict, int | None]]] = {}
     for key, f in fire.items():

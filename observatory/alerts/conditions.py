@@ -8,6 +8,7 @@ whose own writers wrote within `alert_horizon_s`. Every condition is a `Firing` 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,9 +156,15 @@ def _frozen_hosts(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
     ]
 
 
-def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
+def _metric(con, rule: Rule, runs: dict[str, LiveRun], opened: set[str] = frozenset()) -> list[Firing]:
     """The rule's metric past its limit: at each of the last `for_steps` logged steps (`above`, `below`), or in
-    the median of them (`ratio_below` a baseline, `rise` or `fall` against `over_steps` logged steps before)."""
+    the median of them (`ratio_below` a baseline, `rise` or `fall` against `over_steps` logged steps before).
+
+    An episode has hysteresis (the runs in `opened` have one open): it opens once all `for_steps` values
+    are past the limit, and stays open until none of them is (`above`, `below`: a minimum duration of
+    `for_steps` clear steps), or until the median is back half-way from the limit to the baseline
+    (`ratio_below` 0.8 resolves at 0.9; `rise`/`fall` at half of it). A median hovering at the limit (a busy
+    machine's MFU) is one episode, not an alert that opens and resolves again every few minutes."""
     live = sorted(r for r, x in runs.items() if x.status == "running")
     if not live:
         return []
@@ -173,11 +180,12 @@ def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
             continue
         finite = [v for v in now if v == v]
         mid = float(np.median(finite)) if finite else float("nan")
+        held = any if run in opened else all  # open: it holds while any value of the window is past
         if rule.above is not None or rule.below is not None:
             past = (
-                all(v > rule.above for v in now)
+                held(v > rule.above for v in now)
                 if rule.above is not None
-                else all(v < rule.below for v in now)
+                else held(v < rule.below for v in now)
             )
             limit = f"above {rule.above:g}" if rule.above is not None else f"below {rule.below:g}"
             text = f"{rule.metric} {limit} for {n} logged step(s): now {now[0]:.4g}"
@@ -200,11 +208,13 @@ def _metric(con, rule: Rule, runs: dict[str, LiveRun]) -> list[Firing]:
             if base is None or base != base:
                 continue
             if rule.ratio_below is not None:
-                past = mid < rule.ratio_below * base
+                ratio = rule.ratio_below if run not in opened else (1 + rule.ratio_below) / 2
+                past = mid < ratio * base
                 text = f"{rule.metric} median {mid:.4g} over the last {n} logged steps is {mid / base:.0%} of {what} {base:.4g}"
             else:
                 delta = mid - base
-                past = delta > rule.rise if rule.rise is not None else -delta > rule.fall
+                half = 0.5 if run in opened else 1.0
+                past = delta > half * rule.rise if rule.rise is not None else -delta > half * rule.fall
                 text = (
                     f"{rule.metric} drifted {delta:+.4g} (median {base:.4g} -> {mid:.4g}) over "
                     f"{rule.over_steps} logged steps"
@@ -281,8 +291,14 @@ MEMORY_FULL = 0.95
 MEMORY_HORIZON_S = 3600.0
 
 
-def firing(con, rules: Rules, runs: dict[str, LiveRun], now: float) -> list[Firing]:
-    """Every condition firing now, each rule over the runs it is active for."""
+def firing(
+    con, rules: Rules, runs: dict[str, LiveRun], now: float, opened: Iterable[tuple] = ()
+) -> list[Firing]:
+    """Every condition firing now, each rule over the runs it is active for; `opened`: the keys of the
+    episodes open now (a metric rule's open episode holds until it clears past its hysteresis)."""
+    open_runs: dict[str, set[str]] = {}
+    for key in opened:
+        open_runs.setdefault(key[1], set()).add(key[0])
     out: list[Firing] = []
     for rule in rules.rules:
         mine = {r: x for r, x in runs.items() if rules.active(rule, r, x.project, x.config)}
@@ -295,7 +311,7 @@ def firing(con, rules: Rules, runs: dict[str, LiveRun], now: float) -> list[Firi
         elif rule.kind == "frozen_host":
             out += _frozen_hosts(con, rule, mine)
         elif rule.kind == "metric":
-            out += _metric(con, rule, mine)
+            out += _metric(con, rule, mine, open_runs.get(rule.name, set()))
         elif rule.kind == "straggler":
             out += _stragglers(con, rule, mine, now)
         elif rule.kind == "memory_creep":

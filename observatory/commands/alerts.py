@@ -103,7 +103,7 @@ def check(runs_dir, db, rules_path, dry_run):
         now = time.time()
         with using(db) as con:
             opened = al.open_alerts(con)
-            found = firing(con, rule_set, live_runs(con, now, {k[0] for k in opened}), now)
+            found = firing(con, rule_set, live_runs(con, now, {k[0] for k in opened}), now, opened)
         for f in found:
             state = "open (already)" if f.key in opened else "would open"
             click.echo(f"{f.run}  {state:<14} {f.severity:<8} {f.rule:<12} {f.message}")

@@ -581,6 +581,24 @@ def _finding_traces(fig: dict[str, Any], d, y_at: float | None, gap: float) -> N
         )
 
 
+def _marker_trace(fig: dict, d, name: str, y_at, symbol: str, color: str, size: int) -> None:
+    """One legend entry of markers (frame `d`: kind, step, data) at `y_at`, text on hover; none when empty."""
+    if d.height == 0:
+        return
+    fig["data"].append(
+        scatter(
+            x=d["step"].to_list(),
+            y=[y_at] * d.height,
+            mode="markers",
+            name=name,
+            marker={"symbol": symbol, "color": color, "size": size, "line": {"width": 1}},
+            text=[marker_text(k, x) for k, x in zip(d["kind"].to_list(), d["data"].to_list(), strict=True)],
+            hovertemplate="step %{x}<br>%{text}<extra></extra>",
+            cliponaxis=False,
+        )
+    )
+
+
 def add_markers(
     fig: dict[str, Any], markers, y_at: float | None = None, lines: bool = True, gap: float = 0.0
 ) -> None:
@@ -600,19 +618,12 @@ def add_markers(
             _finding_traces(fig, d, y_at, gap)
             continue
         symbol, color = MARKER_STYLE.get(kind, ("circle", "#333333"))
+        if kind == "alert":  # an info alert is worth knowing, not an alarm: small, open and grey
+            info = d["data"].str.json_path_match("$.severity").fill_null("") == "info"
+            _marker_trace(fig, d.filter(info), "alert: info", y_at, "bowtie-open", "#8c8c8c", 7)
+            d = d.filter(~info)
+        _marker_trace(fig, d, kind.replace("_", " "), y_at, symbol, color, 11)
         steps = d["step"].to_list()
-        fig["data"].append(
-            scatter(
-                x=steps,
-                y=[y_at] * len(steps),
-                mode="markers",
-                name=kind.replace("_", " "),
-                marker={"symbol": symbol, "color": color, "size": 11, "line": {"width": 1}},
-                text=[marker_text(kind, x) for x in d["data"].to_list()],
-                hovertemplate="step %{x}<br>%{text}<extra></extra>",
-                cliponaxis=False,
-            )
-        )
         if lines and kind in ("failure", "config_diff", "decision"):
             fig["layout"].setdefault("shapes", []).extend(
                 {

@@ -246,7 +246,10 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
         lines.append(
             f"{rep_parts['loss_name'] or 'train/loss'} first became non-finite at step {nf[0]} ({len(nf)} non-finite steps)."
         )
-    anoms = [e for e in tl if e["kind"] == "anomaly" and e["step"] is not None]
+    found = [e for e in tl if e["kind"] == "anomaly" and e["step"] is not None]
+    # an info finding (a busy machine's throughput dip) is worth knowing, not a warning: off the headline
+    anoms = [e for e in found if (e["data"] or {}).get("severity") != "info"]
+    infos = len(found) - len(anoms)
     fails = [e for e in tl if e["kind"] == "failure"]
     if anoms:
         first = anoms[0]
@@ -258,6 +261,12 @@ def _story(rep_parts: dict[str, Any]) -> list[str]:
             )
         n = f"{len(anoms)} anomal{'y' if len(anoms) == 1 else 'ies'}"
         lines.append(f"{n}; the first warning came at step {first['step']}{lead}: {first['text']}.")
+    elif infos:
+        lines.append("No warning: no detector found anything to act on.")
+    if infos:
+        lines.append(
+            f"{infos} info finding{'' if infos == 1 else 's'} (worth knowing, not warnings: see the timeline)."
+        )
     for e in fails[:5]:
         at = f"step {e['step']}" if e["step"] is not None else "an unknown step"
         lines.append(f"Failure at {at}: {e['text']}.")
