@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -110,6 +111,17 @@ def _stop(signum, frame):
     raise KeyboardInterrupt
 
 
+def _sql_hint(db: Path) -> str:
+    """A query of the demo's store that works in a new shell: this venv's `observatory` (by its absolute
+    path when the venv is not active) and the store named when it is not the default one."""
+    flag = (
+        ""
+        if Path(db).resolve() == Path(settings.default("db")).resolve()
+        else f" --db {shlex.quote(str(db))}"
+    )
+    return f"{settings.cli_command()} sql{flag} 'SELECT * FROM latest_metrics LIMIT 10'"
+
+
 def main() -> int:
     if bucket.is_url(settings.get("runs")):
         print("demo: OBSERVATORY_RUNS is a bucket; the demo needs a local folder", file=sys.stderr)
@@ -149,7 +161,7 @@ def main() -> int:
     print(
         f"  Live run:   {run_id}, {steps} steps; the next starts when it ends (OBSERVATORY_DEMO_STEPS)\n"
         f"  Logs:       {runs_dir}/{run_id}.trainer.log, demo.ingest.log, demo.dashboard.log\n"
-        f'  Store:      {db}   try: observatory sql "SELECT * FROM latest_metrics LIMIT 10"\n'
+        f"  Store:      {db}   try: {_sql_hint(db)}\n"
         "  Ctrl-C stops the demo.\n\n"
         f"  Iso-FLOP:   http://localhost:{port}/sweeps?{SWEEPS_QUERY}  (the samples' simulated grid)\n"
         f"  Dashboard:  http://localhost:{port}/live?run={run_id}",

@@ -12,10 +12,13 @@ takes each `Thresholds` field's default from its row here.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import sys
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Setting", "SETTINGS", "get", "describe", "quiet", "LOSS_NAMES"]
+__all__ = ["Setting", "SETTINGS", "get", "describe", "quiet", "default", "cli_command", "LOSS_NAMES"]
 
 
 @dataclass(frozen=True)
@@ -349,6 +352,12 @@ def get(name: str) -> Any:
     return s.default if raw is None or raw == "" else s.check(s.parse(raw), raw)
 
 
+def default(name: str) -> Any:
+    """A setting's value in a shell that does not set its environment variable."""
+    s = SETTINGS[name]
+    return _expand(s.default, True) if s.path else s.default
+
+
 def _expand(value: str, default: bool) -> str:
     """A path setting's value with `~` expanded; the default's data folder under $XDG_DATA_HOME when set."""
     xdg = os.environ.get("XDG_DATA_HOME")
@@ -368,3 +377,14 @@ def quiet() -> bool:
 def describe() -> list[tuple[str, Any, str, str]]:
     """(name, current value, env var, help) for every setting."""
     return [(s.name, get(s.name), s.env, s.help) for s in SETTINGS.values()]
+
+
+def cli_command() -> str:
+    """How a new shell runs this environment's `observatory` command, for the hints we print: the bare
+    name when the `observatory` on PATH is this one, else this environment's script by its absolute
+    path (a venv that is not active: `make demo`'s, a training script's `.venv/bin/python train.py`)."""
+    here = os.path.join(os.path.dirname(sys.executable), "observatory")
+    found = shutil.which("observatory")
+    if not os.path.exists(here) or (found and os.path.realpath(found) == os.path.realpath(here)):
+        return "observatory"
+    return shlex.quote(here)

@@ -16,7 +16,7 @@ import click
 
 from observatory.commands import common_options
 
-__all__ = ["dashboard", "app_path", "streamlit_argv"]
+__all__ = ["dashboard", "app_path", "streamlit_argv", "port_free"]
 
 
 def app_path() -> Path:
@@ -48,6 +48,20 @@ def streamlit_argv(app: Path, port: int, address: str, base_url_path: str = "") 
     return argv
 
 
+def port_free(address: str, port: int) -> bool:
+    """Whether a server can listen on `address`:`port` now (as Streamlit's does: SO_REUSEADDR, so a port
+    in TIME_WAIT counts as free)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
 @click.command("dashboard")
 @common_options
 @click.option("--port", type=int, default=8501, show_default=True, help="Port to serve on.")
@@ -76,6 +90,10 @@ def dashboard(runs_dir, db, port, address, base_url_path, dry_run):
     if dry_run:
         click.echo(f"cd {app.parent} && OBSERVATORY_DB={env['OBSERVATORY_DB']} " + " ".join(argv))
         return
+    if not port_free(address, port):  # said before the URL is announced, not after Streamlit fails on it
+        free = next((p for p in range(port + 1, port + 100) if port_free(address, p)), None)
+        offer = f": try --port {free} (free now)" if free is not None else ": choose another with --port"
+        raise click.ClickException(f"port {port} on {address} is already in use{offer}")
     click.echo(f"Observatory dashboard on {url} (store {env['OBSERVATORY_DB']}); Ctrl-C to stop", err=True)
     os.chdir(app.parent)  # .streamlit/config.toml next to app.py applies
     os.execve(sys.executable, argv, env)

@@ -193,7 +193,7 @@ class Run(writer.Run):
         if not done and not (quiet or self.quiet):
             _say(
                 f"run {self.id} {status}, {self.logged_events} events in {self.where}; "
-                f"see it: {show_command(self.runs_dir)} && observatory report {self.id}"
+                f"see it: {show_command(self.runs_dir, f'report {self.id}')}"
             )
         _deactivate(self)
 
@@ -324,13 +324,17 @@ def _install_excepthook() -> None:
         sys.excepthook = _excepthook
 
 
-def show_command(runs_dir: Path | str) -> str:
-    """The command that puts a run of `runs_dir` on the dashboard (the runs dir named when it is not the default)."""
-    here, default = bucket.location(runs_dir), bucket.location(settings.get("runs"))
+def show_command(runs_dir: Path | str, then: str) -> str:
+    """The command that ingests the runs of `runs_dir` (named when it is not the default), then runs
+    `observatory <then>`; one that works in a new shell (`settings.cli_command`: the absolute path of
+    this environment's `observatory` when it is not on PATH; the default runs dir is the one a new shell
+    has, without the environment's OBSERVATORY_RUNS)."""
+    obs = settings.cli_command()
+    here, default = bucket.location(runs_dir), bucket.location(settings.default("runs"))
     if isinstance(here, Path) and isinstance(default, Path):
         here, default = here.resolve(), default.resolve()
     flag = "" if here == default else f" --runs-dir {shlex.quote(bucket.safe(str(here)))}"
-    return f"observatory ingest{flag}"
+    return f"{obs} ingest{flag} && {obs} {then}"
 
 
 def _quiet(ws: Any) -> bool:
@@ -500,9 +504,7 @@ def init(
         if auto_gpu:
             _check_gpu_telemetry()
         if not quiet:
-            _say(
-                f"run {run.id} logs to {run.where}; see it: {show_command(run.runs_dir)} && observatory dashboard"
-            )
+            _say(f"run {run.id} logs to {run.where}; see it: {show_command(run.runs_dir, 'dashboard')}")
         _install_excepthook()
     if reinit != "create_new":
         _set_active(run)
