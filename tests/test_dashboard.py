@@ -96,31 +96,31 @@ def test_runs_page_lists_runs_and_filters(store):
     at = page("runs")
     assert not at.exception
     df = at.dataframe[0].value
-    assert sorted(df["run"].str.replace("live?run=", "", regex=False)) == [
+    assert sorted(df["run"]) == [
         "base-run",
         "crashed-run",
         "fork-run",
     ]
     status = dict(zip(df["run"], df["status"], strict=True))
-    assert "crashed" in status["live?run=crashed-run"]  # silent without run_end: never "running" forever
-    assert "completed" in status["live?run=base-run"]
-    base = df[df["run"] == "live?run=base-run"].iloc[0]
+    assert "crashed" in status["crashed-run"]  # silent without run_end: never "running" forever
+    assert "completed" in status["base-run"]
+    base = df[df["run"] == "base-run"].iloc[0]
     assert base["progress"] == pytest.approx(1.0)
     assert base["tokens"] == BASE_STEPS * 1024
     assert base["ladder"] == "tiny / d32"
 
     at.text_input(key="runs_q").input("fork").run()
     assert not at.exception
-    assert list(at.dataframe[0].value["run"]) == ["live?run=fork-run"]
+    assert list(at.dataframe[0].value["run"]) == ["fork-run"]
     assert at.query_params["q"] == ["fork"] or at.query_params["q"] == "fork"  # the filter is a link
 
     at.text_input(key="runs_q").input("").run()
     at.multiselect(key="runs_status").select("crashed").run()
-    assert list(at.dataframe[0].value["run"]) == ["live?run=crashed-run"]
+    assert list(at.dataframe[0].value["run"]) == ["crashed-run"]
 
     at.multiselect(key="runs_status").unselect("crashed").run()
     at.multiselect(key="runs_tags").select("fork").run()
-    assert list(at.dataframe[0].value["run"]) == ["live?run=fork-run"]
+    assert list(at.dataframe[0].value["run"]) == ["fork-run"]
 
 
 def test_live_page_curves_markers_forecast(store):
@@ -405,8 +405,8 @@ def test_runs_page_groups_a_ladder(store):
     assert [s.value for s in at.subheader] == ["Ladder tiny", "Not in a ladder"]
     rungs, runs, rest = (d.value for d in at.dataframe)
     assert list(rungs["rung"]) == ["d32"] and list(rungs["runs"]) == [1]
-    assert list(runs["run"]) == ["live?run=base-run"] and list(runs["rung"]) == ["d32"]
-    assert sorted(rest["run"]) == ["live?run=crashed-run", "live?run=fork-run"]
+    assert list(runs["run"]) == ["base-run"] and list(runs["rung"]) == ["d32"]
+    assert sorted(rest["run"]) == ["crashed-run", "fork-run"]
 
 
 def test_ladder_groups_order_rungs_and_seeds():

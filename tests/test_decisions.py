@@ -377,8 +377,8 @@ def test_decisions_page_renders(store):
     assert "zloss" in text
 
 
-def test_at_sets_when_a_decision_was_made_and_changed(store):
-    """`--at ISO` records a decision with the times it was made, for a history written down later."""
+def _lower_lr_on_1129() -> None:
+    """`lower-lr`, made at 2026-11-29 12:21:03 UTC and set running at 13:00 (written down now)."""
     invoke(
         "decide",
         "new",
@@ -393,6 +393,11 @@ def test_at_sets_when_a_decision_was_made_and_changed(store):
     )
     # a time without a zone is UTC
     invoke("decide", "update", "lower-lr", "--status", "running", "--at", "2026-11-29T13:00:00")
+
+
+def test_at_sets_when_a_decision_was_made_and_changed(store):
+    """`--at ISO` records a decision with the times it was made, for a history written down later."""
+    _lower_lr_on_1129()
     d = json.loads(invoke("decide", "show", "lower-lr", "--json").output)
     assert d["created"] == 1795954863.0
     assert d["updated"] == 1795957200.0
@@ -436,3 +441,21 @@ def test_an_invalid_foreign_record_is_named_and_the_rest_still_listed(store, tmp
     rep = report.build(db, "r1")  # the run's report is still built, and says what it left out
     assert any(d.id == "D-ok" for d in rep.decisions)
     assert any(k == "decision D-bad (not shown)" and "'accepted'" in v for k, v in rep.summary)
+
+
+def test_the_pages_created_date_agrees_with_its_history(store):
+    """A decision written down on 12-01 with `--at` 11-29: the header's created date and the history's first
+    row say the same day (the row also says when it was recorded)."""
+    from streamlit.testing.v1 import AppTest
+
+    _lower_lr_on_1129()
+    invoke("ingest")
+    at = AppTest.from_string(
+        "from observatory.dashboard.pages import decisions\ndecisions.render()\n", default_timeout=60
+    ).run()
+    assert not at.exception, at.exception
+    header = next(c.value for c in at.caption if "created" in c.value)
+    assert "created 2026-11-29 12:21 UTC" in header and "updated 2026-11-29 13:00 UTC" in header
+    hist = at.dataframe[-1].value
+    assert list(hist["time"]) == ["2026-11-29 12:21 UTC", "2026-11-29 13:00 UTC"]
+    assert all(not r.startswith("2026-11-29") for r in hist["recorded"])  # written today

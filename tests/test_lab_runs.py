@@ -164,7 +164,7 @@ def _listed(v) -> list[str]:
 
 
 def _shown(at: AppTest) -> list[str]:
-    return sorted(at.dataframe[0].value["run"].str.replace("live?run=", "", regex=False))
+    return sorted(at.dataframe[0].value["run"])
 
 
 def test_runs_page_filters_by_project_and_group(store):

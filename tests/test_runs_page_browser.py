@@ -121,3 +121,20 @@ def test_the_live_page_picker_finds_a_run_by_search(server, browser):
         assert_no_exception(page, "live")
     finally:
         page.close()
+
+
+def test_a_click_on_a_run_opens_its_live_page_in_the_same_tab(server, browser):
+    """A W&B user clicks their run in the table: its Live page opens here, not in a new tab."""
+    page = open_page(browser, f"{server}/")
+    try:
+        _grid(page, "sweep-0129")
+        box = page.locator('[data-testid="stDataFrame"]').first.bounding_box()
+        # the grid is a canvas: the first row's run cell sits under the header row (35 px rows)
+        page.mouse.click(box["x"] + 40, box["y"] + 35 + 17)
+        page.wait_for_url("**/live?run=sweep-0129", timeout=LOAD_MS)
+        page.get_by_role("heading", name="Live run").first.wait_for(timeout=LOAD_MS)
+        page.locator(".js-plotly-plot").first.wait_for(timeout=LOAD_MS)  # its loss chart
+        assert len(page.context.pages) == 1  # no new tab
+        assert_no_exception(page, "live")
+    finally:
+        page.close()

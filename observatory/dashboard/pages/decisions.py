@@ -35,6 +35,15 @@ def _when(t) -> str:
     return "-" if t is None else _dt.datetime.fromtimestamp(t, _dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def _change_time(h: dict) -> float | None:
+    """When a history event's change was made: its record's `updated` (else `created`), else when written."""
+    for name in ("updated", "created"):
+        t = h["data"].get(name)
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            return float(t)
+    return h["t"]
+
+
 def _links(d: dict) -> str:
     return ", ".join(
         r["run"] + (f"@{r['step']}" if r.get("step") is not None else "") for r in d.get("runs", [])
@@ -91,7 +100,10 @@ def _detail(d: dict) -> None:
     st.dataframe(
         [
             {
-                "time": _when(h["t"]),
+                # the change's own time (`updated`, or `created` for the first; `decide --at` sets them), as
+                # the header's created and updated are: a history written down later agrees with them
+                "time": _when(_change_time(h)),
+                "recorded": _when(h["t"]),
                 "written to": f"{h['run']} (host {h['host']}, seq {h['seq']})",
                 "fields": ", ".join(k for k in h["data"] if k not in ("id", "created", "updated")),
                 "status": h["data"].get("status", ""),

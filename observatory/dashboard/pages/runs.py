@@ -212,7 +212,7 @@ def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
     extra = {"rung": [r["rung"] for r in shown], "seed": [r["seed"] for r in shown]} if ladder_cols else {}
     df = pl.DataFrame(
         {
-            "run": [f"live?run={r['run']}" for r in shown],
+            "run": [r["run"] for r in shown],
             "status": [r["status"] for r in shown],
             **extra,
             "progress": [r["progress"] for r in shown],
@@ -237,14 +237,14 @@ def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
             **({"seed": pl.Int64} if ladder_cols else {}),
         },
     )
-    st.dataframe(
+    # a column no shown run has (a W&B script logs no tokens, no progress) is left out, not a column of "None"
+    df = df.select([c for c in df.columns if c == "run" or df[c].null_count() < df.height])
+    picked = st.dataframe(
         df,
         hide_index=True,
         width="stretch",
         column_config={
-            "run": st.column_config.LinkColumn(
-                "run", display_text=r"live\?run=(.*)", help="open the Live page"
-            ),
+            "run": st.column_config.TextColumn("run", help="click a run to open its Live page"),
             "progress": st.column_config.ProgressColumn(
                 "progress", min_value=0.0, max_value=1.0, format="percent"
             ),
@@ -252,7 +252,21 @@ def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
             "tokens": st.column_config.NumberColumn(format="compact"),
         },
         key=key,
+        on_select="rerun",
+        selection_mode="single-cell",
     )
+    cells = (picked.selection.get("cells") or []) if picked is not None else []
+    if cells:  # a click on a run: its Live page, in this tab (a link column would open a new one)
+        open_live(shown[cells[0][0]]["run"])
+
+
+def open_live(run: str) -> None:
+    """Switch this tab to the Live page of `run` (`/live?run=RUN`)."""
+    st.switch_page(st.Page(_live_stub, url_path="live"), query_params={"run": run})
+
+
+def _live_stub() -> None:
+    """Stands for the Live page in `open_live`: Streamlit finds a page by its url path."""
 
 
 def _lab_filters(facets: dict) -> tuple[list[str], list[str]]:
