@@ -270,6 +270,9 @@ def test_compare_overlay_diff_lineage(store):
     overlay = specs(at)[0]
     names = {t.get("name") for t in overlay["data"]}
     assert {"base-run", "fork-run"} <= names
+    # the y axis says what it is, with its unit; smoothing is on as on the Live page
+    assert overlay["layout"]["yaxis"]["title"]["text"] == "loss (nats / token)"
+    assert at.slider(key="compare_smoothing").value == 0.6
     at.radio(key="compare_x").set_value("tokens").run()
     assert not at.exception
     fork = next(t for t in specs(at)[0]["data"] if t.get("name") == "fork-run")

@@ -50,12 +50,6 @@ def chart(at: AppTest, start: str) -> dict:
     return found[0]
 
 
-def load_order(layer: int) -> list[str]:
-    """Experts of a layer busiest first (ties by id), from the fixture's own loads."""
-    tot = sum(loads(s, layer)[0].astype(np.int64) for s in range(0, STEPS, EVERY))
-    return [str(e) for e in np.lexsort((np.arange(EXPERTS), -tot))]
-
-
 def test_experts_page_at_384_experts(store):
     at = page("experts", run=RUN, layer=str(HOT_LAYER))
     assert not at.exception
@@ -72,7 +66,11 @@ def test_experts_page_at_384_experts(store):
     share = chart(at, f"Layer {HOT_LAYER}: load share")
     hm = share["data"][0]
     assert len(hm["y"]) == EXPERTS and arr(hm["z"]).shape[0] == EXPERTS
-    assert hm["y"] == load_order(HOT_LAYER) and hm["y"][0] == str(HOT_EXPERT)  # busiest on top
+    assert hm["y"] == [str(e) for e in range(EXPERTS)]  # by id: an order the axis explains
+    assert share["layout"]["yaxis"]["title"]["text"] == "expert"
+    assert share["layout"]["xaxis"]["title"]["text"] == "step"
+    assert overview["layout"]["yaxis"]["title"]["text"] == "layer"
+    assert overview["layout"]["xaxis"]["title"]["text"] == "step"
     assert share["layout"]["height"] >= 2 * EXPERTS
     ticks = share["layout"]["yaxis"]
     assert 20 <= len(ticks["tickvals"]) <= 100  # thinned, not 384 overlapping labels
@@ -92,17 +90,21 @@ def test_experts_page_at_384_experts(store):
     assert set(DEAD_EXPERTS) <= set(flagged[flagged["finding"] == "dead"]["expert"].astype(int))
     assert any("4× the mean load" in c.value and "20 logged steps" in c.value for c in at.caption)
 
-    # many layers: the per-layer charts are a band and the chosen layer, not 48 lines
+    # many layers: the per-layer charts are a band, the chosen layer and the worst (bold red), not 48 lines
     lines = chart(at, "Drop fraction per layer")
-    assert len(lines["data"]) <= 4 and any(t.get("fill") == "tonexty" for t in lines["data"])
+    assert len(lines["data"]) <= 5 and any(t.get("fill") == "tonexty" for t in lines["data"])
     assert f"worst: layer {WORST_DROP_LAYER}" in lines["layout"]["title"]["text"]
+    (worst,) = [t for t in lines["data"] if t.get("name") == f"layer {WORST_DROP_LAYER} (worst)"]
+    assert worst["line"]["color"] == "#d62728" and worst["line"]["width"] >= 2
+    assert lines["layout"]["yaxis"]["title"]["text"] == "dropped / routed"
+    assert lines["layout"]["xaxis"]["title"]["text"] == "step"
 
     # drill down with the layer picker: the URL follows, the heatmaps are that layer's
     at.selectbox(key="experts_layer").set_value(WORST_DROP_LAYER).run()
     assert not at.exception
     assert at.query_params["layer"] in (str(WORST_DROP_LAYER), [str(WORST_DROP_LAYER)])
     hm = chart(at, f"Layer {WORST_DROP_LAYER}: load share")["data"][0]
-    assert hm["y"] == load_order(WORST_DROP_LAYER)
+    assert hm["y"] == [str(e) for e in range(EXPERTS)]
     assert len(at.dataframe) == 1  # the busiest experts; no finding in this layer...
     assert any(f"None in layer {WORST_DROP_LAYER}" in c.value for c in at.caption)
     assert any(f"layer {HOT_LAYER}: 3 dead, 1 hot" in c.value for c in at.caption)  # ...but in layer 7
@@ -183,3 +185,23 @@ def test_a_running_runs_expert_view_is_kept_fresh_and_a_finished_ones_is_not(tmp
     at = page("experts", run="done-run")
     assert not at.exception and charts(at)
     assert not hot("done-run")
+
+
+def test_a_few_layers_the_worst_line_stands_out_and_the_axes_say_what_they_are():
+    import polars as pl
+
+    from observatory.dashboard.pages.experts import layer_lines
+
+    df = pl.DataFrame(
+        {
+            "layer": [0, 0, 1, 1, 2, 2],
+            "step": [0, 10, 0, 10, 0, 10],
+            "drop_fraction": [0.01, 0.02, 0.20, 0.30, 0.02, 0.01],
+        }
+    )
+    fig = layer_lines(df, "drop_fraction", "Drop fraction per layer", [0])
+    (worst,) = [t for t in fig["data"] if t["name"] == "layer 1 (worst)"]
+    assert worst["line"]["color"] == "#d62728" and worst["opacity"] == 1.0
+    assert "worst: layer 1" in fig["layout"]["title"]["text"]
+    assert fig["layout"]["xaxis"]["title"]["text"] == "step"
+    assert fig["layout"]["yaxis"]["title"]["text"] == "dropped / routed"

@@ -348,15 +348,15 @@ def layer_heatmap(ov: dict[str, Any], selected: int | None, title: str) -> dict[
     layout: dict[str, Any] = {
         "title": {"text": title, "font": {"size": 14}},
         "height": height,
-        "margin": {"l": 50, "r": 10, "t": 36, "b": 30},
+        "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
         "dragmode": "select",
         "yaxis": {
-            "title": "layer",
+            "title": {"text": "layer"},
             "type": "category",
             "autorange": "reversed",
             **_ticks(layers, {}, height - 66, 14),
         },
-        "xaxis": {"title": None},
+        "xaxis": {"title": {"text": "step"}},
         "shapes": [],
     }
     if selected is not None and str(selected) in layers:
@@ -392,7 +392,7 @@ def layer_heatmap(ov: dict[str, Any], selected: int | None, title: str) -> dict[
 def expert_heatmap(
     hm: dict[str, Any], which: str, order: np.ndarray, marked: dict[int, str], title: str
 ) -> dict[str, Any]:
-    """One layer's experts x step buckets, rows in `order` (busiest first); a figure dict.
+    """One layer's experts x step buckets, rows in `order` (the page: by id); a figure dict.
 
     hm: `queries.experts.heatmap`; which: "share" (load share of the layer's
     assignments) or "drop_frac" (dropped / routed). marked: expert id -> tick text
@@ -439,11 +439,12 @@ def expert_heatmap(
             "margin": {"l": 70, "r": 10, "t": 36, "b": 30},
             "dragmode": "select",
             "yaxis": {
-                "title": "expert (busiest first)",
+                "title": {"text": "expert"},
                 "type": "category",
                 "autorange": "reversed",
                 **ticks,
             },
+            "xaxis": {"title": {"text": "step"}},
         },
     }
 

@@ -16,6 +16,7 @@ import streamlit as st
 
 from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.charts import series_figure
+from observatory.dashboard.pages.live import SMOOTHING, axis_title
 from observatory.dashboard.runs_table import runs_table
 from observatory.dashboard.widgets import requested_window, show_chart, step_window
 from observatory.events import RUN_ID_RE
@@ -73,7 +74,9 @@ def _overlay(runs: list[str], metric: str, x: str, smoothing: float) -> None:
                 + "); those points are left out."
             )
         df = df.filter(df[col].is_not_null())
-    fig = series_figure(df, plot_text(metric), smoothing, x=col, group="run", height=420)
+    fig = series_figure(
+        df, plot_text(metric), smoothing, x=col, group="run", height=420, y_title=axis_title(metric)
+    )
     fig["layout"]["xaxis"]["title"] = {"text": plot_text(x)}
     show_chart(fig, key="compare_overlay", window_key="compare_window" if col == "step" else None)
 
@@ -259,7 +262,9 @@ def render() -> None:
                 key="compare_x",
                 index=list(X_AXES).index(qp.get("x")) if qp.get("x") in X_AXES else 0,
             )
-            smoothing = c3.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key="compare_smoothing")
+            smoothing = c3.slider(
+                "Smoothing", 0.0, 0.99, SMOOTHING, 0.01, key="compare_smoothing"
+            )  # as Live's
             if qp.get("metric") != metric:
                 qp["metric"] = metric
             if qp.get("x", "step") != x:

@@ -4,7 +4,7 @@ First the drop fraction of every layer over the step window (layer x step
 heatmap: 48 rows for the reference run, the open layer outlined); the layer
 picker (its labels give each layer's drop fraction and findings) or `?layer=`
 opens a layer: its experts x steps heatmaps of load share and of
-dropped / routed, experts ordered by load (busiest on top) with the hot and dead
+dropped / routed, experts by id (0 on top) with the hot and dead
 experts marked; the busiest experts of the window, and the hot/dead-expert
 detectors' findings with their thresholds; then drop fraction and hot-expert
 ratio over time for every layer. All read ingest-time rollups, so a 10^9-row
@@ -32,28 +32,53 @@ LAYER_KEY = "experts_layer"
 MANY_LAYERS = 8  # more layers than this: the per-layer charts draw a band across layers, not a line each
 
 
+WORST_COLOR = "#d62728"  # the worst layer's line: red and bold, whatever the palette gives the others
+Y_TITLES = {"drop_fraction": "dropped / routed", "hot_max": "busiest expert / mean load"}
+
+
+def _axes(column: str) -> dict:
+    return {"xaxis": {"title": {"text": "step"}}, "yaxis": {"title": {"text": Y_TITLES.get(column, column)}}}
+
+
+def worst_layer(df: pl.DataFrame, column: str) -> int | None:
+    """The layer with the highest mean `column` over the window (None when it has no values)."""
+    means = (
+        df.filter(pl.col(column).is_not_null()).group_by("layer").agg(pl.col(column).cast(pl.Float64).mean())
+    )
+    return int(means.sort([column, "layer"], descending=[True, False])["layer"][0]) if means.height else None
+
+
 def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) -> dict:
-    """One line per layer of `column` over step buckets (the chosen layers bold, others faint)."""
+    """One line per layer of `column` over step buckets: the worst layer (highest mean) bold red, the chosen
+    layers bold, the others faint; the title names the worst."""
+    worst = worst_layer(df, column)
     data = []
     for layer in df["layer"].unique(maintain_order=True).to_list():
         d = df.filter(df["layer"] == layer)
-        bold = layer in layers
+        bold = layer in layers or layer == worst
+        line: dict = {"width": 2.5 if layer == worst else 2 if bold else 0.8}
+        if layer == worst:
+            line["color"] = WORST_COLOR
         data.append(
             scatter(
                 x=d["step"].to_list(),
                 y=d[column].to_list(),
                 mode="lines",
-                name=f"layer {layer}",
-                line={"width": 2 if bold else 0.8},
+                name=f"layer {layer}" + (" (worst)" if layer == worst else ""),
+                line=line,
                 opacity=1.0 if bold else 0.35,
                 hovertemplate="step %{x}: %{y:.4g}<extra>layer " + str(layer) + "</extra>",
             )
         )
     layout = {
-        "title": {"text": title, "font": {"size": 14}},
+        "title": {
+            "text": title + (f" · worst: layer {worst}" if worst is not None else ""),
+            "font": {"size": 14},
+        },
         "height": 300,
-        "margin": {"l": 40, "r": 10, "t": 36, "b": 30},
+        "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
         "dragmode": "select",
+        **_axes(column),
     }
     return {"data": data, "layout": layout}
 
@@ -79,27 +104,35 @@ def layer_summary(df: pl.DataFrame, column: str, title: str, layer: int) -> dict
         )
         .sort("step")
     )
-    means = d.group_by("layer").agg(pl.col(column).mean()).sort(column, descending=True)
-    worst = f" · worst: layer {means['layer'][0]}" if means.height else ""
+    w = worst_layer(d, column)
     mine = d.filter(pl.col("layer") == layer)
+    lines = [(layer, "#1f77b4", 2)] + ([(w, WORST_COLOR, 2.5)] if w is not None and w != layer else [])
     fig = {
         "data": [
             *layer_band(per, "layers"),
-            scatter(
-                x=mine["step"].to_numpy(),
-                y=mine[column].to_numpy(),
-                mode="lines",
-                name=f"layer {layer}",
-                line={"color": "#1f77b4", "width": 2},
-                hovertemplate="step %{x}: %{y:.4g}<extra>layer " + str(layer) + "</extra>",
+            *(
+                scatter(
+                    x=one["step"].to_numpy(),
+                    y=one[column].to_numpy(),
+                    mode="lines",
+                    name=f"layer {k}" + (" (worst)" if k == w else ""),
+                    line={"color": color, "width": width},
+                    hovertemplate="step %{x}: %{y:.4g}<extra>layer " + str(k) + "</extra>",
+                )
+                for k, color, width in lines
+                for one in [mine if k == layer else d.filter(pl.col("layer") == k)]
             ),
         ],
         "layout": {
-            "title": {"text": title + worst, "font": {"size": 14}},
+            "title": {
+                "text": title + (f" · worst: layer {w}" if w is not None else ""),
+                "font": {"size": 14},
+            },
             "height": 300,
-            "margin": {"l": 40, "r": 10, "t": 36, "b": 30},
+            "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
             "dragmode": "select",
-            "legend": {"orientation": "h", "y": -0.2},
+            "legend": {"orientation": "h", "y": -0.3},
+            **_axes(column),
         },
     }
     return fig
@@ -207,7 +240,7 @@ def layer_figures(view: dict, layer: int) -> dict:
     A pure function of the shared answer: built once for all viewers (`cache.derive`).
     """
     hm, series, findings = view["heatmap"], view["series"], view["findings"]
-    order = qe.by_load(hm)
+    order = np.argsort(hm["experts"], kind="stable")  # rows by expert id; the busiest are in the table
     marked = _marked(findings.filter(pl.col("layer") == layer))
     res = _resolution(hm["width"])
     return {

@@ -76,6 +76,18 @@ HEALTH = (
 LOSS_AXIS = "loss (nats / token)"
 EVAL_COLORS = ("#111111", "#2ca02c", "#9467bd", "#8c564b")  # eval datasets: dark, unlike the train line
 HEALTH_NAMES = [n for _, names, _, _ in HEALTH for n in names if n not in LOSS]
+
+
+def axis_title(metric: str) -> str:
+    """A metric's y axis title with its unit, as the Live page writes it (any other name: itself, escaped)."""
+    if metric in settings.LOSS_NAMES:
+        return LOSS_AXIS
+    for _, names, _log_y, y_title in HEALTH:
+        if metric in names:
+            return y_title
+    return plot_text(metric)
+
+
 # per-layer metrics drawn as one band across layers (min-max, the layers' mean, the worst layer named)
 # in the health chart of the same title: 48 layers make two legend entries, not 48
 LAYER_FAMILIES = {
