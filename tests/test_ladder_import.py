@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -357,3 +358,40 @@ def test_the_ladder_page_shows_an_imported_ladder(env):
     at.run()
     assert not at.exception, at.exception
     assert any("3 rungs and 3 free parameters" in w.value for w in at.warning)
+
+
+def test_an_imported_ladders_page_says_its_backtest_and_the_forecast_asked_for(env):
+    """Final losses alone: the backtest is said (the largest rung from the others), not one point on a step
+    axis; the rungs table has no "None"; the CLI's `--flops` forecast links to the page, which shows it."""
+    from streamlit.testing.v1 import AppTest
+
+    tmp, runs, db = env
+    ok("ladder", "import", write_csv(tmp))
+    printed = ok("ladder", "forecast", "pub", "--flops", "5.76e23")
+    final = re.search(r"final eval loss (\d\.\d{4}), 90% band \[(\d\.\d{4}), (\d\.\d{4})\]", printed)
+    link = re.search(r"on the dashboard: \S+/ladder\?ladder=pub&flops=(\S+)", printed)
+    assert final and link, printed
+    at = AppTest.from_string(
+        "from observatory.dashboard.pages import ladder\nladder.render()\n", default_timeout=120
+    )
+    at.query_params["ladder"] = "pub"
+    at.query_params["flops"] = link.group(1)
+    at.run()
+    assert not at.exception, at.exception
+    keys = [c.proto.id for c in at.get("plotly_chart")]
+    assert not any("ladder_backtest" in k for k in keys)  # no one-point curve on a step axis
+    text = " ".join(m.value for m in at.markdown).replace("\\", "")  # as shown: md_escape's backslashes off
+    assert "The largest rung, xl (C = 6.4e+19 FLOPs), forecast from the smaller rungs" in text
+    v, lo, hi = final.groups()
+    assert f"Forecast at C = 5.76e+23 FLOPs: final eval loss {v} [{lo}, {hi}] (90% band)" in text
+    table = at.dataframe[0].value
+    assert not table.isna().any().any() and "None" not in table.astype(str).to_numpy()
+    assert list(table.columns) == [
+        "rung",
+        "run",
+        "active params",
+        "tokens",
+        "FLOPs",
+        "final eval loss",
+        "fit",
+    ]

@@ -15,11 +15,12 @@ import math
 import sys
 from collections import Counter
 from pathlib import Path
+from urllib.parse import quote
 
 import click
 import numpy as np
 
-from observatory import bucket
+from observatory import bucket, settings
 from observatory.commands import bucket_options, common_options
 from observatory.commands.progress import bar, quiet_option
 from observatory.events import RUN_ID_RE
@@ -583,6 +584,8 @@ def _print_forecast(fit, fc, ds, how, as_json) -> None:
     click.echo(f"  band: {_band_text(fit)}")
     fl = fit.final
     click.echo(f"  fit: L(C) = {fl.E:.4f} + {fl.a_abs:.4g} * C^-{fl.alpha:.4f} on {len(fit.rungs)} rungs")
+    base = settings.get("public_url").rstrip("/")
+    click.echo(f"  on the dashboard: {base}/ladder?ladder={quote(fit.name)}&flops={fc.flops:.6g}")
 
 
 @ladder.command("check")

@@ -255,6 +255,58 @@ def unregistered_text(fit, t: dict) -> str:
     )
 
 
+def rung_table(rungs: list[Rung], fit) -> list[dict]:
+    """The rungs table: a column no rung has (an imported ladder's params and tokens) is left out, a
+    missing value is "—", never "None"."""
+    rows = [
+        {
+            "rung": r.rung,
+            "run": r.run,
+            "seed": r.seed,
+            "active params": r.params_active,
+            "total params": r.params_total,
+            "tokens": r.tokens,
+            "FLOPs": f"{r.flops:.3g}",
+            "final eval loss": r.final_loss,
+            "fit": float(fit.final(r.flops)[()]),
+        }
+        for r in rungs
+    ]
+    keep = [k for k in rows[0] if any(row[k] is not None for row in rows)] if rows else []
+    return [{k: "—" if row[k] is None else row[k] for k in keep} for row in rows]
+
+
+def backtest_text(bt) -> str:
+    """The backtest of a ladder of final losses: the largest rung's final loss forecast from the others."""
+    band = (
+        ""
+        if bt.held_out_basis == "none"
+        else f" [{bt.final_low:.4f}, {bt.final_high:.4f}]"
+        + (": inside the band" if bt.final_low <= bt.final_obs <= bt.final_high else ": OUTSIDE the band")
+    )
+    return (
+        f"The largest rung, {bt.held_out} (C = {bt.flops:.3g} FLOPs), forecast from the smaller rungs: "
+        f"final eval loss {bt.final_pred:.4f}{band}; observed {bt.final_obs:.4f} ({bt.final_error_pct:+.2f}%)."
+    )
+
+
+def _asked_flops(raw: str) -> float | None:
+    """The compute a forecast is asked for (the box, or `?flops=` from the link `observatory ladder forecast
+    --flops` prints), or None when it is not a number > 0."""
+    try:
+        c = float(raw) if raw.strip() else None
+    except ValueError:
+        return None
+    return c if c is not None and c > 0 and np.isfinite(c) else None
+
+
+def asked_text(fit, flops: float) -> str:
+    """The forecast at `flops` FLOPs, as `observatory ladder forecast --flops` prints it."""
+    v, lo, hi = (float(a[0]) for a in fit.predict(1.0, [flops]))
+    band = f" [{lo:.4f}, {hi:.4f}] ({fit.config.level:.0%} band)" if fit.has_band else " (no band)"
+    return f"Forecast at C = {flops:.4g} FLOPs: final eval loss {v:.4f}{band}."
+
+
 def band_figure(
     points: list[dict], observed: list[tuple[int, float]], title: str, marks: list[dict] = ()
 ) -> go.Figure:
@@ -353,23 +405,7 @@ def render() -> None:
 
     st.subheader("Rungs")
     st.plotly_chart(rung_curves_figure(rungs, targets), key="ladder_rungs", config={"displaylogo": False})
-    st.dataframe(
-        [
-            {
-                "rung": r.rung,
-                "run": r.run,
-                "seed": r.seed,
-                "active params": r.params_active,
-                "total params": r.params_total,
-                "tokens": r.tokens,
-                "FLOPs": f"{r.flops:.3g}",
-                "final eval loss": r.final_loss,
-                "fit": float(fit.final(r.flops)[()]),
-            }
-            for r in rungs
-        ],
-        hide_index=True,
-    )
+    st.dataframe(rung_table(rungs, fit), hide_index=True)
 
     st.subheader("Fit")
     for w in fit.warnings:
@@ -382,22 +418,40 @@ def render() -> None:
     st.caption(md_escape(band_text(fit)))
     st.plotly_chart(fit_figure(fit, targets), key="ladder_fit", config={"displaylogo": False})
 
+    raw = st.text_input(
+        "Forecast the final eval loss at compute C (FLOPs)",
+        value=st.query_params.get("flops", ""),
+        placeholder="e.g. 5.76e23",
+        key="ladder_flops",
+    )
+    if raw != st.query_params.get("flops", ""):
+        st.query_params["flops"] = raw
+    asked = _asked_flops(raw)
+    if asked is not None:
+        st.markdown(md_escape(asked_text(fit, asked)))
+    elif raw.strip():
+        st.warning(f"{md_escape(raw[:40])} is not a compute in FLOPs (a number > 0, e.g. 5.76e23).")
+
     if bt is not None:
         st.subheader("Backtest")
         for w in bt.warnings:
             st.warning(md_escape(f"Backtest fit ({len(fit.rungs) - 1} rungs): {w}"))
         obs = [(p["step"], p["observed"]) for p in bt.points if p["observed"] is not None]
-        st.plotly_chart(
-            band_figure(
-                bt.points,
-                obs,
-                f"{bt.held_out} forecast from the smaller rungs: final "
-                f"{bt.final_pred:.4f} vs {bt.final_obs:.4f} ({bt.final_error_pct:+.2f}%), "
-                f"{bt.coverage:.0%} of points in band",
-            ),
-            key="ladder_backtest",
-            config={"displaylogo": False},
-        )
+        if len({p["step"] for p in bt.points if p.get("step") is not None}) < 2:
+            # final losses alone (an imported ladder): one point is no curve; say the forecast and the result
+            st.markdown(md_escape(backtest_text(bt)))
+        else:
+            st.plotly_chart(
+                band_figure(
+                    bt.points,
+                    obs,
+                    f"{bt.held_out} forecast from the smaller rungs: final "
+                    f"{bt.final_pred:.4f} vs {bt.final_obs:.4f} ({bt.final_error_pct:+.2f}%), "
+                    f"{bt.coverage:.0%} of points in band",
+                ),
+                key="ladder_backtest",
+                config={"displaylogo": False},
+            )
 
     st.subheader("Targets")
     if not targets:
