@@ -113,7 +113,11 @@ def overview(rep: Report) -> go.Figure | None:
         if e["kind"] == "failure" and e["step"] is not None:
             fig.add_vline(x=e["step"], line=dict(color="#d62728", dash="dot", width=1))
     fig.update_layout(height=220 * len(names) + 80, title="Metrics and events over steps", **LAYOUT)
-    fig.update_xaxes(title_text="step", row=len(names), col=1)
+    fig.update_xaxes(
+        title_text="step", row=len(names), col=1
+    )  # the rows share it: titled once, at the bottom
+    for i, name in enumerate(names, start=1):
+        fig.update_yaxes(title_text=plot_text(name.rsplit("/", 1)[-1]), row=i, col=1)
     return fig
 
 
@@ -190,6 +194,8 @@ def experts(rep: Report) -> go.Figure | None:
     fig.update_layout(
         height=140 + 40 * len(layers),
         title=f"Expert load: share of each layer's routed assignments (even = {even:.3f})",
+        xaxis_title="expert",
+        yaxis_title="layer",
         **LAYOUT,
     )
     return fig
@@ -203,7 +209,7 @@ def drops(rep: Report) -> go.Figure | None:
     fig = go.Figure(go.Scatter(x=xs, y=ys, mode="lines", name="drop fraction"))
     fig.update_layout(height=280, title="Token drop fraction (dropped / routed, all layers)", **LAYOUT)
     fig.update_xaxes(title_text="step")
-    fig.update_yaxes(tickformat=".1%", rangemode="tozero")
+    fig.update_yaxes(tickformat=".1%", rangemode="tozero", title_text="dropped / routed")
     return fig
 
 
@@ -224,6 +230,7 @@ def lineage(rep: Report) -> go.Figure | None:
         height=320, title=plot_text(f"Stitched {li.metric} along the lineage {li.root} -> {li.run}"), **LAYOUT
     )
     fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text=plot_text(li.metric))
     return fig
 
 
@@ -276,6 +283,7 @@ def forecast(rep: Report) -> go.Figure | None:
     fig.update_layout(height=320, title=title, **LAYOUT)
     # from step 0 (a lone forecast point must not get an axis of its own width, 199 to 201)
     fig.update_xaxes(title_text="step", range=[0, max(xs) * 1.04 + 1] if xs else None)
+    fig.update_yaxes(title_text=plot_text(", ".join(sorted({f["metric"] for f in rep.forecasts}))))
     return fig
 
 

@@ -105,8 +105,10 @@ def _lineage(run: str, metric: str) -> None:
             fig.add_vline(x=d["step"].max(), line={"dash": "dot", "color": "#999"})
     fig.update_layout(
         title={"text": plot_text(f"Stitched {metric}: root → {run}"), "font": {"size": 14}},
+        xaxis={"title": {"text": "step"}},
+        yaxis={"title": {"text": axis_title(metric)}},
         height=320,
-        margin={"l": 40, "r": 10, "t": 36, "b": 30},
+        margin={"l": 50, "r": 10, "t": 36, "b": 40},
     )
     st.plotly_chart(fig, key="compare_lineage_curve", config={"displaylogo": False})
 
