@@ -395,3 +395,48 @@ def test_an_imported_ladders_page_says_its_backtest_and_the_forecast_asked_for(e
         "final eval loss",
         "fit",
     ]
+
+
+def test_the_ladder_page_fits_once_per_data_version_and_shows_a_stored_fit_at_once(env, monkeypatch):
+    """The first visit fits and stores the fit beside the store; a later process (a restarted dashboard)
+    shows it without fitting; when the rungs change, the older fit is shown with "refitting…" beside it
+    while the new version is fitted and stored."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from observatory.dashboard.pages import ladder as page
+    from observatory.ladder import stored
+
+    tmp, runs, db = env
+    ok("ladder", "import", write_csv(tmp))
+    script = "from observatory.dashboard.pages import ladder\nladder.render()\n"
+
+    def visit():
+        st.cache_data.clear()  # a new process: nothing fitted in memory
+        at = AppTest.from_string(script, default_timeout=120)
+        at.query_params["ladder"] = "pub"
+        at.run()
+        assert not at.exception, at.exception
+        return at
+
+    first = visit().metric[1].value
+    assert len(list(stored.folder(db).glob("*.pkl"))) == 1
+    fits = []
+    real = page.fit_ladder
+    monkeypatch.setattr(page, "fit_ladder", lambda *a, **k: fits.append(1) or real(*a, **k))
+    again = visit()
+    assert fits == [] and again.metric[1].value == first  # the stored fit, not a new one
+    assert not any("refitting" in c.value for c in again.caption)
+    # a rung's loss changes (the xl rung's point reimported): a new data version
+    p = write_csv(tmp)
+    p.write_text(
+        p.read_text().replace(f"pub,xl,6.4e19,{law(6.4e19):.5f}", f"pub,xl,6.4e19,{law(6.4e19) + 0.01:.5f}")
+    )
+    ok("ladder", "import", p, "--replace")
+    monkeypatch.setattr(page, "_fit", lambda *a: (_ for _ in ()).throw(RuntimeError("still fitting")))
+    stale = AppTest.from_string(script, default_timeout=120)
+    stale.query_params["ladder"] = "pub"
+    stale.run()
+    # drawn at once with the older fit and "refitting…" beside it, before the refit (here: cut short)
+    assert any("refitting" in c.value for c in stale.caption)
+    assert stale.metric[1].value == first

@@ -8,22 +8,27 @@ The ladder is chosen in the URL (`?ladder=NAME`). Four figures:
 4. the target's curve over its PRE-REGISTERED band, read from the `forecast` event
    (not refit), with `ladder_deviation` anomalies marked.
 
-The fit (seconds) is cached per ladder data version, so viewers and refreshes
-reuse it until a rung's evals change.
+The fit (seconds) is made once per ladder and data version and stored beside the store
+(`ladder.stored`), so viewers, refreshes and a restarted dashboard reuse it until a rung's evals
+change; then the older stored fit is drawn at once with "refitting…" beside it, and the page is
+drawn again when the new one is ready.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
 
+from observatory import settings
 from observatory.dashboard.cache import query, query_all
 from observatory.dashboard.charts import add_markers
 from observatory.events import OBSERVATORY_HOST
+from observatory.ladder import stored
 from observatory.ladder.backtest import backtest
 from observatory.ladder.fit import fit_ladder
 from observatory.ladder.rungs import Rung, average_seeds, fit_version
@@ -60,10 +65,27 @@ def _rungs(data: dict) -> list[Rung]:
 
 @st.cache_data(max_entries=16, show_spinner="Fitting the ladder…")
 def _fit(name: str, version: str, _rungs: list[Rung]):
-    """(fit, backtest or None); cached on the data version (the `_rungs` argument is not hashed)."""
+    """(fit, backtest or None) of the ladder at its data version: this process's, else the one stored beside
+    the store (`ladder.stored`), else fitted now and stored (the `_rungs` argument is not hashed)."""
+    db = settings.get("db")
+    hit = stored.load(db, name, version)
+    if hit is not None:
+        return hit
     fit = fit_ladder(_rungs, name=name)
     bt = backtest(_rungs, name=name) if len({r.rung for r in _rungs}) >= 4 else None
+    stored.save(db, name, version, (fit, bt))
     return fit, bt
+
+
+def _fit_now_or_stale(name: str, version: str, rungs: list[Rung]) -> tuple[Any, bool]:
+    """(fit and backtest, stale): this version's fit when made (here or stored), else the ladder's newest
+    stored fit of an older version, to show at once while this one is made (stale True)."""
+    db = settings.get("db")
+    if stored.load(db, name, version) is None:
+        old = stored.latest(db, name)
+        if old is not None:
+            return old, True
+    return _fit(name, version, rungs), False
 
 
 def rung_curves_figure(rungs: list[Rung], targets: list[dict]) -> go.Figure:
@@ -355,6 +377,18 @@ def band_figure(
 
 
 def render() -> None:
+    stale = _render()
+    if stale is not None:  # the page is drawn with the older fit: make this version's, then draw it
+        name, version, rungs = stale
+        try:
+            _fit(name, version, rungs)
+        except ValueError:
+            pass  # the rerun says why
+        st.rerun()
+
+
+def _render() -> tuple[str, str, list[Rung]] | None:
+    """Draw the page; (name, version, rungs) when it drew an older stored fit (`_fit_now_or_stale`)."""
     st.title("Scaling ladder")
     names = [d["name"] for d in query(ql.ladders)]
     if not names:
@@ -376,14 +410,17 @@ def render() -> None:
     for note in data["left_out"]:
         st.warning(md_escape(note))
     rungs = _rungs(data)
+    version = fit_version(rungs)
     try:
-        fit, bt = _fit(name, fit_version(rungs), rungs)
+        (fit, bt), stale = _fit_now_or_stale(name, version, rungs)
     except ValueError as e:
         st.warning(f"Cannot fit this ladder yet: {md_escape(e)}")
         st.plotly_chart(rung_curves_figure(rungs, data["targets"]), key="ladder_rungs")
         return
     targets = data["targets"]
     fin = fit.final
+    if stale:
+        st.caption("⏳ refitting… (the rungs changed since this fit: it is shown until the new one is ready)")
     cols = st.columns(4)
     cols[0].metric(
         "Rungs",
@@ -490,3 +527,4 @@ def render() -> None:
                 f"Final eval loss {final:.4f}: {'inside' if inside else '**outside**'} the forecast band."
                 + (f" {len(devs)} deviation anomaly(ies)." if devs else "")
             )
+    return (name, version, rungs) if stale else None
