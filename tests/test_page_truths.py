@@ -22,12 +22,11 @@ def test_the_dashboard_docs_page_table_names_every_page():
     assert [r for r in rows if not r.startswith("---")] == [title for _, title, _, _ in PAGES]
 
 
-def test_the_runs_table_leaves_out_a_column_no_run_has(tmp_path, monkeypatch):
+def _runs_table(tmp_path, monkeypatch, logs: dict[str, list[dict]]):
+    """The Runs page's table over a store of these runs' event logs."""
     runs, db = tmp_path / "runs", tmp_path / "s.duckdb"
-    # a W&B script's run: `loss` and `acc`, no tokens, no planned steps (no progress)
-    evs = [event("wb", "run_start", {"config": {"lr": 0.1}}, 0, step=0)]
-    evs += [event("wb", "metrics", {"loss": 1.0 / s, "acc": 0.5}, s, step=s) for s in range(1, 4)]
-    write_lines(runs / "wb" / "events.0.jsonl", evs)
+    for run, evs in logs.items():
+        write_lines(runs / run / "events.0.jsonl", evs)
     ingest(runs, db, emit=None)
     monkeypatch.setenv("OBSERVATORY_DB", str(db))
     at = AppTest.from_string(
@@ -35,7 +34,21 @@ def test_the_runs_table_leaves_out_a_column_no_run_has(tmp_path, monkeypatch):
     )
     at.run()
     assert not at.exception, at.exception
-    df = at.dataframe[0].value
+    return at.dataframe[0].value
+
+
+def test_the_runs_table_leaves_out_a_column_no_run_has(tmp_path, monkeypatch):
+    # a W&B script's run: `loss` and `acc`, no tokens, no planned steps (no progress)
+    evs = [event("wb", "run_start", {"config": {"lr": 0.1}}, 0, step=0)]
+    evs += [event("wb", "metrics", {"loss": 1.0 / s, "acc": 0.5}, s, step=s) for s in range(1, 4)]
+    df = _runs_table(tmp_path, monkeypatch, {"wb": evs})
     assert list(df["run"]) == ["wb"] and "tokens" not in df.columns and "progress" not in df.columns
     assert df["last loss"].iloc[0] == 1.0 / 3
     assert not any(v is None for col in df.columns for v in df[col].tolist()), df.to_dict()
+
+
+def test_a_run_without_tokens_among_runs_with_them_says_dash(tmp_path, monkeypatch):
+    wb = [event("wb", "metrics", {"loss": 1.0}, 1, step=1)]
+    trained = [event("tr", "metrics", {"train/loss": 2.0, "data/tokens": 2.5e9}, 1, step=1)]
+    df = _runs_table(tmp_path, monkeypatch, {"wb": wb, "tr": trained})
+    assert dict(zip(df["run"], df["tokens"], strict=True)) == {"wb": "—", "tr": "2.5B"}

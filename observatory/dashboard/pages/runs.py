@@ -218,7 +218,7 @@ def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
             "progress": [r["progress"] for r in shown],
             "step": [r["last_step"] for r in shown],
             "last loss": [r["last_loss"] for r in shown],
-            "tokens": [r["tokens"] for r in shown],
+            "tokens": [None if r["tokens"] is None else _compact(r["tokens"]) for r in shown],
             "ladder": [r["ladder"] or "" for r in shown],
             "tags": [", ".join(r["tags"]) for r in shown],
             **{
@@ -233,12 +233,14 @@ def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
             "progress": pl.Float64,
             "step": pl.Int64,
             "last loss": pl.Float64,
-            "tokens": pl.Float64,
+            "tokens": pl.String,
             **({"seed": pl.Int64} if ladder_cols else {}),
         },
     )
     # a column no shown run has (a W&B script logs no tokens, no progress) is left out, not a column of "None"
     df = df.select([c for c in df.columns if c == "run" or df[c].null_count() < df.height])
+    if "tokens" in df.columns:  # a run without them among runs with them: "—", not "None"
+        df = df.with_columns(pl.col("tokens").fill_null("—"))
     picked = st.dataframe(
         df,
         hide_index=True,
@@ -249,7 +251,9 @@ def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
                 "progress", min_value=0.0, max_value=1.0, format="percent"
             ),
             "last loss": st.column_config.NumberColumn(format="%.4f"),
-            "tokens": st.column_config.NumberColumn(format="compact"),
+            "tokens": st.column_config.TextColumn(
+                "tokens", help="tokens seen (K, M, B, T: thousands to trillions)"
+            ),
         },
         key=key,
         on_select="rerun",
@@ -258,6 +262,14 @@ def _table(shown: list[dict], key: str, ladder_cols: bool = False) -> None:
     cells = (picked.selection.get("cells") or []) if picked is not None else []
     if cells:  # a click on a run: its Live page, in this tab (a link column would open a new one)
         open_live(shown[cells[0][0]]["run"])
+
+
+def _compact(n: float) -> str:
+    """1.2K, 3.4M, 5.6B, 7.8T (a count too long to read whole)."""
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
 
 
 def open_live(run: str) -> None:
