@@ -67,7 +67,12 @@ def test_a_scratch_store_does_not_page_the_channel_of_another_store_or_the_old_p
     scratch = tmp_path / "scratch" / "store.duckdb"
     r = CliRunner().invoke(cli, ["ingest", "--runs-dir", str(runs_dir), "--db", str(scratch), "--quiet"])
     assert r.exit_code == 0, r.output
-    assert got == [] and "sending to" not in r.output  # a one-off ingest with no channel says nothing
+    assert got == []  # the old per-user file pages nobody, and ingest says it is not read any more
+    old = tmp_path / "home" / "observatory" / "alerts.yaml"
+    assert (
+        f"alerts: sending to no channel ({rules.path_for(scratch)}: no such file); {old} is not read"
+        in r.output
+    )
     r = CliRunner().invoke(cli, ["ingest", "--runs-dir", str(lab_runs), "--db", str(lab), "--quiet"])
     assert r.exit_code == 0, r.output
     # said before anything was sent, with the channel's name (never its URL) and the file it is in

@@ -221,9 +221,16 @@ def announce(path: Path) -> str:
         names = [c.name for c in load(path).channels]
     except RulesError as e:
         return f"alerts: {e}"
+    old = Path(settings.default("db")).with_name("alerts.yaml")  # where every store's rules were once read
+    moved = (
+        f"; {old} is not read (rules belong to a store now: move it to {path})"
+        if old.exists() and old.resolve() != path.resolve()
+        else ""
+    )
     if not names:
-        return f"alerts: sending to no channel ({path}: {'none in it' if path.exists() else 'no such file'})"
-    return f"alerts: sending to {', '.join(names)} (the channels of {path})"
+        where = "none in it" if path.exists() else "no such file"
+        return f"alerts: sending to no channel ({path}: {where}){moved}"
+    return f"alerts: sending to {', '.join(names)} (the channels of {path}){moved}"
 
 
 def parse_until(text: str, now: float | None = None) -> float:

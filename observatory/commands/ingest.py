@@ -69,7 +69,7 @@ def _announce(db, always: bool) -> None:
     from observatory.alerts import rules
 
     line = rules.announce(rules.path_for(db))
-    if always or not line.startswith("alerts: sending to no channel"):
+    if always or not line.startswith("alerts: sending to no channel") or " is not read " in line:
         click.echo(line, err=True)
 
 
