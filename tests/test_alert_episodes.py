@@ -13,8 +13,7 @@ from conftest import event, write_lines
 from dashboard_fixtures import chart_specs
 from streamlit.testing.v1 import AppTest
 
-from observatory import alerts
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 
 def _states(db) -> list[tuple[str, str]]:
@@ -26,7 +25,6 @@ def _states(db) -> list[tuple[str, str]]:
 @pytest.mark.slow  # 34 ingest passes (20 s)
 def test_an_mfu_hovering_at_the_limit_is_one_episode(runs_dir, db_path, monkeypatch, tmp_path):
     monkeypatch.setenv("OBSERVATORY_ALERTS_FILE", str(tmp_path / "none.yaml"))  # the default rules
-    alerts._written.clear()
     log = runs_dir / "busy" / "events.0.jsonl"
     t = time.time() - 60
     write_lines(log, [event("busy", "run_start", {"config": {}}, 0, step=0, t=t)])

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from conftest import event, write_lines
 from test_alerts import webhook  # noqa: F401, F811 (the fixture: a webhook receiver on 127.0.0.1)
 
-from observatory import alerts
 from observatory.alerts import rules
 from observatory.cli import main as cli
 
@@ -22,7 +21,6 @@ def no_named_file(tmp_path, monkeypatch):
     of the test's own."""
     monkeypatch.delenv("OBSERVATORY_ALERTS_FILE", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "home"))
-    alerts._written.clear()
 
 
 def _stalled_run(runs_dir):

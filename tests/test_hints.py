@@ -11,8 +11,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from observatory import demo
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
+
+pytestmark = [pytest.mark.subprocess]  # each test runs a printed command in a new shell
 
 BARE_PATH = "/usr/bin:/bin"  # a new shell's PATH: no venv on it
 

@@ -10,7 +10,7 @@ from conftest import event, write_lines
 from streamlit.testing.v1 import AppTest
 
 from observatory.dashboard.pages import PAGES
-from observatory.ingest import ingest
+from observatory.pipeline import ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,8 @@ import pytest
 from browser_fixtures import LOAD_MS, assert_no_exception, dashboard, wait_idle
 
 from observatory.demo import seed_samples
-from observatory.ingest import ingest
 from observatory.interop.simulate_ops import simulate_ops
+from observatory.pipeline import ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -9,6 +9,7 @@ and `acc` charts, and so must its report on the Reports page (in a frame as tall
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def test_wandb_tutorial_from_any_folder_is_drawn_on_live_and_in_its_report(tmp_p
     elsewhere.mkdir()
     (script_dir / "train.py").write_text(TUTORIAL)
     out = run_as_user([sys.executable, "train.py"], script_dir, home)
-    assert "observatory ingest && observatory dashboard" in out.stderr  # what init said to run next
+    # what init said to run next (the venv's observatory by its absolute path when it is not on PATH)
+    assert re.search(r"see it: (\S*observatory) ingest && \1 dashboard", out.stderr), out.stderr
     assert not (script_dir / "data").exists()
     (log,) = (home / ".local/share/observatory/runs").glob("*/events.0.jsonl")
     run = log.parent.name
