@@ -13,6 +13,7 @@ import re
 
 import pytest
 from click.testing import CliRunner
+from polling import wait_until
 
 import observatory
 from observatory import findings
@@ -434,9 +435,14 @@ def test_the_ladder_page_fits_once_per_data_version_and_shows_a_stored_fit_at_on
     )
     ok("ladder", "import", p, "--replace")
     monkeypatch.setattr(page, "_fit", lambda *a: (_ for _ in ()).throw(RuntimeError("still fitting")))
-    stale = AppTest.from_string(script, default_timeout=120)
-    stale.query_params["ladder"] = "pub"
-    stale.run()
+
+    def stale_visit():
+        at = AppTest.from_string(script, default_timeout=120)
+        at.query_params["ladder"] = "pub"
+        at.run()
+        # the page reads the new rungs once the query cache's answer (cache_ttl_s) is past
+        return at if any("refitting" in c.value for c in at.caption) else None
+
     # drawn at once with the older fit and "refitting…" beside it, before the refit (here: cut short)
-    assert any("refitting" in c.value for c in stale.caption)
+    stale = wait_until(stale_visit, timeout=30, every=0.5, what="the older fit with 'refitting…'")
     assert stale.metric[1].value == first
