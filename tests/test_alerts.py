@@ -409,8 +409,9 @@ def _series_run(runs_dir, run, values: dict[str, list[float]], now: float, end: 
 
 def test_regression_and_drift_rules_catch_what_a_128_step_window_misses(runs_dir, db_path, rules_file):
     """A run 30% slower than its baseline from the start; one decaying slowly to 55%; router entropy sliding
-    5.95 -> 5.50 and drop fraction 3% -> 12% over 4k steps: each fires. A healthy run on a busy machine (one
-    step in five at half speed) fires nothing."""
+    5.95 -> 5.50 and drop fraction 3% -> 12% over 4k steps: each fires (the decay the default `mfu_drop`
+    too; the run slow from the start not: its own earlier level is as slow). A healthy run on a busy machine
+    (one step in five at half speed) fires nothing."""
     import numpy as np
 
     rules_file.write_text(
@@ -456,6 +457,7 @@ def test_regression_and_drift_rules_catch_what_a_128_step_window_misses(runs_dir
         ("slow", "slower-than-base"),
         ("decay", "slower-than-base"),
         ("decay", "slower-than-before"),
+        ("decay", "mfu_drop"),  # the default: the `throughput_loss` detector's definition, on tokens/s
         ("drift", "entropy-drift"),
         ("drift", "drop-high"),
     }

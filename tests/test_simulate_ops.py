@@ -29,18 +29,26 @@ def store(tmp_path_factory):
             (r, json.loads(d))
             for r, d in con.execute("SELECT run, data FROM events WHERE kind = 'alert'").fetchall()
         ]
+        found = {
+            (r, d["detector"]): d["message"]
+            for r, d in (
+                (r, json.loads(d))
+                for r, d in con.execute("SELECT run, data FROM events WHERE kind = 'anomaly'").fetchall()
+            )
+            if d["detector"].startswith("throughput")
+        }
         goodput = {
             r[0]: r[1:]
             for r in con.execute(
                 "SELECT run, goodput, productive_s, redone_s, down_s FROM goodput"
             ).fetchall()
         }
-    yield alerts, goodput, truths
+    yield alerts, goodput, truths, found
     mp.undo()
 
 
 def test_each_fault_is_alerted_by_name_and_the_healthy_job_pages_nobody(store):
-    alerts, _, _ = store
+    alerts, _, _, found = store
     got = {(run, a["rule"], a.get("host")) for run, a in alerts}
     assert got == {
         ("ops-frozen", "frozen_host", 8),
@@ -49,12 +57,17 @@ def test_each_fault_is_alerted_by_name_and_the_healthy_job_pages_nobody(store):
         ("ops-hbm_creep", "memory_creep", 3),
         ("ops-mfu_drop", "mfu_drop", None),
     }
+    # the live `mfu_drop` rule is the `throughput_loss` detector's definition: the same episode, same words
+    (drop,) = [a for run, a in alerts if a["rule"] == "mfu_drop"]
+    assert drop["severity"] == "warn" and drop["finding"]["detector"] == "throughput_loss"
+    assert drop["message"] in found[("ops-mfu_drop", "throughput_loss")]
+    assert not {run for run, _ in found} - {"ops-mfu_drop"}  # no throughput loss on the other jobs
     hang = next(a for run, a in alerts if run == "ops-hang")
     assert "still in compile" in hang["message"] and "before its first step" in hang["message"]
 
 
 def test_goodput_of_every_simulated_run_equals_the_ground_truth(store):
-    _, goodput, truths = store
+    _, goodput, truths, _ = store
     for run, truth in truths.items():
         g, productive, redone, down = goodput[run]
         assert g == pytest.approx(truth["sim/goodput"], abs=0.01 * truth["sim/goodput"] + 1e-9), (

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from browser_fixtures import LOAD_MS, assert_no_exception, dashboard, wait_idle
 
-from observatory.demo import seed_samples
+from observatory.demo import SWEEPS_QUERY, seed_samples
 from observatory.interop.simulate_ops import simulate_ops
 from observatory.pipeline import ingest
 
@@ -29,12 +29,18 @@ TOUR = (
     ("experts", "experts?run=demo-sample", 4),
     ("health", "health?run=ops-healthy", 2),
     ("compare", "compare?runs=ladder-cpu-d72,ladder-cpu-d72-s1", 1),
+    # the samples' iso-FLOP grid (data/samples/sweep-isoflop*), as `make demo` links it, on its Iso-FLOP view
+    ("sweeps", f"sweeps?{SWEEPS_QUERY}&view=Iso-FLOP", 1),
     ("decisions", "decisions", 0),
     ("ladder", "ladder?ladder=ladder-cpu", 3),
     ("reports", "reports?run=demo-sample", 3),
     ("sql", "sql", 0),
 )
 WIDTHS = ((1400, 900), (390, 844))
+FULL_PAGE = {"sweeps"}  # pages shot whole
+TALL_JS = """() => Math.max(0, ...Array.from(document.querySelectorAll(
+  '[data-testid="stMain"], [data-testid="stAppViewContainer"], [data-testid="stMainBlockContainer"]'))
+  .map(e => e.scrollHeight))"""
 
 # every plotly chart of the page (and of its frames): its title, its axes without a title, its points
 CHARTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
@@ -106,6 +112,11 @@ def test_the_tour(server, browser, tmp_path, name, path, least):
                 assert not c["untitled"], (
                     f"{name} at {width} px: {c['title']!r} has axes {c['untitled']} untitled"
                 )
+            if name in FULL_PAGE:  # its chart sits below the first screen: a viewport as tall as the page
+                # (the app scrolls inside its main block, so a full-page screenshot is the viewport)
+                tall = page.evaluate(TALL_JS)
+                page.set_viewport_size({"width": width, "height": min(max(tall, height), 3000)})
+                time.sleep(1.5)  # the charts' own drawing at the new size
             _save(page.screenshot(), out / f"{name}-{width}.png")
         finally:
             page.close()

@@ -16,8 +16,11 @@ import numpy as np
 
 from observatory import settings
 from observatory.alerts.rules import RANK, Rule, Rules
+from observatory.detect import trend
+from observatory.detect.thresholds import Thresholds
 from observatory.queries import alerts as q
 from observatory.queries.anomalies import run_activity
+from observatory.queries.trends import trend_points
 from observatory.store.schema import PHASE_BUDGETED
 
 __all__ = ["Firing", "LiveRun", "live_runs", "firing", "PHASE_BUDGETED"]
@@ -233,6 +236,36 @@ def _metric(con, rule: Rule, runs: dict[str, LiveRun], opened: set[str] = frozen
     return out
 
 
+def _throughput_loss(con, rule: Rule, runs: dict[str, LiveRun], rules: Rules) -> list[Firing]:
+    """A sustained throughput loss by the `throughput_loss` detector's own definition (`trend.throughput_loss`,
+    one function for both, with each run's thresholds): firing while the episode at the run's newest whole
+    64-step bucket is open. It resolves when the level is back at (1 + `anomaly_throughput_loss`) / 2 of its
+    best: no flapping on a busy machine. One query for every running run."""
+    live = sorted(r for r, x in runs.items() if x.status == "running")
+    if not live:
+        return []
+    base = Thresholds.from_settings()
+    ths = {r: rules.thresholds_for(base, r, runs[r].project, runs[r].config)[0] for r in live}
+    points = trend_points(con, live, [trend.THROUGHPUT, trend.MFU], trend.EVAL, trend.min_span(ths.values()))
+    out = []
+    for run, series in points.items():
+        episodes = trend.throughput_loss(series, ths[run])
+        if not episodes or episodes[-1][1] is not None:
+            continue
+        f = episodes[-1][0]
+        out.append(
+            Firing(
+                run,
+                rule.name,
+                rule.severity,
+                f.message,
+                runs[run].last_step,
+                finding={"detector": f.detector, "metric": f.metric, "step": f.step},
+            )
+        )
+    return out
+
+
 STRAGGLER_RATIO = 1.3  # a host this much slower per step than the median host, over the whole window
 WINDOW_S = 600.0  # the straggler and memory rules look at the last ten minutes of heartbeats
 
@@ -312,6 +345,8 @@ def firing(
             out += _frozen_hosts(con, rule, mine)
         elif rule.kind == "metric":
             out += _metric(con, rule, mine, open_runs.get(rule.name, set()))
+        elif rule.kind == "throughput_loss":
+            out += _throughput_loss(con, rule, mine, rules)
         elif rule.kind == "straggler":
             out += _stragglers(con, rule, mine, now)
         elif rule.kind == "memory_creep":

@@ -40,10 +40,10 @@ names: `path_for`) holds five lists, each optional::
 
 The defaults, on for every run: `findings` (a detector's critical finding), `stalled` (no new step
 for `anomaly_stall_s`, or longer while the run is in a phase with a budget: compile, eval,
-checkpoint), `frozen_host` (one process silent while its siblings go on), and two warnings: `straggler`
-(a host slower per step than the median host by 1.3x over ten minutes) and `memory_creep` (an
-accelerator past 95% of its memory, or on pace to fill it within the hour) and `mfu_drop` (info: the median
-MFU of the last 200 logged steps below 80% of the 2,000 before). A run's own config
+checkpoint), `frozen_host` (one process silent while its siblings go on), and three warnings: `straggler`
+(a host slower per step than the median host by 1.3x over ten minutes), `memory_creep` (an
+accelerator past 95% of its memory, or on pace to fill it within the hour) and `mfu_drop` (a
+sustained throughput loss, the `throughput_loss` detector's definition). A run's own config
 turns them off with `alerts: {enabled: false}` or `alerts: {disable: [rule, ...]}`, and sets its own
 detector thresholds with `alerts: {thresholds: {loss_z: 8.0}}` (over the file's and the settings').
 `observatory alerts silence|disable|enable` edit the file.
@@ -104,7 +104,7 @@ class Scope:
 @dataclass(frozen=True)
 class Rule:
     name: str
-    kind: str  # findings | stalled | frozen_host | straggler | memory_creep | metric
+    kind: str  # findings | stalled | frozen_host | straggler | memory_creep | throughput_loss | metric
     severity: str = "critical"
     scope: Scope = Scope()
     metric: str | None = None
@@ -193,12 +193,10 @@ DEFAULT_RULES = (
     Rule("frozen_host", "frozen_host"),
     Rule("straggler", "straggler", "warn"),
     Rule("memory_creep", "memory_creep", "warn"),
-    # MFU below 80% of the run's own level, on the median of 200 logged steps against the 2,000 before: a
-    # regression that lasts, not a busy minute; info (stored and shown, sent only where a channel takes info):
-    # a laptop's other jobs can hold a small run's MFU down for 200 steps. A lab wanting a page sets its own rule
-    Rule(
-        "mfu_drop", "metric", "info", metric="throughput/mfu", for_steps=200, ratio_below=0.8, over_steps=2000
-    ),
+    # tokens/s (else MFU) 20% below the run's own best level for half a trend window: the `throughput_loss`
+    # detector's definition (`trend.throughput_loss`), so a live run is alerted on what `detect` finds of it
+    # finished; warn, as the detector (0 on healthy runs, quiet or busy: docs/detectors.md)
+    Rule("mfu_drop", "throughput_loss", "warn"),
 )
 
 

@@ -15,7 +15,9 @@ eval loss at each eval. At each point:
   limit;
 - a finding needs the change past its threshold for half a window in a row. It is a warn, raised where that
   happens; a second, critical finding follows where the change reaches 3x its threshold (the square of a
-  ratio) after 3 windows (never for throughput: a slow machine is no emergency of the model).
+  ratio) after 3 windows (never for throughput: a slow machine is no emergency of the model). A throughput
+  loss's episode lasts until its level is back half-way (`throughput_loss`): the live `mfu_drop` alert rule
+  calls the same function, so a running run is alerted on what `detect` finds of it once it has finished.
 
 The learning-rate schedule: the points before the end of warmup (`opt/lr` still climbing to its peak) are
 not compared (the loss and grad norm move fast there); a loss that stops falling in a decay does not rise
@@ -46,6 +48,8 @@ __all__ = [
     "TREND_RES",
     "bucket_means",
     "trends",
+    "throughput_loss",
+    "min_span",
     "crash_loops",
 ]
 
@@ -255,6 +259,61 @@ def _rule(
     return out
 
 
+def _held(flag: np.ndarray, need: np.ndarray, clear: np.ndarray) -> list[tuple[int, int, int | None]]:
+    """Episodes with hysteresis: (first point of a streak of flagged points, the point where it has lasted
+    `need` points: opened, the first point after that which is `clear`: closed, or None while it lasts). A
+    level hovering at the threshold is one episode."""
+    out: list[tuple[int, int, int | None]] = []
+    start, opened = -1, -1
+    for i in range(flag.size):
+        if opened >= 0:
+            if clear[i]:
+                out.append((start, opened, i))
+                start, opened = -1, -1
+        elif not flag[i]:
+            start = -1
+        else:
+            start = i if start < 0 else start
+            if i - start + 1 >= int(need[i]):
+                opened = i
+    if opened >= 0:
+        out.append((start, opened, None))
+    return out
+
+
+def throughput_loss(
+    series: Mapping[str, tuple[np.ndarray, np.ndarray]], th: Thresholds, hint: str = ""
+) -> list[tuple[Finding, int | None]]:
+    """A sustained throughput loss, one definition for the `throughput_loss` detector (a finished or a live
+    run's scan) and the live `mfu_drop` alert rule: the smoothed tokens/s (MFU when the run logs no tokens/s)
+    at or below `throughput_loss` (0.8) x its highest level after the first `trend_steps` steps, for half a
+    window in a row (`_rule`'s window). Its episode lasts until the level is back half-way, at (1 +
+    `throughput_loss`) / 2 (0.9) of that best level: a busy machine's throughput hovering at 80% is one
+    episode. Each episode's warn finding (raised where it opens; `hint` ends its message) with the step it
+    closed at, or None while it lasts."""
+    metric = THROUGHPUT if THROUGHPUT in series else MFU
+    if (s := series.get(metric)) is None or len(s[0]) < 4:
+        return []
+    st, x = np.asarray(s[0], np.int64), np.asarray(s[1], float)
+    thr = th.throughput_loss
+    t = _Trend(st, x, th, "shrink", thr, int(th.trend_steps))
+    with np.errstate(invalid="ignore"):
+        clear = np.isfinite(t.lvl) & (t.change >= (1 + thr) / 2)
+    return [
+        (
+            t.finding(i0, i, "warn", "throughput_loss", metric, metric, hint),
+            None if end is None else int(st[end]),
+        )
+        for i0, i, end in _held(t.flag, np.maximum(t.w // 2, 2), clear)
+    ]
+
+
+def min_span(ths) -> int:
+    """The fewest steps a series must span for the trend detectors to read it: 4 windows of the smallest
+    `trend_steps` of `ths` (Thresholds)."""
+    return 4 * min(t.trend_steps for t in ths)
+
+
 def _noise(x: np.ndarray) -> np.ndarray:
     """Each point's robust sigma of its noise, from the second differences of the 64 points up to it (IQR /
     1.349 / sqrt 6): a trend (the loss falling fast early on) hardly moves them; 0 before 8 of them."""
@@ -368,37 +427,25 @@ def trends(
                 critical=False,
                 what="router entropy",
             )
-    for metric in (THROUGHPUT, MFU):  # MFU is tokens/s times a constant: only when there is no tokens/s
-        if (s := series.get(metric)) is not None and (metric == THROUGHPUT or THROUGHPUT not in series):
-            st, x = np.asarray(s[0], np.int64), np.asarray(s[1], float)
-            out += _rule(
-                st,
-                x,
-                th,
-                detector="throughput_loss",
-                metric=metric,
-                kind="shrink",
-                thr=th.throughput_loss,
-                since_step=int(th.trend_steps),
-                critical=False,
-                what=metric,
-                hint="live, the `mfu_drop` alert rule (info) holds MFU's last 200 logged steps against the 2,000 before",
-            )
-            if baseline is not None and metric in baseline[1]:
-                level = baseline[1][metric]
-                out += _rule(
-                    st,
-                    x,
-                    th,
-                    detector="throughput_baseline",
-                    metric=metric,
-                    kind="below",
-                    thr=th.throughput_loss * level,
-                    since_step=int(th.trend_steps),
-                    critical=False,
-                    what=metric,
-                    hint=f"{th.throughput_loss:g} x the median {_fmt(level)} of its baseline run {baseline[0]}",
-                )
+    live = f"live, the `mfu_drop` alert rule raises it too, and resolves it at {(1 + th.throughput_loss) / 2:g} of the best level"
+    out += [f for f, _ in throughput_loss(series, th, live)]
+    metric = THROUGHPUT if THROUGHPUT in series else MFU  # MFU is tokens/s times a constant
+    if (s := series.get(metric)) is not None and baseline is not None and metric in baseline[1]:
+        st, x = np.asarray(s[0], np.int64), np.asarray(s[1], float)
+        level = baseline[1][metric]
+        out += _rule(
+            st,
+            x,
+            th,
+            detector="throughput_baseline",
+            metric=metric,
+            kind="below",
+            thr=th.throughput_loss * level,
+            since_step=int(th.trend_steps),
+            critical=False,
+            what=metric,
+            hint=f"{th.throughput_loss:g} x the median {_fmt(level)} of its baseline run {baseline[0]}",
+        )
     return out
 
 
@@ -477,7 +524,7 @@ class SlowReads:
         from observatory.queries.trends import baseline_levels, failures_of, trend_points
 
         due = list(runs) if not reads else [r.run for r in reads if _due(r.rows.last_step(r.i), r.was)]
-        span = min([th.trend_steps, *(t.trend_steps for t in per_run.values())]) * 4
+        span = min_span([th, *per_run.values()])
         try:
             points = trend_points(con, due, list(TREND_METRICS), EVAL, span)
             out = cls(
