@@ -10,8 +10,7 @@ import time
 import duckdb
 import pytest
 from conftest import event, write_lines
-from dashboard_fixtures import chart_specs
-from streamlit.testing.v1 import AppTest
+from dashboard_fixtures import chart_specs, page
 
 from observatory.pipeline import ingest
 
@@ -43,11 +42,7 @@ def test_an_mfu_hovering_at_the_limit_is_one_episode(runs_dir, db_path, monkeypa
     assert mfu == ["open", "resolved"], mfu
     # on the Live page an info alert is small, open and grey, not in the alarm colours of a warning
     monkeypatch.setenv("OBSERVATORY_DB", str(db_path))
-    at = AppTest.from_string(
-        "from observatory.dashboard.pages import live\nlive.render()\n", default_timeout=60
-    )
-    at.query_params["run"] = "busy"
-    at.run()
+    at = page("live", run="busy")
     assert not at.exception, at.exception
     traces = [
         t for spec in chart_specs(at) for t in spec["data"] if str(t.get("name", "")).startswith("alert")
