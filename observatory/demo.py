@@ -34,10 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "data" / "samples"
 
 
-# the Sweeps page on the samples' iso-FLOP grids (data/samples/sweep-isoflop*): the fit, and the variant's multiplier
-SWEEPS_QUERY = urlencode(
-    {
-        "sel": "ladder = sweep-isoflop",
+def isoflop_view(ladder: str, variant: str) -> dict[str, str]:
+    """The Sweeps page's query for the iso-FLOP view of `ladder`'s grid: the fit per budget over tokens, and
+    the compute multiplier of the `variant` ladder's grid at 1e19 FLOPs."""
+    return {
+        "sel": f"ladder = {ladder}",
         "metric": "eval:eval",
         "by": "config.budget",
         "x": "tokens",
@@ -46,9 +47,12 @@ SWEEPS_QUERY = urlencode(
         "key": "config.model.width",
         "color": "config.budget",
         "budget": "1e19",
-        "var": "ladder = sweep-isoflop-var",
+        "var": f"ladder = {variant}",
     }
-)
+
+
+# the Sweeps page on the samples' iso-FLOP grids (data/samples/sweep-isoflop*)
+SWEEPS_QUERY = urlencode(isoflop_view("sweep-isoflop", "sweep-isoflop-var"))
 
 
 def seed_samples(runs_dir: Path, samples: Path = SAMPLES) -> int:

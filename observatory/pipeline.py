@@ -36,6 +36,7 @@ from typing import Any
 
 from observatory import bucket, decisions, settings, store
 from observatory.alerts.delivery import Delivery
+from observatory.alerts.rules import thresholds_of
 from observatory.detect import scan as detectors
 from observatory.events import OBSERVATORY_HOST
 from observatory.ingest import IngestReport, Stage, batches, look, looked, write_failure
@@ -64,7 +65,9 @@ class Analyses:
     def __init__(self, emit: Callable[[str], None], only: tuple[str, ...] = ANALYSES):
         self.emit = emit
         self.only = only  # the analyses to run (all but in tests)
-        self.progress = detectors.Progress()
+        self.progress = detectors.Progress(
+            thresholds_of
+        )  # runs' own thresholds: the rules file's, their config's
         self.alerts_written: dict[tuple, str] = {}
         self.delivery = Delivery(emit)
 

@@ -44,7 +44,7 @@ from observatory.redact import redact
 # than json.dumps, as the same JSON values (floats round-trip; `1e16` rather than `1e+16`).
 _CLEAN = msgspec.json.Encoder()
 
-__all__ = ["init", "Run", "Sink", "new_run_id", "log_path"]
+__all__ = ["init", "Run", "Sink", "new_run_id", "log_path", "check_event", "encode_event", "append_shared"]
 
 
 class Sink(Protocol):
@@ -250,18 +250,7 @@ class Run:
 
     def event(self, kind: str, data: Mapping[str, Any], step: int | None = None) -> None:
         """Any other event kind (eval, checkpoint, note, failure, decision, ...)."""
-        if not isinstance(kind, str) or not kind:
-            raise TypeError(f"event: kind must be a non-empty string, got {kind!r}")
-        if not isinstance(data, Mapping):
-            raise TypeError(f"event: data must be a dict, got {type(data).__name__}")
-        step = check_step(step, "event")
-        from observatory.events import ValidationError, validate_data
-
-        try:
-            validate_data(kind, encode_value(dict(data)))
-        except ValidationError as e:
-            raise ValueError(f"event({kind!r}): {e}") from None
-        self._put(kind, dict(data), step)
+        self._put(kind, dict(data), check_event(kind, data, step))
 
     def phase(self, name: str, budget_s: float | None = None, step: int | None = None) -> None:
         """Say this process enters a phase: init, compile, train, eval, checkpoint or shutdown. `budget_s`: how long
@@ -414,24 +403,9 @@ class Run:
             time.sleep(0.005)
 
     def _encode(self, item) -> bytes:
-        kind, step, t, data, clean = item
         seq = self._seq
         self._seq += 1
-        ev = {"v": VERSION, "run": self.id, "kind": kind, "step": step, "t": t, "host": self.host, "seq": seq}
-        ev["data"] = data if clean else encode_value(data)
-        if clean:  # the hot path (metrics, expert_load)
-            try:
-                return _CLEAN.encode(ev) + b"\n"
-            except (TypeError, OverflowError, msgspec.EncodeError):
-                pass  # an int beyond 64 bits, an odd type: json.dumps below says what it can
-        line = json.dumps(ev, separators=(",", ":"), allow_nan=False, default=_json_default)
-        if self.host == OBSERVATORY_HOST and kind in provenance.FINDING_KINDS:
-            # signed as ingest will read it back: the line's own JSON values
-            try:
-                line = json.dumps(provenance.signed(json.loads(line)), separators=(",", ":"), allow_nan=False)
-            except (OSError, ValueError, ImportError) as e:  # no key: written, and ingest says it is unsigned
-                _warn(f"cannot sign a {kind} with key_file {settings.get('key_file')}: {e}")
-        return (line + "\n").encode()
+        return encode_event(self.id, self.host, seq, item)
 
     def _loop(self) -> None:
         last_sync = time.monotonic()
@@ -471,32 +445,12 @@ class Run:
 
     def _append_shared(self, batch: list) -> bytes:
         """Append a batch to a file other processes append to: whole lines, seqs after theirs."""
-        import fcntl
 
-        fd = self._file.fileno()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks for at most one other writer's batch append
-            locked = True
-        except OSError as e:  # a filesystem without flock: append unlocked rather than lose events
-            _warn(f"cannot lock {self.path} ({e}); appending without the lock")
-            locked = False
-        try:
-            size = os.fstat(fd).st_size
-            lead = b""
-            if size != self._end:
-                # someone else appended since our last write (or this is our first): number after them,
-                # and end a line a dead writer left torn rather than glue our first event onto it
-                last, torn = _tail(self.path, size)
-                if last is not None:
-                    self._seq = max(self._seq, last + 1)
-                if torn:
-                    lead = b"\n"
-            payload = self._encode_batch(batch)
-            self._file.write(lead + payload)
-            self._end = size + len(lead) + len(payload)
-        finally:
-            if locked:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+        def encode(seq: int) -> bytes:
+            self._seq = max(self._seq, seq)
+            return self._encode_batch(batch)
+
+        payload, self._end = append_shared(self._file, self.path, self._end, encode)
         return payload
 
     def _write(self, batch: list) -> None:
@@ -547,6 +501,75 @@ class Run:
             self._finish_killed()
         elif not self._stop.is_set():
             self.close()
+
+
+def check_event(kind: str, data: Mapping[str, Any], step: int | None) -> int | None:
+    """An `event`'s kind, data and step as the contract has them (TypeError, ValueError); its step."""
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"event: kind must be a non-empty string, got {kind!r}")
+    if not isinstance(data, Mapping):
+        raise TypeError(f"event: data must be a dict, got {type(data).__name__}")
+    step = check_step(step, "event")
+    from observatory.events import ValidationError, validate_data
+
+    try:
+        validate_data(kind, encode_value(dict(data)))
+    except ValidationError as e:
+        raise ValueError(f"event({kind!r}): {e}") from None
+    return step
+
+
+def encode_event(run_id: str, host: int, seq: int, item: tuple) -> bytes:
+    """One event's line: `item` is (kind, step, t, data, clean); `clean` data (metrics, expert_load) is
+    already JSON's. The observatory's findings are signed (`provenance.signed`)."""
+    kind, step, t, data, clean = item
+    ev = {"v": VERSION, "run": run_id, "kind": kind, "step": step, "t": t, "host": host, "seq": seq}
+    ev["data"] = data if clean else encode_value(data)
+    if clean:  # the hot path (metrics, expert_load)
+        try:
+            return _CLEAN.encode(ev) + b"\n"
+        except (TypeError, OverflowError, msgspec.EncodeError):
+            pass  # an int beyond 64 bits, an odd type: json.dumps below says what it can
+    line = json.dumps(ev, separators=(",", ":"), allow_nan=False, default=_json_default)
+    if host == OBSERVATORY_HOST and kind in provenance.FINDING_KINDS:
+        # signed as ingest will read it back: the line's own JSON values
+        try:
+            line = json.dumps(provenance.signed(json.loads(line)), separators=(",", ":"), allow_nan=False)
+        except (OSError, ValueError, ImportError) as e:  # no key: written, and ingest says it is unsigned
+            _warn(f"cannot sign a {kind} with key_file {settings.get('key_file')}: {e}")
+    return (line + "\n").encode()
+
+
+def append_shared(f, path: Path, end: int | None, encode) -> tuple[bytes, int]:
+    """Append `encode(first seq)`'s lines to `f`, a file other processes append to (the observatory's own),
+    under an exclusive flock: numbered after the file's last seq unless its size is still `end` (our last
+    append's), a line a dead writer left torn ended first. Returns the payload and the file's new size."""
+    import fcntl
+
+    fd = f.fileno()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks for at most one other writer's batch append
+        locked = True
+    except OSError as e:  # a filesystem without flock: append unlocked rather than lose events
+        _warn(f"cannot lock {path} ({e}); appending without the lock")
+        locked = False
+    try:
+        size = os.fstat(fd).st_size
+        lead, seq = b"", 0
+        if size != end:
+            # someone else appended since our last write (or this is our first): number after them,
+            # and end a line a dead writer left torn rather than glue our first event onto it
+            last, torn = _tail(path, size)
+            if last is not None:
+                seq = last + 1
+            if torn:
+                lead = b"\n"
+        payload = encode(seq)
+        f.write(lead + payload)
+        return payload, size + len(lead) + len(payload)
+    finally:
+        if locked:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def log_path(runs_dir: Path | str, run_id: str, host: int) -> Path:

@@ -10,8 +10,7 @@ import time
 import duckdb
 import pytest
 from conftest import event, write_lines
-from dashboard_fixtures import chart_specs
-from streamlit.testing.v1 import AppTest
+from dashboard_fixtures import chart_specs, page
 
 from observatory.pipeline import ingest
 
@@ -46,11 +45,7 @@ def test_an_mfu_hovering_at_the_limit_is_one_episode(runs_dir, db_path, monkeypa
     # on the Live page the episode is two alert markers, where it opened and where it resolved, in the alert
     # style of a warning (`mfu_drop` is the `throughput_loss` detector's warn), not one per flap
     monkeypatch.setenv("OBSERVATORY_DB", str(db_path))
-    at = AppTest.from_string(
-        "from observatory.dashboard.pages import live\nlive.render()\n", default_timeout=60
-    )
-    at.query_params["run"] = "busy"
-    at.run()
+    at = page("live", run="busy")
     assert not at.exception, at.exception
     traces = [
         t for spec in chart_specs(at) for t in spec["data"] if str(t.get("name", "")).startswith("alert")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import event, write_lines
-from dashboard_fixtures import chart_specs
+from dashboard_fixtures import chart_specs, page
 from polling import wait_until
 
 from observatory import findings
@@ -464,17 +464,12 @@ def test_regression_and_drift_rules_catch_what_a_128_step_window_misses(runs_dir
 
 
 def test_the_live_page_marks_the_alerts_of_its_run(runs_dir, db_path, rules_file, monkeypatch):
-    from streamlit.testing.v1 import AppTest
 
     now = time.time()
     run_log(runs_dir, "silent", steps=list(range(1, 40)), t_last=now - 1000)
     ingest(runs_dir, db_path, emit=None)
     monkeypatch.setenv("OBSERVATORY_DB", str(db_path))
-    at = AppTest.from_string(
-        "from observatory.dashboard.pages import live\nlive.render()\n", default_timeout=60
-    )
-    at.query_params["run"] = "silent"
-    at.run()
+    at = page("live", run="silent")
     assert not at.exception, at.exception
     specs = chart_specs(at)
     marks = [t for s in specs for t in s["data"] if t.get("name") == "alert"]

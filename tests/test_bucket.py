@@ -57,6 +57,16 @@ def _log(url: str, run: str, steps: range, finish: bool = True, **kw) -> None:
         r.close()
 
 
+def _live(url: str, run: str, steps: range, settle_s: float):
+    """A run still writing to the bucket: `steps` logged and flushed, and `settle_s` for a few chunks to go up."""
+    r = observatory.init(run_id=run, runs_dir=url, chunk_s=0.1, heartbeat_s=0)
+    for s in steps:
+        r.log({"train/loss": 1.0}, step=s)
+    r.flush()
+    time.sleep(settle_s)
+    return r
+
+
 def test_a_run_written_to_a_bucket_is_ingested_from_it(bucket_url, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _log(bucket_url, "r1", range(50))
@@ -140,11 +150,7 @@ def test_a_corrupt_chunk_is_quarantined_with_its_key_and_the_stream_goes_on(buck
 @pytest.mark.slow  # seconds each against the emulators
 def test_a_follower_restarted_mid_stream_neither_loses_nor_repeats(bucket_url, tmp_path):
     db = tmp_path / "f.duckdb"
-    r = observatory.init(run_id="live", runs_dir=bucket_url, chunk_s=0.1, heartbeat_s=0)
-    for s in range(20):
-        r.log({"train/loss": 1.0}, step=s)
-    r.flush()
-    time.sleep(0.6)  # a few chunks up
+    r = _live(bucket_url, "live", range(20), 0.6)
     ingest(bucket_url, db, emit=None)
     first = _steps(db, "live")
     assert first and first == list(range(len(first)))
@@ -403,11 +409,7 @@ def test_rebuild_of_a_store_that_follows_a_bucket(s3_url, tmp_path):
     from observatory.pipeline import rebuild
 
     db = tmp_path / "r.duckdb"
-    r = observatory.init(run_id="rb", runs_dir=s3_url, chunk_s=0.1, heartbeat_s=0)
-    for s in range(10):
-        r.log({"train/loss": 1.0}, step=s)
-    r.flush()
-    time.sleep(0.5)
+    r = _live(s3_url, "rb", range(10), 0.5)
     ingest(s3_url, db, emit=None)
     rebuild(s3_url, db, emit=None)  # from a fresh mirror of its own, removed after the swap
     assert not Path(f"{db}.rebuild-{os.getpid()}.bucket").exists()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import threading
 
 import numpy as np
@@ -30,13 +29,9 @@ TIMEOUT = 60
 def store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dash")
     runs_dir, db = make_store(tmp)
-    old = os.environ.get("OBSERVATORY_DB")
-    os.environ["OBSERVATORY_DB"] = str(db)
-    yield runs_dir, db
-    if old is None:
-        os.environ.pop("OBSERVATORY_DB", None)
-    else:
-        os.environ["OBSERVATORY_DB"] = old
+    with pytest.MonkeyPatch.context() as mp:  # the module's pages read this store
+        mp.setenv("OBSERVATORY_DB", str(db))
+        yield runs_dir, db
 
 
 def specs(at: AppTest) -> list[dict]:

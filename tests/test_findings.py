@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from conftest import event, write_lines
 
 from observatory import findings
@@ -20,6 +21,32 @@ def test_write_then_pending_round_trip(runs_dir):
     assert kinds == ["anomaly"], "the observatory never writes run_start/run_end into someone's run"
     assert findings.pending(runs_dir, "r", "decision") == []
     assert findings.pending(runs_dir, "absent", "anomaly") == []
+
+
+def test_write_appends_in_the_callers_thread_numbered_after_the_files_tail(runs_dir, monkeypatch):
+    """No writer `Run` (and its thread) per call: the lines are appended where `write` is called, each call's
+    seqs after the last, a torn line a dead writer left ended first, a bad item after good ones raising."""
+    import threading
+
+    from observatory import writer
+
+    def no_run(*a, **k):
+        raise AssertionError("findings.write started a writer Run")
+
+    monkeypatch.setattr(writer.Run, "__init__", no_run)
+    before = threading.active_count()
+    item = ({"detector": "d", "severity": "warn", "message": "m"}, 1)
+    assert findings.write(runs_dir, "r", "anomaly", [item, item]) == 2
+    with open(findings.path(runs_dir, "r"), "ab") as f:
+        f.write(b'{"torn":')
+    with pytest.raises(ValueError, match="step"):
+        findings.write(runs_dir, "r", "anomaly", [item, ({"detector": "d"}, -1)])
+    assert threading.active_count() == before
+    lines = findings.path(runs_dir, "r").read_text().splitlines()
+    assert lines[2] == '{"torn":'
+    evs = [json.loads(line) for i, line in enumerate(lines) if i != 2]
+    assert [e["seq"] for e in evs] == [0, 1, 2] and all(e["host"] == OBSERVATORY_HOST for e in evs)
+    assert [e["step"] for e in findings.pending(runs_dir, "r", "anomaly")] == [1, 1, 1]
 
 
 def test_pending_skips_a_torn_last_line_even_if_it_parses(runs_dir):

@@ -205,15 +205,21 @@ def test_the_report_has_a_slow_changes_section_with_each_trend_finding_and_its_c
     assert "no slow change found" in quiet and "fig-slow-1" not in quiet
 
 
+def _crash_loop_store(tmp_path):
+    """A crash-looping run (simulate_slow's crash_loop) ingested twice: its id and the store."""
+    runs, db = tmp_path / "runs", tmp_path / "store.duckdb"
+    run, _ = simulate_slow("crash_loop", runs)
+    ingest(runs, db, emit=None)
+    ingest(runs, db, emit=None)
+    return run, db
+
+
 @pytest.mark.slow  # 2-20 s: out of make check
 def test_the_live_page_says_crash_loop_with_the_attempt_count(tmp_path):
     from observatory.dashboard.pages.live import crash_loop_note
     from observatory.queries import dashboard as qd
 
-    runs, db = tmp_path / "runs", tmp_path / "store.duckdb"
-    run, _ = simulate_slow("crash_loop", runs)
-    ingest(runs, db, emit=None)
-    ingest(runs, db, emit=None)
+    run, db = _crash_loop_store(tmp_path)
     con = duckdb.connect(str(db), read_only=True)
     try:
         marks = qd.markers(con, run)
@@ -240,10 +246,7 @@ def test_the_trainer_can_inject_a_slow_lr_drift():
 def test_the_report_says_crash_loop_with_the_attempt_count(tmp_path):
     from observatory import report
 
-    runs, db = tmp_path / "runs", tmp_path / "store.duckdb"
-    run, _ = simulate_slow("crash_loop", runs)
-    ingest(runs, db, emit=None)
-    ingest(runs, db, emit=None)
+    run, db = _crash_loop_store(tmp_path)
     html = report.render_html(report.build(db, run))
     assert "crash loop: 2 attempts failed at step 60 with InjectedCrash" in html
     assert T.crash_loops([{"step": 1, "message": "A" * 500 + ": x"}] * 2, TH)[0].extra["error"] == "A" * 80

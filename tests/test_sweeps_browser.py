@@ -9,21 +9,12 @@ import pytest
 from browser_fixtures import LOAD_MS, ROOT, assert_no_exception, dashboard
 from sweep_fixtures import make_sweep_store
 
+from observatory.demo import isoflop_view
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ARTIFACTS = ROOT / "artifacts" / "browser"
-QUERY = {
-    "sel": "ladder = isoflop-sim",
-    "metric": "eval:eval",
-    "by": "config.budget",
-    "x": "tokens",
-    "rows": "config.budget",
-    "cols": "config.model.width",
-    "key": "config.model.width",
-    "color": "config.budget",
-    "budget": "1e19",
-    "var": "ladder = isoflop-var",
-}
+QUERY = isoflop_view("isoflop-sim", "isoflop-var")  # sweep_fixtures' grids
 # view -> what shows when it is drawn (a CSS selector, or a text)
 VIEWS = {
     "Curves": ".js-plotly-plot",

@@ -4,7 +4,6 @@ selection, bad selections are said, more groups than drawn are said, and log wri
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
@@ -30,13 +29,9 @@ def store(tmp_path_factory):
         b.add("run_end", {"status": "completed", "final_step": 3}, 3, 1.8e9 + i + 9)
         b.write(runs_dir)
     ingest_runs(runs_dir, db)
-    old = os.environ.get("OBSERVATORY_DB")
-    os.environ["OBSERVATORY_DB"] = str(db)
-    yield runs_dir, db
-    if old is None:
-        os.environ.pop("OBSERVATORY_DB", None)
-    else:
-        os.environ["OBSERVATORY_DB"] = old
+    with pytest.MonkeyPatch.context() as mp:  # the module's pages read this store
+        mp.setenv("OBSERVATORY_DB", str(db))
+        yield runs_dir, db
 
 
 def page(**query) -> AppTest:

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -64,6 +65,7 @@ import yaml
 from observatory import settings
 from observatory.detect.thresholds import Thresholds
 from observatory.events import SEVERITIES
+from observatory.queries.anomalies import run_scopes
 
 __all__ = [
     "Rule",
@@ -78,6 +80,7 @@ __all__ = [
     "save",
     "parse_until",
     "RulesError",
+    "thresholds_of",
 ]
 
 RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -390,3 +393,27 @@ def remove(path: Path, section: str, match: dict) -> int:
     tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
     os.replace(tmp, path)
     return len(old) - len(keep)
+
+
+def thresholds_of(
+    con, runs: list[str], th: Thresholds, said: set[tuple[str, str]] | None = None
+) -> dict[str, Thresholds]:
+    """The runs whose thresholds are not `th` (the settings'), with theirs: the rules file's `thresholds`
+    for their project or id, then their own config's `alerts.thresholds` (`Rules.thresholds_for`).
+    A rules file that cannot be read leaves every run on `th`. The detectors' `Progress` is given it. `said`: problems already said (once each)."""
+    try:
+        rules = load()
+    except RulesError:
+        rules = None
+    out = {}
+    for run, project, config in run_scopes(con, runs):
+        if rules is None and not config:
+            continue
+        mine, problem = (rules or Rules([])).thresholds_for(th, run, project, config)
+        if problem is not None and (said is None or (run, problem) not in said):
+            if said is not None:
+                said.add((run, problem))  # once an ingester: a live run is scanned after every batch
+            print(f"observatory detect: {problem}", file=sys.stderr)
+        if mine != th:
+            out[run] = mine
+    return out

@@ -11,6 +11,7 @@ import json
 
 import click
 
+from observatory.alerts.rules import thresholds_of
 from observatory.commands import common_options
 from observatory.detect import scan
 from observatory.detect.thresholds import Thresholds
@@ -50,7 +51,15 @@ def detect(runs, runs_dir, db, full, do_ingest, dry_run, as_json, fail_on):
         ingest(runs_dir, db, hooks=False)  # this command reports what it finds, not the hook
     if not db.exists():
         raise click.UsageError(f"no store at {db}; run `observatory ingest --runs-dir {runs_dir}` first")
-    found = scan.detect(db, runs_dir, runs or None, thresholds=th, full=full, write=not dry_run)
+    found = scan.detect(
+        db,
+        runs_dir,
+        runs or None,
+        thresholds=th,
+        full=full,
+        write=not dry_run,
+        progress=scan.Progress(thresholds_of),
+    )
     if as_json:
         for row in scan.finding_rows(found):
             click.echo(json.dumps(row, default=str))

@@ -9,23 +9,11 @@ import click
 
 from observatory import bucket
 from observatory.commands import bucket_options
+from observatory.interop.cases import FAULTS, SLOW_CASES
 
 __all__ = ["simulate"]
 
 PRESET_NAMES = ("tiny", "ladder", "535b")
-FAULTS = ("healthy", "frozen", "straggler", "hang", "preempt", "mfu_drop", "hbm_creep")  # simulate_ops.FAULTS
-SLOW_CASES = (  # simulate_slow.SLOW_CASES (importing it would load numpy for every command's start-up)
-    "healthy_cosine",
-    "healthy_wsd",
-    "healthy_data_order",
-    "slow_divergence",
-    "slow_divergence_grad",
-    "moe_drift",
-    "throughput_70",
-    "throughput_55",
-    "throughput_decay",
-    "crash_loop",
-)
 
 
 @click.command("simulate")

@@ -333,6 +333,18 @@ def _ticks(labels: list[str], marked: dict[int, str], plot_px: int, px_per_label
     }
 
 
+def _rows_layout(title: str, height: int, rows: str, ticks: dict, left: int, bottom: int) -> dict[str, Any]:
+    """A heatmap's layout: `rows` (layers, experts) down as categories from the top, steps across."""
+    return {
+        "title": {"text": title, "font": {"size": 14}},
+        "height": height,
+        "margin": {"l": left, "r": 10, "t": 36, "b": bottom},
+        "dragmode": "select",
+        "yaxis": {"title": {"text": rows}, "type": "category", "autorange": "reversed", **ticks},
+        "xaxis": {"title": {"text": "step"}},
+    }
+
+
 def layer_heatmap(ov: dict[str, Any], selected: int | None, title: str) -> dict[str, Any]:
     """Drop fraction of every layer over the step buckets: layers down, steps across; a figure dict.
 
@@ -345,20 +357,8 @@ def layer_heatmap(ov: dict[str, Any], selected: int | None, title: str) -> dict[
     )
     peak = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
     height = int(min(800, max(260, 9 * len(layers) + 110)))
-    layout: dict[str, Any] = {
-        "title": {"text": title, "font": {"size": 14}},
-        "height": height,
-        "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
-        "dragmode": "select",
-        "yaxis": {
-            "title": {"text": "layer"},
-            "type": "category",
-            "autorange": "reversed",
-            **_ticks(layers, {}, height - 66, 14),
-        },
-        "xaxis": {"title": {"text": "step"}},
-        "shapes": [],
-    }
+    layout = _rows_layout(title, height, "layer", _ticks(layers, {}, height - 66, 14), left=50, bottom=40)
+    layout["shapes"] = []
     if selected is not None and str(selected) in layers:
         k = layers.index(str(selected))
         layout["shapes"].append(
@@ -433,19 +433,7 @@ def expert_heatmap(
                 + "<extra></extra>",
             }
         ],
-        "layout": {
-            "title": {"text": title, "font": {"size": 14}},
-            "height": height,
-            "margin": {"l": 70, "r": 10, "t": 36, "b": 30},
-            "dragmode": "select",
-            "yaxis": {
-                "title": {"text": "expert"},
-                "type": "category",
-                "autorange": "reversed",
-                **ticks,
-            },
-            "xaxis": {"title": {"text": "step"}},
-        },
+        "layout": _rows_layout(title, height, "expert", ticks, left=70, bottom=30),
     }
 
 

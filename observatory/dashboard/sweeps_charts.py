@@ -74,16 +74,15 @@ def curves_figure(
                 hovertemplate="%{x:.4g}: %{y:.4g} (n=%{customdata})<extra>" + name + "</extra>",
             )
         )
-    return {
-        "data": traces,
-        "layout": {
-            "height": 420,
-            "margin": _MARGIN,
-            "xaxis": _axis(view["x"], log_x),
-            "yaxis": _axis(metric, log_y),
-            "legend": {"orientation": "h", "y": -0.2},
-        },
-    }
+    return _figure(traces, 420, _axis(view["x"], log_x), _axis(metric, log_y), legend=True)
+
+
+def _figure(traces: list, height: int, xaxis: dict, yaxis: dict, legend: bool = False) -> dict:
+    """A figure of the page's charts: their margins, and the legend under the plot when asked."""
+    layout = {"height": height, "margin": _MARGIN, "xaxis": xaxis, "yaxis": yaxis}
+    if legend:
+        layout["legend"] = {"orientation": "h", "y": -0.2}
+    return {"data": traces, "layout": layout}
 
 
 def _num(v: Any) -> float | None:
@@ -118,15 +117,7 @@ def scatter_figure(rows: list[dict], key: str, color_key: str | None, metric: st
                 hovertemplate="%{text}: %{y:.4g}<extra></extra>",
             )
         )
-    return {
-        "data": traces,
-        "layout": {
-            "height": 400,
-            "margin": _MARGIN,
-            "xaxis": _axis(key, log_x),
-            "yaxis": _axis(metric, False),
-        },
-    }
+    return _figure(traces, 400, _axis(key, log_x), _axis(metric, False))
 
 
 def parcoords_figure(rows: list[dict], keys: list[str], metric: str) -> dict:
@@ -224,16 +215,7 @@ def isoflop_figure(view: dict[str, Any]) -> dict:
                     hovertemplate=f"{name}: D*=%{{x:.3g}}, L*=%{{y:.4g}}<extra></extra>",
                 )
             )
-    return {
-        "data": traces,
-        "layout": {
-            "height": 420,
-            "margin": _MARGIN,
-            "xaxis": _axis("tokens", True),
-            "yaxis": _axis(view["metric"], False),
-            "legend": {"orientation": "h", "y": -0.2},
-        },
-    }
+    return _figure(traces, 420, _axis("tokens", True), _axis(view["metric"], False), legend=True)
 
 
 def envelope_figure(view: dict[str, Any]) -> dict:
@@ -275,16 +257,7 @@ def envelope_figure(view: dict[str, Any]) -> dict:
                 hovertemplate="C=%{x:.3g}: %{y:.4g}<extra>" + side + "</extra>",
             )
         )
-    return {
-        "data": traces,
-        "layout": {
-            "height": 400,
-            "margin": _MARGIN,
-            "xaxis": _axis("compute (FLOPs)", True),
-            "yaxis": _axis(view["metric"], True),
-            "legend": {"orientation": "h", "y": -0.2},
-        },
-    }
+    return _figure(traces, 400, _axis("compute (FLOPs)", True), _axis(view["metric"], True), legend=True)
 
 
 def pivot_markdown(pv: dict[str, Any], link: str = "live?run=", per_cell: int = 3) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,8 +37,6 @@ if TYPE_CHECKING:  # annotations only: polars loads lazily (start-up time of `ob
     import polars as pl
 
 from observatory import findings
-from observatory.alerts.rules import Rules, RulesError
-from observatory.alerts.rules import load as load_rules
 from observatory.detect import screen
 from observatory.detect.detectors import (
     DROP,
@@ -80,7 +78,6 @@ from observatory.queries.anomalies import (
     register_wanted,
     run_activity,
     run_ids,
-    run_scopes,
     silent_runs,
     stored_last_steps,
     unregister_wanted,
@@ -269,10 +266,19 @@ def _finding_keys(stored: list[dict], pending: list[dict]) -> tuple[set[tuple[st
 SCREEN_FROM = 2  # runs in a scan from which their series are screened (`screen.loud`) first
 
 
+# (read connection, runs, the settings' thresholds, problems already said) -> {run: its own thresholds}
+ThresholdsOf = Callable[
+    [duckdb.DuckDBPyConnection, list[str], Thresholds, set[tuple[str, str]]], dict[str, Thresholds]
+]
+
+
 class Progress:
     """The detectors' progress in one ingester (`pipeline.Ingester` owns one); a one-off `detect`: a new one."""
 
-    def __init__(self) -> None:
+    def __init__(self, thresholds_of: ThresholdsOf | None = None) -> None:
+        # the runs with thresholds of their own (`alerts.rules.thresholds_of`, from the rules file and their
+        # config); None: every run on the settings' (detect sits below alerts: the caller hands it in)
+        self.thresholds_of = thresholds_of
         # (runs dir, run) -> {"series": last metrics step scanned, "experts": last expert_load step scanned}
         self.state: dict[tuple[str, str], dict[str, int]] = {}
         # store file -> {(run, detector group): through}: reached on a read-only connection (the ingester's
@@ -566,7 +572,7 @@ class Scan:
     ):
         self.runs_dir, self.th, self.reads, self.activity, self.now = runs_dir, th, reads, activity, now
         self.progress = progress or Progress()
-        self.per_run = per_run or {}  # runs with thresholds of their own (`thresholds_of`)
+        self.per_run = per_run or {}  # runs with thresholds of their own (`Progress.thresholds_of`)
         self.results: list[tuple[_RunScan, list[Finding], int | None, dict]] = []
         # whether the scan checked for stalled runs: `progress.last_stall_check` is set when it is written
         self.stall_checked = False
@@ -592,7 +598,9 @@ class Scan:
         progress = progress or Progress()
         wanted = run_ids(con) if runs is None else list(dict.fromkeys(runs))
         act = {a["run"]: a for a in run_activity(con, wanted)} if stall and wanted else {}
-        per_run = thresholds_of(con, wanted, th, progress.said)
+        per_run = (
+            {} if progress.thresholds_of is None else progress.thresholds_of(con, wanted, th, progress.said)
+        )
         try:
             reads = _read_runs(con, runs_dir, wanted, th, full, fresh_from, per_run, progress)
         except Exception as e:  # then run by run: one bad run must not stop the others
@@ -666,30 +674,6 @@ class Scan:
         if db is not None:  # after the findings are in their files: a crash re-finds, never loses
             _commit_state(db, done, self.progress)
         return out
-
-
-def thresholds_of(
-    con, runs: list[str], th: Thresholds, said: set[tuple[str, str]] | None = None
-) -> dict[str, Thresholds]:
-    """The runs whose thresholds are not `th` (the settings'), with theirs: the rules file's `thresholds`
-    for their project or id, then their own config's `alerts.thresholds` (`alerts.rules.Rules.thresholds_for`).
-    A rules file that cannot be read leaves every run on `th`. `said`: problems already said (once each)."""
-    try:
-        rules = load_rules()
-    except RulesError:
-        rules = None
-    out = {}
-    for run, project, config in run_scopes(con, runs):
-        if rules is None and not config:
-            continue
-        mine, problem = (rules or Rules([])).thresholds_for(th, run, project, config)
-        if problem is not None and (said is None or (run, problem) not in said):
-            if said is not None:
-                said.add((run, problem))  # once an ingester: a live run is scanned after every batch
-            print(f"observatory detect: {problem}", file=sys.stderr)
-        if mine != th:
-            out[run] = mine
-    return out
 
 
 def _say_failed(run: str, e: Exception) -> None:

@@ -36,6 +36,8 @@ _EVENTS = {
 _HEARTBEATS = {"run": _S, "host": _U16, "seq": _I64, "t": _F64, "step": _I64, "phase": _S}
 _TELEMETRY = {"run": _S, "host": _U16, "t": _F64, "name": _S, "value": _F64}
 _REJECTED = {"file": _S, "run": _S, "line": _I64, "field": _S, "reason": _S, "raw": _S, "ingested_at": _F64}
+_INSERT_EVENTS = "INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _staged"
+_INSERT_REJECTED = f"INSERT INTO rejected_events ({', '.join(_REJECTED)}) SELECT * FROM _staged"
 
 
 def _append(con, columns: dict[str, list], types: dict[str, pa.DataType], insert: str) -> None:
@@ -45,6 +47,12 @@ def _append(con, columns: dict[str, list], types: dict[str, pa.DataType], insert
         con.execute(insert)
     finally:
         con.unregister("_staged")
+
+
+def _append_rows(con, rows: list[tuple], types: dict[str, pa.DataType], insert: str) -> None:
+    """`_append` of row tuples (in `types`' column order); nothing when there are none."""
+    if rows:
+        _append(con, dict(zip(types, zip(*rows, strict=True), strict=True)), types, insert)
 
 
 def flush(con, b) -> None:
@@ -58,26 +66,9 @@ def flush(con, b) -> None:
         )
     if b.experts["run"]:
         _append(con, b.experts, _EXPERTS, "INSERT INTO expert_load SELECT * FROM _staged")
-    if b.events:
-        _append(
-            con,
-            dict(zip(_EVENTS, zip(*b.events, strict=True), strict=True)),
-            _EVENTS,
-            "INSERT INTO events SELECT run, host, seq, kind, step, t, v, known, data::JSON FROM _staged",
-        )
-    if b.heartbeats:
-        _append(
-            con,
-            dict(zip(_HEARTBEATS, zip(*b.heartbeats, strict=True), strict=True)),
-            _HEARTBEATS,
-            "INSERT INTO heartbeats SELECT * FROM _staged",
-        )
+    _append_rows(con, b.events, _EVENTS, _INSERT_EVENTS)
+    _append_rows(con, b.heartbeats, _HEARTBEATS, "INSERT INTO heartbeats SELECT * FROM _staged")
     if b.telemetry["run"]:
         _append(con, b.telemetry, _TELEMETRY, "INSERT INTO host_telemetry SELECT * FROM _staged")
-    if b.rejected:  # a file of random bytes can reject 10^5 lines: bulk, not executemany
-        _append(
-            con,
-            dict(zip(_REJECTED, zip(*b.rejected, strict=True), strict=True)),
-            _REJECTED,
-            f"INSERT INTO rejected_events ({', '.join(_REJECTED)}) SELECT * FROM _staged",
-        )
+    # a file of random bytes can reject 10^5 lines: bulk, not executemany
+    _append_rows(con, b.rejected, _REJECTED, _INSERT_REJECTED)

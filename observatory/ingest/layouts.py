@@ -40,25 +40,24 @@ if msgspec is not None:
 
     # class attributes, no fields: `step_max` the store's step column's limit (metrics BIGINT, expert_load
     # INTEGER; other kinds have none: check_line's), `metrics` whether `data` is a metrics dict or layout
-    class MetricsLine(Struct, tag_field="kind", tag="metrics"):
-        step_max = I64
-        metrics = True
+    class Envelope(Struct):
+        """The fields every line has before its `data` (then `step`: `astuple` gives them in this order)."""
+
         v: int
         run: str
         t: float
         host: int
         seq: int
+
+    class MetricsLine(Envelope, tag_field="kind", tag="metrics"):
+        step_max = I64
+        metrics = True
         data: dict[str, float]  # (K,) name -> value; duplicate keys: the last wins, as in json.loads
         step: int | None = None
 
-    class ExpertLine(Struct, tag_field="kind", tag="expert_load"):
+    class ExpertLine(Envelope, tag_field="kind", tag="expert_load"):
         step_max = I32
         metrics = False
-        v: int
-        run: str
-        t: float
-        host: int
-        seq: int
         data: ExpertData
         step: int | None = None
 
@@ -99,15 +98,8 @@ class Layout:
         )
         line = msgspec.defstruct(
             "_LayoutMetrics",
-            [
-                ("v", int),
-                ("run", str),
-                ("t", float),
-                ("host", int),
-                ("seq", int),
-                ("data", data),
-                ("step", int | None, None),
-            ],
+            [("data", data), ("step", int | None, None)],
+            bases=(Envelope,),
             tag_field="kind",
             tag="metrics",
             namespace={"step_max": I64, "metrics": True},

@@ -30,9 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
+from observatory.interop.cases import FAULTS
+
 __all__ = ["FAULTS", "simulate_ops", "HEARTBEAT_S"]
 
-FAULTS = ("healthy", "frozen", "straggler", "hang", "preempt", "mfu_drop", "hbm_creep")
 HEARTBEAT_S = 30.0
 STEP_S = 2.0  # mean seconds per step
 

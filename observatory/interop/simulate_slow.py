@@ -27,21 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from observatory.interop.cases import HEALTHY, SLOW_CASES
 from observatory.interop.eventlog import EventFile
 
 __all__ = ["SLOW_CASES", "HEALTHY", "simulate_slow"]
 
-HEALTHY = ("healthy_cosine", "healthy_wsd", "healthy_data_order")
-SLOW_CASES = (
-    *HEALTHY,
-    "slow_divergence",
-    "slow_divergence_grad",
-    "moe_drift",
-    "throughput_70",
-    "throughput_55",
-    "throughput_decay",
-    "crash_loop",
-)
 EXPECT = {
     "slow_divergence": "loss_trend",
     "slow_divergence_grad": "loss_trend",

@@ -103,6 +103,14 @@ def _run_filter(
     return " AND ".join(where), params
 
 
+def _filtered(now: float | None, *filters) -> tuple[str, dict[str, Any], str]:
+    """`_run_filter` of `filters`, with the `runs` columns that compute each run's status at `now`."""
+    where, params = _run_filter(*filters)
+    params["cut"] = (time.time() if now is None else now) - settings.get("stale_after_s")
+    cols = ", ".join(f"{run_status_sql('$cut')} AS status" if c == "status" else c for c in RUN_COLUMNS)
+    return where, params, cols
+
+
 def search_runs(
     con,
     text: str | None = None,
@@ -123,10 +131,8 @@ def search_runs(
     page of a lab's 10^5 runs never loads the others. `status` (one or a list), `projects`, `groups`,
     `ladders` and `tags` filter (a run matches one of each list given; an empty list does not filter);
     `runs`: only these ids; `name`: only runs of this name."""
-    where, params = _run_filter(text, status, projects, groups, ladders, tags, runs, name)
-    params["cut"] = (time.time() if now is None else now) - settings.get("stale_after_s")
+    where, params, cols = _filtered(now, text, status, projects, groups, ladders, tags, runs, name)
     exact = "run = $raw DESC, " if "raw" in params else ""
-    cols = ", ".join(f"{run_status_sql('$cut')} AS status" if c == "status" else c for c in RUN_COLUMNS)
     sql = (
         f"SELECT {', '.join(RUN_COLUMNS)} FROM (SELECT {cols}, ladder FROM runs) WHERE {where} "
         f"ORDER BY {exact}coalesce(start_time, last_event_t) DESC NULLS LAST, run"
@@ -137,20 +143,10 @@ def search_runs(
     return [dict(zip(RUN_COLUMNS, r, strict=True)) for r in cur.fetchall()]
 
 
-def count_runs(
-    con,
-    text: str | None = None,
-    status=None,
-    projects=(),
-    groups=(),
-    ladders=(),
-    tags=(),
-    now: float | None = None,
-) -> int:
-    """How many runs `search_runs` would give with no limit."""
-    where, params = _run_filter(text, status, projects, groups, ladders, tags)
-    params["cut"] = (time.time() if now is None else now) - settings.get("stale_after_s")
-    cols = ", ".join(f"{run_status_sql('$cut')} AS status" if c == "status" else c for c in RUN_COLUMNS)
+def count_runs(con, *filters, now: float | None = None) -> int:
+    """How many runs `search_runs` would give with no limit; `filters`: its text, status, projects, groups,
+    ladders and tags, in that order."""
+    where, params, cols = _filtered(now, *filters)
     return con.execute(f"SELECT count(*) FROM (SELECT {cols} FROM runs) WHERE {where}", params).fetchall()[0][
         0
     ]

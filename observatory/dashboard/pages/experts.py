@@ -70,7 +70,12 @@ def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) ->
                 hovertemplate="step %{x}: %{y:.4g}<extra>layer " + str(layer) + "</extra>",
             )
         )
-    layout = {
+    return {"data": data, "layout": _layers_layout(title, worst, column)}
+
+
+def _layers_layout(title: str, worst: int | None, column: str) -> dict:
+    """The layout of a chart of `column` over the layers, its title naming the worst layer."""
+    return {
         "title": {
             "text": title + (f" · worst: layer {worst}" if worst is not None else ""),
             "font": {"size": 14},
@@ -80,7 +85,6 @@ def layer_lines(df: pl.DataFrame, column: str, title: str, layers: list[int]) ->
         "dragmode": "select",
         **_axes(column),
     }
-    return {"data": data, "layout": layout}
 
 
 def layer_summary(df: pl.DataFrame, column: str, title: str, layer: int) -> dict:
@@ -123,17 +127,7 @@ def layer_summary(df: pl.DataFrame, column: str, title: str, layer: int) -> dict
                 for one in [mine if k == layer else d.filter(pl.col("layer") == k)]
             ),
         ],
-        "layout": {
-            "title": {
-                "text": title + (f" · worst: layer {w}" if w is not None else ""),
-                "font": {"size": 14},
-            },
-            "height": 300,
-            "margin": {"l": 50, "r": 10, "t": 36, "b": 40},
-            "dragmode": "select",
-            "legend": {"orientation": "h", "y": -0.3},
-            **_axes(column),
-        },
+        "layout": {**_layers_layout(title, w, column), "legend": {"orientation": "h", "y": -0.3}},
     }
     return fig
 

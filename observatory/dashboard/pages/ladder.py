@@ -88,6 +88,17 @@ def _fit_now_or_stale(name: str, version: str, rungs: list[Rung]) -> tuple[Any, 
     return _fit(name, version, rungs), False
 
 
+def _rung_curve(r: Rung, hover: str, **style) -> go.Scatter:
+    """A rung's loss over the compute it has spent, `hover` naming it in the tooltip."""
+    fr = sorted(r.curve)
+    return go.Scatter(
+        x=[f * r.flops for f in fr],
+        y=[r.curve[f] for f in fr],
+        hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + hover + "</extra>",
+        **style,
+    )
+
+
 def rung_curves_figure(rungs: list[Rung], targets: list[dict]) -> go.Figure:
     """Each rung's curve (the mean of its seeds, bold) with its seeds' curves (thin, one legend
     entry per rung: a ladder of 4 rungs x 24 seeds is 4 entries, not 96)."""
@@ -97,31 +108,27 @@ def rung_curves_figure(rungs: list[Rung], targets: list[dict]) -> go.Figure:
         color = palette[i % len(palette)]
         seeds = [r for r in rungs if r.rung == m.rung] if m.n_seeds > 1 else []
         for r in seeds:
-            fr = sorted(r.curve)
             fig.add_trace(
-                go.Scatter(
-                    x=[f * r.flops for f in fr],
-                    y=[r.curve[f] for f in fr],
+                _rung_curve(
+                    r,
+                    r.run,
                     mode="lines",
                     legendgroup=plot_text(m.rung),
                     showlegend=False,
                     opacity=0.35,
                     line={"width": 1, "color": color},
                     name=plot_text(f"{m.rung} seed {r.seed}"),  # a rung's name is a log's text
-                    hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + r.run + "</extra>",
                 )
             )
-        fr = sorted(m.curve)
         label = plot_text(m.rung if m.n_seeds == 1 else f"{m.rung} (mean of {m.n_seeds} seeds)")
         fig.add_trace(
-            go.Scatter(
-                x=[f * m.flops for f in fr],
-                y=[m.curve[f] for f in fr],
+            _rung_curve(
+                m,
+                label,
                 mode="lines+markers",
                 legendgroup=plot_text(m.rung),
                 name=label,
                 line={"width": 3, "color": color},
-                hovertemplate="C=%{x:.3g}: %{y:.4f}<extra>" + label + "</extra>",
             )
         )
     for t in targets:
@@ -145,6 +152,11 @@ def rung_curves_figure(rungs: list[Rung], targets: list[dict]) -> go.Figure:
         margin={"t": 30},
     )
     return fig
+
+
+def _point(flops: float, y: float, name: str, marker: dict, **kw) -> go.Scatter:
+    """One target's marker at its compute: its forecast or its actual final loss."""
+    return go.Scatter(x=[flops], y=[y], mode="markers", name=name, marker=marker, **kw)
 
 
 def fit_figure(fit, targets: list[dict]) -> go.Figure:
@@ -188,27 +200,14 @@ def fit_figure(fit, targets: list[dict]) -> go.Figure:
             continue
         fv, flo, fhi = (a[0] for a in fit.predict(1.0, [flops]))
         err = {"type": "data", "symmetric": False, "array": [fhi - fv], "arrayminus": [fv - flo]}
+        forecast = {"symbol": "diamond", "size": 11, "color": "#ff7f0e"}
         fig.add_trace(
-            go.Scatter(
-                x=[flops],
-                y=[fv],
-                mode="markers",
-                name=f"forecast {t['run']}",
-                marker={"symbol": "diamond", "size": 11, "color": "#ff7f0e"},
-                error_y=err if fit.has_band else None,
-            )
+            _point(flops, fv, f"forecast {t['run']}", forecast, error_y=err if fit.has_band else None)
         )
         final = t["curve"].get("1.0")
         if final is not None:
-            fig.add_trace(
-                go.Scatter(
-                    x=[flops],
-                    y=[final],
-                    mode="markers",
-                    name=f"actual {t['run']}",
-                    marker={"symbol": "star", "size": 13, "color": "#d62728"},
-                )
-            )
+            actual = {"symbol": "star", "size": 13, "color": "#d62728"}
+            fig.add_trace(_point(flops, final, f"actual {t['run']}", actual))
     fin = fit.final
     fig.update_layout(
         xaxis={"type": "log", "title": "training compute C (FLOPs)"},
