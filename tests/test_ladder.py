@@ -288,6 +288,7 @@ def test_backtest_holds_out_every_seed_of_the_largest_rung():
     assert abs(bt.final_error_pct) < 1.0 and bt.coverage >= 0.9
 
 
+@pytest.mark.jax
 def test_ladder_spec_seeds_plan_one_run_per_rung_and_seed(tmp_path):
     pytest.importorskip("jax")
     from trainer.ladder import load_ladder_spec, plan
@@ -338,6 +339,7 @@ def test_rung_curves_figure_draws_each_rungs_mean_over_its_seeds():
     assert [t.name for t in single.data] == ["r0", "r1", "r2", "r3"]
 
 
+@pytest.mark.jax
 def test_trainer_ladder_plan_with_seeds_and_target_seed(capsys):
     """`trainer ladder --plan --seeds N --target-seed K`: a quick pass over fewer seeds, and another target run."""
     from trainer.ladder import main
