@@ -42,13 +42,14 @@ def test_an_mfu_hovering_at_the_limit_is_one_episode(runs_dir, db_path, monkeypa
         ingest(runs_dir, db_path, emit=None)
     mfu = [s for r, s in _states(db_path) if r == "mfu_drop"]
     assert mfu == ["open", "resolved"], mfu
-    # on the Live page the episode is two alert markers, where it opened and where it resolved, in the alert
-    # style of a warning (`mfu_drop` is the `throughput_loss` detector's warn), not one per flap
+    # on the Live page the episode is two alert markers, where it opened and where it resolved, small, open and
+    # grey (`mfu_drop` is info: a busy machine's loss is worth knowing, not an alarm), not one per flap
     monkeypatch.setenv("OBSERVATORY_DB", str(db_path))
     at = page("live", run="busy")
     assert not at.exception, at.exception
     traces = [
         t for spec in chart_specs(at) for t in spec["data"] if str(t.get("name", "")).startswith("alert")
     ]
-    assert traces and {t["name"] for t in traces} == {"alert"}
-    assert all(len(t["x"]) == 2 and t["marker"]["symbol"] == "bowtie" for t in traces)
+    assert traces and {t["name"] for t in traces} == {"alert: info"}
+    assert all(len(t["x"]) == 2 and t["marker"]["color"] == "#8c8c8c" for t in traces)
+    assert all(t["marker"]["symbol"].endswith("-open") for t in traces)
