@@ -83,7 +83,7 @@ def measure(db: Path, run: str, prefix: str, repeat: int = 3) -> dict:
 
         def runs_ready(page):
             page.wait_for_function(
-                "() => (document.querySelector('[data-testid=\"stDataFrame\"]') || {}).textContent?.includes('live?run=')",
+                "() => (document.querySelector('[data-testid=\"stDataFrame\"]') || {}).textContent?.includes('sweep-')",
                 timeout=LOAD_MS,
             )
 
