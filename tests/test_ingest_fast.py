@@ -24,6 +24,7 @@ from conftest import event, write_lines
 from observatory import provenance, store
 from observatory.ingest import msgspec_lines as ingest_fast
 from observatory.ingest import passes as ingest_mod
+from observatory.ingest import rules
 from observatory.pipeline import ingest
 
 TABLES = {
@@ -335,6 +336,22 @@ def test_fast_path_store_equals_old_path(tmp_path, monkeypatch, seed, piece):
     assert {r[3] for r in store_["events"]} >= {"eval", "note", "mystery", "run_end"}
     assert out["fast"][1][0].duplicates > 0 and out["fast"][1][0].truncated == 1
     assert any(v == "nan" for r in store_["metrics"] for v in r)
+
+
+def test_a_rule_changed_in_one_place_changes_both_paths(tmp_path, monkeypatch):
+    """The bulk path takes its bounds from `ingest.rules`, as `check_line` does: tightened there, the
+    lines past them are rejected with the rule's reason, the same lines by both paths."""
+    monkeypatch.setitem(rules.STEP, "", rules.Bound("step", 0, 150, "step {value} is past the test's 150"))
+    monkeypatch.setattr(rules, "COUNT", rules.Bound("data.routed", 0, 900, "counts must be below {above}"))
+    runs = tmp_path / "runs"
+    write_files(build_runs(runs, 0, steps=300))
+    out = _ingest_both(tmp_path, monkeypatch, runs)
+    _assert_same(out)
+    reasons = [r[4] for r in out["fast"][0]["rejected_events"]]
+    assert any(r.endswith("is past the test's 150") for r in reasons)
+    assert "data.routed: counts must be below 901" in reasons
+    assert max(r[1] for r in out["fast"][0]["metrics"] if r[1] is not None) <= 150
+    assert out["fast"][1][0].fast_events > 0  # the bulk path certified the others
 
 
 @pytest.mark.slow

@@ -37,6 +37,16 @@ def _top_level(body: list[ast.stmt]):
                 yield from _top_level(part)
 
 
+def _frozen(c: ast.ClassDef) -> bool:
+    """`@dataclass(frozen=True)`: its instances cannot be changed (a table of rules made at import)."""
+    return any(
+        isinstance(d, ast.Call)
+        and getattr(d.func, "id", None) == "dataclass"
+        and any(k.arg == "frozen" and getattr(k.value, "value", None) is True for k in d.keywords)
+        for d in c.decorator_list
+    )
+
+
 def _module_state(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     names = set()
@@ -62,8 +72,8 @@ def _module_state(path: Path) -> set[str]:
         elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in MUTATORS:
             if isinstance(n.func.value, ast.Name):
                 changed.add(n.func.value.id)
-    # an instance of a class of the module, made at import: its methods change it
-    classes = {c.name for c in tree.body if isinstance(c, ast.ClassDef)}
+    # an instance of a class of the module, made at import: its methods change it (a frozen dataclass's cannot)
+    classes = {c.name for c in tree.body if isinstance(c, ast.ClassDef) and not _frozen(c)}
     for node in _top_level(tree.body):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             func = node.value.func
@@ -88,6 +98,11 @@ def test_the_check_finds_what_it_looks_for(tmp_path):
         "A = {}\nB = set()\nC = 0\nD = []\ndef f():\n    global C\n    A['k'] = 1\n    B.add(2)\n    C = 3\n"
     )
     assert _module_state(p) == {"A", "B", "C"}
+    p.write_text(
+        "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass R:\n    x: int\n"
+        "class S:\n    pass\nR1 = R(1)\nS1 = S()\n"
+    )
+    assert _module_state(p) == {"S1"}
 
 
 def test_the_known_ones_are_still_there():

@@ -20,8 +20,9 @@ import pyarrow as pa
 
 from observatory import findings
 from observatory.ingest.folders import SETTLED_S, Folders
-from observatory.ingest.model import U16, Batch, Chunk, FileState, LogFile, read_chunk, read_rest
+from observatory.ingest.model import Batch, Chunk, FileState, LogFile, read_chunk, read_rest
 from observatory.ingest.msgspec_lines import METRICS_PIECE_BYTES, ingest_chunk, ingest_small
+from observatory.ingest.rules import HOST
 from observatory.store.arrow import column
 
 __all__ = [
@@ -230,12 +231,12 @@ def _scan_into(
             if (m := FILE_RE.match(name)) is None:  # (a kept listing is the store's: not trusted blindly)
                 continue
             host = m.group(1)
-            if int(host) > U16:
+            if not HOST.ok(int(host)):
                 # the store keeps hosts as USMALLINT (ingest_files, every table): say so once and go on
                 if emit is not None:
                     emit(
-                        f"{d}/{name}: host {host} in the file name is above {U16}, the largest host the "
-                        f"store keeps; file skipped (rename it events.<host>.jsonl with a host in 0..{U16})"
+                        f"{d}/{name}: host {host} in the file name is above {HOST.hi}, the largest host the "
+                        f"store keeps; file skipped (rename it events.<host>.jsonl with a host in 0..{HOST.hi})"
                     )
                 skip.add(r)
                 continue

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from typing import Annotated, Any, Union
 
 from observatory.events import KINDS
-from observatory.ingest.model import I32, I64, U16
+from observatory.ingest.rules import LAYER
 
 try:  # without msgspec (>= 0.19: Decoder.decode_lines) every line is judged alone (`model.plain_ingest_chunk`)
     import msgspec
@@ -32,14 +32,14 @@ if msgspec is not None:
     from msgspec import Meta, Struct
 
     class ExpertData(Struct):
-        layer: Annotated[int, Meta(ge=0, le=U16)]
+        layer: Annotated[int, Meta(ge=LAYER.lo, le=LAYER.hi)]
         # the JSON text of the lists, parsed in bulk by `_int_lists` (msgspec still checks the syntax):
         # 2 x 64 Python ints per event would cost as decoding the rest of the line
         routed: msgspec.Raw
         dropped: msgspec.Raw
 
-    # class attributes, no fields: `step_max` the store's step column's limit (metrics BIGINT, expert_load
-    # INTEGER; other kinds have none: check_line's), `metrics` whether `data` is a metrics dict or layout
+    # class attributes, no fields: `bulk_kind` the kind the bulk path certifies (`rules.certain`; other
+    # kinds have none: check_line judges them), `metrics` whether `data` is a metrics dict or layout
     class Envelope(Struct):
         """The fields every line has before its `data` (then `step`: `astuple` gives them in this order)."""
 
@@ -50,13 +50,13 @@ if msgspec is not None:
         seq: int
 
     class MetricsLine(Envelope, tag_field="kind", tag="metrics"):
-        step_max = I64
+        bulk_kind = "metrics"
         metrics = True
         data: dict[str, float]  # (K,) name -> value; duplicate keys: the last wins, as in json.loads
         step: int | None = None
 
     class ExpertLine(Envelope, tag_field="kind", tag="expert_load"):
-        step_max = I32
+        bulk_kind = "expert_load"
         metrics = False
         data: ExpertData
         step: int | None = None
@@ -102,7 +102,7 @@ class Layout:
             bases=(Envelope,),
             tag_field="kind",
             tag="metrics",
-            namespace={"step_max": I64, "metrics": True},
+            namespace={"bulk_kind": "metrics", "metrics": True},
         )
         self.decoder = msgspec.json.Decoder(Union[(line, ExpertLine, *OTHERS)])  # noqa: UP007 (a built union)
 

@@ -1,6 +1,7 @@
 """The ingest data model: a log file (`LogFile`), a chunk of its lines (`Chunk`, `read_chunk`), a file's
 progress and seq bookkeeping (`FileState`), and everything one write transaction adds (`Batch`); and the
-one definition of a valid line, `check_line` (`observatory.events.validate_event` plus the store's ranges).
+judge of one line, `check_line` (`observatory.events.validate_event` plus the store's field rules,
+`observatory.ingest.rules`, which the bulk path certifies with too).
 
 `observatory.ingest.passes` drives passes and transactions; `msgspec_lines` certifies the common lines
 in bulk and hands this module what it cannot (`check_line`, one by one, or `plain_ingest_chunk` for a
@@ -34,6 +35,7 @@ from observatory.events import (
     validate_event,
 )
 from observatory.ingest.appends import Appends
+from observatory.ingest.rules import check_ranges
 from observatory.logtail import LinkRefused, open_under
 from observatory.redact import scrub_event, scrub_text
 
@@ -51,7 +53,6 @@ MESSAGE_LIMIT = 200  # rejection messages kept per batch and report (the rest: r
 JUNK_FAST = True
 _JUNK_FIRST = np.ones(256, bool)
 _JUNK_FIRST[[9, 10, 11, 12, 13, 32, ord("{")]] = False  # whitespace: a blank line is skipped, not rejected
-U16, U32, I32, I64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 31) - 1, (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -402,7 +403,7 @@ def check_line(b: Batch, lf: LogFile, st: FileState, lineno: int, raw: bytes) ->
         return
     try:
         validate_event(ev, run_folder=lf.run, host=lf.host)
-        _check_store_ranges(ev)
+        check_ranges(ev)
     except ValidationError as e:
         b.reject(lf, lineno, e.field, f"{e.field}: {e.reason}", raw)
         return
@@ -499,31 +500,6 @@ def _depth(value) -> int:
             if d <= MAX_DEPTH:  # past the limit the answer is "too deep" already
                 stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
     return deepest
-
-
-def _check_store_ranges(ev: dict) -> None:
-    """Values valid JSON and valid events can still overflow a store column; say which."""
-    if ev["seq"] > I64:
-        raise ValidationError("seq", f"seq {ev['seq']} does not fit a 64-bit integer")
-    step = ev.get("step")
-    if step is not None and step > (I32 if ev["kind"] == "expert_load" else I64):
-        raise ValidationError("step", f"step {step} is too large for the store")
-    if (
-        ev["kind"] == "heartbeat"
-        and isinstance(ev["data"].get("step"), int)
-        and not 0 <= ev["data"]["step"] <= I64
-    ):
-        raise ValidationError("data.step", "the step a heartbeat is at must be >= 0 and fit a 64-bit integer")
-    if ev["host"] > U16:
-        raise ValidationError("host", f"host {ev['host']} is above {U16}")
-    if ev["kind"] == "expert_load":
-        d = ev["data"]
-        if step is None:
-            raise ValidationError("step", "expert_load needs a step")
-        if d["layer"] > U16 or len(d["routed"]) > U16 + 1:
-            raise ValidationError("data.layer", f"at most {U16 + 1} layers and experts")
-        if any(v > U32 for v in d["routed"]) or any(v > U32 for v in d["dropped"]):
-            raise ValidationError("data.routed", f"counts must be below {U32 + 1}")
 
 
 def plain_ingest_chunk(b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line: int) -> None:

@@ -18,10 +18,12 @@ the tests' reference). It cuts the chunk into pieces of ~`PIECE_BYTES` complete 
    around the odd line, and a line that still does not decode (a "nan" string, say)
    goes to `check_line`; a piece with many such lines goes whole to
    `model.plain_ingest_chunk` (every line by `check_line`);
-3. certifies each decoded event with the checks `validate_event` and the store's
-   ranges would make (v, run == folder, host == file's host, step/seq ranges,
-   finite t and values, no empty name, routed/dropped shapes); an event that fails,
-   and every event of another kind, goes to `check_line` -- validate_event decides;
+3. certifies each decoded event by the rules of `observatory.ingest.rules`, the ones
+   `check_line` judges by: `rules.certain` for the envelope (version, run == folder,
+   host == file's host, the step and seq bounds, a finite t), the rules' bounds for the
+   payload (`LAYER` in the decoder's type, `EXPERTS` and `COUNT` over the count lists),
+   finite values and no empty name; an event that is not certain, and every event of
+   another kind, goes to `check_line` -- validate_event and the rules decide;
 4. checks seqs in file order exactly as `check_line` does (`FileState`), builds
    numpy/Arrow columns (run and metric names dictionary-encoded) and holds them for
    one INSERT per `INSERT_ROWS` rows (`ingest.appends`), on the ingester's thread.
@@ -44,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from observatory.events import RUN_ID_RE
+from observatory.ingest import rules
 from observatory.ingest.layouts import (
     DATA,
     DECODE_ERRORS,
@@ -59,9 +62,6 @@ from observatory.ingest.layouts import (
     msgspec,
 )
 from observatory.ingest.model import (
-    I64,
-    U16,
-    U32,
     Batch,
     Chunk,
     FileState,
@@ -94,7 +94,13 @@ def ingest_chunk(con, b: Batch, lf: LogFile, st: FileState, ch: Chunk, max_line:
 
     The certified rows go to `b.appends`, inserted once `INSERT_ROWS` of them are held, or at the batch's
     end (`b.appends.drain()`)."""
-    if not ENABLED or msgspec is None or not ch.data or not RUN_ID_RE.match(lf.run) or lf.host > U16:
+    if (
+        not ENABLED
+        or msgspec is None
+        or not ch.data
+        or not RUN_ID_RE.match(lf.run)
+        or not rules.HOST.ok(lf.host)
+    ):
         plain_ingest_chunk(b, lf, st, ch, max_line)
         return
     if b.layouts is None:
@@ -195,23 +201,14 @@ def _plan(
         return None  # cannot happen for lines shaped {...} (see the module docstring); be safe anyway
     events: list = [None] * len(ends)  # (L,) the certified events, None for check_line
     judged: list[tuple[int, int]] = []  # (line, seq) of the others decoded with a seq in range
+    seq_lo, seq_hi = rules.SEQ.lo, rules.SEQ.hi
     for i, e in zip(good.tolist(), decoded, strict=True):
-        step_max = getattr(e.__class__, "step_max", None)  # None: another kind, for check_line
-        step = getattr(e, "step", None)
+        kind = getattr(e.__class__, "bulk_kind", None)  # None: another kind, for check_line
         if lines is not None:
             run, host = lines[0][i], lines[1][i]
-        if (
-            step_max is not None
-            and e.v == 1
-            and e.run == run
-            and e.host == host
-            and step is not None
-            and 0 <= step <= step_max
-            and 0 <= e.seq <= I64
-            and -math.inf < e.t < math.inf
-        ):
+        if kind is not None and rules.certain(e, kind, run, host):
             events[i] = e
-        elif e is not None and (s := e.seq).__class__ is int and 0 <= s <= I64:
+        elif e is not None and (s := e.seq).__class__ is int and seq_lo <= s <= seq_hi:
             judged.append((i, s))
     # payload checks the decoder's types cannot make: finite values, no empty metric name, count lists
     m_lines = [i for i, e in enumerate(events) if e is not None and e.__class__.metrics]
@@ -481,7 +478,7 @@ _COUNT_CHARS = b"0123456789,"
 
 
 def _int_lists(raws: list[bytes]) -> tuple[np.ndarray, np.ndarray] | None:
-    """JSON arrays written plainly as `[1,2,3]` (decimal ints <= U32, no spaces): (lens (E,), values (sum,)).
+    """JSON arrays written plainly as `[1,2,3]` (decimal ints within `COUNT`, no spaces): (lens (E,), values (sum,)).
 
     None when any is not of that form; the caller then checks event by event. The text is
     valid JSON already (msgspec checked it), so digits and commas between `[` and `]` can
@@ -497,9 +494,9 @@ def _int_lists(raws: list[bytes]) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     lens = np.fromiter((x.count(b",") + 1 if x else 0 for x in inner), np.int64, len(inner))
     # strtoll-style parse: a number too long for int64 comes back as 2**63 - 1 (clamped, not wrapped),
-    # so every count above U32 shows as one (tests/test_ingest_fast.py has 10**29 in a list)
+    # so every count above U32 (`COUNT`'s bound) shows as one (tests/test_ingest_fast.py has 10**29 in a list)
     values = np.fromstring(text, np.int64, sep=",") if text else np.empty(0, np.int64)
-    if len(values) != int(lens.sum()) or (len(values) and int(values.max()) > U32):
+    if len(values) != int(lens.sum()) or (len(values) and not rules.COUNT.ok(int(values.max()))):
         return None
     return lens, values.astype(np.uint32)
 
@@ -511,7 +508,7 @@ def _expert_counts(evs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     if routed is None or dropped is None:
         return None
     lens = routed[0]
-    if not np.array_equal(lens, dropped[0]) or (len(lens) and int(lens.max()) > U16 + 1):
+    if not np.array_equal(lens, dropped[0]) or (len(lens) and not rules.EXPERTS.ok(int(lens.max()))):
         return None
     return lens, routed[1], dropped[1]
 
@@ -648,7 +645,7 @@ def ingest_small(con, b: Batch, items: list[tuple[LogFile, FileState, Chunk]], m
     if (
         ENABLED
         and msgspec is not None
-        and all(RUN_ID_RE.match(lf.run) and lf.host <= U16 for lf, _, _ in items)
+        and all(RUN_ID_RE.match(lf.run) and rules.HOST.ok(lf.host) for lf, _, _ in items)
     ):
         if b.layouts is None:
             b.layouts = Layouts()

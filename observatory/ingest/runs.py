@@ -13,7 +13,8 @@ import pyarrow as pa
 
 from observatory import settings
 from observatory.events import OBSERVATORY_HOST, json_text
-from observatory.ingest.model import I64, Batch
+from observatory.ingest.model import Batch
+from observatory.ingest.rules import I64
 from observatory.store import RUN_COLUMNS, RUN_JSON_COLUMNS, crashed_sql
 from observatory.store.arrow import column
 from observatory.store.rollups import LOCAL_ROWID
