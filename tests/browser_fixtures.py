@@ -129,6 +129,16 @@ def open_page(browser, url: str, height: int = 1000):
     return page
 
 
+@contextmanager
+def page_at(browser, url: str, height: int = 1000) -> Iterator:
+    """`open_page`, closed when the block ends (passed or not)."""
+    page = open_page(browser, url, height)
+    try:
+        yield page
+    finally:
+        page.close()
+
+
 def wait_idle(page) -> None:
     """Until Streamlit reports the script finished (the status widget goes away)."""
     page.wait_for_function(

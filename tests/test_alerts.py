@@ -166,17 +166,15 @@ def test_metric_rule_per_run_config_disable_and_silence(runs_dir, db_path, rules
     assert {a["run"] for a in stored_alerts(db_path)} == {"hot", "hot-quiet", "hot-cli"}
 
 
+# a critical finding, as the loss-spike detector writes one
+SPIKE = {"detector": "loss_spike", "metric": "train/loss", "severity": "critical", "message": "a spike"}
+
+
 def test_a_critical_finding_pages_once_per_episode(runs_dir, db_path, rules_file, webhook):
     now = time.time()
     run_log(runs_dir, "spiky", steps=list(range(1, 11)), t_last=now)
     ingest(runs_dir, db_path, emit=None)
-    f = {
-        "detector": "loss_spike",
-        "metric": "train/loss",
-        "severity": "critical",
-        "message": "a spike",
-        "window": [5, 5],
-    }
+    f = {**SPIKE, "window": [5, 5]}
     findings.write(runs_dir, "spiky", "anomaly", [(f, 5), ({**f, "window": [7, 7]}, 7)])
     findings.write(runs_dir, "spiky", "anomaly", [({**f, "severity": "warn", "detector": "grad_spike"}, 8)])
     ingest(runs_dir, db_path, emit=None)
@@ -197,7 +195,7 @@ def test_a_forged_open_alert_or_finding_neither_pages_nor_silences_the_real_one(
     anomaly paged. Findings now count only when signed with the observatory's key (`provenance`)."""
     now = time.time()
     run_log(runs_dir, "spiky", steps=list(range(1, 11)), t_last=now)
-    f = {"detector": "loss_spike", "metric": "train/loss", "severity": "critical", "message": "a spike"}
+    f = SPIKE
     forged_alert = {
         "rule": "findings",
         "state": "open",

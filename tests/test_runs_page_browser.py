@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from browser_fixtures import LOAD_MS, assert_no_exception, dashboard, open_page, wait_idle
+from browser_fixtures import LOAD_MS, assert_no_exception, dashboard, page_at, wait_idle
 
 from observatory.pipeline import ingest
 
@@ -81,8 +81,7 @@ def _grid(page, has: str) -> str:
 
 
 def test_the_runs_table_pages_and_searches_on_the_server(server, browser):
-    page = open_page(browser, f"{server}/")  # the Runs page is the app's first page
-    try:
+    with page_at(browser, f"{server}/") as page:  # the Runs page is the app's first page
         page.get_by_role("heading", name="Runs").first.wait_for()
         page.get_by_text(f"1–50 of {N} runs").wait_for(timeout=LOAD_MS)
         page.get_by_text("page 1 of 3").wait_for()
@@ -105,13 +104,10 @@ def test_the_runs_table_pages_and_searches_on_the_server(server, browser):
         want = sum(1 for i in range(N) if i % 2 and i % 3 == 0)
         page.get_by_text(f"1–{want} of {want} runs").wait_for(timeout=LOAD_MS)
         assert_no_exception(page, "runs")
-    finally:
-        page.close()
 
 
 def test_the_live_page_picker_finds_a_run_by_search(server, browser):
-    page = open_page(browser, f"{server}/live")
-    try:
+    with page_at(browser, f"{server}/live") as page:
         page.get_by_role("heading", name="Live run").first.wait_for()
         box = page.get_by_role("textbox", name="Find a run")
         box.fill("sweep-0007")
@@ -119,14 +115,11 @@ def test_the_live_page_picker_finds_a_run_by_search(server, browser):
         page.wait_for_function("() => location.search.includes('run=sweep-0007')", timeout=LOAD_MS)
         wait_idle(page)
         assert_no_exception(page, "live")
-    finally:
-        page.close()
 
 
 def test_a_click_on_a_run_opens_its_live_page_in_the_same_tab(server, browser):
     """A W&B user clicks their run in the table: its Live page opens here, not in a new tab."""
-    page = open_page(browser, f"{server}/")
-    try:
+    with page_at(browser, f"{server}/") as page:
         _grid(page, "sweep-0129")
         box = page.locator('[data-testid="stDataFrame"]').first.bounding_box()
         # the grid is a canvas: the first row's run cell sits under the header row (35 px rows)
@@ -136,5 +129,3 @@ def test_a_click_on_a_run_opens_its_live_page_in_the_same_tab(server, browser):
         page.locator(".js-plotly-plot").first.wait_for(timeout=LOAD_MS)  # its loss chart
         assert len(page.context.pages) == 1  # no new tab
         assert_no_exception(page, "live")
-    finally:
-        page.close()

@@ -89,36 +89,10 @@ def test_sweep_runs_values_table_curves(store):
     pv = json.loads(t.output)
     assert pv["rows"] == ["1e+17", "3e+17", "1e+18", "3e+18"]
     assert sum(len(runs) for row in pv["cells"].values() for runs in row.values()) == 20
-    c = json.loads(
-        cli(
-            store,
-            "sweep",
-            "curves",
-            "ladder = isoflop-sim",
-            "--metric",
-            "train/loss",
-            "--by",
-            "config.budget",
-            "--x",
-            "flops",
-            "--max-groups",
-            "2",
-            "--json",
-        ).output
-    )
+    curves = ("sweep", "curves", "ladder = isoflop-sim", "--metric", "train/loss", "--by", "config.budget")
+    c = json.loads(cli(store, *curves, "--x", "flops", "--max-groups", "2", "--json").output)
     assert c["matched_groups"] == 4 and len(c["groups"]) == 2 and c["points"]
-    text = cli(
-        store,
-        "sweep",
-        "curves",
-        "ladder = isoflop-sim",
-        "--metric",
-        "train/loss",
-        "--by",
-        "config.budget",
-        "--max-groups",
-        "2",
-    )
+    text = cli(store, *curves, "--max-groups", "2")
     assert "20 run(s) in 4 group(s); drawing the 2 largest" in text.output
 
 

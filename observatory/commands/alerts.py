@@ -120,12 +120,27 @@ def check(runs_dir, db, rules_path, dry_run):
     )
 
 
+def _scope_options(run: str, project: str, rule: str):
+    """The options of a command that names runs and a rule (`silence`, `disable`, `enable`): their helps."""
+
+    def apply(f):
+        for option in reversed(
+            (
+                rules_option,
+                db_option,
+                click.option("--run", help=run),
+                click.option("--project", help=project),
+                click.option("--rule", default="*", show_default=True, help=rule),
+            )
+        ):
+            f = option(f)
+        return f
+
+    return apply
+
+
 @alerts.command("silence")
-@rules_option
-@db_option
-@click.option("--run", help="Run id or glob (sweep-*).")
-@click.option("--project", help="Project name.")
-@click.option("--rule", default="*", show_default=True, help="Rule name or glob.")
+@_scope_options("Run id or glob (sweep-*).", "Project name.", "Rule name or glob.")
 @click.option(
     "--for", "until", required=True, metavar="DURATION|TIME", help="30m, 2h, 1d, or an ISO time with zone."
 )
@@ -146,12 +161,8 @@ def silence(rules_path, db, run, project, rule, until):
 
 
 @alerts.command("disable")
-@rules_option
-@db_option
-@click.option("--run", help="Run id or glob.")
-@click.option("--project", help="Project name.")
-@click.option(
-    "--rule", default="*", show_default=True, help="Rule name or glob (findings, stalled, frozen_host, ...)."
+@_scope_options(
+    "Run id or glob.", "Project name.", "Rule name or glob (findings, stalled, frozen_host, ...)."
 )
 def disable(rules_path, db, run, project, rule):
     """Turn a rule off for these runs (no alert at all), until `enable`."""
@@ -163,11 +174,11 @@ def disable(rules_path, db, run, project, rule):
 
 
 @alerts.command("enable")
-@rules_option
-@db_option
-@click.option("--run", help="Run id or glob, as it was disabled.")
-@click.option("--project", help="Project name, as it was disabled.")
-@click.option("--rule", default="*", show_default=True, help="Rule name or glob, as it was disabled.")
+@_scope_options(
+    "Run id or glob, as it was disabled.",
+    "Project name, as it was disabled.",
+    "Rule name or glob, as it was disabled.",
+)
 def enable(rules_path, db, run, project, rule):
     """Undo a `disable` (and end a silence) of these runs and rule."""
     rules_path = _path(rules_path, db)

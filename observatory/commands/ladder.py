@@ -247,28 +247,12 @@ def list_cmd(runs_dir, db, as_json):
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the fit, the forecast and the backtest as JSON.")
 @quiet_option("No progress bar (the bootstrap and held-out rounds of the fit and the backtest).")
-def fit_cmd(
-    name,
-    runs_dir,
-    db,
-    target,
-    fix_e,
-    e_range,
-    noise,
-    dataset,
-    n_boot,
-    level,
-    band,
-    no_backtest,
-    independent_e,
-    as_json,
-    quiet,
-):
+def fit_cmd(name, runs_dir, db, target, dataset, no_backtest, independent_e, as_json, quiet, **fit_options):
     """Fit ladder NAME; backtest it; forecast a target's whole eval-loss curve."""
     from observatory.ladder.backtest import backtest, compare  # lazy for start-up time: scipy
     from observatory.ladder.fit import fit_ladder
 
-    cfg = _config(fix_e, n_boot, level, independent_e, band, e_range, noise)
+    cfg = _config(independent_e=independent_e, **fit_options)  # --fix-e, --e-range, --noise, --band, ...
     rungs, targets, ds = _load(db, name, dataset)
     try:
         with bar("fit", quiet, unit="rounds") as progress:
@@ -435,24 +419,7 @@ def _print_fit(fit, ds):
     "--json", "as_json", is_flag=True, help="Print the forecast (value, band, noise, curve) as JSON."
 )
 def forecast_cmd(
-    name,
-    runs_dir,
-    db,
-    flops,
-    tokens,
-    params,
-    target,
-    steps,
-    spec,
-    fix_e,
-    e_range,
-    noise,
-    dataset,
-    n_boot,
-    level,
-    band,
-    dry_run,
-    as_json,
+    name, runs_dir, db, flops, tokens, params, target, steps, spec, dataset, dry_run, as_json, **fit_options
 ):
     """Forecast the final eval loss (and its band) of a run of ladder NAME that need not exist.
 
@@ -465,7 +432,7 @@ def forecast_cmd(
         raise click.BadParameter(
             f"{target!r} is not a run id ([A-Za-z0-9._-]{{1,128}})", param_hint="--target"
         )
-    cfg = _config(fix_e, n_boot, level, band=band, e_range=e_range, noise=noise)
+    cfg = _config(**fit_options)  # --fix-e, --e-range, --noise, --band, --n-boot, --level
     rungs, _, ds = _load(db, name, dataset)
     how = "--flops"
     if flops is not None and (tokens is not None or params is not None):

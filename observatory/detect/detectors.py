@@ -313,21 +313,11 @@ def loss_dips(steps, loss, th: Thresholds, metric: str = LOSS, memo: dict | None
     out = []
     for i0, i1 in _episodes(flags, 0):
         ip = i0 + int(np.nanargmin(x[i0 : i1 + 1]))
-        out.append(
-            _peak(
-                "loss_dip",
-                metric,
-                "warn",
-                f"{metric} fell to {_fmt(x[ip])} at step {steps[ip]}, {100 * x[ip] / med[i0]:.0f}% of its recent "
-                f"level {_fmt(med[i0])}: a batch unlike the others (repeated or duplicated data?)",
-                steps,
-                x,
-                i0,
-                i1,
-                ip,
-                med[i0],
-            )
+        said = (
+            f"{metric} fell to {_fmt(x[ip])} at step {steps[ip]}, {100 * x[ip] / med[i0]:.0f}% of its recent "
+            f"level {_fmt(med[i0])}: a batch unlike the others (repeated or duplicated data?)"
         )
+        out.append(_peak("loss_dip", metric, "warn", said, steps, x, i0, i1, ip, med[i0]))
     return out
 
 
@@ -479,21 +469,12 @@ def drop_jumps(steps, drop, th: Thresholds, metric: str = DROP) -> list[Finding]
     out = []
     for i0, i1 in _episodes(flags, SPIKE_GAP):
         ip = i0 + int(np.nanargmax(x[i0 : i1 + 1]))
-        out.append(
-            _peak(
-                "drop_jump",
-                metric,
-                "critical" if x[ip] - med[i0] > 3 * th.drop_jump else "warn",
-                f"drop fraction jumped to {x[ip]:.3f} at step {steps[ip]} from a recent level of {med[i0]:.3f} "
-                f"({float(np.nanmax(z[i0 : i1 + 1])):.1f} robust sigma)",
-                steps,
-                x,
-                i0,
-                i1,
-                ip,
-                med[i0],
-            )
+        severity = "critical" if x[ip] - med[i0] > 3 * th.drop_jump else "warn"
+        said = (
+            f"drop fraction jumped to {x[ip]:.3f} at step {steps[ip]} from a recent level of {med[i0]:.3f} "
+            f"({float(np.nanmax(z[i0 : i1 + 1])):.1f} robust sigma)"
         )
+        out.append(_peak("drop_jump", metric, severity, said, steps, x, i0, i1, ip, med[i0]))
     return out
 
 
@@ -534,20 +515,39 @@ def hot_from_ratio(steps, layer: int, ratio: np.ndarray, hottest, th: Thresholds
     out = []
     for i0, i1 in _streaks(steps, flags, th.expert_steps):
         top = int(hottest(i0, i1))
-        out.append(
-            Finding(
-                "hot_expert",
-                f"expert_load/layer_{layer}",
-                "warn",
-                f"layer {layer}: expert {top} takes {float(np.nanmax(ratio[i0 : i1 + 1])):.1f}x the mean load "
-                f"(max/mean above {th.hot_ratio}) for {i1 - i0 + 1} logged steps from step {steps[i0]}",
-                (int(steps[i0]), int(steps[i1])),
-                int(steps[i0 + th.expert_steps - 1]),
-                float(np.nanmax(ratio[i0 : i1 + 1])),
-                {"layer": int(layer), "expert": top},
-            )
+        peak = float(np.nanmax(ratio[i0 : i1 + 1]))
+        said = (
+            f"layer {layer}: expert {top} takes {peak:.1f}x the mean load "
+            f"(max/mean above {th.hot_ratio}) for {i1 - i0 + 1} logged steps from step {steps[i0]}"
         )
+        metric = f"expert_load/layer_{layer}"
+        out.append(_expert_finding("hot_expert", metric, said, steps, i0, i1, th, peak, layer, top))
     return out
+
+
+def _expert_finding(
+    detector: str,
+    metric: str,
+    message: str,
+    steps,
+    i0: int,
+    i1: int,
+    th: Thresholds,
+    value: float,
+    layer,
+    expert,
+) -> Finding:
+    """A warning about one expert over the logged steps steps[i0..i1], raised once it lasted `expert_steps`."""
+    return Finding(
+        detector,
+        metric,
+        "warn",
+        message,
+        (int(steps[i0]), int(steps[i1])),
+        int(steps[i0 + th.expert_steps - 1]),
+        value,
+        {"layer": int(layer), "expert": int(expert)},
+    )
 
 
 def dead_experts(steps, layer: int, routed: np.ndarray, th: Thresholds) -> list[Finding]:
@@ -580,19 +580,9 @@ def dead_from_zeros(
         if b - a + 1 < th.expert_steps:
             continue
         e, i0, i1 = int(experts[a]), int(rows[a]), int(rows[b])
-        out.append(
-            Finding(
-                "dead_expert",
-                f"expert_load/layer_{layer}/expert_{e}",
-                "warn",
-                f"layer {layer}: expert {e} received no tokens for {i1 - i0 + 1} logged steps from step "
-                f"{steps[i0]}",
-                (int(steps[i0]), int(steps[i1])),
-                int(steps[i0 + th.expert_steps - 1]),
-                0.0,
-                {"layer": int(layer), "expert": e},
-            )
-        )
+        said = f"layer {layer}: expert {e} received no tokens for {i1 - i0 + 1} logged steps from step {steps[i0]}"
+        metric = f"expert_load/layer_{layer}/expert_{e}"
+        out.append(_expert_finding("dead_expert", metric, said, steps, i0, i1, th, 0.0, layer, e))
     return out
 
 
