@@ -21,10 +21,10 @@ MUTATORS = {
 }  # fmt: skip
 # still module state, each with why it is not owned yet
 KNOWN = {
-    # per (store, thread) read connections: a thread's own fact, read by `ReentrantWrite` in any caller
-    ("store/connection.py", "_READING"),
-    # the process's DuckDB instances, shared by every caller's units of work (the dashboard's sessions)
-    ("store/connection.py", "_INSTANCES"),
+    # the one owner of the process's store state (`connection.Process`: its docstring says why it is one per
+    # process): the DuckDB instances every caller's units of work share, and each thread's read connections,
+    # which `ReentrantWrite` checks in any caller. Tests set a new one; none clears it
+    ("store/connection.py", "PROCESS"),
 }
 
 

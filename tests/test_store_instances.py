@@ -1,4 +1,4 @@
-"""The store's kept DuckDB instances (`store.connection._Instances`): a unit of work ATTACHes the store
+"""The store's kept DuckDB instances (`store.connection.Process`'s `instances`): a unit of work ATTACHes the store
 to an instance kept from the last one, instead of paying for a new instance, and must behave exactly
 as a fresh `duckdb.connect(path)` would: see other processes' writes, leave no WAL and no lock behind,
 and carry nothing of one unit of work into the next."""
@@ -19,6 +19,14 @@ _SEEN: list = []  # every instance a test looked at, held so that no freed one's
 def _instance(con) -> int:
     _SEEN.append(con.duckdb)
     return id(con.duckdb)
+
+
+@pytest.fixture
+def process(monkeypatch) -> connection.Process:
+    """A process's store state of its own (`connection.PROCESS`): no instance kept by another test."""
+    fresh = connection.Process()
+    monkeypatch.setattr(connection, "PROCESS", fresh)
+    return fresh
 
 
 @pytest.fixture
@@ -110,7 +118,7 @@ def test_nothing_temporary_or_failed_or_locked_is_kept(seeded):
         assert _instance(con) != mine
 
 
-def test_readers_and_writers_keep_instances_apart_and_concurrent_readers_get_their_own(seeded):
+def test_readers_and_writers_keep_instances_apart_and_concurrent_readers_get_their_own(process, seeded):
     with store.write_connection(seeded) as w:
         writer = _instance(w)
     a = store.connect(seeded)
@@ -124,22 +132,22 @@ def test_readers_and_writers_keep_instances_apart_and_concurrent_readers_get_the
     finally:
         a.close()
         b.close()
-    assert len(connection._INSTANCES._idle[True]) >= 2
+    assert len(process.instances._idle[True]) == 2 and len(process.instances._idle[False]) == 1
 
 
-def test_a_prepared_spare_is_the_next_fresh_connection_s_and_only_its(seeded):
+def test_a_prepared_spare_is_the_next_fresh_connection_s_and_only_its(process, seeded):
     """The SQL worker makes its next instance while it waits (`prepare_fresh`); a kept instance is
     never handed out as fresh, and the spare is never handed out as a kept one."""
     with store.connect(seeded) as con:
         kept = con.duckdb
     connection.prepare_fresh()
-    spare = connection._INSTANCES._spare
+    spare = process.instances._spare
     assert spare is not None and spare is not kept
     with store.connect(seeded) as con:
         assert con.duckdb is kept  # not the spare
     with store.connect(seeded, fresh=True) as con:
         assert con.duckdb is spare
         assert con.execute("SELECT count(*) FROM runs").fetchall() == [(1,)]
-    assert connection._INSTANCES._spare is None
+    assert process.instances._spare is None
     with store.connect(seeded, fresh=True) as con:
         assert con.duckdb is not spare and con.duckdb is not kept

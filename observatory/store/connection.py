@@ -174,13 +174,9 @@ class ReentrantWrite(RuntimeError):
     """A thread that holds a read connection to a store asked for its write connection (see the module doc)."""
 
 
-# (store path, thread id) -> the read connections that thread holds open on that store (`StoreConnection`)
-_READING: dict[tuple[str, int], int] = {}
-
-
 def _reading(path: Path) -> bool:
     """Whether this thread holds a read connection to the store at `path`."""
-    return _READING.get((os.path.abspath(path), threading.get_ident()), 0) > 0
+    return PROCESS.reading.get((os.path.abspath(path), threading.get_ident()), 0) > 0
 
 
 class StoreConnection:
@@ -197,8 +193,10 @@ class StoreConnection:
         self.path = path
         self.fresh = fresh  # its own instance, closed with it: never kept for another unit of work
         self._key = (os.path.abspath(path), threading.get_ident()) if read_only else None
+        self._process = PROCESS  # the owner it came from (a test may set another for later connections)
         if self._key is not None:
-            _READING[self._key] = _READING.get(self._key, 0) + 1
+            reading = self._process.reading
+            reading[self._key] = reading.get(self._key, 0) + 1
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._con, name)
@@ -209,12 +207,13 @@ class StoreConnection:
         return self._con
 
     def close(self, reuse: bool = True) -> None:
-        """Close the store (its instance goes back to `_INSTANCES`, or is closed) and release the locks."""
+        """Close the store (its instance goes back to its process's `instances`, or is closed) and release
+        the locks."""
         con, self._con = self._con, None
         if con is not None:
             self._unread()
             try:
-                _INSTANCES.release(con, self.read_only, reuse and not self.fresh)
+                self._process.instances.release(con, self.read_only, reuse and not self.fresh)
             finally:
                 for fd in reversed(self._fds):
                     _unlock(fd)
@@ -222,11 +221,12 @@ class StoreConnection:
 
     def _unread(self) -> None:
         if self._key is not None:
-            left = _READING.get(self._key, 1) - 1
+            reading = self._process.reading
+            left = reading.get(self._key, 1) - 1
             if left > 0:
-                _READING[self._key] = left
+                reading[self._key] = left
             else:
-                _READING.pop(self._key, None)
+                reading.pop(self._key, None)
             self._key = None
 
     def __enter__(self) -> StoreConnection:
@@ -346,7 +346,26 @@ SELECT current_database(),
             WHERE NOT internal AND database_name NOT IN ('memory', current_database())) = 0
 """
 
-_INSTANCES = _Instances()
+
+class Process:
+    """What this process keeps of its stores between units of work, for every caller at once: its idle
+    DuckDB instances (`instances`) and the read connections each thread holds (`reading`).
+
+    Why one per process, reached as `PROCESS`, not an object each caller passes: both are facts of the
+    process, not of a caller. An instance kept by one unit of work serves the next of any caller (the
+    dashboard's sessions, the ingester's analyses, a report), and a write connection asked for anywhere
+    must see the read connection its own thread opened anywhere else (`ReentrantWrite`), or it would
+    wait for itself. A test that wants a clean one sets `PROCESS` to a new `Process()` (monkeypatch);
+    nothing clears it. A connection goes back to the `Process` it came from."""
+
+    def __init__(self) -> None:
+        self.instances = _Instances()
+        # (store path, thread id) -> the read connections that thread holds open on that store; each key is
+        # one thread's, changed by that thread alone
+        self.reading: dict[tuple[str, int], int] = {}
+
+
+PROCESS = Process()
 
 
 def prepare_fresh() -> None:
@@ -354,7 +373,7 @@ def prepare_fresh() -> None:
     calls it while it waits for a query, so a query does not wait ~30 ms for a new DuckDB instance."""
     import duckdb
 
-    _INSTANCES.make_spare(duckdb)
+    PROCESS.instances.make_spare(duckdb)
 
 
 def _ident(name: str) -> str:
@@ -364,7 +383,7 @@ def _ident(name: str) -> str:
 def _attach(duckdb, path: Path, read_only: bool, fresh: bool = False):
     """An instance with the store attached under the name `duckdb.connect(path)` would give it (the file's
     stem), its spill folder where it would be, and, for writing, `ROW_GROUP_ROWS` per row group."""
-    con = _INSTANCES.take(duckdb, read_only, fresh)
+    con = PROCESS.instances.take(duckdb, read_only, fresh)
     try:
         name = path.name.split(".")[0] or "store"
         name = f"{name}_store" if name.lower() in _RESERVED_CATALOGS else name
