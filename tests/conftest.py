@@ -151,3 +151,14 @@ def empty_store(tmp_path, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_DB", str(db))
     monkeypatch.setenv("OBSERVATORY_CACHE_TTL_S", "0.3")
     return db
+
+
+@pytest.fixture
+def query_cache(monkeypatch):
+    """The dashboard's query cache of a fresh server process (`cache.CACHE`), its keeper stopped after."""
+    from observatory.dashboard import cache
+
+    fresh = cache.QueryCache()
+    monkeypatch.setattr(cache, "CACHE", fresh)
+    yield fresh
+    fresh.stop()

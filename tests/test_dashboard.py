@@ -62,20 +62,21 @@ def test_app_routes_to_runs_page(store):
 
 
 @pytest.mark.subprocess
-def test_app_start_warms_one_sql_worker_in_the_background(store, monkeypatch):
+def test_app_start_warms_one_sql_worker_in_the_background(store, monkeypatch, request):
     """The first page paints while the SQL console's first worker starts; reruns start no more."""
-    user_sql._POOL.close()
-    user_sql._WARMING.clear()  # as in a fresh server process
+    pool = user_sql._Pool()  # as in a fresh server process
+    monkeypatch.setattr(user_sql, "_POOL", pool)
+    request.addfinalizer(pool.close)
     assert user_sql.pool_status() == {"alive": 0, "ready": 0}
     called, release = threading.Event(), threading.Event()
-    real_warm = user_sql._POOL.warm
+    real_warm = pool.warm
 
     def held_warm(key, n):
         called.set()
         release.wait(120)
         real_warm(key, n)
 
-    monkeypatch.setattr(user_sql._POOL, "warm", held_warm)
+    monkeypatch.setattr(pool, "warm", held_warm)
     at = AppTest.from_file("../app.py", default_timeout=TIMEOUT).run()
     assert not at.exception and [t.value for t in at.title] == ["Runs"]  # painted while the warm-up waits
     assert called.wait(10) and user_sql.pool_status() == {"alive": 0, "ready": 0}  # the app started it

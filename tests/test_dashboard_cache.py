@@ -27,19 +27,16 @@ def big_answer(con, i: int, rows: int = ROWS) -> pl.DataFrame:
 
 def held_bytes() -> int:
     """What the cache holds of `big_answer`'s frames, counted from its entries (whatever else it counts)."""
-    return sum(v[1].estimated_size() for v in list(cache._CACHE.values()) if isinstance(v[1], pl.DataFrame))
-
-
-def _empty() -> None:
-    cache._CACHE.clear()
-    if hasattr(cache, "_BYTES"):
-        cache._BYTES[0] = 0
+    return sum(
+        v[1].estimated_size() for v in list(cache.CACHE.entries.values()) if isinstance(v[1], pl.DataFrame)
+    )
 
 
 @pytest.mark.slow  # seconds: `make test`, not `make check`
-def test_many_distinct_queries_keep_the_cache_and_the_server_under_the_bound(empty_store, monkeypatch):
+def test_many_distinct_queries_keep_the_cache_and_the_server_under_the_bound(
+    empty_store, query_cache, monkeypatch
+):
     monkeypatch.setenv("OBSERVATORY_DASHBOARD_CACHE_MB", "4")
-    _empty()
     gc.collect()
     rss0 = psutil.Process().memory_info().rss
     for i in range(200):  # 160 MB of answers in all
@@ -51,26 +48,23 @@ def test_many_distinct_queries_keep_the_cache_and_the_server_under_the_bound(emp
     assert grown_mb < 80, f"the server grew {grown_mb:.0f} MB for a cache of 4 MB"
     # the least recently used go first: the newest answers are still hits (the same object)
     assert cache.query(big_answer, 199) is cache.query(big_answer, 199)
-    _empty()
 
 
-def test_an_answer_larger_than_the_cache_is_served_not_kept(empty_store, monkeypatch):
+def test_an_answer_larger_than_the_cache_is_served_not_kept(empty_store, query_cache, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_DASHBOARD_CACHE_MB", "1")
-    _empty()
     small = cache.query(big_answer, 1)  # 0.8 MB: kept
     assert cache.cached_bytes()[0] == cache.size_of(small) and cache.query(big_answer, 1) is small
     big = cache.query(big_answer, 2, 2 * ROWS)  # 1.6 MB: its viewer gets it, the cache keeps it not
     assert big.height == 2 * ROWS and cache.query(big_answer, 2, 2 * ROWS) is not big
     assert cache.query(big_answer, 1) is small  # and it did not push the small one out
-    _empty()
 
 
-def test_derived_results_are_bounded_by_bytes_too(monkeypatch):
+def test_derived_results_are_bounded_by_bytes_too(query_cache, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_DASHBOARD_CACHE_MB", "2")
     for i in range(40):  # 40 distinct 0.8 MB figures' worth of derived results
         cache.derive(_frame_of, i)
     assert cache.cached_bytes()[1] <= 2 << 20
-    assert sum(1 for k in cache._DERIVED if k[1] == "_frame_of") <= 3
+    assert sum(1 for k in query_cache.derived if k[1] == "_frame_of") <= 3
 
 
 def _frame_of(i: int) -> pl.DataFrame:

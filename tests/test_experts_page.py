@@ -161,12 +161,13 @@ def test_layer_queries_match_the_raw_rows(store):
         assert d["max"].to_numpy() == pytest.approx(1.5) and d["min"].to_numpy() == pytest.approx(1.0)
 
 
-def test_a_running_runs_expert_view_is_kept_fresh_and_a_finished_ones_is_not(tmp_path, monkeypatch):
+def test_a_running_runs_expert_view_is_kept_fresh_and_a_finished_ones_is_not(
+    tmp_path, monkeypatch, query_cache
+):
     """The Experts page asks the cache to keep a running run's view fresh in the background (as the Live
     panel's is), so viewers arriving after a commit find it filled; a finished run's is not polled."""
     from dashboard_fixtures import write_run
 
-    from observatory.dashboard import cache
     from observatory.pipeline import ingest
 
     runs, db = tmp_path / "runs", tmp_path / "obs.duckdb"
@@ -176,9 +177,8 @@ def test_a_running_runs_expert_view_is_kept_fresh_and_a_finished_ones_is_not(tmp
     monkeypatch.setenv("OBSERVATORY_DB", str(db))
 
     def hot(run: str) -> list:
-        return [b for b in cache._HOT if any("experts:experts_view" in k and f'"{run}"' in k for k in b)]
+        return [b for b in query_cache.hot if any("experts:experts_view" in k and f'"{run}"' in k for k in b)]
 
-    cache._HOT.clear()
     at = page("experts", run="live-run")
     assert not at.exception and charts(at)
     assert hot("live-run")

@@ -105,7 +105,7 @@ def test_a_recent_answer_is_shown_while_the_ingester_writes_and_refilled_after(e
         waiter = threading.Thread(target=lambda: got.append(cache.query(quick_answer, "o")))
         waiter.start()
         holds_for(lambda: not got, 0.3, what="it waits for the writer")
-        assert cache._CACHE[key][1] == fresh  # the keeper does not wait for the writer to refill it
+        assert cache.CACHE.entries[key][1] == fresh  # the keeper does not wait for the writer to refill it
     finally:
         writer.close()
     assert not store.writer_active(empty_store)
@@ -113,7 +113,7 @@ def test_a_recent_answer_is_shown_while_the_ingester_writes_and_refilled_after(e
     assert got and got[0] != old
     # the keeper's refill, with nobody asking
     wait_until(
-        lambda: cache._CACHE[key][1] != fresh,
+        lambda: cache.CACHE.entries[key][1] != fresh,
         3,
         what="the keeper refilled the batch once the writer was done",
     )

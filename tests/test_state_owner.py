@@ -109,3 +109,43 @@ def test_the_known_ones_are_still_there():
     """An entry of KNOWN that was given an owner comes off the list."""
     for rel, name in KNOWN:
         assert name in _module_state(ROOT / "observatory" / rel), f"{rel}: {name} is gone: take it off KNOWN"
+
+
+def _globals_cleared(path: Path) -> set[str]:
+    """`mod._NAME.clear()` (or another change in place) in a test, where `mod` is one of our modules and
+    `_NAME` its private global (a public one, such as wandb's `observatory.config`, is the API under test)."""
+    tree = ast.parse(path.read_text())
+    ours = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("observatory"):
+            ours |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            ours |= {
+                (a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("observatory")
+            }
+    found = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in MUTATORS:
+            target = n.func.value
+            if (
+                isinstance(target, ast.Attribute)
+                and target.attr.startswith("_")
+                and isinstance(target.value, ast.Name)
+                and target.value.id in ours
+            ):
+                found.add(f"{target.value.id}.{target.attr}")
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tests").glob("test_*.py")), ids=lambda p: p.name)
+def test_no_test_clears_a_global_of_ours(path):
+    """A test that needs a clean owner makes a new one (`query_cache`, `connection.Process()`, a new pool)."""
+    assert _globals_cleared(path) == set(), f"{path.name} changes our modules' globals in place"
+
+
+def test_the_test_check_finds_what_it_looks_for(tmp_path):
+    p = tmp_path / "test_x.py"
+    p.write_text(
+        "from observatory.dashboard import cache\ndef test():\n    cache._HOT.clear()\n    x = []\n    x.clear()\n"
+    )
+    assert _globals_cleared(p) == {"cache._HOT"}

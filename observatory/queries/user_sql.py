@@ -162,24 +162,15 @@ def run_user_sql(db, sql: str, max_rows: int | None = None, time_limit_ms: int |
 
 def warm_up(n: int = 1) -> None:
     """Have `n` workers started and ready (at most `sql_max_concurrent`), so no query waits for one."""
-    _POOL.warm(_key(), min(n, max(1, settings.get("sql_max_concurrent"))))
-
-
-_WARMING: list[threading.Thread] = []  # the one background warm-up of this process, once started
-_WARMING_LOCK = threading.Lock()
+    _POOL.warm_up(n)
 
 
 def warm_up_in_background(n: int = 1) -> threading.Thread:
-    """`warm_up(n)` on a daemon thread, once per process: later calls return the same thread.
+    """`warm_up(n)` on a daemon thread, once per process (per pool): later calls return the same thread.
 
     For a server's start: the caller does not wait for the worker to import DuckDB.
     """
-    with _WARMING_LOCK:
-        if not _WARMING:
-            t = threading.Thread(target=warm_up, args=(n,), name="observatory-sql-warm-up", daemon=True)
-            t.start()
-            _WARMING.append(t)
-        return _WARMING[0]
+    return _POOL.warm_in_background(n)
 
 
 def pool_status() -> dict[str, int]:
@@ -408,6 +399,21 @@ class _Pool:
         self._lock = threading.Lock()
         self.idle: list[_Worker] = []
         self.all: list[_Worker] = []
+        self.warming: threading.Thread | None = None  # the one background warm-up, once started
+
+    def warm_up(self, n: int) -> None:
+        """`n` workers started and ready (at most `sql_max_concurrent`)."""
+        self.warm(_key(), min(n, max(1, settings.get("sql_max_concurrent"))))
+
+    def warm_in_background(self, n: int) -> threading.Thread:
+        """`warm_up(n)` on a daemon thread, started once: later calls return the same thread."""
+        with self._lock:
+            if self.warming is None:
+                self.warming = threading.Thread(
+                    target=self.warm_up, args=(n,), name="observatory-sql-warm-up", daemon=True
+                )
+                self.warming.start()
+            return self.warming
 
     def _new(self, key: tuple[int, int]) -> _Worker:
         w = _Worker(key)
