@@ -352,3 +352,18 @@ def test_the_writer_writes_big_row_groups_under_the_store_s_own_name(tmp_path, n
         ).fetchall()
         assert groups[0][0] == -(-2 * n // store.ROW_GROUP_ROWS)  # 5, where DuckDB's default gives 35
         assert con.execute("SELECT count(*) FROM latest_metrics").fetchall() == [(0,)]  # views bind as before
+
+
+@pytest.mark.parametrize(
+    "runs, want",
+    [("s3://lab-logs/runs/", "s3://lab-logs/runs"), ("gcs://lab-logs", "gs://lab-logs")],
+)
+def test_the_default_runs_dir_keeps_a_bucket_url_a_url(monkeypatch, runs, want):
+    """A `Path` would fold `s3://b/p` into `s3:/b/p`, a local folder named `s3:`."""
+    monkeypatch.setenv("OBSERVATORY_RUNS", runs)
+    assert store.default_runs_dir() == want
+
+
+def test_the_default_runs_dir_of_a_folder_is_a_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("OBSERVATORY_RUNS", str(tmp_path / "runs"))
+    assert store.default_runs_dir() == tmp_path / "runs"

@@ -36,7 +36,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from observatory import settings
+from observatory import bucket, settings
 from observatory.store.schema import ensure_schema
 
 # DuckDB threads of the writer: every core but one, which the ingester's own thread needs to decode the
@@ -50,8 +50,10 @@ def default_db() -> Path:
     return Path(settings.get("db"))
 
 
-def default_runs_dir() -> Path:
-    return Path(settings.get("runs"))
+def default_runs_dir() -> str | Path:
+    """The runs dir setting as `bucket.location` gives it: a bucket URL stays a URL (a `Path` would fold its
+    `//`), a local folder is a `Path`."""
+    return bucket.location(settings.get("runs"))
 
 
 class StoreBusy(RuntimeError):
