@@ -201,12 +201,14 @@ def _plan(
         return None  # cannot happen for lines shaped {...} (see the module docstring); be safe anyway
     events: list = [None] * len(ends)  # (L,) the certified events, None for check_line
     judged: list[tuple[int, int]] = []  # (line, seq) of the others decoded with a seq in range
+    at = good.tolist()
+    if lines is None:
+        sure = rules.certain(decoded, run, host)
+    else:  # each line's own run and host
+        sure = rules.certain(decoded, [lines[0][i] for i in at], [lines[1][i] for i in at])
     seq_lo, seq_hi = rules.SEQ.lo, rules.SEQ.hi
-    for i, e in zip(good.tolist(), decoded, strict=True):
-        kind = getattr(e.__class__, "bulk_kind", None)  # None: another kind, for check_line
-        if lines is not None:
-            run, host = lines[0][i], lines[1][i]
-        if kind is not None and rules.certain(e, kind, run, host):
+    for i, e, ok in zip(at, decoded, sure, strict=True):
+        if ok:
             events[i] = e
         elif e is not None and (s := e.seq).__class__ is int and seq_lo <= s <= seq_hi:
             judged.append((i, s))
