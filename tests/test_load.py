@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # every test here judges wall-clock behaviour (TTLs of tenths of a second, a view's first chart
 # within its dwell): `make test` runs them in its quiet timing pass, not among the other tests
-pytestmark = pytest.mark.timing
+pytestmark = [pytest.mark.timing, pytest.mark.usefixtures("query_cache")]  # each test: a fresh server's cache
 
 
 CALLS: list[float] = []
