@@ -152,6 +152,7 @@ def test_a_writer_takes_a_gap_between_readers_without_holding_new_readers_back(d
     assert order == ["late reader in", "slow reader out", "writer in"], order
 
 
+@pytest.mark.timing  # under load the relay can leave a real gap, and the writer gets in early
 def test_a_writer_with_no_gap_closes_the_gate_after_its_window(db_path):
     """Readers that hand over to each other leave no gap: the writer closes the gate once `GAP_WAIT_S`
     has passed and gets in after the reader in flight, so it is never starved."""
