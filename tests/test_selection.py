@@ -90,6 +90,16 @@ def test_fields_and_config_values(store):
     assert count_selected(store, "") == 40 + 3
 
 
+def test_tag_clauses_and_a_restart_kept_by_its_own_labels(store):
+    # lr-a-r1 has no tags, so `tag != seed0` keeps it before the fold: it is still lr-a's attempt, never a run
+    assert ids(store, "tag != seed0 and project = lr") == ["lr-a-fork", "lr-b"]
+    assert ids(store, "tag != 'hot lr' and tag != seed1 and project = lr") == ["lr-a", "lr-a-fork"]
+    assert ids(store, "tag ~ HOT") == ["lr-b"]
+    assert ids(store, "tag in (nothing, 'hot lr')") == ["lr-b"]
+    assert ids(store, "tag = seed0 and config.optimizer.lr > 1e-4") == ["lr-a"]
+    assert select_runs(store, "tag = seed0")[0]["attempts"] == ["lr-a", "lr-a-r1"]
+
+
 def test_hostile_text_is_a_value_not_sql(store):
     assert ids(store, 'name = "x\' OR 1=1 --"') == []
     assert ids(store, "config.optimizer.lr = '1; DROP TABLE runs'") == []
