@@ -50,16 +50,22 @@ METRICS = (
 )
 
 
-def write_runs(root: Path, n: int, start: int = 0, seed: int = 0) -> int:
-    """`n` small runs `sweep-<i>` (i from `start`) under `root`; returns the bytes written."""
+def write_runs(root: Path, n: int, start: int = 0, seed: int = 0, shape=None) -> int:
+    """`n` small runs `sweep-<i>` (i from `start`) under `root`; returns the bytes written.
+
+    `shape(i)`, for a many-run analysis (bench_sweeps): None, or a dict that makes run i a cell of a
+    sweep: `start` (fields merged into its run_start: ladder, model, data; `tags` are added to its own),
+    `loss(s, steps)` (its train/loss at step s of `steps`, before noise), `tokens` (its data/tokens at
+    the end), `eval` (its final val loss) and `restart` (0, or the steps of a second attempt
+    `sweep-<i>-r1` resumed from its last step under the same name: the first attempt is then preempted
+    and the eval is the second's). Without `shape` the logs are the same bytes as ever."""
     rnd = random.Random(seed + start)
     total = 0
-    for i in range(start, start + n):
-        run = f"sweep-{i:06d}"
-        lines = []
-        t, seq = 1.76e9 + i * 100.0, 0
 
-        def ev(kind: str, step: int, data: dict, run=run, lines=lines) -> None:
+    def log(run: str, t: float, head: dict, steps: range, loss, tokens, end: dict, evl) -> int:
+        lines, seq = [], 0
+
+        def ev(kind: str, step: int, data: dict) -> None:
             nonlocal t, seq
             lines.append(
                 json.dumps(
@@ -79,43 +85,89 @@ def write_runs(root: Path, n: int, start: int = 0, seed: int = 0) -> int:
             seq += 1
             t += 0.5
 
-        ev(
-            "run_start",
-            0,
-            {
-                "config": {
-                    "lr": 10 ** rnd.uniform(-4, -2),
-                    "width": rnd.choice([64, 128, 256]),
-                    "seed": i % 7,
-                },
-                "name": run,
-                "project": f"proj{i % 5}",
-                "group": f"g{i % 50}",
-                "tags": ["sweep", f"w{i % 3}"],
-            },
-        )
-        steps, loss = rnd.randint(20, 50), 4.0
-        for s in range(1, steps + 1):
-            loss *= 0.98
+        ev("run_start", steps.start - 1, head)
+        for s in steps:
             ev(
                 "metrics",
                 s,
                 {
-                    "train/loss": round(loss + rnd.gauss(0, 0.02), 5),
+                    "train/loss": round(loss(s) + rnd.gauss(0, 0.02), 5),
                     "train/accuracy": round(0.2 + s / 100, 4),
                     "opt/lr": 1e-3,
                     "grad/norm/total": round(rnd.uniform(0.5, 1.5), 4),
                     "throughput/tokens_per_s": round(rnd.uniform(9e3, 1.1e4), 1),
-                    "data/tokens": s * 4096,
+                    "data/tokens": tokens(s),
                 },
             )
-        ev("eval", steps, {"dataset": "val", "loss": round(loss, 4)})
-        ev("run_end", steps, {"status": "completed", "final_step": steps})
+        if evl is not None:
+            ev("eval", steps.stop - 1, {"dataset": "val", "loss": evl})
+        ev("run_end", steps.stop - 1, end)
         d = root / run
         d.mkdir(parents=True, exist_ok=True)
         text = "\n".join(lines) + "\n"
         (d / "events.0.jsonl").write_text(text)
-        total += len(text)
+        return len(text)
+
+    for i in range(start, start + n):
+        run = f"sweep-{i:06d}"
+        head = {
+            "config": {
+                "lr": 10 ** rnd.uniform(-4, -2),
+                "width": rnd.choice([64, 128, 256]),
+                "seed": i % 7,
+            },
+            "name": run,
+            "project": f"proj{i % 5}",
+            "group": f"g{i % 50}",
+            "tags": ["sweep", f"w{i % 3}"],
+        }
+        steps, t0 = rnd.randint(20, 50), 1.76e9 + i * 100.0
+        x = shape(i) if shape else None
+        if x is None:
+            curve = [4.0]  # the loss a step, multiplied as it always was
+            for _ in range(steps):
+                curve.append(curve[-1] * 0.98)
+            total += log(
+                run,
+                t0,
+                head,
+                range(1, steps + 1),
+                lambda s, c=curve: c[s],
+                lambda s: s * 4096,
+                {"status": "completed", "final_step": steps},
+                round(curve[steps], 4),
+            )
+            continue
+        head = {**head, **x["start"], "tags": head["tags"] + list(x["start"].get("tags", []))}
+        more = x.get("restart", 0)
+        last = steps + more
+        law = x["loss"]
+
+        def tokens(s, last=last, x=x):
+            return round(x["tokens"] * s / last)
+
+        total += log(
+            run,
+            t0,
+            head,
+            range(1, steps + 1),
+            lambda s, last=last, law=law: law(s, last),
+            tokens,
+            {"status": "preempted" if more else "completed", "final_step": steps},
+            None if more else x["eval"],
+        )
+        if more:
+            resumed = {**head, "parent": {"run": run, "step": steps}}
+            total += log(
+                f"{run}-r1",
+                t0 + steps + 60,
+                resumed,
+                range(steps + 1, last + 1),
+                lambda s, last=last, law=law: law(s, last),
+                tokens,
+                {"status": "completed", "final_step": last},
+                x["eval"],
+            )
     return total
 
 

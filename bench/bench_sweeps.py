@@ -1,14 +1,14 @@
 """Sweeps at a lab's scale: every view of 1,000 selected runs, in stores of 10^3 and 10^5 runs, side by side.
 
-The stores hold the many-runs bench's run shape (bench/bench_many_runs.py `write_runs`: config {lr, width,
-seed}, project proj<i%5>, group g<i%50>, tags, 20-50 steps of six metrics, one `val` eval, run_end), plus
-what a sweep view needs: an iso-FLOP `ladder` {budget, tokens, params_active} (4 budgets x 5 sizes) and
-a restart every 100th run (a second run with the same name resumed from it). They are made by DuckDB
-from `range()` (as bench/gen_store.py does: writing and ingesting 10^5 JSONL logs would take most of
-the bench's time and measure ingest, which bench_many_runs already does), then the rollups are built
-by the code ingest calls. Each store tags 1,000 runs `pick`, and every view selects exactly those:
+The stores are the many-runs bench's (bench/bench_many_runs.py `write_runs`: config {lr, width, seed},
+project proj<i%5>, group g<i%50>, tags, 20-50 steps of six metrics, one `val` eval, run_end), written
+with its sweep shape: each run is a cell of an iso-FLOP grid, `ladder` {budget, tokens, params_active}
+(4 budgets x 5 sizes, train/loss and the eval following a known law), and one run in 50 is restarted
+(a second attempt `<run>-r1` under the same name, resumed from its last step). The logs are ingested
+by `observatory ingest` in a child process, as a user does. Each store tags 1,000 runs `pick`, spread
+over the whole store (every n/1,000th run), and every view selects exactly those:
 
-    tag = pick and config.lr > 0          (a config clause, so the selection reads every run's config)
+    tag = pick and config.lr > 0          (a config clause too, checked on the runs the tag keeps)
 
 Per view (the same functions the page and the CLI call, each on a fresh read-only connection, best of
 3): the selection, the group curves (by config.width, x = tokens) with their figure, the final values
@@ -19,8 +19,10 @@ key choices and the view: what a visitor waits for).
 Targets (issue 54): every view over 1,000 selected runs <= 2 s; a selection at 10^5 runs <= 1.5x one at
 10^3.
 
-    python bench/bench_sweeps.py                       # 10^3 and 10^5 runs (a few minutes)
-    python bench/bench_sweeps.py --sizes 1000,10000    # smaller
+    python bench/bench_sweeps.py                           # 10^3 and 10^5 runs (~1 GB of logs; minutes)
+    python bench/bench_sweeps.py --runs 1000,10000         # smaller
+    python bench/bench_sweeps.py --runs 1000               # one store, for development
+    python bench/bench_sweeps.py --keep DIR [--reuse]      # keep the logs and stores; reuse them next time
 """
 
 from __future__ import annotations
@@ -28,107 +30,75 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import duckdb
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_many_runs  # noqa: E402 (bench/ is not a package)
+import ingest_535b  # noqa: E402
 
 from observatory import store  # noqa: E402
-from observatory.store import rollups  # noqa: E402
 
 PICK = 1000
 SELECTION = "tag = pick and config.lr > 0"
 BUDGETS = (1e17, 3e17, 1e18, 3e18)
+RESTART_STEPS = 10
 
 
-def build(db: Path, n: int) -> float:
-    """A store of `n` runs (see the module docstring); seconds it took."""
-    t0 = time.time()
-    if db.exists():
-        db.unlink()
-    con = duckdb.connect(str(db))
-    store.ensure_schema(con)
-    every = max(1, n // PICK)  # runs i % every == 0 are picked: PICK of them
-    # per run: the iso-FLOP cell (budget b, size k) it is, its tokens and params (6 N D = C)
-    con.execute(
-        f"""
-        CREATE TEMP TABLE r AS
-        SELECT i, format('sweep-{{:06d}}', i) AS run, (20 + hash(i) % 31)::BIGINT AS steps,
-               {list(BUDGETS)}[1 + (i // {every}) % 4] AS budget, (i // ({every} * 4)) % 5 AS k,
-               power(10, -4 + 2 * (hash(i, 1) % 1000) / 1000.0) AS lr, [64, 128, 256][1 + (hash(i, 2) % 3)::BIGINT] AS width
-        FROM range({n}) t(i)
-        """
-    )
-    con.execute(
-        """
-        CREATE TEMP TABLE cells AS
-        SELECT *, 1.345 * pow(budget / 6, 0.4516) * pow(4, (k - 2) / 2.0) AS params FROM r  -- the law's N* x 1/4..4
-        """
-    )
-    con.execute(
-        f"""
-        INSERT INTO runs (run, name, project, run_group, status, start_time, end_time, last_event_t, last_step,
-                          final_step, parent_run, parent_step, ladder_name, ladder_rung, ladder, config, tags,
-                          model, data)
-        SELECT run, run, 'proj' || (i % 5), 'g' || (i % 50), 'completed', 1.76e9 + i * 100, 1.76e9 + i * 100 + steps,
-               1.76e9 + i * 100 + steps, steps, steps, NULL, NULL, 'grid', format('{{:.0e}}-n{{}}', budget, k),
-               json_object('name', 'grid', 'budget', budget, 'flops', budget, 'tokens', budget / (6 * params),
-                           'params_active', params),
-               json_object('lr', lr, 'width', width, 'seed', i % 7),
-               CASE WHEN i % {every} = 0 THEN ['sweep', 'w' || (i % 3), 'pick'] ELSE ['sweep', 'w' || (i % 3)] END,
-               json_object('params_active', params, 'flops_per_token', 6 * params),
-               json_object('tokens', budget / (6 * params))
-        FROM cells
-        """
-    )
-    # a restart of every 100th run: the same name, resumed from its last step, 10 more steps
-    con.execute(
-        """
-        INSERT INTO runs (run, name, project, run_group, status, start_time, end_time, last_event_t, last_step,
-                          final_step, parent_run, parent_step, config, tags)
-        SELECT run || '-r1', run, project, run_group, 'completed', end_time + 60, end_time + 70, end_time + 70,
-               last_step + 10, last_step + 10, run, last_step, config, tags
-        FROM runs WHERE hash(run) % 100 = 0
-        """
-    )
-    # six metrics a step (train/loss ~ the cell's law), over each run's steps; the restarts' 10 more
-    con.execute(
-        """
-        INSERT INTO metrics (run, step, name, value, t, host)
-        SELECT r.run, s.step, m.name,
-               CASE m.name
-                 WHEN 'train/loss' THEN 1.69 + 406.4 / pow(c.params, 0.34)
-                      + 410.7 / pow(c.budget / (6 * c.params) * s.step / r.last_step, 0.28) + 0.01 * random()
-                 WHEN 'data/tokens' THEN c.budget / (6 * c.params) * s.step / r.last_step
-                 WHEN 'opt/lr' THEN 1e-3
-                 ELSE random() END,
-               r.start_time + s.step, 0
-        FROM runs r JOIN cells c ON c.run = regexp_replace(r.run, '-r1$', '')
-        CROSS JOIN LATERAL (SELECT unnest(range(coalesce(r.parent_step, 0) + 1, r.last_step + 1)) AS step) s
-        CROSS JOIN (SELECT unnest(['train/loss', 'train/accuracy', 'opt/lr', 'grad/norm/total',
-                                   'throughput/tokens_per_s', 'data/tokens']) AS name) m
-        """
-    )
-    con.execute(
-        """
-        INSERT INTO events (run, host, seq, kind, step, t, v, known, data)
-        SELECT r.run, 0, 1000, 'eval', r.last_step, r.end_time, 1, true,
-               json_object('dataset', 'val', 'loss', 1.69 + 406.4 / pow(c.params, 0.34)
-                           + 410.7 / pow(c.budget / (6 * c.params), 0.28) + 0.005 * (random() - 0.5))
-        FROM runs r JOIN cells c ON c.run = regexp_replace(r.run, '-r1$', '')
-        WHERE r.run NOT IN (SELECT parent_run FROM runs WHERE parent_run IS NOT NULL)
-        """
-    )
-    rollups.rebuild_rollups(con)
-    con.execute("CHECKPOINT")
-    con.close()
-    return time.time() - t0
+def grid(n: int):
+    """The sweep shape of an `n`-run store, for `write_runs`: run i is the iso-FLOP cell (budget b, size k)
+    with N = N*(b) x 4^((k-2)/2) (N* = 1.345 (C/6)^0.4516), D = C / 6N, and a loss of
+    1.69 + 406.4 / N^0.34 + 410.7 / D^0.28 (Chinchilla's fit); every n/1,000th run is tagged `pick`."""
+    every = max(1, n // PICK)
+
+    def shape(i: int) -> dict:
+        b, k = BUDGETS[(i // every) % 4], (i // (every * 4)) % 5
+        params = 1.345 * (b / 6) ** 0.4516 * 4 ** ((k - 2) / 2)
+        tokens = b / (6 * params)
+
+        def loss(s: int, last: int) -> float:
+            return 1.69 + 406.4 / params**0.34 + 410.7 / (tokens * s / last) ** 0.28
+
+        return {
+            "start": {
+                "ladder": {
+                    "name": "grid",
+                    "rung": f"{b:.0e}-n{k}",
+                    "budget": b,
+                    "flops": b,
+                    "tokens": tokens,
+                    "params_active": params,
+                },
+                "model": {"params_active": params, "flops_per_token": 6 * params},
+                "data": {"tokens": tokens},
+                "tags": ["pick"] if i % every == 0 else [],
+            },
+            "loss": loss,
+            "tokens": tokens,
+            "eval": round(loss(1, 1) + 0.005 * (random.Random(i).random() - 0.5), 5),
+            "restart": RESTART_STEPS if (i // every) % 50 == 7 else 0,
+        }
+
+    return shape
+
+
+def build(folder: Path, n: int) -> tuple[float, float]:
+    """The logs of `n` runs (see the module docstring) in `folder`/runs-<n>, ingested into
+    `folder`/sweeps-<n>.duckdb by `observatory ingest`: (seconds writing, seconds ingesting)."""
+    runs, db = folder / f"runs-{n}", folder / f"sweeps-{n}.duckdb"
+    shutil.rmtree(runs, ignore_errors=True)
+    db.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    bench_many_runs.write_runs(runs, n, shape=grid(n))
+    wrote = time.perf_counter() - t0
+    return wrote, bench_many_runs.ingest(runs, db, f"ingest-{n}")[0]
 
 
 def timed(fn, repeat: int = 3):
@@ -248,24 +218,36 @@ def page(db: Path) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1000,100000", help="Store sizes in runs (comma-separated).")
-    ap.add_argument("--keep", type=Path, help="Build the stores in this folder and keep them.")
+    ap.add_argument("--runs", "--sizes", default="1000,100000", help="Store sizes in runs (comma-separated).")
+    ap.add_argument(
+        "--keep", type=Path, help="Write the logs and build the stores in this folder; keep them."
+    )
     ap.add_argument("--reuse", action="store_true", help="With --keep: use the stores already there.")
     args = ap.parse_args()
-    sizes = [int(x) for x in args.sizes.split(",")]
+    sizes = [int(x) for x in args.runs.split(",")]
     if min(sizes) < PICK:
         ap.error(f"every size must hold the {PICK:,} runs the views select")
+    if args.reuse and not args.keep:
+        ap.error("--reuse needs --keep DIR (the folder of an earlier run's stores)")
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="bench-sweeps-"))
     tmp.mkdir(parents=True, exist_ok=True)
+    # the detectors' findings (ingest runs them) go in the work folder, not in the user's findings folder
+    os.environ["OBSERVATORY_FINDINGS_DIR"] = ingest_535b.ENV["OBSERVATORY_FINDINGS_DIR"] = str(
+        tmp / "findings"
+    )
     try:
         rows: dict[int, dict[str, float]] = {}
         for n in sizes:
             db = tmp / f"sweeps-{n}.duckdb"
-            built = 0.0 if args.reuse and db.exists() else build(db, n)
+            wrote, ingested = (0.0, 0.0) if args.reuse and db.exists() else build(tmp, n)
             r = views(db)
             r.update(page(db))
             rows[n] = r
-            print(f"{n:>7} runs: store built in {built:.1f} s ({db.stat().st_size / 1e6:.0f} MB)", flush=True)
+            print(
+                f"{n:>7} runs: logs written in {wrote:.1f} s, `observatory ingest` {ingested:.1f} s "
+                f"({db.stat().st_size / 1e6:.0f} MB)" + (" (reused)" if not ingested else ""),
+                flush=True,
+            )
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -273,18 +255,18 @@ def main() -> None:
     print(
         f"\n{'view over 1,000 selected runs':<32}"
         + "".join(f"{f'{n:,} runs':>14}" for n in sizes)
-        + f"{'ratio':>8}"
+        + (f"{'ratio':>8}" if len(sizes) > 1 else "")
     )
     for name in names:
         vals = [rows[n][name] for n in sizes]
-        ratio = vals[-1] / vals[0] if vals[0] else float("nan")
-        print(f"{name:<32}" + "".join(f"{v:>12.3f} s" for v in vals) + f"{ratio:>7.2f}x")
+        ratio = f"{vals[-1] / vals[0]:>7.2f}x" if len(sizes) > 1 and vals[0] else ""
+        print(f"{name:<32}" + "".join(f"{v:>12.3f} s" for v in vals) + ratio)
     worst = max(max(r.values()) for r in rows.values())
-    sel = rows[sizes[-1]]["selection"] / rows[sizes[0]]["selection"]
-    print(
-        f"\ntargets: every view <= 2 s: worst {worst:.2f} s {'OK' if worst <= 2 else 'MISSED'}; "
-        f"selection at {sizes[-1]:,} <= 1.5x at {sizes[0]:,}: {sel:.2f}x {'OK' if sel <= 1.5 else 'MISSED'}"
-    )
+    line = f"\ntargets: every view <= 2 s: worst {worst:.2f} s {'OK' if worst <= 2 else 'MISSED'}"
+    if len(sizes) > 1:
+        sel = rows[sizes[-1]]["selection"] / rows[sizes[0]]["selection"]
+        line += f"; selection at {sizes[-1]:,} <= 1.5x at {sizes[0]:,}: {sel:.2f}x {'OK' if sel <= 1.5 else 'MISSED'}"
+    print(line)
     print(json.dumps({"sizes": sizes, "seconds": {str(n): rows[n] for n in sizes}}))
 
 
