@@ -92,8 +92,11 @@ def _value_sql(metric: str, best: bool, params: dict[str, Any]) -> tuple[str, st
     scope = "(SELECT unnest(attempts) FROM selected)" if best else "(SELECT last FROM selected)"
     if metric.startswith("eval:"):
         params["ds"] = metric[5:]
-        rows = f"""SELECT run, step, t, host, seq, TRY_CAST(data->>'$.loss' AS DOUBLE) AS v FROM events
-                   WHERE kind = 'eval' AND known AND data->>'$.dataset' = $ds AND run IN {scope}"""
+        # the selected runs' evals first, then their JSON (a filter on it went first: every eval of the store)
+        rows = f"""WITH evs AS MATERIALIZED (SELECT run, step, t, host, seq, data FROM events
+                                            WHERE kind = 'eval' AND known AND run IN {scope})
+                   SELECT run, step, t, host, seq, TRY_CAST(data->>'$.loss' AS DOUBLE) AS v FROM evs
+                   WHERE data->>'$.dataset' = $ds"""
         kind = "eval"
         if not best:
             return f"SELECT run, arg_max(v, (step, t, host, seq)) AS value FROM ({rows}) GROUP BY run", kind
@@ -137,14 +140,16 @@ def final_values(
     head, params = selected_sql(sel, now)
     body, _ = _value_sql(metric, best, params)
     kcols = "".join(f", {key_sql(k, f'k{i}', params, 's.')} AS k{i}" for i, k in enumerate(keys))
+    # the count of selected runs rides along (a second statement would resolve the selection again)
     sql = f"""{head}, vals AS MATERIALIZED ({body})
-        SELECT {", ".join("s." + c for c in _OUT)}, s.attempts, s.code->>'$.commit' AS commit, v.value{kcols}
+        SELECT {", ".join("s." + c for c in _OUT)}, s.attempts, s.code->>'$.commit' AS commit, v.value{kcols},
+               (SELECT count(*) FROM selected) AS total
         FROM selected s JOIN vals v ON v.run = s.last
         ORDER BY s.budget NULLS LAST, s.tokens NULLS LAST, s.run LIMIT {int(limit) + 1}"""
     rows = con.execute(sql, params).fetchall()
-    total = count_selected(con, sel, params["cut"] + settings.get("stale_after_s"))
+    total = rows[0][-1] if rows else count_selected(con, sel, params["cut"] + settings.get("stale_after_s"))
     truncated = len(rows) > limit
-    rows = rows[:limit]
+    rows = [r[:-1] for r in rows[:limit]]
     cols = [*_OUT, "attempts", "commit", "value", *(f"k{i}" for i in range(len(keys)))]
     out = []
     for r in rows:
@@ -299,10 +304,14 @@ def metric_choices(con, sel: Selection | str | None, limit: int = 300, now: floa
     names, most common first (bounded)."""
     head, params = selected_sql(_sel(sel), now)
     rows = con.execute(
-        f"""{head}, lasts AS (SELECT last AS run FROM selected)
+        # the selected runs' evals first, their datasets then (parsing every eval's JSON before the
+        # filter on run cost as much as the rest of the page's queries at 10^5 runs)
+        f"""{head}, lasts AS (SELECT last AS run FROM selected),
+            evals AS MATERIALIZED (SELECT run, data FROM events
+                                   WHERE kind = 'eval' AND known AND run IN (SELECT run FROM lasts))
             SELECT n FROM (
-                SELECT 'eval:' || (data->>'$.dataset') AS n, count(DISTINCT run) AS c, 0 AS o FROM events
-                WHERE kind = 'eval' AND known AND run IN (SELECT run FROM lasts) AND data->>'$.dataset' IS NOT NULL
+                SELECT 'eval:' || (data->>'$.dataset') AS n, count(DISTINCT run) AS c, 0 AS o FROM evals
+                WHERE data->>'$.dataset' IS NOT NULL
                 GROUP BY 1
                 UNION ALL
                 SELECT name, count(*), 1 FROM metric_series WHERE run IN (SELECT run FROM lasts) GROUP BY 1
