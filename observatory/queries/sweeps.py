@@ -54,7 +54,7 @@ def selected_roots(
 ) -> list[str]:
     """The selected runs' ids (each the first attempt of its restarts), at most `limit`, in id order: pass
     them to the other functions here in place of the text, so a page's views read only these runs."""
-    head, params = selected_sql(_sel(sel), now)
+    head, params = selected_sql(_sel(sel), now, lean=True)
     return [
         r[0]
         for r in con.execute(
@@ -75,7 +75,7 @@ def select_runs(
 
 
 def count_selected(con, sel: Selection | str | None, now: float | None = None) -> int:
-    head, params = selected_sql(_sel(sel), now)
+    head, params = selected_sql(_sel(sel), now, lean=True)
     return con.execute(f"{head} SELECT count(*) FROM selected", params).fetchall()[0][0]
 
 
