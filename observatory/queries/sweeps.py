@@ -302,10 +302,10 @@ def sweep_keys(con, sel: Selection | str | None, limit: int = 200, now: float | 
 def metric_choices(con, sel: Selection | str | None, limit: int = 300, now: float | None = None) -> list[str]:
     """What a view can show for the selected runs: `eval:<dataset>` for each eval dataset, then metric
     names, most common first (bounded)."""
-    head, params = selected_sql(_sel(sel), now)
+    head, params = selected_sql(_sel(sel), now, lean=True)  # the runs' ids are all it reads of them
     rows = con.execute(
-        # the selected runs' evals first, their datasets then (parsing every eval's JSON before the
-        # filter on run cost as much as the rest of the page's queries at 10^5 runs)
+        # the selected runs' evals first, their datasets then (every eval's JSON in the store was parsed
+        # before the filter on run: 90 ms of the page at 10^5 runs)
         f"""{head}, lasts AS (SELECT last AS run FROM selected),
             evals AS MATERIALIZED (SELECT run, data FROM events
                                    WHERE kind = 'eval' AND known AND run IN (SELECT run FROM lasts))
