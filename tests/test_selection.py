@@ -100,6 +100,25 @@ def test_tag_clauses_and_a_restart_kept_by_its_own_labels(store):
     assert select_runs(store, "tag = seed0")[0]["attempts"] == ["lr-a", "lr-a-r1"]
 
 
+def test_the_lean_selection_agrees_with_the_full_one(store):
+    from observatory.queries.sweeps import selected_roots
+
+    # ids and counts read no JSON column, and no status unless a clause names it (status, ended, finished)
+    for text in (
+        "project = lr",
+        "project = lr and finished",
+        "tag != seed0 and project = lr",
+        "status = failed",
+        "",
+    ):
+        assert selected_roots(store, text) == ids(store, text), text
+        assert count_selected(store, text) == len(ids(store, text)), text
+    assert selected_roots(store, "project = lr and finished") == [
+        "lr-a",
+        "lr-a-fork",
+    ]  # lr-a: its restart's status
+
+
 def test_hostile_text_is_a_value_not_sql(store):
     assert ids(store, 'name = "x\' OR 1=1 --"') == []
     assert ids(store, "config.optimizer.lr = '1; DROP TABLE runs'") == []

@@ -308,8 +308,9 @@ def selected_sql(sel: Selection, now: float | None = None, lean: bool = False) -
     attempt's clauses (plain columns first: DuckDB checks a JSON clause only on the rows they keep) and
     the rows it keeps are carried whole; the restarts the fold follows come from the runs that name a
     parent (a small part of a store), never from a join of every run with every run.
-    `lean`: `selected` holds only run, last, attempts, status, end_time and last_step (what a count or
-    the run ids need): the runs' JSON columns are not read at all (at 10^5 runs, half the cost)."""
+    `lean`: `selected` holds only run, last and attempts (what a count or the run ids need; status,
+    end_time and last_step too when a clause on status or ended needs them): the runs' JSON columns are
+    not read at all (at 10^5 runs, half the cost)."""
     params: dict[str, Any] = {"cut": (time.time() if now is None else now) - settings.get("stale_after_s")}
     # clauses on the first attempt's fields filter `runs` before the fold; status and ended are the newest
     # attempt's, so they filter after it
@@ -322,16 +323,30 @@ def selected_sql(sel: Selection, now: float | None = None, lean: bool = False) -
         if c.field not in LATE_FIELDS
     ]
     status = run_status_sql("$cut")
-    cols = ", ".join(_LEAN_COLUMNS) if lean else "*"
+    if sel.roots is not None:
+        late = ["true"]
+    bare = lean and late == ["true"]  # no clause on the newest attempt: its status is not read either
+    cols = ", ".join(_LEAN_COLUMNS[:4] if bare else _LEAN_COLUMNS) if lean else "*"
     if sel.roots is not None:  # resolved already: start the fold from these runs only
         params["roots"] = list(sel.roots)
         base = f"SELECT {cols} FROM runs WHERE run IN (SELECT unnest($roots::VARCHAR[]))"
         firsts = "SELECT * FROM base"
-        late = ["true"]
     else:  # the runs the early clauses keep that are not a restart of their parent (same name)
         base = f"SELECT {cols} FROM runs WHERE " + " AND ".join(early or ["true"])
         firsts = """SELECT * FROM base b WHERE parent_run IS NULL OR NOT EXISTS (
             SELECT 1 FROM parents p WHERE p.run = b.parent_run AND p.name = b.name AND p.start_time < b.start_time)"""
+    if bare:
+        del params["cut"]  # nothing reads a status (DuckDB refuses a parameter no statement names)
+        newest, selected = "", "f.root AS run, f.last, f.attempts FROM folded f"
+    else:
+        newest = f"""newest AS (
+        SELECT run, {status} AS status, end_time, last_step FROM firsts
+        UNION ALL
+        SELECT run, {status} AS status, end_time, last_step FROM runs
+        WHERE run IN (SELECT last FROM folded WHERE last <> root) AND run NOT IN (SELECT run FROM firsts)
+    ),"""
+        selected = f"""{_LEAN_SELECTED if lean else _SELECTED}
+            FROM folded f JOIN firsts r ON r.run = f.root JOIN newest l ON l.run = f.last"""
     sql = f"""
     WITH RECURSIVE base AS MATERIALIZED ({base}),
     -- the parents of the kept runs that name one, by id (a semi-join DuckDB prunes with the few ids; as a join
@@ -352,24 +367,16 @@ def selected_sql(sel: Selection, now: float | None = None, lean: bool = False) -
         SELECT root, arg_max(run, (depth, run)) AS last, list(run ORDER BY depth, run) AS attempts
         FROM (SELECT root, run, min(depth) AS depth FROM chain GROUP BY root, run) GROUP BY root
     ),
-    newest AS (
-        SELECT run, {status} AS status, end_time, last_step FROM firsts
-        UNION ALL
-        SELECT run, {status} AS status, end_time, last_step FROM runs
-        WHERE run IN (SELECT last FROM folded WHERE last <> root) AND run NOT IN (SELECT run FROM firsts)
-    ),
+    {newest}
     selected AS MATERIALIZED (
-        SELECT * FROM (
-            SELECT {_LEAN_SELECTED if lean else _SELECTED}
-            FROM folded f JOIN firsts r ON r.run = f.root JOIN newest l ON l.run = f.last
-        ) WHERE {" AND ".join(late)}
+        SELECT * FROM (SELECT {selected}) WHERE {" AND ".join(late)}
     )
     """
     return sql, params
 
 
 # the columns of `runs` a lean selection reads, and what its `selected` holds
-_LEAN_COLUMNS = (
+_LEAN_COLUMNS = (  # the first four are what the fold reads
     "run",
     "name",
     "start_time",
