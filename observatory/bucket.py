@@ -6,6 +6,12 @@ starts with the writer's clock, so a reader finds new chunks with one LIST from 
 
     <prefix>/<run>/events.<host>/<n:010d>.jsonl          chunk n: whole lines, spool bytes [a, b)
     <prefix>/_journal/<ms:013d>-<run>-<host>-<n:010d>    empty; written after chunk n
+    <prefix>/_findings/<run>/events.1000.<origin>/<n:010d>.jsonl    an observatory's findings of the run
+    <prefix>/_journal/<ms:013d>-<run>-1000.<origin>-<n:010d>        ... announced in the same journal
+    <prefix>/_findings/_analyst                          the origin of the observatory that runs the analyses
+
+`<origin>` (6 hex) names the observatory that wrote a findings stream: each numbers its findings of a run
+from `seq_base(origin)`, so two observatories never write the same key nor the same (run, 1000, seq).
 
 - `location`/`is_url`/`safe`: parse a runs dir (a URL stays a string; a local path a `Path`), and the
   form of a URL that may be printed (no user, password or query: credentials come from the cloud's
@@ -49,12 +55,20 @@ __all__ = [
     "findings_tag",
     "journal_key",
     "parse_journal",
+    "FINDINGS",
+    "ANALYST",
+    "seq_base",
+    "url_of",
+    "send_spool",
 ]
 
 SCHEMES = ("s3", "gs", "gcs")
 _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 JOURNAL = "_journal"
-_JOURNAL_RE = re.compile(r"^(\d{13})-([A-Za-z0-9._-]{1,128})-(\d+)-(\d{10})$")
+FINDINGS = "_findings"
+ANALYST = f"{FINDINGS}/_analyst"
+ORIGIN_RE = re.compile(r"^[0-9a-f]{6}$")
+_JOURNAL_RE = re.compile(r"^(\d{13})-([A-Za-z0-9._-]{1,128})-(\d+|1000\.[0-9a-f]{6})-(\d{10})$")
 
 
 def is_url(where: Any) -> bool:
@@ -120,20 +134,42 @@ def findings_tag(runs_dir: Any) -> str | None:
     return None
 
 
-def chunk_key(run: str, host: int, n: int) -> str:
+def url_of(runs_dir: Any) -> str | None:
+    """The bucket URL of a runs dir: itself, or the bucket a store's mirror (`mirror_of`) reads; else None."""
+    if is_url(str(runs_dir)):
+        return location(str(runs_dir))
+    if findings_tag(runs_dir) is None:
+        return None
+    try:
+        return location((Path(runs_dir).parent / "url").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def seq_base(origin: str) -> int:
+    """The first seq of an observatory's findings of a run in a bucket: its origin's own range of 2^32."""
+    return int(origin, 16) << 32
+
+
+def chunk_key(run: str, host: int | str, n: int) -> str:
+    """A host's chunk n; for a findings stream (`host` "1000.<origin>"), under `_findings/`."""
+    if isinstance(host, str):
+        return f"{FINDINGS}/{run}/events.{host}/{n:010d}.jsonl"
     return f"{run}/events.{host}/{n:010d}.jsonl"
 
 
-def journal_key(ms: int, run: str, host: int, n: int) -> str:
+def journal_key(ms: int, run: str, host: int | str, n: int) -> str:
     return f"{JOURNAL}/{ms:013d}-{run}-{host}-{n:010d}"
 
 
-def parse_journal(name: str) -> tuple[str, str, int, int] | None:
-    """`(key, run, host, n)` of a journal object's name (after `_journal/`), or None for another name."""
+def parse_journal(name: str) -> tuple[str, str, int | str, int] | None:
+    """`(key, run, host, n)` of a journal object's name (after `_journal/`), or None for another name; the
+    host of a findings stream is the string "1000.<origin>"."""
     m = _JOURNAL_RE.match(name)
     if m is None or not RUN_ID_RE.match(m.group(2)):  # "." and ".." are folders, never run ids
         return None
-    return name, m.group(2), int(m.group(3)), int(m.group(4))
+    host = m.group(3)
+    return name, m.group(2), int(host) if host.isdigit() else host, int(m.group(4))
 
 
 class Bucket:
@@ -186,6 +222,19 @@ class Bucket:
         except FileExistsError:
             return False
         return True
+
+    def put(self, key: str, data: bytes) -> None:
+        """Create or replace the object."""
+        self._count()
+        self.fs.pipe_file(self._path(key), data)
+
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes; None when there is none."""
+        self._count()
+        try:
+            return bytes(self.fs.cat_file(self._path(key)))
+        except FileNotFoundError:
+            return None
 
     def size(self, key: str) -> int:
         self._count()
@@ -279,7 +328,16 @@ class Uploader:
     back-off while the spool keeps growing on local disk: nothing is lost, it drains later.
     """
 
-    def __init__(self, bucket: Bucket, spool: Path, run: str, host: int, chunk_s: float, chunk_mb: float):
+    def __init__(
+        self,
+        bucket: Bucket,
+        spool: Path,
+        run: str,
+        host: int | str,
+        chunk_s: float,
+        chunk_mb: float,
+        thread: bool = True,
+    ):
         self.bucket, self.spool, self.run, self.host = bucket, spool, run, host
         self.chunk_s, self.chunk_bytes = chunk_s, max(1, int(chunk_mb * 1e6))
         self.ledger = spool.with_name(spool.name + ".chunks")
@@ -307,12 +365,13 @@ class Uploader:
         self.failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"observatory-upload-{run}", daemon=True)
-        self._thread.start()
+        if thread:  # else the caller rolls (`send_spool`)
+            self._thread.start()
 
     def _continue_stream(self) -> None:
         """A stream the bucket has and this machine's spool not (the run resumed elsewhere): number the
         chunks after the bucket's last one, and the events after its last seq."""
-        names = self.bucket.list_after(f"{self.run}/events.{self.host}/")
+        names = self.bucket.list_after(chunk_key(self.run, self.host, 0).rsplit("/", 1)[0] + "/")
         self._resolved = True
         if not names:
             return
@@ -405,6 +464,18 @@ class Uploader:
                 f"{self.bucket.url}: {self._pending()} bytes of {self.run} not uploaded yet; they stay in "
                 f"{self.spool} and go up when this run's writer starts again"
             )
+
+
+def send_spool(b: Bucket, spool: Path, run: str, host: str, chunk_mb: float) -> bool:
+    """Upload what a local findings file (`host` "1000.<origin>") has past its ledger, now, in this thread,
+    under an flock of its ledger (the processes of one machine that write findings take turns); False when
+    the store failed (the bytes stay in the file: the next call sends them)."""
+    import fcntl
+
+    ledger = spool.with_name(spool.name + ".chunks")
+    with open(ledger, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        return Uploader(b, spool, run, host, 0.0, chunk_mb, thread=False).roll()
 
 
 def _warn(msg: str) -> None:

@@ -222,13 +222,16 @@ def ingest(
     db = Path(db) if db is not None else store.default_db()
     emit = emit or (lambda _msg: None)
     source = None
+    analyses = ANALYSES
     if isinstance(runs_dir, str):  # a bucket: its new chunks into a local mirror, read from there
         from observatory.ingest.bucket_source import BucketSource
 
         source = BucketSource(runs_dir, db, settings.get("journal_margin_s"))
         runs_dir = source.mirror
+        if hooks and not source.analyst(settings.get("bucket_analyst"), emit):
+            analyses = ()  # a replica: it reads the analyst's findings from the bucket, writes none
     report = IngestReport()
-    ing = Ingester(runs_dir, db, hooks=hooks, emit=emit, progress=progress)
+    ing = Ingester(runs_dir, db, hooks=hooks, emit=emit, progress=progress, analyses=analyses)
     t0 = time.perf_counter()
     stop = stop_event or threading.Event()
     old: dict[int, Any] = {}

@@ -430,3 +430,61 @@ def test_a_writer_resumes_from_a_ledger_torn_by_a_kill(s3_url, tmp_path):
     ingest(s3_url, db, emit=None)
     assert _steps(db, "torn") == list(range(10))
     assert ledger.read_text().split("\n")[-2].split()[1] == str(spool.stat().st_size)  # all of it up
+
+
+def _answers(db: Path) -> tuple:
+    with store.connect(db) as con:
+        return tuple(
+            con.execute(q).fetchall()
+            for q in (
+                "SELECT run, status FROM runs ORDER BY run",
+                "SELECT run, step, name, nullif(value, 'nan'::DOUBLE) FROM metrics ORDER BY run, step, name",
+                "SELECT run, host, seq, kind, step FROM events WHERE host = 1000 ORDER BY run, seq",
+            )
+        )
+
+
+def _machine(monkeypatch, tmp_path: Path, name: str, trusted: str = "") -> None:
+    """What tells two observatories apart: their findings folder and key (as on two machines)."""
+    monkeypatch.setenv("OBSERVATORY_FINDINGS_DIR", str(tmp_path / name / "findings"))
+    monkeypatch.setenv("OBSERVATORY_KEY_FILE", str(tmp_path / name / "observatory.key"))
+    if trusted:
+        monkeypatch.setenv("OBSERVATORY_TRUSTED_KEYS", trusted)
+    else:
+        monkeypatch.delenv("OBSERVATORY_TRUSTED_KEYS", raising=False)
+
+
+@pytest.mark.slow  # seconds each against the emulators
+def test_two_machines_on_one_bucket_show_the_same_findings(bucket_url, tmp_path, monkeypatch):
+    from observatory import findings, provenance
+
+    _log(bucket_url, "calm", range(40))
+    r = observatory.init(run_id="sick", runs_dir=bucket_url, chunk_s=0.1, heartbeat_s=0)
+    for s in range(40):
+        r.log({"train/loss": float("nan") if s == 30 else 3.0 - s / 100}, step=s)
+    r.finish()
+    _machine(monkeypatch, tmp_path, "a")
+    a_key = provenance.public_key()
+    ingest(bucket_url, tmp_path / "a.duckdb", emit=None)  # the first to ingest: the analyst
+    a = _answers(tmp_path / "a.duckdb")
+    assert [row[3] for row in a[2]].count("anomaly") >= 1, a[2]
+    # another machine that trusts the analyst's key: a replica, reading the analyst's findings
+    _machine(monkeypatch, tmp_path, "b", trusted=a_key)
+    if bucket_url.startswith("gs://"):  # gcp-storage-emulator ignores ifGenerationMatch: say the role
+        monkeypatch.setenv("OBSERVATORY_BUCKET_ANALYST", "no")
+    said = []
+    ingest(bucket_url, tmp_path / "b.duckdb", emit=said.append)
+    assert bucket_url.startswith("gs://") or any("a replica" in m for m in said)
+    assert _answers(tmp_path / "b.duckdb") == a
+    assert not list((tmp_path / "b" / "findings").rglob(findings.NAME))  # the replica wrote none
+    # a note recorded on the replica goes to the bucket in its own seq range: both stores get it
+    findings.write(bucket_url, "sick", "note", [({"text": "restart from step 20"}, 30)])
+    ingest(bucket_url, tmp_path / "b.duckdb", emit=None)
+    _machine(monkeypatch, tmp_path, "a", trusted=provenance.public_key())
+    ingest(bucket_url, tmp_path / "a.duckdb", emit=None)
+    a2, b2 = _answers(tmp_path / "a.duckdb"), _answers(tmp_path / "b.duckdb")
+    assert a2 == b2 and len(a2[2]) == len(a[2]) + 1
+    seqs = [row[2] for row in a2[2] if row[0] == "sick"]
+    assert len(seqs) == len(set(seqs))  # no seq shared by the two observatories' findings
+    keys = bucket.Bucket(bucket_url).list_after(f"{bucket.FINDINGS}/sick/")
+    assert len({k.split("/")[2] for k in keys}) == 2  # one findings stream per observatory

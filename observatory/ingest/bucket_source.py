@@ -10,6 +10,11 @@ appended in order; the cursor of each stream (`next chunk, mirror bytes`) is the
 beside it, written after the bytes: a pass cut short is repaired by cutting the mirror file back to its
 cursor. A chunk that is not whole lines of UTF-8 (half written, corrupt) is not appended: it goes to
 `rejected_events` with its key and reason, and the stream goes on with the next chunk.
+
+Another observatory's findings stream (`_findings/<run>/events.1000.<origin>/`) is mirrored the same way
+into `found/<origin>/<run>/events.1000.jsonl` (cursor `state/found-<origin>/<run>`), which ingest reads
+as a findings folder (`observatory.findings.roots`); this machine's own stream is not fetched: its
+findings folder has it. `analyst` says whether this store runs the analyses (the bucket's `_analyst`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from observatory import bucket, store
+from observatory import bucket, findings, store
+from observatory.events import OBSERVATORY_HOST
 from observatory.ingest.model import RAW_CAP
 from observatory.redact import scrub_text
 
@@ -39,25 +45,66 @@ class BucketSource:
         self.db = db
         self.mirror = bucket.mirror_of(self.url, db)
         self.state = self.mirror.parent / "state"
+        self.found = self.mirror.parent / "found"
         self.mirror.mkdir(parents=True, exist_ok=True)
         self.state.mkdir(parents=True, exist_ok=True)
+        url = self.mirror.parent / "url"  # `bucket.url_of` the mirror: where findings written there go
+        if not url.exists():
+            url.write_text(self.url + "\n")
+        self.origin = findings.origin(findings.root(self.url))
         self.margin_ms = int(margin_s * 1000)
         self.chunks = 0  # chunks read so far
 
-    def _cursor(self, run: str, host: int) -> tuple[int, int]:
+    def analyst(self, want: str, emit: Callable[[str], None]) -> bool:
+        """Whether this store runs the analyses (`bucket_analyst`): "yes" takes the role (writes this
+        origin into `_findings/_analyst`), "no" never; "auto" takes it when no observatory has it yet."""
+        if want not in ("auto", "yes", "no"):
+            raise ValueError(f"OBSERVATORY_BUCKET_ANALYST={want!r}: must be auto, yes or no")
+        if want == "no":
+            return False
+        if want == "yes":
+            self.bucket.put(bucket.ANALYST, self.origin.encode())
+            return True
+        if self.bucket.put_new(bucket.ANALYST, self.origin.encode()):
+            return True
+        holder = (self.bucket.get(bucket.ANALYST) or b"").decode("utf-8", "replace").strip()
+        if holder != self.origin:
+            emit(
+                f"observatory ingest: {self.url}: a replica; observatory {holder[:16]} runs the analyses and "
+                "this store reads its findings (OBSERVATORY_BUCKET_ANALYST=yes takes the role over)"
+            )
+        return holder == self.origin
+
+    def _name(self, run: str, host: int | str) -> str:
+        """A stream's cursor file under `state/`."""
+        if isinstance(host, str):
+            return f"found-{host.split('.', 1)[1]}/{run}"
+        return f"{run}.{host}"
+
+    def _file(self, run: str, host: int | str) -> Path:
+        """A stream's mirror file."""
+        if isinstance(host, str):
+            return self.found / host.split(".", 1)[1] / run / findings.NAME
+        return self.mirror / run / f"events.{host}.jsonl"
+
+    def _cursor(self, run: str, host: int | str) -> tuple[int, int]:
         try:
-            n, end = (self.state / f"{run}.{host}").read_text().split()
+            n, end = (self.state / self._name(run, host)).read_text().split()
             return int(n), int(end)
         except (OSError, ValueError):
             return 0, 0
 
     def _save(self, name: str, text: str) -> None:
-        tmp = self.state / f".{name}.tmp"
+        target = self.state / name
+        target.parent.mkdir(exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
         tmp.write_text(text)
-        os.replace(tmp, self.state / name)
+        os.replace(tmp, target)
 
     def pull(self, emit: Callable[[str], None]) -> int:
-        """Fetch the new chunks into the mirror; return how many were read."""
+        """Send this machine's findings the bucket did not take yet; fetch the new chunks into the mirror;
+        return how many were read."""
+        findings.resend(self.url)
         try:
             last = (self.state / _STATE).read_text().strip()
         except OSError:
@@ -72,6 +119,8 @@ class BucketSource:
             got = bucket.parse_journal(name.split("/", 1)[1])
             if got is not None:
                 _, run, host, n = got
+                if host == f"{OBSERVATORY_HOST}.{self.origin}":
+                    continue  # this machine's own findings: its findings folder has them
                 newest[(run, host)] = max(n, newest.get((run, host), -1))
         # each stream from its cursor to the newest chunk announced, fetched _BATCH chunks at a time (memory
         # stays bounded; a stream stops at its first chunk that cannot be read: retried on the next pass)
@@ -108,7 +157,7 @@ class BucketSource:
         n, end, stopped = cur
         if stopped:
             return 0
-        path = self.mirror / run / f"events.{host}.jsonl"
+        path = self._file(run, host)
         path.parent.mkdir(parents=True, exist_ok=True)
         rejected, read = [], 0
         with open(path, "ab") as f:
@@ -138,7 +187,7 @@ class BucketSource:
             _quarantine(self.db, rejected)
         if read:
             cur[0], cur[1] = n, end
-            self._save(f"{run}.{host}", f"{n} {end}\n")
+            self._save(self._name(run, host), f"{n} {end}\n")
         return read
 
 
