@@ -195,7 +195,9 @@ class Bucket:
         if self.scheme == "s3":
             import s3fs
 
-            return s3fs.S3FileSystem(skip_instance_cache=True)
+            # max_concurrency 1: a chunk (a few MB) is one GET; above 1, s3fs first HEADs every object it reads
+            # (to split a large one into ranges): twice the requests of a catch-up
+            return s3fs.S3FileSystem(skip_instance_cache=True, max_concurrency=1)
         else:
             # gcsfs.core's class: the package default also asks a gRPC control plane for the bucket's layout
             # (zonal or hierarchical namespaces), which we do not use and an emulator does not answer
