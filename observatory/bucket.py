@@ -9,6 +9,8 @@ starts with the writer's clock, so a reader finds new chunks with one LIST from 
     <prefix>/_findings/<run>/events.1000.<origin>/<n:010d>.jsonl    an observatory's findings of the run
     <prefix>/_journal/<ms:013d>-<run>-1000.<origin>-<n:010d>        ... announced in the same journal
     <prefix>/_findings/_analyst                          the origin of the observatory that runs the analyses
+    <prefix>/_packs/<ms>-<run>-<host>-<n>                the chunks announced from the last pack's journal key
+                                                         to this one, in one object (`pack`): a catch-up's GETs
 
 `<origin>` (6 hex) names the observatory that wrote a findings stream: each numbers its findings of a run
 from `seq_base(origin)`, so two observatories never write the same key nor the same (run, 1000, seq).
@@ -60,6 +62,9 @@ __all__ = [
     "seq_base",
     "url_of",
     "send_spool",
+    "PACKS",
+    "pack",
+    "unpack",
 ]
 
 SCHEMES = ("s3", "gs", "gcs")
@@ -67,6 +72,7 @@ _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 JOURNAL = "_journal"
 FINDINGS = "_findings"
 ANALYST = f"{FINDINGS}/_analyst"
+PACKS = "_packs"
 ORIGIN_RE = re.compile(r"^[0-9a-f]{6}$")
 _JOURNAL_RE = re.compile(r"^(\d{13})-([A-Za-z0-9._-]{1,128})-(\d+|1000\.[0-9a-f]{6})-(\d{10})$")
 
@@ -162,6 +168,24 @@ def journal_key(ms: int, run: str, host: int | str, n: int) -> str:
     return f"{JOURNAL}/{ms:013d}-{run}-{host}-{n:010d}"
 
 
+def pack(items: list[tuple[str, int | str, int, bytes]]) -> bytes:
+    """Chunks `(run, host, n, bytes)` as one object: a JSON line indexing them, then their bytes."""
+    head = json.dumps([[run, host, n, len(body)] for run, host, n, body in items]).encode() + b"\n"
+    return head + b"".join(body for *_, body in items)
+
+
+def unpack(data: bytes) -> list[tuple[str, int | str, int, bytes]]:
+    """`pack`'s chunks; ValueError for an object that is not one."""
+    cut = data.index(b"\n") + 1
+    index, out, at = json.loads(data[:cut]), [], cut
+    for run, host, n, size in index:
+        if not RUN_ID_RE.match(run) or not isinstance(n, int) or at + size > len(data):
+            raise ValueError(f"a pack's index does not match its bytes at {run!r} chunk {n!r}")
+        out.append((run, host, n, data[at : at + size]))
+        at += size
+    return out
+
+
 def parse_journal(name: str) -> tuple[str, str, int | str, int] | None:
     """`(key, run, host, n)` of a journal object's name (after `_journal/`), or None for another name; the
     host of a findings stream is the string "1000.<origin>"."""
@@ -252,9 +276,10 @@ class Bucket:
         got = self.fs.cat_ranges(paths, None, None, on_error="return")
         return dict(zip(keys, got, strict=True))
 
-    def list_after(self, prefix: str, after: str = "") -> list[str]:
-        """Keys (relative to the runs dir) under `prefix` that sort after `after`, in order: one request a
-        page of 1,000. GCS's `startOffset` is inclusive and an emulator may ignore it: filtered here too."""
+    def list_after(self, prefix: str, after: str = "", limit: int | None = None) -> list[str]:
+        """Keys (relative to the runs dir) under `prefix` that sort after `after`, in order (the first `limit`
+        of them): one request a page of 1,000. GCS's `startOffset` is inclusive and an emulator may ignore
+        it: filtered here too."""
         full = self._path(prefix)[len(self.bucket) + 1 :]
         start = self._path(after)[len(self.bucket) + 1 :] if after else ""
         cut = len(self.prefix) + 1 if self.prefix else 0
@@ -281,6 +306,8 @@ class Bucket:
                 names = [o["name"] for o in page.get("items", [])]
                 token = page.get("nextPageToken")
             keys.extend(n[cut:] for n in names if n > start)
+            if limit is not None and len(keys) >= limit:
+                return keys[:limit]
             if not token:
                 return keys
 

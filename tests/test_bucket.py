@@ -488,3 +488,28 @@ def test_two_machines_on_one_bucket_show_the_same_findings(bucket_url, tmp_path,
     assert len(seqs) == len(set(seqs))  # no seq shared by the two observatories' findings
     keys = bucket.Bucket(bucket_url).list_after(f"{bucket.FINDINGS}/sick/")
     assert len({k.split("/")[2] for k in keys}) == 2  # one findings stream per observatory
+
+
+@pytest.mark.slow  # seconds each against the emulators
+def test_a_new_replica_catches_up_from_the_analysts_packs(bucket_url, tmp_path):
+    for i in range(12):
+        _log(bucket_url, f"p{i}", range(5))
+    ingest(bucket_url, tmp_path / "a.duckdb", emit=None)
+    analyst = BucketSource(bucket_url, tmp_path / "a.duckdb", margin_s=0)
+    analyst.pull(lambda m: None)
+    packed = []
+    while n := analyst.pack(print, chunks=5):
+        packed.append(n)
+    assert packed and all(n == 5 for n in packed)
+    b = bucket.Bucket(bucket_url)
+    chunks = len(b.list_after(f"{bucket.JOURNAL}/"))
+    b.put_new(f"{bucket.PACKS}/9999999999999-bad-0-0000000000", b"not a pack")  # read: said, journal then
+    said = []
+    replica = BucketSource(bucket_url, tmp_path / "b.duckdb", margin_s=0)
+    replica.pull(said.append)
+    assert any("cannot read this pack" in m for m in said)
+    # one GET per pack, not per chunk: the chunks after the last pack and the LISTs besides
+    assert replica.bucket.requests < chunks - 5 * len(packed) + len(packed) + 6
+    ingest(bucket_url, tmp_path / "b.duckdb", emit=None)
+    assert _answers(tmp_path / "b.duckdb")[:2] == _answers(tmp_path / "a.duckdb")[:2]
+    assert len(_answers(tmp_path / "b.duckdb")[1]) == 12 * 5
