@@ -262,6 +262,14 @@ class Bucket:
         except FileNotFoundError:
             return None
 
+    def clock_ms(self, key: str) -> float | None:
+        """The store's clock when the object was written (S3 LastModified, to the second; GCS `updated`),
+        in Unix ms; None when the store does not say."""
+        self._count()
+        info = self.fs.info(self._path(key))
+        when = info.get("LastModified") or info.get("mtime")
+        return when.timestamp() * 1000 if hasattr(when, "timestamp") else None
+
     def size(self, key: str) -> int:
         self._count()
         return int(self.fs.info(self._path(key))["size"])
@@ -381,6 +389,8 @@ class Uploader:
                 if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
                     self.next, self.done = int(parts[0]) + 1, int(parts[1])
         self.seq_from = 0
+        self.clock = time.time  # this host's clock; journal keys are named by the store's (`skew_ms`)
+        self.skew_ms: float | None = None  # the store's clock minus this host's, from the first chunk put
         self._resolved = self.ledger.exists() or (spool.exists() and spool.stat().st_size > 0)
         if not self._resolved:
             try:
@@ -474,12 +484,38 @@ class Uploader:
         n = self.next
         key = chunk_key(self.run, self.host, n)
         # exists already: an earlier try (a killed process, a lost answer) made it from the same spool bytes
-        size = len(piece) if self.bucket.put_new(key, piece) else self.bucket.size(key)
-        self.bucket.put_new(journal_key(int(time.time() * 1000), self.run, self.host, n), b"")
+        before = self.clock() * 1000
+        made = self.bucket.put_new(key, piece)
+        size = len(piece) if made else self.bucket.size(key)
+        if made and self.skew_ms is None:  # (one made by an earlier try has an earlier time)
+            self._measure_skew(key, before)
+        ms = int(self.clock() * 1000 + (self.skew_ms or 0))
+        self.bucket.put_new(journal_key(ms, self.run, self.host, n), b"")
         self.done += size
         self.next = n + 1
         with open(self.ledger, "a") as f:
             f.write(f"{n} {self.done}\n")
+
+    def _measure_skew(self, key: str, before: float) -> None:
+        """The store's clock against this host's, from the chunk just put (one HEAD, once a writer): journal
+        keys are named by the store's clock when this host's is off by more than a few seconds (S3 gives
+        whole seconds), so a reader that lists the journal from its margin still finds them."""
+        from observatory import settings
+
+        try:
+            server = self.bucket.clock_ms(key)
+        except Exception:  # asked again with the next chunk
+            return
+        after = self.clock() * 1000
+        if server is None or before - 2000 <= server <= after + 1000:
+            self.skew_ms = 0.0
+            return
+        self.skew_ms = server - (before + after) / 2
+        if abs(self.skew_ms) > settings.get("journal_margin_s") * 1000 / 2:
+            _warn(
+                f"{self.bucket.url}: this host's clock is {self.skew_ms / 1000:+.0f} s off the store's; its "
+                "journal entries are named by the store's clock (set the host's clock: NTP)"
+            )
 
     def close(self, timeout: float) -> None:
         """The last roll (retried until `timeout`), then stop."""

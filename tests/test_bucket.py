@@ -513,3 +513,21 @@ def test_a_new_replica_catches_up_from_the_analysts_packs(bucket_url, tmp_path):
     ingest(bucket_url, tmp_path / "b.duckdb", emit=None)
     assert _answers(tmp_path / "b.duckdb")[:2] == _answers(tmp_path / "a.duckdb")[:2]
     assert len(_answers(tmp_path / "b.duckdb")[1]) == 12 * 5
+
+
+def test_a_writer_whose_clock_is_an_hour_behind_is_still_read(s3_url, tmp_path):
+    _log(s3_url, "on-time", range(3))
+    db = tmp_path / "k.duckdb"
+    ingest(s3_url, db, emit=None)  # the follower's place in the journal: now
+    spool = tmp_path / "late" / "events.0.jsonl"
+    spool.parent.mkdir()
+    line = {"v": 1, "run": "late", "kind": "metrics", "t": time.time(), "host": 0, "data": {"train/loss": 1.0}}
+    spool.write_text("".join(json.dumps({**line, "step": s, "seq": s}) + "\n" for s in range(4)))
+    up = bucket.Uploader(bucket.Bucket(s3_url), spool, "late", 0, 0.1, 8.0, thread=False)
+    up.clock = lambda: time.time() - 3600  # NTP never ran on this host
+    assert up.roll()
+    assert abs(up.skew_ms - 3600_000) < 5_000
+    (entry,) = [k for k in bucket.Bucket(s3_url).list_after(f"{bucket.JOURNAL}/") if "-late-" in k]
+    assert abs(int(entry.split("/")[1][:13]) - time.time() * 1000) < 10_000  # named by the store's clock
+    ingest(s3_url, db, emit=None)
+    assert _steps(db, "late") == [0, 1, 2, 3]
