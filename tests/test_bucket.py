@@ -521,7 +521,14 @@ def test_a_writer_whose_clock_is_an_hour_behind_is_still_read(s3_url, tmp_path):
     ingest(s3_url, db, emit=None)  # the follower's place in the journal: now
     spool = tmp_path / "late" / "events.0.jsonl"
     spool.parent.mkdir()
-    line = {"v": 1, "run": "late", "kind": "metrics", "t": time.time(), "host": 0, "data": {"train/loss": 1.0}}
+    line = {
+        "v": 1,
+        "run": "late",
+        "kind": "metrics",
+        "t": time.time(),
+        "host": 0,
+        "data": {"train/loss": 1.0},
+    }
     spool.write_text("".join(json.dumps({**line, "step": s, "seq": s}) + "\n" for s in range(4)))
     up = bucket.Uploader(bucket.Bucket(s3_url), spool, "late", 0, 0.1, 8.0, thread=False)
     up.clock = lambda: time.time() - 3600  # NTP never ran on this host
