@@ -538,3 +538,28 @@ def test_a_writer_whose_clock_is_an_hour_behind_is_still_read(s3_url, tmp_path):
     assert abs(int(entry.split("/")[1][:13]) - time.time() * 1000) < 10_000  # named by the store's clock
     ingest(s3_url, db, emit=None)
     assert _steps(db, "late") == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_levanter_tracker_writes_to_a_bucket(s3_url, tmp_path):
+    """Levanter's own tracker config and value types (tests/levanter_fixture.py's `calls`, in .venv-levanter),
+    `runs_dir` a bucket URL; the script dies of an uncaught exception, so the last chunk goes up at exit."""
+    from test_levanter import FIXTURE, PYTHON, ROOT
+
+    if not PYTHON.exists():
+        pytest.fail(f"{PYTHON} is missing: build the Levanter venv with `make levanter-venv`")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1"}
+    env.pop("XLA_FLAGS", None)
+    cmd = [str(PYTHON), str(FIXTURE), str(tmp_path / "out"), "--model", "calls", "--runs-dir", s3_url]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "boom in the training loop" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "out" / "runs").exists()
+    db = tmp_path / "lev.duckdb"
+    ingest(s3_url, db, emit=None)
+    with store.connect(db) as con:
+        assert con.execute("SELECT status FROM runs WHERE run = 'levanter-calls'").fetchone()[0] == "failed"
+        loss = con.execute(
+            "SELECT value FROM metrics WHERE run = 'levanter-calls' AND name = 'train/loss' ORDER BY step"
+        ).fetchall()
+        assert [v for (v,) in loss] == [3.5, 3.0]
