@@ -169,9 +169,7 @@ def drive_tracker(out: Path, runs_dir: str) -> None:
     class Inner:
         path: Path = Path("/data/x")
 
-    cfg = draccus.decode(
-        TrackerConfig, {"type": "observatory", "runs_dir": runs_dir, "tags": ["unit"]}
-    )
+    cfg = draccus.decode(TrackerConfig, {"type": "observatory", "runs_dir": runs_dir, "tags": ["unit"]})
     tracker = cfg.init("levanter-calls")
     tracker.log_hyperparameters(
         {
