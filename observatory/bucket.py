@@ -207,6 +207,7 @@ class Bucket:
         self.scheme, _, rest = url.partition("://")
         self.bucket, _, self.prefix = rest.partition("/")
         self.requests = 0
+        self.skew_ms: float | None = None  # the store's clock minus this host's (`Uploader`), once measured
         self._lock = threading.Lock()
         try:
             self.fs = self._filesystem()
@@ -390,7 +391,6 @@ class Uploader:
                     self.next, self.done = int(parts[0]) + 1, int(parts[1])
         self.seq_from = 0
         self.clock = time.time  # this host's clock; journal keys are named by the store's (`skew_ms`)
-        self.skew_ms: float | None = None  # the store's clock minus this host's, from the first chunk put
         self._resolved = self.ledger.exists() or (spool.exists() and spool.stat().st_size > 0)
         if not self._resolved:
             try:
@@ -487,9 +487,9 @@ class Uploader:
         before = self.clock() * 1000
         made = self.bucket.put_new(key, piece)
         size = len(piece) if made else self.bucket.size(key)
-        if made and self.skew_ms is None:  # (one made by an earlier try has an earlier time)
+        if made and self.bucket.skew_ms is None:  # (one made by an earlier try has an earlier time)
             self._measure_skew(key, before)
-        ms = int(self.clock() * 1000 + (self.skew_ms or 0))
+        ms = int(self.clock() * 1000 + (self.bucket.skew_ms or 0))
         self.bucket.put_new(journal_key(ms, self.run, self.host, n), b"")
         self.done += size
         self.next = n + 1
@@ -508,12 +508,12 @@ class Uploader:
             return
         after = self.clock() * 1000
         if server is None or before - 2000 <= server <= after + 1000:
-            self.skew_ms = 0.0
+            self.bucket.skew_ms = 0.0
             return
-        self.skew_ms = server - (before + after) / 2
-        if abs(self.skew_ms) > settings.get("journal_margin_s") * 1000 / 2:
+        self.bucket.skew_ms = server - (before + after) / 2
+        if abs(self.bucket.skew_ms) > settings.get("journal_margin_s") * 1000 / 2:
             _warn(
-                f"{self.bucket.url}: this host's clock is {self.skew_ms / 1000:+.0f} s off the store's; its "
+                f"{self.bucket.url}: this host's clock is {self.bucket.skew_ms / 1000:+.0f} s off the store's; its "
                 "journal entries are named by the store's clock (set the host's clock: NTP)"
             )
 

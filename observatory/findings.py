@@ -16,7 +16,8 @@ write is also sent to the bucket as a chunk of the run's findings stream of this
 (`bucket.send_spool`: `_findings/<run>/events.1000.<origin>/`), so every replica reads it. `origin` (the
 folder's file `origin`, made once) names this observatory there; its findings of a run are numbered
 from `bucket.seq_base(origin)`, so two observatories never write the same (run, 1000, seq). A write the
-store did not take is marked in `.unsent/` and sent again by the next ingest pass (`resend`).
+store has not taken yet is marked in `.unsent/`: a write given the bucket's URL sends it at once, and
+each ingest pass of a store that follows the bucket sends what is marked (`resend`).
 """
 
 from __future__ import annotations
@@ -125,38 +126,52 @@ def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]
         if lines:
             _append(runs_dir, run, target, lines)
             url = bucket.url_of(runs_dir)
-            if url is not None:
-                _send(url, target.parent.parent, run)
+            if url is not None:  # to the bucket: now when given its URL, else by the store's next ingest pass
+                _mark(root(url), run)
+                if bucket.is_url(str(runs_dir)):
+                    try:
+                        resend(url)
+                    except Exception as e:  # (no s3fs, a bad URL): kept, said
+                        print(
+                            f"observatory writer: {bucket.safe(url)}: findings not sent ({e})",
+                            file=sys.stderr,
+                        )
     return len(items)
 
 
-def _send(url: str, top: Path, run: str) -> bool:
-    """The run's findings file's new lines to the bucket; a failure marks the run in `.unsent/`."""
-    mark = top / UNSENT / run
+def _mark(top: Path, run: str) -> None:
+    (top / UNSENT).mkdir(parents=True, exist_ok=True)
+    (top / UNSENT / run).touch()
+
+
+def _send(b: bucket.Bucket, top: Path, run: str) -> bool:
+    """The run's findings file's new lines to the bucket; then its mark in `.unsent/` goes."""
     try:
-        b = bucket.Bucket(url)
         host = f"{OBSERVATORY_HOST}.{origin(top)}"
         sent = bucket.send_spool(b, top / run / NAME, run, host, settings.get("chunk_mb"))
-    except Exception as e:  # ImportError, credentials: said, and kept for the next pass
-        print(f"observatory writer: {bucket.safe(url)}: cannot send findings ({e})", file=sys.stderr)
+    except Exception as e:  # credentials, the disk: said, and kept for the next pass
+        print(f"observatory writer: {b.url}: cannot send {run}'s findings ({e})", file=sys.stderr)
         sent = False
     if sent:
-        mark.unlink(missing_ok=True)
-    else:
-        mark.parent.mkdir(parents=True, exist_ok=True)
-        mark.touch()
+        (top / UNSENT / run).unlink(missing_ok=True)
     return sent
 
 
-def resend(url: str) -> int:
-    """Send again the findings of this machine that the bucket did not take (`.unsent/`, one listing);
-    how many runs are still waiting."""
+def resend(url: str, b: bucket.Bucket | None = None) -> int:
+    """Send this machine's findings of the bucket `url` that wait in `.unsent/` (one listing; 16 runs at
+    a time, on one client `b`); how many runs are still waiting."""
+    from concurrent.futures import ThreadPoolExecutor
+
     top = root(url)
     try:
-        runs = os.listdir(top / UNSENT)
+        runs = [run for run in os.listdir(top / UNSENT) if RUN_ID_RE.match(run)]
     except OSError:
         return 0
-    return sum(1 for run in runs if RUN_ID_RE.match(run) and not _send(url, top, run))
+    if not runs:
+        return 0
+    b = b or bucket.Bucket(url)
+    with ThreadPoolExecutor(16) as pool:
+        return sum(1 for sent in pool.map(lambda run: _send(b, top, run), runs) if not sent)
 
 
 def _append(runs_dir, run: str, target: Path, lines: list[tuple]) -> None:

@@ -259,6 +259,8 @@ def ingest(
                         next_pack = time.monotonic() + PACK_EVERY_S
                         _pack(source, emit)
                 ing.one_pass(report)
+                if source is not None:
+                    source.send(emit)  # the findings the analyses wrote, to the bucket
                 if failing:
                     emit(
                         f"observatory ingest: {db}: the store is writable again; caught up from the last committed batch"

@@ -109,9 +109,8 @@ class BucketSource:
         os.replace(tmp, target)
 
     def pull(self, emit: Callable[[str], None]) -> int:
-        """Send this machine's findings the bucket did not take yet; fetch the new chunks into the mirror
-        (a new mirror first from the bucket's packs); return how many were read."""
-        findings.resend(self.url)
+        """Fetch the new chunks into the mirror (a new mirror first from the bucket's packs); return how
+        many were read."""
         last = self._last()
         read = 0
         if not last:
@@ -134,6 +133,12 @@ class BucketSource:
             self._save(_STATE, names[-1] + "\n")
         self.chunks += read
         return read
+
+    def send(self, emit: Callable[[str], None]) -> None:
+        """This machine's findings that wait to go to the bucket (`findings.resend`), on this client."""
+        left = findings.resend(self.url, self.bucket)
+        if left:
+            emit(f"observatory ingest: {self.url}: findings of {left} runs not sent yet; retrying next pass")
 
     def _last(self) -> str:
         """The newest journal key this mirror has read through ("" for a new mirror)."""
