@@ -477,6 +477,10 @@ def test_two_machines_on_one_bucket_show_the_same_findings(bucket_url, tmp_path,
     assert bucket_url.startswith("gs://") or any("a replica" in m for m in said)
     assert _answers(tmp_path / "b.duckdb") == a
     assert not list((tmp_path / "b" / "findings").rglob(findings.NAME))  # the replica wrote none
+    from observatory.interop.export import run_event_files
+
+    mirror = bucket.mirror_of(bucket.location(bucket_url), tmp_path / "b.duckdb")
+    assert any("/found/" in str(p) for _, p in run_event_files(mirror, "sick"))  # an export has them too
     # a note recorded on the replica goes to the bucket in its own seq range: both stores get it
     findings.write(bucket_url, "sick", "note", [({"text": "restart from step 20"}, 30)])
     ingest(bucket_url, tmp_path / "b.duckdb", emit=None)
