@@ -74,6 +74,7 @@ FINDINGS = "_findings"
 ANALYST = f"{FINDINGS}/_analyst"
 PACKS = "_packs"
 ORIGIN_RE = re.compile(r"^[0-9a-f]{6}$")
+_FOUND_RE = re.compile(r"^1000\.[0-9a-f]{6}$")  # a findings stream's host: 1000.<origin>
 _JOURNAL_RE = re.compile(r"^(\d{13})-([A-Za-z0-9._-]{1,128})-(\d+|1000\.[0-9a-f]{6})-(\d{10})$")
 
 
@@ -179,7 +180,15 @@ def unpack(data: bytes) -> list[tuple[str, int | str, int, bytes]]:
     cut = data.index(b"\n") + 1
     index, out, at = json.loads(data[:cut]), [], cut
     for run, host, n, size in index:
-        if not RUN_ID_RE.match(run) or not isinstance(n, int) or at + size > len(data):
+        host_ok = (isinstance(host, int) and host >= 0) or (isinstance(host, str) and _FOUND_RE.match(host))
+        if (
+            not (isinstance(run, str) and RUN_ID_RE.match(run))
+            or not host_ok
+            or not isinstance(n, int)
+            or n < 0
+        ):
+            raise ValueError(f"a pack's index names no stream at {run!r} {host!r} chunk {n!r}")
+        if not isinstance(size, int) or size < 0 or at + size > len(data):
             raise ValueError(f"a pack's index does not match its bytes at {run!r} chunk {n!r}")
         out.append((run, host, n, data[at : at + size]))
         at += size

@@ -567,3 +567,16 @@ def test_the_levanter_tracker_writes_to_a_bucket(s3_url, tmp_path):
             "SELECT value FROM metrics WHERE run = 'levanter-calls' AND name = 'train/loss' ORDER BY step"
         ).fetchall()
         assert [v for (v,) in loss] == [3.5, 3.0]
+
+
+def test_a_pack_that_names_no_stream_is_refused():
+    good = bucket.pack([("r1", 0, 0, b"a\n"), ("r1", "1000.00ab12", 3, b"b\n")])
+    assert bucket.unpack(good) == [("r1", 0, 0, b"a\n"), ("r1", "1000.00ab12", 3, b"b\n")]
+    for index in (
+        [["r1", "1000.../../x", 0, 2]],  # a host that would be a path
+        [["..", 0, 0, 2]],
+        [["r1", 0, -1, 2]],
+        [["r1", 0, 0, 99]],  # more bytes than the pack has
+    ):
+        with pytest.raises(ValueError):
+            bucket.unpack(json.dumps(index).encode() + b"\na\n")
