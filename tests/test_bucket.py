@@ -580,3 +580,21 @@ def test_a_pack_that_names_no_stream_is_refused():
     ):
         with pytest.raises(ValueError):
             bucket.unpack(json.dumps(index).encode() + b"\na\n")
+
+
+@pytest.mark.slow  # seconds each against the emulators
+def test_the_analysts_ingest_packs_and_a_replicas_does_not(s3_url, tmp_path, monkeypatch):
+    from observatory.ingest import bucket_source
+
+    monkeypatch.setattr(bucket_source, "PACK_CHUNKS", 3)
+    monkeypatch.setenv("OBSERVATORY_JOURNAL_MARGIN_S", "0")
+    for i in range(5):
+        _log(s3_url, f"q{i}", range(2))
+    b = bucket.Bucket(s3_url)
+    _machine(monkeypatch, tmp_path, "b")
+    ingest(s3_url, tmp_path / "first.duckdb", emit=None)  # the first: the analyst
+    packs = b.list_after(f"{bucket.PACKS}/")
+    assert packs
+    _machine(monkeypatch, tmp_path, "c")
+    ingest(s3_url, tmp_path / "second.duckdb", emit=None)  # a replica: it reads packs, makes none
+    assert b.list_after(f"{bucket.PACKS}/") == packs

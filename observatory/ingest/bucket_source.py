@@ -210,10 +210,11 @@ class BucketSource:
             group = []
         return read, again or any(c[2] == "retry" for c in cursors.values())
 
-    def pack(self, emit: Callable[[str], None], chunks: int = PACK_CHUNKS) -> int:
+    def pack(self, emit: Callable[[str], None], chunks: int | None = None) -> int:
         """The analyst's part: the next `chunks` journal entries after the last pack, once all are older
         than this mirror's newest entry by `journal_margin_s`, fetched and written as one pack (create-only:
         a second packer of the same entries makes the same key). Returns how many chunks it packed."""
+        chunks = chunks or PACK_CHUNKS
         if self._packed is None:
             packs = self.bucket.list_after(f"{bucket.PACKS}/")
             self._packed = f"{bucket.JOURNAL}/{packs[-1].split('/', 1)[1]}" if packs else ""
