@@ -74,23 +74,30 @@ def roots(runs_dir) -> list[tuple[str, Path]]:
 
 
 def origin(top: Path) -> str:
-    """This observatory's name in a bucket (6 hex): the findings folder's file `origin`, made once."""
+    """This observatory's name in a bucket (6 hex): the findings folder's file `origin`, made once (whole:
+    written beside it, then linked into place, so a process of this machine never reads it half made)."""
     f = top / "origin"
     try:
-        text = f.read_text().strip()
-        if bucket.ORIGIN_RE.match(text):
-            return text
+        return _origin_in(f)
     except FileNotFoundError:
         pass
     top.mkdir(parents=True, exist_ok=True)
+    tmp = top / f".origin.{os.getpid()}.{secrets.token_hex(4)}"
+    tmp.write_text(secrets.token_hex(3) + "\n")
     try:
-        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:  # made meanwhile by another process of this machine
-        time.sleep(0.05)
-        return f.read_text().strip()
-    with open(fd, "w") as out:
-        out.write(secrets.token_hex(3) + "\n")
-    return f.read_text().strip()
+        os.link(tmp, f)
+    except FileExistsError:  # made meanwhile by another process of this machine: theirs
+        pass
+    finally:
+        tmp.unlink()
+    return _origin_in(f)
+
+
+def _origin_in(f: Path) -> str:
+    text = f.read_text().strip()
+    if not bucket.ORIGIN_RE.match(text):
+        raise ValueError(f"{f}: not an origin (6 hex digits); remove it to make a new one")
+    return text
 
 
 def path(runs_dir, run: str) -> Path:
