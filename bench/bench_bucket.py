@@ -5,7 +5,8 @@ process's, not a region's):
 
 - requests per idle pass (`ingest` with nothing new) at 10, 10^3 and 10^4 finished runs, and that pass's
   wall time, beside a local folder's idle pass;
-- catch-up: the first `ingest` of the largest N into a new store, bucket against local folder;
+- catch-up: the first `ingest` of the largest N into a new store, bucket against local folder: the
+  first observatory's (chunk by chunk), and a new replica's once the analyst packed them (`_packs/`);
 - step -> store lag, p50 and p95, with `ingest --follow` and one live writer logging a step every 0.1 s:
   the default roll (`chunk_s` 10 s), a short roll (1 s), and the local folder;
 - the writer's overhead per `log()` call: bucket runs dir against local folder.
@@ -188,6 +189,17 @@ def main() -> None:
             t_b = t_get + timed(lambda: ingest(url, db_b, emit=None, hooks=False))  # noqa: B023
             t_l = timed(lambda: ingest(local, db_l, emit=None, hooks=False))  # noqa: B023
             catchup = (n, t_b, t_l, t_get, first.bucket.requests)
+            # one live run's newest entry (now): the finished runs' entries are settled, the analyst packs them
+            b = bucket.Bucket(url)
+            b.put_new(bucket.journal_key(int(time.time() * 1000), "live-now", 0, 0), b"")
+            b.put_new(bucket.chunk_key("live-now", 0, 0), run_log("live-now", time.time()))
+            first.pull(lambda m: None)
+            packs = [0]
+            t_pack = timed(lambda: packs.extend(iter(lambda: first.pack(lambda m: None), 0)))  # noqa: B023
+            replica = BucketSource(url, tmp / f"r{n}.duckdb", margin_s=300)
+            t_rget = timed(lambda: replica.pull(lambda m: None))  # noqa: B023
+            t_r = t_rget + timed(lambda: ingest(url, tmp / f"r{n}.duckdb", emit=None, hooks=False))  # noqa: B023
+            packed = (len(packs) - 1, sum(packs), t_pack, t_r, t_rget, replica.bucket.requests)
             src = BucketSource(url, db_b, margin_s=300)
             src.pull(lambda m: None)  # a follower's client is made once; then its passes
             before = src.bucket.requests
@@ -200,6 +212,12 @@ def main() -> None:
         print(
             f"\ncatch-up of {n} runs into a new store: bucket {t_b:.1f} s, local folder {t_l:.1f} s ({t_b / t_l:.2f}x); "
             f"of the bucket's, {t_get:.1f} s fetching the chunks ({reqs} requests, {reqs / t_get:.0f}/s)"
+        )
+        k, chunks, t_pack, t_r, t_rget, r_reqs = packed
+        print(
+            f"a new replica's catch-up from the analyst's {k} packs ({chunks} chunks; packing took the analyst "
+            f"{t_pack:.1f} s, once): {t_r:.1f} s ({t_r / t_l:.2f}x the local folder), of which {t_rget:.1f} s "
+            f"fetching ({r_reqs} requests)"
         )
         if args.no_lag:
             return

@@ -6,6 +6,14 @@ starts with the writer's clock, so a reader finds new chunks with one LIST from 
 
     <prefix>/<run>/events.<host>/<n:010d>.jsonl          chunk n: whole lines, spool bytes [a, b)
     <prefix>/_journal/<ms:013d>-<run>-<host>-<n:010d>    empty; written after chunk n
+    <prefix>/_findings/<run>/events.1000.<origin>/<n:010d>.jsonl    an observatory's findings of the run
+    <prefix>/_journal/<ms:013d>-<run>-1000.<origin>-<n:010d>        ... announced in the same journal
+    <prefix>/_findings/_analyst                          the origin of the observatory that runs the analyses
+    <prefix>/_packs/<ms>-<run>-<host>-<n>                the chunks announced from the last pack's journal key
+                                                         to this one, in one object (`pack`): a catch-up's GETs
+
+`<origin>` (6 hex) names the observatory that wrote a findings stream: each numbers its findings of a run
+from `seq_base(origin)`, so two observatories never write the same key nor the same (run, 1000, seq).
 
 - `location`/`is_url`/`safe`: parse a runs dir (a URL stays a string; a local path a `Path`), and the
   form of a URL that may be printed (no user, password or query: credentials come from the cloud's
@@ -49,12 +57,25 @@ __all__ = [
     "findings_tag",
     "journal_key",
     "parse_journal",
+    "FINDINGS",
+    "ANALYST",
+    "seq_base",
+    "url_of",
+    "send_spool",
+    "PACKS",
+    "pack",
+    "unpack",
 ]
 
 SCHEMES = ("s3", "gs", "gcs")
 _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 JOURNAL = "_journal"
-_JOURNAL_RE = re.compile(r"^(\d{13})-([A-Za-z0-9._-]{1,128})-(\d+)-(\d{10})$")
+FINDINGS = "_findings"
+ANALYST = f"{FINDINGS}/_analyst"
+PACKS = "_packs"
+ORIGIN_RE = re.compile(r"^[0-9a-f]{6}$")
+_FOUND_RE = re.compile(r"^1000\.[0-9a-f]{6}$")  # a findings stream's host: 1000.<origin>
+_JOURNAL_RE = re.compile(r"^(\d{13})-([A-Za-z0-9._-]{1,128})-(\d+|1000\.[0-9a-f]{6})-(\d{10})$")
 
 
 def is_url(where: Any) -> bool:
@@ -120,20 +141,68 @@ def findings_tag(runs_dir: Any) -> str | None:
     return None
 
 
-def chunk_key(run: str, host: int, n: int) -> str:
+def url_of(runs_dir: Any) -> str | None:
+    """The bucket URL of a runs dir: itself, or the bucket a store's mirror (`mirror_of`) reads; else None."""
+    if is_url(str(runs_dir)):
+        return location(str(runs_dir))
+    if findings_tag(runs_dir) is None:
+        return None
+    try:
+        return location((Path(runs_dir).parent / "url").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def seq_base(origin: str) -> int:
+    """The first seq of an observatory's findings of a run in a bucket: its origin's own range of 2^32."""
+    return int(origin, 16) << 32
+
+
+def chunk_key(run: str, host: int | str, n: int) -> str:
+    """A host's chunk n; for a findings stream (`host` "1000.<origin>"), under `_findings/`."""
+    if isinstance(host, str):
+        return f"{FINDINGS}/{run}/events.{host}/{n:010d}.jsonl"
     return f"{run}/events.{host}/{n:010d}.jsonl"
 
 
-def journal_key(ms: int, run: str, host: int, n: int) -> str:
+def journal_key(ms: int, run: str, host: int | str, n: int) -> str:
     return f"{JOURNAL}/{ms:013d}-{run}-{host}-{n:010d}"
 
 
-def parse_journal(name: str) -> tuple[str, str, int, int] | None:
-    """`(key, run, host, n)` of a journal object's name (after `_journal/`), or None for another name."""
+def pack(items: list[tuple[str, int | str, int, bytes]]) -> bytes:
+    """Chunks `(run, host, n, bytes)` as one object: a JSON line indexing them, then their bytes."""
+    head = json.dumps([[run, host, n, len(body)] for run, host, n, body in items]).encode() + b"\n"
+    return head + b"".join(body for *_, body in items)
+
+
+def unpack(data: bytes) -> list[tuple[str, int | str, int, bytes]]:
+    """`pack`'s chunks; ValueError for an object that is not one."""
+    cut = data.index(b"\n") + 1
+    index, out, at = json.loads(data[:cut]), [], cut
+    for run, host, n, size in index:
+        host_ok = (isinstance(host, int) and host >= 0) or (isinstance(host, str) and _FOUND_RE.match(host))
+        if (
+            not (isinstance(run, str) and RUN_ID_RE.match(run))
+            or not host_ok
+            or not isinstance(n, int)
+            or n < 0
+        ):
+            raise ValueError(f"a pack's index names no stream at {run!r} {host!r} chunk {n!r}")
+        if not isinstance(size, int) or size < 0 or at + size > len(data):
+            raise ValueError(f"a pack's index does not match its bytes at {run!r} chunk {n!r}")
+        out.append((run, host, n, data[at : at + size]))
+        at += size
+    return out
+
+
+def parse_journal(name: str) -> tuple[str, str, int | str, int] | None:
+    """`(key, run, host, n)` of a journal object's name (after `_journal/`), or None for another name; the
+    host of a findings stream is the string "1000.<origin>"."""
     m = _JOURNAL_RE.match(name)
     if m is None or not RUN_ID_RE.match(m.group(2)):  # "." and ".." are folders, never run ids
         return None
-    return name, m.group(2), int(m.group(3)), int(m.group(4))
+    host = m.group(3)
+    return name, m.group(2), int(host) if host.isdigit() else host, int(m.group(4))
 
 
 class Bucket:
@@ -147,6 +216,7 @@ class Bucket:
         self.scheme, _, rest = url.partition("://")
         self.bucket, _, self.prefix = rest.partition("/")
         self.requests = 0
+        self.skew_ms: float | None = None  # the store's clock minus this host's (`Uploader`), once measured
         self._lock = threading.Lock()
         try:
             self.fs = self._filesystem()
@@ -159,7 +229,9 @@ class Bucket:
         if self.scheme == "s3":
             import s3fs
 
-            return s3fs.S3FileSystem(skip_instance_cache=True)
+            # max_concurrency 1: a chunk (a few MB) is one GET; above 1, s3fs first HEADs every object it reads
+            # (to split a large one into ranges): twice the requests of a catch-up
+            return s3fs.S3FileSystem(skip_instance_cache=True, max_concurrency=1)
         else:
             # gcsfs.core's class: the package default also asks a gRPC control plane for the bucket's layout
             # (zonal or hierarchical namespaces), which we do not use and an emulator does not answer
@@ -187,6 +259,27 @@ class Bucket:
             return False
         return True
 
+    def put(self, key: str, data: bytes) -> None:
+        """Create or replace the object."""
+        self._count()
+        self.fs.pipe_file(self._path(key), data)
+
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes; None when there is none."""
+        self._count()
+        try:
+            return bytes(self.fs.cat_file(self._path(key)))
+        except FileNotFoundError:
+            return None
+
+    def clock_ms(self, key: str) -> float | None:
+        """The store's clock when the object was written (S3 LastModified, to the second; GCS `updated`),
+        in Unix ms; None when the store does not say."""
+        self._count()
+        info = self.fs.info(self._path(key))
+        when = info.get("LastModified") or info.get("mtime")
+        return when.timestamp() * 1000 if hasattr(when, "timestamp") else None
+
     def size(self, key: str) -> int:
         self._count()
         return int(self.fs.info(self._path(key))["size"])
@@ -201,9 +294,10 @@ class Bucket:
         got = self.fs.cat_ranges(paths, None, None, on_error="return")
         return dict(zip(keys, got, strict=True))
 
-    def list_after(self, prefix: str, after: str = "") -> list[str]:
-        """Keys (relative to the runs dir) under `prefix` that sort after `after`, in order: one request a
-        page of 1,000. GCS's `startOffset` is inclusive and an emulator may ignore it: filtered here too."""
+    def list_after(self, prefix: str, after: str = "", limit: int | None = None) -> list[str]:
+        """Keys (relative to the runs dir) under `prefix` that sort after `after`, in order (the first `limit`
+        of them): one request a page of 1,000. GCS's `startOffset` is inclusive and an emulator may ignore
+        it: filtered here too."""
         full = self._path(prefix)[len(self.bucket) + 1 :]
         start = self._path(after)[len(self.bucket) + 1 :] if after else ""
         cut = len(self.prefix) + 1 if self.prefix else 0
@@ -230,6 +324,8 @@ class Bucket:
                 names = [o["name"] for o in page.get("items", [])]
                 token = page.get("nextPageToken")
             keys.extend(n[cut:] for n in names if n > start)
+            if limit is not None and len(keys) >= limit:
+                return keys[:limit]
             if not token:
                 return keys
 
@@ -279,7 +375,16 @@ class Uploader:
     back-off while the spool keeps growing on local disk: nothing is lost, it drains later.
     """
 
-    def __init__(self, bucket: Bucket, spool: Path, run: str, host: int, chunk_s: float, chunk_mb: float):
+    def __init__(
+        self,
+        bucket: Bucket,
+        spool: Path,
+        run: str,
+        host: int | str,
+        chunk_s: float,
+        chunk_mb: float,
+        thread: bool = True,
+    ):
         self.bucket, self.spool, self.run, self.host = bucket, spool, run, host
         self.chunk_s, self.chunk_bytes = chunk_s, max(1, int(chunk_mb * 1e6))
         self.ledger = spool.with_name(spool.name + ".chunks")
@@ -294,6 +399,7 @@ class Uploader:
                 if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
                     self.next, self.done = int(parts[0]) + 1, int(parts[1])
         self.seq_from = 0
+        self.clock = time.time  # this host's clock; journal keys are named by the store's (`skew_ms`)
         self._resolved = self.ledger.exists() or (spool.exists() and spool.stat().st_size > 0)
         if not self._resolved:
             try:
@@ -307,12 +413,13 @@ class Uploader:
         self.failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"observatory-upload-{run}", daemon=True)
-        self._thread.start()
+        if thread:  # else the caller rolls (`send_spool`)
+            self._thread.start()
 
     def _continue_stream(self) -> None:
         """A stream the bucket has and this machine's spool not (the run resumed elsewhere): number the
         chunks after the bucket's last one, and the events after its last seq."""
-        names = self.bucket.list_after(f"{self.run}/events.{self.host}/")
+        names = self.bucket.list_after(chunk_key(self.run, self.host, 0).rsplit("/", 1)[0] + "/")
         self._resolved = True
         if not names:
             return
@@ -386,12 +493,38 @@ class Uploader:
         n = self.next
         key = chunk_key(self.run, self.host, n)
         # exists already: an earlier try (a killed process, a lost answer) made it from the same spool bytes
-        size = len(piece) if self.bucket.put_new(key, piece) else self.bucket.size(key)
-        self.bucket.put_new(journal_key(int(time.time() * 1000), self.run, self.host, n), b"")
+        before = self.clock() * 1000
+        made = self.bucket.put_new(key, piece)
+        size = len(piece) if made else self.bucket.size(key)
+        if made and self.bucket.skew_ms is None:  # (one made by an earlier try has an earlier time)
+            self._measure_skew(key, before)
+        ms = int(self.clock() * 1000 + (self.bucket.skew_ms or 0))
+        self.bucket.put_new(journal_key(ms, self.run, self.host, n), b"")
         self.done += size
         self.next = n + 1
         with open(self.ledger, "a") as f:
             f.write(f"{n} {self.done}\n")
+
+    def _measure_skew(self, key: str, before: float) -> None:
+        """The store's clock against this host's, from the chunk just put (one HEAD, once a writer): journal
+        keys are named by the store's clock when this host's is off by more than a few seconds (S3 gives
+        whole seconds), so a reader that lists the journal from its margin still finds them."""
+        from observatory import settings
+
+        try:
+            server = self.bucket.clock_ms(key)
+        except Exception:  # asked again with the next chunk
+            return
+        after = self.clock() * 1000
+        if server is None or before - 2000 <= server <= after + 1000:
+            self.bucket.skew_ms = 0.0
+            return
+        self.bucket.skew_ms = server - (before + after) / 2
+        if abs(self.bucket.skew_ms) > settings.get("journal_margin_s") * 1000 / 2:
+            _warn(
+                f"{self.bucket.url}: this host's clock is {self.bucket.skew_ms / 1000:+.0f} s off the store's; its "
+                "journal entries are named by the store's clock (set the host's clock: NTP)"
+            )
 
     def close(self, timeout: float) -> None:
         """The last roll (retried until `timeout`), then stop."""
@@ -405,6 +538,18 @@ class Uploader:
                 f"{self.bucket.url}: {self._pending()} bytes of {self.run} not uploaded yet; they stay in "
                 f"{self.spool} and go up when this run's writer starts again"
             )
+
+
+def send_spool(b: Bucket, spool: Path, run: str, host: str, chunk_mb: float) -> bool:
+    """Upload what a local findings file (`host` "1000.<origin>") has past its ledger, now, in this thread,
+    under an flock of its ledger (the processes of one machine that write findings take turns); False when
+    the store failed (the bytes stay in the file: the next call sends them)."""
+    import fcntl
+
+    ledger = spool.with_name(spool.name + ".chunks")
+    with open(ledger, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        return Uploader(b, spool, run, host, 0.0, chunk_mb, thread=False).roll()
 
 
 def _warn(msg: str) -> None:

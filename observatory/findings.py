@@ -10,6 +10,14 @@ that has such a file already (an older runs dir: one file, one numbering, per ru
 Between being written and being ingested they live only in that file; `pending` reads them
 back, with the contract's torn-line rule (a line without its final newline is not an event
 yet).
+
+For a bucket runs dir the findings folder is this machine's (`findings_dir/<bucket tag>`), and each
+write is also sent to the bucket as a chunk of the run's findings stream of this observatory
+(`bucket.send_spool`: `_findings/<run>/events.1000.<origin>/`), so every replica reads it. `origin` (the
+folder's file `origin`, made once) names this observatory there; its findings of a run are numbered
+from `bucket.seq_base(origin)`, so two observatories never write the same (run, 1000, seq). A write the
+store has not taken yet is marked in `.unsent/`: a write given the bucket's URL sends it at once, and
+each ingest pass of a store that follows the bucket sends what is marked (`resend`).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import gzip
 import hashlib
 import json
 import os
+import secrets
 import stat
 import sys
 import time
@@ -29,9 +38,10 @@ from observatory.events import OBSERVATORY_HOST, RUN_ID_RE
 from observatory.logtail import LinkRefused, last_seq, open_under
 from observatory.writer import append_shared, check_event, encode_event
 
-__all__ = ["root", "path", "write", "pending", "pending_many"]
+__all__ = ["root", "roots", "path", "write", "pending", "pending_many", "origin", "resend"]
 
 NAME = f"events.{OBSERVATORY_HOST}.jsonl"
+UNSENT = ".unsent"  # in a bucket's findings folder: one empty file per run whose findings wait to go up
 
 
 def root(runs_dir) -> Path | None:
@@ -47,11 +57,54 @@ def root(runs_dir) -> Path | None:
     return Path(settings.get("findings_dir")) / f"{os.path.basename(where) or 'runs'}-{tag}"
 
 
+def roots(runs_dir) -> list[tuple[str, Path]]:
+    """Where ingest reads the observatory's events besides the runs dir: `("findings:", root)`, and for a
+    store's mirror of a bucket each other observatory's findings (`("findings.<origin>:", folder)`, in
+    the mirror's `found/<origin>/`, laid out like a runs dir)."""
+    top = root(runs_dir)
+    out = [] if top is None else [("findings:", top)]
+    if bucket.findings_tag(runs_dir) is not None and not bucket.is_url(str(runs_dir)):
+        found = Path(runs_dir).parent / "found"
+        try:
+            names = sorted(os.listdir(found))
+        except OSError:
+            names = []
+        out += [(f"findings.{o}:", found / o) for o in names if bucket.ORIGIN_RE.match(o)]
+    return out
+
+
+def origin(top: Path) -> str:
+    """This observatory's name in a bucket (6 hex): the findings folder's file `origin`, made once (whole:
+    written beside it, then linked into place, so a process of this machine never reads it half made)."""
+    f = top / "origin"
+    try:
+        return _origin_in(f)
+    except FileNotFoundError:
+        pass
+    top.mkdir(parents=True, exist_ok=True)
+    tmp = top / f".origin.{os.getpid()}.{secrets.token_hex(4)}"
+    tmp.write_text(secrets.token_hex(3) + "\n")
+    try:
+        os.link(tmp, f)
+    except FileExistsError:  # made meanwhile by another process of this machine: theirs
+        pass
+    finally:
+        tmp.unlink()
+    return _origin_in(f)
+
+
+def _origin_in(f: Path) -> str:
+    text = f.read_text().strip()
+    if not bucket.ORIGIN_RE.match(text):
+        raise ValueError(f"{f}: not an origin (6 hex digits); remove it to make a new one")
+    return text
+
+
 def path(runs_dir, run: str) -> Path:
     """The run's observatory-host file: in the findings folder, or in the run's folder when asked or
     when one is there already."""
     top = root(runs_dir)
-    if bucket.is_url(str(runs_dir)):
+    if bucket.findings_tag(runs_dir) is not None:  # a bucket's: never a file of its mirror
         return top / run / NAME
     own = Path(runs_dir) / run / NAME
     # a link there is a log writer's, never ours (ingest refuses it): the findings folder's file is used
@@ -79,7 +132,53 @@ def write(runs_dir, run: str, kind: str, items: Iterable[tuple[dict, int | None]
     finally:  # what was checked before a bad item is written, as a writer's queue would have
         if lines:
             _append(runs_dir, run, target, lines)
+            url = bucket.url_of(runs_dir)
+            if url is not None:  # to the bucket: now when given its URL, else by the store's next ingest pass
+                _mark(root(url), run)
+                if bucket.is_url(str(runs_dir)):
+                    try:
+                        resend(url)
+                    except Exception as e:  # (no s3fs, a bad URL): kept, said
+                        print(
+                            f"observatory writer: {bucket.safe(url)}: findings not sent ({e})",
+                            file=sys.stderr,
+                        )
     return len(items)
+
+
+def _mark(top: Path, run: str) -> None:
+    (top / UNSENT).mkdir(parents=True, exist_ok=True)
+    (top / UNSENT / run).touch()
+
+
+def _send(b: bucket.Bucket, top: Path, run: str) -> bool:
+    """The run's findings file's new lines to the bucket; then its mark in `.unsent/` goes."""
+    try:
+        host = f"{OBSERVATORY_HOST}.{origin(top)}"
+        sent = bucket.send_spool(b, top / run / NAME, run, host, settings.get("chunk_mb"))
+    except Exception as e:  # credentials, the disk: said, and kept for the next pass
+        print(f"observatory writer: {b.url}: cannot send {run}'s findings ({e})", file=sys.stderr)
+        sent = False
+    if sent:
+        (top / UNSENT / run).unlink(missing_ok=True)
+    return sent
+
+
+def resend(url: str, b: bucket.Bucket | None = None) -> int:
+    """Send this machine's findings of the bucket `url` that wait in `.unsent/` (one listing; 16 runs at
+    a time, on one client `b`); how many runs are still waiting."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    top = root(url)
+    try:
+        runs = [run for run in os.listdir(top / UNSENT) if RUN_ID_RE.match(run)]
+    except OSError:
+        return 0
+    if not runs:
+        return 0
+    b = b or bucket.Bucket(url)
+    with ThreadPoolExecutor(16) as pool:
+        return sum(1 for sent in pool.map(lambda run: _send(b, top, run), runs) if not sent)
 
 
 def _append(runs_dir, run: str, target: Path, lines: list[tuple]) -> None:
@@ -110,8 +209,8 @@ def _next_seq(runs_dir, run: str, target: Path) -> int:
     copy): the findings folder's file continues their numbering, so ingest keeps both (seqs it has from
     a sibling file of the same run and host count as duplicates)."""
     seqs = []
-    if bucket.is_url(str(runs_dir)):
-        return 0
+    if bucket.findings_tag(runs_dir) is not None:  # a bucket's: this observatory's own range of seqs
+        return bucket.seq_base(origin(target.parent.parent))
     for other in (Path(runs_dir) / run / NAME, Path(runs_dir) / run / f"{NAME}.gz"):
         if other == target or not other.exists() or other.is_symlink() or other.parent.is_symlink():
             continue  # a link is a log writer's, not ours: never read through
@@ -153,7 +252,11 @@ def pending_many(runs_dir, runs: Iterable[str], kind: str) -> dict[str, list[dic
         in_top = set()
     out = {}
     for run in runs:  # `path`'s rule: the run folder's own file first, else the findings folder's
-        found = None if bucket.is_url(str(runs_dir)) else _pending_at(runs_dir, f"{run}/{NAME}", kind)
+        found = (
+            None
+            if bucket.findings_tag(runs_dir) is not None
+            else _pending_at(runs_dir, f"{run}/{NAME}", kind)
+        )
         if found is None and top is not None and run in in_top:
             found = _pending_at(top, f"{run}/{NAME}", kind)
         out[run] = found or []

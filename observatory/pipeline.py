@@ -45,6 +45,8 @@ from observatory.store import rollups
 
 __all__ = ["ingest", "rebuild", "Ingester", "Analyses", "ANALYSES", "ON_CLOCK", "CLOCK_S"]
 
+# how often the analyst of a bucket runs dir looks for settled chunks to pack, and how many packs at most
+PACK_EVERY_S, PACKS_A_CALL = 60.0, 10
 # how often the analyses of `ON_CLOCK` run with no new event (a silent run is found within it)
 CLOCK_S = 5.0
 # the analyses in the order they run after each batch (each a method of `Analyses`)
@@ -222,13 +224,17 @@ def ingest(
     db = Path(db) if db is not None else store.default_db()
     emit = emit or (lambda _msg: None)
     source = None
+    analyses, packer = ANALYSES, False
     if isinstance(runs_dir, str):  # a bucket: its new chunks into a local mirror, read from there
         from observatory.ingest.bucket_source import BucketSource
 
         source = BucketSource(runs_dir, db, settings.get("journal_margin_s"))
         runs_dir = source.mirror
+        if hooks and not source.analyst(settings.get("bucket_analyst"), emit):
+            analyses = ()  # a replica: it reads the analyst's findings from the bucket, writes none
+        packer = hooks and bool(analyses)
     report = IngestReport()
-    ing = Ingester(runs_dir, db, hooks=hooks, emit=emit, progress=progress)
+    ing = Ingester(runs_dir, db, hooks=hooks, emit=emit, progress=progress, analyses=analyses)
     t0 = time.perf_counter()
     stop = stop_event or threading.Event()
     old: dict[int, Any] = {}
@@ -244,11 +250,17 @@ def ingest(
             if lock is None:
                 return report  # stopped while waiting for the other follower
         failing = None
+        next_pack = 0.0
         while True:
             try:
                 if source is not None:
                     source.pull(emit)
+                    if packer and time.monotonic() >= next_pack:  # the analyst packs what has settled
+                        next_pack = time.monotonic() + PACK_EVERY_S
+                        _pack(source, emit)
                 ing.one_pass(report)
+                if source is not None:
+                    source.send(emit)  # the findings the analyses wrote, to the bucket
                 if failing:
                     emit(
                         f"observatory ingest: {db}: the store is writable again; caught up from the last committed batch"
@@ -280,6 +292,17 @@ def ingest(
             lock.close()
         report.seconds = time.perf_counter() - t0
     return report
+
+
+def _pack(source, emit: Callable[[str], None]) -> None:
+    """The analyst's packs of a bucket's settled chunks (`BucketSource.pack`), a few a call; a failure is
+    said and left for the next call (packs only speed up a new replica's catch-up)."""
+    try:
+        for _ in range(PACKS_A_CALL):
+            if not source.pack(emit):
+                return
+    except Exception as e:
+        emit(f"observatory ingest: {source.url}: packing failed ({type(e).__name__}: {e}); retrying later")
 
 
 def _follower_lock(db: Path, stop: threading.Event, emit: Callable[[str], None]):

@@ -119,6 +119,11 @@ SETTINGS: dict[str, Setting] = {
             low=0.0,
         ),
         Setting(
+            "bucket_analyst",
+            "auto",
+            "which observatory following a bucket runs dir runs the analyses (detectors, forecasts, decisions, alerts) and writes their findings to the bucket; the others read them: `auto` (the first to ingest the bucket), `yes` (this one, taking the role over), `no` (a replica)",
+        ),
+        Setting(
             "loss_names",
             ",".join(LOSS_NAMES),
             "a run's loss: the first of these comma-separated metric names it logged (the Live chart, the Runs table's last loss, the report)",

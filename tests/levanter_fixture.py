@@ -101,7 +101,7 @@ def model_config(kind: str, tokenizer: Path) -> dict:
     raise ValueError(f"unknown model {kind!r}")
 
 
-def write_config(out: Path, kind: str, steps: int, run_id: str) -> Path:
+def write_config(out: Path, kind: str, steps: int, run_id: str, runs_dir: str) -> Path:
     corpus = write_corpus(out / "corpus")
     tokenizer = build_tokenizer(out / "tokenizer", corpus)
     val = write_corpus(out / "corpus-val", shards=1, docs=20, seed=1)
@@ -134,7 +134,7 @@ def write_config(out: Path, kind: str, steps: int, run_id: str) -> Path:
             "checkpointer": {"base_path": str(out / "checkpoints"), "save_interval": "1h"},
             "watch": {"interval": 2, "include_histograms": True},
             "tracker": [
-                {"type": "observatory", "runs_dir": str(out / "runs"), "tags": ["levanter", kind]},
+                {"type": "observatory", "runs_dir": runs_dir, "tags": ["levanter", kind]},
                 {"type": "wandb", "mode": "offline", "project": "observatory-test", "save_code": False},
             ],
         },
@@ -145,7 +145,7 @@ def write_config(out: Path, kind: str, steps: int, run_id: str) -> Path:
     return path
 
 
-def drive_tracker(out: Path) -> None:
+def drive_tracker(out: Path, runs_dir: str) -> None:
     """Every Tracker call with the values Levanter sends; then an uncaught exception."""
     import dataclasses
     import datetime
@@ -169,9 +169,7 @@ def drive_tracker(out: Path) -> None:
     class Inner:
         path: Path = Path("/data/x")
 
-    cfg = draccus.decode(
-        TrackerConfig, {"type": "observatory", "runs_dir": str(out / "runs"), "tags": ["unit"]}
-    )
+    cfg = draccus.decode(TrackerConfig, {"type": "observatory", "runs_dir": runs_dir, "tags": ["unit"]})
     tracker = cfg.init("levanter-calls")
     tracker.log_hyperparameters(
         {
@@ -228,13 +226,15 @@ def main() -> None:
     ap.add_argument("--model", default="llama", choices=("llama", "mixtral", "calls"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--launcher", default="observatory.integrations.levanter.train_lm")
+    ap.add_argument("--runs-dir", help="the tracker's runs_dir (default OUT_DIR/runs; a bucket URL too)")
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    runs_dir = args.runs_dir or str(out / "runs")
     if args.model == "calls":
-        drive_tracker(out)
+        drive_tracker(out, runs_dir)
     run_id = f"levanter-{args.model}"
-    cfg = write_config(out, args.model, args.steps, run_id)
+    cfg = write_config(out, args.model, args.steps, run_id, runs_dir)
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -249,7 +249,7 @@ def main() -> None:
         [sys.executable, "-m", args.launcher, "--config_path", str(cfg)], env=env, cwd=out, check=True
     )
     (out / "run.json").write_text(
-        json.dumps({"run_id": run_id, "runs_dir": str(out / "runs"), "wandb_dir": str(out / "wandb")})
+        json.dumps({"run_id": run_id, "runs_dir": runs_dir, "wandb_dir": str(out / "wandb")})
     )
 
 

@@ -430,3 +430,171 @@ def test_a_writer_resumes_from_a_ledger_torn_by_a_kill(s3_url, tmp_path):
     ingest(s3_url, db, emit=None)
     assert _steps(db, "torn") == list(range(10))
     assert ledger.read_text().split("\n")[-2].split()[1] == str(spool.stat().st_size)  # all of it up
+
+
+def _answers(db: Path) -> tuple:
+    with store.connect(db) as con:
+        return tuple(
+            con.execute(q).fetchall()
+            for q in (
+                "SELECT run, status FROM runs ORDER BY run",
+                "SELECT run, step, name, nullif(value, 'nan'::DOUBLE) FROM metrics ORDER BY run, step, name",
+                "SELECT run, host, seq, kind, step FROM events WHERE host = 1000 ORDER BY run, seq",
+            )
+        )
+
+
+def _machine(monkeypatch, tmp_path: Path, name: str, trusted: str = "") -> None:
+    """What tells two observatories apart: their findings folder and key (as on two machines)."""
+    monkeypatch.setenv("OBSERVATORY_FINDINGS_DIR", str(tmp_path / name / "findings"))
+    monkeypatch.setenv("OBSERVATORY_KEY_FILE", str(tmp_path / name / "observatory.key"))
+    if trusted:
+        monkeypatch.setenv("OBSERVATORY_TRUSTED_KEYS", trusted)
+    else:
+        monkeypatch.delenv("OBSERVATORY_TRUSTED_KEYS", raising=False)
+
+
+@pytest.mark.slow  # seconds each against the emulators
+def test_two_machines_on_one_bucket_show_the_same_findings(bucket_url, tmp_path, monkeypatch):
+    from observatory import findings, provenance
+
+    _log(bucket_url, "calm", range(40))
+    r = observatory.init(run_id="sick", runs_dir=bucket_url, chunk_s=0.1, heartbeat_s=0)
+    for s in range(40):
+        r.log({"train/loss": float("nan") if s == 30 else 3.0 - s / 100}, step=s)
+    r.finish()
+    _machine(monkeypatch, tmp_path, "a")
+    a_key = provenance.public_key()
+    ingest(bucket_url, tmp_path / "a.duckdb", emit=None)  # the first to ingest: the analyst
+    a = _answers(tmp_path / "a.duckdb")
+    assert [row[3] for row in a[2]].count("anomaly") >= 1, a[2]
+    # another machine that trusts the analyst's key: a replica, reading the analyst's findings
+    _machine(monkeypatch, tmp_path, "b", trusted=a_key)
+    if bucket_url.startswith("gs://"):  # gcp-storage-emulator ignores ifGenerationMatch: say the role
+        monkeypatch.setenv("OBSERVATORY_BUCKET_ANALYST", "no")
+    said = []
+    ingest(bucket_url, tmp_path / "b.duckdb", emit=said.append)
+    assert bucket_url.startswith("gs://") or any("a replica" in m for m in said)
+    assert _answers(tmp_path / "b.duckdb") == a
+    assert not list((tmp_path / "b" / "findings").rglob(findings.NAME))  # the replica wrote none
+    from observatory.interop.export import run_event_files
+
+    mirror = bucket.mirror_of(bucket.location(bucket_url), tmp_path / "b.duckdb")
+    assert any("/found/" in str(p) for _, p in run_event_files(mirror, "sick"))  # an export has them too
+    # a note recorded on the replica goes to the bucket in its own seq range: both stores get it
+    findings.write(bucket_url, "sick", "note", [({"text": "restart from step 20"}, 30)])
+    ingest(bucket_url, tmp_path / "b.duckdb", emit=None)
+    _machine(monkeypatch, tmp_path, "a", trusted=provenance.public_key())
+    ingest(bucket_url, tmp_path / "a.duckdb", emit=None)
+    a2, b2 = _answers(tmp_path / "a.duckdb"), _answers(tmp_path / "b.duckdb")
+    assert a2 == b2 and len(a2[2]) == len(a[2]) + 1
+    seqs = [row[2] for row in a2[2] if row[0] == "sick"]
+    assert len(seqs) == len(set(seqs))  # no seq shared by the two observatories' findings
+    keys = bucket.Bucket(bucket_url).list_after(f"{bucket.FINDINGS}/sick/")
+    assert len({k.split("/")[2] for k in keys}) == 2  # one findings stream per observatory
+
+
+@pytest.mark.slow  # seconds each against the emulators
+def test_a_new_replica_catches_up_from_the_analysts_packs(bucket_url, tmp_path):
+    for i in range(12):
+        _log(bucket_url, f"p{i}", range(5))
+    ingest(bucket_url, tmp_path / "a.duckdb", emit=None)
+    analyst = BucketSource(bucket_url, tmp_path / "a.duckdb", margin_s=0)
+    analyst.pull(lambda m: None)
+    packed = []
+    while n := analyst.pack(print, chunks=5):
+        packed.append(n)
+    assert packed and all(n == 5 for n in packed)
+    b = bucket.Bucket(bucket_url)
+    chunks = len(b.list_after(f"{bucket.JOURNAL}/"))
+    b.put_new(f"{bucket.PACKS}/9999999999999-bad-0-0000000000", b"not a pack")  # read: said, journal then
+    said = []
+    replica = BucketSource(bucket_url, tmp_path / "b.duckdb", margin_s=0)
+    replica.pull(said.append)
+    assert any("cannot read this pack" in m for m in said)
+    # one GET per pack, not per chunk: the chunks after the last pack and the LISTs besides
+    assert replica.bucket.requests < chunks - 5 * len(packed) + len(packed) + 6
+    ingest(bucket_url, tmp_path / "b.duckdb", emit=None)
+    assert _answers(tmp_path / "b.duckdb")[:2] == _answers(tmp_path / "a.duckdb")[:2]
+    assert len(_answers(tmp_path / "b.duckdb")[1]) == 12 * 5
+
+
+def test_a_writer_whose_clock_is_an_hour_behind_is_still_read(s3_url, tmp_path):
+    _log(s3_url, "on-time", range(3))
+    db = tmp_path / "k.duckdb"
+    ingest(s3_url, db, emit=None)  # the follower's place in the journal: now
+    spool = tmp_path / "late" / "events.0.jsonl"
+    spool.parent.mkdir()
+    line = {
+        "v": 1,
+        "run": "late",
+        "kind": "metrics",
+        "t": time.time(),
+        "host": 0,
+        "data": {"train/loss": 1.0},
+    }
+    spool.write_text("".join(json.dumps({**line, "step": s, "seq": s}) + "\n" for s in range(4)))
+    up = bucket.Uploader(bucket.Bucket(s3_url), spool, "late", 0, 0.1, 8.0, thread=False)
+    up.clock = lambda: time.time() - 3600  # NTP never ran on this host
+    assert up.roll()
+    assert abs(up.bucket.skew_ms - 3600_000) < 5_000
+    (entry,) = [k for k in bucket.Bucket(s3_url).list_after(f"{bucket.JOURNAL}/") if "-late-" in k]
+    assert abs(int(entry.split("/")[1][:13]) - time.time() * 1000) < 10_000  # named by the store's clock
+    ingest(s3_url, db, emit=None)
+    assert _steps(db, "late") == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_levanter_tracker_writes_to_a_bucket(s3_url, tmp_path):
+    """Levanter's own tracker config and value types (tests/levanter_fixture.py's `calls`, in .venv-levanter),
+    `runs_dir` a bucket URL; the script dies of an uncaught exception, so the last chunk goes up at exit."""
+    from test_levanter import FIXTURE, PYTHON, ROOT
+
+    if not PYTHON.exists():
+        pytest.fail(f"{PYTHON} is missing: build the Levanter venv with `make levanter-venv`")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1"}
+    env.pop("XLA_FLAGS", None)
+    cmd = [str(PYTHON), str(FIXTURE), str(tmp_path / "out"), "--model", "calls", "--runs-dir", s3_url]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "boom in the training loop" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "out" / "runs").exists()
+    db = tmp_path / "lev.duckdb"
+    ingest(s3_url, db, emit=None)
+    with store.connect(db) as con:
+        assert con.execute("SELECT status FROM runs WHERE run = 'levanter-calls'").fetchone()[0] == "failed"
+        loss = con.execute(
+            "SELECT value FROM metrics WHERE run = 'levanter-calls' AND name = 'train/loss' ORDER BY step"
+        ).fetchall()
+        assert [v for (v,) in loss] == [3.5, 3.0]
+
+
+def test_a_pack_that_names_no_stream_is_refused():
+    good = bucket.pack([("r1", 0, 0, b"a\n"), ("r1", "1000.00ab12", 3, b"b\n")])
+    assert bucket.unpack(good) == [("r1", 0, 0, b"a\n"), ("r1", "1000.00ab12", 3, b"b\n")]
+    for index in (
+        [["r1", "1000.../../x", 0, 2]],  # a host that would be a path
+        [["..", 0, 0, 2]],
+        [["r1", 0, -1, 2]],
+        [["r1", 0, 0, 99]],  # more bytes than the pack has
+    ):
+        with pytest.raises(ValueError):
+            bucket.unpack(json.dumps(index).encode() + b"\na\n")
+
+
+@pytest.mark.slow  # seconds each against the emulators
+def test_the_analysts_ingest_packs_and_a_replicas_does_not(s3_url, tmp_path, monkeypatch):
+    from observatory.ingest import bucket_source
+
+    monkeypatch.setattr(bucket_source, "PACK_CHUNKS", 3)
+    monkeypatch.setenv("OBSERVATORY_JOURNAL_MARGIN_S", "0")
+    for i in range(5):
+        _log(s3_url, f"q{i}", range(2))
+    b = bucket.Bucket(s3_url)
+    _machine(monkeypatch, tmp_path, "b")
+    ingest(s3_url, tmp_path / "first.duckdb", emit=None)  # the first: the analyst
+    packs = b.list_after(f"{bucket.PACKS}/")
+    assert packs
+    _machine(monkeypatch, tmp_path, "c")
+    ingest(s3_url, tmp_path / "second.duckdb", emit=None)  # a replica: it reads packs, makes none
+    assert b.list_after(f"{bucket.PACKS}/") == packs

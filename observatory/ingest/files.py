@@ -1,7 +1,7 @@
 """The event logs of a runs dir: which to read, how far each is read, and reading one within a batch.
 
 Layout: `<runs>/<run>/events.<host>.jsonl` (and `.jsonl.gz`, import copies), and the observatory's
-own `events.1000.jsonl` under the runs dir's findings folder (`observatory.findings.root`). A file's
+own `events.1000.jsonl` under the runs dir's findings folders (`observatory.findings.roots`). A file's
 progress is its row of `ingest_files` (byte offset, line, seq range), written in the
 same transaction as the rows it covers.
 """
@@ -51,7 +51,8 @@ FINDINGS = "findings:"  # a store path's prefix for the runs dir's findings fold
 class Scan:
     """Every event log under a runs dir and its findings folder, as three parallel columns (store path,
     size, mtime): only the files with work become `LogFile`s, a batch's worth at a time (`with_work`). A
-    store path is `<run>/<file>` in the runs dir, `findings:<run>/<file>` in the findings folder.
+    store path is `<run>/<file>` in the runs dir, `findings:<run>/<file>` in the findings folder,
+    `findings.<origin>:<run>/<file>` in another observatory's (a bucket's: `observatory.findings.roots`).
 
     The columns are tuples of strings and numbers, and the files with work a pass lists (`_Listing`) are
     too: the garbage collector stops looking into such a tuple once it has seen it. At 10^5 runs a
@@ -60,6 +61,7 @@ class Scan:
 
     root: str
     findings: str | None = None  # the findings folder (`observatory.findings.root`), when apart
+    others: tuple[tuple[str, str], ...] = ()  # (store path prefix, folder) of other observatories' findings
     rel: tuple[str, ...] = ()
     size: tuple[int, ...] = ()
     mtime: tuple[float, ...] = ()
@@ -96,6 +98,7 @@ class Scan:
         return Scan(
             self.root,
             self.findings,
+            self.others,
             tuple(self.rel[i] for i in keep),
             tuple(self.size[i] for i in keep),
             tuple(self.mtime[i] for i in keep),
@@ -106,13 +109,15 @@ class Scan:
         where = self.root
         if rel.startswith(FINDINGS):
             where = self.findings
+        elif ":" in rel:  # run ids have no ":"
+            where = dict(self.others)[rel[: rel.index(":") + 1]]
         run, host, gz = _parts(rel)
         return LogFile(where, rel, run, host, gz, size, mtime)
 
 
 def _parts(rel: str) -> tuple[str, int, bool]:
     """(run, host, gz) of a store path."""
-    run, name = rel.removeprefix(FINDINGS).split("/", 1)
+    run, name = (rel.partition(":")[2] or rel).split("/", 1)
     m = FILE_RE.match(name)
     return run, int(m.group(1)), bool(m.group(2))
 
@@ -165,14 +170,15 @@ def scan(
     10^5 run folders costs what those syscalls do. Which files have work is the store's to say
     (`with_work`: one join in DuckDB, not a dict of 10^5 rows in Python)."""
     skip = set() if skip is None else skip
-    top = findings.root(runs_dir)
-    out = Scan(str(runs_dir), None if top is None else str(top), folders=folders)
+    tops = [(prefix, str(top)) for prefix, top in findings.roots(runs_dir)]
+    top = next((t for prefix, t in tops if prefix == FINDINGS), None)
+    out = Scan(str(runs_dir), top, tuple((p, t) for p, t in tops if p != FINDINGS), folders=folders)
     cols: tuple[list[str], list[int], list[float]] = ([], [], [])
     seen: list[str] = []  # the folders seen that have a kept listing: any other kept listing is of one gone
     since = time.time_ns() - SETTLED_S * 1_000_000_000
     _scan_into(cols, out.root, "", skip, emit, folders, seen, since)
-    if out.findings is not None:
-        _scan_into(cols, out.findings, FINDINGS, skip, emit, folders, seen, since)
+    for prefix, folder in tops:
+        _scan_into(cols, folder, prefix, skip, emit, folders, seen, since)
     if folders is not None and len(folders.entries) > len(seen):
         folders.forget(set(seen))
     out.rel, out.size, out.mtime = (tuple(c) for c in cols)

@@ -75,6 +75,10 @@ def run_event_files(runs_dir: str | os.PathLike, run: str) -> list[tuple[int, Pa
     own = findings.path(runs_dir, run)  # the observatory's own events, in the runs dir's findings folder
     if own.parent != folder and own.is_file():
         files.append((OBSERVATORY_HOST, own))
+    for prefix, top in findings.roots(runs_dir):  # other observatories' (a bucket's replica: `found/`)
+        other = top / run / findings.NAME
+        if prefix != "findings:" and other.is_file() and not other.is_symlink():
+            files.append((OBSERVATORY_HOST, other))
     if not files:
         raise ExportError(f"run {run!r}: no events.<host>.jsonl files in {folder}")
     return files
