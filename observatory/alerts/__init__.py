@@ -90,13 +90,14 @@ def evaluate(
     rule_set: rules.Rules | None = None,
     send: bool = True,
     written: dict[tuple, str] | None = None,
-    deliver: Callable[[list, str, str, str], list[str]] | None = None,
+    deliver: Callable[..., list[str]] | None = None,
 ) -> list[dict]:
     """Open the episodes that began and resolve those that ended; the `alert` events written (with `run`).
     `written`: the caller's record of the alert states it wrote (key -> "open" | "resolved"), read and
     updated (a long-lived ingester keeps one: its writes reach the store one pass later). `deliver`: how a
     message leaves (`delivery.Delivery.put`: queued for a thread of its own, returning the channels it is
-    queued for); None: sent now, on this thread (`channels.send`)."""
+    queued for); None: sent now, on this thread (`channels.send`). An episode that opens mentions whom its
+    rule's `mention` names (the rules file's); one that resolves mentions nobody."""
     deliver = deliver or channels.send
     now = time.time() if now is None else now
     rule_set = rule_set or rules.load(rules.path_for(getattr(db, "path", db)))  # the store's own rules
@@ -106,6 +107,7 @@ def evaluate(
         live = live_runs(con, now, also={k[0] for k in opened})
         fire = {f.key: f for f in firing(con, rule_set, live, now, opened)}
     out: list[dict] = []
+    mentions = {r.name: r.mention for r in rule_set.rules}
     by_run: dict[str, list[tuple[dict, int | None]]] = {}
     for key, f in fire.items():
         if key in opened:
@@ -113,7 +115,8 @@ def evaluate(
         project = live[f.run].project
         silenced = rule_set.silenced(f.rule, f.run, project, now)
         title, body = _body(f, "open", f.message)
-        sent = [] if silenced or not send else deliver(rule_set.channels, f.severity, title, body)
+        mention = mentions.get(f.rule, ())
+        sent = [] if silenced or not send else deliver(rule_set.channels, f.severity, title, body, mention)
         by_run.setdefault(f.run, []).append((_data(f, "open", sent, f.message), f.step))
         written[key] = "open"
     for key, d in opened.items():
@@ -160,7 +163,7 @@ def after_ingest(
     runs: set[str] | None = None,
     *,
     written: dict[tuple, str] | None = None,
-    deliver: Callable[[list, str, str, str], list[str]] | None = None,
+    deliver: Callable[..., list[str]] | None = None,
 ) -> set[str]:
     """The ingester's analysis (after each batch, and on the follower's clock): evaluate; the runs written
     to. `written`, `deliver`: as for `evaluate`. Never raises: a bad rules file or a failed send is said on stderr and

@@ -45,14 +45,16 @@ class Delivery:
         self.dropped = 0  # messages a full queue refused
         self.failed = 0  # (message, channel) sends that failed every try
 
-    def put(self, chans: list[Channel], severity: str, title: str, body: str) -> list[str]:
+    def put(
+        self, chans: list[Channel], severity: str, title: str, body: str, mention: tuple[str, ...] = ()
+    ) -> list[str]:
         """Queue the message for the channels that take `severity`; the names of those it is queued for
-        (none when the queue is full: said, and counted in `dropped`)."""
+        (none when the queue is full: said, and counted in `dropped`). `mention`: the rule's mentions."""
         to = channels.takers(chans, severity)
         if not to:
             return []
         try:
-            self._queue.put_nowait((to, severity, title, body))
+            self._queue.put_nowait((to, severity, title, body, mention))
         except queue.Full:
             self.dropped += 1
             self.emit(
@@ -73,18 +75,18 @@ class Delivery:
             try:
                 if item is None:
                     return
-                to, severity, title, body = item
+                to, severity, title, body, mention = item
                 for c in to:
-                    self._send(c, severity, title, body)
+                    self._send(c, severity, title, body, mention)
             finally:
                 self._queue.task_done()
 
-    def _send(self, c: Channel, severity: str, title: str, body: str) -> None:
+    def _send(self, c: Channel, severity: str, title: str, body: str, mention: tuple[str, ...]) -> None:
         for attempt in range(1 + self.retries):
             if attempt:
                 time.sleep(self.retry_wait_s)
             try:
-                if channels.send_one(c, severity, title, body, self.timeout_s):
+                if channels.send_one(c, severity, title, body, self.timeout_s, mention):
                     return
             except Exception as e:  # a plugin's own error: the worker goes on with the next message
                 self.emit(f"observatory alerts: channel {c.name}: {type(e).__name__}: {e}")

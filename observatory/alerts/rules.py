@@ -26,6 +26,9 @@ names: `path_for`) holds five lists, each optional::
         over_steps: 2000
       - name: no-step
         no_step_for_s: 600         # a stall rule with its own threshold
+        mention: ["<!here>", "@here"]  # whom its opening message mentions (`MENTIONS`; none by default)
+      - name: findings             # a default rule's name with `mention` alone: whom it mentions
+        mention: ["<@U024BE7LH>"]
     silences:            # alerts still open and resolve, but nobody is sent them until `until`
       - run: "sweep-*"
         rule: "*"
@@ -53,9 +56,10 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -81,9 +85,17 @@ __all__ = [
     "parse_until",
     "RulesError",
     "thresholds_of",
+    "mention_kind",
 ]
 
 RANK = {s: i for i, s in enumerate(SEVERITIES)}
+# the mentions a rule may ask for, by the chat that reads them (a token of one kind is sent to that kind's
+# channels only): Slack's special mentions, a user (U…/W…) or a user group (S…); Discord's @here and
+# @everyone, a user or a role by its id (a snowflake)
+MENTIONS = {
+    "slack": re.compile(r"<!(?:here|channel|everyone)>|<@[UW][A-Z0-9]{2,20}>|<!subteam\^S[A-Z0-9]{2,20}>"),
+    "discord": re.compile(r"@here|@everyone|<@!?[0-9]{15,21}>|<@&[0-9]{15,21}>"),
+}
 SECTIONS = ("channels", "rules", "silences", "disabled", "thresholds")
 
 
@@ -124,6 +136,8 @@ class Rule:
     rise: float | None = None
     fall: float | None = None
     over_steps: int = 2000
+    # mentions the operator asks for when an episode of this rule opens (`MENTIONS`; the file's, never a log's)
+    mention: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -203,6 +217,7 @@ DEFAULT_RULES = (
     # (`min_severity: warn`); a channel with `min_severity: info` takes it
     Rule("mfu_drop", "throughput_loss", "info"),
 )
+DEFAULTS = {r.name for r in DEFAULT_RULES}
 
 
 def path_for(db: str | os.PathLike | None = None) -> Path:
@@ -259,6 +274,25 @@ def _scope(entry: dict, where: str) -> Scope:
     return Scope(entry.get("run"), entry.get("project"))
 
 
+def mention_kind(token: str) -> str | None:
+    """'slack' or 'discord': whose mention `token` is, whole (`MENTIONS`); None: no mention token."""
+    return next((k for k, rx in MENTIONS.items() if rx.fullmatch(token)), None)
+
+
+def _mention(entry: dict, where: str) -> tuple[str, ...]:
+    m = entry.get("mention", [])
+    m = [m] if isinstance(m, str) else m
+    if not isinstance(m, list):
+        raise RulesError(f"{where}.mention: expected a list of mentions")
+    for i, t in enumerate(m):
+        if not isinstance(t, str) or mention_kind(t) is None:
+            raise RulesError(
+                f"{where}.mention[{i}]: {t!r} is not a mention: Slack <!here>, <!channel>, <!everyone>, "
+                "<@U…>, <!subteam^S…>; Discord @here, @everyone, <@id>, <@&role-id>"
+            )
+    return tuple(dict.fromkeys(m))
+
+
 def _rule(entry: dict, where: str) -> Rule:
     name = entry.get("name")
     if not isinstance(name, str) or not name:
@@ -267,11 +301,12 @@ def _rule(entry: dict, where: str) -> Rule:
     if sev not in RANK:
         raise RulesError(f"{where}.severity: must be one of {', '.join(SEVERITIES)}, got {sev!r}")
     scope = _scope(entry, where)
+    mention = _mention(entry, where)
     if "no_step_for_s" in entry:
         s = entry["no_step_for_s"]
         if not isinstance(s, (int, float)) or isinstance(s, bool) or s <= 0:
             raise RulesError(f"{where}.no_step_for_s: expected seconds > 0")
-        return Rule(name, "stalled", sev, scope, stall_s=float(s))
+        return Rule(name, "stalled", sev, scope, stall_s=float(s), mention=mention)
     metric = entry.get("metric")
     if not isinstance(metric, str) or not metric:
         raise RulesError(f"{where}: a rule needs `metric` (with `above` or `below`) or `no_step_for_s`")
@@ -307,6 +342,7 @@ def _rule(entry: dict, where: str) -> Rule:
         rise=limits["rise"],
         fall=limits["fall"],
         over_steps=over,
+        mention=mention,
     )
 
 
@@ -332,6 +368,11 @@ def load(path: str | os.PathLike | None = None) -> Rules:
         where = f"{p}: rules[{i}]"
         if not isinstance(e, dict):
             raise RulesError(f"{where}: expected a mapping")
+        default = next((i for i, r in enumerate(out.rules) if r.name == e.get("name")), None)
+        if default is not None and set(e) <= {"name", "mention"} and e.get("name") in DEFAULTS:
+            # `{name: findings, mention: [...]}`: who a default rule mentions
+            out.rules[default] = replace(out.rules[default], mention=_mention(e, where))
+            continue
         rule = _rule(e, where)
         if any(r.name == rule.name for r in out.rules):
             raise RulesError(f"{where}.name: {rule.name!r} is already a rule")
