@@ -33,6 +33,14 @@ PAGES = [
     ("ladder", {}),
     ("health", {"run": HOSTILE}),
 ]
+# what tests/test_hostile_browser.py opens in chromium: these, and the pages AppTest cannot drive as a visitor
+# does (Sweeps' views draw through plotly; SQL shows a query's result only once Run is clicked)
+SWEEP_VARS = {"metric": "train/loss", "var": "project = p", "color": "config.model.note"}
+BROWSER_PAGES = PAGES + [
+    ("sweeps", {"view": "Curves", **SWEEP_VARS}),
+    ("sweeps", {"view": "Table", "key": "config.model.note", **SWEEP_VARS}),
+    ("sql", {}),
+]
 # what plotly would draw as markup from a planted part (its titles, names and hover text take `<b>`,
 # `<a href>` and `<img>`): an escaped part is `&lt;b&gt;` in the figure's JSON
 _PLOTLY_MARKUP = re.compile(r"(?:<|\\u003c)(?:b(?:>|\\u003e)HTMLMK|img src=|a href=)", re.IGNORECASE)
@@ -124,6 +132,13 @@ def test_every_page_over_every_field_planted(hostile_db, name, query):
     assert not [m.group(0) for sp in specs for m in _PLOTLY_MARKUP.finditer(sp)], f"{name}: plotly markup"
     shown = texts + specs + [d.value.to_csv() for d in at.dataframe]
     assert not [t[:200] for t in shown if FORGED in t], f"{name}: a forged finding is shown"
+
+
+def test_the_browser_sweep_opens_every_page_of_the_dashboard():
+    """A page added to the dashboard's registry and left out of the sweep fails here."""
+    from observatory.dashboard.pages import PAGES as REGISTRY
+
+    assert {url for _, _, url, _ in REGISTRY} == {name for name, _ in BROWSER_PAGES}
 
 
 def test_forged_findings_are_rejected_lines_with_their_reason(hostile_db):
