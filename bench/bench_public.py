@@ -10,6 +10,8 @@ Sections (each prints its own figures; `--only NAME` runs one):
 - `secrets`: the redaction classes of issue 36 (tests/test_redact.py's generator: every secret
   key in every context -- query string, after another pair, header, JSON -- with every value
   shape, and tokens glued to word characters). Harmful: any part of a value left.
+- `planted`: tests/public_secrets.py's needles (a shape of each detect-secrets rule among them) in a
+  foreign log and in `init(config=…)`: harmful when one is in the store or in the log the writer wrote.
 - `text`: every page and view over tests/hostile_store.py (every field of every event kind
   planted with Markdown, HTML, Streamlit directives, foreign images and links) under
   AppTest: each Markdown text with a planted part is harmless when it would render none of
@@ -33,7 +35,7 @@ Sections (each prints its own figures; `--only NAME` runs one):
 - `faults`: `bench/bench_public_faults.py` (the fault matrix: each scenario, recovered or
   not, events lost).
 
-    python bench/bench_public.py [--only sql|secrets|text|params|types|forged|memory|server|load|faults] [--verbose]
+    python bench/bench_public.py [--only sql|secrets|planted|text|params|types|forged|memory|server|load|faults] [--verbose]
 """
 
 from __future__ import annotations
@@ -121,6 +123,54 @@ def section_secrets(verbose: bool) -> bool:
             if token[6:16] in out:
                 harmful.append(repr(out))
     return _counts("secrets", tried, tried - len(harmful), 0, harmful, verbose)
+
+
+def section_planted(verbose: bool) -> bool:
+    """tests/public_secrets.py's needles planted in a foreign run (every place a log holds text, and a shape of
+    each detect-secrets rule in its context): harmful = a needle found in the store (every column of every
+    table, as text) or, for the config's and notes' needles, in the log `init(config=…)` writes."""
+    from public_secrets import IN_CONFIG, SECRETS, foreign_config, leaks, write_foreign_run
+
+    from observatory.pipeline import ingest
+    from observatory.store import connect
+    from observatory.writer import init
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runs, db = Path(tmp) / "runs", Path(tmp) / "store.duckdb"
+        write_foreign_run(runs)
+        ingest(runs, db, emit=None)
+        with connect(db) as con:
+            tables = [
+                t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+            ]
+            text = "\n".join(repr(r) for t in tables for r in con.execute(f'SELECT * FROM "{t}"').fetchall())
+        stored = leaks(text)
+        run = init(
+            run_id="w",
+            runs_dir=Path(tmp) / "w",
+            config=foreign_config(),
+            notes=f"my password is {SECRETS['prose']} for now",
+            install_signal_handlers=False,
+        )
+        run.finish()
+        written = leaks(
+            (Path(tmp) / "w" / "w" / "events.0.jsonl").read_text(), {k: SECRETS[k] for k in IN_CONFIG}
+        )
+    print(
+        f"planted: {len(SECRETS)} needles in a foreign log, {len(stored)} stored: {' '.join(stored) or '-'}"
+    )
+    print(
+        f"  init(config=…): {len(IN_CONFIG)} needles, {len(written)} in the log written: {' '.join(written) or '-'}"
+    )
+    harmful = [f"stored: {n}" for n in stored] + [f"written: {n}" for n in written]
+    return _counts(
+        "planted",
+        len(SECRETS) + len(IN_CONFIG),
+        0,
+        len(SECRETS) + len(IN_CONFIG) - len(harmful),
+        harmful,
+        verbose,
+    )
 
 
 def _hostile_env() -> None:
@@ -351,6 +401,7 @@ def section_faults(verbose: bool) -> bool:
 SECTIONS = {
     "sql": section_sql,
     "secrets": section_secrets,
+    "planted": section_planted,
     "text": section_text,
     "params": section_params,
     "types": section_types,

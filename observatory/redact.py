@@ -234,9 +234,12 @@ def hide_detected(text: str) -> tuple[str, int]:
         if needles.search(text) is not None:
             text, k = pat.subn(lambda m: m.group(1) + REDACTED, text)
             n += k
-    for needles, rules in _detectors():
-        if needles.search(text) is None:
-            continue  # no literal the rule needs is there: its searches are skipped
+    longest = -1  # the longest run of word characters (of 11 or more), measured when a rule set asks
+    for needles, run, rules in _detectors():
+        if run and longest < 0:
+            longest = max(map(len, _RUNS.findall(text)), default=0)
+        if run > longest or needles.search(text) is None:
+            continue  # no literal (or no value long enough) the rule needs is there: its searches are skipped
         for pat, whole in rules:
             text, k = _hide_rule(text, pat, whole)
             n += k
@@ -250,7 +253,11 @@ def _hide_rule(text: str, pat: re.Pattern, whole: bool) -> tuple[str, int]:
     def hide(m: re.Match) -> str:
         nonlocal n
         if whole or m.lastindex is None:
-            part, head, tail = m.group(0), "", ""
+            # a rule that matches the delimiters around a token (Artifactory's `(?:\s|=|:|"|^)AKC…`) keeps them
+            part = m.group(0)
+            core = part.strip(' \t\n=:"')
+            head, part, tail = part[: part.index(core)] if core else "", core or part, ""
+            tail = m.group(0)[len(head) + len(part) :]
         else:
             part, head, tail = m.group(1), text[m.start() : m.start(1)], text[m.end(1) : m.end()]
         if part.strip("<>") == REDACTED.strip("<>"):  # hidden already by our own pattern
@@ -262,22 +269,27 @@ def _hide_rule(text: str, pat: re.Pattern, whole: bool) -> tuple[str, int]:
 
 
 @functools.cache
-def _detectors() -> tuple[tuple[re.Pattern, tuple[tuple[re.Pattern, bool], ...]], ...]:
-    """detect-secrets' token rules (its maintained regexes: AWS, Azure `AccountKey=`, a URL's basic auth,
-    Discord, GitHub, GitLab `glpat-`, JWT, Mailchimp, npm, OpenAI, PyPI, SendGrid `SG.`, Slack `xox…` and
-    webhooks, Square, Stripe `sk_live_`, Telegram) with whether the whole match is the secret (else its
-    first group is), grouped by rule set behind a search for the literals one of which each match holds.
-    Loaded on first use; none where detect-secrets is not installed (a training script's
-    writer: ingest applies them again). Its keyword and entropy rules are left out (they flag prose), and
-    so are its Artifactory, Twilio and public-IP rules (they flag metric names and addresses)."""
+def _detectors() -> tuple[tuple[re.Pattern, int, tuple[tuple[re.Pattern, bool], ...]], ...]:
+    """detect-secrets' token rules (its maintained regexes: Artifactory, AWS, Azure `AccountKey=`, a URL's
+    basic auth, Cloudant, Discord, GitHub, GitLab `glpat-`, IBM Cloud IAM and COS HMAC keys, JWT,
+    Mailchimp, npm, OpenAI, PyPI, SendGrid `SG.`, Slack `xox…` and webhooks, SoftLayer, Square, Stripe
+    `sk_live_`, Telegram, Twilio) with whether the whole match is the secret (else its first group is),
+    grouped by rule set behind a search for the literals one of which each match holds (case-blind for a
+    case-blind rule set). Loaded on first use; none where detect-secrets is not installed (a training
+    script's writer: ingest applies them again). Its keyword and entropy rules are left out (they flag
+    prose), and so is its public-IP rule (it flags addresses)."""
     try:
         from detect_secrets.plugins import (
+            artifactory,
             aws,
             azure_storage_key,
             basic_auth,
+            cloudant,
             discord,
             github_token,
             gitlab_token,
+            ibm_cloud_iam,
+            ibm_cos_hmac,
             jwt,
             mailchimp,
             npm,
@@ -285,17 +297,35 @@ def _detectors() -> tuple[tuple[re.Pattern, tuple[tuple[re.Pattern, bool], ...]]
             pypi_token,
             sendgrid,
             slack,
+            softlayer,
             square_oauth,
             stripe,
             telegram_token,
+            twilio,
         )
     except ImportError:
         return ()
-    in_group = (basic_auth.BasicAuthDetector, npm.NpmDetector)
+    # the rules whose first group is the secret (a URL's password, an npm token, a key after its name)
+    in_group = (
+        basic_auth.BasicAuthDetector,
+        npm.NpmDetector,
+        cloudant.CloudantDetector,
+        ibm_cloud_iam.IbmCloudIamDetector,
+        ibm_cos_hmac.IbmCosHmacDetector,
+        softlayer.SoftlayerDetector,
+    )
     out = []
     # each rule with the literals one of which any match of it holds (a case-blind rule's in the cases a
-    # secret is written in): most text has none of them
+    # secret is written in): most text has none of them. The rules that find a value after a name (`key`,
+    # `password`, ...: common words) run only where the text also has a run of as many word characters as
+    # their shortest value (`_Run`): prose and tracebacks seldom do
     for cls, needles in (
+        (artifactory.ArtifactoryDetector, ("AKC", "AP", _Run(11))),
+        (cloudant.CloudantDetector, ("key", "pw", "pass", "token", "cloudant.com", _Run(24))),
+        (ibm_cloud_iam.IbmCloudIamDetector, ("key", "pwd", "pass", "token", _Run(44))),
+        (ibm_cos_hmac.IbmCosHmacDetector, ("secret", _Run(48))),
+        (softlayer.SoftlayerDetector, ("key", "pwd", "pass", "token", "softlayer.com", _Run(64))),
+        (twilio.TwilioKeyDetector, ("AC", "SK", _Run(34))),
         (aws.AWSKeyDetector, ("A3T", "ABIA", "ACCA", "AKIA", "ASIA", "aws", "AWS", "Aws")),
         (azure_storage_key.AzureStorageKeyDetector, ("AccountKey=",)),
         (basic_auth.BasicAuthDetector, ("://",)),
@@ -333,12 +363,23 @@ def _detectors() -> tuple[tuple[re.Pattern, tuple[tuple[re.Pattern, bool], ...]]
             # the secret is the whole match, but where a rule's group is the secret (a URL's password, an
             # npm token, AWS's quoted secret key); a token is hidden to its last character (`sk_live_` + 99)
             whole = not (cls in in_group or (cls is aws.AWSKeyDetector and pat.groups))
-            if whole:
+            if whole and not pat.pattern.endswith("|$)"):  # (a rule that ends at its own delimiter: kept)
                 end = "\n" if pat.flags & re.VERBOSE else ""  # a verbose rule may end in a comment
                 pat = re.compile(f"(?:{pat.pattern}{end})[A-Za-z0-9_\\-]*", pat.flags)
             rules.append((pat, whole))
-        out.append((re.compile("|".join(map(re.escape, needles))), tuple(rules)))
+        words = [n for n in needles if not isinstance(n, _Run)]
+        run = max([n for n in needles if isinstance(n, _Run)], default=0)
+        # a name rule's literals in any case (its rules are case-blind)
+        blind = re.IGNORECASE if run and all(p.flags & re.IGNORECASE for p, _ in rules) else 0
+        out.append((re.compile("|".join(map(re.escape, words)), blind), run, tuple(rules)))
     return tuple(out)
+
+
+class _Run(int):
+    """In a rule set's literals (`_detectors`): its value is a run of at least this many word characters."""
+
+
+_RUNS = re.compile(r"[A-Za-z0-9_\-]{11,}")
 
 
 # remembered for short strings: a sweep's configs, tags and statuses repeat a few values 10^5 times (16k of

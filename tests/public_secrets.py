@@ -12,6 +12,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# issue 55, round two's leftovers: a shape for each rule of detect-secrets' plugins, in the context the rule
+# needs (a name before it, a URL around it): (the secret, its context)
+SHAPES = {
+    "ds_twilio_ac": ("AC" + "planted0twilio0account0sid012345", "{}"),
+    "ds_twilio_sk": ("SK" + "planted0twilio0api0key0sid012345", "{}"),
+    "ds_artifactory": ("AKC" + "Planted0Artifactory0Key01234", "artifactory {}"),
+    "ds_artifactory_ap": ("AP6" + "Planted0ArtifactoryPw", "X-JFrog-Art-Api: {}"),
+    "ds_ibm_iam": ("Planted0IbmCloudIamKey0123456789-abcdefghijk", "ibm_cloud_iam_key = '{}'"),
+    "ds_ibm_cos": ("0123456789abcdef" * 2 + "fedcba9876543210", "cos_hmac_secret_access_key: {}"),
+    "ds_cloudant": ("planteddcloudantpwabcdef", "https://acct:{}@acct.cloudant.com"),
+    "ds_softlayer": (("planted0softlayer0api0key" * 3)[:64], "https://api.softlayer.com/soap/v3/{}"),
+    "ds_pypi": ("pypi-AgEIcHlwaS5vcmc" + ("Planted0PypiToken" * 5)[:72], "{}"),
+    "ds_square": ("sq0csp-" + ("Planted0SquareSecret" * 3)[:43], "{}"),
+    "ds_telegram": ("123456789:AA" + ("Planted0TelegramBot" * 2)[:33], "{}"),
+    "ds_discord": ("MTk4NjIyNDgzNDcxOTI1MjQ4.Cl2FMQ.Planted0DiscordBot0Tok0123456", "{}"),
+    "ds_slack_hook": ("https://hooks.slack.com/services/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", "{}"),
+    "ds_mailchimp": ("0123456789abcdef0123456789abcdef-us12", "{}"),
+    "ds_openai": ("sk-Planted0" + "T3BlbkFJ" + "Planted0OpenAiKey01", "{}"),
+    "ds_ghs": ("ghs_" + "Planted0GithubServer0Token012345678", "{}"),
+    "ds_ec_key": (
+        "MHcCAQEEIPlantedEcKeyBody",
+        "-----BEGIN EC PRIVATE KEY-----\n{}\n-----END EC PRIVATE KEY-----",
+    ),
+}
 WANDB_HEX = "f00dfeed" * 5  # 40 hex: a W&B key
 SECRETS = {
     "wandb_hex": WANDB_HEX,
@@ -62,6 +86,7 @@ SECRETS = {
     "azure": "Pl4ntedAzureAccountKey" + "A" * 64 + "==",
     "argv": "planted-argv-api-key-value",
     "prose": "Planted-Prose-Pw-42!",
+    **{k: v for k, (v, _) in SHAPES.items()},
 }
 PEM = f"-----BEGIN RSA PRIVATE KEY-----\n{SECRETS['pem']}\n-----END RSA PRIVATE KEY-----"
 RUN = "foreign"
@@ -104,6 +129,7 @@ def foreign_config() -> dict:
         "t6": s["sendgrid"],
         "t7": f"DefaultEndpointsProtocol=https;AccountName=a;AccountKey={s['azure']};EndpointSuffix=x",
         "argv": ["train.py", "--api-key", s["argv"], "--lr", "3e-4"],
+        "more": [f"note: {ctx.format(s[k])} and more" for k, (_, ctx) in SHAPES.items()],
     }
 
 
@@ -111,7 +137,7 @@ def foreign_config() -> dict:
 IN_CONFIG = (
     "wandb_hex wandb_hex_text hf by_key by_key_nested k_pw k_passphrase k_jwt k_webhook_url k_ssh_key "
     "url_empty_user url_sig url_key stripe google slack_bot gitlab npm sendgrid azure argv"
-).split()
+).split() + list(SHAPES)
 
 
 def write_foreign_run(runs_dir: Path) -> Path:
