@@ -30,12 +30,16 @@ Sections (each prints its own figures; `--only NAME` runs one):
   path, an installation id or Streamlit's metrics in the answer), and every websocket frame and
   HTTP body of each page (harmful: a server path or an installation id in it).
 
+- `links`: a real server over the hostile store and chromium opening 160 distinct hostile deep links
+  (`BENCH_LINKS`) with the dashboard cache bounded at 32 MB: the server's RSS after each quarter;
+  harmful when the last quarter still grows it (more than 8 MB, or a tenth of the first quarter's).
+
 - `load`: `bench/bench_load.py` (20 viewers on Live, Experts and SQL for 2 minutes while a
   run trains: time to first chart against one viewer, errors, busy, staleness, RSS).
 - `faults`: `bench/bench_public_faults.py` (the fault matrix: each scenario, recovered or
   not, events lost).
 
-    python bench/bench_public.py [--only sql|secrets|planted|text|params|types|forged|memory|server|load|faults] [--verbose]
+    python bench/bench_public.py [--only sql|secrets|planted|text|params|types|forged|memory|server|links|load|faults] [--verbose]
 """
 
 from __future__ import annotations
@@ -385,6 +389,70 @@ def section_server(verbose: bool) -> bool:
     return _counts("server", len(ENDPOINTS) + len(frames) + len(bodies), refused, harmless, harmful, verbose)
 
 
+# deep links a visitor can make distinct without end: each a new entry of the server's caches (`{i}`: its number)
+DEEP_LINKS = (
+    "live?run=ghost-{i}-" + "x" * 100,
+    "live?run=hostile&step={i}",
+    "runs?q=" + "+".join(f"w{{i}}{k}" for k in range(40)),
+    "compare?runs=hostile,hostile-2,ghost-{i}",
+    "health?run=hostile&host={i}",
+    "experts?run=hostile&layer={i}",
+    "sweeps?view=Curves&metric=train/loss&var=project+%3D+p{i}",
+    "decisions?decision=ghost-{i}",
+)
+
+
+def section_links(verbose: bool) -> bool:
+    """A real server over tests/hostile_store.py's store, and chromium opening `LINKS` distinct hostile deep
+    links (`DEEP_LINKS` in turn, each with its own number) one after another, after one of each kind: the
+    server's RSS after each quarter. Harmful: the last quarter still grows it by more than a tenth of what the first did (unbounded
+    growth), or a page shows an exception."""
+    import psutil
+    from browser_fixtures import ROOT as REPO
+    from browser_fixtures import chromium, free_port, start_server, stop, wait_idle
+    from hostile_store import write_hostile_runs
+
+    from observatory.pipeline import ingest
+
+    n = int(os.environ.get("BENCH_LINKS", "160"))
+    harmful: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        write_hostile_runs(Path(tmp) / "runs")
+        ingest(Path(tmp) / "runs", Path(tmp) / "s.duckdb", emit=None)
+        os.environ["OBSERVATORY_DASHBOARD_CACHE_MB"] = os.environ.get("OBSERVATORY_DASHBOARD_CACHE_MB", "32")
+        port = free_port()
+        proc = start_server(REPO / "app.py", Path(tmp) / "s.duckdb", port, Path(tmp) / "streamlit.log")
+        server = psutil.Process(proc.pid)
+        rss = []
+        try:
+            with chromium() as browser:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(120_000)
+                warm = len(DEEP_LINKS)  # each kind of link once first: the pages' imports are not growth
+                for i in range(-warm, n + 1):
+                    if i >= 0 and i % max(1, n // 4) == 0:
+                        rss.append((i, server.memory_info().rss / 2**20))
+                    if i == n:
+                        break
+                    page.goto(f"http://127.0.0.1:{port}/{DEEP_LINKS[i % len(DEEP_LINKS)].format(i=i)}")
+                    page.wait_for_selector('[data-testid="stApp"]')
+                    wait_idle(page)
+                    if page.locator('[data-testid="stException"]').count():
+                        harmful.append(f"link {i}: an exception box")
+        finally:
+            stop(proc)
+    steps = [b - a for (_, a), (_, b) in zip(rss, rss[1:], strict=False)]
+    print(
+        f"links: {n} distinct hostile deep links, cache bound {os.environ['OBSERVATORY_DASHBOARD_CACHE_MB']} MB: "
+        f"server RSS {' -> '.join(f'{mb:.0f} MB ({i})' for i, mb in rss)}"
+    )
+    if len(steps) >= 2 and steps[-1] > max(8.0, 0.1 * steps[0]):
+        harmful.append(
+            f"the last {n // 4} links grew the server by {steps[-1]:.0f} MB (the first {steps[0]:.0f} MB)"
+        )
+    return _counts("links", n, 0, n - len(harmful), harmful, verbose)
+
+
 def _script(name: str) -> bool:
     """Another bench script of this folder, in a process of its own; True when it met its goals."""
     return subprocess.run([sys.executable, str(ROOT / "bench" / name)]).returncode == 0
@@ -408,6 +476,7 @@ SECTIONS = {
     "forged": section_forged,
     "memory": section_memory,
     "server": section_server,
+    "links": section_links,
     "load": section_load,
     "faults": section_faults,
 }
