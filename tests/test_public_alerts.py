@@ -168,6 +168,17 @@ def test_chat_text_keeps_the_words_and_bounds_them():
     assert channels.channel_kind("json://127.0.0.1/x") == "plain"
 
 
+def test_a_discord_thread_is_kept_when_we_post_the_webhook():
+    import apprise
+
+    plugin = apprise.Apprise.instantiate("discord://4174216298/JHMHI8qBe7bk2ZwO5U711o3dV_js?thread=12345")
+    assert channels._webhook(plugin, "discord") == (
+        "https://discord.com/api/webhooks/4174216298/JHMHI8qBe7bk2ZwO5U711o3dV_js?thread_id=12345"
+    )
+    bot = apprise.Apprise.instantiate("slack://xoxb-1234-1234-abc4321/#general")
+    assert channels._webhook(bot, "slack") is None  # a bot token: apprise sends it (no mention)
+
+
 def test_a_rule_mentions_only_well_formed_tokens(tmp_path):
     from observatory.alerts import rules
 

@@ -28,6 +28,7 @@ import html
 import re
 import sys
 import unicodedata
+from urllib.parse import quote
 
 from observatory.alerts.rules import RANK, Channel, mention_kind
 
@@ -89,7 +90,8 @@ def _webhook(plugin, kind: str) -> str | None:
     """The HTTPS address of a Slack or Discord webhook that apprise read from a channel's URL; None for any
     other URL (a Slack bot token, ...: apprise sends it)."""
     if kind == "discord" and getattr(plugin, "webhook_id", None) and getattr(plugin, "webhook_token", None):
-        return f"{plugin.notify_url}/{plugin.webhook_id}/{plugin.webhook_token}"
+        thread = f"?thread_id={quote(str(plugin.thread_id))}" if getattr(plugin, "thread_id", None) else ""
+        return f"{plugin.notify_url}/{plugin.webhook_id}/{plugin.webhook_token}{thread}"
     if kind == "slack" and getattr(plugin, "mode", None) in ("hook", "gov-hook") and plugin.token_c:
         base = plugin.webhook_gov_url if plugin.mode == "gov-hook" else plugin.webhook_url
         return f"{base}/{plugin.token_a}/{plugin.token_b}/{plugin.token_c}"
