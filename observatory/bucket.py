@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -169,14 +170,27 @@ def journal_key(ms: int, run: str, host: int | str, n: int) -> str:
     return f"{JOURNAL}/{ms:013d}-{run}-{host}-{n:010d}"
 
 
+PACK_BYTES = 64 << 20  # a pack's chunk bytes: the packer stops adding chunks past this
+PACK_MAX_BYTES = 4 * PACK_BYTES  # what a reader inflates at most (a bigger pack is refused, the journal read)
+
+
 def pack(items: list[tuple[str, int | str, int, bytes]]) -> bytes:
-    """Chunks `(run, host, n, bytes)` as one object: a JSON line indexing them, then their bytes."""
+    """Chunks `(run, host, n, bytes)` as one gzip object: a JSON line indexing them, then their bytes. Event
+    lines shrink ~5x, so a replica's catch-up moves a fifth of the bytes (and a cloud bills a fifth)."""
     head = json.dumps([[run, host, n, len(body)] for run, host, n, body in items]).encode() + b"\n"
-    return head + b"".join(body for *_, body in items)
+    z = zlib.compressobj(1, wbits=31)
+    return b"".join([z.compress(head), *(z.compress(body) for *_, body in items), z.flush()])
 
 
-def unpack(data: bytes) -> list[tuple[str, int | str, int, bytes]]:
-    """`pack`'s chunks; ValueError for an object that is not one."""
+def unpack(data: bytes, most: int = PACK_MAX_BYTES) -> list[tuple[str, int | str, int, bytes]]:
+    """`pack`'s chunks; ValueError for an object that is not one, or that inflates past `most` bytes."""
+    try:
+        z = zlib.decompressobj(wbits=31)
+        data = z.decompress(data, most + 1)
+    except zlib.error as e:
+        raise ValueError(f"a pack that is not gzip ({e})") from None
+    if len(data) > most or not z.eof:
+        raise ValueError(f"a pack of over {most:,} bytes, or cut short")
     cut = data.index(b"\n") + 1
     index, out, at = json.loads(data[:cut]), [], cut
     for run, host, n, size in index:

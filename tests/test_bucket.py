@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -579,7 +580,48 @@ def test_a_pack_that_names_no_stream_is_refused():
         [["r1", 0, 0, 99]],  # more bytes than the pack has
     ):
         with pytest.raises(ValueError):
-            bucket.unpack(json.dumps(index).encode() + b"\na\n")
+            bucket.unpack(gzip.compress(json.dumps(index).encode() + b"\na\n"))
+    with pytest.raises(ValueError, match="not gzip"):
+        bucket.unpack(b"not a pack")
+
+
+def test_a_pack_that_inflates_past_its_bound_is_refused():
+    """A pack is gzip (event lines shrink ~5x); one that would inflate past what a reader holds is refused
+    before it is held, so a hostile bucket writer cannot exhaust a replica's memory with a small object."""
+    body = b"x" * 100_000
+    small = bucket.pack([("r1", 0, 0, body)])
+    assert len(small) < len(body) // 20
+    assert bucket.unpack(small, most=200_000)[0][3] == body
+    with pytest.raises(ValueError, match="over 50,000 bytes"):
+        bucket.unpack(small, most=50_000)
+    with pytest.raises(ValueError, match="cut short"):
+        bucket.unpack(small[: len(small) // 2], most=200_000)
+
+
+@pytest.mark.slow  # seconds against the emulators
+def test_a_pack_stops_at_its_byte_bound(s3_url, tmp_path, monkeypatch):
+    """A huge run's big chunks: the packer stops adding chunks once a pack holds `PACK_BYTES`, so its
+    memory is bounded by bytes, not by the 1,000 chunks; the next pack starts where it stopped."""
+    for i in range(10):
+        _log(s3_url, f"big{i}", range(5))
+    db = tmp_path / "a.duckdb"
+    ingest(s3_url, db, emit=None)
+    analyst = BucketSource(s3_url, db, margin_s=0)
+    analyst.pull(lambda m: None)
+    one = len(
+        bucket.Bucket(s3_url).get_many([bucket.chunk_key("big0", 0, 0)])[bucket.chunk_key("big0", 0, 0)]
+    )
+    monkeypatch.setattr(bucket, "PACK_BYTES", 2 * one)  # two chunks' bytes a pack
+    while analyst.pack(print, chunks=4):
+        pass
+    b = bucket.Bucket(s3_url)
+    packs = [bucket.unpack(body) for body in b.get_many(b.list_after(f"{bucket.PACKS}/")).values()]
+    assert len(packs) >= 2 and any(len(p) < 4 for p in packs), [len(p) for p in packs]
+    for p in packs:  # each stopped at the chunk that took it to the bound
+        assert sum(len(body) for *_, body in p[:-1]) < bucket.PACK_BYTES
+    replica = tmp_path / "b.duckdb"
+    ingest(s3_url, replica, emit=None)
+    assert _answers(replica)[:2] == _answers(db)[:2]
 
 
 @pytest.mark.slow  # seconds each against the emulators

@@ -213,7 +213,8 @@ class BucketSource:
     def pack(self, emit: Callable[[str], None], chunks: int | None = None) -> int:
         """The analyst's part: the next `chunks` journal entries after the last pack, once all are older
         than this mirror's newest entry by `journal_margin_s`, fetched and written as one pack (create-only:
-        a second packer of the same entries makes the same key). Returns how many chunks it packed."""
+        a second packer of the same entries makes the same key); fewer when their bytes reach
+        `bucket.PACK_BYTES`. Returns how many chunks it packed."""
         chunks = chunks or PACK_CHUNKS
         if self._packed is None:
             packs = self.bucket.list_after(f"{bucket.PACKS}/")
@@ -226,17 +227,34 @@ class BucketSource:
         names = [n for n in names if _ms(n) < cutoff]
         if len(names) < chunks:
             return 0
-        streams = dict.fromkeys(got[1:] for n in names if (got := bucket.parse_journal(n.split("/", 1)[1])))
-        keys = [bucket.chunk_key(*s) for s in streams]
-        got = self.bucket.get_many(keys)
-        bad = next((k for k in keys if isinstance(got[k], BaseException)), None)
-        if bad is not None:
-            emit(f"{self.bucket.key_url(bad)}: cannot read ({type(got[bad]).__name__}); not packed yet")
-            return 0
-        body = bucket.pack([(*s, bytes(got[k])) for s, k in zip(streams, keys, strict=True)])
-        self.bucket.put_new(f"{bucket.PACKS}/{names[-1].split('/', 1)[1]}", body)
-        self._packed = names[-1]
-        return len(keys)
+        # fetched _BATCH at a time, and no more once the pack holds PACK_BYTES: a huge run's big chunks make
+        # a pack of fewer entries (the pack is named by its last entry), so memory stays bounded
+        items: list[tuple[str, int | str, int, bytes]] = []
+        size, end, seen = 0, "", set()
+        for a in range(0, len(names), _BATCH):
+            part = {n: bucket.parse_journal(n.split("/", 1)[1]) for n in names[a : a + _BATCH]}
+            keys = {n: bucket.chunk_key(*p[1:]) for n, p in part.items() if p}
+            # a chunk announced twice (a journal put retried) is packed once
+            keys = {n: k for n, k in keys.items() if k not in seen and not seen.add(k)}
+            got = self.bucket.get_many(list(keys.values()))
+            for name in part:
+                key = keys.get(name)
+                if key is not None:
+                    if isinstance(got[key], BaseException):
+                        emit(
+                            f"{self.bucket.key_url(key)}: cannot read ({type(got[key]).__name__}); not packed yet"
+                        )
+                        return 0
+                    items.append((*part[name][1:], bytes(got[key])))
+                    size += len(items[-1][-1])
+                end = name
+                if size >= bucket.PACK_BYTES:
+                    break
+            if size >= bucket.PACK_BYTES:
+                break
+        self.bucket.put_new(f"{bucket.PACKS}/{end.split('/', 1)[1]}", bucket.pack(items))
+        self._packed = end
+        return len(items)
 
     def _append(self, stream: tuple[str, int], window: range, got: dict, cur: list, emit) -> int:
         """Append a window of a stream's chunks to its mirror file, then save its cursor; chunks read."""
