@@ -74,6 +74,14 @@ def imports_jax(module: ModuleType | None) -> bool:
     )
 
 
+def settle_spawners() -> None:
+    """Wait until the dashboard's SQL pool starts no worker in the background (a replacement for one a test
+    killed): started while the next test runs, it would be blamed on that test."""
+    user_sql = sys.modules.get("observatory.queries.user_sql")
+    if user_sql is not None:
+        user_sql._POOL.settle()
+
+
 class TiersPlugin:
     def __init__(self) -> None:
         self.guard = Guard()
@@ -97,6 +105,8 @@ class TiersPlugin:
             yield
         finally:
             self.guard.nodeid = None
+            if not quick:
+                settle_spawners()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):

@@ -400,6 +400,7 @@ class _Pool:
         self.idle: list[_Worker] = []
         self.all: list[_Worker] = []
         self.warming: threading.Thread | None = None  # the one background warm-up, once started
+        self.spares: list[threading.Thread] = []  # replacements being started off the callers' path
 
     def warm_up(self, n: int) -> None:
         """`n` workers started and ready (at most `sql_max_concurrent`)."""
@@ -437,7 +438,7 @@ class _Pool:
             w = self.idle.pop() if self.idle else self._new(key)
             keep = max(1, settings.get("sql_max_concurrent"))
             if not self.idle and sum(x.alive() for x in self.all) < keep:
-                threading.Thread(target=self._replace, args=(key, keep), daemon=True).start()
+                self._spare(key, keep)
             return w
 
     def warm(self, key: tuple[int, int], n: int) -> None:
@@ -467,7 +468,20 @@ class _Pool:
                 return
             w.kill()
             if w.ready and len(self.idle) < keep:  # replaced off the caller's path; it warms up unwatched
-                threading.Thread(target=self._replace, args=(w.key, keep), daemon=True).start()
+                self._spare(w.key, keep)
+
+    def _spare(self, key: tuple[int, int], keep: int) -> None:
+        """Start a replacement on a thread of its own (under the lock); `settle` waits for it."""
+        self.spares = [t for t in self.spares if t.is_alive()]
+        self.spares.append(threading.Thread(target=self._replace, args=(key, keep), daemon=True))
+        self.spares[-1].start()
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        """Wait until no worker is being started in the background (the warm-up, a replacement)."""
+        with self._lock:
+            pending = [t for t in (self.warming, *self.spares) if t is not None]
+        for t in pending:
+            t.join(timeout_s)
 
     def _replace(self, key: tuple[int, int], keep: int) -> None:
         w = _Worker(key)  # the fork and exec happen outside the lock
@@ -502,6 +516,7 @@ class _Pool:
         return {"kind": "died", "message": "", "retire": True}
 
     def close(self) -> None:
+        self.settle()
         with self._lock:
             for w in self.all:
                 w.kill()
