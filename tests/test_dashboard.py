@@ -376,7 +376,7 @@ def test_sql_results_of_all_sessions_together_stay_under_their_bound(store, monk
     sessions = [run_sql(page("sql"), big.replace("'x'", f"'{n}'")) for n in range(3)]
     first.run()
     assert not first.exception and any("let go" in i.value for i in first.info)
-    assert sql_page.results_bytes() <= 1 << 20  # the newest only: each is ~0.9 MB
+    assert sql_page.RESULTS.size() <= 1 << 20  # the newest only: each is ~0.9 MB
     assert sessions[-1].run().dataframe[-1].value.shape == (8000, 2)  # the newest is still shown
 
 

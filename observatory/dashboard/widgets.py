@@ -12,6 +12,7 @@ selection on a chart into the next window (`K_box`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -204,15 +205,15 @@ def _wired(obj: Any) -> Any:
     return obj
 
 
-_TEMPLATES: dict[str, dict] = {}  # plotly's default template's name -> its wire form
-
-
 def _default_template() -> dict:
     """The template `go.Figure()` puts in a layout that has none (plotly's current default), in wire form."""
-    name = str(pio.templates.default)
-    if name not in _TEMPLATES:
-        _TEMPLATES[name] = go.Figure().to_dict()["layout"].get("template", {})
-    return _TEMPLATES[name]
+    return _template(str(pio.templates.default))
+
+
+@functools.lru_cache(maxsize=8)
+def _template(name: str) -> dict:
+    """Plotly's template `name` (the current default) in wire form, made once a name."""
+    return go.Figure().to_dict()["layout"].get("template", {})
 
 
 class _Wired(go.Figure):

@@ -10,6 +10,7 @@ that log A stays near O(1).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -204,14 +205,13 @@ def fit_power_law(
     )
 
 
-_CONTROLLER = None
-
-
 def one_blas_thread():
     """Limit BLAS to one thread while fitting: each L-BFGS-B step is tiny, so a BLAS thread
-    pool adds only hand-off overhead, the more so on a busy machine. The controller (it
-    inspects the loaded libraries) is made on first use."""
-    global _CONTROLLER
-    if _CONTROLLER is None:
-        _CONTROLLER = ThreadpoolController()
-    return _CONTROLLER.limit(limits=1, user_api="blas")
+    pool adds only hand-off overhead, the more so on a busy machine."""
+    return _controller().limit(limits=1, user_api="blas")
+
+
+@functools.cache
+def _controller() -> ThreadpoolController:
+    """The controller (it inspects the loaded libraries), made on first use."""
+    return ThreadpoolController()

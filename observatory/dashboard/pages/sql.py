@@ -197,7 +197,7 @@ def _console(max_rows: int, limit_ms: int) -> None:
         else:
             st.session_state["sql_result"] = {
                 "sql": sql,
-                "token": keep_result(to_frame(result)),
+                "token": RESULTS.keep(to_frame(result)),
                 "truncated": result.truncated,
                 "ms": (time.perf_counter() - t0) * 1000,
             }
@@ -208,7 +208,7 @@ def _console(max_rows: int, limit_ms: int) -> None:
         kind, msg = res["error"]
         (st.warning if kind == "interrupted" else st.error)(msg)
         return
-    frame = kept_result(res["token"])
+    frame = RESULTS.get(res["token"])
     if frame is None:
         st.info(
             "This result was let go to keep the server's memory bounded (setting `sql_results_mb`, for all "
@@ -230,37 +230,40 @@ def _console(max_rows: int, limit_ms: int) -> None:
     )
 
 
-# token -> (a result frame, its bytes), oldest first: every session's last SQL result, held here rather
-# than in the sessions, so that all of them together stay under `sql_results_mb` (a session's state
-# holds only its token; a visitor may open many sessions)
-_RESULTS: OrderedDict[str, tuple[pl.DataFrame, int]] = OrderedDict()
-_RESULTS_BYTES = [0]
-_RESULTS_LOCK = threading.Lock()
+class Results:
+    """Every session's last SQL result, token -> (frame, its bytes), oldest first: held here rather than in
+    the sessions, so that all of them together stay under `sql_results_mb` (a session's state holds only
+    its token; a visitor may open many sessions). One per server process (`RESULTS`)."""
+
+    def __init__(self) -> None:
+        self._frames: OrderedDict[str, tuple[pl.DataFrame, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def keep(self, frame: pl.DataFrame) -> str:
+        """Keep `frame`; the oldest results go while all of them hold more than `sql_results_mb`."""
+        token = secrets.token_hex(16)
+        n = int(frame.estimated_size())
+        budget = int(settings.get("sql_results_mb")) << 20
+        with self._lock:
+            self._frames[token] = (frame, n)
+            self._bytes += n
+            while len(self._frames) > 1 and self._bytes > budget:
+                self._bytes -= self._frames.popitem(last=False)[1][1]
+        return token
+
+    def get(self, token: str) -> pl.DataFrame | None:
+        with self._lock:
+            hit = self._frames.get(token)
+        return None if hit is None else hit[0]
+
+    def size(self) -> int:
+        """What the kept results hold, all sessions together."""
+        with self._lock:
+            return self._bytes
 
 
-def keep_result(frame: pl.DataFrame) -> str:
-    """Keep `frame` for its session; the oldest results go while all of them hold more than `sql_results_mb`."""
-    token = secrets.token_hex(16)
-    n = int(frame.estimated_size())
-    budget = int(settings.get("sql_results_mb")) << 20
-    with _RESULTS_LOCK:
-        _RESULTS[token] = (frame, n)
-        _RESULTS_BYTES[0] += n
-        while len(_RESULTS) > 1 and _RESULTS_BYTES[0] > budget:
-            _RESULTS_BYTES[0] -= _RESULTS.popitem(last=False)[1][1]
-    return token
-
-
-def kept_result(token: str) -> pl.DataFrame | None:
-    with _RESULTS_LOCK:
-        hit = _RESULTS.get(token)
-    return None if hit is None else hit[0]
-
-
-def results_bytes() -> int:
-    """What the kept SQL results hold, all sessions together."""
-    with _RESULTS_LOCK:
-        return _RESULTS_BYTES[0]
+RESULTS = Results()
 
 
 def _describe(e: Exception) -> tuple[str, str]:

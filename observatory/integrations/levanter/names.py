@@ -15,6 +15,7 @@ section shows the same table (`markdown_table` prints it).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -36,13 +37,9 @@ class Name:
         return _compiled(self.source)
 
 
-_CACHE: dict[str, re.Pattern] = {}
-
-
+@functools.cache
 def _compiled(source: str) -> re.Pattern:
-    if source not in _CACHE:
-        _CACHE[source] = re.compile(source + r"\Z")
-    return _CACHE[source]
+    return re.compile(source + r"\Z")
 
 
 # `(?:train/)?` on Mixtral's names: the launcher returns the loss function's deferred jit_log values
