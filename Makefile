@@ -53,10 +53,11 @@ check: lint
 	$(BIN)/pytest -q -n auto -m "$(CHECK_TIER)"
 
 # Everything, for CI. The timing tests (readers see new data within 2 s) run first, in a pytest process
-# of their own (no other test's load skews their clock); the rest after, the 25 slowest named.
+# of their own (no other test's load skews their clock); the rest after, on every core, each test module
+# on one worker (its fixtures, a trained run or a store of many runs, are made once), the 25 slowest named.
 test: lint chromium levanter-venv
 	$(BIN)/pytest -q -m timing
-	$(BIN)/pytest -q -m "not timing" --durations=25
+	$(BIN)/pytest -q -m "not timing" -n auto --dist loadscope --durations=25
 
 demo: setup
 	$(BIN)/python -m observatory.demo

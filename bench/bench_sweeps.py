@@ -18,7 +18,8 @@ key choices and the view: what a visitor waits for, best of 3). Each figure is g
 seconds, and the process's CPU seconds (this shared machine's load moves the first 2-5x).
 
 Targets (issue 54): every view over 1,000 selected runs <= 2 s; a selection at 10^5 runs <= 1.5x one at
-10^3.
+10^3. Two floor rows show what a selection cannot go below at each size: the one scan of the columns its
+clauses read, and the 1,000 runs reached by id through the runs' primary key instead (the index way).
 
     python bench/bench_sweeps.py                           # 10^3 and 10^5 runs (~1 GB of logs; minutes)
     python bench/bench_sweeps.py --runs 1000,10000         # smaller
@@ -138,6 +139,15 @@ def views(db: Path) -> dict[str, tuple[float, float]]:
     out["selection"], roots = timed(on(lambda con: selected_roots(con, SELECTION)), 5)
     assert len(roots) == PICK, f"the selection found {len(roots)} runs, not {PICK}"
     out["selection (CLI: count)"], _ = timed(on(lambda con: count_selected(con, SELECTION)), 5)
+    # the selection's floor at this store size: one scan of the columns its clauses read (no fold, nothing
+    # else), and the other way DuckDB has to reach the 1,000 runs, by id through the runs' primary key
+    # (an index scan, which DuckDB takes for at most 50 ids: per run, x 1,000)
+    floor = "SELECT count(*) FROM runs WHERE list_contains(tags, 'pick') AND TRY_CAST(config->>'$.lr' AS DOUBLE) > 0"
+    out["floor: scan of tags and config"], _ = timed(on(lambda con: con.execute(floor).fetchall()), 5)
+    by_id = "SELECT run, name, start_time, parent_run FROM runs WHERE run IN (SELECT unnest($ids::VARCHAR[]))"
+    with store.connect(db) as con:  # the query alone (x 20, not the connection)
+        (wall, cpu), _ = timed(lambda: con.execute(by_id, {"ids": roots[:50]}).fetchall(), 5)
+    out["floor: 1,000 runs by id (50 x 20)"] = (wall * 20, cpu * 20)
     out["runs list"], _ = timed(on(lambda con: select_runs(con, roots, 1000)), 5)
 
     def curves(con):
