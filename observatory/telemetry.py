@@ -1,8 +1,8 @@
 """Host telemetry for heartbeats: what this process and its machine look like now, as a flat map of numbers.
 
 Names (docs/events.md's heartbeat row): `system/cpu_percent` (this process, since the last sample),
-`system/rss_bytes`, `system/mem_available_bytes`, `system/mem_used_percent`, and for the machine since this process's first sample
-`system/net_sent_bytes`, `system/net_recv_bytes`, `system/disk_read_bytes`, `system/disk_write_bytes`, and
+`system/rss_bytes`, `system/mem_available_bytes`, `system/mem_used_percent`, and for the machine since the
+`Sampler`'s first sample `system/net_sent_bytes`, `system/net_recv_bytes`, `system/disk_read_bytes`, `system/disk_write_bytes`, and
 `system/disk_used_percent` of the filesystem holding the run's log (psutil); per local accelerator `i`,
 `accel/<i>/hbm_used_bytes` and `accel/<i>/hbm_limit_bytes` from jax's `memory_stats()` when jax is
 already imported (never imported here); on NVIDIA GPUs, `accel/<i>/util`, `accel/<i>/power_w`,
@@ -16,47 +16,76 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["sample", "Heartbeat"]
-
-_OFF: set[str] = set()  # sources that failed: not asked again in this process
-_PROC: Any = None
-_NVML: Any = None
-_IO0: dict[str, float] = {}  # the machine's network and disk byte counters at this process's first sample
+__all__ = ["Sampler", "Heartbeat"]
 
 
-def _psutil(out: dict[str, float]) -> None:
-    global _PROC
-    import psutil
+class Sampler:
+    """One writer's telemetry: its process handle (CPU since its last sample), the machine's byte counters
+    at its first sample, NVML once initialised, and the sources that failed (not asked again). Each
+    `Writer` holds its own, so a process that logs several runs starts each one's counters at its start."""
 
-    if _PROC is None:
-        _PROC = psutil.Process()
-        _PROC.cpu_percent(None)  # the first call starts the interval
-    out["system/cpu_percent"] = float(_PROC.cpu_percent(None))
-    out["system/rss_bytes"] = float(_PROC.memory_info().rss)
-    mem = psutil.virtual_memory()
-    out["system/mem_available_bytes"] = float(mem.available)
-    out["system/mem_used_percent"] = float(mem.percent)
+    def __init__(self) -> None:
+        self._off: set[str] = set()
+        self._proc: Any = None
+        self._nvml: Any = None
+        self._io0: dict[str, float] = {}
 
+    def sample(self, disk_path: str | None = None) -> dict[str, float]:
+        """The telemetry this platform can give now; `disk_path`: a path on the filesystem whose use to report."""
+        out: dict[str, float] = {}
+        for name, fn in (
+            ("psutil", self._psutil),
+            ("io", lambda o: self._io(o, disk_path)),
+            ("jax", _jax),
+            ("nvml", self._nvidia),
+        ):
+            if name in self._off:
+                continue
+            try:
+                fn(out)
+            except Exception:  # not installed, no driver, no device: this source says nothing from now on
+                self._off.add(name)
+        return out
 
-def _io(out: dict[str, float], disk_path: str | None) -> None:
-    import psutil
+    def _psutil(self, out: dict[str, float]) -> None:
+        import psutil
 
-    now: dict[str, float] = {}
-    net = psutil.net_io_counters()
-    if net is not None:
-        now["system/net_sent_bytes"], now["system/net_recv_bytes"] = (
-            float(net.bytes_sent),
-            float(net.bytes_recv),
-        )
-    disk = psutil.disk_io_counters()
-    if disk is not None:  # None in some containers
-        now["system/disk_read_bytes"], now["system/disk_write_bytes"] = (
-            float(disk.read_bytes),
-            float(disk.write_bytes),
-        )
-    for name, v in now.items():
-        out[name] = max(0.0, v - _IO0.setdefault(name, v))
-    out["system/disk_used_percent"] = float(psutil.disk_usage(disk_path or "/").percent)
+        if self._proc is None:
+            self._proc = psutil.Process()
+            self._proc.cpu_percent(None)  # the first call starts the interval
+        out["system/cpu_percent"] = float(self._proc.cpu_percent(None))
+        out["system/rss_bytes"] = float(self._proc.memory_info().rss)
+        mem = psutil.virtual_memory()
+        out["system/mem_available_bytes"] = float(mem.available)
+        out["system/mem_used_percent"] = float(mem.percent)
+
+    def _io(self, out: dict[str, float], disk_path: str | None) -> None:
+        import psutil
+
+        now: dict[str, float] = {}
+        net = psutil.net_io_counters()
+        if net is not None:
+            now["system/net_sent_bytes"], now["system/net_recv_bytes"] = (
+                float(net.bytes_sent),
+                float(net.bytes_recv),
+            )
+        disk = psutil.disk_io_counters()
+        if disk is not None:  # None in some containers
+            now["system/disk_read_bytes"], now["system/disk_write_bytes"] = (
+                float(disk.read_bytes),
+                float(disk.write_bytes),
+            )
+        for name, v in now.items():
+            out[name] = max(0.0, v - self._io0.setdefault(name, v))
+        out["system/disk_used_percent"] = float(psutil.disk_usage(disk_path or "/").percent)
+
+    def _nvidia(self, out: dict[str, float]) -> None:
+        if self._nvml is None:
+            import pynvml  # nvidia-ml-py
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        _nvml(self._nvml, out)
 
 
 def _jax(out: dict[str, float]) -> None:
@@ -71,14 +100,7 @@ def _jax(out: dict[str, float]) -> None:
             out[f"accel/{i}/hbm_limit_bytes"] = float(stats["bytes_limit"])
 
 
-def _nvml(out: dict[str, float]) -> None:
-    global _NVML
-    if _NVML is None:
-        import pynvml  # nvidia-ml-py
-
-        pynvml.nvmlInit()
-        _NVML = pynvml
-    nv = _NVML
+def _nvml(nv: Any, out: dict[str, float]) -> None:
     for i in range(nv.nvmlDeviceGetCount()):
         h = nv.nvmlDeviceGetHandleByIndex(i)
         out[f"accel/{i}/util"] = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
@@ -96,22 +118,6 @@ def _nvml(out: dict[str, float]) -> None:
             )
         except nv.NVMLError:
             pass  # no ECC on this board
-
-
-_SOURCES = (("psutil", _psutil), ("io", _io), ("jax", _jax), ("nvml", _nvml))
-
-
-def sample(disk_path: str | None = None) -> dict[str, float]:
-    """The telemetry this platform can give now; `disk_path`: a path on the filesystem whose use to report."""
-    out: dict[str, float] = {}
-    for name, fn in _SOURCES:
-        if name in _OFF:
-            continue
-        try:
-            fn(out, disk_path) if fn is _io else fn(out)
-        except Exception:  # not installed, no driver, no device: this source says nothing from now on
-            _OFF.add(name)
-    return out
 
 
 class Heartbeat(threading.Thread):

@@ -178,8 +178,9 @@ class Run:
         self._thread.start()
         every = settings.get("heartbeat_s") if heartbeat_s is None else heartbeat_s
         if every and every > 0 and not self._shared:
-            from observatory.telemetry import Heartbeat
+            from observatory.telemetry import Heartbeat, Sampler
 
+            self._sampler = Sampler()  # this run's: its byte counters start at its first heartbeat
             Heartbeat(self._heartbeat, float(every), self._stop, f"observatory-heartbeat-{run_id}").start()
         self._old_handlers: dict[int, Any] = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
@@ -278,9 +279,9 @@ class Run:
             self._put("phase", {"phase": "shutdown", "attempt": self.attempt}, self._last_step, force=True)
 
     def _heartbeat(self) -> None:
-        from observatory.telemetry import sample
-
-        data: dict[str, Any] = {k: v for k, v in sample(str(self.dir)).items() if math.isfinite(v)}
+        data: dict[str, Any] = {
+            k: v for k, v in self._sampler.sample(str(self.dir)).items() if math.isfinite(v)
+        }
         if self._phase is not None:
             data["phase"] = self._phase
         if self._last_step is not None:

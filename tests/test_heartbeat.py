@@ -68,7 +68,8 @@ def test_phase_checks_its_arguments_and_a_resume_is_the_next_attempt(tmp_path):
 
 
 def test_telemetry_leaves_out_what_the_platform_cannot_measure(tmp_path):
-    s = telemetry.sample(str(tmp_path))
+    sampler = telemetry.Sampler()
+    s = sampler.sample(str(tmp_path))
     assert {
         "system/cpu_percent",
         "system/rss_bytes",
@@ -82,8 +83,8 @@ def test_telemetry_leaves_out_what_the_platform_cannot_measure(tmp_path):
     assert 0 < s["system/disk_used_percent"] <= 100 and 0 < s["system/mem_used_percent"] <= 100
     (tmp_path / "blob").write_bytes(os.urandom(1 << 20))
     os.sync()
-    later = telemetry.sample(str(tmp_path))
-    for name in ("system/net_sent_bytes", "system/disk_write_bytes"):  # since this process's first sample
+    later = sampler.sample(str(tmp_path))
+    for name in ("system/net_sent_bytes", "system/disk_write_bytes"):  # since the sampler's first sample
         if name in later:
             assert 0 <= s[name] <= later[name]
     if "jax" not in sys.modules:  # never imported for telemetry
@@ -140,7 +141,7 @@ def test_a_resume_finds_its_attempt_behind_megabytes_of_steps(tmp_path):
 
 def test_trackio_auto_log_gpu_turns_heartbeats_on_at_its_interval(tmp_path, monkeypatch):
     monkeypatch.setenv("OBSERVATORY_HEARTBEAT_S", "0")  # off by setting; auto_log_gpu asks for them
-    no_gpu = not any(n.startswith("accel/") for n in telemetry.sample())
+    no_gpu = not any(n.startswith("accel/") for n in telemetry.Sampler().sample())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = observatory.wandb_api.init(

@@ -43,16 +43,9 @@ KNOWN = {
     ("observatory/integrations/wandb_api.py", "_listeners"),
     ("observatory/integrations/wandb_api.py", "_warned"),
     ("observatory/integrations/wandb_api.py", "_previous_excepthook"),
-    # the host sampler of a training process (its process handle, NVML, the counters at its first sample,
-    # the sources that failed): not yet an object the writer holds
-    ("observatory/telemetry.py", "_PROC"),
-    ("observatory/telemetry.py", "_NVML"),
-    ("observatory/telemetry.py", "_IO0"),
-    ("observatory/telemetry.py", "_OFF"),
     # the names of train_step's scalars vector, recorded when JAX traces it (keyed by model config)
     ("trainer/step.py", "_SCALAR_NAMES"),
 }
-
 
 
 def _top_level(body: list[ast.stmt]):

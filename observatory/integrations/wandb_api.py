@@ -530,9 +530,9 @@ def _gpu_heartbeats(kwargs: dict) -> bool:
 
 def _check_gpu_telemetry() -> None:
     """Say so when `auto_log_gpu=True` has no accelerator to report on: heartbeats carry host telemetry only."""
-    from observatory.telemetry import sample
+    from observatory.telemetry import Sampler
 
-    if not any(name.startswith("accel/") for name in sample()):
+    if not any(name.startswith("accel/") for name in Sampler().sample()):
         import warnings
 
         warnings.warn(
