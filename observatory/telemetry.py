@@ -2,8 +2,9 @@
 
 Names (docs/events.md's heartbeat row): `system/cpu_percent` (this process, since the last sample),
 `system/rss_bytes`, `system/mem_available_bytes`, `system/mem_used_percent`, and for the machine since the
-`Sampler`'s first sample `system/net_sent_bytes`, `system/net_recv_bytes`, `system/disk_read_bytes`, `system/disk_write_bytes`, and
-`system/disk_used_percent` of the filesystem holding the run's log (psutil); per local accelerator `i`,
+`Sampler`'s first sample `system/net_sent_bytes`, `system/net_recv_bytes`, `system/disk_read_bytes`,
+`system/disk_write_bytes`, and `system/disk_used_percent` of the filesystem holding the run's log
+(psutil); per local accelerator `i`,
 `accel/<i>/hbm_used_bytes` and `accel/<i>/hbm_limit_bytes` from jax's `memory_stats()` when jax is
 already imported (never imported here); on NVIDIA GPUs, `accel/<i>/util`, `accel/<i>/power_w`,
 `accel/<i>/temp_c`, `accel/<i>/ecc_errors` (and HBM, when jax gave none) from nvidia-ml-py when it is
